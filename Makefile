@@ -1,0 +1,33 @@
+# Two commands for a fresh machine with only Python: `make demo` and `make test`.
+# The venv keeps an installed torch: torch is installed first, pinned to the local CPU wheel when one
+# is offered (TORCH_SPEC), so the project's `torch>=` lower bound never pulls a CUDA build.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)" || $(PY) -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/tscope demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check tscope_callbacks tests benchmarks scripts
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,47 @@
+"""``tscope`` console script. Each subcommand lives beside the feature it drives; this file only routes."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, help). Each module defines ``add_arguments(parser)`` and ``run(args) -> int``.
+_COMMANDS = {
+    "demo": ("tscope_callbacks.demo", "train a small transformer with all callbacks and print the roofline"),
+    "analyze": ("tscope_callbacks.analyze", "Tensorscope-style analysis of a model on a named device, no training"),
+    "specs": ("tscope_callbacks.specs_cli", "list the device roof table, or show one device"),
+    "calibrate": ("tscope_callbacks.calibrate", "measure this machine's achievable roofs (FLOP/s, bandwidth)"),
+    "report": ("tscope_callbacks.report_cli", "render a saved profiled-step JSON as the roofline table / plot"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tscope", description="tscope_callbacks: roofline profiling for PyTorch training")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (mod, help_) in _COMMANDS.items():
+        sp = sub.add_parser(name, help=help_, description=help_)
+        try:
+            importlib.import_module(mod).add_arguments(sp)
+        except ModuleNotFoundError as e:  # a feature not built yet must not break the other commands
+            if e.name != mod:
+                raise
+            sp.set_defaults(_missing=mod)
+        sp.set_defaults(_module=mod)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    if getattr(args, "_missing", None):
+        print(f"tscope {args.command}: not available in this build", file=sys.stderr)
+        return 2
+    return int(importlib.import_module(args._module).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

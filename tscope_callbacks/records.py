@@ -1,0 +1,204 @@
+"""The data model shared by capture, analysis, callbacks and sinks.
+
+Everything here is plain data: JSON-safe via ``to_dict``/``from_dict`` so a profiled step can be saved and
+re-rendered later (``tscope report PATH``) without torch state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["OpRecord", "LayerRecord", "StepProfile", "PHASES", "CATEGORIES"]
+
+#: Phases an op can run in. ``recompute`` is a forward re-run inside backward (activation checkpointing);
+#: ``optimizer`` is set by the caller (e.g. the Lightning callback) around the optimizer step.
+PHASES = ("forward", "backward", "recompute", "optimizer")
+
+#: Op classes used for grouping and for picking the compute roof (matmul-class ops run on tensor cores).
+CATEGORIES = (
+    "matmul",  # mm, addmm, bmm, baddbmm, linear decompositions
+    "conv",  # convolution and its backward
+    "attention",  # fused SDPA variants
+    "norm",  # layer/batch/group/rms norm
+    "softmax",
+    "pointwise",  # unary/binary elementwise and activations
+    "reduction",
+    "embedding",
+    "loss",
+    "optimizer",  # _foreach_* and fused optimizer kernels
+    "memory",  # copies, cat, index, fill: bytes but no FLOPs
+    "view",  # metadata/view ops: known zero FLOPs and bytes
+    "other",  # no formula (counted=False)
+)
+
+# Categories whose FLOPs run on matrix units (tensor cores) when the dtype allows it.
+MATRIX_CATEGORIES = frozenset({"matmul", "conv", "attention"})
+
+
+@dataclass(slots=True)
+class OpRecord:
+    """One aten op call, as seen at the dispatcher."""
+
+    op: str  #: overload packet name, e.g. ``"aten.mm"``
+    layer: str  #: module path that was running (``""`` = the root model / outside any submodule)
+    phase: str  #: one of PHASES
+    flops: int = 0  #: a multiply-add counts 2
+    bytes_read: int = 0
+    bytes_written: int = 0
+    dtype: str = ""  #: dtype of the op's main operand, e.g. ``"float32"``, ``"bfloat16"`` ("" when none)
+    input_shapes: list = field(default_factory=list)  #: shapes of tensor args, in order (nested lists kept flat)
+    time_s: float | None = None  #: measured; None when not timed
+    counted: bool = True  #: False when no FLOP formula exists for the op
+    category: str = "other"  #: one of CATEGORIES
+    overload: str = ""  #: full overload name, e.g. ``"aten.mm.default"``
+    output_shapes: list = field(default_factory=list)
+    index: int = 0  #: position in execution order within the profile
+
+    @property
+    def bytes(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OpRecord:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass(slots=True)
+class LayerRecord:
+    """Per-module totals (superset of InspectorGadgets' per-layer info).
+
+    Times/flops/bytes are inclusive of children unless prefixed ``self_``. ``forward_s``/``backward_s`` are
+    sums of the layer's own op times plus its children's (never host timers around async work).
+    """
+
+    path: str
+    type: str = ""
+    calls: int = 0
+    num_parameters: int = 0
+    num_trainable_parameters: int = 0
+    input_shapes: list = field(default_factory=list)
+    output_shapes: list = field(default_factory=list)
+    grad_input_shapes: list = field(default_factory=list)
+    grad_output_shapes: list = field(default_factory=list)
+    param_bytes: int = 0
+    grad_bytes: int = 0
+    output_bytes: int = 0
+    memory_fwd_bytes: int = 0  #: allocator growth while the layer ran forward (CPU: bytes its ops allocated)
+    memory_bwd_bytes: int = 0
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    self_forward_s: float = 0.0
+    self_backward_s: float = 0.0
+    recompute_s: float = 0.0  #: activation-checkpointing re-forward time (inclusive)
+    flops_fwd: int = 0
+    flops_bwd: int = 0
+    flops_recompute: int = 0
+    self_flops_fwd: int = 0
+    self_flops_bwd: int = 0
+    bytes_fwd: int = 0
+    bytes_bwd: int = 0
+    self_bytes_fwd: int = 0
+    self_bytes_bwd: int = 0
+    nonfinite_output: bool = False
+    nonfinite_grad_input: bool = False
+    nonfinite_grad_output: bool = False
+
+    @property
+    def depth(self) -> int:
+        return 0 if self.path == "" else self.path.count(".") + 1
+
+    @property
+    def parent(self) -> str | None:
+        if self.path == "":
+            return None
+        return self.path.rpartition(".")[0]
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s + self.recompute_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LayerRecord:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass
+class StepProfile:
+    """The result of one profiled region: ops in execution order plus per-layer totals.
+
+    ``meta`` carries context the analysis needs: ``device`` ("cpu"/"cuda"), ``device_name``,
+    ``float32_matmul_precision``, ``timing`` ("cpu-wall" / "cuda-kernels" / "none"), ``model`` (class name), and
+    the caller's labels (``step``, ``epoch``...).
+    """
+
+    ops: list[OpRecord] = field(default_factory=list)
+    layers: dict[str, LayerRecord] = field(default_factory=dict)
+    wall_time_s: float | None = None  #: host wall time of the whole region
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # ---- honest coverage (fvcore-style) ----
+    def uncounted_ops(self) -> dict[str, int]:
+        """Ops with no FLOP formula: name -> number of calls (fvcore's ``unsupported_ops``)."""
+        out: dict[str, int] = {}
+        for r in self.ops:
+            if not r.counted:
+                out[r.op] = out.get(r.op, 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    def coverage(self) -> float:
+        """Share of (non-view) op time covered by a formula; by op count when untimed. 1.0 when empty."""
+        timed = all(r.time_s is not None for r in self.ops)
+        tot = cov = 0.0
+        for r in self.ops:
+            if r.category == "view":
+                continue
+            w = (r.time_s or 0.0) if timed else 1.0
+            tot += w
+            if r.counted:
+                cov += w
+        return 1.0 if tot == 0 else cov / tot
+
+    def op_time_s(self) -> float:
+        return sum(r.time_s or 0.0 for r in self.ops)
+
+    def uncovered_time_share(self) -> float | None:
+        """Share of the region's wall time not inside any recorded op (Python overhead, hooks, idle)."""
+        if not self.wall_time_s:
+            return None
+        return max(0.0, 1.0 - self.op_time_s() / self.wall_time_s)
+
+    @property
+    def total_flops(self) -> int:
+        return sum(r.flops for r in self.ops)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(r.bytes for r in self.ops)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "wall_time_s": self.wall_time_s,
+            "meta": dict(self.meta),
+            "ops": [r.to_dict() for r in self.ops],
+            "layers": {k: v.to_dict() for k, v in self.layers.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StepProfile:
+        return cls(
+            ops=[OpRecord.from_dict(o) for o in d.get("ops", [])],
+            layers={k: LayerRecord.from_dict(v) for k, v in d.get("layers", {}).items()},
+            wall_time_s=d.get("wall_time_s"),
+            meta=dict(d.get("meta", {})),
+        )
