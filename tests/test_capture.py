@@ -1,0 +1,314 @@
+"""Capture engine: attribution to layers in forward/backward/recompute, phases, exact matmul counts, cleanup."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils.checkpoint import checkpoint
+
+import tscope_callbacks as ts
+from tscope_callbacks.capture import NestedProfileError, active_profile
+
+
+class Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+class Net(nn.Module):
+    """fc1 (8->16) -> act -> head.proj (16->4). Expected matmul FLOPs carried by the model (fvcore style)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.act = nn.ReLU()
+        self.head = Head()
+
+    def forward(self, x):
+        return self.head(self.act(self.fc1(x)))
+
+    # batch 4. forward: fc1 2*4*8*16 = 1024; head.proj 2*4*16*4 = 512.
+    # backward (x has no grad): fc1 weight grad only: 2*16*4*8 = 1024;
+    #   head.proj weight grad 2*4*4*16 = 512 + input grad 2*4*4*16 = 512 -> 1024.
+    matmul_flops = {("fc1", "forward"): 1024, ("head.proj", "forward"): 512,
+                    ("fc1", "backward"): 1024, ("head.proj", "backward"): 1024}
+
+
+def _hooks_left(model: nn.Module) -> int:
+    n = 0
+    for m in model.modules():
+        n += len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+    from torch.nn.modules import module as mm
+
+    n += len(mm._global_forward_hooks) + len(mm._global_forward_pre_hooks) + len(mm._global_backward_hooks)
+    return n
+
+
+def _matmul_by(prof, key=lambda r: (r.layer, r.phase)):
+    out: dict = {}
+    for r in prof.ops:
+        if r.category == "matmul":
+            out[key(r)] = out.get(key(r), 0) + r.flops
+    return out
+
+
+def test_forward_backward_attribution_exact():
+    torch.manual_seed(0)
+    model = Net()
+    x = torch.randn(4, 8)
+    with ts.profile(model) as prof:
+        model(x).sum().backward()
+    assert _matmul_by(prof) == Net.matmul_flops
+    # ReLU backward runs in the layer whose forward created its node
+    tb = [r for r in prof.ops if r.op == "aten.threshold_backward"]
+    assert tb and all(r.layer == "act" and r.phase == "backward" for r in tb)
+    # the bias gradient of fc1 and the AccumulateGrad of its params belong to fc1
+    assert all(r.layer in ("fc1", "act", "head.proj", "") for r in prof.ops)
+    L = prof.layers
+    assert L["head"].flops_fwd == L["head.proj"].flops_fwd  # inclusive: parent includes child
+    assert L["head"].self_flops_fwd == 0
+    assert L[""].flops_fwd == sum(r.flops for r in prof.ops if r.phase == "forward")
+    assert L[""].flops_bwd == sum(r.flops for r in prof.ops if r.phase == "backward")
+    assert L["fc1"].calls == 1 and L["fc1"].type == "Linear" and L["fc1"].num_parameters == 8 * 16 + 16
+
+
+def test_ops_in_order_and_timed_on_cpu():
+    model = Net()
+    with ts.profile(model) as prof:
+        model(torch.randn(4, 8)).sum().backward()
+    assert [r.index for r in prof.ops] == list(range(len(prof.ops)))
+    assert all(r.time_s is not None and r.time_s >= 0 for r in prof.ops)
+    assert prof.meta["timing"] == "cpu-wall"
+    # op times are inside the region: they cannot exceed its wall time
+    assert 0 < prof.result.op_time_s() <= prof.wall_time_s
+    assert 0.0 <= prof.result.uncovered_time_share() < 1.0
+
+
+def test_shared_module_calls_accumulate():
+    class Loop(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            for _ in range(3):
+                x = self.fc(x)
+            return x
+
+    model = Loop()
+    with ts.profile(model) as prof:
+        model(torch.randn(2, 8, requires_grad=True)).sum().backward()
+    assert prof.layers["fc"].calls == 3
+    # 3 calls x 2*2*8*8 = 768 forward FLOPs
+    assert prof.layers["fc"].flops_fwd == 3 * 2 * 2 * 8 * 8
+    # backward: per call weight grad 2*8*2*8=256 + input grad 2*2*8*8=256 -> 3*512
+    assert _matmul_by(prof)[("fc", "backward")] == 3 * 512
+
+
+def test_activation_checkpointing_is_recompute():
+    class Ckpt(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = nn.Sequential(nn.Linear(8, 8), nn.GELU())
+            self.out = nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.out(checkpoint(self.block, x, use_reentrant=False))
+
+    model = Ckpt()
+    with ts.profile(model) as prof:
+        model(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    rec = [r for r in prof.ops if r.phase == "recompute"]
+    assert rec, "the checkpointed forward re-run must be visible"
+    assert {r.layer for r in rec if r.category == "matmul"} == {"block.0"}
+    # recompute FLOPs equal the forward FLOPs of the block's matmul (2*4*8*8 = 512)
+    assert sum(r.flops for r in rec if r.category == "matmul") == 512
+    # the block's backward matmuls are attributed to block.0, not to the root
+    assert _matmul_by(prof)[("block.0", "backward")] == 2 * 512
+    assert prof.layers["block.0"].calls == 1  # the recompute is not a new call
+    assert prof.layers["block.0"].flops_recompute == prof.layers["block.0"].flops_fwd
+
+
+def test_optimizer_phase():
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with ts.profile(model) as prof:
+        model(torch.randn(4, 8)).sum().backward()
+        with prof.phase("optimizer"):
+            opt.step()
+    opt_ops = [r for r in prof.ops if r.phase == "optimizer"]
+    assert opt_ops and all(r.layer == "" for r in opt_ops)
+
+
+def test_no_grad_forward_only():
+    model = Net()
+    with torch.no_grad(), ts.profile(model) as prof:
+        model(torch.randn(4, 8))
+    assert {r.phase for r in prof.ops} == {"forward"}
+    with torch.inference_mode(), ts.profile(model) as prof2:
+        model(torch.randn(4, 8))
+    assert _matmul_by(prof2, key=lambda r: r.layer) == {"fc1": 1024, "head.proj": 512}
+
+
+def test_autocast_bf16_halves_matmul_bytes():
+    model = nn.Linear(64, 64, bias=False)
+    x = torch.randn(32, 64)
+    with ts.profile(model) as p32:
+        model(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16), ts.profile(model) as p16:
+        model(x)
+    mm32 = [r for r in p32.ops if r.category == "matmul"][0]
+    mm16 = [r for r in p16.ops if r.category == "matmul"][0]
+    assert mm16.dtype == "bfloat16" and mm32.dtype == "float32"
+    # fp32: read x 32*64*4 + W 64*64*4 = 24576, write 32*64*4 = 8192; bf16: exactly half of each
+    assert (mm32.bytes_read, mm32.bytes_written) == (24576, 8192)
+    assert (mm16.bytes_read, mm16.bytes_written) == (12288, 4096)
+    assert mm16.flops == mm32.flops == 2 * 32 * 64 * 64
+
+
+def test_cleanup_when_region_raises():
+    model = Net()
+    with pytest.raises(RuntimeError, match="boom"):
+        with ts.profile(model):
+            model(torch.randn(4, 8))
+            raise RuntimeError("boom")
+    assert _hooks_left(model) == 0
+    assert not _get_current_dispatch_mode_stack()
+    assert active_profile() is None
+    # and when the model itself raises mid-forward
+    bad = nn.Sequential(nn.Linear(8, 8), nn.Linear(7, 2))
+    with pytest.raises(RuntimeError):
+        with ts.profile(bad):
+            bad(torch.randn(2, 8))
+    assert _hooks_left(bad) == 0 and not _get_current_dispatch_mode_stack()
+
+
+def test_nested_profile_raises_clearly():
+    model = Net()
+    with ts.profile(model):
+        with pytest.raises(NestedProfileError, match="already running"):
+            ts.profile(model).start()
+    assert active_profile() is None and _hooks_left(model) == 0
+
+
+def test_start_stop_idempotent():
+    model = Net()
+    prof = ts.profile(model).start()
+    model(torch.randn(4, 8))
+    res = prof.stop()
+    assert prof.stop() is res and res.ops
+
+
+def test_kwargs_and_dict_outputs():
+    class KW(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc = nn.Linear(8, 8)
+
+        def forward(self, x, *, scale=1.0):
+            return {"hidden": self.enc(x) * scale, "aux": [x.sum()]}
+
+    model = KW()
+    with ts.profile(model, layer_details=True) as prof:
+        out = model(torch.randn(2, 8, requires_grad=True), scale=2.0)
+        out["hidden"].sum().backward()
+    assert prof.layers["enc"].output_shapes == [[2, 8]]
+    assert prof.layers[""].output_shapes == [[2, 8], []]
+
+
+def test_layer_details_shapes_grads_memory_nonfinite():
+    model = Net()
+    x = torch.randn(4, 8, requires_grad=True)
+    with ts.profile(model, layer_details=True, check_finite=True) as prof:
+        model(x).sum().backward()
+    fc1 = prof.layers["fc1"]
+    assert fc1.input_shapes == [[4, 8]] and fc1.output_shapes == [[4, 16]]
+    assert fc1.grad_output_shapes == [[4, 16]] and fc1.grad_input_shapes == [[4, 8]]
+    assert fc1.output_bytes == 4 * 16 * 4
+    assert fc1.param_bytes == (8 * 16 + 16) * 4 and fc1.grad_bytes == fc1.param_bytes
+    assert fc1.memory_fwd_bytes >= 4 * 16 * 4  # at least its output was allocated
+    assert prof.layers[""].memory_fwd_bytes >= fc1.memory_fwd_bytes  # inclusive
+    assert not any(L.nonfinite_output or L.nonfinite_grad_output for L in prof.layers.values())
+
+    # inject a NaN in act's output: act and everything after it is flagged, fc1 is not
+    h = model.act.register_forward_hook(lambda m, i, o: o * float("nan"))
+    try:
+        with ts.profile(model, layer_details=True, check_finite=True) as prof:
+            model(x).sum().backward()
+    finally:
+        h.remove()
+    assert prof.layers["act"].nonfinite_output and prof.layers["head.proj"].nonfinite_output
+    assert not prof.layers["fc1"].nonfinite_output
+    assert prof.layers["fc1"].nonfinite_grad_output  # the NaN flows back into fc1's output grad
+
+
+def test_paths_and_depth_selection():
+    model = Net()
+    with ts.profile(model, depth=1) as prof:
+        model(torch.randn(4, 8)).sum().backward()
+    assert "head.proj" not in prof.layers and "head" in prof.layers
+    assert {r.layer for r in prof.ops} <= {"", "fc1", "act", "head"}
+    assert _matmul_by(prof)[("head", "forward")] == 512
+    with ts.profile(model, paths=["fc*"]) as prof:
+        model(torch.randn(4, 8)).sum().backward()
+    assert {r.layer for r in prof.ops} <= {"", "fc1"}
+    assert _matmul_by(prof)[("", "forward")] == 512  # head.proj aggregated into the root
+
+
+def test_user_formula_override_and_uncounted():
+    model = Net()
+
+    def fake_mm(*a, out=None, **k):
+        return 7
+
+    with ts.profile(model, formulas={torch.ops.aten.addmm: fake_mm}) as prof:
+        model(torch.randn(4, 8))
+    assert [r.flops for r in prof.ops if r.op == "aten.addmm"] == [7, 7]
+    assert prof.coverage() <= 1.0 and isinstance(prof.uncounted_ops(), dict)
+
+
+def test_internal_error_never_breaks_the_op(monkeypatch):
+    import tscope_callbacks.capture as cap
+
+    def broken(*a, **k):
+        raise ValueError("formula bug")
+
+    monkeypatch.setattr(cap, "count_op", broken)
+    model = Net()
+    x = torch.randn(4, 8)
+    ref = model(x)
+    with ts.profile(model) as prof:
+        y = model(x)
+    assert torch.equal(ref, y)
+    assert prof.result.meta["internal_errors"] and "formula bug" in prof.result.meta["internal_errors"][0]
+    with pytest.raises(ValueError, match="formula bug"):
+        with ts.profile(model, raise_errors=True):
+            model(x)
+    assert active_profile() is None
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="nn.Module"):
+        ts.profile("not a model")
+    with pytest.raises(ValueError, match="timing"):
+        ts.profile(Net(), timing="gpu")
+    with pytest.raises(ValueError, match="depth"):
+        ts.profile(Net(), depth=-1)
+
+
+def test_step_profile_round_trip():
+    model = Net()
+    with ts.profile(model, layer_details=True) as prof:
+        model(torch.randn(4, 8)).sum().backward()
+    import json
+
+    d = json.loads(json.dumps(prof.result.to_dict()))
+    back = ts.StepProfile.from_dict(d)
+    assert len(back.ops) == len(prof.ops) and back.total_flops == prof.result.total_flops
+    assert back.layers["fc1"].output_shapes == [[4, 16]]

@@ -1,0 +1,89 @@
+"""CUDA op timing from profiler kernel records, tested with recorded-shape fake events (no GPU here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from tscope_callbacks.cuda_timing import RANGE_PREFIX, kernel_times
+
+
+@dataclass
+class Kernel:
+    name: str
+    duration: float  # µs, as profiler_util.Kernel
+
+
+@dataclass
+class Event:
+    """The fields of torch.autograd.profiler_util.FunctionEvent that kernel_times reads."""
+
+    name: str
+    kernels: list = field(default_factory=list)
+    cpu_children: list = field(default_factory=list)
+
+
+@dataclass
+class EventWithTotal:
+    name: str
+    device_time_total: float  # µs
+
+
+def test_device_time_total_is_used_when_present():
+    evts = [
+        EventWithTotal(f"{RANGE_PREFIX}0", 120.0),
+        EventWithTotal("aten::mm", 999.0),  # not ours: ignored
+        EventWithTotal(f"{RANGE_PREFIX}2", 0.0),  # launched nothing (a view): 0, not None
+    ]
+    assert kernel_times(evts, 4) == [pytest.approx(120e-6), None, 0.0, None]
+
+
+def test_kernels_of_children_are_summed():
+    # tscope#1 -> aten::addmm -> cudaLaunchKernel; the profiler attaches kernels to the aten op (child)
+    addmm = Event("aten::addmm", kernels=[Kernel("sm90_gemm", 40.0), Kernel("splitK_reduce", 2.5)])
+    wrapper = Event(f"{RANGE_PREFIX}1", cpu_children=[addmm])
+    own = Event(f"{RANGE_PREFIX}0", kernels=[Kernel("elementwise", 3.0)])
+    out = kernel_times([own, wrapper, addmm], 2)
+    assert out == [pytest.approx(3e-6), pytest.approx(42.5e-6)]
+
+
+def test_out_of_range_and_malformed_names_are_ignored():
+    evts = [EventWithTotal(f"{RANGE_PREFIX}x", 5.0), EventWithTotal(f"{RANGE_PREFIX}7", 5.0)]
+    assert kernel_times(evts, 3) == [None, None, None]
+
+
+def test_capture_uses_kernel_times(monkeypatch):
+    """The capture engine's CUDA path: ranges per op, kernel times assigned by index after stop."""
+    import torch
+
+    import tscope_callbacks as ts
+    import tscope_callbacks.cuda_timing as ct
+
+    class FakeRanges:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def start(self) -> None:
+            pass
+
+        def op_range(self, index):
+            import contextlib
+
+            self.n = max(self.n, index + 1)
+            return contextlib.nullcontext()
+
+        def stop(self, n_ops):
+            evts = [EventWithTotal(f"{RANGE_PREFIX}{i}", 10.0 * (i + 1)) for i in range(n_ops)]
+            return kernel_times(evts, n_ops)
+
+        def abort(self) -> None:
+            pass
+
+    monkeypatch.setattr(ct, "OpRangeProfiler", FakeRanges)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    model = torch.nn.Linear(4, 4)
+    with ts.profile(model, timing="cuda") as prof:
+        model(torch.randn(2, 4)).sum().backward()
+    assert prof.meta["timing"] == "cuda-kernels"
+    assert [r.time_s for r in prof.ops] == [pytest.approx(10e-6 * (i + 1)) for i in range(len(prof.ops))]

@@ -1,0 +1,195 @@
+"""Standalone analysis (Tensorscope parity): count a model's ops on a named device without training.
+
+The model runs on the ``meta`` device by default: shapes and dtypes flow through every op but nothing is
+computed, so ``analyze_model(big_model, input_shape=[(512, 3, 224, 224)], gpu="H100")`` takes seconds on a laptop
+and the report is a pure estimate (Tensorscope's "estimated forward pass time", but per op and with backward).
+``device="cpu"`` (or "cuda") runs for real and the report also shows measured times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from tscope_callbacks.capture import profile
+from tscope_callbacks.records import StepProfile
+
+__all__ = ["analyze_model", "build_inputs", "add_arguments", "run"]
+
+_DTYPES = {
+    "fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+    "fp64": torch.float64, "fp8": torch.bfloat16, "int8": torch.bfloat16,
+}
+_INT_DTYPES = {"long": torch.long, "int64": torch.long, "int": torch.int32, "int32": torch.int32}
+
+
+def build_inputs(
+    input_shape: Sequence[Sequence[int]] | Sequence[int],
+    *,
+    dtype: torch.dtype = torch.float32,
+    input_dtypes: Sequence[str | torch.dtype | None] | None = None,
+    device: str | torch.device = "meta",
+    high: int = 2,
+) -> list[torch.Tensor]:
+    """Random inputs of the given shapes. ``input_dtypes`` per input: "long" for token ids (values < ``high``)."""
+    shapes = [input_shape] if input_shape and isinstance(input_shape[0], int) else list(input_shape)
+    if not shapes:
+        raise ValueError("input_shape is empty: give one shape per model input, e.g. [(32, 3, 224, 224)]")
+    out = []
+    for i, shp in enumerate(shapes):
+        want = (input_dtypes[i] if input_dtypes and i < len(input_dtypes) else None) or dtype
+        if isinstance(want, str):
+            if want not in _INT_DTYPES:
+                raise ValueError(f"input dtype {want!r} not understood; use one of {sorted(_INT_DTYPES)} or a torch dtype")
+            want = _INT_DTYPES[want]
+        shp = tuple(int(s) for s in shp)
+        if want.is_floating_point:
+            out.append(torch.randn(shp, dtype=want, device=device))
+        else:
+            out.append(torch.randint(0, high, shp, dtype=want, device=device))
+    return out
+
+
+def analyze_model(
+    model: torch.nn.Module,
+    input_shape: Sequence[Sequence[int]] | Sequence[int] | None = None,
+    gpu: Any = "auto",
+    precision: str = "fp32",
+    *,
+    inputs: Sequence[Any] | None = None,
+    input_dtypes: Sequence[str | torch.dtype | None] | None = None,
+    backward: bool = False,
+    device: str = "meta",
+    print_report: bool = False,
+    top: int = 20,
+):
+    """Count FLOPs/bytes of ``model`` on ``input_shape`` and place every op on ``gpu``'s roofline.
+
+    Returns a ``RooflineReport`` (``.to_markdown()``, ``.plot()``, ``.estimated_time_s()``); ``report.profile`` is
+    the underlying :class:`StepProfile`. ``backward=True`` also runs ``output.sum().backward()`` (or the loss, for
+    outputs with a ``loss`` field). ``precision`` in ("fp32", "tf32", "fp16", "bf16", "fp64"; "fp8"/"int8" are
+    estimated from a bf16 run against the fp8/int8 roof).
+    """
+    from tscope_callbacks.roofline import roofline
+    from tscope_callbacks.specs import get_device_spec, normalize_precision
+
+    prec = normalize_precision(precision)
+    spec = get_device_spec(gpu)
+    prof = profile_model(
+        model, input_shape, precision=prec, inputs=inputs, input_dtypes=input_dtypes, backward=backward, device=device
+    )
+    report = roofline(prof, spec, precision=prec)
+    report.profile = prof
+    if print_report:
+        print(report.to_markdown(top=top))
+    return report
+
+
+def profile_model(
+    model: torch.nn.Module,
+    input_shape: Any = None,
+    *,
+    precision: str = "fp32",
+    inputs: Sequence[Any] | None = None,
+    input_dtypes: Sequence[Any] | None = None,
+    backward: bool = False,
+    device: str = "meta",
+) -> StepProfile:
+    """Run ``model`` once under :func:`profile` on ``device`` at ``precision``; returns the StepProfile."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"analyze_model needs a torch.nn.Module, got {type(model).__name__}")
+    if inputs is None and input_shape is None:
+        raise ValueError("give input_shape=[(batch, ...), ...] or inputs=[tensor, ...]")
+    dtype = _DTYPES.get(precision, torch.float32)
+    work = model
+    on_target = all(p.device.type == torch.device(device).type for p in model.parameters())
+    if not on_target or dtype != torch.float32:
+        work = copy.deepcopy(model).to(device=device)
+        if dtype != torch.float32:
+            work = work.to(dtype)
+    work.train(backward)
+    if inputs is None:
+        inputs = build_inputs(input_shape, dtype=dtype, input_dtypes=input_dtypes, device=device)
+    else:
+        inputs = [i.to(device) if isinstance(i, torch.Tensor) else i for i in inputs]
+    timing = None if device == "meta" else "auto"
+    prev = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else prev)
+    try:
+        with torch.set_grad_enabled(backward), profile(work, timing=timing) as prof:
+            out = work(*inputs)
+            if backward:
+                _backward(out)
+    finally:
+        torch.set_float32_matmul_precision(prev)
+    res = prof.result
+    res.meta.update({"analysis_precision": precision, "analysis_device": str(device), "backward": backward})
+    return res
+
+
+def _backward(out: Any) -> None:
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if loss is None:
+        if isinstance(out, dict):
+            out = next(v for v in out.values() if isinstance(v, torch.Tensor))
+        elif isinstance(out, (tuple, list)):
+            out = out[0]
+        elif hasattr(out, "logits"):
+            out = out.logits
+        loss = out.float().sum()
+    loss.backward()
+
+
+# ---------------- CLI: tscope analyze ----------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", help="the model class or factory as MODULE:NAME (e.g. mypkg.models:ResNet18)")
+    p.add_argument("--input-shape", action="append", required=True,
+                   help="comma-separated shape of one input, e.g. 32,3,224,224 (repeat for several inputs)")
+    p.add_argument("--input-dtype", action="append", default=None, help="per input: float (default) or long")
+    p.add_argument("--gpu", default="auto", help="device name from `tscope specs`, or a JSON spec path")
+    p.add_argument("--precision", default="fp32", help="fp32, tf32, bf16, fp16, fp64 (default fp32)")
+    p.add_argument("--kwargs", default="{}", help="JSON keyword arguments for the model constructor")
+    p.add_argument("--backward", action="store_true", help="also count the backward pass")
+    p.add_argument("--device", default="meta", help="meta (estimate only, default), cpu or cuda (also measure)")
+    p.add_argument("--top", type=int, default=20, help="rows in the table")
+    p.add_argument("--plot", default=None, help="write the roofline plot PNG here")
+    p.add_argument("--json", default=None, help="write the report JSON here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tscope_callbacks.specs import UnknownDeviceError
+
+    mod_name, _, attr = args.target.partition(":")
+    if not attr:
+        print(f"tscope analyze: expected MODULE:NAME, got {args.target!r}", file=sys.stderr)
+        return 2
+    try:
+        factory = getattr(importlib.import_module(mod_name), attr)
+        model = factory(**json.loads(args.kwargs))
+        shapes = [[int(s) for s in shp.split(",")] for shp in args.input_shape]
+        dtypes = [None if d in (None, "float") else d for d in (args.input_dtype or [])]
+        report = analyze_model(model, shapes, args.gpu, args.precision, input_dtypes=dtypes,
+                               backward=args.backward, device=args.device)
+    except UnknownDeviceError as e:
+        print(f"tscope analyze: {e}", file=sys.stderr)
+        return 2
+    except (ImportError, AttributeError, ValueError, TypeError) as e:
+        print(f"tscope analyze: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    print(report.to_markdown(top=args.top))
+    if args.plot:
+        report.plot(args.plot)
+        print(f"plot written to {args.plot}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"profile": report.profile.to_dict(), "report": report.to_dict()}, f)
+    return 0

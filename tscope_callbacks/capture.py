@@ -1,0 +1,442 @@
+"""Capture: record every aten op of a region (forward, backward, optimizer) with FLOPs, bytes, time and layer.
+
+How ops are attributed to layers (the part torch's ``ModuleTracker`` gets wrong with activation checkpointing and
+unused outputs):
+
+- Forward: module forward pre/post hooks keep a stack of module paths; an op belongs to the top.
+- Backward: the autograd engine runs one graph node at a time (``torch._C._current_autograd_node()``). Every node
+  was created by a forward op, and at dispatch time the sequence counter (``_get_sequence_nr()``) is the new
+  node's number + 1. So the forward op records ``seq -> layer`` and each backward op is attributed exactly to the
+  layer whose forward created the node it runs in. ``AccumulateGrad`` nodes map to the parameter's owner.
+- Recompute: a module forward that *starts* while the backward engine is running (activation checkpointing) is
+  a re-run; its ops get phase ``"recompute"``.
+
+Off-region nothing is installed: ``start()`` installs a pre/post forward hook per module and one dispatch mode, ``stop()`` removes
+them on every path (also when the region raised).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from fnmatch import fnmatchcase
+from typing import Any
+
+import torch
+from torch._C._autograd import _get_sequence_nr
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tscope_callbacks.formulas import DEFAULT_REGISTRY, FormulaRegistry
+from tscope_callbacks.formulas.apply import count_op
+from tscope_callbacks.layer_build import LayerDetails, build_layers
+from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
+
+__all__ = ["profile", "Profile", "NestedProfileError", "active_profile"]
+
+log = logging.getLogger("tscope_callbacks")
+
+_current_node = torch._C._current_autograd_node
+_perf_ns = time.perf_counter_ns
+_ACTIVE: Profile | None = None
+_ACTIVE_LOCK = threading.Lock()
+
+
+class NestedProfileError(RuntimeError):
+    """Raised when a profile is started while another one is running."""
+
+
+def active_profile() -> Profile | None:
+    """The profile currently capturing, if any."""
+    return _ACTIVE
+
+
+class _Frame:
+    __slots__ = ("path", "in_backward", "mem0")
+
+    def __init__(self, path: str, in_backward: bool, mem0: int) -> None:
+        self.path = path
+        self.in_backward = in_backward
+        self.mem0 = mem0
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, owner: Profile) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        p = self.owner
+        seq = _get_sequence_nr()
+        node = _current_node()
+        rng = p._ranges.op_range(len(p._ops)) if p._ranges is not None else None
+        if rng is not None:
+            m0 = torch.cuda.memory_allocated() if p._details is not None else 0
+            with rng:
+                out = func(*args, **kwargs)
+            dt = None
+            p._last_alloc = (torch.cuda.memory_allocated() - m0) if p._details is not None else None
+        else:
+            t0 = _perf_ns()
+            out = func(*args, **kwargs)
+            dt = (_perf_ns() - t0) * 1e-9
+        try:
+            p._record(func, args, kwargs, out, dt, seq, node)
+        except Exception as e:  # our bookkeeping must never break the user's op
+            p._internal_error(e)
+        return out
+
+
+class Profile:
+    """A capture session. Use as a context manager, or ``start()``/``stop()`` (stop is idempotent).
+
+    After stop: ``ops``, ``layers``, ``wall_time_s``, ``meta`` and ``result`` (a :class:`StepProfile`).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        formulas: dict | FormulaRegistry | None = None,
+        timing: str | None = "auto",
+        layer_details: bool = False,
+        check_finite: bool = False,
+        paths: Sequence[str] | None = None,
+        depth: int | None = None,
+        record_shapes: bool = True,
+        raise_errors: bool = False,
+    ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"profile() needs a torch.nn.Module, got {type(model).__name__}")
+        if timing not in ("auto", "cpu", "cuda", None, "none"):
+            raise ValueError(f"timing must be 'auto', 'cpu', 'cuda' or None, got {timing!r}")
+        if depth is not None and (not isinstance(depth, int) or depth < 0):
+            raise ValueError(f"depth must be a non-negative int or None, got {depth!r}")
+        if isinstance(paths, str):
+            paths = [paths]
+        self.model = model
+        if isinstance(formulas, FormulaRegistry):
+            self.registry = formulas
+        else:
+            self.registry = DEFAULT_REGISTRY.with_overrides(formulas)
+        self.timing = self._resolve_timing(model, timing)
+        self.layer_details = layer_details
+        self.check_finite = check_finite
+        self.paths = list(paths) if paths else None
+        self.depth = depth
+        self.record_shapes = record_shapes
+        self.raise_errors = raise_errors
+        self.result = StepProfile()
+        self.errors: list[str] = []
+        self._ops: list[OpRecord] = []
+        self._running = False
+        self._handles: list[Any] = []
+        self._mode: _Mode | None = None
+        self._ranges = None
+        self._phase_override: str | None = None
+        self._stack: list[_Frame] = []
+        self._seq_layer: dict[int, str] = {}
+        self._collapse_cache: dict[str, str] = {}
+        self._details: LayerDetails | None = None
+        self._calls: dict[str, int] = {}
+        self._mutating: dict[Any, bool] = {}
+        self._t0 = 0
+
+    # ---------------- public surface ----------------
+    @property
+    def ops(self) -> list[OpRecord]:
+        return self.result.ops if not self._running else self._ops
+
+    @property
+    def layers(self) -> dict[str, LayerRecord]:
+        return self.result.layers
+
+    @property
+    def wall_time_s(self) -> float | None:
+        return self.result.wall_time_s
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.result.meta
+
+    def uncounted_ops(self) -> dict[str, int]:
+        return self.result.uncounted_ops()
+
+    def coverage(self) -> float:
+        return self.result.coverage()
+
+    def __enter__(self) -> Profile:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @contextlib.contextmanager
+    def phase(self, name: str | None) -> Iterator[None]:
+        """Mark the ops run inside as phase ``name`` (e.g. ``"optimizer"``)."""
+        prev, self._phase_override = self._phase_override, name
+        try:
+            yield
+        finally:
+            self._phase_override = prev
+
+    def set_phase(self, name: str | None) -> None:
+        self._phase_override = name
+
+    # ---------------- lifecycle ----------------
+    def start(self) -> Profile:
+        global _ACTIVE
+        with _ACTIVE_LOCK:
+            if _ACTIVE is not None:
+                raise NestedProfileError(
+                    "a tscope profile is already running; nested profile() calls are not supported "
+                    "(stop the outer one first, or profile the outer region only)"
+                )
+            _ACTIVE = self
+        try:
+            self._install()
+        except BaseException:
+            self._uninstall()
+            with _ACTIVE_LOCK:
+                _ACTIVE = None
+            raise
+        return self
+
+    def stop(self) -> StepProfile:
+        global _ACTIVE
+        if not self._running:
+            return self.result
+        wall = None
+        times = None
+        try:
+            if self._ranges is not None:
+                times = self._ranges.stop(len(self._ops))
+                self._ranges = None
+            wall = (_perf_ns() - self._t0) * 1e-9
+        except Exception as e:
+            self._internal_error(e)
+        finally:
+            self._uninstall()
+            with _ACTIVE_LOCK:
+                if _ACTIVE is self:
+                    _ACTIVE = None
+        if times is not None:
+            for r, t in zip(self._ops, times):
+                r.time_s = t
+        try:
+            self.result = StepProfile(
+                ops=self._ops,
+                layers=build_layers(self.model, self._ops, self._details, self._collapse, self._calls),
+                wall_time_s=wall,
+                meta=self._meta(),
+            )
+        except Exception as e:
+            self._internal_error(e)
+            self.result = StepProfile(ops=self._ops, wall_time_s=wall, meta=self._meta())
+        self._seq_layer = {}
+        return self.result
+
+    # ---------------- internals ----------------
+    @staticmethod
+    def _resolve_timing(model: torch.nn.Module, timing: str | None) -> str:
+        if timing in (None, "none"):
+            return "none"
+        if timing == "auto":
+            dev = next((p.device for p in model.parameters()), None)
+            return "cuda" if dev is not None and dev.type == "cuda" and torch.cuda.is_available() else "cpu"
+        return timing
+
+    def _install(self) -> None:
+        self._paths = {}
+        for path, mod in self.model.named_modules(remove_duplicate=True):
+            self._paths[id(mod)] = path
+        self._param_owner = {}
+        for mpath, mod in self.model.named_modules():
+            for p in mod.parameters(recurse=False):
+                self._param_owner.setdefault(id(p), self._collapse(mpath))
+        self._cuda_mem = self.timing == "cuda" and torch.cuda.is_available()
+        self._last_alloc: int | None = None
+        if self.layer_details:
+            self._details = LayerDetails(self.check_finite)
+        # Per-module hooks: ours run first before the module and last after it (after any user hook that
+        # replaces the output), so shapes and finite-checks see what the module really hands downstream.
+        for mod in {id(m): m for m in self.model.modules()}.values():
+            self._handles.append(mod.register_forward_pre_hook(self._pre_hook, prepend=True))
+            self._handles.append(mod.register_forward_hook(self._post_hook, always_call=True))
+        if self.timing == "cuda":
+            from tscope_callbacks.cuda_timing import OpRangeProfiler
+
+            torch.cuda.synchronize()
+            self._ranges = OpRangeProfiler()
+            self._ranges.start()
+        self._mode = _Mode(self)
+        self._mode.__enter__()
+        self._running = True
+        self._t0 = _perf_ns()
+
+    def _uninstall(self) -> None:
+        self._running = False
+        if self._mode is not None:
+            try:
+                self._mode.__exit__(None, None, None)
+            except Exception as e:
+                self._internal_error(e)
+            self._mode = None
+        if self._ranges is not None:
+            self._ranges.abort()
+            self._ranges = None
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self._details is not None:
+            self._details.remove_hooks()
+        self._stack.clear()
+
+    def _meta(self) -> dict[str, Any]:
+        dev = next((p.device for p in self.model.parameters()), torch.device("cpu"))
+        name = "cpu"
+        if dev.type == "cuda" and torch.cuda.is_available():
+            name = torch.cuda.get_device_name(dev)
+        return {
+            "device": dev.type,
+            "device_name": name,
+            "timing": {"cpu": "cpu-wall", "cuda": "cuda-kernels"}.get(self.timing, "none"),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "model": type(self.model).__name__,
+            "torch": torch.__version__,
+            "internal_errors": list(self.errors),
+        }
+
+    def _internal_error(self, e: BaseException) -> None:
+        msg = f"{type(e).__name__}: {e}"
+        if len(self.errors) < 20:
+            self.errors.append(msg)
+        if len(self.errors) == 1:
+            log.warning("tscope capture: internal error (profiling continues, training unaffected): %s", msg)
+        if self.raise_errors:
+            raise e
+
+    def _collapse(self, path: str) -> str:
+        """Map a module path to the layer its ops are reported under (``paths=``/``depth=`` selection)."""
+        if self.paths is None and self.depth is None:
+            return path
+        hit = self._collapse_cache.get(path)
+        if hit is not None:
+            return hit
+        p = path
+        if self.depth is not None and p:
+            p = ".".join(p.split(".")[: self.depth])
+        if self.paths is not None:
+            while p and not any(p == pat or fnmatchcase(p, pat) for pat in self.paths):
+                p = p.rpartition(".")[0]
+        self._collapse_cache[path] = p
+        return p
+
+    def _pre_hook(self, module: torch.nn.Module, args: Any) -> None:
+        path = self._paths.get(id(module))
+        if path is None or not self._running:
+            return
+        try:
+            mem0 = torch.cuda.memory_allocated() if self._cuda_mem else 0
+            in_bwd = _current_node() is not None
+            self._stack.append(_Frame(path, in_bwd, mem0))
+            if not in_bwd:
+                key = self._collapse(path)
+                self._calls[key] = self._calls.get(key, 0) + 1
+            if self._details is not None:
+                self._details.on_enter(path, module, args)
+        except Exception as e:
+            self._internal_error(e)
+
+    def _post_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        path = self._paths.get(id(module))
+        if path is None or not self._stack:
+            return
+        try:
+            # pop up to and including this module's frame (robust to a child that raised)
+            for i in range(len(self._stack) - 1, -1, -1):
+                if self._stack[i].path == path:
+                    frame = self._stack[i]
+                    del self._stack[i:]
+                    break
+            else:
+                return
+            if self._details is not None:
+                grown = (torch.cuda.memory_allocated() - frame.mem0) if self._cuda_mem else None
+                self._details.on_exit(path, module, args, output, grown, frame.in_backward)
+        except Exception as e:
+            self._internal_error(e)
+
+    def _record(self, func, args, kwargs, out, dt, seq: int, node) -> None:
+        stack = self._stack
+        if self._phase_override is not None:
+            phase = self._phase_override
+            layer = stack[-1].path if stack else ""
+        elif node is None:
+            phase = "forward"
+            layer = stack[-1].path if stack else ""
+            if torch.is_grad_enabled():
+                self._seq_layer.setdefault(seq - 1, layer)
+        elif stack and stack[-1].in_backward:
+            phase = "recompute"
+            layer = stack[-1].path
+            self._seq_layer.setdefault(seq - 1, layer)
+        else:
+            phase = "backward"
+            layer = self._seq_layer.get(node._sequence_nr())
+            if layer is None:
+                var = getattr(node, "variable", None)  # AccumulateGrad
+                layer = self._param_owner.get(id(var), "") if var is not None else (stack[-1].path if stack else "")
+        layer = self._collapse(layer)
+        c = count_op(func, args, kwargs, out, self.registry, want_shapes=self.record_shapes)
+        rec = OpRecord(
+            op=_packet_name(func),
+            layer=layer,
+            phase=phase,
+            flops=c.flops,
+            bytes_read=c.bytes_read,
+            bytes_written=c.bytes_written,
+            dtype=c.dtype,
+            input_shapes=c.input_shapes,
+            time_s=dt,
+            counted=c.counted,
+            category=c.category,
+            overload=str(func),
+            output_shapes=c.output_shapes,
+            index=len(self._ops),
+        )
+        self._ops.append(rec)
+        if self._details is not None:
+            if self._ranges is not None:
+                alloc = self._last_alloc or 0
+            else:  # CPU: bytes of the fresh tensors the op returned (in-place/out= ops allocate nothing)
+                mut = self._mutating.get(func)
+                if mut is None:
+                    mut = self._mutating[func] = bool(getattr(func, "_schema", None) and func._schema.is_mutable)
+                alloc = 0 if mut else c.bytes_written
+            self._details.on_op(rec, alloc)
+
+
+_PACKET_NAMES: dict[Any, str] = {}
+
+
+def _packet_name(func) -> str:
+    name = _PACKET_NAMES.get(func)
+    if name is None:
+        name = f"{func.namespace}.{func._opname}" if hasattr(func, "_opname") else str(func)
+        _PACKET_NAMES[func] = name
+    return name
+
+
+def profile(model: torch.nn.Module, **kwargs: Any) -> Profile:
+    """Profile a region (forward, backward, optimizer step) of ``model``. See :class:`Profile` for options.
+
+    >>> with profile(model) as prof:
+    ...     model(x).sum().backward()
+    >>> prof.ops[0].op, prof.layers[""].flops_fwd
+    """
+    return Profile(model, **kwargs)
