@@ -1,0 +1,324 @@
+"""NaNGuardCallback: detection, exact location of injected NaNs, actions, alerts/rate limiting, sinks, AMP."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from models import TinyLM
+
+import tscope_callbacks as ts
+from tscope_callbacks.callbacks import nan_locate
+from tscope_callbacks.callbacks.nan_guard import NaNGuardCallback, NonFiniteError, NonFiniteEvent
+
+NAN = float("nan")
+
+
+def make_trainer(*callbacks, max_steps: int = 6, **kw) -> pl.Trainer:
+    kw.setdefault("logger", False)
+    return pl.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, callbacks=list(callbacks),
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **kw)
+
+
+def inject_activation(model: TinyLM, path: str = "model.blocks.1.mlp", steps=(3,)) -> None:
+    """Forward hook making ``path``'s output NaN at the given optimizer steps (global_step is fixed during a step,
+    so the guard's replay reproduces it)."""
+    def hook(mod, args, out):
+        return out * NAN if model.trainer.global_step in steps else out
+
+    model.get_submodule(path).register_forward_hook(hook)
+
+
+def nan_alerts(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "tscope_callbacks" and r.levelno == logging.WARNING
+            and "internal error" not in r.getMessage()]
+
+
+class WeightProbe(Callback):
+    """Copies of all weights at the start and end of the batch of optimizer step ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.before, self.after = step, None, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            self.before = {n: p.detach().clone() for n, p in pl_module.named_parameters()}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step + 1 and self.after is None:
+            self.after = {n: p.detach().clone() for n, p in pl_module.named_parameters()}
+
+
+# ---------------------------------------------------------------------------------------------------- config
+def test_exports_and_config_validation():
+    assert ts.NaNGuardCallback is NaNGuardCallback and ts.NonFiniteEvent is NonFiniteEvent
+    assert NaNGuardCallback().action == "stop"
+    with pytest.raises(ValueError, match="action must be one of"):
+        NaNGuardCallback(action="explode")
+    with pytest.raises(ValueError, match="every_n_steps must be >= 1"):
+        NaNGuardCallback(every_n_steps=0)
+    with pytest.raises(TypeError, match="every_n_steps must be an int"):
+        NaNGuardCallback(every_n_steps=True)
+    with pytest.raises(TypeError, match="locate must be a bool"):
+        NaNGuardCallback(locate="yes")
+    with pytest.raises(ValueError, match="alert_every_s"):
+        NaNGuardCallback(alert_every_s=-1)
+    with pytest.raises(TypeError):
+        NaNGuardCallback("warn")  # keyword-only
+
+
+def test_nonfinite_code_bits():
+    g = [torch.ones(100_000), torch.ones(10)]
+    assert nan_locate.nonfinite_code(g, [torch.tensor(1.0)], torch.device("cpu")).item() == 0
+    assert nan_locate.nonfinite_code(g, [torch.tensor(NAN)], torch.device("cpu")).item() == 1
+    for i in (0, 1):
+        bad = [t.clone() for t in g]
+        bad[i][3] = float("inf")
+        assert nan_locate.nonfinite_code(bad, [], torch.device("cpu")).item() == 2
+    assert nan_locate.count_nonfinite([("a", torch.tensor([1.0, NAN, float("-inf")]))]) == {"a": 2}
+
+
+# ---------------------------------------------------------------------------------------------------- healthy
+def test_healthy_run_no_events_no_replay(caplog):
+    guard = NaNGuardCallback(action="raise", check_params=True)
+    trainer = make_trainer(guard, max_steps=5)
+    trainer.fit(TinyLM())
+    assert trainer.global_step == 5
+    assert guard.events == [] and guard.num_events == 0 and guard.replays == 0 and guard.alerts == 0
+    assert nan_alerts(caplog) == []
+
+
+# ---------------------------------------------------------------------------------------------------- locate
+def test_activation_nan_located_and_stop(caplog):
+    model = TinyLM()
+    inject_activation(model, "model.blocks.1.mlp", steps=(3,))
+    probe = WeightProbe(3)
+    guard = NaNGuardCallback(action="stop")
+    trainer = make_trainer(guard, probe, max_steps=10)
+    trainer.fit(model)
+    assert trainer.global_step == 4  # step 3 ran (its update dropped), then the run ended
+    assert len(guard.events) == 1
+    ev = guard.events[0]
+    assert (ev.kind, ev.layer, ev.step, ev.batch_idx, ev.ranks) == ("activation", "model.blocks.1.mlp", 3, 3, [0])
+    assert ev.loss is not None and ev.loss != ev.loss  # NaN
+    assert "model.head.weight" in ev.parameters and ev.num_nonfinite == sum(ev.parameters.values())
+    assert guard.replays == 1
+    assert all(torch.equal(probe.before[n], probe.after[n]) for n in probe.before)  # stop drops the bad update
+    text = str(ev)
+    assert "activation" in text and "'model.blocks.1.mlp'" in text and "step 3" in text
+    json.dumps(ev.to_dict())
+    assert any("model.blocks.1.mlp" in m for m in nan_alerts(caplog))
+
+
+def test_gradient_nan_in_one_parameter_is_named():
+    model = TinyLM()
+    w = inject_gradient(model, steps=(2,))
+    guard = NaNGuardCallback(action="stop")
+    trainer = make_trainer(guard)
+    trainer.fit(model)
+    assert trainer.global_step == 3
+    (ev,) = guard.events
+    assert ev.kind == "gradient" and ev.step == 2
+    assert ev.parameters == {"model.blocks.0.mlp.fc.weight": w.numel()}
+    assert ev.layer == "model.blocks.0.mlp.fc"  # the module owning the parameter
+    assert ev.loss is not None and ev.loss == ev.loss  # the loss was finite
+    assert "model.blocks.0.mlp.fc.weight" in str(ev)
+
+
+class LossNaN(TinyLM):
+    def training_step(self, batch, batch_idx):
+        loss = self.compute_loss(batch)
+        return loss * NAN if self.trainer.global_step == 2 else loss
+
+
+def test_loss_nan_kind_loss():
+    guard = NaNGuardCallback(action="stop")
+    trainer = make_trainer(guard)
+    trainer.fit(LossNaN())
+    (ev,) = guard.events
+    assert (ev.kind, ev.layer, ev.step) == ("loss", None, 2)
+    assert "loss computation" in ev.note
+
+
+class AccumulatedInjection(TinyLM):
+    """NaN in block 0's attention output for the first micro-batch of optimizer step 1 (batch_idx 2)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inject = False
+        self.model.blocks[0].attn.register_forward_hook(lambda m, a, o: o * NAN if self.inject else o)
+
+    def training_step(self, batch, batch_idx):
+        self.inject = batch_idx == 2
+        return super().training_step(batch, batch_idx)
+
+
+def test_grad_accumulation_replays_the_right_micro_batch():
+    guard = NaNGuardCallback(action="stop")
+    trainer = make_trainer(guard, accumulate_grad_batches=2)
+    trainer.fit(AccumulatedInjection())
+    (ev,) = guard.events
+    assert (ev.kind, ev.layer, ev.step, ev.batch_idx) == ("activation", "model.blocks.0.attn", 1, 2)
+    assert trainer.global_step == 2
+
+
+def test_parameter_check_after_update():
+    class Corrupt(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == 3:  # after the update of step 2
+                with torch.no_grad():
+                    pl_module.model.blocks[1].attn.proj.weight[0, 0] = float("inf")
+
+    guard = NaNGuardCallback(action="skip", check_params=True)
+    trainer = make_trainer(Corrupt(), guard)
+    trainer.fit(TinyLM())
+    (ev,) = guard.events
+    assert (ev.kind, ev.step, ev.layer) == ("parameter", 2, "model.blocks.1.attn.proj")
+    assert ev.parameters == {"model.blocks.1.attn.proj.weight": 1}
+    assert trainer.global_step == 3 and "cannot be skipped" in ev.note  # skip cannot undo an update: stop
+
+
+# ---------------------------------------------------------------------------------------------------- actions
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_skip_keeps_weights_bit_identical(optimizer):
+    model = TinyLM(optimizer=optimizer)
+    inject_activation(model, steps=(3,))
+    probe = WeightProbe(3)
+    guard = NaNGuardCallback(action="skip")
+    trainer = make_trainer(guard, probe, max_steps=6)
+    trainer.fit(model)
+    assert trainer.global_step == 6 and guard.skipped_steps == 1 and len(guard.events) == 1
+    assert all(torch.equal(probe.before[n], probe.after[n]) for n in probe.before)  # momentum / decay did not move
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_skip_stops_after_max_skips():
+    model = TinyLM()
+    inject_gradient(model, steps=range(2, 100))
+    guard = NaNGuardCallback(action="skip", max_skips=3)
+    trainer = make_trainer(guard, max_steps=20)
+    trainer.fit(model)
+    assert guard.skipped_steps == 3 and trainer.global_step == 5  # steps 2, 3, 4 skipped, then stop
+    assert "max_skips reached" in guard.events[-1].action
+    assert guard.replays == 1  # located once per streak
+
+
+def test_raise():
+    model = TinyLM()
+    inject_activation(model, steps=(2,))
+    guard = NaNGuardCallback(action="raise")
+    with pytest.raises(NonFiniteError, match="model.blocks.1.mlp") as exc:
+        make_trainer(guard).fit(model)
+    assert exc.value.event.step == 2 and exc.value.event.kind == "activation"
+
+
+def inject_gradient(model: TinyLM, steps) -> torch.nn.Parameter:
+    """NaN only in the gradient of ``model.blocks.0.mlp.fc.weight`` at the given optimizer steps."""
+    w = model.model.blocks[0].mlp.fc.weight
+    w.register_hook(lambda g: g * NAN if model.trainer.global_step in steps else g)
+    return w
+
+
+def test_warn_continues():
+    model = TinyLM()
+    inject_gradient(model, steps=(4,))
+    guard = NaNGuardCallback(action="warn")
+    trainer = make_trainer(guard, max_steps=6)
+    trainer.fit(model)
+    assert trainer.global_step == 6 and guard.events[0].step == 4
+    assert not torch.isfinite(model.model.blocks[0].mlp.fc.weight).all()  # warn applies the update
+
+
+def test_rate_limited_alerts_in_a_streak(caplog):
+    model = TinyLM()
+    inject_gradient(model, steps=range(2, 22))  # a streak of 20 bad steps
+    guard = NaNGuardCallback(action="skip", max_skips=100)
+    trainer = make_trainer(guard, max_steps=24)
+    trainer.fit(model)
+    assert trainer.global_step == 24 and guard.skipped_steps == 20
+    assert guard.num_events == 20 and [e.step for e in guard.events] == list(range(2, 22))
+    alerts = nan_alerts(caplog)
+    assert 1 <= len(alerts) <= 3 and guard.alerts == len(alerts)
+    assert "were not alerted" in alerts[-1] and "20 event(s) in total" in alerts[-1]
+    assert guard.replays == 1  # located once per streak
+    assert guard.events[0].layer == "model.blocks.0.mlp.fc" and "same streak" in guard.events[1].note
+
+
+def test_internal_errors_never_break_training(monkeypatch, caplog):
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(nan_locate, "nonfinite_code", boom)
+    guard = NaNGuardCallback()
+    trainer = make_trainer(guard, max_steps=3)
+    trainer.fit(TinyLM())
+    assert trainer.global_step == 3
+    assert any("internal error" in r.getMessage() for r in caplog.records if r.name == "tscope_callbacks")
+
+
+# ---------------------------------------------------------------------------------------------------- sinks
+def test_tensorboard_text_and_scalar(tmp_path):
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = TinyLM()
+    inject_activation(model, steps=(2,))
+    logger = TensorBoardLogger(save_dir=str(tmp_path), name="tb", version=0)
+    guard = NaNGuardCallback(action="stop")
+    make_trainer(guard, logger=logger, log_every_n_steps=1).fit(model)
+    acc = EventAccumulator(logger.log_dir, size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("tscope/nan/events")] == [1.0]
+    (text,) = acc.Tensors("tscope/nan/text_summary")
+    msg = text.tensor_proto.string_val[0].decode()
+    assert "model.blocks.1.mlp" in msg and text.step == 2
+
+
+def test_wandb_offline_does_not_crash(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    model = TinyLM()
+    inject_activation(model, steps=(1,))
+    logger = WandbLogger(offline=True, save_dir=str(tmp_path), project="tscope-test")
+    guard = NaNGuardCallback(action="stop")
+    trainer = make_trainer(guard, logger=logger)
+    trainer.fit(model)
+    logger.experiment.finish()
+    assert trainer.global_step == 2 and guard.events[0].layer == "model.blocks.1.mlp" and guard.alerts == 1
+
+
+# ---------------------------------------------------------------------------------------------------- AMP
+def amp_plugin():
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    # fp16 autocast and a real GradScaler on CPU (Lightning's precision="16-mixed" falls back to bf16 on CPU)
+    return MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**16))
+
+
+def test_amp_overflow_is_the_scalers_business_until_the_scale_collapses():
+    model = TinyLM()
+    w = model.model.blocks[0].mlp.fc.weight
+    w.register_hook(lambda g: g * float("inf") if model.trainer.global_step in (1, 3, 4, 5, 6, 7) else g)
+    guard = NaNGuardCallback(action="stop", amp_max_overflows=4)
+    trainer = make_trainer(guard, max_steps=12, plugins=[amp_plugin()])
+    trainer.fit(model)
+    # step 1: a lone overflow; steps 3..6: 4 in a row -> collapse reported at step 6
+    (ev,) = guard.events
+    assert ev.kind == "gradient" and ev.step == 6 and "AMP loss scale collapsed" in ev.note
+    assert trainer.global_step == 7 and guard.replays == 0
+    assert trainer.precision_plugin.scaler.get_scale() == 2.0**16 / 2**5
+
+
+def test_amp_nonfinite_loss_is_reported():
+    guard = NaNGuardCallback(action="stop")
+    trainer = make_trainer(guard, plugins=[amp_plugin()])
+    trainer.fit(LossNaN())
+    (ev,) = guard.events
+    assert (ev.kind, ev.step) == ("loss", 2)

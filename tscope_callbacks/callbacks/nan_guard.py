@@ -1,0 +1,442 @@
+"""NaNGuardCallback: an always-on check for non-finite losses and gradients that names where they started.
+
+Every ``every_n_steps`` optimizer steps, in ``on_before_optimizer_step`` (after backward, before the update; with
+gradient accumulation after the last micro-batch), the loss(es) of the step and all gradients of the optimizer's
+parameters are reduced into one flag on the device: one host sync per step (under DDP one tiny ``all_gather``
+instead, so every rank takes the same action on the same step). Healthy steps cost that reduction plus keeping a
+reference to the batch and the RNG states (measured in ``benchmarks/results/nan_guard_overhead.md``).
+
+When the flag is raised, the step is **located** (once per streak of bad steps) by replaying ``training_step`` on the
+same batch, RNG state and not-yet-updated parameters with hooks on every module (see :mod:`.nan_locate`):
+
+* ``kind="activation"``: ``layer`` is the first module, in forward execution order, whose output was non-finite (or
+  the module whose own code made a child's input non-finite; ``None`` when the model input already was).
+  ``kind="parameter"`` when that module's own weights were already non-finite.
+* ``kind="loss"``: every module output was finite but the loss was not (or the replay could not run and the loss
+  was non-finite).
+* ``kind="gradient"``: forward and loss finite, a gradient was not. ``layer`` is the module owning the first
+  parameter whose gradient was non-finite in backward order, or, when an activation gradient went first, the module
+  whose backward ran last before it (a heuristic under residual branches; the note says so). ``layer`` is ``None``
+  when the replay was not possible or did not reproduce the values; ``parameters`` is always filled from the real
+  gradients: ``{name: number of non-finite elements}``.
+
+The replay is not possible, or may not reproduce, with manual optimization (``training_step`` steps optimizers
+itself: never replayed), strategies other than single-device/DDP (FSDP, DeepSpeed shard parameters), randomness
+outside torch/python/numpy RNGs, non-deterministic kernels, a batch mutated in place by ``training_step`` (detected
+with tensor version counters and noted), or NaN gradients received from another rank through DDP's all-reduce. The
+event then says so in ``note``. The replay runs ``pl_module.training_step`` directly (never the DDP wrapper, so no
+collective runs inside it), with ``self.log`` silenced, buffers (BatchNorm stats) and RNG states restored after, and
+``.grad`` untouched. Other side effects of ``training_step`` (user counters) happen twice.
+
+Actions: ``"warn"`` log and continue (the update is applied); ``"skip"`` drop this step's update by setting every
+``.grad`` of the optimizer to ``None`` (torch optimizers then skip those parameters entirely, so momentum and weight
+decay do not move them; ``global_step`` still advances) and stop after ``max_skips`` skipped steps in a row;
+``"stop"`` drop the update too (so a checkpoint written at the end holds the last finite weights) and set
+``trainer.should_stop`` (the run ends after this step, subject to ``min_steps``/``min_epochs``); ``"raise"`` raise
+:class:`NonFiniteError` out of ``fit``. A ``"parameter"`` event from ``check_params`` (after the update) cannot be
+skipped: ``"skip"`` stops then.
+
+AMP: with a GradScaler (``precision="16-mixed"``) a step whose gradients overflow while the loss is finite is the
+scaler's business (it skips the step and halves the scale): no event, unless the scale collapses: the next scale
+would fall below ``amp_min_scale`` or ``amp_max_overflows`` steps in a row overflowed. ``bf16-mixed`` has no scaler.
+
+Alerts (rank zero): a ``logging`` warning on logger ``"tscope_callbacks"``; TensorBoard text under ``tscope/nan``; a
+W&B ``run.alert``. The first event alerts, later ones at most once per ``alert_every_s`` seconds or per
+``alert_every_n`` events, saying how many were not alerted; a summary at the end of training. The scalar
+``tscope/nan/events`` (cumulative count) is logged to every attached logger at each event. Errors inside the
+callback are logged as warnings and never break training (only the deliberate :class:`NonFiniteError` escapes).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from . import nan_locate as nl
+
+__all__ = ["NaNGuardCallback", "NonFiniteError", "NonFiniteEvent"]
+
+_log = logging.getLogger("tscope_callbacks")
+ACTIONS = ("warn", "skip", "stop", "raise")
+
+
+@dataclass
+class NonFiniteEvent:
+    """One step with non-finite values. ``step`` is the optimizer step (``trainer.global_step`` before it advanced)."""
+
+    step: int
+    epoch: int
+    batch_idx: int
+    kind: str  # "loss" | "gradient" | "activation" | "parameter"
+    layer: str | None = None  # module path ("" is the root module); None when not located
+    parameters: dict[str, int] = field(default_factory=dict)  # name -> non-finite elements (grads; params for kind "parameter")
+    loss: float | None = None
+    num_nonfinite: int = 0  # total non-finite elements over ``parameters``
+    max_abs_grad: float | None = None  # largest finite |gradient| (|parameter| for kind "parameter")
+    ranks: list[int] = field(default_factory=list)
+    action: str = ""
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        where = f"in layer '{self.layer or '<root>'}'" if self.layer is not None else "(layer not located)"
+        what = {"activation": "first non-finite output (forward order)", "loss": "non-finite loss",
+                "gradient": "first non-finite gradient (backward order)",
+                "parameter": "non-finite parameter"}.get(self.kind, self.kind)
+        parts = [f"NaN guard: non-finite {self.kind} at step {self.step} (epoch {self.epoch}, batch {self.batch_idx}) "
+                 f"on rank(s) {self.ranks}: {what} {where}."]
+        if self.parameters:
+            shown = ", ".join(f"{n} ({c})" for n, c in list(self.parameters.items())[:5])
+            more = len(self.parameters) - 5
+            label = "parameters" if self.kind == "parameter" else "gradients"
+            parts.append(f"Non-finite {label}: {shown}{f' and {more} more' if more > 0 else ''}; "
+                         f"{self.num_nonfinite} non-finite elements.")
+        stats = [f"loss={self.loss:.6g}" if self.loss is not None else "",
+                 f"max |finite value|={self.max_abs_grad:.4g}" if self.max_abs_grad is not None else ""]
+        if any(stats):
+            parts.append(" ".join(s for s in stats if s) + ".")
+        if self.action:
+            parts.append(f"Action: {self.action}.")
+        if self.note:
+            parts.append(f"Note: {self.note}")
+        return " ".join(parts)
+
+
+class NonFiniteError(RuntimeError):
+    """Raised by ``action="raise"``; ``.event`` is the :class:`NonFiniteEvent`."""
+
+    def __init__(self, event: NonFiniteEvent) -> None:
+        super().__init__(str(event))
+        self.event = event
+
+
+def _int(name: str, v: Any, minimum: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"NaNGuardCallback: {name} must be an int, got {v!r}")
+    if v < minimum:
+        raise ValueError(f"NaNGuardCallback: {name} must be >= {minimum}, got {v}")
+    return v
+
+
+def _num(name: str, v: Any, minimum: float, strict: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+        raise TypeError(f"NaNGuardCallback: {name} must be a number, got {v!r}")
+    if v < minimum or (strict and v == minimum):
+        raise ValueError(f"NaNGuardCallback: {name} must be {'>' if strict else '>='} {minimum}, got {v}")
+    return float(v)
+
+
+class NaNGuardCallback(Callback):
+    """Detect, locate and act on non-finite losses/gradients at ~no cost per healthy step (see module docstring).
+
+    Args (keyword-only):
+        action: "warn" | "skip" | "stop" (default: ends the run cleanly, keeping the last finite weights) | "raise".
+        every_n_steps: check every n-th optimizer step (1 = all). Unchecked steps are not guarded.
+        check_loss: include the loss(es) from ``on_before_backward`` in the check.
+        check_params: also check the parameters after each checked update (one more reduction and sync per step).
+        locate: replay the first bad step of each streak to name the layer (costs nothing on healthy steps).
+        max_skips: with action "skip", stop after this many skipped steps in a row.
+        alert_every_s, alert_every_n: after the first alert, at most one summary alert per this many seconds or
+            this many events.
+        amp_min_scale, amp_max_overflows: GradScaler collapse thresholds (see module docstring).
+        max_events: how many events ``events`` keeps (the first ones); ``num_events`` counts all.
+
+    Attributes: ``events`` (list[NonFiniteEvent]), ``num_events``, ``skipped_steps``, ``alerts`` (alerts emitted on
+    this rank), ``replays`` (replays run). Keys: text ``tscope/nan``, scalar ``tscope/nan/events``.
+    """
+
+    def __init__(self, *, action: str = "stop", every_n_steps: int = 1, check_loss: bool = True,
+                 check_params: bool = False, locate: bool = True, max_skips: int = 10, alert_every_s: float = 300.0,
+                 alert_every_n: int = 100, amp_min_scale: float = 1e-4, amp_max_overflows: int = 16,
+                 max_events: int = 1000) -> None:
+        if action not in ACTIONS:
+            raise ValueError(f"NaNGuardCallback: action must be one of {ACTIONS}, got {action!r}")
+        for name, v in (("check_loss", check_loss), ("check_params", check_params), ("locate", locate)):
+            if not isinstance(v, bool):
+                raise TypeError(f"NaNGuardCallback: {name} must be a bool, got {v!r}")
+        self.action, self.check_loss, self.check_params, self.locate = action, check_loss, check_params, locate
+        self.every_n_steps = _int("every_n_steps", every_n_steps, 1)
+        self.max_skips = _int("max_skips", max_skips, 1)
+        self.alert_every_s = _num("alert_every_s", alert_every_s, 0.0)
+        self.alert_every_n = _int("alert_every_n", alert_every_n, 1)
+        self.amp_min_scale = _num("amp_min_scale", amp_min_scale, 0.0)
+        self.amp_max_overflows = _int("amp_max_overflows", amp_max_overflows, 1)
+        self.max_events = _int("max_events", max_events, 0)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.events: list[NonFiniteEvent] = []
+        self.num_events = self.skipped_steps = self.alerts = self.replays = 0
+        self._snaps: list[nl.StepSnapshot] = []
+        self._losses: list[torch.Tensor] = []
+        self._streak = self._skips_in_row = self._amp_streak = self._suppressed = 0
+        self._last_alert = -math.inf
+        self._stepped = False
+        self._replay_blocker: str | None = None
+
+    # ---------------------------------------------------------------- hooks (each delegates, never raises)
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._reset()
+        strategy = type(trainer.strategy).__name__
+        if not pl_module.automatic_optimization:
+            self._replay_blocker = "manual optimization (training_step steps the optimizers itself)"
+        elif not (strategy.startswith("SingleDevice") or strategy in ("DDPStrategy", "DDPSpawnStrategy")):
+            self._replay_blocker = f"strategy {strategy} (parameters may be sharded)"
+
+    def _due(self, step: int) -> bool:
+        return step % self.every_n_steps == 0
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self.locate and self._replay_blocker is None and self._due(trainer.global_step):
+            try:
+                self._snaps = self._snaps[-255:] + [nl.StepSnapshot.take(batch, batch_idx)]
+            except Exception as e:
+                self._internal_error("snapshot", e)
+
+    @override
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        if self._snaps and self._snaps[-1].loss is None:
+            self._snaps[-1].loss = loss.detach()
+        if self.check_loss and isinstance(loss, torch.Tensor) and self._due(trainer.global_step):
+            self._losses.append(loss.detach())
+
+    @override
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                 optimizer: torch.optim.Optimizer) -> None:
+        losses, snaps, self._losses, self._snaps = self._losses, self._snaps, [], []
+        self._stepped = True
+        if not self._due(trainer.global_step):
+            return
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        grads = [p.grad for p in params if p.grad is not None]
+        code = None
+        try:
+            dev = grads[0].device if grads else (losses[0].device if losses else trainer.strategy.root_device)
+            code = nl.nonfinite_code(grads, losses, dev)
+        except Exception as e:
+            self._internal_error("check", e)
+        codes = self._gather_codes(trainer, code)
+        if not any(codes):
+            self._streak = self._skips_in_row = self._amp_streak = 0
+            return
+        try:
+            event = self._bad_step(trainer, pl_module, params, codes, losses, snaps)
+            if event is not None:
+                self._act(trainer, params, event)
+        except NonFiniteError:
+            raise
+        except Exception as e:
+            self._internal_error("bad-step handling", e)
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if not (self.check_params and self._stepped):
+            return
+        self._stepped = False
+        step = trainer.global_step - 1  # the update that just ran
+        if not self._due(step):
+            return
+        named = [(n, p.detach()) for n, p in pl_module.named_parameters()]
+        code = None
+        try:
+            code = nl.nonfinite_code([p for _, p in named], [], named[0][1].device) if named else None
+        except Exception as e:
+            self._internal_error("parameter check", e)
+        if not any(self._gather_codes(trainer, code)):
+            return
+        try:
+            counts = nl.count_nonfinite(named)
+            if not counts:
+                return
+            first = next(iter(counts))
+            event = NonFiniteEvent(step=step, epoch=trainer.current_epoch, batch_idx=batch_idx, kind="parameter",
+                                   layer=first.rsplit(".", 1)[0] if "." in first else "", parameters=counts,
+                                   num_nonfinite=sum(counts.values()), ranks=list(range(trainer.world_size)),
+                                   max_abs_grad=nl.max_abs_finite([p for _, p in named]),
+                                   note="found after the optimizer step (check_params); layer owns the first "
+                                        "non-finite parameter in definition order")
+            self._act(trainer, [], event, after_update=True)
+        except NonFiniteError:
+            raise
+        except Exception as e:
+            self._internal_error("parameter event", e)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._suppressed:
+            self._alert(trainer, "NaN guard summary", f"NaN guard: {self._suppressed} non-finite event(s) since the "
+                        f"last alert were not alerted; {self.num_events} event(s) in total this run.")
+
+    # ---------------------------------------------------------------- logic
+    def _gather_codes(self, trainer: pl.Trainer, code: torch.Tensor | None) -> list[int]:
+        """Every rank calls this on the same steps (no early return before it), so the collective cannot hang."""
+        if code is None:
+            code = torch.zeros(1, dtype=torch.int32, device=trainer.strategy.root_device)
+        try:
+            if trainer.world_size > 1:
+                return [int(v) for v in trainer.strategy.all_gather(code).reshape(-1).tolist()]
+            return [int(code.item())]
+        except Exception as e:
+            self._internal_error("flag all_gather", e)
+            return [0]
+
+    def _bad_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, params: list, codes: list[int],
+                  losses: list[torch.Tensor], snaps: list[nl.StepSnapshot]) -> NonFiniteEvent | None:
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if scaler is not None and not any(c & 1 for c in codes):
+            return self._amp_overflow(trainer, scaler, codes)
+        rank = trainer.global_rank
+        try:
+            info = self._local_info(trainer, pl_module, params, codes[rank] if rank < len(codes) else 0,
+                                    losses, snaps, scaler)
+        except Exception as e:
+            self._internal_error("locate", e)
+            info = nl.RankInfo(rank, bad=bool(codes[rank] if rank < len(codes) else 0), note=f"analysis failed: {e}")
+        infos = [info]
+        if trainer.world_size > 1:
+            try:
+                infos = [None] * trainer.world_size
+                torch.distributed.all_gather_object(infos, info)
+            except Exception as e:
+                self._internal_error("event all_gather", e)
+                infos = [info]
+        bad = [i for i in infos if i is not None and i.bad]
+        if not bad:  # the sum overflowed on finite values: not an event
+            self._streak = self._skips_in_row = 0
+            return None
+        self._streak += 1
+        fields = nl.merge_infos(bad, trainer.world_size)
+        if fields["batch_idx"] is None:
+            fields["batch_idx"] = trainer.fit_loop.epoch_loop.batch_idx
+        return NonFiniteEvent(step=trainer.global_step, epoch=trainer.current_epoch, **fields)
+
+    def _local_info(self, trainer, pl_module, params, code, losses, snaps, scaler) -> nl.RankInfo:
+        info = nl.RankInfo(trainer.global_rank)
+        names = {id(p): n for n, p in pl_module.named_parameters()}
+        if code & 2:
+            info.parameters = nl.count_nonfinite([(names.get(id(p), f"param{i}"), p.grad) for i, p in enumerate(params)])
+        vals = [float(x.detach().float().sum()) for x in losses]
+        bad_vals = [v for v in vals if not math.isfinite(v)]
+        info.loss_bad = bool(bad_vals)
+        info.loss = bad_vals[0] if bad_vals else (vals[-1] if vals else None)
+        info.bad = info.loss_bad or bool(info.parameters)
+        if not info.bad:
+            return info
+        info.max_abs = nl.max_abs_finite([p.grad for p in params if p.grad is not None])
+        if not self.locate:
+            return info
+        if self._streak > 0:
+            info.note = "not located again: same streak of non-finite steps as the previous event"
+        elif self._replay_blocker is not None:
+            info.note = f"no replay to locate the layer: {self._replay_blocker}"
+        elif not snaps:
+            info.note = "no replay to locate the layer: the step's batch was not captured"
+        else:
+            from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
+
+            ts = pl_module.training_step
+            with_idx = is_param_in_hook_signature(ts, "batch_idx", min_args=2)
+            info.located, n = nl.locate_step(pl_module, (lambda b, i: ts(b, i)) if with_idx else (lambda b, i: ts(b)),
+                                          snaps, autocast=trainer.precision_plugin.train_step_context,
+                                          scale=scaler.scale if scaler is not None else None)
+            self.replays += n
+        return info
+
+    def _amp_overflow(self, trainer: pl.Trainer, scaler: Any, codes: list[int]) -> NonFiniteEvent | None:
+        self._amp_streak += 1
+        scale = float(scaler.get_scale())
+        backoff = float(scaler.get_backoff_factor()) if hasattr(scaler, "get_backoff_factor") else 0.5
+        if scale * backoff >= self.amp_min_scale and self._amp_streak < self.amp_max_overflows:
+            _log.debug("NaN guard: AMP overflow at step %d (scale %g): the GradScaler skips it", trainer.global_step,
+                       scale)
+            return None
+        self._streak += 1
+        return NonFiniteEvent(step=trainer.global_step, epoch=trainer.current_epoch,
+                              batch_idx=trainer.fit_loop.epoch_loop.batch_idx, kind="gradient",
+                              ranks=[r for r, c in enumerate(codes) if c] or [trainer.global_rank],
+                              note=f"AMP loss scale collapsed: {self._amp_streak} overflowing step(s) in a row, "
+                                   f"scale {scale:g} -> {scale * backoff:g} (amp_min_scale={self.amp_min_scale:g}, "
+                                   f"amp_max_overflows={self.amp_max_overflows}); the GradScaler skips every step.")
+
+    def _act(self, trainer: pl.Trainer, params: list, event: NonFiniteEvent, after_update: bool = False) -> None:
+        action = self.action
+        if action == "skip" and after_update:
+            action, event.note = "stop", (event.note + " An applied update cannot be skipped: stopping.").strip()
+        if action in ("skip", "stop"):
+            for p in params:
+                p.grad = None
+        if action == "skip":
+            self.skipped_steps += 1
+            self._skips_in_row += 1
+            event.action = f"update skipped ({self._skips_in_row} in a row, max_skips={self.max_skips})"
+            if self._skips_in_row >= self.max_skips:
+                trainer.should_stop = True
+                event.action += "; max_skips reached: stopping the run"
+        elif action == "stop":
+            trainer.should_stop = True
+            event.action = "stopping the run" + ("" if after_update else " (this update was dropped)")
+        elif action == "raise":
+            event.action = "raising NonFiniteError"
+        else:
+            event.action = "warn only (the update is applied)"
+        self._record(trainer, event)
+        if action == "raise":
+            raise NonFiniteError(event)
+
+    def _record(self, trainer: pl.Trainer, event: NonFiniteEvent) -> None:
+        self.num_events += 1
+        if len(self.events) < self.max_events:
+            self.events.append(event)
+        if trainer.is_global_zero:
+            for lg in trainer.loggers:
+                try:
+                    lg.log_metrics({"tscope/nan/events": float(self.num_events)}, step=trainer.global_step)
+                except Exception as e:
+                    self._internal_error("metric", e)
+        now = time.monotonic()
+        if self.num_events > 1 and self._suppressed + 1 < self.alert_every_n and now - self._last_alert < \
+                self.alert_every_s:
+            self._suppressed += 1
+            _log.debug("%s", event)
+            return
+        text = str(event)
+        if self._suppressed:
+            text += f" ({self._suppressed} event(s) since the last alert were not alerted; {self.num_events} in total.)"
+        self._suppressed, self._last_alert = 0, now
+        self._alert(trainer, f"Non-finite {event.kind} at step {event.step}", text)
+
+    def _alert(self, trainer: pl.Trainer, title: str, text: str) -> None:
+        if not trainer.is_global_zero:
+            return
+        self.alerts += 1
+        _log.warning("%s", text)
+        from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+
+        for lg in trainer.loggers:
+            try:
+                if isinstance(lg, TensorBoardLogger):
+                    lg.experiment.add_text("tscope/nan", text, global_step=trainer.global_step)
+                elif isinstance(lg, WandbLogger):
+                    import wandb
+
+                    lg.experiment.alert(title=title, text=text, level=wandb.AlertLevel.WARN,
+                                        wait_duration=self.alert_every_s)
+            except Exception as e:  # W&B offline runs may not support alerts
+                self._internal_error(f"alert to {type(lg).__name__}", e)
+
+    def _internal_error(self, where: str, e: BaseException) -> None:
+        _log.warning("NaN guard: internal error in %s (training continues): %s: %s", where, type(e).__name__, e)

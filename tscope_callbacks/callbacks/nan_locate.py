@@ -1,0 +1,385 @@
+"""The NaN guard's engine: the cheap per-step non-finite flag, per-step replay state, and the replay that locates.
+
+Nothing here imports Lightning; :mod:`.nan_guard` wires it into the Trainer.
+
+* :func:`nonfinite_code` -- one fused reduction over the loss and all gradients, returned as a device tensor so the
+  caller does exactly one host sync (or one collective under DDP). Large tensors are reduced with ``sum`` (the fastest
+  reduction on CPU; NaN/Inf propagate through it), runs of small tensors with one ``torch._foreach_norm`` call (one
+  fused kernel on CUDA). A finite tensor whose sum overflows would raise the flag spuriously, so a raised flag is
+  always confirmed by :func:`count_nonfinite` before anything is reported.
+* :class:`StepSnapshot` -- what is kept per micro-batch so a bad step can be replayed: a *reference* to the batch (no
+  copy), the in-place version counters of its tensors (to tell when ``training_step`` mutated it) and the RNG states
+  (torch CPU, CUDA when initialised, python ``random``, numpy when imported). About 0.1 ms per micro-batch.
+* :func:`replay_locate` -- re-runs ``training_step`` forward and backward on the same (not yet updated) parameters,
+  under the step's RNG state, with hooks that name the first module whose output went non-finite (forward order) or,
+  when the forward and the loss were finite, the first non-finite gradient in backward order. It never touches
+  ``.grad`` (the backward is ``torch.autograd.grad``), restores module buffers (BatchNorm running stats) and all RNG
+  states afterwards, silences ``self.log`` while it runs, and issues no collective (it calls the LightningModule's
+  own ``training_step``, never the DDP wrapper).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["LocateResult", "StepSnapshot", "count_nonfinite", "iter_tensors", "max_abs_finite", "nonfinite_code",
+           "replay_locate"]
+
+_SMALL = 1 << 15  # tensors below this many elements go through one _foreach_norm call
+
+
+def iter_tensors(obj: Any, _depth: int = 0) -> Iterator[torch.Tensor]:
+    """Tensors in a nested structure (tensor, list/tuple, dict, dataclass-like objects with ``__dict__``)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif _depth > 8 or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+        return
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from iter_tensors(v, _depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from iter_tensors(v, _depth + 1)
+    elif hasattr(obj, "__dataclass_fields__"):
+        for k in obj.__dataclass_fields__:
+            yield from iter_tensors(getattr(obj, k, None), _depth + 1)
+
+
+def _floating(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def _partial_sums(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """One float32 scalar per device group whose value is non-finite iff (up to overflow) some element is."""
+    by_dev: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors:
+        if t.numel() and _floating(t):
+            by_dev.setdefault(t.device, []).append(t)
+    totals = []
+    for dev, ts in by_dev.items():
+        if dev.type == "cpu":
+            big = [t for t in ts if t.numel() >= _SMALL]
+            small = [t for t in ts if t.numel() < _SMALL]
+        else:  # CUDA & co: _foreach_norm is one fused multi-tensor kernel
+            big, small = [], ts
+        parts = [t.sum(dtype=torch.float32) if not t.is_complex() else t.abs().sum(dtype=torch.float32) for t in big]
+        real_small = [t for t in small if not t.is_complex()]
+        parts += [t.abs().sum(dtype=torch.float32) for t in small if t.is_complex()]
+        if real_small:
+            parts += list(torch._foreach_norm(real_small, 2, dtype=torch.float32))
+        totals.append(torch.stack(parts).sum())
+    if not totals:
+        return None
+    first = totals[0]
+    return first if len(totals) == 1 else torch.stack([t.to(first.device) for t in totals]).sum()
+
+
+def nonfinite_code(grads: list[torch.Tensor], losses: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """int32 tensor of shape (1,): bit 0 = some loss non-finite, bit 1 = some gradient (maybe) non-finite. No sync."""
+    code = torch.zeros(1, dtype=torch.int32, device=device)
+    g = _partial_sums(grads)
+    if g is not None:
+        code = code + (~torch.isfinite(g)).to(device=device, dtype=torch.int32) * 2
+    if losses:
+        lt = torch.stack([loss.detach().reshape(()).to(device=device, dtype=torch.float32) for loss in losses]).sum()
+        code = code + (~torch.isfinite(lt)).to(torch.int32)
+    return code
+
+
+def count_nonfinite(named: list[tuple[str, torch.Tensor | None]]) -> dict[str, int]:
+    """{name: number of non-finite elements} for the tensors that have any (exact; syncs once per tensor)."""
+    out = {}
+    for name, t in named:
+        if t is not None and _floating(t):
+            n = int((~torch.isfinite(t)).sum())
+            if n:
+                out[name] = n
+    return out
+
+
+def max_abs_finite(tensors: list[torch.Tensor]) -> float | None:
+    """Largest finite absolute value over the tensors (None when there is none)."""
+    best = None
+    for t in tensors:
+        if t is None or not _floating(t) or not t.numel():
+            continue
+        a = t.detach().abs()
+        a = a[torch.isfinite(a)]
+        if a.numel():
+            v = float(a.max())
+            best = v if best is None else max(best, v)
+    return best
+
+
+def _rng_capture() -> tuple:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    np_mod = sys.modules.get("numpy")
+    return torch.get_rng_state(), cuda, random.getstate(), np_mod.random.get_state() if np_mod else None
+
+
+def _rng_restore(state: tuple) -> None:
+    cpu, cuda, py, np_state = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+    random.setstate(py)
+    if np_state is not None:
+        sys.modules["numpy"].random.set_state(np_state)
+
+
+@dataclass
+class StepSnapshot:
+    """Per micro-batch: batch reference, batch tensor versions, RNG states, and (later) the loss it produced."""
+
+    batch: Any
+    batch_idx: int
+    rng: tuple
+    versions: list[tuple[torch.Tensor, int]]
+    loss: torch.Tensor | None = None
+
+    @classmethod
+    def take(cls, batch: Any, batch_idx: int) -> StepSnapshot:
+        return cls(batch, batch_idx, _rng_capture(), [(t, t._version) for t in iter_tensors(batch)])
+
+    def mutated(self) -> bool:
+        return any(t._version != v for t, v in self.versions)
+
+
+@dataclass
+class LocateResult:
+    """What a replay found (all fields picklable, so results can be gathered across ranks)."""
+
+    kind: str | None = None  # "activation" | "loss" | "gradient" | "parameter"; None: not reproduced
+    layer: str | None = None
+    parameter: str | None = None  # first parameter whose replayed gradient was non-finite (backward order)
+    parameters: dict[str, int] = field(default_factory=dict)
+    loss: float | None = None
+    reproduced: bool = False
+    batch_idx: int | None = None  # the micro-batch replayed
+    note: str = ""
+
+
+def _owner(param_name: str) -> str:
+    return param_name.rsplit(".", 1)[0] if "." in param_name else ""
+
+
+class _Tracer:
+    """Forward/backward hooks recording the first non-finite value. Removed by :meth:`close`."""
+
+    def __init__(self, root: nn.Module) -> None:
+        self.root = root
+        self.stack: list[str] = []
+        self.fwd: tuple[str, str] | None = None  # (layer, how)
+        self.bwd: tuple[str, str, str | None] | None = None  # (kind "param"|"output", layer, param name)
+        self.last_bwd_layer: str | None = None
+        self.hooked: dict[int, torch.Tensor] = {}  # one grad hook per tensor: the innermost module that output it
+        self.handles: list[Any] = []
+        for name, mod in root.named_modules():
+            self.handles.append(mod.register_forward_pre_hook(self._pre(name)))
+            self.handles.append(mod.register_forward_hook(self._post(name)))
+        for name, p in root.named_parameters():
+            if p.requires_grad:
+                self.handles.append(p.register_hook(self._param_grad(name)))
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.hooked.clear()
+
+    @staticmethod
+    def _bad(obj: Any) -> bool:
+        return any(_floating(t) and t.numel() and not bool(torch.isfinite(t).all()) for t in iter_tensors(obj))
+
+    def _pre(self, name: str) -> Callable:
+        def hook(mod, args):
+            if self.fwd is None and self._bad(args):
+                parent = self.stack[-1] if self.stack else None
+                self.fwd = (parent, f"input of '{name or '<root>'}'") if parent is not None else (None, "model input")
+            self.stack.append(name)
+
+        return hook
+
+    def _post(self, name: str) -> Callable:
+        def hook(mod, args, output):
+            if self.stack and self.stack[-1] == name:
+                self.stack.pop()
+            if self.fwd is None and self._bad(output):
+                self.fwd = (name, "output")
+            for t in iter_tensors(output):
+                if t.requires_grad and _floating(t) and id(t) not in self.hooked:
+                    self.hooked[id(t)] = t
+                    t.register_hook(self._out_grad(name))
+
+        return hook
+
+    def _out_grad(self, name: str) -> Callable:
+        def hook(g):
+            if self.bwd is None and self._bad(g):
+                self.bwd = ("output", self.last_bwd_layer, name)
+            self.last_bwd_layer = name
+
+        return hook
+
+    def _param_grad(self, pname: str) -> Callable:
+        def hook(g):
+            if self.bwd is None and self._bad(g):
+                self.bwd = ("param", _owner(pname), pname)
+            self.last_bwd_layer = _owner(pname)
+
+        return hook
+
+
+def _loss_of(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict):
+        return out.get("loss")
+    return None
+
+
+class _NoLog:
+    """Temporarily shadows ``log``/``log_dict`` on the module instance with no-ops (the replay must not log)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def __enter__(self) -> None:
+        for n in ("log", "log_dict"):
+            if hasattr(self.module, n):
+                object.__setattr__(self.module, n, lambda *a, **k: None)
+
+    def __exit__(self, *exc: Any) -> None:
+        for n in ("log", "log_dict"):
+            self.module.__dict__.pop(n, None)
+
+
+def replay_locate(module: nn.Module, step_fn: Callable[[Any, int], Any], snap: StepSnapshot, *,
+                  autocast: Callable[[], AbstractContextManager] | None = None,
+                  scale: Callable[[torch.Tensor], torch.Tensor] | None = None) -> LocateResult:
+    """Replay one micro-batch (``step_fn(batch, batch_idx)``, e.g. ``pl_module.training_step``) and locate.
+
+    ``autocast``: the precision context Lightning ran the step under; ``scale``: the loss scaling the real backward
+    used (a GradScaler's ``scale``), so fp16 overflows reproduce. The parameters must not have been updated since
+    the step ran (true in ``on_before_optimizer_step``).
+    """
+    res = LocateResult()
+    names = {id(p): n for n, p in module.named_parameters()}
+    params = [p for p in module.parameters() if p.requires_grad]
+    buffers = [(b, b.detach().clone()) for b in module.buffers()]
+    after = _rng_capture()
+    tracer = _Tracer(module)
+    try:
+        _rng_restore(snap.rng)
+        with ExitStack() as stack:
+            stack.enter_context(torch.enable_grad())
+            stack.enter_context(autocast() if autocast is not None else nullcontext())
+            stack.enter_context(_NoLog(module))
+            loss = _loss_of(step_fn(snap.batch, snap.batch_idx))
+        if loss is not None:
+            res.loss = float(loss.detach().float().sum())
+        if tracer.fwd is not None:
+            layer, how = tracer.fwd
+            res.kind, res.layer, res.reproduced = "activation", layer, True
+            own = [p for n, p in module.named_parameters() if layer is not None and _owner(n) == layer]
+            bad_own = count_nonfinite([(names[id(p)], p.detach()) for p in own])
+            if bad_own:
+                res.kind = "parameter"
+                res.note = f"the layer's own parameters are already non-finite: {sorted(bad_own)}"
+            elif how != "output":
+                res.note = (f"first non-finite value seen at the {how}: produced by the code of "
+                            f"{'the layer' if layer is not None else 'training_step before the model call'}")
+            return res
+        if loss is None or not loss.requires_grad:
+            res.note = "training_step returned no differentiable loss during the replay"
+            return res
+        if not torch.isfinite(loss.detach()).all():
+            res.kind, res.reproduced = "loss", True
+            res.note = "every module output was finite: the loss computation in training_step made it non-finite"
+            return res
+        if not params:
+            res.note = "the module has no trainable parameters"
+            return res
+        grads = torch.autograd.grad(scale(loss) if scale else loss, params, allow_unused=True)
+        res.parameters = count_nonfinite([(names[id(p)], g) for p, g in zip(params, grads)])
+        if tracer.bwd is not None:
+            how, layer, pname = tracer.bwd
+            res.kind, res.layer, res.reproduced = "gradient", layer, True
+            if how == "param":
+                res.parameter = pname
+            elif layer is None:
+                res.note = (f"the gradient of the output of '{pname}' was the first non-finite one and no module's "
+                            "backward ran before it: the loss computation in training_step produced it")
+            else:
+                res.note = (f"the gradient of the output of '{pname}' was the first non-finite one; '{layer}' is "
+                            "the module whose backward ran last before it (approximate under branches/residuals)")
+        elif res.parameters:
+            res.kind, res.reproduced = "gradient", True
+    finally:
+        tracer.close()
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+        _rng_restore(after)
+    return res
+
+
+def locate_step(module: nn.Module, step_fn: Callable[[Any, int], Any], snaps: list[StepSnapshot],
+                **kw: Any) -> tuple[LocateResult, int]:
+    """Replay the step's micro-batches (those whose loss was non-finite first) until one reproduces.
+
+    Returns the result and the number of replays run."""
+    first = [s for s in snaps if s.loss is not None and not bool(torch.isfinite(s.loss).all())]
+    res, n = LocateResult(), 0
+    for snap in first + [s for s in snaps if not any(s is f for f in first)]:
+        n += 1
+        res = replay_locate(module, step_fn, snap, **kw)
+        res.batch_idx = snap.batch_idx
+        if snap.mutated():
+            res.note = f"{res.note} The batch was modified in place by training_step; the replay used it.".strip()
+        if res.reproduced:
+            return res, n
+    res.note = ("the replay did not reproduce the non-finite values (non-deterministic ops, randomness outside "
+                f"torch/python/numpy RNGs, or values received from another rank): layer not located. {res.note}")
+    return res, n
+
+
+@dataclass
+class RankInfo:
+    """One rank's view of a bad step (picklable: gathered across ranks under DDP)."""
+
+    rank: int
+    bad: bool = False
+    loss_bad: bool = False
+    loss: float | None = None
+    parameters: dict[str, int] = field(default_factory=dict)
+    max_abs: float | None = None
+    located: LocateResult | None = None
+    note: str = ""
+
+
+def merge_infos(bad: list[RankInfo], world_size: int) -> dict[str, Any]:
+    """Event fields from the ranks that saw non-finite values. ``ranks``: those where it originated (non-finite loss
+    or reproduced by the replay), else all that saw it; the location comes from the lowest such rank."""
+    located = [i for i in bad if i.located is not None and i.located.reproduced]
+    origin = sorted({i.rank for i in bad if i.loss_bad or i in located}) or sorted(i.rank for i in bad)
+    src = (located or [i for i in bad if i.loss_bad] or bad)[0]
+    loc = src.located if src in located else None
+    params = src.parameters or next((i.parameters for i in bad if i.parameters), {})
+    notes = [loc.note if loc is not None else (src.located.note if src.located is not None else src.note)]
+    if loc is not None and loc.parameter:
+        notes.append(f"First non-finite gradient in backward order: {loc.parameter}.")
+    if world_size > 1 and len(origin) < world_size:
+        notes.append("Other ranks saw it only through the DDP gradient all-reduce.")
+    return dict(batch_idx=loc.batch_idx if loc is not None else None, kind=loc.kind if loc is not None else ("loss" if src.loss_bad else "gradient"),
+                layer=loc.layer if loc is not None else None, parameters=params,
+                loss=src.loss if src.loss is not None else (loc.loss if loc is not None else None),
+                num_nonfinite=sum(params.values()), max_abs_grad=src.max_abs, ranks=origin,
+                note=" ".join(n for n in notes if n))
