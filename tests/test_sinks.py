@@ -1,0 +1,179 @@
+"""Sinks: real TensorBoard / CSV / file outputs read back, sink failures isolated, logger selection."""
+
+from __future__ import annotations
+
+import csv
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pytest
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tscope_callbacks.sinks import (
+    CSVSink,
+    FileSink,
+    MetricsSink,
+    Sink,
+    SinkGroup,
+    TensorBoardSink,
+    build_sinks,
+    resolve_log_dir,
+    rows_to_markdown,
+)
+
+ROWS = [{"layer": "enc.a", "intensity": 2.5, "achieved_gflops_per_s": 10.0, "shape": [4, 8]},
+        {"layer": "head", "intensity": 0.5, "achieved_gflops_per_s": 1.0, "shape": [4, 2]}]
+
+
+def _fig():
+    fig, ax = plt.subplots(figsize=(2, 2))
+    ax.plot([1, 2], [1, 4])
+    return fig
+
+
+def _emit(sink: Sink, step: int = 3) -> None:
+    fig = _fig()
+    try:
+        sink.log_scalars({"tscope/roofline/mfu": 0.25, "tscope/roofline/achieved_tflops": 1.5}, step)
+        sink.log_text("tscope/roofline/table", "| a | b |\n|---|---|\n| 1 | 2 |", step)
+        sink.log_figure("tscope/roofline/plot", fig, step)
+        sink.log_table("tscope/roofline/layers", ROWS, step)
+        sink.log_scatter("tscope/roofline/scatter", ROWS, "intensity", "achieved_gflops_per_s", step)
+    finally:
+        plt.close(fig)
+
+
+def _events(log_dir: str) -> EventAccumulator:
+    acc = EventAccumulator(log_dir, size_guidance={"scalars": 0, "tensors": 0, "images": 0})
+    acc.Reload()
+    return acc
+
+
+def test_rows_to_markdown() -> None:
+    md = rows_to_markdown([{"a": 1, "b": 0.123456}, {"a": "x|y", "b": 2.0}])
+    assert md.splitlines() == ["| a | b |", "|---|---|", "| 1 | 0.1235 |", "| x\\|y | 2 |"]
+    assert rows_to_markdown([]) == "(empty)"
+
+
+def test_tensorboard_sink_round_trip(tmp_path: Path) -> None:
+    logger = TensorBoardLogger(tmp_path, name="tb")
+    _emit(TensorBoardSink(logger))
+    logger.experiment.flush()
+    acc = _events(logger.log_dir)
+    tags = acc.Tags()
+    assert {"tscope/roofline/mfu", "tscope/roofline/achieved_tflops"} <= set(tags["scalars"])
+    assert acc.Scalars("tscope/roofline/mfu")[0].step == 3
+    assert acc.Scalars("tscope/roofline/mfu")[0].value == pytest.approx(0.25)
+    assert "tscope/roofline/plot" in tags["images"]
+    texts = [t for t in tags["tensors"] if t.startswith("tscope/roofline/table")]
+    assert texts, tags["tensors"]
+    layers_md = acc.Tensors(next(t for t in tags["tensors"] if t.startswith("tscope/roofline/layers")))
+    assert b"enc.a" in layers_md[0].tensor_proto.string_val[0]
+
+
+def test_csv_sink_metrics_and_files(tmp_path: Path) -> None:
+    logger = CSVLogger(tmp_path, name="csv")
+    _emit(CSVSink(logger))
+    logger.save()
+    with open(Path(logger.log_dir) / "metrics.csv") as f:
+        header = next(csv.reader(f))
+    assert "tscope/roofline/mfu" in header and "tscope/roofline/achieved_tflops" in header
+    files = {p.name for p in (Path(logger.log_dir) / "tscope").iterdir()}
+    assert files == {"roofline_table_step_3.md", "roofline_plot_step_3.png", "roofline_layers_step_3.csv"}
+
+
+def test_file_sink(tmp_path: Path) -> None:
+    _emit(FileSink(tmp_path / "tscope"), step=0)
+    _emit(FileSink(tmp_path / "tscope"), step=1)
+    d = tmp_path / "tscope"
+    with open(d / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["key"] for r in rows].count("tscope/roofline/mfu") == 2 and rows[-1]["step"] == "1"
+    with open(d / "roofline_layers_step_0.csv") as f:
+        table = list(csv.DictReader(f))
+    assert table[0]["layer"] == "enc.a" and table[0]["shape"] == "[4, 8]"
+    assert (d / "roofline_plot_step_1.png").stat().st_size > 0
+    assert (d / "roofline_table_step_0.md").read_text().startswith("| a | b |")
+
+
+class _Broken(Sink):
+    name = "broken"
+
+    def log_scalars(self, scalars, step):
+        raise RuntimeError("backend down")
+
+    log_text = log_figure = log_table = log_scatter = log_scalars  # type: ignore[assignment]
+
+
+class _Recorder(Sink):
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def log_scalars(self, scalars, step):
+        self.calls.append("scalars")
+
+    def log_text(self, key, markdown, step):
+        self.calls.append("text")
+
+
+def test_failing_sink_warns_once_and_others_still_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    rec = _Recorder()
+    group = SinkGroup([_Broken(), rec], tmp_path)
+    with caplog.at_level("WARNING", logger="tscope_callbacks"):
+        _emit(group)
+        _emit(group)
+    warned = [r for r in caplog.records if "broken sink failed" in r.getMessage()]
+    assert len(warned) == 1 and "backend down" in warned[0].getMessage()
+    assert rec.calls == ["scalars", "text", "scalars", "text"]
+    strict = SinkGroup([_Broken()], tmp_path, raise_errors=True)
+    with pytest.raises(RuntimeError, match="backend down"):
+        strict.log_scalars({"a": 1.0}, 0)
+
+
+def test_write_json(tmp_path: Path) -> None:
+    group = SinkGroup([], tmp_path)
+    path = group.write_json("step_4.json", {"a": [1, 2], "t": (1, 2)})
+    assert path == tmp_path / "tscope" / "step_4.json"
+    assert path.read_text() == '{"a": [1, 2], "t": [1, 2]}'
+
+
+class _OtherLogger:
+    def __init__(self) -> None:
+        self.metrics: list[tuple[dict, int]] = []
+
+    def log_metrics(self, metrics, step=None):
+        self.metrics.append((metrics, step))
+
+
+def test_build_sinks_selects_by_logger(tmp_path: Path) -> None:
+    tb = TensorBoardLogger(tmp_path, name="tb")
+    other = _OtherLogger()
+    trainer = SimpleNamespace(loggers=[tb, CSVLogger(tmp_path, name="csv"), other], default_root_dir=str(tmp_path))
+    group = build_sinks(trainer)
+    assert [type(s) for s in group.sinks] == [TensorBoardSink, CSVSink, MetricsSink]
+    assert group.log_dir == Path(tb.log_dir) == resolve_log_dir(trainer)
+    group.log_scalars({"tscope/x": 1.0}, 2)
+    assert other.metrics == [({"tscope/x": 1.0}, 2)]
+
+    bare = build_sinks(SimpleNamespace(loggers=[], default_root_dir=str(tmp_path)))
+    assert len(bare.sinks) == 1 and isinstance(bare.sinks[0], FileSink)
+    assert bare.sinks[0].directory == tmp_path / "tscope" and bare.files_dir == tmp_path / "tscope"
+
+    only_other = build_sinks(SimpleNamespace(loggers=[other], default_root_dir=str(tmp_path)))
+    assert [type(s) for s in only_other.sinks] == [MetricsSink, FileSink]
+    assert only_other.sinks[1].scalars is False  # scalars went to the logger already
+
+
+def test_figure_sinks_do_not_close_figures(tmp_path: Path) -> None:
+    fig = _fig()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        FileSink(tmp_path).log_figure("tscope/roofline/plot", fig, 0)
+    assert plt.fignum_exists(fig.number)
+    plt.close(fig)

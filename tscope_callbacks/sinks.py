@@ -1,0 +1,331 @@
+"""Where the callbacks' outputs go: one small interface over the trainer's loggers (public logger API only).
+
+==================  =====================================================================================
+logger              what each call does
+==================  =====================================================================================
+TensorBoardLogger   ``experiment.add_scalar`` / ``add_text`` (markdown; tables as markdown) / ``add_figure``
+WandbLogger         ``log_metrics``; text as ``wandb.Html``; ``log_table`` (a ``wandb.Table``); figures as
+                    ``wandb.Image``; scatter plots with ``wandb.plot.scatter``
+CSVLogger           ``log_metrics``; text (``.md``), tables (``.csv``) and figures (``.png``) as files in
+                    ``<its log_dir>/tscope/``
+other loggers       ``log_metrics`` only (plus the file sink below for the rest)
+no logger           files under ``<default_root_dir>/tscope/``: ``metrics.csv``, ``.md``, ``.csv``, ``.png``
+==================  =====================================================================================
+
+Several loggers at once: all of them get everything. A sink that raises is reported once (a warning naming it)
+and skipped for that call; training never stops because of a sink.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Sink",
+    "TensorBoardSink",
+    "WandbSink",
+    "CSVSink",
+    "FileSink",
+    "MetricsSink",
+    "SinkGroup",
+    "build_sinks",
+    "resolve_log_dir",
+    "rows_to_markdown",
+]
+
+log = logging.getLogger("tscope_callbacks")
+
+Row = Mapping[str, Any]
+
+
+def _slug(key: str) -> str:
+    """``"tscope/roofline/table"`` -> ``"roofline_table"`` (a file-name-safe key)."""
+    key = key[len("tscope/") :] if key.startswith("tscope/") else key
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", key).strip("_") or "output"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def rows_to_markdown(rows: Sequence[Row]) -> str:
+    """A list of dicts (same keys) as a markdown table."""
+    if not rows:
+        return "(empty)"
+    cols = list(rows[0].keys())
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(c, "")).replace("|", "\\|") for c in cols) + " |")
+    return "\n".join(lines)
+
+
+class Sink:
+    """The interface the callbacks write through. Every method is optional for a backend (default: no-op)."""
+
+    name = "sink"
+
+    def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        """Scalars keyed by metric name (``tscope/...``) at ``step``."""
+
+    def log_text(self, key: str, markdown: str, step: int) -> None:
+        """A markdown text (e.g. a table) at ``step``."""
+
+    def log_figure(self, key: str, figure: Any, step: int) -> None:
+        """A matplotlib figure (the caller closes it)."""
+
+    def log_table(self, key: str, rows: Sequence[Row], step: int) -> None:
+        """Tabular rows (dicts with the same keys)."""
+
+    def log_scatter(self, key: str, rows: Sequence[Row], x: str, y: str, step: int, title: str = "") -> None:
+        """A scatter plot of ``rows`` (``x`` vs ``y`` columns); only backends with interactive plots implement it."""
+
+
+class FileSink(Sink):
+    """Files in ``directory``: ``metrics.csv`` (step,key,value), ``<key>_step_<N>.md|.csv|.png``."""
+
+    name = "files"
+
+    def __init__(self, directory: str | os.PathLike[str], *, scalars: bool = True) -> None:
+        self.directory = Path(directory)
+        self.scalars = scalars
+
+    def _path(self, key: str, step: int, ext: str) -> Path:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return self.directory / f"{_slug(key)}_step_{step}.{ext}"
+
+    def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        if not self.scalars or not scalars:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / "metrics.csv"
+        new = not path.exists()
+        with path.open("a", newline="") as f:
+            w = csv.writer(f)
+            if new:
+                w.writerow(["step", "key", "value"])
+            for k, v in scalars.items():
+                w.writerow([step, k, v])
+
+    def log_text(self, key: str, markdown: str, step: int) -> None:
+        self._path(key, step, "md").write_text(markdown + "\n")
+
+    def log_figure(self, key: str, figure: Any, step: int) -> None:
+        figure.savefig(self._path(key, step, "png"), dpi=100)
+
+    def log_table(self, key: str, rows: Sequence[Row], step: int) -> None:
+        if not rows:
+            return
+        with self._path(key, step, "csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0].keys()), extrasaction="ignore")
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: _cell(v) for k, v in r.items()})
+
+
+def _cell(v: Any) -> Any:
+    return json.dumps(v) if isinstance(v, (list, tuple, dict)) else v
+
+
+class MetricsSink(Sink):
+    """Any Lightning logger: scalars through its public ``log_metrics``."""
+
+    def __init__(self, logger: Any) -> None:
+        self.logger = logger
+        self.name = type(logger).__name__
+
+    def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        if scalars:
+            self.logger.log_metrics(dict(scalars), step=step)
+
+
+class CSVSink(MetricsSink):
+    """CSVLogger: ``log_metrics`` for scalars; text/tables/figures as files in ``<log_dir>/tscope/``."""
+
+    def __init__(self, logger: Any) -> None:
+        super().__init__(logger)
+        self.files = FileSink(Path(logger.log_dir) / "tscope", scalars=False)
+
+    def log_text(self, key: str, markdown: str, step: int) -> None:
+        self.files.log_text(key, markdown, step)
+
+    def log_figure(self, key: str, figure: Any, step: int) -> None:
+        self.files.log_figure(key, figure, step)
+
+    def log_table(self, key: str, rows: Sequence[Row], step: int) -> None:
+        self.files.log_table(key, rows, step)
+
+
+class TensorBoardSink(Sink):
+    """TensorBoardLogger: scalars, markdown text (tables rendered as markdown) and figures as images."""
+
+    def __init__(self, logger: Any) -> None:
+        self.logger = logger
+        self.name = type(logger).__name__
+
+    def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        exp = self.logger.experiment
+        for k, v in scalars.items():
+            exp.add_scalar(k, float(v), global_step=step)
+
+    def log_text(self, key: str, markdown: str, step: int) -> None:
+        self.logger.experiment.add_text(key, markdown, global_step=step)
+
+    def log_figure(self, key: str, figure: Any, step: int) -> None:
+        self.logger.experiment.add_figure(key, figure, global_step=step, close=False)
+
+    def log_table(self, key: str, rows: Sequence[Row], step: int) -> None:
+        self.logger.experiment.add_text(key, rows_to_markdown(rows), global_step=step)
+
+
+class WandbSink(MetricsSink):
+    """WandbLogger: scalars, ``wandb.Table`` rows, ``wandb.Image`` figures, ``wandb.plot.scatter``, text as HTML."""
+
+    def log_text(self, key: str, markdown: str, step: int) -> None:
+        import html
+
+        import wandb
+
+        self.logger.log_metrics({key: wandb.Html(f"<pre>{html.escape(markdown)}</pre>")}, step=step)
+
+    def log_figure(self, key: str, figure: Any, step: int) -> None:
+        import wandb
+
+        self.logger.log_image(key, [wandb.Image(figure)], step=step)
+
+    def log_table(self, key: str, rows: Sequence[Row], step: int) -> None:
+        if not rows:
+            return
+        cols = list(rows[0].keys())
+        self.logger.log_table(key, columns=cols, data=[[_cell(r.get(c)) for c in cols] for r in rows], step=step)
+
+    def log_scatter(self, key: str, rows: Sequence[Row], x: str, y: str, step: int, title: str = "") -> None:
+        import wandb
+
+        pts = [[r[x], r[y], r.get("layer", "")] for r in rows if r.get(x) is not None and r.get(y) is not None]
+        if not pts:
+            return
+        table = wandb.Table(columns=[x, y, "layer"], data=pts)
+        self.logger.log_metrics({key: wandb.plot.scatter(table, x, y, title=title or key)}, step=step)
+
+
+class SinkGroup(Sink):
+    """Fan-out to several sinks. A sink that raises is warned about once and skipped; the others still run.
+
+    ``log_dir`` is the trainer's log directory (``<log_dir>/tscope/`` holds the per-step JSON files).
+    """
+
+    name = "group"
+
+    def __init__(self, sinks: Sequence[Sink], log_dir: str | os.PathLike[str], *, raise_errors: bool = False) -> None:
+        self.sinks = list(sinks)
+        self.log_dir = Path(log_dir)
+        self.raise_errors = raise_errors
+        self._warned: set[int] = set()
+
+    @property
+    def files_dir(self) -> Path:
+        return self.log_dir / "tscope"
+
+    def _each(self, method: str, *args: Any) -> None:
+        for s in self.sinks:
+            try:
+                getattr(s, method)(*args)
+            except Exception as e:
+                if self.raise_errors:
+                    raise
+                if id(s) not in self._warned:
+                    self._warned.add(id(s))
+                    log.warning("tscope: the %s sink failed in %s (%s: %s); further failures of this sink are not "
+                                "reported, training continues", s.name, method, type(e).__name__, e)
+
+    def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        self._each("log_scalars", scalars, step)
+
+    def log_text(self, key: str, markdown: str, step: int) -> None:
+        self._each("log_text", key, markdown, step)
+
+    def log_figure(self, key: str, figure: Any, step: int) -> None:
+        self._each("log_figure", key, figure, step)
+
+    def log_table(self, key: str, rows: Sequence[Row], step: int) -> None:
+        self._each("log_table", key, rows, step)
+
+    def log_scatter(self, key: str, rows: Sequence[Row], x: str, y: str, step: int, title: str = "") -> None:
+        self._each("log_scatter", key, rows, x, y, step, title)
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        """Write ``obj`` as ``<log_dir>/tscope/<name>`` (errors propagate to the caller's guard)."""
+        self.files_dir.mkdir(parents=True, exist_ok=True)
+        path = self.files_dir / name
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        with tmp.open("w") as f:
+            json.dump(obj, f, default=_json_default)
+        os.replace(tmp, path)
+        return path
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, float):
+        return None
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    return str(o)
+
+
+def resolve_log_dir(trainer: Any) -> Path:
+    """``trainer.log_dir`` without its collective ``broadcast`` (safe to call on one rank only)."""
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    loggers = list(getattr(trainer, "loggers", []) or [])
+    d: Any = None
+    if loggers:
+        first = loggers[0]
+        d = first.log_dir if isinstance(first, (TensorBoardLogger, CSVLogger)) else getattr(first, "save_dir", None)
+    return Path(d if d is not None else trainer.default_root_dir)
+
+
+def build_sinks(trainer: Any, *, raise_errors: bool = False) -> SinkGroup:
+    """A :class:`SinkGroup` for ``trainer.loggers`` (call on rank zero only)."""
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+
+    sinks: list[Sink] = []
+    has_files = False
+    for lg in getattr(trainer, "loggers", []) or []:
+        try:
+            if isinstance(lg, TensorBoardLogger):
+                sinks.append(TensorBoardSink(lg))
+                has_files = True
+            elif isinstance(lg, WandbLogger):
+                sinks.append(WandbSink(lg))
+                has_files = True
+            elif isinstance(lg, CSVLogger):
+                sinks.append(CSVSink(lg))
+                has_files = True
+            else:
+                sinks.append(MetricsSink(lg))
+        except Exception as e:
+            if raise_errors:
+                raise
+            log.warning("tscope: cannot log to %s (%s: %s); it is skipped", type(lg).__name__, type(e).__name__, e)
+    try:
+        log_dir = resolve_log_dir(trainer)
+    except Exception as e:
+        if raise_errors:
+            raise
+        log.warning("tscope: cannot resolve the log directory (%s); using default_root_dir", e)
+        log_dir = Path(trainer.default_root_dir)
+    if not has_files:
+        # no logger (or only ones without text/figure support): scalars too when no logger at all
+        sinks.append(FileSink(log_dir / "tscope", scalars=not sinks))
+    return SinkGroup(sinks, log_dir, raise_errors=raise_errors)
