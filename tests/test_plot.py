@@ -1,0 +1,69 @@
+"""Roofline plot: a PNG of the expected size, untimed profiles, achievable roofs, no pyplot state left behind."""
+
+from __future__ import annotations
+
+import struct
+import sys
+import threading
+
+from profiles import a100, make_profile, matmul, pointwise, toy_profile
+
+from tscope_callbacks.plot import figure, plot
+from tscope_callbacks.roofline import roofline
+from tscope_callbacks.specs import DeviceSpec
+
+
+def _png_size(path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_plot_writes_png_of_expected_size(tmp_path):
+    out = tmp_path / "roof.png"
+    assert roofline(toy_profile(), a100()).plot(out) == str(out)
+    assert out.stat().st_size > 20_000
+    assert _png_size(out) == (1200, 720)  # 10 x 6 in at 120 dpi
+
+
+def test_plot_untimed_and_achievable(tmp_path):
+    ach = DeviceSpec(name="measured", flops={"bf16": 250e12}, bandwidth=1.7e12, vector_flops={"bf16": 30e12,
+                                                                                                "fp32": 15e12})
+    for i, rep in enumerate((roofline(toy_profile(timed=False), a100()),
+                             roofline(toy_profile(), a100(achievable=ach)))):
+        out = tmp_path / f"r{i}.png"
+        plot(rep, out, top_labels=3)
+        assert _png_size(out) == (1200, 720)
+
+
+def test_figure_has_roofs_points_and_labels_without_pyplot():
+    rep = roofline(toy_profile(), a100())
+    fig = figure(rep, top_labels=4)
+    (ax,) = fig.axes
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    assert "FLOP/B" in ax.get_xlabel() and "TFLOP/s" in ax.get_ylabel()
+    assert "NVIDIA A100-SXM4-80GB" in ax.get_title() and "step 7" in ax.get_title()
+    labels = [t.get_text() for t in ax.texts]
+    assert "blocks.0.fc (bwd)" in labels and sum(t.endswith(")") and "." in t for t in labels) == 4
+    legend_text = [t.get_text() for leg in (ax.get_legend(),) for t in leg.get_texts()]
+    assert legend_text  # phase legend
+    assert "matplotlib.pyplot" not in sys.modules or not __import__("matplotlib.pyplot").pyplot.get_fignums()
+
+
+def test_figure_is_thread_safe_and_handles_degenerate_profiles():
+    errors: list[BaseException] = []
+
+    def work(prof):
+        try:
+            figure(roofline(prof, a100()))
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    profs = [toy_profile(), make_profile([]), make_profile([pointwise(1024, time_s=1e-6)]),
+             make_profile([matmul(64, 64, 64)])]
+    threads = [threading.Thread(target=work, args=(p,)) for p in profs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors

@@ -1,0 +1,183 @@
+"""Rendering: opportunities and their reasons, markdown, CSV, JSON-safe dict, console, and ``tscope report``."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+
+import pytest
+from profiles import a100, make_profile, matmul, op, pointwise, toy_profile
+
+from tscope_callbacks import report_cli
+from tscope_callbacks import specs as specs_mod
+from tscope_callbacks.report import COLUMNS, explain
+from tscope_callbacks.roofline import roofline
+from tscope_callbacks.specs import DeviceSpec
+
+# A CPU-like roof with a low ridge (1e12 / 1e11 = 10 FLOP/B) so small fp32 matmuls are compute-bound.
+CPU = DeviceSpec(name="cpu test", flops={"fp32": 1e12}, bandwidth=1e11, vector_flops={"fp32": 1e11}, measured=True)
+
+
+def _row(ops, spec=None, **meta):
+    return roofline(make_profile(ops, **meta), spec or a100()).layer_rows[0]
+
+
+def test_opportunities_ranked_by_recoverable_time():
+    rep = roofline(toy_profile(), a100())
+    opps = rep.opportunities(top=3)
+    # recoverable: fc bwd 2.2 - 0.881 = 1.319 ms; fc fwd 0.801 - 0.4405 = 0.36 ms; blocks.1.fc 0.3 - 0.110 = 0.19 ms
+    assert [(o.layer, o.phase) for o in opps] == [("blocks.0.fc", "backward"), ("blocks.0.fc", "forward"),
+                                                  ("blocks.1.fc", "forward")]
+    assert opps[0].recoverable_s == pytest.approx(2.2e-3 - 2 * 2 * 4096**3 / 312e12)
+    assert [o.recoverable_s for o in opps] == sorted((o.recoverable_s for o in opps), reverse=True)
+    assert opps[0].type == "Linear" and "compute-bound, 40% of roof" in opps[0].reason
+    # untimed: ranked by estimated time, no recoverable figure
+    un = roofline(toy_profile(timed=False), a100()).opportunities(top=2)
+    assert [(o.layer, o.phase, o.recoverable_s) for o in un] == [("blocks.0.fc", "backward", None),
+                                                                 ("blocks.0.fc", "forward", None)]
+
+
+def test_reason_memory_bound_bf16_and_fp32():
+    # gelu on 2^24 bf16: 2^24 FLOPs / 2^26 B = 0.25 FLOP/B; bf16 vector ridge 39e12/2.039e12 = 19.1
+    # estimate 2^26 / 2.039e12 = 32.9 us, measured 100 us -> 33% of roof
+    r = _row([pointwise(1 << 24, dtype="bfloat16", time_s=100e-6)])
+    assert explain(r) == "memory-bound at 0.25 FLOP/B (ridge 19.1); 33% of roof; fuse"
+    r32 = _row([pointwise(1 << 24, time_s=200e-6)])  # fp32: 0.125 FLOP/B, ridge 9.56, 2^27 B -> 65.8 us: 33%
+    assert explain(r32) == "memory-bound at 0.125 FLOP/B (ridge 9.56); 33% of roof; fuse or lower precision"
+
+
+def test_reason_launch_bound_many_tiny_ops():
+    # 100 adds on 1024 fp32 elements, 5 us each: 8 KiB / 2.039e12 = 4 ns each -> 0.1% of roof, mean 5 us < 10 us
+    r = _row([pointwise(1024, name="aten.add", time_s=5e-6) for _ in range(100)])
+    assert explain(r) == ("memory-bound at 0.125 FLOP/B (ridge 9.56); 0.1% of roof; "
+                          "launch-bound: 100 ops of 5.0 us each; fuse or batch")
+
+
+def test_reason_small_matmul():
+    # 128^3 fp32 on the CPU roof: 2*128^3 = 4194304 FLOPs / (3*128^2*4) B = 21.3 >= ridge 10 -> compute-bound;
+    # estimate 4.19 us, measured 50 us -> 8% of roof; 4.2e6 FLOPs < 2*512^3 -> small
+    r = _row([matmul(128, 128, 128, dtype="float32", time_s=50e-6)], CPU)
+    assert explain(r) == "compute-bound, 8% of roof: small matmul (MxNxK=128x128x128); batch or fuse"
+
+
+def test_reason_fp32_matmul_on_tf32_chip_and_near_roof():
+    # fp32 4096^3 on A100 without TF32: estimate 137438953472 / 19.5e12 = 7.048 ms, measured 10 ms -> 70%
+    r = _row([matmul(4096, 4096, 4096, dtype="float32", time_s=10e-3)])
+    assert explain(r, tf32_available=True) == "compute-bound, 70% of roof: fp32 matmul, enable TF32 or bf16"
+    assert explain(r) == "compute-bound, 70% of roof: below roof, check shapes (multiples of 64) and layout"
+    # bf16 4096^3: 0.4405 ms estimate at 0.5 ms -> 88%
+    assert explain(_row([matmul(4096, 4096, 4096, time_s=0.5e-3)])) == "compute-bound, 88% of roof: near roof"
+
+
+def test_reason_uncounted_and_untimed():
+    r = _row([op("aten.nonzero", counted=False, category="other", read=4096, time_s=1e-4)])
+    assert explain(r) == "no FLOP formula for aten.nonzero (1 calls); time unexplained by the roofline"
+    assert explain(_row([matmul(4096, 4096, 4096)])) == "compute-bound"
+    assert explain(_row([pointwise(1 << 20)])) == "memory-bound at 0.125 FLOP/B (ridge 9.56); fuse or lower precision"
+
+
+def test_markdown_has_columns_header_and_opportunities():
+    md = roofline(toy_profile(), a100()).to_markdown(top=20)
+    assert "| " + " | ".join(COLUMNS) + " |" in md
+    assert COLUMNS == ["layer", "type", "phase", "GFLOPs", "MB", "FLOP/B", "bound", "est ms", "measured ms",
+                       "% of roof"]
+    for s in ("NVIDIA A100-SXM4-80GB", "**MFU**", "**MBU**", "datasheet", "bf16 matrix 312 TFLOP/s",
+              "measured 4 ms (wall)", "FLOP coverage", "### Opportunities", "`blocks.0.fc` | Linear | backward",
+              "| **total** |", "### By op class", "aten.nonzero ×1"):
+        assert s in md, s
+    assert "% of achievable" not in md
+    ach = DeviceSpec(name="measured", flops={"bf16": 250e12}, bandwidth=1.7e12, vector_flops={"bf16": 30e12,
+                                                                                                "fp32": 15e12})
+    assert "% of achievable" in roofline(toy_profile(), a100(achievable=ach)).to_markdown()
+
+
+def test_markdown_untimed_leaves_measured_blank():
+    md = roofline(toy_profile(timed=False), a100()).to_markdown()
+    assert "not timed" in md and "estimated 1.605 ms" in md
+    line = next(ln for ln in md.splitlines() if ln.startswith("| `blocks.0.fc` | Linear | forward"))
+    assert line.endswith("| compute | 0.4405 |  |  |")
+
+
+def test_csv_has_every_row_ungrouped(tmp_path):
+    rep = roofline(toy_profile(), a100(), group_small=0.5)
+    path = tmp_path / "r.csv"
+    rep.to_csv(path)
+    rows = list(csv.DictReader(path.open()))
+    n = len(rep.layer_rows) + len(rep.layer_totals) + len(rep.inclusive) + len(rep.category_rows)
+    assert len(rows) == n + len(rep.op_rows) + 1
+    assert not any(r["name"].startswith("(other") for r in rows)
+    layer = [r for r in rows if r["table"] == "layer"]
+    assert sum(int(r["flops"]) for r in layer) == rep.total_flops
+
+
+@pytest.mark.parametrize("timed", [True, False])
+def test_to_dict_is_json_safe(timed):
+    d = roofline(toy_profile(timed), a100()).to_dict()
+    s = json.dumps(d, allow_nan=False)
+    assert set(d) == {"version", "summary", "scalars", "roofs", "layers", "layer_totals", "inclusive",
+                      "by_category", "by_op", "category_comparison", "opportunities", "totals"}
+    back = json.loads(s)
+    assert back["summary"]["device"] == "NVIDIA A100-SXM4-80GB" and back["totals"]["flops"] > 0
+
+
+def test_console_rich_and_plain_fallback(capsys, monkeypatch):
+    rep = roofline(toy_profile(), a100())
+    rep.to_console(top=5)
+    out = capsys.readouterr().out
+    assert "blocks.0.fc" in out and "% of roof" in out and "total" in out
+    monkeypatch.setitem(sys.modules, "rich.console", None)  # rich not installed -> the markdown, printed
+    rep.to_console(top=5)
+    assert capsys.readouterr().out.strip() == rep.to_markdown(top=5).strip()
+
+
+# ---------------- tscope report ----------------
+def cli_main(argv: list[str]) -> int:
+    """``tscope report ...`` as cli.py routes it (add_arguments + run), without importing every other subcommand
+    (cli.build_parser imports the demo, hence Lightning: ~10 s)."""
+    assert argv[0] == "report"
+    p = argparse.ArgumentParser(prog="tscope report")
+    report_cli.add_arguments(p)
+    return report_cli.run(p.parse_args(argv[1:]))
+
+
+def _save(tmp_path, wrapped: bool):
+    prof = toy_profile()
+    path = tmp_path / ("wrapped.json" if wrapped else "plain.json")
+    data = {"profile": prof.to_dict(), "device": a100().to_dict()} if wrapped else prof.to_dict()
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_cli_routes_report_here():
+    from tscope_callbacks.cli import _COMMANDS
+
+    assert _COMMANDS["report"][0] == "tscope_callbacks.report_cli"
+
+
+def test_cli_report_prints_table_and_writes_plot(tmp_path, capsys):
+    png, out_csv = tmp_path / "roof.png", tmp_path / "roof.csv"
+    rc = cli_main(["report", str(_save(tmp_path, True)), "--top", "5", "--plot", str(png), "--csv", str(out_csv)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "| layer | type | phase |" in out and "### Opportunities" in out
+    assert png.stat().st_size > 10_000 and out_csv.stat().st_size > 0
+
+
+def test_cli_report_plain_profile_resolves_recorded_device(tmp_path, capsys, monkeypatch):
+    names = []
+    monkeypatch.setattr(specs_mod, "get_device_spec", lambda n="auto": names.append(n) or a100())
+    assert cli_main(["report", str(_save(tmp_path, False))]) == 0
+    assert names == ["NVIDIA A100-SXM4-80GB"] and "blocks.0.fc" in capsys.readouterr().out
+    assert cli_main(["report", str(_save(tmp_path, False)), "--gpu", "H100"]) == 0 and names[-1] == "H100"
+
+
+@pytest.mark.parametrize(("content", "msg"), [(None, "cannot read"), ("{not json", "not valid JSON"),
+                                              ('{"a": 1}', "not a profiled step"), ("[1, 2]", "not a profiled step")])
+def test_cli_report_bad_input_is_one_line_exit_2(tmp_path, capsys, content, msg):
+    path = tmp_path / "bad.json"
+    if content is not None:
+        path.write_text(content)
+    assert cli_main(["report", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err and len(err.splitlines()) == 1

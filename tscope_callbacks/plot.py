@@ -1,0 +1,165 @@
+"""Log-log roofline plot of a :class:`~tscope_callbacks.roofline.RooflineReport`.
+
+Built on ``matplotlib.figure.Figure`` with the Agg canvas (never ``pyplot``): thread-safe, no global figures left
+behind, usable from a callback (``figure(report)`` for sinks that call ``add_figure``).
+x = arithmetic intensity (FLOP/B), y = attained FLOP/s (TFLOP/s); one point per layer x phase, size by its share of
+step time; memory slope, one flat roof per precision in the profile (matrix solid, vector dashed, achievable dotted),
+ridge points marked. Untimed profiles plot their estimates as hollow markers (they sit on the roof by definition).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter
+
+from tscope_callbacks.report import roofs_used
+
+__all__ = ["figure", "plot", "PHASE_COLORS", "PRECISION_COLORS"]
+
+PHASE_COLORS = {"forward": "#1f77b4", "backward": "#ff7f0e", "recompute": "#9467bd", "optimizer": "#2ca02c"}
+PRECISION_COLORS = {"bf16": "#d62728", "fp16": "#e377c2", "tf32": "#17becf", "fp32": "#8c564b", "fp64": "#7f7f7f",
+                    "fp8": "#bcbd22", "int8": "#9467bd"}
+_SHORT = {"forward": "fwd", "backward": "bwd", "recompute": "recomp", "optimizer": "opt"}
+
+
+def _points(report: Any) -> list[dict[str, Any]]:
+    """Plottable layer x phase rows: positive FLOPs and bytes; y from measured time (estimate when untimed)."""
+    total = (report.op_time_s if report.timed else report.estimated_step_s) or 0.0
+    pts = []
+    for r in report.layer_rows:
+        t = r.measured_s if report.timed else r.estimate_s
+        if r.flops <= 0 or r.bytes <= 0 or not t:
+            continue
+        pts.append({"row": r, "x": r.flops / r.bytes, "y": r.flops / t / 1e12, "share": t / total if total else 0.0,
+                    "label": f"{r.name} ({_SHORT.get(r.phase, r.phase)})"})
+    return pts
+
+
+def _place_labels(ax: Any, fig: Figure, pts: list[dict[str, Any]], n: int) -> None:
+    """Label the n largest points: per label, the first candidate offset whose box stays inside the axes and
+    overlaps no marker, legend or earlier label (boxes estimated from the text length; no draw needed, as the
+    limits and the axes box are fixed)."""
+    px = fig.dpi / 72.0
+    renderer = fig.canvas.get_renderer()
+    boxes = [tuple(leg.get_window_extent(renderer).extents) for leg in ax.get_children()
+             if type(leg).__name__ == "Legend"]
+    for p in pts:  # the markers themselves are obstacles too
+        x, y = ax.transData.transform((p["x"], p["y"]))
+        r = math.sqrt(25 + 900 * p["share"]) / 2 * px
+        boxes.append((x - r, y - r, x + r, y + r))
+    ax0, ay0, ax1, ay1 = ax.get_window_extent(renderer).extents
+    offsets = [(8, 6), (8, -14), (-8, 6), (-8, -14), (14, 22), (14, -30), (-14, 22), (-14, -30), (24, 38), (24, -46),
+               (-24, 38), (-24, -46)]
+    for p in sorted(pts, key=lambda p: -p["share"])[:n]:
+        x, y = ax.transData.transform((p["x"], p["y"]))
+        w, h = len(p["label"]) * 8 * 0.62 * px, 8 * 1.3 * px
+        chosen = offsets[0]
+        for dx, dy in offsets:
+            x0 = x + dx * px - (w if dx < 0 else 0)
+            box = (x0, y + dy * px, x0 + w, y + dy * px + h)
+            inside = ax0 <= box[0] and box[2] <= ax1 and ay0 <= box[1] and box[3] <= ay1
+            if inside and not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in boxes):
+                chosen = (dx, dy)
+                boxes.append(box)
+                break
+        dx, dy = chosen
+        ax.annotate(p["label"], (p["x"], p["y"]), xytext=(dx, dy), textcoords="offset points", fontsize=8,
+                    ha="right" if dx < 0 else "left", va="bottom", zorder=4,
+                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.4"} if abs(dy) > 10 else None)
+
+
+def figure(report: Any, top_labels: int = 8, *, figsize: tuple[float, float] = (10, 6), dpi: int = 120) -> Figure:
+    """The roofline as a standalone :class:`~matplotlib.figure.Figure` (Agg canvas attached; no pyplot state)."""
+    fig = Figure(figsize=figsize, dpi=dpi)
+    FigureCanvasAgg(fig)
+    fig.subplots_adjust(left=0.08, right=0.965, bottom=0.09, top=0.9)
+    ax = fig.add_subplot()
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    roofs = roofs_used(report)
+    bw = report.bandwidth
+    pts = _points(report)
+    xs = [p["x"] for p in pts] + [r["ridge"] for r in roofs]
+    ys = [p["y"] for p in pts] + [r["peak_flops"] / 1e12 for r in roofs]
+    xs = xs or [1.0]
+    ys = ys or [bw / 1e12]
+    x_lo = 10 ** math.floor(math.log10(min(xs) / 3))
+    x_hi = 10 ** math.ceil(math.log10(max(xs) * 3))
+    y_hi = max(ys) * 2.5
+    y_lo = min(min(ys) / 3, x_lo * bw / 1e12)
+    y_lo = max(y_lo, y_hi * 1e-7)
+
+    # memory slope up to the highest ridge, then one flat roof per precision from its ridge
+    ridge_max = max((r["ridge"] for r in roofs), default=x_hi)
+    ax.plot([x_lo, ridge_max], [x_lo * bw / 1e12, ridge_max * bw / 1e12], color="0.2", lw=1.8)
+    handles = [Line2D([], [], color="0.2", lw=1.8, label=f"memory {bw / 1e9:.4g} GB/s")]
+    for r in roofs:
+        c = PRECISION_COLORS.get(r["precision"], "0.5")
+        ls = "-" if r["matrix"] else "--"
+        peak = r["peak_flops"] / 1e12
+        ax.plot([r["ridge"], x_hi], [peak, peak], color=c, lw=1.8, ls=ls)
+        ax.plot([r["ridge"]], [peak], marker="o", ms=5, color=c)
+        ax.annotate(f"ridge {r['ridge']:.3g}", (r["ridge"], peak), xytext=(-4, 4), textcoords="offset points",
+                    fontsize=7, ha="right", color=c)
+        kind = "matrix" if r["matrix"] else "vector"
+        handles.append(Line2D([], [], color=c, ls=ls, lw=1.8, label=f"{r['precision']} {kind} {peak:.4g} TFLOP/s"))
+        a_peak, a_bw = r["achievable_peak_flops"], r["achievable_bandwidth"]
+        if a_peak and a_bw:
+            a_ridge = a_peak / a_bw
+            ax.plot([x_lo, a_ridge, x_hi], [x_lo * a_bw / 1e12, a_peak / 1e12, a_peak / 1e12], color=c, ls=":",
+                    lw=1.4)
+            handles.append(Line2D([], [], color=c, ls=":", lw=1.4,
+                                  label=f"{r['precision']} achievable {a_peak / 1e12:.4g} TFLOP/s, "
+                                        f"{a_bw / 1e9:.4g} GB/s"))
+
+    timed = report.timed
+    present = {p["row"].phase for p in pts}
+    for phase in [ph for ph in PHASE_COLORS if ph in present] + sorted(present - set(PHASE_COLORS)):
+        sel = [p for p in pts if p["row"].phase == phase]
+        c = PHASE_COLORS.get(phase, "0.5")
+        ax.scatter([p["x"] for p in sel], [p["y"] for p in sel], s=[25 + 900 * p["share"] for p in sel],
+                   facecolors=c if timed else "none", edgecolors=c if not timed else "black", linewidths=0.8 if
+                   timed else 1.6, alpha=0.75 if timed else 1.0, zorder=3, label=phase)
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_ylim(y_lo, y_hi)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.set_xlabel("arithmetic intensity (FLOP/B)")
+    ax.set_ylabel("attained performance (TFLOP/s)" + ("" if timed else " — estimated"))
+    ax.grid(True, which="major", color="0.9", lw=0.6)
+    s = report.summary
+    title = " · ".join(str(v) for v in (s["device"], s["model"], f"step {s['step']}" if s["step"] is not None
+                                        else None) if v)
+    if timed:
+        sub = (f"MFU {(s['mfu'] or 0):.1%} ({s['mfu_precision']}) · MBU {(s['mbu'] or 0):.1%} · measured "
+               f"{(s['measured_step_s'] or 0) * 1e3:.4g} ms · roofline estimate {s['estimated_step_s'] * 1e3:.4g} ms")
+    else:
+        sub = f"untimed: estimates (hollow) · estimated step {s['estimated_step_s'] * 1e3:.4g} ms"
+    ax.set_title(f"Roofline — {title}\n{sub}", fontsize=11)
+    leg = ax.legend(handles=handles, loc="upper left", fontsize=8, title="roofs", title_fontsize=8)
+    ax.add_artist(leg)
+    if pts:
+        ph = ax.legend(loc="lower right", fontsize=8, title="layer x phase (size = time share)", title_fontsize=8,
+                       markerscale=0.5)
+        for h in ph.legend_handles:
+            h.set_sizes([40])
+    if pts:
+        _place_labels(ax, fig, pts, top_labels)
+    skipped = len(report.layer_rows) - len(pts)
+    if skipped:
+        fig.text(0.01, 0.01, f"not shown: {skipped} layer x phase row{'s' if skipped > 1 else ''} without FLOPs or "
+                 "bytes (uncounted / views)", fontsize=7, color="0.4")
+    return fig
+
+
+def plot(report: Any, path: str | os.PathLike[str], top_labels: int = 8) -> str:
+    """Write the roofline PNG (10x6 in at 120 dpi) to ``path``; returns the path."""
+    fig = figure(report, top_labels=top_labels)
+    fig.savefig(os.fspath(path), dpi=fig.dpi)
+    return os.fspath(path)

@@ -1,0 +1,299 @@
+"""Rendering of a :class:`~tscope_callbacks.roofline.RooflineReport`: markdown, CSV, JSON-safe dict, rich console.
+
+Also the one-line "why is this layer slow" reasons (:func:`explain`), which are phrased from the numbers only.
+"Roof" always means the datasheet roof of the spec (or the measured roof when the spec itself is measured, e.g. on
+CPU); "achievable" is the calibrated roof shown beside it when known.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from typing import Any
+
+from tscope_callbacks.roofline import Row, _div
+
+__all__ = ["explain", "summary_dict", "roofs_used", "to_markdown", "to_csv", "to_dict", "to_console", "json_safe"]
+
+#: A matmul below this many FLOPs (or with a dimension below SMALL_MATMUL_DIM) cannot fill a large chip.
+SMALL_MATMUL_FLOPS = 2 * 512**3
+SMALL_MATMUL_DIM = 64
+#: Mean measured time per op under which launch/dispatch overhead dominates.
+LAUNCH_BOUND_S = 10e-6
+#: Below this fraction of roof a row gets a diagnosis; at or above NEAR_ROOF it is "near roof".
+LOW_ATTAINED = 0.5
+NEAR_ROOF = 0.8
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}" if x >= 0.01 or x == 0 else f"{x:.1%}"
+
+
+def _g(x: float | None) -> str:
+    """3 significant figures, no exponent below 1e5 (1365.3 -> "1365", 0.125 -> "0.125")."""
+    if x is None or not math.isfinite(x):
+        return ""
+    return f"{x:.0f}" if 1000 <= abs(x) < 1e5 else f"{x:.3g}"
+
+
+def explain(row: Row, *, tf32_available: bool = False) -> str:
+    """One-line reason for a row's distance from its roof. Rules (in order):
+
+    - all ops lack a FLOP formula -> "no FLOP formula for aten.x (N calls); time unexplained";
+    - memory-bound -> "memory-bound at I FLOP/B (ridge R); A% of roof; " + "launch-bound: N ops of T us" when the
+      mean op time < LAUNCH_BOUND_S and A < LOW_ATTAINED, else "fuse or lower precision" (fp32) / "fuse";
+    - compute-bound -> "compute-bound, A% of roof" + ": small matmul (MxNxK=...)" when the largest matmul is small and
+      A < LOW_ATTAINED, else ": launch-bound ..." as above, else ": fp32 matmul, enable TF32 or bf16" when fp32 on a
+      TF32 chip, else ": near roof" (A >= NEAR_ROOF) / ": below roof, check shapes (multiples of 64) and layout".
+    Untimed rows (estimates only) leave out the "% of roof" part.
+    """
+    if row.bound == "uncounted":
+        top = max(row.uncounted_ops, key=row.uncounted_ops.__getitem__)
+        return f"no FLOP formula for {top} ({row.uncounted_ops[top]} calls); time unexplained by the roofline"
+    if row.bound == "overhead":
+        return "no counted work (views/metadata): pure overhead"
+    att = row.attained
+    roof = f"{_pct(att)} of roof" if att is not None else ""
+    mean_s = _div(row.measured_s, row.n_ops)
+    launch = (att is not None and att < LOW_ATTAINED and mean_s is not None and mean_s < LAUNCH_BOUND_S)
+    launch_txt = f"launch-bound: {row.n_ops} ops of {mean_s * 1e6:.1f} us each; fuse or batch" if launch else ""
+    if row.bound == "memory":
+        head = f"memory-bound at {_g(row.intensity or 0.0)} FLOP/B (ridge {_g(row.ridge or 0.0)})"
+        tail = launch_txt or ("fuse or lower precision" if row.precision in ("fp32", "fp64") else "fuse")
+        return "; ".join(p for p in (head, roof, tail) if p)
+    head = "compute-bound" + (f", {roof}" if roof else "")
+    mm = row.largest_matmul
+    small = mm is not None and (row.largest_matmul_flops < SMALL_MATMUL_FLOPS or min(mm) < SMALL_MATMUL_DIM)
+    if att is not None and att < LOW_ATTAINED and small:
+        assert mm is not None
+        return f"{head}: small matmul (MxNxK={mm[0]}x{mm[1]}x{mm[2]}); batch or fuse"
+    if launch_txt:
+        return f"{head}: {launch_txt}"
+    if row.precision == "fp32" and tf32_available:
+        return f"{head}: fp32 matmul, enable TF32 or bf16"
+    if att is None:
+        return head
+    if att >= NEAR_ROOF:
+        return f"{head}: near roof"
+    return f"{head}: below roof, check shapes (multiples of 64) and layout"
+
+
+def summary_dict(r: Any) -> dict[str, Any]:
+    """Model-level figures of a report (``report.summary``). MFU uses the matrix roof of ``mfu_precision``, MBU the
+    bandwidth; ``time_basis`` says whether the bound fractions are of measured or (untimed) estimated time."""
+    ach = r.achievable
+    return {
+        "device": r.spec.name, "device_source": getattr(r.spec, "source", ""),
+        "roof": "measured" if getattr(r.spec, "measured", False) else "datasheet",
+        "achievable_roof": getattr(ach, "name", None) if ach is not None else None,
+        "model": r.meta.get("model"), "step": r.meta.get("step"), "timed": r.timed,
+        "timing": r.meta.get("timing"), "float32_matmul_precision": r.meta.get("float32_matmul_precision"),
+        "tf32": r.tf32, "n_ops": len(r.op_roofs), "total_flops": r.total_flops,
+        "total_bytes": r.total_bytes, "intensity": r.totals.intensity,
+        "measured_step_s": r.measured_step_s, "step_time_source": r.step_time_source,
+        "wall_time_s": r.wall_time_s, "op_time_s": r.op_time_s, "estimated_step_s": r.estimated_step_s,
+        "achievable_estimated_step_s": r.totals.achievable_estimate_s,
+        "mfu": r.mfu, "mfu_precision": r.mfu_precision, "mfu_peak_flops": r.mfu_peak_flops,
+        "estimated_mfu": r.estimated_mfu, "mbu": r.mbu, "bandwidth": r.bandwidth,
+        "achieved_tflops": r.achieved_tflops, "achieved_gbps": r.achieved_gbps,
+        "time_basis": r.time_basis, "compute_bound_time_frac": r.compute_bound_time_frac,
+        "memory_bound_time_frac": r.memory_bound_time_frac, "uncounted_time_frac": r.uncounted_time_frac,
+        "overhead_time_frac": r.overhead_time_frac, "flop_coverage": r.flop_coverage,
+        "dominant_precision": r.dominant_precision, "precisions": dict(r.totals.precisions),
+        "uncounted_ops": dict(sorted(r.totals.uncounted_ops.items(), key=lambda kv: -kv[1])),
+    }
+
+
+def roofs_used(report: Any) -> list[dict[str, Any]]:
+    """The roofs the report's ops were placed on: one dict per (precision, matrix), most FLOPs first."""
+    seen: dict[tuple[str, bool], dict[str, Any]] = {}
+    for o in report.op_roofs:
+        if o.record.category == "view":
+            continue
+        p = o.roof_precision or o.precision
+        d = seen.get((p, o.matrix))
+        if d is None:
+            d = seen[(p, o.matrix)] = {
+                "precision": p, "matrix": o.matrix, "peak_flops": o.peak, "bandwidth": o.bandwidth,
+                "ridge": o.ridge, "achievable_peak_flops": o.ach_peak, "achievable_bandwidth": o.ach_bandwidth,
+                "flops": 0, "n_ops": 0}
+        d["flops"] += o.flops
+        d["n_ops"] += 1
+    return sorted(seen.values(), key=lambda d: (-d["flops"], not d["matrix"], d["precision"]))
+
+
+def _f(x: float | None, spec: str = ".4g", scale: float = 1.0) -> str:
+    """Format a figure; blank when missing (untimed) or not finite."""
+    if x is None or not math.isfinite(x):
+        return ""
+    return format(x * scale, spec)
+
+
+def _p(x: float | None) -> str:
+    return "" if x is None else _pct(x)
+
+
+def _roof_line(r: dict[str, Any]) -> str:
+    kind = "matrix" if r["matrix"] else "vector"
+    s = f"{r['precision']} {kind} {r['peak_flops'] / 1e12:.4g} TFLOP/s (ridge {_g(r['ridge'])} FLOP/B)"
+    if r["achievable_peak_flops"] and r["achievable_bandwidth"]:
+        s += f" / achievable {r['achievable_peak_flops'] / 1e12:.4g} TFLOP/s"
+    return s
+
+
+def header_lines(report: Any) -> list[str]:
+    """The figures above the table: device, roofs, precision, step times, MFU/MBU, bound fractions, coverage."""
+    s = report.summary
+    title = " · ".join(str(x) for x in (s["device"], s["model"], f"step {s['step']}" if s["step"] is not None
+                                        else None) if x)
+    roof = s["roof"] + (f"; achievable roof: {s['achievable_roof']} (\"% of achievable\")" if s["achievable_roof"]
+                        else "")
+    lines = [f"## Roofline — {title}", "",
+             f"- **Roofs**: {roof}; \"% of roof\" = estimate / measured on the {s['roof']} roof; "
+             f"bandwidth {s['bandwidth'] / 1e9:.4g} GB/s",
+             "- **Roofs used**: " + "; ".join(_roof_line(r) for r in roofs_used(report)[:4]),
+             f"- **Precision**: {s['dominant_precision']} dominant; MFU against the {s['mfu_precision']} matrix roof "
+             f"({s['mfu_peak_flops'] / 1e12:.4g} TFLOP/s); float32 matmul precision "
+             f"{s['float32_matmul_precision'] or 'highest'}"]
+    est = f"estimated {_f(s['estimated_step_s'], '.4g', 1e3)} ms"
+    if s["measured_step_s"] is not None:
+        src = "wall" if s["step_time_source"] == "wall" else "sum of ops"
+        ops = f"op time {_f(s['op_time_s'], '.4g', 1e3)} ms" if s["timed"] else "ops not timed"
+        lines += [f"- **Step**: measured {_f(s['measured_step_s'], '.4g', 1e3)} ms ({src}); {ops}; {est} "
+                  "(sum of per-op roofs)",
+                  f"- **MFU** {_p(s['mfu'])} · **MBU** {_p(s['mbu'])} · {_f(s['achieved_tflops'], '.4g')} TFLOP/s · "
+                  f"{_f(s['achieved_gbps'], '.4g')} GB/s achieved"]
+    else:
+        lines += [f"- **Step**: not timed; {est} (Tensorscope-style estimate: sum of per-op roofs); "
+                  f"MFU at the estimate {_p(s['estimated_mfu'])}"]
+    lines += [f"- **Time** ({s['time_basis']}): {_p(s['compute_bound_time_frac'])} compute-bound · "
+              f"{_p(s['memory_bound_time_frac'])} memory-bound · {_p(s['uncounted_time_frac'])} uncounted · "
+              f"{_p(s['overhead_time_frac'])} overhead",
+              f"- **Totals**: {s['total_flops'] / 1e9:.4g} GFLOP, {s['total_bytes'] / 1e6:.4g} MB, {s['n_ops']} ops; "
+              f"FLOP coverage {_p(s['flop_coverage'])}"
+              + (" (no formula: " + ", ".join(f"{k} ×{v}" for k, v in list(s["uncounted_ops"].items())[:5]) + ")"
+                 if s["uncounted_ops"] else "")]
+    return lines
+
+
+def _cells(r: Row, ach: bool) -> list[str]:
+    c = [r.name if r.kind != "layer" and r.kind != "layer_total" else f"`{r.name}`", r.type, r.phase,
+         _f(r.flops / 1e9), _f(r.bytes / 1e6), _g(r.intensity), r.bound, _f(r.estimate_s, ".4g", 1e3),
+         _f(r.measured_s, ".4g", 1e3), _p(r.attained)]
+    return c + [_p(r.attained_achievable)] if ach else c
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    return out + ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+
+
+COLUMNS = ["layer", "type", "phase", "GFLOPs", "MB", "FLOP/B", "bound", "est ms", "measured ms", "% of roof"]
+
+
+def to_markdown(report: Any, top: int = 20) -> str:
+    """Header figures, the layer x phase table (top rows + grouped rest + total), the op-class comparison and the
+    opportunities list."""
+    ach = report.achievable is not None
+    head = COLUMNS + (["% of achievable"] if ach else [])
+    rows = [_cells(r, ach) for r in report.table("layer", top=top)]
+    tot = _cells(report.totals, ach)
+    tot[0], tot[2] = "**total**", ""
+    lines = header_lines(report) + ["", "### Layers (self time, forward and backward apart)", ""]
+    lines += _md_table(head, rows + [tot])
+    cat_rows = [[r.name, str(r.n_ops), _f(r.flops / 1e9), _f(r.bytes / 1e6), _f(r.estimate_s, ".4g", 1e3),
+                 _f(r.measured_s, ".4g", 1e3), _f(r.ratio, ".3g"), _p(r.attained)]
+                for r in report.table("category")]
+    lines += ["", "### By op class (measured vs estimated)", ""]
+    lines += _md_table(["class", "ops", "GFLOPs", "MB", "est ms", "measured ms", "measured/est", "% of roof"], cat_rows)
+    opps = report.opportunities(top=5)
+    lines += ["", "### Opportunities" + (" (by recoverable time)" if report.timed else " (by estimated time)"), ""]
+    step = report.measured_step_s
+    for i, o in enumerate(opps, 1):
+        t = (f"{o.recoverable_s * 1e3:.3g} ms recoverable" + (f" ({_pct(o.recoverable_s / step)} of step)" if step
+             else "")) if o.recoverable_s is not None else f"{o.estimate_s * 1e3:.3g} ms estimated"
+        lines.append(f"{i}. `{o.layer or '(root)'}` {o.phase} — {t}: {o.reason}")
+    if not opps:
+        lines.append("(none: every layer is at its roof)")
+    return "\n".join(lines) + "\n"
+
+
+CSV_FIELDS = ["table", "name", "layer", "type", "phase", "category", "precision", "n_ops", "flops", "bytes",
+              "intensity", "ridge", "bound", "estimate_ms", "achievable_estimate_ms", "measured_ms", "pct_of_roof",
+              "pct_of_achievable", "recoverable_ms"]
+
+
+def to_csv(report: Any, path: Any) -> None:
+    """Every row of every table (layer x phase, layer totals, inclusive, op class, op name), ungrouped."""
+    ms = lambda s: "" if s is None else s * 1e3  # noqa: E731
+    pct = lambda x: "" if x is None else 100.0 * x  # noqa: E731
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(CSV_FIELDS)
+        for table, rows in (("layer", report.layer_rows), ("layer_total", report.layer_totals),
+                            ("inclusive", report.inclusive), ("category", report.category_rows),
+                            ("op", report.op_rows), ("total", [report.totals])):
+            for r in rows:
+                w.writerow([table, r.name, r.layer, r.type, r.phase, r.category, r.precision, r.n_ops, r.flops,
+                            r.bytes, "" if r.intensity is None else r.intensity, "" if r.ridge is None else r.ridge,
+                            r.bound, ms(r.estimate_s), ms(r.achievable_estimate_s), ms(r.measured_s),
+                            pct(r.attained), pct(r.attained_achievable), ms(r.recoverable_s)])
+
+
+def json_safe(x: Any) -> Any:
+    """Recursively replace inf/nan by None and tuples by lists, so ``json.dumps`` works."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x
+
+
+def to_dict(report: Any) -> dict[str, Any]:
+    """JSON-safe dict: ``summary``, ``scalars``, ``roofs``, ``layers`` (layer x phase), ``layer_totals``,
+    ``inclusive``, ``by_category``, ``by_op``, ``category_comparison``, ``opportunities``, ``totals``."""
+    return json_safe({
+        "version": 1,
+        "summary": report.summary,
+        "scalars": report.scalars(),
+        "roofs": roofs_used(report),
+        "layers": [r.to_dict() for r in report.layer_rows],
+        "layer_totals": [r.to_dict() for r in report.layer_totals],
+        "inclusive": [r.to_dict() for r in report.inclusive],
+        "by_category": [r.to_dict() for r in report.category_rows],
+        "by_op": [r.to_dict() for r in report.op_rows],
+        "category_comparison": report.category_comparison(),
+        "opportunities": [o.to_dict() for o in report.opportunities(top=10)],
+        "totals": report.totals.to_dict(),
+    })
+
+
+def to_console(report: Any, top: int = 20, console: Any = None) -> None:
+    """Print the table with rich when installed (plain markdown otherwise)."""
+    try:
+        from rich.console import Console
+        from rich.markdown import Markdown
+        from rich.table import Table
+    except ImportError:
+        print(to_markdown(report, top=top))
+        return
+    con = console or Console()
+    con.print(Markdown("\n".join(header_lines(report))))
+    ach = report.achievable is not None
+    t = Table(title="Layers (self time)", show_lines=False)
+    for i, h in enumerate(COLUMNS + (["% of achievable"] if ach else [])):
+        t.add_column(h, justify="left" if i < 3 or h == "bound" else "right")
+    style = {"compute": "green", "memory": "yellow", "uncounted": "red", "overhead": "dim"}
+    for r in report.table("layer", top=top):
+        cells = _cells(r, ach)
+        cells[0] = r.name
+        cells[6] = f"[{style.get(r.bound, '')}]{r.bound}[/]" if r.bound in style else r.bound
+        t.add_row(*cells)
+    tot = _cells(report.totals, ach)
+    tot[0], tot[2] = "total", ""
+    t.add_row(*tot, style="bold")
+    con.print(t)
+    for i, o in enumerate(report.opportunities(top=5), 1):
+        con.print(f"{i}. [bold]{o.layer or '(root)'}[/] {o.phase}: {o.reason}")

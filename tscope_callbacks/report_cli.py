@@ -1,0 +1,89 @@
+"""``tscope report PATH``: re-render a saved profiled step (JSON) as the roofline table, CSV and plot.
+
+PATH holds ``StepProfile.to_dict()``, or a wrapper ``{"profile": {...}, "device": {...} | "name"}`` (what the JSON
+sink and ``tscope analyze --json`` write). The device is, in order: ``--gpu``, the wrapper's ``device``, the
+profile's ``meta["device_name"]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from tscope_callbacks.records import StepProfile
+
+__all__ = ["add_arguments", "run", "load", "spec_from_dict"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="profiled-step JSON (StepProfile.to_dict(), or {'profile': ..., 'device': ...})")
+    p.add_argument("--top", type=int, default=20, help="rows in the layer table (default 20)")
+    p.add_argument("--plot", default=None, metavar="OUT.png", help="write the roofline plot here")
+    p.add_argument("--gpu", default=None, metavar="NAME",
+                   help="device name from `tscope specs` or a JSON spec path (default: the recorded device)")
+    p.add_argument("--csv", default=None, metavar="OUT.csv", help="write every row (ungrouped) as CSV here")
+
+
+def spec_from_dict(d: dict[str, Any]) -> Any:
+    """A DeviceSpec from a ``gpu_specs.json``-style row (``DeviceSpec.to_dict()``; ``achievable`` nested)."""
+    from tscope_callbacks.specs import DeviceSpec
+
+    if hasattr(DeviceSpec, "from_dict"):
+        return DeviceSpec.from_dict(d, where="the profile's device")
+    names = {f.name for f in dataclasses.fields(DeviceSpec)}
+    kw = {k: v for k, v in d.items() if k in names}
+    if isinstance(kw.get("achievable"), dict):
+        kw["achievable"] = spec_from_dict(kw["achievable"])
+    return DeviceSpec(**kw)
+
+
+def load(path: str) -> tuple[StepProfile, Any]:
+    """(profile, device or None) from a saved JSON; raises ValueError with a one-line message when unusable."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
+    prof = data.get("profile", data) if isinstance(data, dict) else None
+    if not isinstance(prof, dict) or not isinstance(prof.get("ops"), list):
+        raise ValueError(f"{path} is not a profiled step (expected StepProfile.to_dict() or {{'profile': ...}})")
+    try:
+        profile = StepProfile.from_dict(prof)
+    except (TypeError, AttributeError, KeyError) as e:
+        raise ValueError(f"{path}: malformed profile ({e})") from None
+    dev = data.get("device") if "profile" in data else None
+    if isinstance(dev, dict):
+        try:
+            dev = spec_from_dict(dev) if "flops" in dev and "bandwidth" in dev else dev.get("name")
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: malformed device ({e})") from None
+    return profile, dev
+
+
+def run(args: argparse.Namespace) -> int:
+    from tscope_callbacks.roofline import roofline
+
+    try:
+        prof, dev = load(args.path)
+    except ValueError as e:
+        print(f"tscope report: {e}", file=sys.stderr)
+        return 2
+    try:
+        report = roofline(prof, args.gpu or dev or None)
+    except (LookupError, ValueError, OSError) as e:  # UnknownDeviceError, a bad spec JSON path
+        msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+        print(f"tscope report: {msg or type(e).__name__}", file=sys.stderr)
+        return 2
+    print(report.to_markdown(top=args.top))
+    if args.csv:
+        report.to_csv(args.csv)
+        print(f"CSV written to {args.csv}")
+    if args.plot:
+        report.plot(args.plot)
+        print(f"plot written to {args.plot}")
+    return 0
