@@ -1,0 +1,48 @@
+"""Reductions, scans and softmax: FLOPs per *input* element (plus a per-output term where the op finalises).
+
+    op                                                   per input   per output
+    sum nansum prod amax amin max min argmax argmin          1           0
+    any all count_nonzero cumsum cumprod cummax cummin
+    mean nanmean                                             1           1   (the divide)
+    aminmax                                                  2           0
+    var var_mean                                             3           0   (accumulate, centre, square-acc.)
+    std std_mean                                             3           1   (+ sqrt)
+    norm linalg_vector_norm (any p)                          2           1   (|x|^p or x*x, accumulate; root)
+    logsumexp                                                4           2   (max, sub, exp, add; log, add)
+    logcumsumexp                                             3           0
+    _softmax _log_softmax _safe_softmax                      5           0   (max, sub, exp, sum, div|log-sub)
+    _softmax_backward_data                                   4           0   (g*y, row-sum, sub, mul)
+    _log_softmax_backward_data                               4           0   (row-sum g, exp y, mul, sub)
+
+The binary ``max.other``/``min.other`` overloads are pointwise (pointwise.py).
+"""
+
+from __future__ import annotations
+
+from tscope_callbacks.formulas.common import first_numel, out_numel, reg
+
+__all__ = ["reduction_flops"]
+
+
+def reduction_flops(per_in: int, per_out: int = 0):
+    def flops(x, *args, out=None, **kwargs) -> int:
+        return per_in * first_numel(x) + (per_out * out_numel(out) if per_out else 0)
+
+    flops.__name__ = f"reduction_{per_in}_{per_out}_flops"
+    return flops
+
+
+for _names, _in, _out, _cat in [
+    ("sum nansum prod amax amin max min argmax argmin any all count_nonzero cumsum cumsum_ cumprod cumprod_ "
+     "cummax cummin _cummax_helper _cummin_helper", 1, 0, "reduction"),
+    ("mean nanmean", 1, 1, "reduction"),
+    ("aminmax", 2, 0, "reduction"),
+    ("var var_mean", 3, 0, "reduction"),
+    ("std std_mean", 3, 1, "reduction"),
+    ("norm linalg_vector_norm", 2, 1, "reduction"),
+    ("logsumexp", 4, 2, "reduction"),
+    ("logcumsumexp _logcumsumexp", 3, 0, "reduction"),
+    ("_softmax _log_softmax _safe_softmax", 5, 0, "softmax"),
+    ("_softmax_backward_data _log_softmax_backward_data", 4, 0, "softmax"),
+]:
+    reg(_names.split(), _cat, reduction_flops(_in, _out))
