@@ -1,0 +1,241 @@
+"""Norms, softmax, pointwise/activations, reductions, embedding, losses, dropout, optimizers, views."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from formula_utils import count, one, only, total_flops
+
+from tscope_callbacks.formulas import DEFAULT_REGISTRY
+from tscope_callbacks.formulas.optimizer import adam_flops_per_element, sgd_flops_per_element
+
+aten = torch.ops.aten
+
+
+# ---------------- norms ----------------
+def test_layer_norm_forward_backward():
+    x = torch.randn(2, 4, 8, requires_grad=True)
+    ln = nn.LayerNorm(8)
+    rec = count(lambda: ln(x).sum().backward())
+    f, b = one(rec, "aten.native_layer_norm"), one(rec, "aten.native_layer_norm_backward")
+    # N = 64 elements; forward (4 + weight 1 + bias 1) * 64 = 384
+    assert f.flops == 384 and f.category == "norm"
+    # read x 256 B + weight 32 + bias 32 = 320; write y 256 + mean 32 + rstd 32 = 320
+    assert (f.bytes_read, f.bytes_written) == (320, 320)
+    # backward mask [T,T,T]: grad_input (8 + weight 1) * 64 = 576, grad_weight 2 * 64, grad_bias 64 -> 768
+    assert b.flops == 768
+
+
+def test_batch_norm_train_eval_and_backward():
+    x = torch.randn(3, 4, requires_grad=True)
+    bn = nn.BatchNorm1d(4)
+    rec = count(lambda: bn(x).sum().backward())
+    f, b = one(rec, "aten.native_batch_norm"), one(rec, "aten.native_batch_norm_backward")
+    assert f.flops == 12 * 6  # stats 4 + weight + bias per element
+    # training updates the running stats in place: read x 48 + 4 params of 16 B = 112; write y 48 + save_mean 16
+    # + save_invstd 16 + running_mean 16 + running_var 16 = 112
+    assert (f.bytes_read, f.bytes_written) == (112, 112)
+    assert b.flops == 12 * 9 + 2 * 12 + 12  # 144
+    bn.eval()
+    rec = count(lambda: bn(x).sum().backward())
+    f, b = one(rec, "aten.native_batch_norm"), one(rec, "aten.native_batch_norm_backward")
+    assert f.flops == 2 * 12  # folded scale-and-shift
+    assert f.bytes_written == 48  # y; save_mean/invstd are empty, running stats untouched
+    assert b.flops == 12 * 1 + 2 * 12 + 12  # eval grad_input 1 per element -> 48
+
+
+def test_group_norm_forward_backward():
+    x = torch.randn(2, 4, 3, 3, requires_grad=True)
+    rec = count(lambda: nn.GroupNorm(2, 4)(x).sum().backward())
+    assert one(rec, "aten.native_group_norm").flops == 72 * 6  # 432
+    assert one(rec, "aten.native_group_norm_backward").flops == 72 * 9 + 2 * 72 + 72  # 864
+
+
+def test_rms_norm_fused_formula_and_cpu_decomposition():
+    f = DEFAULT_REGISTRY.lookup(aten._fused_rms_norm.default).flops
+    b = DEFAULT_REGISTRY.lookup(aten._fused_rms_norm_backward.default).flops
+    s = torch.Size([2, 4, 8])
+    assert f(s, [8], torch.Size([8]), 1e-6, out=(s, torch.Size([2, 4, 1]))) == 64 * 4  # 3 + weight
+    assert b(s, s, [8], torch.Size([2, 4, 1]), torch.Size([8]), [True, True], out=None) == 64 * 7 + 2 * 64
+    x = torch.randn(2, 4, 8, requires_grad=True)
+    rec = count(lambda: nn.RMSNorm(8)(x).sum().backward())
+    assert all(c.counted for _, c in rec)  # on CPU it decomposes into pow/mean/rsqrt/mul, all counted
+
+
+# ---------------- softmax, activations, pointwise ----------------
+def test_softmax_and_log_softmax_forward_backward():
+    x = torch.randn(2, 4, 8, requires_grad=True)
+    rec = count(lambda: (F.softmax(x, -1) + F.log_softmax(x, -1)).sum().backward())
+    assert one(rec, "aten._softmax").flops == 5 * 64  # max, sub, exp, sum, div
+    assert one(rec, "aten._log_softmax").flops == 5 * 64
+    assert one(rec, "aten._softmax_backward_data").flops == 4 * 64
+    assert one(rec, "aten._log_softmax_backward_data").flops == 4 * 64
+    assert {c.category for n, c in rec if "softmax" in n} == {"softmax"}
+
+
+@pytest.mark.parametrize("fn, name, fwd, bwd", [
+    (lambda x: F.gelu(x), "gelu", 5, 10),
+    (lambda x: F.gelu(x, approximate="tanh"), "gelu", 9, 16),
+    (F.silu, "silu", 4, 8),
+    (torch.sigmoid, "sigmoid", 3, 3),
+    (torch.tanh, "tanh", 1, 3),
+    (F.relu, "relu", 1, 1),
+])
+def test_activations_forward_backward(fn, name, fwd, bwd):
+    x = torch.randn(4, 8, requires_grad=True)
+    rec = count(lambda: fn(x).sum().backward())
+    f = one(rec, f"aten.{name}")
+    assert f.flops == 32 * fwd and f.category == "pointwise"
+    # read x 128 B, write y 128 B
+    assert (f.bytes_read, f.bytes_written) == (128, 128)
+    bwd_name = {"relu": "threshold_backward"}.get(name, f"{name}_backward")
+    assert one(rec, f"aten.{bwd_name}").flops == 32 * bwd
+
+
+def test_inplace_pointwise_counts_like_out_of_place():
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    rec = count(lambda: (x.add(y), x.clone().add_(y), torch.relu(x), x.clone().relu_(), torch.addcmul(x, x, y),
+                         x.clone().addcmul_(x, y)))
+    assert one(rec, "aten.add").flops == one(rec, "aten.add_").flops == 32
+    assert one(rec, "aten.relu").flops == one(rec, "aten.relu_").flops == 32
+    assert one(rec, "aten.addcmul").flops == one(rec, "aten.addcmul_").flops == 64  # addcmul costs 2
+
+
+def test_pointwise_tag_fallback_one_flop_per_output_element():
+    x, y = torch.randn(3, 5), torch.randn(5)
+    c = one(count(lambda: torch.nextafter(x, y)), "aten.nextafter")  # tagged pointwise, not in the cost table
+    assert (c.flops, c.category, c.counted) == (15, "pointwise", True)
+
+
+def test_binary_max_is_pointwise_reduction_max_is_reduction():
+    x, y = torch.randn(3, 5), torch.randn(3, 5)
+    rec = count(lambda: (torch.max(x, y), torch.max(x, 1), x.max()))
+    binary = one(rec, "aten.maximum")  # torch.max(x, y) arrives as maximum
+    by_dim, full = only(rec, "aten.max")
+    assert (binary.category, binary.flops) == ("pointwise", 15)
+    assert DEFAULT_REGISTRY.lookup(aten.max.other).category == "pointwise"  # the overload, not the packet
+    assert (by_dim.category, by_dim.flops) == ("reduction", 15)
+    assert (full.category, full.flops) == ("reduction", 15)
+
+
+# ---------------- reductions ----------------
+def test_reductions_per_input_element():
+    x = torch.randn(2, 4, 8)
+    rec = count(lambda: (x.sum(), x.mean(-1), x.amax(1), x.argmax(), x.var(-1), x.std(), torch.var_mean(x, 0),
+                         x.norm(), x.cumsum(0), x.logsumexp(-1)))
+    got = {n: c.flops for n, c in rec}
+    assert got["aten.sum"] == 64
+    assert got["aten.mean"] == 64 + 8  # + divide per output (2x4)
+    assert got["aten.amax"] == got["aten.argmax"] == got["aten.cumsum"] == 64
+    assert got["aten.var"] == 3 * 64 and got["aten.var_mean"] == 3 * 64
+    assert got["aten.std"] == 3 * 64 + 1  # + sqrt of the single output
+    assert got["aten.linalg_vector_norm"] == 2 * 64 + 1
+    assert got["aten.logsumexp"] == 4 * 64 + 2 * 8
+    c = one(rec, "aten.argmax")
+    assert (c.bytes_read, c.bytes_written) == (256, 8)  # an int64 index
+
+
+# ---------------- embedding ----------------
+def test_embedding_forward_reads_gathered_rows_only_and_backward():
+    emb = nn.Embedding(1000, 8)
+    idx = torch.tensor([[1, 2, 3], [4, 5, 1]])
+    rec = count(lambda: emb(idx).sum().backward())
+    f = one(rec, "aten.embedding")
+    # 0 FLOPs; read indices 6*8 B + 6 gathered rows * 8 * 4 B = 240 (NOT the 32000 B table); write 6*8*4 = 192
+    assert (f.flops, f.bytes_read, f.bytes_written, f.category) == (0, 240, 192, "embedding")
+    b = one(rec, "aten.embedding_dense_backward")
+    # scatter-add 48 grad elements; read grad (expanded 0-d: 4 B) + indices 48 B; write the dense 1000x8 grad
+    assert (b.flops, b.bytes_read, b.bytes_written) == (48, 52, 32000)
+
+
+# ---------------- losses ----------------
+def test_cross_entropy_forward_backward():
+    logits = torch.randn(4, 10, requires_grad=True)
+    tgt = torch.tensor([1, 0, 9, 3])
+    rec = count(lambda: F.cross_entropy(logits, tgt).backward())
+    assert one(rec, "aten._log_softmax").flops == 5 * 40
+    nll = one(rec, "aten.nll_loss_forward")
+    # 1 gather-accumulate per target; read targets 32 B + 4 gathered logits 16 B; write loss 4 + total_weight 4
+    assert (nll.flops, nll.bytes_read, nll.bytes_written, nll.category) == (4, 48, 8, "loss")
+    nb = one(rec, "aten.nll_loss_backward")
+    # read grad 4 + targets 32 + total_weight 4 (not the logits); write the zero-filled grad 40*4 = 160
+    assert (nb.flops, nb.bytes_read, nb.bytes_written) == (4, 40, 160)
+    assert one(rec, "aten._log_softmax_backward_data").flops == 4 * 40
+
+
+def test_mse_and_bce_losses():
+    x = torch.randn(4, 5, requires_grad=True)
+    y = torch.rand(4, 5)
+    rec = count(lambda: (F.mse_loss(x, y) + F.binary_cross_entropy(torch.sigmoid(x), y)
+                         + F.binary_cross_entropy_with_logits(x, y)).backward())
+    assert one(rec, "aten.mse_loss").flops == 20 * 3  # sub, square + mean-reduce
+    assert one(rec, "aten.mse_loss_backward").flops == 20 * 3
+    assert one(rec, "aten.binary_cross_entropy").flops == 20 * 8
+    assert one(rec, "aten.binary_cross_entropy_backward").flops == 20 * 6
+    assert one(rec, "aten.binary_cross_entropy_with_logits").flops == 20 * 9
+    assert all(c.counted for _, c in rec)
+
+
+# ---------------- dropout ----------------
+def test_dropout_cpu_decomposition_and_native_formulas():
+    x = torch.randn(4, 8, requires_grad=True)
+    rec = count(lambda: F.dropout(x, 0.5, training=True).sum().backward())
+    bern = one(rec, "aten.bernoulli_")
+    # the mask is drawn in place: 1 FLOP per element, written (128 B) but not read
+    assert (bern.flops, bern.bytes_read, bern.bytes_written) == (32, 0, 128)
+    assert all(c.counted for _, c in rec)
+    nd = DEFAULT_REGISTRY.lookup(aten.native_dropout.default).flops
+    s = torch.Size([4, 8])
+    assert nd(s, 0.5, True, out=(s, s)) == 64 and nd(s, 0.5, False, out=(s, s)) == 0
+    assert DEFAULT_REGISTRY.lookup(aten.native_dropout_backward.default).flops(s, s, 2.0, out=s) == 64
+    assert count(lambda: F.dropout(x, 0.5, training=False)) == []  # eval: no op at all
+
+
+# ---------------- optimizers ----------------
+def _model():
+    torch.manual_seed(0)
+    m = nn.Linear(4, 3)  # 12 + 3 = 15 parameters
+    m(torch.randn(2, 4)).sum().backward()
+    return m
+
+
+@pytest.mark.parametrize("kind", ["foreach", "fused"])
+def test_sgd_momentum_step(kind):
+    m = _model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, **{kind: True})
+    opt.step()  # first step creates the momentum buffers
+    rec = count(opt.step)
+    assert total_flops(rec, "optimizer") == 15 * sgd_flops_per_element(momentum=0.9) == 45
+    if kind == "fused":
+        c = one(rec, "aten._fused_sgd_")
+        # read params, grads, bufs 3 * 60 B; write params and bufs 2 * 60 B
+        assert (c.bytes_read, c.bytes_written) == (180, 120)
+
+
+@pytest.mark.parametrize("kind", ["foreach", "fused"])
+def test_adam_step(kind):
+    m = _model()
+    opt = torch.optim.Adam(m.parameters(), **{kind: True})
+    opt.step()
+    rec = count(opt.step)
+    # 11 per parameter element (the same for foreach and fused) + the step counters' += 1 on 2 tensors
+    assert total_flops(rec, "optimizer") == 15 * adam_flops_per_element() + 2 == 167
+    if kind == "fused":
+        c = one(rec, "aten._fused_adam_")
+        # read params, grads, exp_avg, exp_avg_sq 4 * 60 B + 2 step scalars 8 B; write params, m, v 3 * 60 B
+        assert (c.bytes_read, c.bytes_written) == (248, 180)
+    else:
+        assert {n for n, c in rec if c.category == "optimizer"} >= {"aten._foreach_lerp_", "aten._foreach_addcdiv_"}
+
+
+# ---------------- views ----------------
+def test_view_ops_are_known_zero():
+    x = torch.randn(4, 6)
+    rec = count(lambda: (x.view(6, 4), x.t(), x.transpose(0, 1), x.permute(1, 0), x.expand(2, 4, 6), x[1:3], x[0],
+                         x.unsqueeze(0), x.unsqueeze(0).squeeze(0), x.detach(), x.split(2), x.unbind(0),
+                         x.chunk(3, 1), x.as_strided((2, 2), (1, 1)), torch.empty(3), torch.empty_like(x),
+                         x.new_empty((2,))))
+    assert rec and all(c.category == "view" and c.flops == c.bytes_read == c.bytes_written == 0 and c.counted
+                       for _, c in rec), [(n, c.category) for n, c in rec if c.category != "view"]
