@@ -9,6 +9,7 @@ and the report is a pure estimate (Tensorscope's "estimated forward pass time", 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib
 import json
@@ -123,7 +124,8 @@ def profile_model(
     prev = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high" if precision == "tf32" else prev)
     try:
-        with torch.set_grad_enabled(backward), profile(work, timing=timing) as prof:
+        sdpa = _FusedSdpa() if str(device) == "meta" else contextlib.nullcontext()
+        with torch.set_grad_enabled(backward), sdpa, profile(work, timing=timing) as prof:
             out = work(*inputs)
             if backward:
                 _backward(out)
@@ -132,6 +134,25 @@ def profile_model(
     res = prof.result
     res.meta.update({"analysis_precision": precision, "analysis_device": str(device), "backward": backward})
     return res
+
+
+class _FusedSdpa(torch.overrides.TorchFunctionMode):
+    """On ``meta``, SDPA would fall back to its math decomposition (full t x t bmm, causal mask not exploited).
+    A GPU runs a fused flash/efficient kernel, so route it to the fused op, which has meta kernels fwd+bwd."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention and not kwargs.get("enable_gqa"):
+            q, k, v = args[:3]
+            if q.device.type == "meta" and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+                rest = list(args[3:])
+                names = ["attn_mask", "dropout_p", "is_causal", "scale"]
+                kw = dict(zip(names, rest))
+                kw.update({n: kwargs[n] for n in names if n in kwargs})
+                return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q, k, v, kw.get("dropout_p", 0.0), kw.get("is_causal", False),
+                    attn_mask=kw.get("attn_mask"), scale=kw.get("scale"))[0]
+        return func(*args, **kwargs)
 
 
 def _backward(out: Any) -> None:

@@ -79,10 +79,13 @@ class _Mode(TorchDispatchMode):
                 out = func(*args, **kwargs)
             dt = None
             p._last_alloc = (torch.cuda.memory_allocated() - m0) if p._details is not None else None
-        else:
+        elif p._timed:
             t0 = _perf_ns()
             out = func(*args, **kwargs)
             dt = (_perf_ns() - t0) * 1e-9
+        else:
+            out = func(*args, **kwargs)
+            dt = None
         try:
             p._record(func, args, kwargs, out, dt, seq, node)
         except Exception as e:  # our bookkeeping must never break the user's op
@@ -123,6 +126,7 @@ class Profile:
         else:
             self.registry = DEFAULT_REGISTRY.with_overrides(formulas)
         self.timing = self._resolve_timing(model, timing)
+        self._timed = self.timing != "none"
         self.layer_details = layer_details
         self.check_finite = check_finite
         self.paths = list(paths) if paths else None
@@ -252,12 +256,20 @@ class Profile:
 
     def _install(self) -> None:
         self._paths = {}
+        self._compiled = []
         for path, mod in self.model.named_modules(remove_duplicate=True):
-            self._paths[id(mod)] = path
+            self._paths[id(mod)] = _clean_path(path)
+            if type(mod).__name__ == "OptimizedModule":  # torch.compile wrapper
+                self._compiled.append(_clean_path(path))
+        if self._compiled:
+            log.warning(
+                "tscope: %s is torch.compile'd; under profiling it runs eagerly, so op counts are exact but times "
+                "are eager-mode times (fused kernels of the compiled graph are not seen)", self._compiled[0] or "model"
+            )
         self._param_owner = {}
         for mpath, mod in self.model.named_modules():
             for p in mod.parameters(recurse=False):
-                self._param_owner.setdefault(id(p), self._collapse(mpath))
+                self._param_owner.setdefault(id(p), self._collapse(_clean_path(mpath)))
         self._cuda_mem = self.timing == "cuda" and torch.cuda.is_available()
         self._last_alloc: int | None = None
         if self.layer_details:
@@ -309,6 +321,7 @@ class Profile:
             "model": type(self.model).__name__,
             "torch": torch.__version__,
             "internal_errors": list(self.errors),
+            "compiled_modules_run_eagerly": list(getattr(self, "_compiled", [])),
         }
 
     def _internal_error(self, e: BaseException) -> None:
@@ -405,7 +418,7 @@ class Profile:
             time_s=dt,
             counted=c.counted,
             category=c.category,
-            overload=str(func),
+            overload=_overload_name(func),
             output_shapes=c.output_shapes,
             index=len(self._ops),
         )
@@ -429,6 +442,23 @@ def _packet_name(func) -> str:
     if name is None:
         name = f"{func.namespace}.{func._opname}" if hasattr(func, "_opname") else str(func)
         _PACKET_NAMES[func] = name
+    return name
+
+
+def _clean_path(path: str) -> str:
+    """Module path without torch.compile's ``_orig_mod`` segment, so paths match the user's module names."""
+    if "_orig_mod" not in path:
+        return path
+    return ".".join(p for p in path.split(".") if p != "_orig_mod")
+
+
+_OVERLOAD_NAMES: dict[Any, str] = {}
+
+
+def _overload_name(func) -> str:
+    name = _OVERLOAD_NAMES.get(func)
+    if name is None:
+        name = _OVERLOAD_NAMES[func] = str(func)
     return name
 
 

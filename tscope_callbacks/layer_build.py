@@ -157,6 +157,10 @@ def build_layers(
     """LayerRecords for every (selected) module of ``model``, with self and inclusive op totals."""
     layers: dict[str, LayerRecord] = {}
     for path, mod in model.named_modules():
+        if "_orig_mod" in path or type(mod).__name__ == "OptimizedModule":
+            path = ".".join(p for p in path.split(".") if p != "_orig_mod")
+            if path in layers:
+                continue
         if collapse(path) != path and path not in layers:
             continue  # below the selected depth / aggregated into an ancestor
         params = list(mod.parameters())
