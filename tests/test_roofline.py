@@ -269,3 +269,15 @@ def test_measured_over_estimated_for_matrix_ops():
     assert rep.measured_over_estimated() == pytest.approx(3.3e-3 / est)
     assert rep.measured_over_estimated({"optimizer"}) == pytest.approx(0.15e-3 / ((1 << 27) + (1 << 26)) * 2.039e12)
     assert roofline(toy_profile(timed=False), a100()).measured_over_estimated() is None
+
+
+def test_duck_typed_profile():
+    class Prof:  # anything with .ops/.layers/.wall_time_s/.meta
+        ops = [matmul(4096, 4096, 4096, time_s=1e-3), op("aten.nonzero", counted=False, category="other",
+                                                         time_s=1e-3)]
+        layers: dict = {}
+        wall_time_s = 2e-3
+        meta = {"device_name": "x"}
+
+    rep = roofline(Prof(), a100())
+    assert rep.flop_coverage == 0.5 and rep.mfu == pytest.approx(MM_FLOPS / 2e-3 / 312e12)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
@@ -41,35 +43,68 @@ def _points(report: Any) -> list[dict[str, Any]]:
     return pts
 
 
+def _groups(ax: Any, pts: list[dict[str, Any]], px: float) -> list[list[dict[str, Any]]]:
+    """Points of one phase within 4 px of each other (repeated blocks) share a label; largest groups first."""
+    groups: list[list[dict[str, Any]]] = []
+    for p in sorted(pts, key=lambda p: -p["share"]):
+        x, y = ax.transData.transform((p["x"], p["y"]))
+        p["px"] = (x, y)
+        for g in groups:
+            gx, gy = g[0]["px"]
+            if g[0]["row"].phase == p["row"].phase and abs(gx - x) < 4 * px and abs(gy - y) < 4 * px:
+                g.append(p)
+                break
+        else:
+            groups.append([p])
+    return sorted(groups, key=lambda g: -sum(p["share"] for p in g))
+
+
+def _group_label(g: list[dict[str, Any]]) -> str:
+    """One point: "name (phase)"; repeated blocks: "layers.*.mlp (bwd) ×12" (numeric path parts starred)."""
+    if len(g) == 1:
+        return g[0]["label"]
+    r = g[0]["row"]
+    pats = sorted({re.sub(r"(?:(?<=\.)|^)\d+(?=\.|$)", "*", p["row"].name) for p in g})
+    name = ", ".join(pats) if len(pats) <= 2 else f"{pats[0]} +{len(pats) - 1}"
+    return f"{name} ({_SHORT.get(r.phase, r.phase)}) ×{len(g)}"
+
+
 def _place_labels(ax: Any, fig: Figure, pts: list[dict[str, Any]], n: int) -> None:
-    """Label the n largest points: per label, the first candidate offset whose box stays inside the axes and
-    overlaps no marker, legend or earlier label (boxes estimated from the text length; no draw needed, as the
-    limits and the axes box are fixed)."""
+    """Label the n largest points (or groups of coinciding ones): per label, the first candidate offset whose box
+    stays inside the axes and overlaps no marker, text, legend or earlier label (label boxes estimated from the
+    text length; no draw needed, as the limits and the axes box are fixed)."""
     px = fig.dpi / 72.0
     renderer = fig.canvas.get_renderer()
-    boxes = [tuple(leg.get_window_extent(renderer).extents) for leg in ax.get_children()
-             if type(leg).__name__ == "Legend"]
+    obstacles = list(ax.texts) + [a for a in ax.get_children() if isinstance(a, Legend)]
+    boxes = [tuple(a.get_window_extent(renderer).extents) for a in obstacles]
     for p in pts:  # the markers themselves are obstacles too
         x, y = ax.transData.transform((p["x"], p["y"]))
         r = math.sqrt(25 + 900 * p["share"]) / 2 * px
         boxes.append((x - r, y - r, x + r, y + r))
     ax0, ay0, ax1, ay1 = ax.get_window_extent(renderer).extents
     offsets = [(8, 6), (8, -14), (-8, 6), (-8, -14), (14, 22), (14, -30), (-14, 22), (-14, -30), (24, 38), (24, -46),
-               (-24, 38), (-24, -46)]
-    for p in sorted(pts, key=lambda p: -p["share"])[:n]:
-        x, y = ax.transData.transform((p["x"], p["y"]))
-        w, h = len(p["label"]) * 8 * 0.62 * px, 8 * 1.3 * px
-        chosen = offsets[0]
-        for dx, dy in offsets:
+               (-24, 38), (-24, -46), (0, 54), (0, -62), (-40, 20), (-40, -28)]
+    for g in _groups(ax, pts, px)[:n]:
+        p, label = g[0], _group_label(g)
+        x, y = p["px"]
+        w, h = len(label) * 8 * 0.62 * px, 8 * 1.3 * px
+        best: tuple[float, tuple[int, int], tuple[float, float, float, float]] | None = None
+        for dx, dy in offsets:  # first candidate without overlap, else the one overlapping least
             x0 = x + dx * px - (w if dx < 0 else 0)
             box = (x0, y + dy * px, x0 + w, y + dy * px + h)
-            inside = ax0 <= box[0] and box[2] <= ax1 and ay0 <= box[1] and box[3] <= ay1
-            if inside and not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in boxes):
-                chosen = (dx, dy)
-                boxes.append(box)
+            cost = sum(max(0.0, min(box[2], b[2]) - max(box[0], b[0])) * max(0.0, min(box[3], b[3]) - max(box[1], b[1]))
+                       for b in boxes)
+            if not (ax0 <= box[0] and box[2] <= ax1 and ay0 <= box[1] and box[3] <= ay1):
+                cost += 1e9
+            if best is None or cost < best[0]:
+                best = (cost, (dx, dy), box)
+            if cost == 0:
                 break
+        assert best is not None
+        chosen = best[1]
+        boxes.append(best[2])
         dx, dy = chosen
-        ax.annotate(p["label"], (p["x"], p["y"]), xytext=(dx, dy), textcoords="offset points", fontsize=8,
+        ax.annotate(label, (p["x"], p["y"]), xytext=(dx, dy), textcoords="offset points", fontsize=8,
                     ha="right" if dx < 0 else "left", va="bottom", zorder=4,
                     arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.4"} if abs(dy) > 10 else None)
 
@@ -91,7 +126,7 @@ def figure(report: Any, top_labels: int = 8, *, figsize: tuple[float, float] = (
     ys = ys or [bw / 1e12]
     x_lo = 10 ** math.floor(math.log10(min(xs) / 3))
     x_hi = 10 ** math.ceil(math.log10(max(xs) * 3))
-    y_hi = max(ys) * 2.5
+    y_hi = max(ys) * 4
     y_lo = min(min(ys) / 3, x_lo * bw / 1e12)
     y_lo = max(y_lo, y_hi * 1e-7)
 

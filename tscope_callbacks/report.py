@@ -129,6 +129,13 @@ def _f(x: float | None, spec: str = ".4g", scale: float = 1.0) -> str:
     return format(x * scale, spec)
 
 
+def _n(x: float | None) -> str:
+    """4 significant figures; thousands without exponent ("70,540", "446.7", "0.01678")."""
+    if x is None or not math.isfinite(x):
+        return ""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
 def _p(x: float | None) -> str:
     return "" if x is None else _pct(x)
 
@@ -169,7 +176,7 @@ def header_lines(report: Any) -> list[str]:
     lines += [f"- **Time** ({s['time_basis']}): {_p(s['compute_bound_time_frac'])} compute-bound · "
               f"{_p(s['memory_bound_time_frac'])} memory-bound · {_p(s['uncounted_time_frac'])} uncounted · "
               f"{_p(s['overhead_time_frac'])} overhead",
-              f"- **Totals**: {s['total_flops'] / 1e9:.4g} GFLOP, {s['total_bytes'] / 1e6:.4g} MB, {s['n_ops']} ops; "
+              f"- **Totals**: {_n(s['total_flops'] / 1e9)} GFLOP, {_n(s['total_bytes'] / 1e6)} MB, {s['n_ops']} ops; "
               f"FLOP coverage {_p(s['flop_coverage'])}"
               + (" (no formula: " + ", ".join(f"{k} ×{v}" for k, v in list(s["uncounted_ops"].items())[:5]) + ")"
                  if s["uncounted_ops"] else "")]
@@ -178,9 +185,9 @@ def header_lines(report: Any) -> list[str]:
 
 def _cells(r: Row, ach: bool) -> list[str]:
     c = [r.name if r.kind != "layer" and r.kind != "layer_total" else f"`{r.name}`", r.type, r.phase,
-         _f(r.flops / 1e9), _f(r.bytes / 1e6), _g(r.intensity), r.bound, _f(r.estimate_s, ".4g", 1e3),
-         _f(r.measured_s, ".4g", 1e3), _p(r.attained)]
-    return c + [_p(r.attained_achievable)] if ach else c
+         _n(r.flops / 1e9), _n(r.bytes / 1e6), _g(r.intensity), r.bound, _f(r.estimate_s, ".4g", 1e3),
+         _f(r.measured_s, ".4g", 1e3), _p(r.attained) if r.bound != "uncounted" else ""]  # no roof: no formula
+    return c + [_p(r.attained_achievable) if r.bound != "uncounted" else ""] if ach else c
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -201,7 +208,7 @@ def to_markdown(report: Any, top: int = 20) -> str:
     tot[0], tot[2] = "**total**", ""
     lines = header_lines(report) + ["", "### Layers (self time, forward and backward apart)", ""]
     lines += _md_table(head, rows + [tot])
-    cat_rows = [[r.name, str(r.n_ops), _f(r.flops / 1e9), _f(r.bytes / 1e6), _f(r.estimate_s, ".4g", 1e3),
+    cat_rows = [[r.name, str(r.n_ops), _n(r.flops / 1e9), _n(r.bytes / 1e6), _f(r.estimate_s, ".4g", 1e3),
                  _f(r.measured_s, ".4g", 1e3), _f(r.ratio, ".3g"), _p(r.attained)]
                 for r in report.table("category")]
     lines += ["", "### By op class (measured vs estimated)", ""]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tscope_callbacks import specs as _specs
-from tscope_callbacks.records import MATRIX_CATEGORIES, PHASES, OpRecord
+from tscope_callbacks.records import MATRIX_CATEGORIES, PHASES, OpRecord, StepProfile
 
 __all__ = ["roofline", "RooflineReport", "OpRoof", "Row", "Opportunity", "METRIC_PREFIX"]
 
@@ -335,7 +335,7 @@ def roofline(prof: Any, spec: Any = None, *, achievable: Any = None, precision: 
 
 def _coverage(prof: Any) -> float:
     cov = getattr(prof, "coverage", None)
-    return float(cov()) if callable(cov) else 1.0
+    return float(cov()) if callable(cov) else StepProfile(ops=list(prof.ops)).coverage()
 
 
 
