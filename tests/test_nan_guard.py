@@ -20,8 +20,9 @@ NAN = float("nan")
 
 def make_trainer(*callbacks, max_steps: int = 6, **kw) -> pl.Trainer:
     kw.setdefault("logger", False)
+    kw.setdefault("enable_checkpointing", False)
     return pl.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, callbacks=list(callbacks),
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **kw)
+                      enable_progress_bar=False, enable_model_summary=False, **kw)
 
 
 def inject_activation(model: TinyLM, path: str = "model.blocks.1.mlp", steps=(3,)) -> None:
@@ -71,14 +72,16 @@ def test_exports_and_config_validation():
         NaNGuardCallback("warn")  # keyword-only
 
 
-def test_nonfinite_code_bits():
-    g = [torch.ones(100_000), torch.ones(10)]
-    assert nan_locate.nonfinite_code(g, [torch.tensor(1.0)], torch.device("cpu")).item() == 0
-    assert nan_locate.nonfinite_code(g, [torch.tensor(NAN)], torch.device("cpu")).item() == 1
-    for i in (0, 1):
-        bad = [t.clone() for t in g]
-        bad[i][3] = float("inf")
-        assert nan_locate.nonfinite_code(bad, [], torch.device("cpu")).item() == 2
+def test_nonfinite_total_and_counts():
+    good = [torch.ones(100_000), torch.ones(10), torch.ones(3, dtype=torch.float16), torch.tensor(2.0)]
+    total = nan_locate.nonfinite_total(good)
+    assert total.shape == (1,) and torch.isfinite(total).all()
+    for i in range(len(good)):  # large (sum) and small (_foreach_norm) tensors, fp16, a 0-d loss
+        for bad_value in (NAN, float("inf"), float("-inf")):
+            bad = [t.clone() for t in good]
+            bad[i].view(-1)[-1] = bad_value
+            assert not torch.isfinite(nan_locate.nonfinite_total(bad)).all()
+    assert nan_locate.nonfinite_total([torch.arange(3)]) is None  # integer tensors are ignored
     assert nan_locate.count_nonfinite([("a", torch.tensor([1.0, NAN, float("-inf")]))]) == {"a": 2}
 
 
@@ -183,6 +186,20 @@ def test_parameter_check_after_update():
 
 
 # ---------------------------------------------------------------------------------------------------- actions
+def test_stop_keeps_checkpointing_working(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    model = TinyLM()
+    inject_activation(model, steps=(3,))
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=1)
+    guard = NaNGuardCallback(action="stop")
+    trainer = make_trainer(guard, ckpt, max_steps=10, enable_checkpointing=True)
+    trainer.fit(model)
+    state = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    assert state["global_step"] == 4
+    assert all(torch.isfinite(v).all() for v in state["state_dict"].values())  # the bad update was dropped
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_skip_keeps_weights_bit_identical(optimizer):
     model = TinyLM(optimizer=optimizer)
@@ -252,7 +269,7 @@ def test_internal_errors_never_break_training(monkeypatch, caplog):
     def boom(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(nan_locate, "nonfinite_code", boom)
+    monkeypatch.setattr(nan_locate, "nonfinite_total", boom)
     guard = NaNGuardCallback()
     trainer = make_trainer(guard, max_steps=3)
     trainer.fit(TinyLM())
@@ -322,3 +339,20 @@ def test_amp_nonfinite_loss_is_reported():
     trainer.fit(LossNaN())
     (ev,) = guard.events
     assert (ev.kind, ev.step) == ("loss", 2)
+
+
+# ---------------------------------------------------------------------------------------------------- CLI config
+def test_nan_guard_yaml(monkeypatch, tmp_path):
+    pytest.importorskip("jsonargparse")
+    from pathlib import Path
+
+    from lightning.pytorch.cli import LightningCLI
+
+    monkeypatch.setattr("sys.argv", ["train.py"])
+    cfg = Path(__file__).resolve().parents[1] / "configs" / "nan_guard.yaml"
+    cli = LightningCLI(TinyLM, run=False, save_config_callback=None, seed_everything_default=False,
+                       args=["--config", str(cfg), "--trainer.logger=false", "--trainer.accelerator=cpu",
+                             f"--trainer.default_root_dir={tmp_path}"])
+    (guard,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, NaNGuardCallback)]
+    assert (guard.action, guard.every_n_steps, guard.locate, guard.check_params) == ("stop", 1, True, False)
+    assert (guard.max_skips, guard.alert_every_s, guard.alert_every_n, guard.amp_min_scale) == (10, 300.0, 100, 1e-4)

@@ -221,19 +221,17 @@ class NaNGuardCallback(Callback):
         if not self._due(trainer.global_step):
             return
         params = [p for g in optimizer.param_groups for p in g["params"]]
-        grads = [p.grad for p in params if p.grad is not None]
-        code = None
+        total = None
         try:
-            dev = grads[0].device if grads else (losses[0].device if losses else trainer.strategy.root_device)
-            code = nl.nonfinite_code(grads, losses, dev)
+            total = nl.nonfinite_total([p.grad for p in params if p.grad is not None] + losses)
         except Exception as e:
             self._internal_error("check", e)
-        codes = self._gather_codes(trainer, code)
-        if not any(codes):
+        flags = self._gather(trainer, total)  # the step's only host sync
+        if all(math.isfinite(v) for v in flags):
             self._streak = self._skips_in_row = self._amp_streak = 0
             return
         try:
-            event = self._bad_step(trainer, pl_module, params, codes, losses, snaps)
+            event = self._bad_step(trainer, pl_module, params, flags, losses, snaps)
             if event is not None:
                 self._act(trainer, params, event)
         except NonFiniteError:
@@ -251,12 +249,12 @@ class NaNGuardCallback(Callback):
         if not self._due(step):
             return
         named = [(n, p.detach()) for n, p in pl_module.named_parameters()]
-        code = None
+        total = None
         try:
-            code = nl.nonfinite_code([p for _, p in named], [], named[0][1].device) if named else None
+            total = nl.nonfinite_total([p for _, p in named])
         except Exception as e:
             self._internal_error("parameter check", e)
-        if not any(self._gather_codes(trainer, code)):
+        if all(math.isfinite(v) for v in self._gather(trainer, total)):
             return
         try:
             counts = nl.count_nonfinite(named)
@@ -282,30 +280,36 @@ class NaNGuardCallback(Callback):
                         f"last alert were not alerted; {self.num_events} event(s) in total this run.")
 
     # ---------------------------------------------------------------- logic
-    def _gather_codes(self, trainer: pl.Trainer, code: torch.Tensor | None) -> list[int]:
-        """Every rank calls this on the same steps (no early return before it), so the collective cannot hang."""
-        if code is None:
-            code = torch.zeros(1, dtype=torch.int32, device=trainer.strategy.root_device)
+    def _gather(self, trainer: pl.Trainer, value: torch.Tensor | None) -> list[float]:
+        """One float per rank (one sync). Every rank calls this on the same steps (no early return before it), so
+        the collective cannot hang."""
+        if value is None:
+            value = torch.zeros(1, device=trainer.strategy.root_device)
         try:
-            if trainer.world_size > 1:
-                return [int(v) for v in trainer.strategy.all_gather(code).reshape(-1).tolist()]
-            return [int(code.item())]
+            dist = torch.distributed
+            if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+                out = [torch.empty_like(value) for _ in range(dist.get_world_size())]
+                dist.all_gather(out, value)
+                return torch.cat(out).tolist()
+            return value.tolist()
         except Exception as e:
             self._internal_error("flag all_gather", e)
-            return [0]
+            return [0.0]
 
-    def _bad_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, params: list, codes: list[int],
+    def _bad_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, params: list, flags: list[float],
                   losses: list[torch.Tensor], snaps: list[nl.StepSnapshot]) -> NonFiniteEvent | None:
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
-        if scaler is not None and not any(c & 1 for c in codes):
-            return self._amp_overflow(trainer, scaler, codes)
         rank = trainer.global_rank
+        flagged = [r for r, v in enumerate(flags) if not math.isfinite(v)]
+        loss_bad = any(not bool(torch.isfinite(x).all()) for x in losses)
+        dev = losses[0].device if losses else trainer.strategy.root_device
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if scaler is not None and not any(self._gather(trainer, torch.tensor([float(loss_bad)], device=dev))):
+            return self._amp_overflow(trainer, scaler, flagged)
         try:
-            info = self._local_info(trainer, pl_module, params, codes[rank] if rank < len(codes) else 0,
-                                    losses, snaps, scaler)
+            info = self._local_info(trainer, pl_module, params, rank in flagged, losses, snaps, scaler)
         except Exception as e:
             self._internal_error("locate", e)
-            info = nl.RankInfo(rank, bad=bool(codes[rank] if rank < len(codes) else 0), note=f"analysis failed: {e}")
+            info = nl.RankInfo(rank, bad=rank in flagged, note=f"analysis failed: {e}")
         infos = [info]
         if trainer.world_size > 1:
             try:
@@ -324,10 +328,10 @@ class NaNGuardCallback(Callback):
             fields["batch_idx"] = trainer.fit_loop.epoch_loop.batch_idx
         return NonFiniteEvent(step=trainer.global_step, epoch=trainer.current_epoch, **fields)
 
-    def _local_info(self, trainer, pl_module, params, code, losses, snaps, scaler) -> nl.RankInfo:
+    def _local_info(self, trainer, pl_module, params, flagged, losses, snaps, scaler) -> nl.RankInfo:
         info = nl.RankInfo(trainer.global_rank)
         names = {id(p): n for n, p in pl_module.named_parameters()}
-        if code & 2:
+        if flagged:
             info.parameters = nl.count_nonfinite([(names.get(id(p), f"param{i}"), p.grad) for i, p in enumerate(params)])
         vals = [float(x.detach().float().sum()) for x in losses]
         bad_vals = [v for v in vals if not math.isfinite(v)]
@@ -356,7 +360,7 @@ class NaNGuardCallback(Callback):
             self.replays += n
         return info
 
-    def _amp_overflow(self, trainer: pl.Trainer, scaler: Any, codes: list[int]) -> NonFiniteEvent | None:
+    def _amp_overflow(self, trainer: pl.Trainer, scaler: Any, flagged: list[int]) -> NonFiniteEvent | None:
         self._amp_streak += 1
         scale = float(scaler.get_scale())
         backoff = float(scaler.get_backoff_factor()) if hasattr(scaler, "get_backoff_factor") else 0.5
@@ -367,7 +371,7 @@ class NaNGuardCallback(Callback):
         self._streak += 1
         return NonFiniteEvent(step=trainer.global_step, epoch=trainer.current_epoch,
                               batch_idx=trainer.fit_loop.epoch_loop.batch_idx, kind="gradient",
-                              ranks=[r for r, c in enumerate(codes) if c] or [trainer.global_rank],
+                              ranks=flagged or [trainer.global_rank],
                               note=f"AMP loss scale collapsed: {self._amp_streak} overflowing step(s) in a row, "
                                    f"scale {scale:g} -> {scale * backoff:g} (amp_min_scale={self.amp_min_scale:g}, "
                                    f"amp_max_overflows={self.amp_max_overflows}); the GradScaler skips every step.")

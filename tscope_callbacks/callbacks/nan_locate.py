@@ -2,7 +2,7 @@
 
 Nothing here imports Lightning; :mod:`.nan_guard` wires it into the Trainer.
 
-* :func:`nonfinite_code` -- one fused reduction over the loss and all gradients, returned as a device tensor so the
+* :func:`nonfinite_total` -- one fused reduction over the loss and all gradients, returned as a device tensor so the
   caller does exactly one host sync (or one collective under DDP). Large tensors are reduced with ``sum`` (the fastest
   reduction on CPU; NaN/Inf propagate through it), runs of small tensors with one ``torch._foreach_norm`` call (one
   fused kernel on CUDA). A finite tensor whose sum overflows would raise the flag spuriously, so a raised flag is
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["LocateResult", "StepSnapshot", "count_nonfinite", "iter_tensors", "max_abs_finite", "nonfinite_code",
-           "replay_locate"]
+__all__ = ["LocateResult", "RankInfo", "StepSnapshot", "count_nonfinite", "iter_tensors", "locate_step",
+           "max_abs_finite", "merge_infos", "nonfinite_total", "replay_locate"]
 
 _SMALL = 1 << 15  # tensors below this many elements go through one _foreach_norm call
 
@@ -57,41 +57,26 @@ def _floating(t: torch.Tensor) -> bool:
     return t.is_floating_point() or t.is_complex()
 
 
-def _partial_sums(tensors: list[torch.Tensor]) -> torch.Tensor | None:
-    """One float32 scalar per device group whose value is non-finite iff (up to overflow) some element is."""
-    by_dev: dict[torch.device, list[torch.Tensor]] = {}
+def nonfinite_total(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """float32 tensor of shape (1,), non-finite iff some element of ``tensors`` is (or, rarely, finite values overflow
+    the sum: callers confirm with :func:`count_nonfinite`). No host sync; None when there is no floating tensor."""
+    groups: dict[torch.device, list[torch.Tensor]] = {}
     for t in tensors:
-        if t.numel() and _floating(t):
-            by_dev.setdefault(t.device, []).append(t)
+        if t.is_floating_point() or t.is_complex():
+            groups.setdefault(t.device, []).append(torch.view_as_real(t) if t.is_complex() else t)
     totals = []
-    for dev, ts in by_dev.items():
-        if dev.type == "cpu":
-            big = [t for t in ts if t.numel() >= _SMALL]
+    for dev, ts in groups.items():
+        parts, small = [], ts
+        if dev.type == "cpu":  # per-tensor sum is the fastest reduction on CPU for large tensors
             small = [t for t in ts if t.numel() < _SMALL]
-        else:  # CUDA & co: _foreach_norm is one fused multi-tensor kernel
-            big, small = [], ts
-        parts = [t.sum(dtype=torch.float32) if not t.is_complex() else t.abs().sum(dtype=torch.float32) for t in big]
-        real_small = [t for t in small if not t.is_complex()]
-        parts += [t.abs().sum(dtype=torch.float32) for t in small if t.is_complex()]
-        if real_small:
-            parts += list(torch._foreach_norm(real_small, 2, dtype=torch.float32))
-        totals.append(torch.stack(parts).sum())
-    if not totals:
-        return None
-    first = totals[0]
-    return first if len(totals) == 1 else torch.stack([t.to(first.device) for t in totals]).sum()
-
-
-def nonfinite_code(grads: list[torch.Tensor], losses: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """int32 tensor of shape (1,): bit 0 = some loss non-finite, bit 1 = some gradient (maybe) non-finite. No sync."""
-    code = torch.zeros(1, dtype=torch.int32, device=device)
-    g = _partial_sums(grads)
-    if g is not None:
-        code = code + (~torch.isfinite(g)).to(device=device, dtype=torch.int32) * 2
-    if losses:
-        lt = torch.stack([loss.detach().reshape(()).to(device=device, dtype=torch.float32) for loss in losses]).sum()
-        code = code + (~torch.isfinite(lt)).to(torch.int32)
-    return code
+            parts = [t.sum() if t.dtype == torch.float32 else t.sum(dtype=torch.float32) for t in ts
+                     if t.numel() >= _SMALL]
+        if small:  # one fused multi-tensor kernel on CUDA; one call for many small tensors on CPU
+            parts += torch._foreach_norm(small, 2, dtype=torch.float32)
+        totals.append(torch.stack(parts).sum().reshape(1))
+    if len(totals) > 1:
+        return torch.stack([t.to(totals[0].device) for t in totals]).sum().reshape(1)
+    return totals[0] if totals else None
 
 
 def count_nonfinite(named: list[tuple[str, torch.Tensor | None]]) -> dict[str, int]:
@@ -249,16 +234,19 @@ class _NoLog:
     """Temporarily shadows ``log``/``log_dict`` on the module instance with no-ops (the replay must not log)."""
 
     def __init__(self, module: nn.Module) -> None:
-        self.module = module
+        self.module, self.saved = module, {}
 
     def __enter__(self) -> None:
         for n in ("log", "log_dict"):
             if hasattr(self.module, n):
+                if n in self.module.__dict__:
+                    self.saved[n] = self.module.__dict__[n]
                 object.__setattr__(self.module, n, lambda *a, **k: None)
 
     def __exit__(self, *exc: Any) -> None:
         for n in ("log", "log_dict"):
             self.module.__dict__.pop(n, None)
+        self.module.__dict__.update(self.saved)
 
 
 def replay_locate(module: nn.Module, step_fn: Callable[[Any, int], Any], snap: StepSnapshot, *,
