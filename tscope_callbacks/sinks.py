@@ -274,8 +274,6 @@ class SinkGroup(Sink):
 
 
 def _json_default(o: Any) -> Any:
-    if isinstance(o, float):
-        return None
     if hasattr(o, "tolist"):
         return o.tolist()
     if isinstance(o, (set, tuple)):

@@ -1,0 +1,73 @@
+"""Both profiling callbacks under 2-process DDP on CPU (gloo): same steps profiled on every rank, per-rank step
+times gathered, one set of logs (rank zero's). Runs as a subprocess with a timeout so a hang fails instead of
+blocking. Skip with ``TSCOPE_SKIP_DDP=1``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+pytestmark = pytest.mark.skipif(os.environ.get("TSCOPE_SKIP_DDP") == "1", reason="TSCOPE_SKIP_DDP=1")
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from cb_utils import FAST, test_spec
+    from models import TinyLM
+    import tscope_callbacks as ts
+
+    out = sys.argv[1]
+    roof = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=1, every_n_steps=2)
+    lay = ts.LayerProfilerCallback(depth=2, start_step=1, every_n_steps=2)
+    flags = {**FAST, "devices": 2}
+    trainer = pl.Trainer(strategy="ddp", max_steps=4, default_root_dir=out, callbacks=[roof, lay],
+                         logger=TensorBoardLogger(out, name="tb"), **flags)
+    trainer.fit(TinyLM())
+    rank = trainer.global_rank
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"steps": [h["step"] for h in roof.history],
+                   "times": roof.last_profile.meta["rank_step_times_s"], "layers": sorted(lay.last_layers)}, f)
+""")
+
+
+def test_ddp_two_processes(tmp_path: Path) -> None:
+    script = tmp_path / "ddp_run.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "PL_DISABLE_FORK": "1"}
+    try:
+        proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=150)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"DDP run did not finish in 150 s (hang?)\n{(e.stderr or b'')[-3000:]!r}")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["steps"] == ranks[1]["steps"] == [1, 2]  # every rank profiled the same steps
+    assert ranks[0]["times"] == ranks[1]["times"] and len(ranks[0]["times"]) == 2  # gathered from both ranks
+    assert ranks[0]["layers"] == ranks[1]["layers"]
+
+    versions = sorted(p.name for p in (tmp_path / "tb").iterdir())
+    assert versions == ["version_0"]  # one set of logs
+    log_dir = tmp_path / "tb" / "version_0"
+    files = sorted(p.name for p in (log_dir / "tscope").iterdir())
+    assert files == ["layers_step_1.json", "layers_step_2.json", "step_1.json", "step_2.json"]
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    scalars = acc.Tags()["scalars"]
+    assert {"tscope/roofline/step_ms_min", "tscope/roofline/step_ms_max", "tscope/roofline/mfu"} <= set(scalars)
+    mins, maxs = acc.Scalars("tscope/roofline/step_ms_min"), acc.Scalars("tscope/roofline/step_ms_max")
+    assert [e.step for e in mins] == [1, 2] and all(a.value <= b.value for a, b in zip(mins, maxs))
+    table = json.loads((log_dir / "tscope" / "step_2.json").read_text())["profile"]["meta"]["rank_step_times_s"]
+    assert len(table) == 2

@@ -1,0 +1,278 @@
+"""RooflineCallback with a real Trainer: schedule, accumulation, outputs read back, automatic MFU, cleanup."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from cb_utils import FAST, LeakCheck, assert_clean, test_spec
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from models import TINY_CFG, TinyLM, token_dataloader
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.data import DataLoader
+
+import tscope_callbacks as ts
+
+KEYS = ["mfu", "mbu", "achieved_tflops", "measured_step_ms", "estimated_step_ms", "compute_bound_time_frac",
+        "memory_bound_time_frac", "flop_coverage"]
+SCHED = dict(start_step=1, every_n_steps=3)
+
+
+def _fit(tmp_path: Path, callbacks: list, *, max_steps: int = 8, model: pl.LightningModule | None = None,
+         **kw: Any) -> pl.Trainer:
+    kw.setdefault("logger", False)
+    trainer = pl.Trainer(max_steps=max_steps, default_root_dir=tmp_path, callbacks=callbacks, **{**FAST, **kw})
+    trainer.fit(model or TinyLM())
+    return trainer
+
+
+def test_tensorboard_outputs_schedule_and_auto_mfu(tmp_path: Path) -> None:
+    leak = LeakCheck()
+    cb = ts.RooflineCallback(gpu=test_spec(), top=5, **SCHED)
+    trainer = _fit(tmp_path, [leak, cb], logger=TensorBoardLogger(tmp_path, name="tb"))
+    assert [h["step"] for h in cb.history] == [1, 3, 6]
+    assert leak.checked == 8
+    assert_clean(trainer.lightning_module, trainer.optimizers)
+    acc = EventAccumulator(trainer.logger.log_dir, size_guidance={"scalars": 0, "tensors": 0, "images": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    for k in KEYS:
+        assert f"tscope/roofline/{k}" in tags["scalars"], k
+    assert [e.step for e in acc.Scalars("tscope/roofline/estimated_step_ms")] == [1, 3, 6]
+    # automatic MFU: every logging step that was not profiled, once the first profile counted the FLOPs
+    mfu_steps = [e.step for e in acc.Scalars("tscope/roofline/mfu")]
+    assert mfu_steps == [1, 2, 3, 4, 5, 6, 7]
+    assert all(e.value > 0 for e in acc.Scalars("tscope/roofline/mfu"))
+    assert cb.last_mfu is not None and cb.last_mfu > 0
+    assert any(t.startswith("tscope/roofline/table") for t in tags["tensors"])
+    assert "tscope/roofline/plot" in tags["images"]
+    assert [e.step for e in acc.Images("tscope/roofline/plot")] == [1, 3, 6]
+    saved = json.loads((Path(trainer.logger.log_dir) / "tscope" / "step_6.json").read_text())
+    assert set(saved) == {"profile", "device", "report"} and saved["device"]["name"] == "test-cpu"
+    assert saved["profile"]["meta"]["step"] == 6 and saved["profile"]["ops"]
+    assert cb.last_report is not None and cb.last_profile is not None
+    assert cb.last_profile.meta["trainer_precision"] == "32-true"
+
+
+def test_accumulation_covers_both_micro_batches_and_the_optimizer(tmp_path: Path) -> None:
+    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=1, every_n_steps=10)
+    _fit(tmp_path, [cb], max_steps=3, accumulate_grad_batches=2, model=TinyLM(optimizer="adamw"))
+    assert [h["step"] for h in cb.history] == [1]
+    prof = cb.last_profile
+    assert prof.meta["micro_batches"] == 2
+    phases = {r.phase for r in prof.ops}
+    assert {"forward", "backward", "optimizer"} <= phases
+    emb_fwd = [r for r in prof.ops if r.op == "aten.embedding" and r.phase == "forward"]
+    assert len(emb_fwd) == 4  # tok + pos, two micro-batches
+    assert all(r.layer.startswith("model") or r.layer == "" for r in prof.ops if r.phase == "optimizer")
+    opt_ops = [r for r in prof.ops if r.phase == "optimizer"]
+    assert opt_ops and opt_ops[-1].index > max(r.index for r in prof.ops if r.phase == "backward")
+
+
+class _ManualLM(TinyLM):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        opt = self.optimizers()
+        opt.zero_grad()
+        loss = self.compute_loss(batch)
+        self.manual_backward(loss)
+        opt.step()
+        return loss
+
+
+def test_manual_optimization_profiles_the_whole_training_step(tmp_path: Path) -> None:
+    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=1, every_n_steps=10)
+    trainer = _fit(tmp_path, [LeakCheck(), cb], max_steps=3, model=_ManualLM())
+    assert [h["step"] for h in cb.history] == [1]
+    assert {"forward", "backward", "optimizer"} <= {r.phase for r in cb.last_profile.ops}
+    assert_clean(trainer.lightning_module, trainer.optimizers)
+
+
+def test_start_beyond_max_steps_profiles_nothing(tmp_path: Path) -> None:
+    cb = ts.RooflineCallback(gpu=test_spec(), start_step=50, every_n_steps=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        _fit(tmp_path, [LeakCheck(), cb], max_steps=4)
+    assert not cb.history and cb.last_report is None and cb.last_mfu is None
+    assert not (tmp_path / "tscope").exists()
+
+
+def test_state_dict_resume_continues_the_schedule(tmp_path: Path) -> None:
+    kw = dict(gpu=test_spec(), plot=False, max_profiles=3, **SCHED)
+    first = ts.RooflineCallback(**kw)
+    trainer = _fit(tmp_path, [first], max_steps=4)
+    assert [h["step"] for h in first.history] == [1, 3]
+    ckpt = tmp_path / "run.ckpt"
+    trainer.save_checkpoint(ckpt)
+    state = first.state_dict()
+    assert state["schedules"]["train"] == {"taken": 2, "last_step": 3}
+    second = ts.RooflineCallback(**kw)
+    trainer2 = pl.Trainer(max_steps=12, default_root_dir=tmp_path, callbacks=[second], logger=False, **FAST)
+    trainer2.fit(TinyLM(), ckpt_path=ckpt)
+    assert [h["step"] for h in second.history] == [6]  # 9 is past max_profiles=3, 3 is not profiled again
+    assert second.schedules["train"].taken == 3
+
+
+class _Boom(TinyLM):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.trainer.global_step == 1:
+            raise RuntimeError("boom in training_step")
+        return super().training_step(batch, batch_idx)
+
+
+def test_exception_inside_a_profiled_step_leaves_nothing_installed(tmp_path: Path) -> None:
+    model = _Boom()
+    cb = ts.RooflineCallback(gpu=test_spec(), **SCHED)
+    with pytest.raises(RuntimeError, match="boom"):
+        _fit(tmp_path, [cb], model=model)
+    assert_clean(model, model.trainer.optimizers if model._trainer else ())
+
+
+def test_unknown_auto_device_warns_and_logs_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tscope_callbacks import specs
+
+    def unknown(name: Any = "auto", *a: Any, **k: Any) -> Any:
+        raise specs.UnknownDeviceError(str(name), ["NVIDIA L4"])
+
+    monkeypatch.setattr(specs, "get_device_spec", unknown)
+    cb = ts.RooflineCallback(gpu="auto", **SCHED)
+    with pytest.warns(UserWarning, match="roofline part is skipped"):
+        _fit(tmp_path, [cb], max_steps=3, logger=CSVLogger(tmp_path, name="csv"))
+    assert cb.spec is None and cb.last_report is None
+    assert [h["step"] for h in cb.history] == [1]
+    assert {"tscope/roofline/achieved_tflops", "tscope/roofline/measured_step_ms",
+            "tscope/roofline/flop_coverage"} <= set(cb.history[0])
+    log_dir = Path(cb._sinks.log_dir if cb._sinks else tmp_path / "csv" / "version_0")
+    assert "no device roof" in (log_dir / "tscope" / "roofline_table_step_1.md").read_text()
+
+
+def test_named_unknown_device_is_an_error_at_setup(tmp_path: Path) -> None:
+    cb = ts.RooflineCallback(gpu="NVIDIA Imaginary X9000", **SCHED)
+    with pytest.raises(ts.UnknownDeviceError):
+        _fit(tmp_path, [cb], max_steps=2)
+
+
+def test_csv_logger_metrics_contain_the_keys(tmp_path: Path) -> None:
+    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, **SCHED)
+    trainer = _fit(tmp_path, [cb], max_steps=3, logger=CSVLogger(tmp_path, name="csv"))
+    header = (Path(trainer.logger.log_dir) / "metrics.csv").read_text().splitlines()[0].split(",")
+    for k in KEYS:
+        assert f"tscope/roofline/{k}" in header, k
+    assert (Path(trainer.logger.log_dir) / "tscope" / "roofline_table_step_1.md").exists()
+
+
+def test_no_logger_writes_files_under_default_root_dir(tmp_path: Path) -> None:
+    cb = ts.RooflineCallback(gpu=test_spec(), **SCHED)
+    _fit(tmp_path, [cb], max_steps=2)
+    files = {p.name for p in (tmp_path / "tscope").iterdir()}
+    assert {"step_1.json", "metrics.csv", "roofline_table_step_1.md", "roofline_plot_step_1.png",
+            "roofline_layers_step_1.csv"} <= files
+
+
+def test_internal_errors_warn_once_or_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tscope_callbacks.roofline as rl
+
+    def broken(*a: Any, **k: Any) -> Any:
+        raise ValueError("analysis exploded")
+
+    monkeypatch.setattr(rl, "roofline", broken)
+    cb = ts.RooflineCallback(gpu=test_spec(), start_step=1, every_n_steps=1)
+    with pytest.warns(RuntimeWarning, match="analysis exploded") as rec:
+        trainer = _fit(tmp_path, [cb], max_steps=4)
+    assert sum("analysis exploded" in str(w.message) for w in rec) == 1
+    assert trainer.global_step == 4
+    strict = ts.RooflineCallback(gpu=test_spec(), raise_errors=True, **SCHED)
+    model = TinyLM()
+    with pytest.raises(ValueError, match="analysis exploded"):
+        _fit(tmp_path, [strict], max_steps=3, model=model)
+    assert_clean(model)
+
+
+def _shape_loader(n_long: int, n_short: int) -> DataLoader:
+    long_ = list(token_dataloader(TINY_CFG, n_batches=n_long))
+    short = [(x[:, :8].contiguous(), y[:, :8].contiguous()) for x, y in token_dataloader(TINY_CFG, n_batches=n_short)]
+    return DataLoader(long_ + short, batch_size=None)  # pre-batched: 4 batches of seq 16, then seq 8
+
+
+def test_auto_mfu_recounts_when_the_batch_shape_changes(tmp_path: Path) -> None:
+    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, save_json=False, start_step=1, every_n_steps=100)
+    model = TinyLM()
+    model.train_dataloader = lambda: _shape_loader(4, 6)  # type: ignore[method-assign]
+    _fit(tmp_path, [cb], max_steps=10, model=model)
+    assert [(h["step"], h["reason"]) for h in cb.history] == [(1, "schedule"), (5, "recount")]
+    assert len(cb._flops) == 2
+    f_long, f_short = sorted(cb._flops.values(), reverse=True)
+    assert f_short < f_long
+
+
+class _LinearLM(pl.LightningModule):
+    """A few ops per step: the cheapest model a Trainer can profile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.fc(batch[0]).square().mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self) -> Any:
+        return DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 8)), batch_size=2)
+
+
+def test_memory_stays_flat_over_many_profiles(tmp_path: Path) -> None:
+    import gc
+
+    from tscope_callbacks.records import OpRecord
+
+    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, save_json=False, history=8, start_step=0, every_n_steps=1)
+    _fit(tmp_path, [cb], max_steps=50, model=_LinearLM())
+    assert cb.schedules["train"].taken == 50 and len(cb.history) == 8
+    gc.collect()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        live = sum(isinstance(o, OpRecord) for o in gc.get_objects())
+    assert 0 < len(cb.last_profile.ops) <= live <= 2 * len(cb.last_profile.ops), live  # one profile, not fifty
+
+
+def test_invalid_arguments() -> None:
+    with pytest.raises(ValueError, match="every_n_steps"):
+        ts.RooflineCallback(every_n_steps=0)
+    with pytest.raises(TypeError, match="gpu"):
+        ts.RooflineCallback(gpu=3)
+    with pytest.raises(ValueError, match="top"):
+        ts.RooflineCallback(top=0)
+    with pytest.raises(TypeError, match="plot"):
+        ts.RooflineCallback(plot="yes")
+    with pytest.raises(ValueError, match="stage"):
+        ts.RooflineCallback(stages=["eval"])
+    with pytest.raises(ValueError, match="precision|fp"):
+        ts.RooflineCallback(precision="fp7")
+    with pytest.raises(TypeError):
+        ts.RooflineCallback("auto", None, 20)  # type: ignore[misc]  # schedule/top are keyword-only
+
+
+def test_validation_stage_profiles_forward_only(tmp_path: Path) -> None:
+    class ValLM(TinyLM):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("val_loss", self.compute_loss(batch))
+
+        def val_dataloader(self) -> Any:
+            return token_dataloader(TINY_CFG, n_batches=3)
+
+    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, stages=("validation",), start_step=1, every_n_steps=10)
+    _fit(tmp_path, [LeakCheck(), cb], max_steps=4, model=ValLM(), val_check_interval=2, limit_val_batches=3)
+    assert [(h["stage"], h["step"]) for h in cb.history] == [("validation", 1), ("validation", 1)]
+    assert {r.phase for r in cb.last_profile.ops} == {"forward"}
+    assert (tmp_path / "tscope" / "validation_step_1.json").exists()
+    assert cb._flops == {}  # eval profiles do not feed the training MFU

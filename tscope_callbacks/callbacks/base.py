@@ -1,0 +1,400 @@
+"""The shared machinery of the profiling callbacks: schedule, one capture session per step, cleanup, errors.
+
+Hook order (Lightning 2.x, automatic optimization): ``on_train_batch_start`` -> optimizer step with closure
+(training_step, ``on_before_zero_grad``, backward) -> ``on_before_optimizer_step`` -> ``optimizer.step`` ->
+``on_train_batch_end``. With ``accumulate_grad_batches=k`` the first k-1 micro-batches skip the optimizer step.
+
+So a profiled training step starts at ``on_train_batch_start`` of the first micro-batch whose ``global_step`` is
+due, marks phase ``"optimizer"`` from ``on_before_optimizer_step`` until the optimizer's step post-hook, and stops at
+``on_train_batch_end`` once the optimizer stepped (``global_step`` moved) -- forward, backward and optimizer step of
+every micro-batch of the window. Manual optimization: the whole ``training_step`` is the region.
+
+Several tscope callbacks due at the same step share one capture (only one dispatch mode can run): the first one
+whose hook runs starts it with the union of the options and hands the result to each of them.
+Off-schedule steps install nothing; the hot path is one integer comparison.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from tscope_callbacks.callbacks.schedule import NEVER, Schedule, normalize_stages
+from tscope_callbacks.records import StepProfile
+from tscope_callbacks.sinks import SinkGroup, build_sinks
+
+__all__ = ["ProfilingCallback", "ProfileContext"]
+
+log = logging.getLogger("tscope_callbacks")
+
+
+@dataclass
+class ProfileContext:
+    """What a callback gets with each profiled step's records."""
+
+    stage: str  #: "train" | "validation" | "test" | "predict"
+    step: int  #: optimizer step (train) or batch index (other stages)
+    global_step: int  #: ``trainer.global_step`` when the profile started
+    epoch: int
+    step_times_s: list[float]  #: wall time of the profiled region on each rank (one entry per rank)
+    world_size: int
+    is_global_zero: bool
+    selection_applied: bool  #: True when the capture already used this callback's ``paths``/``depth``
+    batch_signature: tuple = ()
+    micro_batches: int = 1
+    reason: str = "schedule"  #: "schedule" | "recount" (batch shapes changed)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def batch_signature(batch: Any, _depth: int = 0) -> tuple:
+    """A cheap, hashable signature of the tensor shapes (and dtypes) in a batch (tensors, tuples, lists, dicts)."""
+    if isinstance(batch, torch.Tensor):
+        return (tuple(batch.shape), batch.dtype)
+    if _depth > 3:
+        return ()
+    if isinstance(batch, (list, tuple)):
+        return tuple(batch_signature(b, _depth + 1) for b in batch[:16])
+    if isinstance(batch, dict):
+        return tuple((k, batch_signature(v, _depth + 1)) for k, v in list(batch.items())[:16])
+    return ()
+
+
+class _Session:
+    """One capture shared by the callbacks due at the same step."""
+
+    def __init__(self, trainer: pl.Trainer, stage: str, step: int, members: list[ProfilingCallback],
+                 profile: Any, selection_applied: bool, signature: tuple) -> None:
+        self.trainer, self.stage, self.step, self.members = trainer, stage, step, members
+        self.profile = profile
+        self.selection_applied = selection_applied
+        self.signature = signature
+        self.global_step = trainer.global_step
+        self.epoch = trainer.current_epoch
+        self.micro_batches = 0
+        self.reason = "schedule"
+        self.scheduled = True  #: some member's schedule made this step due (the same on every rank)
+        self._handles: list[Any] = []
+        if profile is not None and stage == "train":
+            for opt in trainer.optimizers:
+                if hasattr(opt, "register_step_post_hook"):
+                    self._handles.append(opt.register_step_post_hook(self._after_optimizer_step))
+
+    def _after_optimizer_step(self, *_: Any) -> None:
+        if self.profile is not None:
+            self.profile.set_phase(None)
+
+    def mark_optimizer(self) -> None:
+        if self.profile is not None:
+            self.profile.set_phase("optimizer")
+
+    def stop(self) -> StepProfile | None:
+        """Stop capturing and remove every hook (idempotent)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self.profile is None:
+            return None
+        prof, self.profile = self.profile, None
+        return prof.stop()
+
+
+_SESSION: _Session | None = None
+
+
+def _abort_session() -> None:
+    global _SESSION
+    s, _SESSION = _SESSION, None
+    if s is not None:
+        try:
+            s.stop()
+        except Exception as e:  # pragma: no cover - stop() removes hooks in a finally
+            log.warning("tscope: error while stopping a profile: %s", e)
+
+
+class ProfilingCallback(Callback):
+    """Base of the tscope profiling callbacks: schedule, shared capture, sinks, cleanup and error policy.
+
+    Args (keyword-only):
+        every_n_steps: profile every N optimizer steps (steps that are multiples of N); None: only ``start_step``.
+        start_step: first step that may be profiled (skips warm-up).
+        max_profiles: at most this many profiles per stage (None = unlimited).
+        profile_first: also profile ``start_step`` itself.
+        stages: which stages to profile: ``"train"`` (forward+backward+optimizer per optimizer step) and opt-in
+            ``"validation"``, ``"test"``, ``"predict"`` (forward only, by batch index within the epoch).
+        raise_errors: let exceptions raised by tscope's own code propagate (default: warn once, keep training).
+    """
+
+    def __init__(self, *, every_n_steps: int | None = 500, start_step: int = 10, max_profiles: int | None = None,
+                 profile_first: bool = True, stages: str | Sequence[str] = ("train",),
+                 raise_errors: bool = False) -> None:
+        super().__init__()
+        if not isinstance(raise_errors, bool):
+            raise TypeError(f"raise_errors must be a bool, got {type(raise_errors).__name__}")
+        self.stages = normalize_stages(stages)
+        self.raise_errors = raise_errors
+        self.schedules = {s: Schedule(every_n_steps, start_step, max_profiles, profile_first) for s in self.stages}
+        self._next_train = self.schedules["train"].next_due(0) if "train" in self.schedules else NEVER
+        self._next_eval: dict[str, int] = {}
+        self._sinks: SinkGroup | None = None
+        self._warned = False
+
+    # ------------------------------------------------------------------ subclass API
+    def _capture_options(self) -> dict[str, Any]:
+        """Options for ``ts.profile``: layer_details, check_finite, paths, depth."""
+        return {"layer_details": False, "check_finite": False, "paths": None, "depth": None}
+
+    def _on_profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
+                    ctx: ProfileContext) -> None:
+        """Handle one profiled step's records (all ranks; write only when ``ctx.is_global_zero``)."""
+
+    def _due(self, stage: str, step: int) -> bool:
+        sched = self.schedules.get(stage)
+        return sched is not None and sched.is_due(step, ignore_last=stage != "train")
+
+    def _wants(self, stage: str, step: int) -> bool:
+        """Join a capture at ``step`` although the schedule does not make it due (e.g. a FLOP recount)."""
+        return False
+
+    def _claim(self, stage: str, step: int) -> None:
+        sched = self.schedules[stage]
+        sched.mark(step)
+        if stage == "train":
+            self._next_train = sched.next_due(step + 1)
+        else:
+            self._next_eval[stage] = sched.next_due(step + 1, ignore_last=True)
+
+    # ------------------------------------------------------------------ helpers
+    def _warn_once(self, what: str, e: BaseException) -> None:
+        if self.raise_errors:
+            raise e
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"tscope {type(self).__name__}: {what} failed ({type(e).__name__}: {e}); training "
+                          "continues, further errors of this callback are not reported", RuntimeWarning, stacklevel=3)
+
+    def sinks(self, trainer: pl.Trainer) -> SinkGroup | None:
+        """The sinks for ``trainer.loggers`` (rank zero only; None on other ranks)."""
+        if not trainer.is_global_zero:
+            return None
+        if self._sinks is None:
+            self._sinks = build_sinks(trainer, raise_errors=self.raise_errors)
+        return self._sinks
+
+    # ------------------------------------------------------------------ session control
+    def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str, step: int, batch: Any,
+               reason: str = "schedule") -> None:
+        global _SESSION
+        if _SESSION is not None:
+            if _SESSION.trainer is trainer:
+                return  # another stage's capture is running (e.g. validation inside an accumulation window)
+            _abort_session()  # stale, from another trainer
+        members = [cb for cb in trainer.callbacks if isinstance(cb, ProfilingCallback) and cb is not self
+                   and (cb._due(stage, step) or cb._wants(stage, step))]
+        members.insert(0, self)
+        scheduled = False
+        for m in members:
+            if m._due(stage, step):
+                m._claim(stage, step)
+                scheduled = True
+        opts = [m._capture_options() for m in members]
+        sel = {(repr(o.get("paths")), o.get("depth")) for o in opts}
+        selection_applied = len(sel) == 1
+        first = opts[0]
+        kwargs = {
+            "layer_details": any(o.get("layer_details") for o in opts),
+            "check_finite": any(o.get("check_finite") for o in opts),
+            "paths": first.get("paths") if selection_applied else None,
+            "depth": first.get("depth") if selection_applied else None,
+        }
+        prof = None
+        try:
+            from tscope_callbacks.capture import profile
+
+            prof = profile(pl_module, **kwargs)
+            prof.start()
+        except Exception as e:
+            prof = None
+            self._warn_once(f"starting the profile of {stage} step {step}", e)
+        sig = batch_signature(batch) if stage == "train" else ()
+        _SESSION = _Session(trainer, stage, step, members, prof, selection_applied, sig)
+        _SESSION.reason = reason
+        _SESSION.scheduled = scheduled
+
+    def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Stop the running capture, gather per-rank times (all ranks, same steps), hand out the records."""
+        global _SESSION
+        s, _SESSION = _SESSION, None
+        if s is None:
+            return
+        result: StepProfile | None = None
+        try:
+            result = s.stop()
+        except Exception as e:
+            self._warn_once("stopping the profile", e)
+        wall = float(result.wall_time_s or 0.0) if result is not None else 0.0
+        # all ranks reach here at the same steps when the schedule (deterministic in the step) made it due; a
+        # recount (local batch shapes) may happen on one rank only, so it never joins a collective
+        times = self._gather_times(trainer, wall) if s.scheduled else [wall]
+        if result is None:
+            return
+        ctx = ProfileContext(stage=s.stage, step=s.step, global_step=s.global_step, epoch=s.epoch,
+                             step_times_s=times, world_size=trainer.world_size,
+                             is_global_zero=trainer.is_global_zero, selection_applied=s.selection_applied,
+                             batch_signature=s.signature, micro_batches=max(s.micro_batches, 1), reason=s.reason)
+        result.meta.update(step=s.step, stage=s.stage, global_step=s.global_step, epoch=s.epoch,
+                           micro_batches=ctx.micro_batches, rank_step_times_s=times, reason=s.reason)
+        for m in s.members:
+            try:
+                m._on_profile(trainer, pl_module, result, ctx)
+            except Exception as e:
+                m._warn_once(f"handling the profile of {s.stage} step {s.step}", e)
+
+    def _gather_times(self, trainer: pl.Trainer, wall: float) -> list[float]:
+        if trainer.world_size <= 1:
+            return [wall]
+        try:
+            t = torch.tensor([wall], dtype=torch.float32, device=trainer.strategy.root_device)
+            g = trainer.strategy.all_gather(t)
+            return [float(v) for v in g.reshape(-1).tolist()]
+        except Exception as e:
+            self._warn_once("gathering step times across ranks", e)
+            return [wall]
+
+    # ------------------------------------------------------------------ training hooks
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if trainer.global_step < self._next_train:
+            return
+        self._train_due(trainer, pl_module, batch)
+
+    def _train_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
+        step = trainer.global_step
+        sched = self.schedules["train"]
+        if not sched.is_due(step):
+            self._next_train = sched.next_due(step)  # resumed past a due step, or already profiled
+            return
+        self._start(trainer, pl_module, "train", step, batch)
+
+    @override
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        s = _SESSION
+        if s is not None and s.stage == "train":
+            s.mark_optimizer()
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        s = _SESSION
+        if s is None or s.stage != "train" or s.trainer is not trainer:
+            return
+        s.micro_batches += 1
+        if (pl_module.automatic_optimization and trainer.global_step == s.global_step
+                and s.micro_batches < trainer.accumulate_grad_batches):
+            return  # still inside the accumulation window
+        self._finish(trainer, pl_module)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        s = _SESSION
+        if s is not None and s.stage == "train" and s.trainer is trainer:
+            self._finish(trainer, pl_module)
+
+    # ------------------------------------------------------------------ eval stages (forward only, by batch index)
+    def _eval_epoch_start(self, stage: str) -> None:
+        sched = self.schedules.get(stage)
+        self._next_eval[stage] = sched.next_due(0, ignore_last=True) if sched is not None else NEVER
+
+    def _eval_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str, batch: Any,
+                          batch_idx: int) -> None:
+        if batch_idx < self._next_eval.get(stage, NEVER) or trainer.sanity_checking:
+            return
+        if self._due(stage, batch_idx):
+            self._start(trainer, pl_module, stage, batch_idx, batch)
+        else:
+            self._next_eval[stage] = self.schedules[stage].next_due(batch_idx + 1, ignore_last=True)
+
+    def _eval_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str, batch_idx: int) -> None:
+        s = _SESSION
+        if s is not None and s.stage == stage and s.step == batch_idx and s.trainer is trainer:
+            s.micro_batches += 1
+            self._finish(trainer, pl_module)
+
+    @override
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_epoch_start("validation")
+
+    @override
+    def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                                  batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_batch_start(trainer, pl_module, "validation", batch, batch_idx)
+
+    @override
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_batch_end(trainer, pl_module, "validation", batch_idx)
+
+    @override
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_epoch_start("test")
+
+    @override
+    def on_test_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int,
+                            dataloader_idx: int = 0) -> None:
+        self._eval_batch_start(trainer, pl_module, "test", batch, batch_idx)
+
+    @override
+    def on_test_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                          batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_batch_end(trainer, pl_module, "test", batch_idx)
+
+    @override
+    def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_epoch_start("predict")
+
+    @override
+    def on_predict_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                               batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_batch_start(trainer, pl_module, "predict", batch, batch_idx)
+
+    @override
+    def on_predict_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                             batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_batch_end(trainer, pl_module, "predict", batch_idx)
+
+    # ------------------------------------------------------------------ cleanup
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        _abort_session()
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        _abort_session()
+        self._sinks = None
+
+    # ------------------------------------------------------------------ checkpointing
+    @property
+    @override
+    def state_key(self) -> str:
+        s = next(iter(self.schedules.values()))
+        return self._generate_state_key(stages=self.stages, every_n_steps=s.every_n_steps, start_step=s.start_step)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"schedules": {k: v.state_dict() for k, v in self.schedules.items()}}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for k, v in (state_dict.get("schedules") or {}).items():
+            if k in self.schedules:
+                self.schedules[k].load_state_dict(v)
+        if "train" in self.schedules:
+            self._next_train = self.schedules["train"].next_due(0)

@@ -1,0 +1,125 @@
+"""``LayerProfilerCallback``: per-layer latency, memory, shapes and gradient shapes of scheduled steps."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+from typing_extensions import override
+
+from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
+from tscope_callbacks.layer_table import (
+    inspector_gadgets_json,
+    layer_rows,
+    render_tree_table,
+    select_layers,
+    top_layers,
+)
+from tscope_callbacks.records import LayerRecord, StepProfile
+
+__all__ = ["LayerProfilerCallback"]
+
+log = logging.getLogger("tscope_callbacks")
+
+_PREFIX = "tscope/layers/"
+
+
+class LayerProfilerCallback(ProfilingCallback):
+    """What each layer does in a profiled step (InspectorGadgets/torchprof, forward *and* backward, no host timers
+    around asynchronous work): input/output and gradient shapes, parameter/gradient counts and bytes, output memory,
+    allocator growth forward/backward, latency forward/backward (inclusive and self), FLOPs, calls and non-finite
+    flags.
+
+    Args:
+        paths: module paths or fnmatch globs to report (others are aggregated into their nearest reported
+            ancestor); None: all modules (up to ``depth``).
+        depth: report modules at most this many path segments deep (``model.blocks.0`` is depth 3); None: all.
+        top_k: per-layer scalars are logged for the ``top_k`` layers with the largest self time.
+        check_finite: flag non-finite outputs and gradients per layer.
+        save_json: write the InspectorGadgets-format JSON per profiled step.
+        verbose: ``print`` the table on rank zero (otherwise it goes to the ``tscope_callbacks`` logger at INFO).
+        every_n_steps, start_step, max_profiles, profile_first, stages, raise_errors: see
+            :class:`~tscope_callbacks.callbacks.base.ProfilingCallback`.
+
+    Keys written (stage ``train``; other stages use ``tscope/layers/<stage>/...``):
+
+    - text ``tscope/layers/table``: the torchprof-style tree table (Module | Self fwd | fwd total | Self bwd |
+      bwd total | GFLOPs fwd | GFLOPs bwd | output MB | mem fwd MB | mem bwd MB | calls);
+    - scalars ``tscope/layers/<path>/forward_ms``, ``tscope/layers/<path>/backward_ms`` (inclusive op time) and
+      ``tscope/layers/<path>/output_mb`` for the ``top_k`` layers by self time;
+    - table ``tscope/layers/rows`` (one row per layer; a ``wandb.Table`` on W&B, a CSV file with CSVLogger);
+    - file ``<log_dir>/tscope/layers_step_<N>.json`` (other stages: ``layers_<stage>_step_<N>.json``) in the
+      InspectorGadgets nested format ``{<model class>: {"info": {...}, "children": {...}}}`` (MB, ms).
+
+    Attributes: ``last_layers`` (the reported ``dict[str, LayerRecord]`` of the last profiled step),
+    ``last_table`` (its rendered table).
+    """
+
+    def __init__(self, paths: str | Sequence[str] | None = None, depth: int | None = None, *, top_k: int = 10,
+                 check_finite: bool = True, save_json: bool = True, verbose: bool = False,
+                 every_n_steps: int | None = 500, start_step: int = 10, max_profiles: int | None = None,
+                 profile_first: bool = True, stages: str | list[str] | tuple[str, ...] = ("train",),
+                 raise_errors: bool = False) -> None:
+        super().__init__(every_n_steps=every_n_steps, start_step=start_step, max_profiles=max_profiles,
+                         profile_first=profile_first, stages=stages, raise_errors=raise_errors)
+        if isinstance(paths, str):
+            paths = [paths]
+        if paths is not None:
+            paths = list(paths)
+            if not paths or not all(isinstance(p, str) for p in paths):
+                raise TypeError(f"paths must be None, a module path/glob or a non-empty list of them, got {paths!r}")
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
+            raise ValueError(f"depth must be None or an int >= 0 (path segments), got {depth!r}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0, got {top_k!r}")
+        for name, val in (("check_finite", check_finite), ("save_json", save_json), ("verbose", verbose)):
+            if not isinstance(val, bool):
+                raise TypeError(f"{name} must be a bool, got {type(val).__name__}")
+        self.paths, self.depth, self.top_k = paths, depth, top_k
+        self.check_finite, self.save_json, self.verbose = check_finite, save_json, verbose
+        self.last_layers: dict[str, LayerRecord] | None = None
+        self.last_table: str | None = None
+
+    @override
+    def _capture_options(self) -> dict[str, Any]:
+        # Captured at full module detail; ``paths``/``depth`` are applied afterwards by ``select_layers`` (the same
+        # rule as ``ts.profile(paths=, depth=)``, identical totals), so ``calls`` stays each module's own count and
+        # a RooflineCallback due at the same step shares the capture.
+        return {"layer_details": True, "check_finite": self.check_finite, "paths": None, "depth": None}
+
+    @override
+    def _on_profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
+                    ctx: ProfileContext) -> None:
+        layers = select_layers(result.layers, self.paths, self.depth)
+        model_name = type(pl_module).__name__
+        title = f"tscope layers -- {ctx.stage} step {ctx.step}"
+        if ctx.world_size > 1:
+            t = ctx.step_times_s
+            title += f" (profiled step time across ranks: min {min(t) * 1e3:.2f} ms, max {max(t) * 1e3:.2f} ms)"
+        table = render_tree_table(layers, root_name=model_name, title=title)
+        self.last_layers, self.last_table = layers, table
+        if not ctx.is_global_zero:
+            return
+        if self.verbose:
+            print(table)
+        else:
+            log.info("%s", table)
+        sinks = self.sinks(trainer)
+        if sinks is None:
+            return
+        prefix = _PREFIX if ctx.stage == "train" else f"{_PREFIX}{ctx.stage}/"
+        log_step = ctx.step if ctx.stage == "train" else trainer.global_step
+        # markdown: a code block keeps the tree drawing aligned in TensorBoard/W&B
+        sinks.log_text(prefix + "table", "```\n" + table + "\n```", log_step)
+        scalars: dict[str, float] = {}
+        for L in top_layers(layers, self.top_k):
+            scalars[f"{prefix}{L.path}/forward_ms"] = L.forward_s * 1e3
+            scalars[f"{prefix}{L.path}/backward_ms"] = L.backward_s * 1e3
+            scalars[f"{prefix}{L.path}/output_mb"] = L.output_bytes / 1e6
+        sinks.log_scalars(scalars, log_step)
+        sinks.log_table(prefix + "rows", layer_rows(layers), log_step)
+        if self.save_json:
+            name = f"layers_step_{ctx.step}.json" if ctx.stage == "train" else f"layers_{ctx.stage}_step_{ctx.step}.json"
+            sinks.write_json(name, inspector_gadgets_json(layers, model_name))
