@@ -158,7 +158,7 @@ def header_lines(report: Any) -> list[str]:
     lines = [f"## Roofline — {title}", "",
              f"- **Roofs**: {roof}; \"% of roof\" = estimate / measured on the {s['roof']} roof; "
              f"bandwidth {s['bandwidth'] / 1e9:.4g} GB/s",
-             "- **Roofs used**: " + "; ".join(_roof_line(r) for r in roofs_used(report)[:4]),
+             "- **Roofs used**: " + ("; ".join(_roof_line(r) for r in roofs_used(report)[:4]) or "none (no ops)"),
              f"- **Precision**: {s['dominant_precision']} dominant; MFU against the {s['mfu_precision']} matrix roof "
              f"({s['mfu_peak_flops'] / 1e12:.4g} TFLOP/s); float32 matmul precision "
              f"{s['float32_matmul_precision'] or 'highest'}"]
@@ -171,12 +171,13 @@ def header_lines(report: Any) -> list[str]:
                   f"- **MFU** {_p(s['mfu'])} · **MBU** {_p(s['mbu'])} · {_f(s['achieved_tflops'], '.4g')} TFLOP/s · "
                   f"{_f(s['achieved_gbps'], '.4g')} GB/s achieved"]
     else:
-        lines += [f"- **Step**: not timed; {est} (Tensorscope-style estimate: sum of per-op roofs); "
-                  f"MFU at the estimate {_p(s['estimated_mfu'])}"]
-    lines += [f"- **Time** ({s['time_basis']}): {_p(s['compute_bound_time_frac'])} compute-bound · "
-              f"{_p(s['memory_bound_time_frac'])} memory-bound · {_p(s['uncounted_time_frac'])} uncounted · "
-              f"{_p(s['overhead_time_frac'])} overhead",
-              f"- **Totals**: {_n(s['total_flops'] / 1e9)} GFLOP, {_n(s['total_bytes'] / 1e6)} MB, {s['n_ops']} ops; "
+        lines += [f"- **Step**: not timed; {est} (Tensorscope-style estimate: sum of per-op roofs)"
+                  + (f"; MFU at the estimate {_p(s['estimated_mfu'])}" if s["estimated_mfu"] is not None else "")]
+    if s["compute_bound_time_frac"] is not None:
+        lines += [f"- **Time** ({s['time_basis']}): {_p(s['compute_bound_time_frac'])} compute-bound · "
+                  f"{_p(s['memory_bound_time_frac'])} memory-bound · {_p(s['uncounted_time_frac'])} uncounted · "
+                  f"{_p(s['overhead_time_frac'])} overhead"]
+    lines += [f"- **Totals**: {_n(s['total_flops'] / 1e9)} GFLOP, {_n(s['total_bytes'] / 1e6)} MB, {s['n_ops']} ops; "
               f"FLOP coverage {_p(s['flop_coverage'])}"
               + (" (no formula: " + ", ".join(f"{k} ×{v}" for k, v in list(s["uncounted_ops"].items())[:5]) + ")"
                  if s["uncounted_ops"] else "")]
