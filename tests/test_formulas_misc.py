@@ -239,3 +239,33 @@ def test_view_ops_are_known_zero():
                          x.new_empty((2,))))
     assert rec and all(c.category == "view" and c.flops == c.bytes_read == c.bytes_written == 0 and c.counted
                        for _, c in rec), [(n, c.category) for n, c in rec if c.category != "view"]
+
+
+# ---------------- recurrent, sorting, gated ----------------
+@pytest.mark.filterwarnings("ignore:TF32 acceleration")
+def test_lstm_and_gru_fused_cpu_kernels():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16, requires_grad=True)  # 10 tokens
+    lstm = nn.LSTM(16, 8, batch_first=True)
+    rec = count(lambda: lstm(x)[0].sum().backward())
+    f, b = one(rec, "aten.mkldnn_rnn_layer"), one(rec, "aten.mkldnn_rnn_layer_backward")
+    # GEMMs 2 * 10 tokens * (w_ih 32x16 + w_hh 32x8 = 768) = 15360; gates 10 * 8 units * 19 = 1520
+    assert (f.flops, b.flops) == (16880, 2 * 16880)
+    with torch.backends.mkldnn.flags(enabled=False):  # the decomposed path does the same GEMMs
+        dec = count(lambda: lstm(x))
+    assert total_flops(dec, "matmul") == 15360
+    # a GRU layer (on CPU the GRU is decomposed; the fused formula by shape): w_ih 24x16, w_hh 24x8
+    f = DEFAULT_REGISTRY.lookup(aten.mkldnn_rnn_layer.default).flops
+    S = torch.Size
+    gru = f(S([2, 5, 16]), S([24, 16]), S([24, 8]), S([24]), S([24]), S([2, 8]), S([2, 8]), False, [], 3, 8, 1,
+            True, False, True, False, out=None)
+    assert gru == 2 * 10 * 576 + 10 * 8 * 16  # GEMMs 11520 + gates 1280
+
+
+def test_sort_topk_median_glu():
+    x = torch.randn(4, 16)
+    rec = count(lambda: (x.sort(-1), x.topk(3, -1), x.median(), torch.nn.functional.glu(x, -1)))
+    assert one(rec, "aten.sort").flops == 64 * 4  # ceil(log2 16) = 4 comparisons per element
+    assert one(rec, "aten.topk").flops == 64 * 2  # ceil(log2(3 + 1)) = 2
+    assert one(rec, "aten.median").flops == 64
+    assert one(rec, "aten.glu").flops == 4 * 32  # a * sigmoid(b) per output element (4x8)

@@ -128,3 +128,45 @@ def test_training_step_of_a_small_model_is_fully_counted():
     rec = count(step)
     assert [n for n, c in rec if not c.counted] == []
     assert formulas.OpCount.__slots__  # slots dataclass
+
+
+def test_inference_mode_composites_match_the_decomposed_counts():
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+            self.bn = torch.nn.BatchNorm2d(4)
+            self.gn = torch.nn.GroupNorm(2, 4)
+            self.ln = torch.nn.LayerNorm(16)
+            self.drop = torch.nn.Dropout(0.1)
+
+        def forward(self, x, y):
+            h = self.gn(self.bn(self.conv(x))).flatten(2)  # (2, 4, 16)
+            h = self.drop(self.ln(h)).reshape(2, 4, 2, 8).transpose(1, 2).contiguous()
+            a = torch.nn.functional.scaled_dot_product_attention(h, h, h, is_causal=True)
+            return torch.nn.functional.cross_entropy(a.softmax(-1).flatten(1), y)
+
+    net = Net().eval()
+    x, y = torch.randn(2, 3, 4, 4), torch.tensor([1, 5])
+    with torch.inference_mode():
+        inf = count(lambda: net(x, y))
+    with torch.no_grad():
+        ng = count(lambda: net(x, y))
+    names = {n for n, _ in inf}
+    assert {"aten.conv2d", "aten.layer_norm", "aten.scaled_dot_product_attention", "aten.cross_entropy_loss"} <= names
+    assert all(c.counted for _, c in inf)
+    by_cat = {}
+    for recs, key in ((inf, "inf"), (ng, "ng")):
+        for _, c in recs:
+            if c.category != "memory":
+                by_cat[(key, c.category)] = by_cat.get((key, c.category), 0) + c.flops
+    for cat in ("conv", "norm", "attention"):
+        assert by_cat[("inf", cat)] == by_cat[("ng", cat)], cat
+    # cross_entropy_loss (category loss) = the decomposed _log_softmax (softmax) + nll_loss_forward (loss)
+    assert sum(c.flops for _, c in inf) == sum(c.flops for _, c in ng)
+    # eval dropout returns its input: no bytes; contiguous of a transposed view copies it (read + write 512 B)
+    assert one(inf, "aten.dropout").bytes_read == 0
+    cont = one(inf, "aten.contiguous")
+    assert (cont.bytes_read, cont.bytes_written) == (512, 512)

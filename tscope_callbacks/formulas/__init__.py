@@ -14,6 +14,7 @@ from tscope_callbacks.formulas import (  # noqa: F401  (imported for their regis
     pointwise,
     pooling,
     reductions,
+    rnn,
     views,
 )
 from tscope_callbacks.formulas.apply import OpCount, clear_formula_errors, count_op, formula_errors

@@ -130,7 +130,8 @@ reg(["_to_copy", "clone", "cat", "stack", "hstack", "vstack", "constant_pad_nd",
      "tensor", "_pin_memory", "reflection_pad1d", "reflection_pad2d", "reflection_pad3d", "replication_pad1d",
      "replication_pad2d", "replication_pad3d", "im2col", "native_channel_shuffle", "channel_shuffle",
      "pixel_shuffle", "pixel_unshuffle", "_unique2", "unique_dim", "unique_consecutive", "bucketize", "searchsorted",
-     "one_hot", "_copy_from", "_copy_from_and_resize"], "memory")
+     "one_hot", "_copy_from", "_copy_from_and_resize", "select_backward", "slice_backward",
+     "diagonal_backward", "as_strided_backward", "_unsafe_masked_index", "_unsafe_masked_index_put_accumulate"], "memory")
 reg(["copy_", "copy"], "memory", None, bytes=copy_bytes)
 reg(["fill_", "zero_", "fill", "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full"],
     "memory", None, bytes=write_only_bytes)
@@ -148,4 +149,4 @@ reg(["masked_fill_"], "memory", None, bytes=_masked_fill_inplace_bytes)
 # backward of pads/gathers: scatter-accumulate one FLOP per grad element
 reg(["reflection_pad1d_backward", "reflection_pad2d_backward", "reflection_pad3d_backward",
      "replication_pad1d_backward", "replication_pad2d_backward", "replication_pad3d_backward", "col2im",
-     "index_select_backward", "gather_backward", "masked_scatter_backward"], "memory", _grad_accumulate_flops)
+     "index_select_backward", "gather_backward", "masked_scatter_backward", "unfold_backward"], "memory", _grad_accumulate_flops)

@@ -15,7 +15,7 @@ definition writes as one scaled accumulate (addcmul, addcdiv) counts 2.
     3     lerp (a + w*(b - a)); sigmoid (exp, add, div); sigmoid_backward g*y*(1-y); tanh_backward g*(1-y^2);
           elu celu logit hardsigmoid hardswish_backward elu_backward _prelu_kernel_backward
     4     silu (sigmoid + mul); selu; hardswish (x * hardsigmoid); softplus (mul, exp, log1p, div); mish;
-          log_sigmoid_forward
+          log_sigmoid_forward; glu (a * sigmoid(b), per output) and glu_backward (per grad_input element)
     5     gelu (approximate='none': x * 0.5 * (1 + erf(x / sqrt 2))); softplus_backward; log_sigmoid_backward
     8     silu_backward (sigmoid 3 + g*s*(1 + x*(1 - s)) 5)
     9     gelu (approximate='tanh': 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))))
@@ -53,7 +53,7 @@ for _names, _cost in [
      "_prelu_kernel hypot", 2),
     ("lerp sigmoid sigmoid_backward tanh_backward elu celu logit hardsigmoid hardswish_backward elu_backward "
      "_prelu_kernel_backward", 3),
-    ("silu selu hardswish softplus mish log_sigmoid_forward", 4),
+    ("silu selu hardswish softplus mish log_sigmoid_forward glu glu_backward", 4),
     ("softplus_backward log_sigmoid_backward", 5),
     ("silu_backward", 8),
     ("mish_backward", 10),

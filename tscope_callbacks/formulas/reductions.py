@@ -13,11 +13,16 @@
     _softmax _log_softmax _safe_softmax                      5           0   (max, sub, exp, sum, div|log-sub)
     _softmax_backward_data                                   4           0   (g*y, row-sum, sub, mul)
     _log_softmax_backward_data                               4           0   (row-sum g, exp y, mul, sub)
+    sort argsort msort                                       ceil(log2 s)   (comparisons; s = size along dim)
+    topk                                                     ceil(log2(k + 1))   (a k-heap per slice)
+    median nanmedian kthvalue mode                           1           0   (selection)
 
 The binary ``max.other``/``min.other`` overloads are pointwise (pointwise.py).
 """
 
 from __future__ import annotations
+
+from math import ceil, log2
 
 from tscope_callbacks.formulas.common import first_numel, out_numel, reg
 
@@ -46,3 +51,24 @@ for _names, _in, _out, _cat in [
     ("_softmax_backward_data _log_softmax_backward_data", 4, 0, "softmax"),
 ]:
     reg(_names.split(), _cat, reduction_flops(_in, _out))
+
+
+def _sort(x, dim=-1, *args, out=None, **kwargs) -> int:
+    dim = kwargs.get("dim", dim if isinstance(dim, int) and not isinstance(dim, bool) else -1)
+    size = x[dim] if len(x) else 1
+    return first_numel(x) * (ceil(log2(size)) if size > 1 else 0)
+
+
+def _msort(x, *args, out=None, **kwargs) -> int:
+    return _sort(x, 0)
+
+
+def _topk(x, k=1, *args, out=None, **kwargs) -> int:
+    return first_numel(x) * max(1, ceil(log2(k + 1)))
+
+
+reg(["sort.default", "sort.stable", "sort.values", "sort.values_stable", "argsort.default", "argsort.stable"],
+    "reduction", _sort)
+reg(["msort"], "reduction", _msort)
+reg(["topk"], "reduction", _topk)
+reg(["median", "nanmedian", "kthvalue", "mode"], "reduction", reduction_flops(1))

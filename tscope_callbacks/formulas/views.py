@@ -22,7 +22,7 @@ reg(
         # views (most are also caught by the alias fallback; listed so the table documents them)
         "view", "_unsafe_view", "_reshape_alias", "t", "transpose", "permute", "expand", "expand_as",
         "as_strided", "slice", "select", "unsqueeze", "squeeze", "detach", "alias", "split", "split_with_sizes",
-        "unbind", "chunk", "tensor_split", "narrow", "diagonal", "unfold", "movedim", "view_as_real",
+        "unbind", "chunk", "tensor_split", "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk", "narrow", "diagonal", "unfold", "movedim", "view_as_real",
         "view_as_complex", "_conj", "_neg_view", "real", "imag", "lift_fresh", "lift", "_nested_view_from_buffer",
         # in-place metadata changes
         "t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_", "detach_", "resize_", "resize_as_",
