@@ -65,6 +65,8 @@ def _record_error(func: Any, kind: str, e: BaseException) -> None:
         log.warning("tscope: %s formula for %s failed (%s); recorded as uncounted", kind, key[0], key[1])
 
 
+#: func -> (registry, registry version, formula, schema plan): one dict lookup per call on the hot path
+_HOT: dict[Any, tuple] = {}
 _DTYPE_STR: dict[Any, str] = {}
 
 
@@ -108,8 +110,12 @@ def count_op(
 ) -> OpCount:
     """FLOPs, ideal bytes, category, dtype and shapes of one op call (``func(*args, **kwargs) -> out``)."""
     kwargs = kwargs or {}
-    formula = registry.lookup(func)
-    plan = op_plan(func)
+    hot = _HOT.get(func)
+    version = getattr(registry, "_version", None)
+    if hot is None or hot[0] is not registry or hot[1] != version:
+        hot = _HOT[func] = (registry, version, registry.lookup(func), op_plan(func))
+    formula = hot[2]
+    plan = hot[3]
     flop_fn = formula.flops if formula is not None else None
     generic = not plan.view and (formula is None or (formula.bytes is None and not formula.zero_bytes))
 

@@ -39,12 +39,11 @@ _Tensor = torch.Tensor
 
 def tensor_bytes(t: torch.Tensor) -> int:
     """Ideal bytes of one tensor: storage elements it references times its element size."""
-    n = t.numel()
-    if n == 0:
-        return 0
     try:
         if t.is_contiguous():
-            return n * t.element_size()
+            return t.nbytes
+        if t.numel() == 0:
+            return 0
         distinct = 1
         span = 1
         for s, st in zip(t.shape, t.stride()):
@@ -53,7 +52,7 @@ def tensor_bytes(t: torch.Tensor) -> int:
                 span += (s - 1) * abs(st)
         return min(distinct, span) * t.element_size()
     except (RuntimeError, NotImplementedError):  # sparse / nested / opaque layouts: dense size
-        return n * t.element_size()
+        return t.numel() * t.element_size()
 
 
 def _extent(t: torch.Tensor) -> tuple[int, int]:

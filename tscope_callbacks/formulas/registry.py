@@ -56,6 +56,7 @@ class FormulaRegistry:
         self._table: dict[str, Formula] = {}
         self._fallbacks: list[Callable[[Any], Formula | None]] = []
         self._cache: dict[Any, Formula | None] = {}
+        self._version = 0  #: bumped on every change, so callers may cache lookups (see ``formulas.apply``)
 
     def register(
         self,
@@ -75,10 +76,12 @@ class FormulaRegistry:
                 )
             self._table[key] = formula
         self._cache.clear()
+        self._version += 1
 
     def add_fallback(self, fn: Callable[[Any], Formula | None]) -> None:
         self._fallbacks.append(fn)
         self._cache.clear()
+        self._version += 1
 
     def lookup(self, func: Any) -> Formula | None:
         """Formula for an ``OpOverload`` (cached), or None when the op has no formula."""
