@@ -16,23 +16,28 @@ _COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``tscope`` parser. Only the subcommand being run (``only``) is imported, so ``--help`` is instant."""
     p = argparse.ArgumentParser(prog="tscope", description="tscope_callbacks: roofline profiling for PyTorch training")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, (mod, help_) in _COMMANDS.items():
-        sp = sub.add_parser(name, help=help_, description=help_)
+        sp = sub.add_parser(name, help=help_, description=help_, add_help=name == only or only is None)
+        sp.set_defaults(_module=mod)
+        if only is not None and name != only:
+            continue
         try:
             importlib.import_module(mod).add_arguments(sp)
         except ModuleNotFoundError as e:  # a feature not built yet must not break the other commands
             if e.name != mod:
                 raise
             sp.set_defaults(_missing=mod)
-        sp.set_defaults(_module=mod)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    only = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(only if only in _COMMANDS else "")
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()

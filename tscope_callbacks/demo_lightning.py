@@ -1,0 +1,86 @@
+"""The demo's LightningModule, synthetic-token DataModule and NaN injector (also used by ``configs/demo.yaml``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tscope_callbacks.demo_model import GPTConfig, TinyGPT
+
+__all__ = ["DemoLM", "NaNInjector", "RandomTokenData"]
+
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class DemoLM(pl.LightningModule):
+    """TinyGPT as a LightningModule. Hyper-parameters are plain ints so LightningCLI can set them."""
+
+    def __init__(self, vocab_size: int = 512, seq_len: int = 64, d_model: int = 128, n_layer: int = 2,
+                 n_head: int = 4, lr: float = 3e-3) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.cfg = GPTConfig(vocab_size=vocab_size, seq_len=seq_len, d_model=d_model, n_layer=n_layer, n_head=n_head)
+        self.model = TinyGPT(self.cfg)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        logits = self(x)
+        self.log("val/loss", torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)))
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+
+
+class RandomTokenData(pl.LightningDataModule):
+    """Synthetic language-model data: a fixed random token stream with a learnable pattern (next = prev + 1)."""
+
+    def __init__(self, vocab_size: int = 512, seq_len: int = 64, batch_size: int = 16, num_samples: int = 4096,
+                 seed: int = 0) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def _dataset(self, n: int, seed: int) -> TensorDataset:
+        g = torch.Generator().manual_seed(seed)
+        start = torch.randint(0, self.hparams.vocab_size, (n, 1), generator=g)
+        seq = (start + torch.arange(self.hparams.seq_len + 1)) % self.hparams.vocab_size
+        noise = torch.rand(seq.shape, generator=g) < 0.1
+        seq = torch.where(noise, torch.randint(0, self.hparams.vocab_size, seq.shape, generator=g), seq)
+        return TensorDataset(seq[:, :-1].contiguous(), seq[:, 1:].contiguous())
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self._dataset(self.hparams.num_samples, self.hparams.seed),
+                          batch_size=self.hparams.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self._dataset(256, self.hparams.seed + 1), batch_size=self.hparams.batch_size)
+
+
+class NaNInjector(pl.Callback):
+    """Demo only: makes ``layer``'s forward output NaN at optimizer step ``step`` (to show the NaN guard)."""
+
+    def __init__(self, step: int, layer: str = "model.blocks.1.mlp.fc") -> None:
+        self.step, self.layer, self._h = step, layer, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and self._h is None:
+            mod = pl_module.get_submodule(self.layer)
+            self._h = mod.register_forward_hook(lambda m, i, o: o * float("nan"))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._h is not None:
+            self._h.remove()
+            self._h = None
+
+
