@@ -13,7 +13,7 @@ from tscope_callbacks.records import CATEGORIES
 
 aten = torch.ops.aten
 
-_lib = torch.library.Library("tscope_test", "DEF")
+_lib = torch.library.Library("tscope_formulas_test", "DEF")
 _lib.define("mystery(Tensor x) -> Tensor")
 _lib.impl("mystery", lambda x: x * 2, "CompositeExplicitAutograd")
 _lib.define("myview(Tensor(a) x) -> Tensor(a)")
@@ -59,7 +59,7 @@ def test_duplicate_registration_rejected():
 
 def test_unknown_custom_op_is_uncounted_but_bytes_are_computed():
     x = torch.randn(4, 8)
-    c = one(count(lambda: torch.ops.tscope_test.mystery(x)), "tscope_test.mystery")
+    c = one(count(lambda: torch.ops.tscope_formulas_test.mystery(x)), "tscope_formulas_test.mystery")
     # no formula: counted False, category other, 0 FLOPs; generic bytes: read x 128, write 128
     assert (c.counted, c.category, c.flops, c.bytes_read, c.bytes_written) == (False, "other", 0, 128, 128)
     assert c.dtype == "float32"
@@ -67,7 +67,7 @@ def test_unknown_custom_op_is_uncounted_but_bytes_are_computed():
 
 def test_custom_view_op_is_known_zero_by_alias_fallback():
     x = torch.randn(4, 8)
-    c = one(count(lambda: torch.ops.tscope_test.myview(x)), "tscope_test.myview")
+    c = one(count(lambda: torch.ops.tscope_formulas_test.myview(x)), "tscope_formulas_test.myview")
     assert (c.counted, c.category, c.flops, c.bytes_read, c.bytes_written) == (True, "view", 0, 0, 0)
 
 
@@ -100,16 +100,16 @@ def test_lookup_order_overload_packet_fallbacks():
     assert DEFAULT_REGISTRY.lookup(aten.max.dim).category == "reduction"  # packet
     assert DEFAULT_REGISTRY.lookup(aten.nextafter.default).category == "pointwise"  # tag fallback
     assert DEFAULT_REGISTRY.lookup(aten.diagonal.default).category == "view"
-    assert DEFAULT_REGISTRY.lookup(torch.ops.tscope_test.mystery.default) is None
+    assert DEFAULT_REGISTRY.lookup(torch.ops.tscope_formulas_test.mystery.default) is None
     assert DEFAULT_REGISTRY.lookup(torch.ops.profiler._record_function_exit._RecordFunction).category == "view"
 
 
 def test_copy_is_independent():
     reg = DEFAULT_REGISTRY.copy()
-    reg.register("tscope_test.mystery", Formula(category="pointwise", flops=lambda x, out=None: 99))
+    reg.register("tscope_formulas_test.mystery", Formula(category="pointwise", flops=lambda x, out=None: 99))
     x = torch.randn(3)
-    assert one(count(lambda: torch.ops.tscope_test.mystery(x), reg), "tscope_test.mystery").flops == 99
-    assert DEFAULT_REGISTRY.lookup(torch.ops.tscope_test.mystery.default) is None
+    assert one(count(lambda: torch.ops.tscope_formulas_test.mystery(x), reg), "tscope_formulas_test.mystery").flops == 99
+    assert DEFAULT_REGISTRY.lookup(torch.ops.tscope_formulas_test.mystery.default) is None
 
 
 def test_training_step_of_a_small_model_is_fully_counted():
