@@ -1,0 +1,395 @@
+"""Measured roofs: the CPU roof behind ``get_device_spec("auto")`` and ``calibrate()`` for CPU and CUDA/ROCm.
+
+CPU: best-of-N square matmuls per dtype (fp32, bf16, fp16, fp64; sizes grown adaptively inside a time budget,
+2.5 s by default) and a large tensor copy (read + write bytes). Results are cached per machine in
+``$TSCOPE_CACHE_DIR/cpu_roofs.json`` (default ``~/.cache/tscope``), keyed on CPU model, core count, torch threads and
+torch version; a corrupted cache is ignored and rewritten. A measurement taken while the machine was busy (1-minute
+load >= 1 per CPU) is returned with a warning but not cached.
+
+CUDA: square matmuls in bf16 / fp16 / fp32 with TF32 off and on, and a device-to-device copy, each timed with CUDA
+events after warm-up. The timer is a parameter (``timer(bench) -> seconds``) so the path is testable without a GPU.
+Calibrations are cached in ``gpu_roofs.json`` and attached as ``.achievable`` by ``get_device_spec("auto")``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tscope_callbacks.specs import PRECISIONS, DeviceSpec, UnknownDeviceError, get_device_spec
+
+__all__ = ["DEFAULT_CPU_BUDGET_S", "BUSY_LOAD_PER_CPU", "Benchmark", "calibrate", "cpu_spec", "measure_cpu", "measure_cuda",
+           "cuda_benchmarks", "cuda_event_timer", "cached_achievable", "cache_dir", "cpu_cache_key",
+           "add_arguments", "run"]
+
+DEFAULT_CPU_BUDGET_S = 2.5
+BUSY_LOAD_PER_CPU = 1.0  #: at or above this 1-minute load per CPU a CPU measurement is not cached
+_CACHE_VERSION = 1
+# share of the CPU budget per measurement
+_CPU_SHARES = {"fp32": 0.38, "bf16": 0.14, "fp16": 0.1, "fp64": 0.16, "copy": 0.22}
+_CPU_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
+
+
+# ---------------- cache ----------------
+def cache_dir() -> Path:
+    """``$TSCOPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/tscope``, else ``~/.cache/tscope``."""
+    if os.environ.get("TSCOPE_CACHE_DIR"):
+        return Path(os.environ["TSCOPE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tscope"
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and data.get("version") == _CACHE_VERSION and isinstance(data.get("entries"), dict):
+            return data["entries"]
+    except (OSError, ValueError):
+        pass
+    return {}  # missing, unreadable or corrupted: ignored (rewritten on the next store)
+
+
+def _cache_get(path: Path, key: str) -> dict[str, Any] | None:
+    entry = _read_cache(path).get(key)
+    return entry if isinstance(entry, dict) else None
+
+
+def _cache_put(path: Path, key: str, entry: dict[str, Any]) -> None:
+    entries = _read_cache(path)
+    entries[key] = entry
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"version": _CACHE_VERSION, "entries": entries}, f, indent=1)
+        os.replace(tmp, path)
+    except OSError as e:
+        warnings.warn(f"tscope: could not write the roof cache {path}: {e}", stacklevel=3)
+
+
+def _spec_from_entry(entry: dict[str, Any] | None, where: str) -> DeviceSpec | None:
+    if entry is None:
+        return None
+    try:
+        return DeviceSpec.from_dict(entry["spec"], where=where)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+# ---------------- CPU ----------------
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_cache_key() -> str:
+    """Cache key of this machine's CPU roof: platform, CPU model, cores, torch threads, torch version."""
+    return (f"{platform.system()}-{platform.machine()}|{_cpu_model()}|{os.cpu_count()} cpus|"
+            f"{torch.get_num_threads()} threads|torch {torch.__version__}")
+
+
+def _time_matmul(dtype: torch.dtype, allot_s: float, *, max_n: int = 2048) -> tuple[float, int]:
+    """Best FLOP/s of an n x n matmul, n grown (128, 256, ...) while two runs of the next size fit ``allot_s``."""
+    deadline = time.perf_counter() + allot_s
+    n = 128
+    while True:
+        a = torch.randn(n, n).to(dtype)
+        b, c = torch.randn(n, n).to(dtype), torch.empty(n, n, dtype=dtype)
+        best, reps = float("inf"), 0
+        while reps < 2:  # the first run pays warm-up (packing, thread start): grow on the better of two
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=c)
+            best = min(best, time.perf_counter() - t0)
+            reps += 1
+            if best > allot_s / 4:
+                break
+        if n >= max_n or 2 * 8 * best > deadline - time.perf_counter():
+            break
+        n *= 2
+    while reps < 2 or (time.perf_counter() < deadline and reps < 25):
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=c)
+        best = min(best, time.perf_counter() - t0)
+        reps += 1
+        if best > allot_s:  # very slow dtype: one timed run is all the budget allows
+            break
+    return 2.0 * n**3 / best, n
+
+
+def _time_copy(allot_s: float, *, max_bytes: int = 256 << 20) -> tuple[float, int]:
+    """Best bytes/s (read + write) of ``dst.copy_(src)``; size doubles from 16 MB while the next step fits."""
+    deadline = time.perf_counter() + allot_s
+    nbytes = 16 << 20
+    while True:
+        t0 = time.perf_counter()
+        src = torch.ones(nbytes // 4)
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # first touch of dst pages
+        t1 = time.perf_counter()
+        dst.copy_(src)
+        best = time.perf_counter() - t1
+        step = time.perf_counter() - t0
+        if nbytes >= max_bytes or 2.5 * step > deadline - time.perf_counter():
+            break
+        nbytes *= 2
+    reps = 1
+    while reps < 2 or (time.perf_counter() < deadline and reps < 25):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+        reps += 1
+    return 2.0 * nbytes / best, nbytes
+
+
+def _load_per_cpu() -> float:
+    """1-minute load average per CPU (0.0 where the OS does not report one)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def measure_cpu(*, budget_s: float = DEFAULT_CPU_BUDGET_S) -> DeviceSpec:
+    """Measure this CPU's roofs now (no cache); returns a ``DeviceSpec`` with ``measured=True``."""
+    load = _load_per_cpu()
+    flops: dict[str, float] = {}
+    sizes: dict[str, int] = {}
+    with torch.inference_mode():
+        for prec, dtype in _CPU_DTYPES.items():
+            flops[prec], sizes[prec] = _time_matmul(dtype, budget_s * _CPU_SHARES[prec])
+        bandwidth, copy_bytes = _time_copy(budget_s * _CPU_SHARES["copy"])
+    threads = torch.get_num_threads()
+    return DeviceSpec(
+        name=f"CPU ({_cpu_model()}, {threads} threads)", flops=flops, bandwidth=bandwidth, measured=True,
+        vendor="cpu", vector_flops={"fp32": flops["fp32"], "fp64": flops["fp64"]},
+        source=(f"measured by tscope_callbacks on {time.strftime('%Y-%m-%d')}: best-of-N square matmul per dtype "
+                f"(n={sizes}), {copy_bytes >> 20} MB copy counting read+write, torch {torch.__version__}, "
+                f"load {load:.2f}/cpu"),
+        extra={"cache_key": cpu_cache_key(), "budget_s": budget_s, "matmul_n": sizes, "copy_bytes": copy_bytes,
+               "load_per_cpu": round(load, 3)},
+    )
+
+
+def cpu_spec(*, cache: bool = True, budget_s: float = DEFAULT_CPU_BUDGET_S) -> DeviceSpec:
+    """This machine's measured CPU roof, from the cache when a measurement with at least half this budget is there."""
+    path, key = cache_dir() / "cpu_roofs.json", cpu_cache_key()
+    if cache:
+        entry = _cache_get(path, key)
+        spec = _spec_from_entry(entry, str(path))
+        if spec is not None and float(entry.get("budget_s", 0)) >= 0.5 * budget_s:  # type: ignore[union-attr]
+            return spec
+    spec = measure_cpu(budget_s=budget_s)
+    load = float(spec.extra.get("load_per_cpu", 0.0))
+    if load >= BUSY_LOAD_PER_CPU:  # other work shared the cores: low numbers, not worth keeping
+        warnings.warn(f"tscope: the CPU was busy while measuring its roofs (load {load:.2f} per cpu); "
+                      "the roofs are low and were not cached", stacklevel=3)
+    else:
+        _cache_put(path, key, {"budget_s": budget_s, "created": time.time(), "spec": spec.to_dict()})
+    return spec
+
+
+# ---------------- CUDA ----------------
+@dataclass
+class Benchmark:
+    """One CUDA measurement. ``setup()`` allocates on the device and returns the callable to time."""
+
+    key: str  #: "fp32" (TF32 off), "tf32" (fp32 with TF32 on), "bf16", "fp16" or "copy"
+    work: float  #: FLOPs (matmul) or bytes read + written (copy) per call
+    setup: Callable[[], Callable[[], Any]]
+    tf32: bool = False  #: run with ``torch.set_float32_matmul_precision("high")`` (else "highest")
+    warmup: int = 3
+    reps: int = 10
+
+
+def cuda_benchmarks(device: int, *, quick: bool = False, precisions: tuple[str, ...] = ("bf16", "fp16", "fp32", "tf32"),
+                    free_bytes: int | None = None) -> list[Benchmark]:
+    """The matmul and copy benchmarks for ``cuda:<device>``; sizes shrink to fit ``free_bytes`` when given."""
+    n = 4096 if quick else 8192
+    copy_bytes = (256 << 20) if quick else (1 << 30)
+    if free_bytes is not None:
+        while n > 1024 and 3 * n * n * 4 > free_bytes // 2:
+            n //= 2
+        while copy_bytes > (16 << 20) and 2 * copy_bytes > free_bytes // 2:
+            copy_bytes //= 2
+    dev = torch.device("cuda", device)
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
+
+    def matmul(dtype: torch.dtype) -> Callable[[], Callable[[], Any]]:
+        def setup() -> Callable[[], Any]:
+            a, b = torch.randn(n, n, device=dev).to(dtype), torch.randn(n, n, device=dev).to(dtype)
+            c = torch.empty(n, n, device=dev, dtype=dtype)
+            return lambda: torch.mm(a, b, out=c)
+        return setup
+
+    def copy_setup() -> Callable[[], Any]:
+        src = torch.ones(copy_bytes // 4, device=dev)
+        dst = torch.empty_like(src)
+        return lambda: dst.copy_(src)
+
+    benches = [Benchmark(p, 2.0 * n**3, matmul(dtypes[p]), tf32=(p == "tf32")) for p in precisions if p in dtypes]
+    return [*benches, Benchmark("copy", 2.0 * copy_bytes, copy_setup)]
+
+
+def cuda_event_timer(bench: Benchmark, device: int = 0) -> float:
+    """Best seconds per call of ``bench`` on ``cuda:<device>``, timed with CUDA events after warm-up."""
+    prev = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if bench.tf32 else "highest")
+    try:
+        with torch.cuda.device(device):
+            fn = bench.setup()
+            for _ in range(bench.warmup):
+                fn()
+            torch.cuda.synchronize()
+            best = float("inf")
+            for _ in range(bench.reps):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                best = min(best, start.elapsed_time(end) / 1e3)
+            del fn
+            torch.cuda.empty_cache()
+        return best
+    finally:
+        torch.set_float32_matmul_precision(prev)
+
+
+def measure_cuda(device: int = 0, *, quick: bool = False, timer: Callable[[Benchmark], float] | None = None,
+                 precisions: tuple[str, ...] = ("bf16", "fp16", "fp32", "tf32")) -> dict[str, float]:
+    """Achievable rates on ``cuda:<device>``: precision -> FLOP/s, plus ``"bandwidth"`` (bytes/s)."""
+    free = None
+    if timer is None:
+        free = torch.cuda.mem_get_info(device)[0]
+        timer = lambda b: cuda_event_timer(b, device)  # noqa: E731
+    out: dict[str, float] = {}
+    for b in cuda_benchmarks(device, quick=quick, precisions=precisions, free_bytes=free):
+        seconds = timer(b)
+        if not seconds > 0:
+            raise RuntimeError(f"calibrate: benchmark {b.key!r} timed {seconds!r} s")
+        out["bandwidth" if b.key == "copy" else b.key] = b.work / seconds
+    return out
+
+
+def _gpu_key(name: str, quick: bool) -> str:
+    return f"cuda|{name}|torch {torch.__version__}|{'quick' if quick else 'full'}"
+
+
+def cached_achievable(name: str) -> DeviceSpec | None:
+    """The cached calibration of GPU ``name`` (full preferred over quick), None when there is none."""
+    path = cache_dir() / "gpu_roofs.json"
+    for quick in (False, True):
+        spec = _spec_from_entry(_cache_get(path, _gpu_key(name, quick)), str(path))
+        if spec is not None:
+            return spec
+    return None
+
+
+def calibrate(device: str | int | torch.device | None = None, *, quick: bool = False, cache: bool = True,
+              timer: Callable[[Benchmark], float] | None = None, budget_s: float | None = None) -> DeviceSpec:
+    """Measure the achievable roofs of ``device`` (default: the current CUDA device, else the CPU).
+
+    Returns the datasheet spec with ``.achievable`` set to the measured one. On CPU the measured roof is the
+    datasheet too (``achievable`` is a copy of it). On a GPU missing from the table a warning is issued and the
+    measured spec is returned in both roles. ``cache=False`` re-measures (and refreshes the cache); ``timer``
+    replaces the CUDA event timer (tests); ``budget_s`` is the CPU time budget (default 2.5 s, quick 1 s).
+    """
+    if isinstance(device, str) and device.strip().lower() == "auto":
+        device = None
+    dev = torch.device(device) if isinstance(device, (str, torch.device)) else (
+        torch.device("cuda", device) if isinstance(device, int) else
+        torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cpu":
+        if budget_s is None:
+            budget_s = 1.0 if quick else DEFAULT_CPU_BUDGET_S
+        spec = cpu_spec(cache=cache, budget_s=budget_s)
+        return spec.with_achievable(dataclasses.replace(spec, achievable=None))
+    if dev.type != "cuda":
+        raise ValueError(f"calibrate: unsupported device {str(dev)!r} (use 'cpu' or 'cuda[:N]')")
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    name = torch.cuda.get_device_name(index)
+    try:
+        datasheet: DeviceSpec | None = get_device_spec(name)
+    except UnknownDeviceError:
+        warnings.warn(f"calibrate: {name!r} is not in gpu_specs.json; showing measured roofs only", stacklevel=2)
+        datasheet = None
+    path, key = cache_dir() / "gpu_roofs.json", _gpu_key(name, quick)
+    achievable = _spec_from_entry(_cache_get(path, key), str(path)) if cache else None
+    if achievable is None:
+        wanted = ("bf16", "fp16", "fp32", "tf32") if datasheet is None else tuple(
+            p for p in ("bf16", "fp16", "fp32", "tf32") if p in datasheet.flops or p == "fp32")
+        rates = measure_cuda(index, quick=quick, timer=timer, precisions=wanted)
+        bandwidth = rates.pop("bandwidth")
+        achievable = DeviceSpec(
+            name=f"{name} (measured)", flops=rates, bandwidth=bandwidth, measured=True,
+            vendor=datasheet.vendor if datasheet else "", vector_flops={"fp32": rates["fp32"]},
+            source=f"tscope calibrate {time.strftime('%Y-%m-%d')}: {'quick' if quick else 'full'} matmul/copy, "
+                   f"torch {torch.__version__}")
+        _cache_put(path, key, {"created": time.time(), "spec": achievable.to_dict()})
+    if datasheet is None:
+        return achievable.with_achievable(dataclasses.replace(achievable))
+    return datasheet.with_achievable(achievable)
+
+
+# ---------------- CLI: tscope calibrate ----------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default auto: the current GPU, else the CPU)")
+    p.add_argument("--quick", action="store_true", help="smaller, faster measurements")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--no-cache", action="store_true", help="measure again even when a cached result exists")
+
+
+def _pct(a: float | None, d: float | None) -> str:
+    return f"{100.0 * a / d:.0f}%" if a and d else "-"
+
+
+def calibration_table(spec: DeviceSpec) -> str:
+    """The datasheet | achievable | % table for a calibrated spec."""
+    from tscope_callbacks.specs_cli import format_table, tflops
+
+    ach = spec.achievable or spec
+    rows = []
+    for p in PRECISIONS:
+        d, a = spec.flops.get(p), ach.flops.get(p)
+        if d is None and a is None:
+            continue
+        rows.append([p, tflops(d), tflops(a), _pct(a, d)])
+    lines = [f"device: {spec.name}" + ("  (measured: the CPU has no datasheet roofs)" if spec.measured else ""),
+             f"source: {spec.source}", "",
+             format_table(["precision", "datasheet TFLOP/s", "achievable TFLOP/s", "%"], rows), "",
+             format_table(["memory", "datasheet TB/s", "achievable TB/s", "%"],
+                          [["bandwidth", f"{spec.bandwidth / 1e12:.4g}", f"{ach.bandwidth / 1e12:.4g}",
+                            _pct(ach.bandwidth, spec.bandwidth)]])]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        spec = calibrate(args.device, quick=args.quick, cache=not args.no_cache)
+    except (ValueError, RuntimeError) as e:
+        print(f"tscope calibrate: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(spec.to_dict(), indent=2))
+    else:
+        print(calibration_table(spec))
+    return 0
