@@ -107,10 +107,10 @@ def cpu_cache_key() -> str:
             f"{torch.get_num_threads()} threads|torch {torch.__version__}")
 
 
-def _time_matmul(dtype: torch.dtype, allot_s: float, *, max_n: int = 2048) -> tuple[float, int]:
-    """Best FLOP/s of an n x n matmul, n grown (128, 256, ...) while two runs of the next size fit ``allot_s``."""
+def _time_matmul(dtype: torch.dtype, allot_s: float, *, max_n: int = 2048, start_n: int = 128) -> tuple[float, int]:
+    """Best FLOP/s of an n x n matmul, n doubled from ``start_n`` while two runs of the next size fit ``allot_s``."""
     deadline = time.perf_counter() + allot_s
-    n = 128
+    n = start_n
     while True:
         a = torch.randn(n, n).to(dtype)
         b, c = torch.randn(n, n).to(dtype), torch.empty(n, n, dtype=dtype)
@@ -175,7 +175,10 @@ def measure_cpu(*, budget_s: float = DEFAULT_CPU_BUDGET_S) -> DeviceSpec:
     sizes: dict[str, int] = {}
     with torch.inference_mode():
         for prec, dtype in _CPU_DTYPES.items():
-            flops[prec], sizes[prec] = _time_matmul(dtype, budget_s * _CPU_SHARES[prec])
+            allot = budget_s * _CPU_SHARES[prec]
+            # fp32/fp64 GEMM is fast everywhere and misleading below ~512; bf16/fp16 can be 50x slower (no AVX512)
+            start = 512 if prec in ("fp32", "fp64") and allot >= 0.25 else 128
+            flops[prec], sizes[prec] = _time_matmul(dtype, allot, start_n=start)
         bandwidth, copy_bytes = _time_copy(budget_s * _CPU_SHARES["copy"])
     threads = torch.get_num_threads()
     return DeviceSpec(
