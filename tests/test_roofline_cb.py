@@ -276,3 +276,24 @@ def test_validation_stage_profiles_forward_only(tmp_path: Path) -> None:
     assert {r.phase for r in cb.last_profile.ops} == {"forward"}
     assert (tmp_path / "tscope" / "validation_step_1.json").exists()
     assert cb._flops == {}  # eval profiles do not feed the training MFU
+
+
+def test_test_and_predict_stages_by_batch_index(tmp_path: Path) -> None:
+    class EvalLM(TinyLM):
+        def test_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("test_loss", self.compute_loss(batch))
+
+        def predict_step(self, batch: Any, batch_idx: int) -> Any:
+            return self(batch[0])
+
+    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, stages=("test", "predict"), start_step=0, every_n_steps=2)
+    model = EvalLM()
+    trainer = pl.Trainer(default_root_dir=tmp_path, callbacks=[cb], logger=False, **FAST)
+    trainer.test(model, dataloaders=token_dataloader(TINY_CFG, n_batches=5), verbose=False)
+    trainer.predict(model, dataloaders=token_dataloader(TINY_CFG, n_batches=3))
+    assert [(h["stage"], h["step"]) for h in cb.history] == [("test", 0), ("test", 2), ("test", 4), ("predict", 0),
+                                                             ("predict", 2)]
+    assert {r.phase for r in cb.last_profile.ops} == {"forward"}
+    assert_clean(model)
+    files = {p.name for p in (tmp_path / "tscope").iterdir()}
+    assert {"test_step_4.json", "predict_step_2.json", "roofline_test_table_step_2.md"} <= files

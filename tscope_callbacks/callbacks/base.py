@@ -53,6 +53,12 @@ class ProfileContext:
     reason: str = "schedule"  #: "schedule" | "recount" (batch shapes changed)
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def log_step(self) -> int:
+        """The step outputs are logged at: the optimizer step for ``train`` and ``validation`` (progress over
+        training), the batch index for ``test``/``predict`` (where ``global_step`` does not move)."""
+        return self.global_step if self.stage == "validation" else self.step
+
 
 def batch_signature(batch: Any, _depth: int = 0) -> tuple:
     """A cheap, hashable signature of the tensor shapes (and dtypes) in a batch (tensors, tuples, lists, dicts)."""
@@ -128,7 +134,8 @@ class ProfilingCallback(Callback):
         max_profiles: at most this many profiles per stage (None = unlimited).
         profile_first: also profile ``start_step`` itself.
         stages: which stages to profile: ``"train"`` (forward+backward+optimizer per optimizer step) and opt-in
-            ``"validation"``, ``"test"``, ``"predict"`` (forward only, by batch index within the epoch).
+            ``"validation"``, ``"test"``, ``"predict"`` (forward only, by batch index within the epoch; their
+            outputs are logged at ``global_step`` for validation and at the batch index for test/predict).
         raise_errors: let exceptions raised by tscope's own code propagate (default: warn once, keep training).
     """
 
@@ -274,7 +281,12 @@ class ProfilingCallback(Callback):
                              batch_idx: int) -> None:
         if trainer.global_step < self._next_train:
             return
-        self._train_due(trainer, pl_module, batch)
+        try:
+            self._train_due(trainer, pl_module, batch)
+        except Exception as e:
+            _abort_session()
+            self._next_train = trainer.global_step + 1
+            self._warn_once("scheduling a profile", e)
 
     def _train_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         step = trainer.global_step
@@ -317,10 +329,15 @@ class ProfilingCallback(Callback):
                           batch_idx: int) -> None:
         if batch_idx < self._next_eval.get(stage, NEVER) or trainer.sanity_checking:
             return
-        if self._due(stage, batch_idx):
-            self._start(trainer, pl_module, stage, batch_idx, batch)
-        else:
-            self._next_eval[stage] = self.schedules[stage].next_due(batch_idx + 1, ignore_last=True)
+        try:
+            if self._due(stage, batch_idx):
+                self._start(trainer, pl_module, stage, batch_idx, batch)
+            else:
+                self._next_eval[stage] = self.schedules[stage].next_due(batch_idx + 1, ignore_last=True)
+        except Exception as e:
+            _abort_session()
+            self._next_eval[stage] = batch_idx + 1
+            self._warn_once("scheduling a profile", e)
 
     def _eval_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str, batch_idx: int) -> None:
         s = _SESSION

@@ -110,7 +110,7 @@ class LayerProfilerCallback(ProfilingCallback):
         if sinks is None:
             return
         prefix = _PREFIX if ctx.stage == "train" else f"{_PREFIX}{ctx.stage}/"
-        log_step = ctx.step if ctx.stage == "train" else trainer.global_step
+        log_step = ctx.log_step
         # markdown: a code block keeps the tree drawing aligned in TensorBoard/W&B
         sinks.log_text(prefix + "table", "```\n" + table + "\n```", log_step)
         scalars: dict[str, float] = {}

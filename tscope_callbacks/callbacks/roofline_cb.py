@@ -62,6 +62,9 @@ class RooflineCallback(ProfilingCallback):
       ``tscope/roofline/scatter``;
     - file ``<log_dir>/tscope/step_<N>.json`` (other stages: ``<stage>_step_<N>.json``).
 
+    Under DDP every rank profiles the same steps and the profiled region's wall time is gathered from all ranks;
+    only rank zero analyses and writes (``last_report``, the automatic MFU and all outputs are rank zero's).
+
     Attributes: ``last_profile`` (StepProfile), ``last_report`` (RooflineReport or None), ``last_mfu``,
     ``history`` (summaries of recent profiled steps), ``spec`` (the DeviceSpec or None).
     """
@@ -140,6 +143,10 @@ class RooflineCallback(ProfilingCallback):
     def _on_profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
                     ctx: ProfileContext) -> None:
         result.meta["trainer_precision"] = self.trainer_precision
+        if not ctx.is_global_zero:  # other ranks profile the same steps (and join the gather) but analyse nothing
+            self.last_profile = result
+            self.history.append({"stage": ctx.stage, "step": ctx.step, "reason": ctx.reason})
+            return
         report = None
         if self.spec is not None:
             from tscope_callbacks.roofline import roofline
@@ -154,7 +161,7 @@ class RooflineCallback(ProfilingCallback):
         if sinks is None:
             return
         prefix = _PREFIX if ctx.stage == "train" else f"{_PREFIX}{ctx.stage}/"
-        log_step = ctx.step if ctx.stage == "train" else trainer.global_step
+        log_step = ctx.log_step
         sinks.log_scalars({prefix + k[len(_PREFIX):]: v for k, v in scalars.items()}, log_step)
         sinks.log_text(prefix + "table", self._markdown(result, report, ctx), log_step)
         if report is not None:
