@@ -21,6 +21,7 @@ _EXPORTS = {
     "profile": "capture",
     "Profile": "capture",
     "NestedProfileError": "capture",
+    "active_profile": "capture",
     # formulas
     "Formula": "formulas.registry",
     "FormulaRegistry": "formulas.registry",
@@ -28,6 +29,9 @@ _EXPORTS = {
     # device roofs
     "DeviceSpec": "specs",
     "UnknownDeviceError": "specs",
+    "AmbiguousDeviceError": "specs",
+    "SpecFileError": "specs",
+    "precision_for_dtype": "specs",
     "get_device_spec": "specs",
     "list_specs": "specs",
     "normalize_precision": "specs",
