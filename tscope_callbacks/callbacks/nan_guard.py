@@ -7,26 +7,10 @@ instead, so every rank takes the same action on the same step). Healthy steps co
 reference to the batch and the RNG states (measured in ``benchmarks/results/nan_guard_overhead.md``).
 
 When the flag is raised, the step is **located** (once per streak of bad steps) by replaying ``training_step`` on the
-same batch, RNG state and not-yet-updated parameters with hooks on every module (see :mod:`.nan_locate`):
-
-* ``kind="activation"``: ``layer`` is the first module, in forward execution order, whose output was non-finite (or
-  the module whose own code made a child's input non-finite; ``None`` when the model input already was).
-  ``kind="parameter"`` when that module's own weights were already non-finite.
-* ``kind="loss"``: every module output was finite but the loss was not (or the replay could not run and the loss
-  was non-finite).
-* ``kind="gradient"``: forward and loss finite, a gradient was not. ``layer`` is the module owning the first
-  parameter whose gradient was non-finite in backward order, or, when an activation gradient went first, the module
-  whose backward ran last before it (a heuristic under residual branches; the note says so). ``layer`` is ``None``
-  when the replay was not possible or did not reproduce the values; ``parameters`` is always filled from the real
-  gradients: ``{name: number of non-finite elements}``.
-
-The replay is not possible, or may not reproduce, with manual optimization (``training_step`` steps optimizers
-itself: never replayed), strategies other than single-device/DDP (FSDP, DeepSpeed shard parameters), randomness
-outside torch/python/numpy RNGs, non-deterministic kernels, a batch mutated in place by ``training_step`` (detected
-with tensor version counters and noted), or NaN gradients received from another rank through DDP's all-reduce. The
-event then says so in ``note``. The replay runs ``pl_module.training_step`` directly (never the DDP wrapper, so no
-collective runs inside it), with ``self.log`` silenced, buffers (BatchNorm stats) and RNG states restored after, and
-``.grad`` untouched. Other side effects of ``training_step`` (user counters) happen twice.
+same batch, RNG state and not-yet-updated parameters with hooks on every module. What ``kind``/``layer`` then mean,
+and when the replay cannot locate (manual optimization, sharded strategies, randomness outside the captured RNGs, a
+batch mutated in place, NaN received through DDP's all-reduce), is documented in :mod:`.nan_locate`; ``parameters``
+always lists the real gradients' non-finite element counts, and ``note`` says why a layer is missing.
 
 Actions: ``"warn"`` log and continue (the update is applied); ``"skip"`` drop this step's update by setting every
 ``.grad`` of the optimizer to ``None`` (torch optimizers then skip those parameters entirely, so momentum and weight
@@ -101,15 +85,12 @@ class NonFiniteEvent:
             label = "parameters" if self.kind == "parameter" else "gradients"
             parts.append(f"Non-finite {label}: {shown}{f' and {more} more' if more > 0 else ''}; "
                          f"{self.num_nonfinite} non-finite elements.")
-        stats = [f"loss={self.loss:.6g}" if self.loss is not None else "",
-                 f"max |finite value|={self.max_abs_grad:.4g}" if self.max_abs_grad is not None else ""]
-        if any(stats):
-            parts.append(" ".join(s for s in stats if s) + ".")
-        if self.action:
-            parts.append(f"Action: {self.action}.")
-        if self.note:
-            parts.append(f"Note: {self.note}")
-        return " ".join(parts)
+        if self.loss is not None:
+            parts.append(f"Loss {self.loss:.6g}.")
+        if self.max_abs_grad is not None:
+            parts.append(f"Largest finite |value| {self.max_abs_grad:.4g}.")
+        parts += [f"Action: {self.action}." if self.action else "", f"Note: {self.note}" if self.note else ""]
+        return " ".join(p for p in parts if p)
 
 
 class NonFiniteError(RuntimeError):
@@ -120,20 +101,12 @@ class NonFiniteError(RuntimeError):
         self.event = event
 
 
-def _int(name: str, v: Any, minimum: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"NaNGuardCallback: {name} must be an int, got {v!r}")
+def _checked(name: str, v: Any, minimum: float, typ: type = int) -> Any:
+    if isinstance(v, bool) or not isinstance(v, (int, float) if typ is float else typ) or v != v:
+        raise TypeError(f"NaNGuardCallback: {name} must be {'a number' if typ is float else 'an int'}, got {v!r}")
     if v < minimum:
         raise ValueError(f"NaNGuardCallback: {name} must be >= {minimum}, got {v}")
-    return v
-
-
-def _num(name: str, v: Any, minimum: float, strict: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
-        raise TypeError(f"NaNGuardCallback: {name} must be a number, got {v!r}")
-    if v < minimum or (strict and v == minimum):
-        raise ValueError(f"NaNGuardCallback: {name} must be {'>' if strict else '>='} {minimum}, got {v}")
-    return float(v)
+    return typ(v)
 
 
 class NaNGuardCallback(Callback):
@@ -165,13 +138,13 @@ class NaNGuardCallback(Callback):
             if not isinstance(v, bool):
                 raise TypeError(f"NaNGuardCallback: {name} must be a bool, got {v!r}")
         self.action, self.check_loss, self.check_params, self.locate = action, check_loss, check_params, locate
-        self.every_n_steps = _int("every_n_steps", every_n_steps, 1)
-        self.max_skips = _int("max_skips", max_skips, 1)
-        self.alert_every_s = _num("alert_every_s", alert_every_s, 0.0)
-        self.alert_every_n = _int("alert_every_n", alert_every_n, 1)
-        self.amp_min_scale = _num("amp_min_scale", amp_min_scale, 0.0)
-        self.amp_max_overflows = _int("amp_max_overflows", amp_max_overflows, 1)
-        self.max_events = _int("max_events", max_events, 0)
+        self.every_n_steps = _checked("every_n_steps", every_n_steps, 1)
+        self.max_skips = _checked("max_skips", max_skips, 1)
+        self.alert_every_s = _checked("alert_every_s", alert_every_s, 0.0, float)
+        self.alert_every_n = _checked("alert_every_n", alert_every_n, 1)
+        self.amp_min_scale = _checked("amp_min_scale", amp_min_scale, 0.0, float)
+        self.amp_max_overflows = _checked("amp_max_overflows", amp_max_overflows, 1)
+        self.max_events = _checked("max_events", max_events, 0)
         self._reset()
 
     def _reset(self) -> None:
@@ -202,7 +175,8 @@ class NaNGuardCallback(Callback):
                              batch_idx: int) -> None:
         if self.locate and self._replay_blocker is None and self._due(trainer.global_step):
             try:
-                self._snaps = self._snaps[-255:] + [nl.StepSnapshot.take(batch, batch_idx)]
+                self._snaps.append(nl.StepSnapshot.take(batch, batch_idx))
+                del self._snaps[:-256]
             except Exception as e:
                 self._internal_error("snapshot", e)
 

@@ -10,12 +10,25 @@ Nothing here imports Lightning; :mod:`.nan_guard` wires it into the Trainer.
 * :class:`StepSnapshot` -- what is kept per micro-batch so a bad step can be replayed: a *reference* to the batch (no
   copy), the in-place version counters of its tensors (to tell when ``training_step`` mutated it) and the RNG states
   (torch CPU, CUDA when initialised, python ``random``, numpy when imported). About 0.1 ms per micro-batch.
-* :func:`replay_locate` -- re-runs ``training_step`` forward and backward on the same (not yet updated) parameters,
-  under the step's RNG state, with hooks that name the first module whose output went non-finite (forward order) or,
-  when the forward and the loss were finite, the first non-finite gradient in backward order. It never touches
-  ``.grad`` (the backward is ``torch.autograd.grad``), restores module buffers (BatchNorm running stats) and all RNG
-  states afterwards, silences ``self.log`` while it runs, and issues no collective (it calls the LightningModule's
-  own ``training_step``, never the DDP wrapper).
+* :func:`replay_locate` -- re-runs ``training_step`` forward and backward on the same (not yet updated) parameters
+  under the step's RNG state. It calls the LightningModule's own ``training_step``, never the DDP wrapper, so no
+  collective runs inside it; the backward is ``torch.autograd.grad`` so ``.grad`` (and DDP's reducer) are untouched;
+  ``self.log`` is silenced; module buffers (BatchNorm stats) and RNG states are restored after. Other side effects of
+  ``training_step`` (user counters) happen twice. Results, as event fields:
+
+  - ``kind="activation"``: ``layer`` is the first module, in forward execution order, whose output was non-finite
+    (or the module whose own code made a child's input non-finite; ``None`` when the model input already was);
+    ``kind="parameter"`` when that module's own weights were already non-finite.
+  - ``kind="loss"``: every module output was finite, the loss computed in ``training_step`` was not.
+  - ``kind="gradient"``: forward and loss finite, a gradient was not. ``layer`` is the module owning the first
+    parameter whose gradient was non-finite in backward order, or, when an activation gradient went first, the
+    module whose backward ran last before it (a heuristic under residual branches; the note says so).
+
+  No replay (``layer=None``, a ``note`` says why) with manual optimization (``training_step`` steps optimizers
+  itself) or strategies other than single-device/DDP (FSDP/DeepSpeed shard parameters). It may not reproduce with
+  randomness outside the torch/python/numpy RNGs, non-deterministic kernels, a batch mutated in place by
+  ``training_step`` (detected with tensor version counters and noted), or NaN gradients that reached a rank only
+  through DDP's all-reduce (the rank where it reproduces is then reported).
 """
 
 from __future__ import annotations
