@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tscope_callbacks.cuda_timing import RANGE_PREFIX, kernel_times
+from tscope_callbacks.cuda_timing import RANGE_PREFIX, is_tensor_core_kernel, kernel_times, tensor_core_flags
 
 
 @dataclass
@@ -87,3 +87,32 @@ def test_capture_uses_kernel_times(monkeypatch):
         model(torch.randn(2, 4)).sum().backward()
     assert prof.meta["timing"] == "cuda-kernels"
     assert [r.time_s for r in prof.ops] == [pytest.approx(10e-6 * (i + 1)) for i in range(len(prof.ops))]
+
+
+@pytest.mark.parametrize(
+    ("name", "tc"),
+    [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off", True),
+        ("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn", True),
+        ("volta_h884gemm_64x64_ldg8_nn", True),
+        ("cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4", True),
+        ("flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4>>", True),
+        ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NNT", True),
+        ("ampere_sgemm_128x64_nn", False),  # FP32 SIMT GEMM: tf32 disabled
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>", False),
+        ("void at::native::reduce_kernel<512, 1>", False),
+    ],
+)
+def test_tensor_core_kernel_names(name, tc):
+    assert is_tensor_core_kernel(name) is tc
+
+
+def test_tensor_core_flags_per_op():
+    gemm = Event("aten::mm", kernels=[Kernel("sm90_xmma_gemm_bf16bf16", 10.0)])
+    simt = Event("aten::mm", kernels=[Kernel("ampere_sgemm_128x64_nn", 10.0)])
+    evts = [
+        Event(f"{RANGE_PREFIX}0", cpu_children=[gemm]),
+        Event(f"{RANGE_PREFIX}1", cpu_children=[simt]),
+        Event(f"{RANGE_PREFIX}2"),  # a view: no kernel
+    ]
+    assert tensor_core_flags(evts, 4) == [True, False, None, None]

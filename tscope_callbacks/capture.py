@@ -219,6 +219,8 @@ class Profile:
         try:
             if self._ranges is not None:
                 times = self._ranges.stop(len(self._ops))
+                for r, tc in zip(self._ops, getattr(self._ranges, "tensor_core", None) or ()):
+                    r.tensor_core = tc
                 self._ranges = None
             wall = (_perf_ns() - self._t0) * 1e-9
         except Exception as e:

@@ -37,6 +37,54 @@ def _event_device_us(evt: Any) -> float:
     return total
 
 
+# Kernel-name fragments of NVIDIA/AMD matrix-unit kernels (cuBLAS/cuBLASLt/CUTLASS/cuDNN/hipBLASLt naming):
+# HMMA/IMMA shapes (h884, h1688, s16816, i8816...), xmma/wgmma/tensorop/"gmma" families, flash-attention kernels
+# (always MMA-based), and AMD MFMA. A kernel named only "gemm"/"sgemm" without these runs on the FP32 pipes.
+_TC_PATTERNS = (
+    "hmma", "imma", "xmma", "wgmma", "gmma", "tensorop", "h884", "h1688", "h16816", "s1688", "s16816", "i8816",
+    "i16832", "bf16816", "tf32", "mma_", "_mma", "flash_fwd", "flash_bwd", "fmha", "mfma", "cutlass_80", "sm80_",
+    "sm86_", "sm89_", "sm90_", "sm100_", "nvjet",
+)
+
+
+def is_tensor_core_kernel(name: str) -> bool:
+    """True when a CUDA/ROCm kernel name is one of the matrix-unit (tensor core / MFMA) families."""
+    n = name.lower()
+    if "sgemm" in n and not any(p in n for p in ("tensorop", "xmma", "tf32")):
+        return False
+    return any(p in n for p in _TC_PATTERNS)
+
+
+def _subtree_kernels(evt: Any) -> list[Any]:
+    out: list[Any] = []
+    stack = [evt]
+    while stack:
+        e = stack.pop()
+        out.extend(getattr(e, "kernels", ()) or ())
+        stack.extend(getattr(e, "cpu_children", ()) or ())
+    return out
+
+
+def tensor_core_flags(events: Iterable[Any], n_ops: int) -> list[bool | None]:
+    """Per op index: True if any of its kernels ran on tensor cores, False if it launched kernels but none did,
+    None when it launched no kernel (or has no range event)."""
+    out: list[bool | None] = [None] * n_ops
+    for evt in events:
+        name = getattr(evt, "name", "")
+        if not name.startswith(RANGE_PREFIX):
+            continue
+        try:
+            idx = int(name[len(RANGE_PREFIX) :])
+        except ValueError:
+            continue
+        if not 0 <= idx < n_ops:
+            continue
+        ks = _subtree_kernels(evt)
+        if ks:
+            out[idx] = bool(out[idx]) or any(is_tensor_core_kernel(getattr(k, "name", "")) for k in ks)
+    return out
+
+
 def kernel_times(events: Iterable[Any], n_ops: int) -> list[float | None]:
     """Seconds of device time per op index, from profiler events named ``tscope#<index>``.
 
@@ -75,9 +123,12 @@ class OpRangeProfiler:
         return self._range(f"{RANGE_PREFIX}{index}")
 
     def stop(self, n_ops: int) -> list[float | None]:
+        """Device seconds per op; ``self.tensor_core`` holds the per-op tensor-core flags afterwards."""
         torch.cuda.synchronize()
         self._prof.__exit__(None, None, None)
-        return kernel_times(self._prof.events(), n_ops)
+        events = self._prof.events()
+        self.tensor_core = tensor_core_flags(events, n_ops)
+        return kernel_times(events, n_ops)
 
     def abort(self) -> None:
         try:

@@ -55,6 +55,7 @@ class OpRecord:
     overload: str = ""  #: full overload name, e.g. ``"aten.mm.default"``
     output_shapes: list = field(default_factory=list)
     index: int = 0  #: position in execution order within the profile
+    tensor_core: bool | None = None  #: CUDA: whether its kernels ran on tensor cores (None: unknown / CPU)
 
     @property
     def bytes(self) -> int:
