@@ -131,6 +131,7 @@ class Profile:
         self.check_finite = check_finite
         self.paths = list(paths) if paths else None
         self.depth = depth
+        self._collapsing = self.paths is not None or depth is not None
         self.record_shapes = record_shapes
         self.raise_errors = raise_errors
         self.result = StepProfile()
@@ -406,10 +407,12 @@ class Profile:
             if layer is None:
                 var = getattr(node, "variable", None)  # AccumulateGrad
                 layer = self._param_owner.get(id(var), "") if var is not None else (stack[-1].path if stack else "")
-        layer = self._collapse(layer)
+        if self._collapsing:
+            layer = self._collapse(layer)
         c = count_op(func, args, kwargs, out, self.registry, want_shapes=self.record_shapes)
+        names = _NAMES.get(func) or _names(func)
         rec = OpRecord(
-            op=_packet_name(func),
+            op=names[0],
             layer=layer,
             phase=phase,
             flops=c.flops,
@@ -420,7 +423,7 @@ class Profile:
             time_s=dt,
             counted=c.counted,
             category=c.category,
-            overload=_overload_name(func),
+            overload=names[1],
             output_shapes=c.output_shapes,
             index=len(self._ops),
         )
@@ -436,15 +439,14 @@ class Profile:
             self._details.on_op(rec, alloc)
 
 
-_PACKET_NAMES: dict[Any, str] = {}
+_NAMES: dict[Any, tuple[str, str]] = {}
 
 
-def _packet_name(func) -> str:
-    name = _PACKET_NAMES.get(func)
-    if name is None:
-        name = f"{func.namespace}.{func._opname}" if hasattr(func, "_opname") else str(func)
-        _PACKET_NAMES[func] = name
-    return name
+def _names(func) -> tuple[str, str]:
+    """(packet name "aten.mm", overload name "aten.mm.default"), cached per op."""
+    packet = f"{func.namespace}.{func._opname}" if hasattr(func, "_opname") else str(func)
+    _NAMES[func] = (packet, str(func))
+    return _NAMES[func]
 
 
 def _clean_path(path: str) -> str:
@@ -452,16 +454,6 @@ def _clean_path(path: str) -> str:
     if "_orig_mod" not in path:
         return path
     return ".".join(p for p in path.split(".") if p != "_orig_mod")
-
-
-_OVERLOAD_NAMES: dict[Any, str] = {}
-
-
-def _overload_name(func) -> str:
-    name = _OVERLOAD_NAMES.get(func)
-    if name is None:
-        name = _OVERLOAD_NAMES[func] = str(func)
-    return name
 
 
 def profile(model: torch.nn.Module, **kwargs: Any) -> Profile:
