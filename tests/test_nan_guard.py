@@ -147,6 +147,39 @@ def test_loss_nan_kind_loss():
     assert "loss computation" in ev.note
 
 
+class MutatesBatch(LossNaN):
+    def training_step(self, batch, batch_idx):
+        batch[0].add_(0)  # in place: bumps the tensor's version counter
+        return super().training_step(batch, batch_idx)
+
+
+class ManualOpt(TinyLM):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        loss = self.compute_loss(batch)
+        loss = loss * NAN if self.trainer.global_step == 2 else loss
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+
+
+def test_replay_limits_are_reported():
+    guard = NaNGuardCallback(action="stop")
+    make_trainer(guard).fit(MutatesBatch())
+    (ev,) = guard.events
+    assert ev.kind == "loss" and "modified in place" in ev.note
+    guard = NaNGuardCallback(action="stop")
+    trainer = make_trainer(guard)
+    trainer.fit(ManualOpt())
+    (ev,) = guard.events
+    assert (ev.kind, ev.layer, ev.step) == ("loss", None, 2) and "manual optimization" in ev.note
+    assert guard.replays == 0 and trainer.global_step == 3
+
+
 class AccumulatedInjection(TinyLM):
     """NaN in block 0's attention output for the first micro-batch of optimizer step 1 (batch_idx 2)."""
 
@@ -183,6 +216,17 @@ def test_parameter_check_after_update():
     assert (ev.kind, ev.step, ev.layer) == ("parameter", 2, "model.blocks.1.attn.proj")
     assert ev.parameters == {"model.blocks.1.attn.proj.weight": 1}
     assert trainer.global_step == 3 and "cannot be skipped" in ev.note  # skip cannot undo an update: stop
+
+
+def test_every_n_steps_and_corrupted_weights_found_by_replay():
+    model = TinyLM()
+    inject_gradient(model, steps=(3,))  # an unchecked step: its NaN update reaches the weights of blocks.0.mlp.fc
+    guard = NaNGuardCallback(action="stop", every_n_steps=2)
+    trainer = make_trainer(guard, max_steps=10)
+    trainer.fit(model)
+    (ev,) = guard.events
+    assert (ev.step, ev.kind, ev.layer) == (4, "parameter", "model.blocks.0.mlp.fc")
+    assert "already non-finite" in ev.note
 
 
 # ---------------------------------------------------------------------------------------------------- actions
