@@ -19,6 +19,8 @@ from tscope_callbacks.records import StepProfile
 __all__ = ["RooflineCallback"]
 
 _PREFIX = "tscope/roofline/"
+_AUTO_SPECS: dict[str, Any] = {}  #: device -> spec resolved for gpu="auto" in this process
+
 #: distinct batch-shape signatures whose FLOPs are kept for the automatic MFU (each new one costs a recount)
 MAX_SIGNATURES = 8
 
@@ -128,8 +130,12 @@ class RooflineCallback(ProfilingCallback):
         if self.gpu != "auto":
             self.spec = get_device_spec(self.gpu)  # a named device the table does not know is an error
             return
+        dev = trainer.strategy.root_device
         try:
-            self.spec = get_device_spec(trainer.strategy.root_device)  # CUDA: its name; CPU: a measured roof
+            key = str(dev)
+            if key not in _AUTO_SPECS:  # once per process: a CPU roof may be measured (seconds)
+                _AUTO_SPECS[key] = get_device_spec(dev)  # CUDA: the device's name; CPU: a measured roof
+            self.spec = _AUTO_SPECS[key]
         except UnknownDeviceError as e:
             self.spec = None
             rank_zero_warn(f"tscope RooflineCallback: no roof known for this device ({e}). The roofline part is "
@@ -206,13 +212,7 @@ class RooflineCallback(ProfilingCallback):
     def _log_plot(self, sinks: Any, key: str, report: Any, step: int) -> None:
         from tscope_callbacks.plot import figure
 
-        fig = figure(report)
-        try:
-            sinks.log_figure(key, fig, step)
-        finally:
-            import matplotlib.pyplot as plt
-
-            plt.close(fig)
+        sinks.log_figure(key, figure(report), step)  # a standalone Agg Figure: no pyplot state to close
 
     # ------------------------------------------------------------------ automatic MFU
     def _count_flops(self, result: StepProfile, report: Any, ctx: ProfileContext) -> None:
