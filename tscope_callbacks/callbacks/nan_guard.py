@@ -62,7 +62,7 @@ class NonFiniteEvent:
     kind: str  # "loss" | "gradient" | "activation" | "parameter"
     layer: str | None = None  # module path ("" is the root module); None when not located
     parameters: dict[str, int] = field(default_factory=dict)  # name -> non-finite elements (grads; params for kind "parameter")
-    loss: float | None = None
+    loss: float | None = None  # as passed to backward (divided by accumulate_grad_batches; AMP-unscaled)
     num_nonfinite: int = 0  # total non-finite elements over ``parameters``
     max_abs_grad: float | None = None  # largest finite |gradient| (|parameter| for kind "parameter")
     ranks: list[int] = field(default_factory=list)
@@ -307,7 +307,8 @@ class NaNGuardCallback(Callback):
         names = {id(p): n for n, p in pl_module.named_parameters()}
         if flagged:
             info.parameters = nl.count_nonfinite([(names.get(id(p), f"param{i}"), p.grad) for i, p in enumerate(params)])
-        vals = [float(x.detach().float().sum()) for x in losses]
+        unscale = float(scaler.get_scale()) if scaler is not None else 1.0  # on_before_backward sees the scaled loss
+        vals = [float(x.detach().float().sum()) / unscale for x in losses]
         bad_vals = [v for v in vals if not math.isfinite(v)]
         info.loss_bad = bool(bad_vals)
         info.loss = bad_vals[0] if bad_vals else (vals[-1] if vals else None)
