@@ -12,7 +12,8 @@ unused outputs):
   a re-run; its ops get phase ``"recompute"``.
 
 Off-region nothing is installed: ``start()`` installs a pre/post forward hook per module and one dispatch mode, ``stop()`` removes
-them on every path (also when the region raised).
+them on every path (also when the region raised). Tscope's own work inside a region (per-layer finite checks, the
+NaN guard's check and replay) runs under :func:`paused`, so a profile holds only the user's ops.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from tscope_callbacks.formulas.apply import count_op
 from tscope_callbacks.layer_build import LayerDetails, build_layers
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
-__all__ = ["profile", "Profile", "NestedProfileError", "active_profile"]
+__all__ = ["profile", "Profile", "NestedProfileError", "active_profile", "paused"]
 
 log = logging.getLogger("tscope_callbacks")
 
@@ -51,6 +52,21 @@ class NestedProfileError(RuntimeError):
 def active_profile() -> Profile | None:
     """The profile currently capturing, if any."""
     return _ACTIVE
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Run tscope's own work (finite checks, the NaN guard's check and replay) inside a profiled region without
+    recording it: ops run untouched and no module is tracked. A no-op when nothing is being profiled."""
+    p = _ACTIVE
+    if p is None:
+        yield
+        return
+    p._paused += 1
+    try:
+        yield
+    finally:
+        p._paused -= 1
 
 
 class _Frame:
@@ -70,6 +86,8 @@ class _Mode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         p = self.owner
+        if p._paused:
+            return func(*args, **kwargs)
         seq = _get_sequence_nr()
         node = _current_node()
         rng = p._ranges.op_range(len(p._ops)) if p._ranges is not None else None
@@ -148,6 +166,7 @@ class Profile:
         self._details: LayerDetails | None = None
         self._calls: dict[str, int] = {}
         self._mutating: dict[Any, bool] = {}
+        self._paused = 0
         self._t0 = 0
 
     # ---------------- public surface ----------------
@@ -276,7 +295,7 @@ class Profile:
         self._cuda_mem = self.timing == "cuda" and torch.cuda.is_available()
         self._last_alloc: int | None = None
         if self.layer_details:
-            self._details = LayerDetails(self.check_finite)
+            self._details = LayerDetails(self.check_finite, mute=self._mute)
         # Per-module hooks: ours run first before the module and last after it (after any user hook that
         # replaces the output), so shapes and finite-checks see what the module really hands downstream.
         for mod in {id(m): m for m in self.model.modules()}.values():
@@ -352,9 +371,18 @@ class Profile:
         self._collapse_cache[path] = p
         return p
 
+    @contextlib.contextmanager
+    def _mute(self) -> Iterator[None]:
+        """Our own bookkeeping ops (finite checks in hooks) are not the user's: not recorded."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
     def _pre_hook(self, module: torch.nn.Module, args: Any) -> None:
         path = self._paths.get(id(module))
-        if path is None or not self._running:
+        if path is None or not self._running or self._paused:
             return
         try:
             mem0 = torch.cuda.memory_allocated() if self._cuda_mem else 0
@@ -370,7 +398,7 @@ class Profile:
 
     def _post_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         path = self._paths.get(id(module))
-        if path is None or not self._stack:
+        if path is None or not self._stack or self._paused:
             return
         try:
             # pop up to and including this module's frame (robust to a child that raised)
@@ -383,7 +411,8 @@ class Profile:
                 return
             if self._details is not None:
                 grown = (torch.cuda.memory_allocated() - frame.mem0) if self._cuda_mem else None
-                self._details.on_exit(path, module, args, output, grown, frame.in_backward)
+                with self._mute():
+                    self._details.on_exit(path, module, args, output, grown, frame.in_backward)
         except Exception as e:
             self._internal_error(e)
 

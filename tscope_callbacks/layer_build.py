@@ -6,6 +6,7 @@ parent's time is never a sum of host timers around asynchronous children (Inspec
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -60,8 +61,9 @@ def _nonfinite(ts: list[torch.Tensor]) -> bool:
 class LayerDetails:
     """Shapes, gradient shapes, output/allocation memory and non-finite flags per layer (first call's shapes)."""
 
-    def __init__(self, check_finite: bool) -> None:
+    def __init__(self, check_finite: bool, mute: Callable[[], Any] = contextlib.nullcontext) -> None:
         self.check_finite = check_finite
+        self._mute = mute  #: context in which our own checks run unrecorded
         self.info: dict[str, dict[str, Any]] = {}
         self._handles: list[Any] = []
         self._live = True
@@ -122,8 +124,9 @@ class LayerDetails:
             if len(d[key]) < 8:
                 d[key].append(_shape(grad))
             flag = f"nonfinite_{kind}"
-            if self.check_finite and not d[flag] and _nonfinite([grad]):
-                d[flag] = True
+            if self.check_finite and not d[flag]:
+                with self._mute():
+                    d[flag] = _nonfinite([grad])
             return None
 
         return hook

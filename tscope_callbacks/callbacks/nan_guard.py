@@ -44,6 +44,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from tscope_callbacks.capture import paused
+
 from . import nan_locate as nl
 
 __all__ = ["NaNGuardCallback", "NonFiniteError", "NonFiniteEvent"]
@@ -175,13 +177,18 @@ class NaNGuardCallback(Callback):
                              batch_idx: int) -> None:
         if self.locate and self._replay_blocker is None and self._due(trainer.global_step):
             try:
-                self._snaps.append(nl.StepSnapshot.take(batch, batch_idx))
+                with paused():
+                    self._snaps.append(nl.StepSnapshot.take(batch, batch_idx))
                 del self._snaps[:-256]
             except Exception as e:
                 self._internal_error("snapshot", e)
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        with paused():  # in a profiled step the guard's own ops are not recorded as the user's
+            self._keep_loss(trainer, loss)
+
+    def _keep_loss(self, trainer: pl.Trainer, loss: torch.Tensor) -> None:
         if self._snaps and self._snaps[-1].loss is None:
             self._snaps[-1].loss = loss.detach()
         if self.check_loss and isinstance(loss, torch.Tensor) and self._due(trainer.global_step):
@@ -190,6 +197,11 @@ class NaNGuardCallback(Callback):
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
+        with paused():  # check and replay inside a profiled step are not the user's work
+            self._check_step(trainer, pl_module, optimizer)
+
+    def _check_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                    optimizer: torch.optim.Optimizer) -> None:
         losses, snaps, self._losses, self._snaps = self._losses, self._snaps, [], []
         self._stepped = True
         if not self._due(trainer.global_step):
@@ -219,6 +231,10 @@ class NaNGuardCallback(Callback):
         if not (self.check_params and self._stepped):
             return
         self._stepped = False
+        with paused():
+            self._check_params(trainer, pl_module, batch_idx)
+
+    def _check_params(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch_idx: int) -> None:
         step = trainer.global_step - 1  # the update that just ran
         if not self._due(step):
             return
