@@ -62,11 +62,11 @@ def paused() -> Iterator[None]:
     if p is None:
         yield
         return
-    p._paused += 1
+    p.pause()
     try:
         yield
     finally:
-        p._paused -= 1
+        p.resume()
 
 
 class _Frame:
@@ -167,6 +167,8 @@ class Profile:
         self._calls: dict[str, int] = {}
         self._mutating: dict[Any, bool] = {}
         self._paused = 0
+        self._pause_t0 = 0
+        self._paused_ns = 0
         self._t0 = 0
 
     # ---------------- public surface ----------------
@@ -211,6 +213,20 @@ class Profile:
     def set_phase(self, name: str | None) -> None:
         self._phase_override = name
 
+    def pause(self) -> None:
+        """Stop recording until :meth:`resume` (nestable): ops run untouched, modules are not tracked, and the
+        paused time is left out of ``wall_time_s`` (e.g. a validation run inside a profiled training window)."""
+        if self._paused == 0:
+            self._pause_t0 = _perf_ns()
+        self._paused += 1
+
+    def resume(self) -> None:
+        if self._paused <= 0:
+            return
+        self._paused -= 1
+        if self._paused == 0:
+            self._paused_ns += _perf_ns() - self._pause_t0
+
     # ---------------- lifecycle ----------------
     def start(self) -> Profile:
         global _ACTIVE
@@ -242,7 +258,11 @@ class Profile:
                 for r, tc in zip(self._ops, getattr(self._ranges, "tensor_core", None) or ()):
                     r.tensor_core = tc
                 self._ranges = None
-            wall = (_perf_ns() - self._t0) * 1e-9
+            now = _perf_ns()
+            if self._paused:  # stopped while paused (e.g. an exception inside a paused block)
+                self._paused_ns += now - self._pause_t0
+                self._paused = 0
+            wall = (now - self._t0 - self._paused_ns) * 1e-9
         except Exception as e:
             self._internal_error(e)
         finally:
@@ -344,6 +364,7 @@ class Profile:
             "torch": torch.__version__,
             "internal_errors": list(self.errors),
             "compiled_modules_run_eagerly": list(getattr(self, "_compiled", [])),
+            "paused_s": self._paused_ns * 1e-9,  #: left out of wall_time_s (tscope's own checks, validation)
         }
 
     def _internal_error(self, e: BaseException) -> None:
@@ -374,11 +395,11 @@ class Profile:
     @contextlib.contextmanager
     def _mute(self) -> Iterator[None]:
         """Our own bookkeeping ops (finite checks in hooks) are not the user's: not recorded."""
-        self._paused += 1
+        self.pause()
         try:
             yield
         finally:
-            self._paused -= 1
+            self.resume()
 
     def _pre_hook(self, module: torch.nn.Module, args: Any) -> None:
         path = self._paths.get(id(module))

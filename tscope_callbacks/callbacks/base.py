@@ -7,7 +7,9 @@ Hook order (Lightning 2.x, automatic optimization): ``on_train_batch_start`` -> 
 So a profiled training step starts at ``on_train_batch_start`` of the first micro-batch whose ``global_step`` is
 due, marks phase ``"optimizer"`` from ``on_before_optimizer_step`` until the optimizer's step post-hook, and stops at
 ``on_train_batch_end`` once the optimizer stepped (``global_step`` moved) -- forward, backward and optimizer step of
-every micro-batch of the window. Manual optimization: the whole ``training_step`` is the region.
+every micro-batch of the window (each micro-batch counted once, however many tscope callbacks share the window); a
+validation run inside the window is paused out of it (not recorded, its time left out of the wall time). Manual
+optimization: the whole ``training_step`` is the region.
 
 Several tscope callbacks due at the same step share one capture (only one dispatch mode can run): the first one
 whose hook runs starts it with the union of the options and hands the result to each of them.
@@ -85,7 +87,9 @@ class _Session:
         self.global_step = trainer.global_step
         self.epoch = trainer.current_epoch
         self.micro_batches = 0
+        self._last_batch: int | None = None  #: batch_idx last counted (each member's batch-end hook sees it)
         self.reason = "schedule"
+        self.paused = False
         self.scheduled = True  #: some member's schedule made this step due (the same on every rank)
         self._handles: list[Any] = []
         if profile is not None and stage == "train":
@@ -96,6 +100,18 @@ class _Session:
     def _after_optimizer_step(self, *_: Any) -> None:
         if self.profile is not None:
             self.profile.set_phase(None)
+
+    def count_batch(self, batch_idx: int) -> None:
+        """Count the micro-batch ``batch_idx`` once, however many member callbacks report its end."""
+        if batch_idx != self._last_batch:
+            self._last_batch = batch_idx
+            self.micro_batches += 1
+
+    def pause(self, paused: bool) -> None:
+        """Pause the capture while another stage runs inside the window (validation during accumulation)."""
+        if self.profile is not None and paused != self.paused:
+            self.paused = paused
+            (self.profile.pause if paused else self.profile.resume)()
 
     def mark_optimizer(self) -> None:
         if self.profile is not None:
@@ -188,8 +204,9 @@ class ProfilingCallback(Callback):
                           "continues, further errors of this callback are not reported", RuntimeWarning, stacklevel=3)
 
     def sinks(self, trainer: pl.Trainer) -> SinkGroup | None:
-        """The sinks for ``trainer.loggers`` (rank zero only; None on other ranks)."""
-        if not trainer.is_global_zero:
+        """The sinks for ``trainer.loggers`` (rank zero only; None on other ranks and under ``fast_dev_run``, which
+        runs the profiling code path but, like Lightning's loggers and checkpoints, writes nothing)."""
+        if not trainer.is_global_zero or trainer.fast_dev_run:
             return None
         if self._sinks is None:
             self._sinks = build_sinks(trainer, raise_errors=self.raise_errors)
@@ -308,7 +325,7 @@ class ProfilingCallback(Callback):
         s = _SESSION
         if s is None or s.stage != "train" or s.trainer is not trainer:
             return
-        s.micro_batches += 1
+        s.count_batch(batch_idx)
         if (pl_module.automatic_optimization and trainer.global_step == s.global_step
                 and s.micro_batches < trainer.accumulate_grad_batches):
             return  # still inside the accumulation window
@@ -342,12 +359,21 @@ class ProfilingCallback(Callback):
     def _eval_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str, batch_idx: int) -> None:
         s = _SESSION
         if s is not None and s.stage == stage and s.step == batch_idx and s.trainer is trainer:
-            s.micro_batches += 1
+            s.count_batch(batch_idx)
             self._finish(trainer, pl_module)
 
     @override
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        s = _SESSION
+        if s is not None and s.stage == "train" and s.trainer is trainer:
+            s.pause(True)  # validation inside a profiled training window is not training work
         self._eval_epoch_start("validation")
+
+    @override
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        s = _SESSION
+        if s is not None and s.stage == "train" and s.trainer is trainer:
+            s.pause(False)
 
     @override
     def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
