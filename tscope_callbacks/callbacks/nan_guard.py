@@ -294,6 +294,8 @@ class NaNGuardCallback(Callback):
         dev = losses[0].device if losses else trainer.strategy.root_device
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if scaler is not None and not any(self._gather(trainer, torch.tensor([float(loss_bad)], device=dev))):
+            if all(bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None):
+                return None  # the norm overflowed on finite values (identical grads on all ranks under DDP)
             return self._amp_overflow(trainer, scaler, flagged)
         try:
             info = self._local_info(trainer, pl_module, params, rank in flagged, losses, snaps, scaler)
