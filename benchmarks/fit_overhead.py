@@ -78,7 +78,7 @@ class StepEnd(pl.Callback):
         self.t1.append(time.perf_counter())
 
 
-def fit(kind: str, steps: int, root: str) -> dict[str, Any]:
+def fit(kind: str, steps: int, root: str, spec: Any = "auto") -> dict[str, Any]:
     """One fit. kind: "plain" | "off" (callbacks, nothing due) | "default" (callbacks, default schedule)."""
     pl.seed_everything(0, verbose=False)
     start, end = StepStart(), StepEnd()
@@ -86,7 +86,7 @@ def fit(kind: str, steps: int, root: str) -> dict[str, Any]:
     roof = None
     if kind != "plain":
         first = steps + 10 if kind == "off" else 10
-        roof = ts.RooflineCallback(gpu="auto", start_step=first)
+        roof = ts.RooflineCallback(gpu=spec, start_step=first)
         cbs += [roof, ts.LayerProfilerCallback(start_step=first, depth=3)]
     cbs.append(end)
     trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=cbs,
@@ -134,13 +134,14 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     torch.set_float32_matmul_precision("high")
     root = tempfile.mkdtemp(prefix="tscope_fit_overhead_")
-    ts.get_device_spec("auto")  # measure (or load) the CPU roof once, outside the timed fits
+    load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    spec = ts.get_device_spec("auto")  # measure (or load) the CPU roof once, outside the timed fits
     fit("plain", 12, root)  # warm-up: imports, allocator, thread pools
     res: dict[str, list[dict[str, Any]]] = {"plain": [], "off": [], "default": []}
     for r in range(args.rounds):
         order = ["plain", "off", "default"] if r % 2 == 0 else ["default", "off", "plain"]
         for kind in order:
-            res[kind].append(fit(kind, args.steps, root))
+            res[kind].append(fit(kind, args.steps, root, spec))
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {res[k][-1]['total']:.2f}s" for k in order),
               file=sys.stderr)
 
@@ -151,6 +152,7 @@ def main() -> int:
     region_ratio = med(x["region"] / x["plain_median"] for x in res["default"])
     default_total = med(x["total"] for x in res["default"])
     hook_us = med(x["hook_s"] for x in res["off"]) * 1e6
+    load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines = [
         "# Fit overhead: RooflineCallback + LayerProfilerCallback",
         "",
@@ -158,7 +160,9 @@ def main() -> int:
         f"(d_model={CFG.d_model}, {CFG.n_layer} blocks, seq {CFG.seq_len}, vocab {CFG.vocab_size}, batch {BATCH}, "
         f"AdamW) on CPU ({os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads), "
         f"{args.steps} optimizer steps per fit, no logger (files under default_root_dir/tscope), "
-        f"one process, order alternating per round, medians over {args.rounds} rounds.",
+        f"one process, order alternating per round, medians over {args.rounds} rounds. "
+        f"1-minute load average at start / end: {load0:.1f} / {load1:.1f} (other jobs share the machine when it "
+        "exceeds the core count: fit-time ratios are then noisy; the hook cost below is not).",
         "",
         "## (a) Callbacks installed, no step due (start_step past max_steps)",
         "",

@@ -192,6 +192,7 @@ def test_internal_errors_warn_once_or_raise(tmp_path: Path, monkeypatch: pytest.
         trainer = _fit(tmp_path, [cb], max_steps=4)
     assert sum("analysis exploded" in str(w.message) for w in rec) == 1
     assert trainer.global_step == 4
+    assert cb.last_report is None and "tscope/roofline/measured_step_ms" in cb.history[-1]  # counts still logged
     strict = ts.RooflineCallback(gpu=test_spec(), raise_errors=True, **SCHED)
     model = TinyLM()
     with pytest.raises(ValueError, match="analysis exploded"):

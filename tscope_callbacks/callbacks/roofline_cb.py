@@ -157,7 +157,10 @@ class RooflineCallback(ProfilingCallback):
         if self.spec is not None:
             from tscope_callbacks.roofline import roofline
 
-            report = roofline(result, self.spec, precision=self.precision)
+            try:
+                report = roofline(result, self.spec, precision=self.precision)
+            except Exception as e:  # counts and times are still logged below
+                self._warn_once("the roofline analysis", e)
         self.last_profile, self.last_report = result, report
         if ctx.stage == "train":
             self._count_flops(result, report, ctx)
@@ -176,7 +179,10 @@ class RooflineCallback(ProfilingCallback):
             sinks.log_scatter(prefix + "scatter", rows, "intensity", "achieved_gflops_per_s", log_step,
                               title="layer roofline: intensity (FLOP/byte) vs achieved GFLOP/s")
             if self.plot:
-                self._log_plot(sinks, prefix + "plot", report, log_step)
+                try:
+                    self._log_plot(sinks, prefix + "plot", report, log_step)
+                except Exception as e:
+                    self._warn_once("drawing the roofline plot", e)
         if self.save_json:
             name = f"step_{ctx.step}.json" if ctx.stage == "train" else f"{ctx.stage}_step_{ctx.step}.json"
             sinks.write_json(name, {"profile": result.to_dict(), "device": _spec_dict(self.spec),
