@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from torch._C._autograd import _get_sequence_nr
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode_temporarily
 
 from tscope_callbacks.formulas import DEFAULT_REGISTRY, FormulaRegistry
 from tscope_callbacks.formulas.apply import count_op
@@ -43,6 +43,7 @@ _current_node = torch._C._current_autograd_node
 _perf_ns = time.perf_counter_ns
 _ACTIVE: Profile | None = None
 _ACTIVE_LOCK = threading.Lock()
+_WARNED_COMPILED: set[tuple[str, tuple[str, ...]]] = set()
 
 
 class NestedProfileError(RuntimeError):
@@ -301,9 +302,12 @@ class Profile:
         self._compiled = []
         for path, mod in self.model.named_modules(remove_duplicate=True):
             self._paths[id(mod)] = _clean_path(path)
-            if type(mod).__name__ == "OptimizedModule":  # torch.compile wrapper
+            # torch.compile's wrapper, or a module whose methods Lightning compiled in place (``_compiler_ctx``)
+            if type(mod).__name__ == "OptimizedModule" or isinstance(getattr(mod, "_compiler_ctx", None), dict):
                 self._compiled.append(_clean_path(path))
-        if self._compiled:
+        warn_key = (type(self.model).__qualname__, tuple(self._compiled))
+        if self._compiled and warn_key not in _WARNED_COMPILED:  # once per model and process, not per profile
+            _WARNED_COMPILED.add(warn_key)
             log.warning(
                 "tscope: %s is torch.compile'd; under profiling it runs eagerly, so op counts are exact but times "
                 "are eager-mode times (fused kernels of the compiled graph are not seen)", self._compiled[0] or "model"
@@ -394,10 +398,15 @@ class Profile:
 
     @contextlib.contextmanager
     def _mute(self) -> Iterator[None]:
-        """Our own bookkeeping ops (finite checks in hooks) are not the user's: not recorded."""
+        """Our own bookkeeping ops (finite checks in hooks) are not the user's: not recorded. When our mode is the
+        innermost one it is popped meanwhile, so those ops skip the Python dispatch entirely (cheaper)."""
         self.pause()
         try:
-            yield
+            if self._mode is not None and _get_current_dispatch_mode() is self._mode:
+                with _pop_mode_temporarily():
+                    yield
+            else:
+                yield
         finally:
             self.resume()
 

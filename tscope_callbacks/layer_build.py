@@ -49,8 +49,9 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+@torch.no_grad()  # no autograd nodes: nothing saved for backward (activation checkpointing counts saved tensors)
 def _nonfinite(ts: list[torch.Tensor]) -> bool:
-    fl = [t for t in ts if t.is_floating_point() or t.is_complex()]
+    fl = [t.detach() for t in ts if t.is_floating_point() or t.is_complex()]
     if not fl:
         return False
     if len(fl) == 1:
