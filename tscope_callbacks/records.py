@@ -180,7 +180,13 @@ class StepProfile:
 
     @property
     def total_flops(self) -> int:
+        """Hardware FLOPs: every op that ran, activation-checkpointing recompute included."""
         return sum(r.flops for r in self.ops)
+
+    @property
+    def model_flops(self) -> int:
+        """Model FLOPs: :attr:`total_flops` without the ``recompute`` phase (what MFU counts)."""
+        return sum(r.flops for r in self.ops if r.phase != "recompute")
 
     @property
     def total_bytes(self) -> int:

@@ -80,7 +80,9 @@ def explain(row: Row, *, tf32_available: bool = False) -> str:
 
 def summary_dict(r: Any) -> dict[str, Any]:
     """Model-level figures of a report (``report.summary``). MFU uses the matrix roof of ``mfu_precision``, MBU the
-    bandwidth; ``time_basis`` says whether the bound fractions are of measured or (untimed) estimated time."""
+    bandwidth; ``time_basis`` says whether the bound fractions are of measured or (untimed) estimated time. MFU counts
+    model FLOPs (activation-checkpointing recompute excluded), HFU hardware FLOPs (recompute included); they are equal
+    without recompute."""
     ach = r.achievable
     return {
         "device": r.spec.name, "device_source": getattr(r.spec, "source", ""),
@@ -93,7 +95,8 @@ def summary_dict(r: Any) -> dict[str, Any]:
         "measured_step_s": r.measured_step_s, "step_time_source": r.step_time_source,
         "wall_time_s": r.wall_time_s, "op_time_s": r.op_time_s, "estimated_step_s": r.estimated_step_s,
         "achievable_estimated_step_s": r.totals.achievable_estimate_s,
-        "mfu": r.mfu, "mfu_precision": r.mfu_precision, "mfu_peak_flops": r.mfu_peak_flops,
+        "mfu": r.mfu, "hfu": r.hfu, "model_flops": r.model_flops, "hardware_flops": r.hardware_flops,
+        "recompute_flops": r.recompute_flops, "mfu_precision": r.mfu_precision, "mfu_peak_flops": r.mfu_peak_flops,
         "estimated_mfu": r.estimated_mfu, "mbu": r.mbu, "bandwidth": r.bandwidth,
         "achieved_tflops": r.achieved_tflops, "achieved_gbps": r.achieved_gbps,
         "time_basis": r.time_basis, "compute_bound_time_frac": r.compute_bound_time_frac,
@@ -170,6 +173,9 @@ def header_lines(report: Any) -> list[str]:
                   "(sum of per-op roofs)",
                   f"- **MFU** {_p(s['mfu'])} · **MBU** {_p(s['mbu'])} · {_f(s['achieved_tflops'], '.4g')} TFLOP/s · "
                   f"{_f(s['achieved_gbps'], '.4g')} GB/s achieved"]
+        if s["recompute_flops"]:
+            lines += [f"- **HFU** {_p(s['hfu'])} (hardware FLOPs, incl. {_n(s['recompute_flops'] / 1e9)} GFLOP of "
+                      f"activation-checkpointing recompute) vs **MFU** {_p(s['mfu'])} (model FLOPs, excl. recompute)"]
     else:
         lines += [f"- **Step**: not timed; {est} (Tensorscope-style estimate: sum of per-op roofs)"
                   + (f"; MFU at the estimate {_p(s['estimated_mfu'])}" if s["estimated_mfu"] is not None else "")]
