@@ -396,3 +396,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(calibration_table(spec))
     return 0
+
+
+# ``ts.calibrate`` is this module once it is imported (it shares the function's name): calling it calls the function
+from tscope_callbacks._callable_module import make_module_callable  # noqa: E402
+
+make_module_callable(__name__)
