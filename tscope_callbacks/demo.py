@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
@@ -16,12 +17,34 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=300, help="optimizer steps to train (default 300)")
-    p.add_argument("--logger", choices=["tensorboard", "wandb", "csv"], default="tensorboard")
+    p.add_argument("--logger", choices=["tensorboard", "wandb", "csv"], default="tensorboard",
+                   help="where the metrics go (default tensorboard; wandb runs offline)")
     p.add_argument("--nan-at", type=int, default=None, metavar="STEP",
-                   help="inject a NaN into blocks.1.mlp.fc at STEP to show the NaN guard naming the layer")
-    p.add_argument("--every", type=int, default=100, help="profile every N steps (default 100)")
-    p.add_argument("--out", default="demo_logs", help="log directory (default ./demo_logs)")
-    p.add_argument("--top", type=int, default=12, help="rows of the roofline table to print")
+                   help="make model.blocks.1.mlp.fc output NaN at optimizer step STEP; the NaN guard names that "
+                        "layer and stops the run")
+    p.add_argument("--every", type=int, default=100, metavar="N",
+                   help="roofline profile at step 10, then every N steps (default 100); profiled steps are the "
+                        "slow ones")
+    p.add_argument("--out", default="demo_logs", metavar="DIR", help="log directory (default ./demo_logs)")
+    p.add_argument("--top", type=int, default=12, metavar="ROWS", help="rows of the printed roofline table (default 12)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads for torch (default: torch's default, lowered to the idle cores when the "
+                        "machine is busy: oversubscribed threads make CPU training several times slower)")
+
+
+def _cpu_threads(requested: int | None) -> int:
+    """``requested``, else torch's default capped by the idle cores (1-minute load average)."""
+    import torch
+
+    if requested is not None:
+        return max(1, requested)
+    n = torch.get_num_threads()
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on every platform
+        return n
+    idle = int((os.cpu_count() or n) - load + 0.5)
+    return max(1, min(n, idle))
 
 
 def _logger(kind: str, out: str):
@@ -46,30 +69,49 @@ def run(args: argparse.Namespace) -> int:
     import tscope_callbacks as ts
     from tscope_callbacks.demo_lightning import DemoLM, NaNInjector, RandomTokenData
 
-    pl.seed_everything(0, verbose=False)
-    torch.set_float32_matmul_precision("high")
-    data = RandomTokenData()
-    model = DemoLM()
-    roof = ts.RooflineCallback(gpu="auto", start_step=10, every_n_steps=args.every)
-    layers = ts.LayerProfilerCallback(start_step=10, every_n_steps=max(args.every, args.steps), depth=3)
-    guard = ts.NaNGuardCallback(action="stop" if args.nan_at is not None else "warn")
-    callbacks: list[pl.Callback] = [roof, layers, guard]
-    if args.nan_at is not None:
-        callbacks.append(NaNInjector(args.nan_at))
-    logger = _logger(args.logger, args.out)
-    trainer = pl.Trainer(max_steps=args.steps, accelerator="auto", devices=1, logger=logger, callbacks=callbacks,
-                         log_every_n_steps=10, enable_checkpointing=False, enable_model_summary=False,
-                         limit_val_batches=0, enable_progress_bar=sys.stdout.isatty())
-    t0 = time.perf_counter()
-    trainer.fit(model, datamodule=data)
-    took = time.perf_counter() - t0
-    _print_summary(trainer, roof, guard, logger, args, took)
+    for name in ("steps", "every", "top"):
+        if getattr(args, name) < 1:
+            print(f"tscope demo: --{name} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
+            return 2
+    # the demo changes process-wide torch settings; put them back so an in-process caller is unaffected
+    saved = (torch.get_num_threads(), torch.get_float32_matmul_precision())
+    try:
+        pl.seed_everything(0, verbose=False)
+        torch.set_float32_matmul_precision("high")
+        if not torch.cuda.is_available():
+            torch.set_num_threads(_cpu_threads(args.threads))
+        data = RandomTokenData()
+        model = DemoLM()
+        roof = ts.RooflineCallback(gpu="auto", start_step=10, every_n_steps=args.every)
+        layers = ts.LayerProfilerCallback(start_step=10, every_n_steps=max(args.every, args.steps), depth=3)
+        guard = ts.NaNGuardCallback(action="stop" if args.nan_at is not None else "warn")
+        callbacks: list[pl.Callback] = [roof, layers, guard]
+        if args.nan_at is not None:
+            callbacks.append(NaNInjector(args.nan_at))
+        logger = _logger(args.logger, args.out)
+        trainer = pl.Trainer(max_steps=args.steps, accelerator="auto", devices=1, logger=logger, callbacks=callbacks,
+                             log_every_n_steps=10, enable_checkpointing=False, enable_model_summary=False,
+                             limit_val_batches=0, enable_progress_bar=sys.stdout.isatty())
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():  # Lightning's own deprecation noise, not the demo's business
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+            trainer.fit(model, datamodule=data)
+        took = time.perf_counter() - t0
+        _print_summary(trainer, roof, guard, logger, args, took)
+    finally:
+        torch.set_num_threads(saved[0])
+        torch.set_float32_matmul_precision(saved[1])
     return 0
 
 
 def _print_summary(trainer, roof, guard, logger, args, took: float) -> None:
+    import torch
+
+    dev = trainer.strategy.root_device
+    n = torch.get_num_threads()
+    where = f"{dev} ({n} thread{'s' if n != 1 else ''})" if dev.type == "cpu" else str(dev)
     bar = "=" * 100
-    print(f"\n{bar}\ntscope demo: {trainer.global_step} steps in {took:.1f} s on {trainer.strategy.root_device}\n{bar}")
+    print(f"\n{bar}\ntscope demo: {trainer.global_step} steps in {took:.1f} s on {where}\n{bar}")
     report = getattr(roof, "last_report", None)
     if report is not None:
         print(report.to_markdown(top=args.top))
@@ -77,7 +119,9 @@ def _print_summary(trainer, roof, guard, logger, args, took: float) -> None:
         print("(no roofline report: no step was profiled; raise --steps above 10)")
     mfu = getattr(roof, "last_mfu", None)
     if mfu is not None:
-        print(f"\nAutomatic MFU (every step, from the counted FLOPs): {mfu:.2%}")
+        print(f"\nAutomatic MFU (unprofiled steps of the last logging window, FLOPs from the profile): {mfu:.2%}")
+    else:
+        print("\nAutomatic MFU: not logged (it needs a logging step after the first profiled step and a device roof)")
     if guard.events:
         print(f"\nNaN guard: {len(guard.events)} event(s). First:\n  {guard.events[0]}")
     log_dir = Path(getattr(logger, "log_dir", None) or getattr(logger, "save_dir", None) or args.out).resolve()
@@ -86,6 +130,12 @@ def _print_summary(trainer, roof, guard, logger, args, took: float) -> None:
         print(f"View them:  tensorboard --logdir {Path(args.out).resolve()}")
     elif args.logger == "wandb":
         print(f"W&B offline run; sync with:  wandb sync {Path(args.out).resolve()}/wandb/offline-run-*")
-    saved = sorted(log_dir.glob("tscope/step_*.json"))
+    saved = sorted(log_dir.glob("tscope/step_*.json"), key=_step_of)
     if saved:
         print(f"Re-render a profiled step:  tscope report {saved[-1]} --plot roofline.png")
+
+
+def _step_of(path: Path) -> int:
+    """N of ``step_<N>.json`` (so step_100 sorts after step_90)."""
+    tail = path.stem.rpartition("_")[2]
+    return int(tail) if tail.isdigit() else -1
