@@ -1,0 +1,155 @@
+"""The ``tscope`` console script: every subcommand's ``--help``, ``tscope specs``, ``tscope analyze``, ``tscope report``.
+
+In-process through ``tscope_callbacks.cli.main`` (the console script's entry point), plus one real subprocess of the
+installed ``tscope`` script so the entry point itself is exercised.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_models import SmallConvNet
+
+from tscope_callbacks.cli import _COMMANDS, main
+
+SUBCOMMANDS = ["demo", "analyze", "specs", "calibrate", "report"]
+
+
+def test_every_subcommand_is_routed() -> None:
+    assert sorted(_COMMANDS) == sorted(SUBCOMMANDS)
+
+
+@pytest.mark.parametrize("command", [None, *SUBCOMMANDS])
+def test_help_exits_zero(command: str | None, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--help"] if command is None else [command, "--help"]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: tscope{'' if command is None else ' ' + command}")
+    if command is None:
+        for name in SUBCOMMANDS:
+            assert name in out
+    else:
+        assert _COMMANDS[command][1] in " ".join(out.split())  # the one-line description
+
+
+def test_demo_help_names_its_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = capsys.readouterr().out
+    for opt in ("--steps", "--logger", "--nan-at", "--every", "--out", "--threads"):
+        assert opt in out
+    assert "model.blocks.1.mlp.fc" in " ".join(out.split())
+
+
+def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "COMMAND" in capsys.readouterr().out
+
+
+def test_installed_console_script_runs() -> None:
+    exe = Path(sys.executable).with_name("tscope")
+    if not exe.exists():
+        exe = shutil.which("tscope")
+        if exe is None:
+            pytest.skip("the tscope console script is not installed in this environment")
+    res = subprocess.run([str(exe), "specs", "--help"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "usage: tscope specs" in res.stdout
+
+
+# ---------------- tscope specs ----------------
+def test_specs_lists_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["specs"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("device")
+    for name in ("NVIDIA L4 ", "NVIDIA L40S", "NVIDIA H100 SXM", "NVIDIA H200", "AMD Instinct MI300X"):
+        assert name in out
+    assert "devices; dense peaks" in out
+
+
+def test_specs_shows_the_l40s_row(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["specs", "NVIDIA L40S"]) == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("NVIDIA L40S")  # the L40S row itself, not the L4 (a substring match would say L4)
+    assert "864 GB/s" in out
+    bf16 = next(line for line in out.splitlines() if line.startswith("bf16"))
+    assert "362.05" in bf16
+
+
+def test_specs_json_row(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["specs", "NVIDIA L40S", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["name"] == "NVIDIA L40S"
+    assert row["bandwidth"] == pytest.approx(864e9)
+
+
+def test_unknown_gpu_exits_2_with_closest_names(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["specs", "NVIDIA L40X"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown device 'NVIDIA L40X'" in err
+    assert "Closest known names" in err and "'NVIDIA L40S'" in err and "'NVIDIA L40'" in err
+    assert "Traceback" not in err
+
+
+# ---------------- tscope analyze ----------------
+def test_analyze_tinygpt(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_json = tmp_path / "tinygpt.json"
+    rc = main(["analyze", "tscope_callbacks.demo_model:TinyGPT", "--input-shape", "8,64", "--input-dtype", "long",
+               "--gpu", "h100", "--precision", "bf16", "--json", str(out_json)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## Roofline — NVIDIA H100 SXM · TinyGPT")
+    assert "bf16 dominant" in out
+    assert "FLOP coverage 100%" in out
+    assert "| layer | type | phase |" in out and "Opportunities" in out
+    from tscope_callbacks.demo_model import GPTConfig, matmul_flops
+
+    prof = json.loads(out_json.read_text())["profile"]
+    linears = sum(o["flops"] for o in prof["ops"] if o["category"] == "matmul")
+    assert linears == matmul_flops(GPTConfig(), 8)["total"]  # forward only: the default config's Linear layers
+    assert any(o["category"] == "attention" and o["flops"] > 0 for o in prof["ops"])  # SDPA counted too
+    assert {o["dtype"] for o in prof["ops"] if o["category"] == "matmul"} == {"bfloat16"}
+
+
+def test_analyze_helper_model_resnet_shape(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_json = tmp_path / "conv.json"
+    rc = main(["analyze", "cli_models:SmallConvNet", "--input-shape", "32,3,224,224", "--gpu", "h100",
+               "--precision", "bf16", "--json", str(out_json), "--plot", str(tmp_path / "roof.png")])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "NVIDIA H100 SXM · SmallConvNet" in out
+    assert (tmp_path / "roof.png").stat().st_size > 0
+    ops = json.loads(out_json.read_text())["profile"]["ops"]
+    by_layer = {o["layer"]: o["flops"] for o in ops if o["category"] in ("conv", "matmul")}
+    assert by_layer == SmallConvNet().expected_flops(32, 224, 224)
+
+
+def test_analyze_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", "cli_models:SmallConvNet", "--input-shape", "2,3,8,8", "--gpu", "NVIDIA L40X"]) == 2
+    assert "Closest known names" in capsys.readouterr().err
+    assert main(["analyze", "cli_models", "--input-shape", "2,3,8,8"]) == 2
+    assert "expected MODULE:NAME" in capsys.readouterr().err
+    assert main(["analyze", "cli_models:NoSuchModel", "--input-shape", "2,3,8,8"]) == 2
+    assert "NoSuchModel" in capsys.readouterr().err
+
+
+# ---------------- tscope report ----------------
+def test_report_rerenders_an_analyze_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_json = tmp_path / "conv.json"
+    assert main(["analyze", "cli_models:SmallConvNet", "--input-shape", "4,3,32,32", "--gpu", "a100",
+                 "--json", str(out_json)]) == 0
+    first = capsys.readouterr().out
+    assert main(["report", str(out_json), "--gpu", "a100", "--csv", str(tmp_path / "rows.csv")]) == 0
+    again = capsys.readouterr().out
+    assert again.splitlines()[0] == first.splitlines()[0]
+    assert (tmp_path / "rows.csv").read_text().count("\n") > 3
+    assert main(["report", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
