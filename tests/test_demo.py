@@ -1,0 +1,81 @@
+"""``tscope demo``: a short real run prints the roofline table, the opportunities, MFU and the TensorBoard command;
+``--nan-at`` shows the NaN guard naming the layer the NaN came from. In-process through the console script's
+``main`` (one Lightning import for both runs); each run is a few dozen CPU steps."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import torch
+
+from tscope_callbacks.cli import main
+from tscope_callbacks.demo import _cpu_threads, _step_of
+
+
+@pytest.fixture
+def torch_settings():
+    """The demo must leave process-wide torch settings as it found them."""
+    before = (torch.get_num_threads(), torch.get_float32_matmul_precision())
+    yield
+    assert (torch.get_num_threads(), torch.get_float32_matmul_precision()) == before
+
+
+def test_demo_prints_table_opportunities_mfu_and_tensorboard_command(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], torch_settings: None) -> None:
+    out_dir = tmp_path / "logs"
+    assert main(["demo", "--steps", "25", "--every", "10", "--out", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "tscope demo: 25 steps in" in out
+    assert "## Roofline" in out and "· DemoLM · step 20" in out  # profiled at 10 and 20: the last one is shown
+    assert "| layer | type | phase | GFLOPs | MB | FLOP/B | bound | est ms | measured ms | % of roof |" in out
+    assert "### Opportunities" in out
+    assert "**MFU**" in out and "Automatic MFU" in out
+    assert f"tensorboard --logdir {out_dir.resolve()}" in out
+    assert "NaN guard:" not in out  # a healthy run has no events
+    run_dir = out_dir / "tscope_demo" / "version_0"
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    assert sorted(p.name for p in (run_dir / "tscope").glob("step_*.json")) == ["step_10.json", "step_20.json"]
+    assert f"tscope report {run_dir.resolve() / 'tscope' / 'step_20.json'}" in out
+
+
+def test_demo_nan_guard_names_the_layer(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       torch_settings: None) -> None:
+    out_dir = tmp_path / "logs"
+    assert main(["demo", "--steps", "25", "--every", "10", "--nan-at", "15", "--logger", "csv",
+                 "--out", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    event = next(line for line in out.splitlines() if "NaN guard: non-finite" in line)
+    assert "at step 15" in event
+    assert "in layer 'model.blocks.1.mlp.fc'" in event
+    assert "stopping the run" in event
+    assert "tscope demo: 16 steps in" in out  # action="stop": the run ends after the bad step (update dropped)
+    assert "tensorboard --logdir" not in out  # CSV logger: no TensorBoard command
+    metrics = next(out_dir.rglob("metrics.csv")).read_text()
+    assert "tscope/nan/events" in metrics.splitlines()[0]
+
+
+def test_demo_rejects_bad_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--steps", "0"]) == 2
+    assert "--steps must be >= 1" in capsys.readouterr().err
+
+
+def test_cpu_threads_and_step_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _cpu_threads(3) == 3
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    monkeypatch.setattr("os.getloadavg", lambda: (3.6, 0.0, 0.0))
+    assert _cpu_threads(None) == 1  # 4 cores, 3.6 busy: the idle share, never below 1
+    monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert _cpu_threads(None) == min(torch.get_num_threads(), 4)
+    names = [Path(f"step_{n}.json") for n in (90, 10, 120)]
+    assert [p.name for p in sorted(names, key=_step_of)] == ["step_10.json", "step_90.json", "step_120.json"]
+
+
+def test_demo_arguments_defaults() -> None:
+    from tscope_callbacks.demo import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args([])
+    assert (args.steps, args.every, args.logger, args.nan_at) == (300, 100, "tensorboard", None)
