@@ -100,6 +100,18 @@ def test_activation_checkpointing_counts_recompute_and_reports_hfu(tmp_path: Pat
     assert cbs[1].last_layers["block.0"].calls == 1  # the recompute is not a second call
 
 
+def test_nan_guard_locates_inside_a_checkpointed_block(tmp_path: Path) -> None:
+    model = _Ckpt(reentrant=False)
+    model.net[3].weight.register_hook(lambda g: g * float("nan") if model.trainer.global_step == 2 else g)
+    cbs = all_callbacks(nan_action="warn")
+    trainer = pl.Trainer(max_steps=3, default_root_dir=tmp_path, callbacks=cbs, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    trainer.fit(model)
+    ev = cbs[2].events
+    assert len(ev) == 1 and ev[0].step == 2 and ev[0].kind == "gradient" and ev[0].layer == "net.3", ev
+    assert "internal" not in ev[0].note.lower(), ev[0].note
+
+
 # ---------------------------------------------------------------- shared / tied modules
 class _Shared(MLPModule):
     """The same Linear applied twice, and an output layer tied to the input layer's weight (transposed use)."""
