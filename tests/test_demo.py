@@ -79,3 +79,25 @@ def test_demo_arguments_defaults() -> None:
     add_arguments(p)
     args = p.parse_args([])
     assert (args.steps, args.every, args.logger, args.nan_at) == (300, 100, "tensorboard", None)
+
+
+def test_demo_yaml_runs_through_lightning_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """configs/demo.yaml: the same demo through LightningCLI, a few real steps (one profiled)."""
+    pytest.importorskip("jsonargparse")
+    from lightning.pytorch.cli import LightningCLI
+
+    import tscope_callbacks as ts
+    from tscope_callbacks.demo_lightning import DemoLM, RandomTokenData
+
+    monkeypatch.setattr("sys.argv", ["train.py"])  # LightningCLI warns about pytest's own argv
+    cfg = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+    cli = LightningCLI(DemoLM, RandomTokenData, args=[
+        "fit", "--config", str(cfg), "--trainer.max_steps=11", "--trainer.accelerator=cpu",
+        "--trainer.enable_progress_bar=false", f"--trainer.logger.init_args.save_dir={tmp_path}"])
+    kinds = {type(cb) for cb in cli.trainer.callbacks}
+    assert {ts.RooflineCallback, ts.LayerProfilerCallback, ts.NaNGuardCallback} <= kinds
+    assert cli.trainer.global_step == 11
+    roof = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ts.RooflineCallback))
+    assert roof.last_report is not None  # start_step 10 was profiled
+    run_dir = tmp_path / "tscope_demo_cli" / "version_0"
+    assert (run_dir / "tscope" / "step_10.json").is_file() and (run_dir / "config.yaml").is_file()
