@@ -175,13 +175,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", help="the model class or factory as MODULE:NAME (e.g. mypkg.models:ResNet18)")
     p.add_argument("--input-shape", action="append", required=True,
                    help="comma-separated shape of one input, e.g. 32,3,224,224 (repeat for several inputs)")
-    p.add_argument("--input-dtype", action="append", default=None, help="per input: float (default) or long")
-    p.add_argument("--gpu", default="auto", help="device name from `tscope specs`, or a JSON spec path")
-    p.add_argument("--precision", default="fp32", help="fp32, tf32, bf16, fp16, fp64 (default fp32)")
+    p.add_argument("--input-dtype", action="append", default=None, help="per input, in order: float (default; the --precision dtype), long/int64 or int/int32 (token ids)")
+    p.add_argument("--gpu", default="auto", help="device name or alias from `tscope specs` (e.g. h100), a JSON spec path, or auto "
+                        "(default: this machine's GPU, else a measured CPU roof)")
+    p.add_argument("--precision", default="fp32", help="fp32, tf32, bf16, fp16, fp64; fp8/int8 are estimated from a bf16 run (default fp32)")
     p.add_argument("--kwargs", default="{}", help="JSON keyword arguments for the model constructor")
     p.add_argument("--backward", action="store_true", help="also count the backward pass")
     p.add_argument("--device", default="meta", help="meta (estimate only, default), cpu or cuda (also measure)")
-    p.add_argument("--top", type=int, default=20, help="rows in the table")
+    p.add_argument("--top", type=int, default=20, help="rows in the table (default 20)")
     p.add_argument("--plot", default=None, help="write the roofline plot PNG here")
     p.add_argument("--json", default=None, help="write the report JSON here")
 
