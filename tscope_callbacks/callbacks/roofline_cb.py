@@ -33,7 +33,8 @@ class RooflineCallback(ProfilingCallback):
         gpu: ``"auto"`` (the trainer's root device; on CPU a measured roof), a device name from
             ``gpu_specs.json``, a JSON path or a ``DeviceSpec``. An unknown device with ``"auto"`` gives one warning
             and the roofline part is skipped (FLOPs, times and coverage are still logged); a name the table does not
-            know raises at ``setup``.
+            know (``UnknownDeviceError``, listing the closest names) or a malformed JSON file (``SpecFileError``,
+            naming the row and field) raises here, at construction.
         precision: force the roof precision of matrix ops (e.g. ``"fp8"`` for a what-if). Default: each op's own
             dtype (TF32 for fp32 matmuls when ``float32_matmul_precision`` allows it); ``trainer.precision`` is
             recorded in the profile's meta.
@@ -55,7 +56,9 @@ class RooflineCallback(ProfilingCallback):
 
     - scalars ``tscope/roofline/mfu``, ``mbu``, ``achieved_tflops``, ``measured_step_ms``, ``estimated_step_ms``,
       ``compute_bound_time_frac``, ``memory_bound_time_frac``, ``flop_coverage`` on profiled steps (without a device
-      roof only ``achieved_tflops``, ``measured_step_ms``, ``flop_coverage``); with several ranks also
+      roof only ``achieved_tflops``, ``measured_step_ms``, ``flop_coverage``); ``tscope/roofline/hfu`` (hardware
+      FLOPs utilization, activation-checkpointing recompute included; ``mfu`` excludes it) when a step recomputed;
+      with several ranks also
       ``tscope/roofline/step_ms_min``, ``tscope/roofline/step_ms_max`` (profiled region wall time across ranks);
     - scalars ``tscope/roofline/mfu`` and ``tscope/roofline/achieved_tflops`` on logging steps between profiles
       (automatic MFU; ``mfu`` only with a device roof);
@@ -96,6 +99,13 @@ class RooflineCallback(ProfilingCallback):
         self.gpu, self.precision, self.top, self.plot = gpu, precision, top, plot
         self.save_json, self.auto_mfu = save_json, auto_mfu
         self.spec: Any = None
+        if isinstance(gpu, DeviceSpec):
+            self.spec = gpu
+        elif gpu.strip().lower() != "auto":
+            from tscope_callbacks.specs import get_device_spec
+
+            # an unknown name or a bad JSON file fails here, naming the closest devices / the row and field
+            self.spec = get_device_spec(gpu)
         self.trainer_precision: str | None = None
         self.last_profile: StepProfile | None = None
         self.last_report: Any = None
@@ -122,14 +132,10 @@ class RooflineCallback(ProfilingCallback):
             self.trainer_precision = str(trainer.precision)
         except Exception:
             self.trainer_precision = None
-        if isinstance(self.gpu, DeviceSpec):
-            self.spec = self.gpu
-            return
+        if isinstance(self.gpu, DeviceSpec) or self.gpu.strip().lower() != "auto":
+            return  # resolved at construction
         from tscope_callbacks.specs import UnknownDeviceError, get_device_spec
 
-        if self.gpu != "auto":
-            self.spec = get_device_spec(self.gpu)  # a named device the table does not know is an error
-            return
         dev = trainer.strategy.root_device
         try:
             key = str(dev)
@@ -223,7 +229,7 @@ class RooflineCallback(ProfilingCallback):
     # ------------------------------------------------------------------ automatic MFU
     def _count_flops(self, result: StepProfile, report: Any, ctx: ProfileContext) -> None:
         if ctx.batch_signature and (ctx.batch_signature in self._flops or len(self._flops) < MAX_SIGNATURES):
-            self._flops[ctx.batch_signature] = int(result.total_flops)
+            self._flops[ctx.batch_signature] = int(result.model_flops)  # MFU: activation recompute excluded
         if report is not None and getattr(report, "mfu_peak_flops", None):
             self._peak = float(report.mfu_peak_flops)
         self._mfu_on = self.auto_mfu and bool(self._flops)
