@@ -124,7 +124,8 @@ class MLPModule(pl.LightningModule):
 
 def fit(tmp_path: Any, callbacks: list, model: pl.LightningModule, *, max_steps: int = 4, **kw: Any) -> pl.Trainer:
     kw.setdefault("logger", False)
-    trainer = pl.Trainer(max_steps=max_steps, default_root_dir=tmp_path, callbacks=callbacks, **{**FAST, **kw})
+    kw.setdefault("default_root_dir", tmp_path)
+    trainer = pl.Trainer(max_steps=max_steps, callbacks=callbacks, **{**FAST, **kw})
     trainer.fit(model)
     return trainer
 

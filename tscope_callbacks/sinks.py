@@ -12,8 +12,8 @@ other loggers       ``log_metrics`` only (plus the file sink below for the rest)
 no logger           files under ``<default_root_dir>/tscope/``: ``metrics.csv``, ``.md``, ``.csv``, ``.png``
 ==================  =====================================================================================
 
-Several loggers at once: all of them get everything. A sink that raises is reported once (a warning naming it)
-and skipped for that call; training never stops because of a sink.
+Several loggers at once: all of them get everything. A sink that raises is reported once (a warning naming it; one
+per directory for the files) and skipped for that call; training never stops because of a sink.
 """
 
 from __future__ import annotations
@@ -73,6 +73,11 @@ class Sink:
 
     name = "sink"
 
+    @property
+    def key(self) -> Any:
+        """What a failure is reported once for (the backend; a directory for file sinks)."""
+        return id(self)
+
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
         """Scalars keyed by metric name (``tscope/...``) at ``step``."""
 
@@ -97,6 +102,10 @@ class FileSink(Sink):
     def __init__(self, directory: str | os.PathLike[str], *, scalars: bool = True) -> None:
         self.directory = Path(directory)
         self.scalars = scalars
+
+    @property
+    def key(self) -> Any:
+        return ("files", str(self.directory))
 
     def _path(self, key: str, step: int, ext: str) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -235,17 +244,20 @@ class SinkGroup(Sink):
     def files_dir(self) -> Path:
         return self.log_dir / "tscope"
 
+    def _failed(self, key: Any, what: str, e: Exception) -> None:
+        if self.raise_errors:
+            raise e
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("tscope: %s (%s: %s); further failures of this sink are not reported, training continues",
+                        what, type(e).__name__, e)
+
     def _each(self, method: str, *args: Any) -> None:
         for s in self.sinks:
             try:
                 getattr(s, method)(*args)
             except Exception as e:
-                if self.raise_errors:
-                    raise
-                if id(s) not in self._warned:
-                    self._warned.add(id(s))
-                    log.warning("tscope: the %s sink failed in %s (%s: %s); further failures of this sink are not "
-                                "reported, training continues", s.name, method, type(e).__name__, e)
+                self._failed(s.key, f"the {s.name} sink failed in {method}", e)
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
         self._each("log_scalars", scalars, step)
@@ -262,14 +274,19 @@ class SinkGroup(Sink):
     def log_scatter(self, key: str, rows: Sequence[Row], x: str, y: str, step: int, title: str = "") -> None:
         self._each("log_scatter", key, rows, x, y, step, title)
 
-    def write_json(self, name: str, obj: Any) -> Path:
-        """Write ``obj`` as ``<log_dir>/tscope/<name>`` (errors propagate to the caller's guard)."""
-        self.files_dir.mkdir(parents=True, exist_ok=True)
+    def write_json(self, name: str, obj: Any) -> Path | None:
+        """Write ``obj`` as ``<log_dir>/tscope/<name>`` (atomically). A failure (e.g. an unwritable directory) is
+        warned about once per directory, together with the file sinks writing there; None then."""
         path = self.files_dir / name
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        with tmp.open("w") as f:
-            json.dump(obj, f, default=_json_default)
-        os.replace(tmp, path)
+        try:
+            self.files_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            with tmp.open("w") as f:
+                json.dump(obj, f, default=_json_default)
+            os.replace(tmp, path)
+        except Exception as e:
+            self._failed(("files", str(self.files_dir)), f"the files sink failed writing {path}", e)
+            return None
         return path
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,6 +130,8 @@ class _Session:
 
 
 _SESSION: _Session | None = None
+#: sink groups per trainer (and raise_errors), shared by the tscope callbacks of that trainer
+_SINKS: weakref.WeakKeyDictionary[Any, dict[bool, SinkGroup]] = weakref.WeakKeyDictionary()
 
 
 def _abort_session() -> None:
@@ -208,8 +211,11 @@ class ProfilingCallback(Callback):
         runs the profiling code path but, like Lightning's loggers and checkpoints, writes nothing)."""
         if not trainer.is_global_zero or trainer.fast_dev_run:
             return None
-        if self._sinks is None:
-            self._sinks = build_sinks(trainer, raise_errors=self.raise_errors)
+        if self._sinks is None:  # one group per trainer, shared by the tscope callbacks: a failure is warned once
+            groups = _SINKS.setdefault(trainer, {})
+            if self.raise_errors not in groups:
+                groups[self.raise_errors] = build_sinks(trainer, raise_errors=self.raise_errors)
+            self._sinks = groups[self.raise_errors]
         return self._sinks
 
     # ------------------------------------------------------------------ session control
@@ -422,6 +428,7 @@ class ProfilingCallback(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         _abort_session()
         self._sinks = None
+        _SINKS.pop(trainer, None)
 
     # ------------------------------------------------------------------ checkpointing
     @property
