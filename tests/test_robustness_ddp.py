@@ -1,0 +1,87 @@
+"""All three callbacks together under 2-process DDP on CPU (gloo), with a NaN on rank 1 only inside a profiled step:
+no hang, one set of logs, the same profiled steps and the same NaN decision on both ranks, nothing left behind.
+
+(``test_callbacks_ddp.py`` covers the profiling callbacks alone, ``test_nan_guard_ddp.py`` the guard alone; this is
+the combination.) Runs as a subprocess under a timeout, so a hang fails the test. Skip with ``TSCOPE_SKIP_DDP=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+pytestmark = pytest.mark.skipif(os.environ.get("TSCOPE_SKIP_DDP") == "1", reason="TSCOPE_SKIP_DDP=1")
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from robust_utils import FAST, MLPModule, all_callbacks, assert_nothing_left
+
+    torch.set_num_threads(1)
+    out = sys.argv[1]
+    model = MLPModule(dropout=0.0)
+
+    def inject(mod, args, o):  # NaN activations on rank 1 only, in profiled step 2
+        t = model.trainer
+        return o * float("nan") if t.global_rank == 1 and t.global_step == 2 else o
+
+    handle = model.net[2].register_forward_hook(inject)
+    cbs = all_callbacks(start_step=1, every_n_steps=2, nan_action="stop")
+    trainer = pl.Trainer(strategy="ddp", max_steps=6, default_root_dir=out, callbacks=cbs,
+                         logger=TensorBoardLogger(out, name="tb"), **{**FAST, "devices": 2})
+    trainer.fit(model)
+    handle.remove()
+    assert_nothing_left(model, trainer.optimizers)
+    roof, layers, guard = cbs
+    with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
+        json.dump({"global_step": trainer.global_step, "steps": [h["step"] for h in roof.history],
+                   "times": roof.last_profile.meta["rank_step_times_s"],
+                   "nonfinite_out": layers.last_layers["net.2"].nonfinite_output,
+                   "fwd_matmuls": sum(r.phase == "forward" and r.category == "matmul" for r in roof.last_profile.ops),
+                   "events": [e.to_dict() for e in guard.events], "replays": guard.replays}, f)
+""")
+
+
+def test_all_callbacks_two_process_ddp_with_a_nan_on_one_rank(tmp_path: Path) -> None:
+    script = tmp_path / "ddp_all.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "PL_DISABLE_FORK": "1"}
+    env.pop("LOCAL_RANK", None)
+    try:
+        proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=150)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"DDP run did not finish in 150 s (hang?)\n{(e.stderr or b'')[-3000:]!r}")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["global_step"] == r1["global_step"] == 3  # both stopped after the bad step 2 (consensus)
+    assert r0["steps"] == r1["steps"] == [1, 2] and r0["times"] == r1["times"] and len(r0["times"]) == 2
+    e0, e1 = r0["events"], r1["events"]
+    assert len(e0) == len(e1) == 1 and e0[0]["step"] == e1[0]["step"] == 2
+    assert e0[0]["ranks"] == e1[0]["ranks"] == [1] and e0[0]["layer"] == "net.2"
+    assert r1["nonfinite_out"] and not r0["nonfinite_out"]  # each rank's own layer flags
+    assert r0["fwd_matmuls"] == r1["fwd_matmuls"] == 2  # the replay on rank 1 is not in its profile
+
+    assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == ["version_0"]  # one set of logs
+    log_dir = tmp_path / "tb" / "version_0"
+    assert sorted(p.name for p in (log_dir / "tscope").iterdir()) == [
+        "layers_step_1.json", "layers_step_2.json", "step_1.json", "step_2.json"]
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    assert {"tscope/roofline/mfu", "tscope/roofline/step_ms_max", "tscope/nan/events"} <= set(acc.Tags()["scalars"])
+    assert [e.value for e in acc.Scalars("tscope/nan/events")] == [1.0]
+    assert any(t.startswith("tscope/nan") for t in acc.Tags()["tensors"])
