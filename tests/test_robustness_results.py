@@ -76,12 +76,16 @@ def test_nan_guard_check_inside_a_profiled_step_is_not_profiled(tmp_path: Path) 
 def test_memory_flat_over_50_profiled_steps(tmp_path: Path) -> None:
     import lightning.pytorch as pl
 
+    import gc
+
     counts: dict[int, tuple[int, int, int]] = {}
+    objects: dict[int, int] = {}
 
     class Probe(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # type: ignore[no-untyped-def]
             if trainer.global_step in (10, 30, 50):
                 counts[trainer.global_step] = (live(OpRecord), live(LayerRecord), live(StepProfile))
+                objects[trainer.global_step] = len(gc.get_objects())
 
     cbs = all_callbacks(start_step=0, every_n_steps=1)
     cbs[0].history = type(cbs[0].history)(maxlen=4)
@@ -91,4 +95,5 @@ def test_memory_flat_over_50_profiled_steps(tmp_path: Path) -> None:
     ops10, layers10, profiles10 = counts[10]
     assert 0 < ops10 and counts[30] == counts[50] == counts[10], counts  # retained records do not grow
     assert profiles10 <= 3, counts  # the last profile per callback (shared), not one per step
+    assert objects[50] - objects[30] < 200, objects  # nothing else piles up either (flat in practice)
     assert_nothing_left(model, trainer.optimizers)
