@@ -213,12 +213,13 @@ class _Raises(MLPModule):
 class _RaiseInBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, exc: BaseException) -> torch.Tensor:
-        ctx.exc = exc
+        # keep the message only: an exception object in ctx would form a cycle through the C++ graph (never freed)
+        ctx.exc_type, ctx.msg = type(exc), str(exc)
         return x.clone()
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> Any:
-        raise ctx.exc
+        raise ctx.exc_type(ctx.msg)
 
 
 @pytest.mark.parametrize("where", ["forward", "backward"])
