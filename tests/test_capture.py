@@ -254,11 +254,13 @@ def test_paths_and_depth_selection():
         model(torch.randn(4, 8)).sum().backward()
     assert "head.proj" not in prof.layers and "head" in prof.layers
     assert {r.layer for r in prof.ops} <= {"", "fc1", "act", "head"}
+    assert prof.layers["head"].calls == 1  # head.proj's call is aggregated into head's ops, not its calls
     assert _matmul_by(prof)[("head", "forward")] == 512
     with ts.profile(model, paths=["fc*"]) as prof:
         model(torch.randn(4, 8)).sum().backward()
     assert {r.layer for r in prof.ops} <= {"", "fc1"}
     assert _matmul_by(prof)[("", "forward")] == 512  # head.proj aggregated into the root
+    assert prof.layers["fc1"].calls == 1 and prof.layers[""].calls == 1
 
 
 def test_user_formula_override_and_uncounted():

@@ -418,9 +418,10 @@ class Profile:
             mem0 = torch.cuda.memory_allocated() if self._cuda_mem else 0
             in_bwd = _current_node() is not None
             self._stack.append(_Frame(path, in_bwd, mem0))
-            if not in_bwd:
-                key = self._collapse(path)
-                self._calls[key] = self._calls.get(key, 0) + 1
+            # a call counts for the module called, and only if it is a reported layer (a selected path or within
+            # depth): its descendants' calls are aggregated into its ops, not into its call count
+            if not in_bwd and (not self._collapsing or self._collapse(path) == path):
+                self._calls[path] = self._calls.get(path, 0) + 1
             if self._details is not None:
                 self._details.on_enter(path, module, args)
         except Exception as e:
