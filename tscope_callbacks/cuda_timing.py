@@ -10,7 +10,7 @@ The pure function :func:`kernel_times` works on any objects shaped like ``torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -65,10 +65,8 @@ def _subtree_kernels(evt: Any) -> list[Any]:
     return out
 
 
-def tensor_core_flags(events: Iterable[Any], n_ops: int) -> list[bool | None]:
-    """Per op index: True if any of its kernels ran on tensor cores, False if it launched kernels but none did,
-    None when it launched no kernel (or has no range event)."""
-    out: list[bool | None] = [None] * n_ops
+def _op_ranges(events: Iterable[Any], n_ops: int) -> Iterator[tuple[int, Any]]:
+    """(op index, event) for each profiler event that is one of our ``tscope#<index>`` ranges."""
     for evt in events:
         name = getattr(evt, "name", "")
         if not name.startswith(RANGE_PREFIX):
@@ -77,8 +75,15 @@ def tensor_core_flags(events: Iterable[Any], n_ops: int) -> list[bool | None]:
             idx = int(name[len(RANGE_PREFIX) :])
         except ValueError:
             continue
-        if not 0 <= idx < n_ops:
-            continue
+        if 0 <= idx < n_ops:
+            yield idx, evt
+
+
+def tensor_core_flags(events: Iterable[Any], n_ops: int) -> list[bool | None]:
+    """Per op index: True if any of its kernels ran on tensor cores, False if it launched kernels but none did,
+    None when it launched no kernel (or has no range event)."""
+    out: list[bool | None] = [None] * n_ops
+    for idx, evt in _op_ranges(events, n_ops):
         ks = _subtree_kernels(evt)
         if ks:
             out[idx] = bool(out[idx]) or any(is_tensor_core_kernel(getattr(k, "name", "")) for k in ks)
@@ -92,16 +97,8 @@ def kernel_times(events: Iterable[Any], n_ops: int) -> list[float | None]:
     metadata ops and host-only work really take no device time).
     """
     out: list[float | None] = [None] * n_ops
-    for evt in events:
-        name = getattr(evt, "name", "")
-        if not name.startswith(RANGE_PREFIX):
-            continue
-        try:
-            idx = int(name[len(RANGE_PREFIX) :])
-        except ValueError:
-            continue
-        if 0 <= idx < n_ops:
-            out[idx] = (out[idx] or 0.0) + _event_device_us(evt) * 1e-6
+    for idx, evt in _op_ranges(events, n_ops):
+        out[idx] = (out[idx] or 0.0) + _event_device_us(evt) * 1e-6
     return out
 
 
