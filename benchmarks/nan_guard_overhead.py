@@ -15,6 +15,7 @@ grows with parameters x tokens, so the ratio falls as batches grow; "small" (512
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -92,16 +93,23 @@ class StepTimer(Callback):
         d = [b - a for a, b in zip(self.stamps[WARMUP:], self.stamps[WARMUP + 1:])]
         return statistics.median(d)
 
+    def paired(self) -> float:
+        """Median over adjacent step pairs of (even step time) / (preceding odd step time): with
+        ``every_n_steps=2`` only even steps are guarded, and adjacent steps share the machine's load."""
+        d = {i: b - a for i, (a, b) in enumerate(zip(self.stamps, self.stamps[1:]), start=1)}
+        return statistics.median(d[i] / d[i - 1] for i in d if i > WARMUP and i % 2 == 0 and i - 1 in d)
+
 
 CONFIGS = {
     "plain": lambda: ([], {}),
     "NaNGuardCallback()": lambda: ([TimedGuard()], {}),
     "NaNGuardCallback(check_params=True)": lambda: ([TimedGuard(check_params=True)], {}),
+    "NaNGuardCallback(every_n_steps=2)": lambda: ([TimedGuard(every_n_steps=2)], {}),
     "detect_anomaly=True": lambda: ([], {"detect_anomaly": True}),
 }
 
 
-def run(name: str, workload: str) -> tuple[float, float | None]:
+def run(name: str, workload: str) -> tuple[float, float | None, float]:
     cfg, batch, steps, _ = WORKLOADS[workload]
     callbacks, kw = CONFIGS[name]()
     timer = StepTimer()
@@ -111,7 +119,7 @@ def run(name: str, workload: str) -> tuple[float, float | None]:
     guard = next((c for c in callbacks if isinstance(c, NaNGuardCallback)), None)
     if guard is not None and (guard.num_events or guard.replays):
         raise RuntimeError(f"healthy run reported events: {guard.events}")
-    return timer.step_s(), (guard.hook_s / steps if guard is not None else None)
+    return timer.step_s(), (guard.hook_s / steps if guard is not None else None), timer.paired()
 
 
 def measure(workload: str) -> list[str]:
@@ -119,11 +127,13 @@ def measure(workload: str) -> list[str]:
     names = list(CONFIGS)
     times: dict[str, list[float]] = {n: [] for n in names}
     hooks: dict[str, list[float]] = {n: [] for n in names}
+    paired: dict[str, list[float]] = {n: [] for n in names}
     run("plain", workload)  # warm-up (allocator, thread pools)
     for r in range(rounds):
         for n in names[r % len(names):] + names[:r % len(names)]:
-            step_s, hook_s = run(n, workload)
+            step_s, hook_s, pair = run(n, workload)
             times[n].append(step_s)
+            paired[n].append(pair)
             if hook_s is not None:
                 hooks[n].append(hook_s)
     base = statistics.median(times["plain"])
@@ -134,16 +144,19 @@ def measure(workload: str) -> list[str]:
         "",
         f"Median over {rounds} alternated rounds of each run's median step time ({steps} steps, {WARMUP} warm-up).",
         "",
-        "| configuration | step ms | ratio vs plain | min..max ms | guard hooks ms/step | 1 + hooks/plain |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| configuration | step ms | ratio vs plain | min..max ms | guard hooks ms/step | 1 + hooks/plain | "
+        "paired even/odd |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for n in names:
         med = statistics.median(times[n])
         h = f"{statistics.median(hooks[n]) * 1e3:.3f} | {1 + statistics.median(hooks[n]) / base:.4f}" if hooks[n] \
             else "- | -"
         lines.append(f"| {n} | {med * 1e3:.2f} | {med / base:.3f} | {min(times[n]) * 1e3:.2f}.."
-                     f"{max(times[n]) * 1e3:.2f} | {h} |")
-    return lines + [""]
+                     f"{max(times[n]) * 1e3:.2f} | {h} | {statistics.median(paired[n]):.4f} |")
+    pair = statistics.median(paired["NaNGuardCallback(every_n_steps=2)"]) / statistics.median(paired["plain"])
+    return lines + ["", f"Paired estimate of the guard's per-step overhead (guarded even steps vs unguarded odd "
+                        f"neighbours, over the same ratio without the guard): **{pair:.4f}**.", ""]
 
 
 def main() -> int:
@@ -163,12 +176,18 @@ def main() -> int:
         "",
         f"Lightning fit on CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads), "
         f"torch {torch.__version__}. `step ms`: whole-step wall time (noisy on a shared machine); `guard hooks "
-        "ms/step`: time inside the guard's hooks, the guard's own cost; `1 + hooks/plain`: the overhead ratio from it.",
+        "ms/step`: time inside the guard's hooks, the guard's own cost; `1 + hooks/plain`: the overhead ratio from it; "
+        "`paired even/odd`: median ratio of each even step's time to the odd step before it (with every_n_steps=2 "
+        "only even steps are guarded; for the other rows it shows the parity bias).",
         "Target: NaNGuardCallback() / plain <= 1.02.",
         "",
     ]
+    load0 = os.getloadavg()[0]
     for w in args.workloads.split(","):
         lines += measure(w.strip())
+    lines += [f"Machine load average (1 min) at start / end: {load0:.2f} / {os.getloadavg()[0]:.2f} on "
+              f"{os.cpu_count()} CPUs (a shared machine: whole-step times are noisy, the hook and paired columns "
+              "much less so).", ""]
     table = "\n".join(lines)
     print(table)
     if args.write:
