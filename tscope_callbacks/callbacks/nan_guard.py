@@ -1,34 +1,29 @@
 """NaNGuardCallback: an always-on check for non-finite losses and gradients that names where they started.
 
 Every ``every_n_steps`` optimizer steps, in ``on_before_optimizer_step`` (after backward, before the update; with
-gradient accumulation after the last micro-batch), the loss(es) of the step and all gradients of the optimizer's
-parameters are reduced into one flag on the device: one host sync per step (under DDP one tiny ``all_gather``
-instead, so every rank takes the same action on the same step). Healthy steps cost that reduction plus keeping a
-reference to the batch and the RNG states (measured in ``benchmarks/results/nan_guard_overhead.md``).
+gradient accumulation after the last micro-batch), the step's loss(es) and all gradients of the optimizer's parameters
+are reduced into one flag: one host sync per step (under DDP one tiny ``all_gather`` instead, so every rank acts on
+the same step). Healthy steps cost that plus keeping a batch reference and the RNG states
+(``benchmarks/results/nan_guard_overhead.md``). A raised flag is **located** once per streak of bad steps by
+replaying ``training_step`` with hooks on every module; :mod:`.nan_locate` documents what ``kind``/``layer`` mean and
+when the replay cannot locate (``note`` then says why). ``parameters`` always lists the real gradients' non-finite
+element counts.
 
-When the flag is raised, the step is **located** (once per streak of bad steps) by replaying ``training_step`` on the
-same batch, RNG state and not-yet-updated parameters with hooks on every module. What ``kind``/``layer`` then mean,
-and when the replay cannot locate (manual optimization, sharded strategies, randomness outside the captured RNGs, a
-batch mutated in place, NaN received through DDP's all-reduce), is documented in :mod:`.nan_locate`; ``parameters``
-always lists the real gradients' non-finite element counts, and ``note`` says why a layer is missing.
+Actions: ``"warn"`` logs (the update is applied). ``"skip"`` drops the update by setting every ``.grad`` of the
+optimizer to ``None`` (torch optimizers then skip those parameters, so momentum and weight decay do not move them;
+``global_step`` still advances), and stops after ``max_skips`` skipped steps in a row. ``"stop"`` drops the update
+too (a checkpoint written at the end holds the last finite weights) and sets ``trainer.should_stop`` (subject to
+``min_steps``/``min_epochs``). ``"raise"`` raises :class:`NonFiniteError` out of ``fit``. A ``check_params`` event
+comes after the update, which cannot be skipped: ``"skip"`` stops then.
 
-Actions: ``"warn"`` log and continue (the update is applied); ``"skip"`` drop this step's update by setting every
-``.grad`` of the optimizer to ``None`` (torch optimizers then skip those parameters entirely, so momentum and weight
-decay do not move them; ``global_step`` still advances) and stop after ``max_skips`` skipped steps in a row;
-``"stop"`` drop the update too (so a checkpoint written at the end holds the last finite weights) and set
-``trainer.should_stop`` (the run ends after this step, subject to ``min_steps``/``min_epochs``); ``"raise"`` raise
-:class:`NonFiniteError` out of ``fit``. A ``"parameter"`` event from ``check_params`` (after the update) cannot be
-skipped: ``"skip"`` stops then.
+AMP: with a GradScaler (fp16) a step whose gradients overflow while the loss is finite is the scaler's business (it
+skips the step, halves the scale): no event unless the scale collapses (the next scale < ``amp_min_scale``, or
+``amp_max_overflows`` overflows in a row). ``bf16-mixed`` has no scaler: normal checks.
 
-AMP: with a GradScaler (``precision="16-mixed"``) a step whose gradients overflow while the loss is finite is the
-scaler's business (it skips the step and halves the scale): no event, unless the scale collapses: the next scale
-would fall below ``amp_min_scale`` or ``amp_max_overflows`` steps in a row overflowed. ``bf16-mixed`` has no scaler.
-
-Alerts (rank zero): a ``logging`` warning on logger ``"tscope_callbacks"``; TensorBoard text under ``tscope/nan``; a
-W&B ``run.alert``. The first event alerts, later ones at most once per ``alert_every_s`` seconds or per
-``alert_every_n`` events, saying how many were not alerted; a summary at the end of training. The scalar
-``tscope/nan/events`` (cumulative count) is logged to every attached logger at each event. Errors inside the
-callback are logged as warnings and never break training (only the deliberate :class:`NonFiniteError` escapes).
+Alerts (rank zero): ``logging`` warning on logger ``"tscope_callbacks"``, TensorBoard text ``tscope/nan``, W&B
+``run.alert``; the first event, then at most one per ``alert_every_s`` seconds or ``alert_every_n`` events (saying
+how many were not alerted), and a summary at the end. Scalar ``tscope/nan/events`` (cumulative) goes to every logger
+at each event. Errors inside the callback are logged and never break training (only :class:`NonFiniteError`).
 """
 
 from __future__ import annotations
@@ -321,20 +316,11 @@ class NaNGuardCallback(Callback):
         return NonFiniteEvent(step=trainer.global_step, epoch=trainer.current_epoch, **fields)
 
     def _local_info(self, trainer, pl_module, params, flagged, losses, snaps, scaler) -> nl.RankInfo:
-        info = nl.RankInfo(trainer.global_rank)
         names = {id(p): n for n, p in pl_module.named_parameters()}
-        if flagged:
-            info.parameters = nl.count_nonfinite([(names.get(id(p), f"param{i}"), p.grad) for i, p in enumerate(params)])
         unscale = float(scaler.get_scale()) if scaler is not None else 1.0  # on_before_backward sees the scaled loss
-        vals = [float(x.detach().float().sum()) / unscale for x in losses]
-        bad_vals = [v for v in vals if not math.isfinite(v)]
-        info.loss_bad = bool(bad_vals)
-        info.loss = bad_vals[0] if bad_vals else (vals[-1] if vals else None)
-        info.bad = info.loss_bad or bool(info.parameters)
-        if not info.bad:
-            return info
-        info.max_abs = nl.max_abs_finite([p.grad for p in params if p.grad is not None])
-        if not self.locate:
+        info = nl.rank_info(trainer.global_rank, [(names.get(id(p), f"param{i}"), p) for i, p in enumerate(params)],
+                            flagged, losses, unscale)
+        if not (info.bad and self.locate):
             return info
         if self._streak > 0:
             info.note = "not located again: same streak of non-finite steps as the previous event"
@@ -358,9 +344,7 @@ class NaNGuardCallback(Callback):
         scale = float(scaler.get_scale())
         backoff = float(scaler.get_backoff_factor()) if hasattr(scaler, "get_backoff_factor") else 0.5
         if scale * backoff >= self.amp_min_scale and self._amp_streak < self.amp_max_overflows:
-            _log.debug("NaN guard: AMP overflow at step %d (scale %g): the GradScaler skips it", trainer.global_step,
-                       scale)
-            return None
+            return None  # an ordinary overflow: the GradScaler skips the step
         self._streak += 1
         return NonFiniteEvent(step=trainer.global_step, epoch=trainer.current_epoch,
                               batch_idx=trainer.fit_loop.epoch_loop.batch_idx, kind="gradient",
@@ -422,7 +406,6 @@ class NaNGuardCallback(Callback):
         self.alerts += 1
         _log.warning("%s", text)
         from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
-
         for lg in trainer.loggers:
             try:
                 if isinstance(lg, TensorBoardLogger):

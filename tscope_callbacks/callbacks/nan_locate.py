@@ -32,6 +32,7 @@ Nothing here imports Lightning; :mod:`.nan_guard` wires it into the Trainer.
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 from collections.abc import Callable, Iterator
@@ -43,7 +44,7 @@ import torch
 from torch import nn
 
 __all__ = ["LocateResult", "RankInfo", "StepSnapshot", "count_nonfinite", "iter_tensors", "locate_step",
-           "max_abs_finite", "merge_infos", "nonfinite_total", "replay_locate"]
+           "max_abs_finite", "merge_infos", "nonfinite_total", "rank_info", "replay_locate"]
 
 
 
@@ -360,6 +361,21 @@ class RankInfo:
     max_abs: float | None = None
     located: LocateResult | None = None
     note: str = ""
+
+
+def rank_info(rank: int, named_params: list[tuple[str, torch.Tensor]], flagged: bool, losses: list[torch.Tensor],
+              unscale: float = 1.0) -> RankInfo:
+    """This rank's view of a flagged step: exact non-finite gradient counts, the loss, the largest finite gradient."""
+    info = RankInfo(rank)
+    if flagged:
+        info.parameters = count_nonfinite([(n, p.grad) for n, p in named_params])
+    vals = [float(x.detach().float().sum()) / unscale for x in losses]
+    bad_vals = [v for v in vals if not math.isfinite(v)]
+    info.loss_bad, info.loss = bool(bad_vals), bad_vals[0] if bad_vals else (vals[-1] if vals else None)
+    info.bad = info.loss_bad or bool(info.parameters)
+    if info.bad:
+        info.max_abs = max_abs_finite([p.grad for _, p in named_params if p.grad is not None])
+    return info
 
 
 def merge_infos(bad: list[RankInfo], world_size: int) -> dict[str, Any]:
