@@ -163,6 +163,8 @@ class NaNGuardCallback(Callback):
             self._replay_blocker = "manual optimization (training_step steps the optimizers itself)"
         elif not (strategy.startswith("SingleDevice") or strategy in ("DDPStrategy", "DDPSpawnStrategy")):
             self._replay_blocker = f"strategy {strategy} (parameters may be sharded)"
+        elif trainer.world_size > 1 and any(isinstance(m, torch.nn.SyncBatchNorm) for m in pl_module.modules()):
+            self._replay_blocker = "SyncBatchNorm (its forward runs collectives, which a per-rank replay must not)"
 
     def _due(self, step: int) -> bool:
         return step % self.every_n_steps == 0
