@@ -71,12 +71,11 @@ def paused() -> Iterator[None]:
 
 
 class _Frame:
-    __slots__ = ("path", "in_backward", "mem0")
+    __slots__ = ("in_backward", "path")
 
-    def __init__(self, path: str, in_backward: bool, mem0: int) -> None:
+    def __init__(self, path: str, in_backward: bool) -> None:
         self.path = path
         self.in_backward = in_backward
-        self.mem0 = mem0
 
 
 class _Mode(TorchDispatchMode):
@@ -316,7 +315,6 @@ class Profile:
         for mpath, mod in self.model.named_modules():
             for p in mod.parameters(recurse=False):
                 self._param_owner.setdefault(id(p), self._collapse(_clean_path(mpath)))
-        self._cuda_mem = self.timing == "cuda" and torch.cuda.is_available()
         self._last_alloc: int | None = None
         if self.layer_details:
             self._details = LayerDetails(self.check_finite, mute=self._mute)
@@ -415,9 +413,8 @@ class Profile:
         if path is None or not self._running or self._paused:
             return
         try:
-            mem0 = torch.cuda.memory_allocated() if self._cuda_mem else 0
             in_bwd = _current_node() is not None
-            self._stack.append(_Frame(path, in_bwd, mem0))
+            self._stack.append(_Frame(path, in_bwd))
             # a call counts for the module called, and only if it is a reported layer (a selected path or within
             # depth): its descendants' calls are aggregated into its ops, not into its call count
             if not in_bwd and (not self._collapsing or self._collapse(path) == path):
@@ -441,9 +438,8 @@ class Profile:
             else:
                 return
             if self._details is not None:
-                grown = (torch.cuda.memory_allocated() - frame.mem0) if self._cuda_mem else None
                 with self._mute():
-                    self._details.on_exit(path, module, args, output, grown, frame.in_backward)
+                    self._details.on_exit(path, module, args, output, frame.in_backward)
         except Exception as e:
             self._internal_error(e)
 

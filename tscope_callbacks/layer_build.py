@@ -80,7 +80,6 @@ class LayerDetails:
                 "output_bytes": 0,
                 "memory_fwd_bytes": 0,
                 "memory_bwd_bytes": 0,
-                "cuda_fwd_growth": None,
                 "nonfinite_output": False,
                 "nonfinite_grad_input": False,
                 "nonfinite_grad_output": False,
@@ -97,7 +96,7 @@ class LayerDetails:
                 self._handles.append(t.register_hook(self._grad_hook(path, "grad_input")))
 
     def on_exit(
-        self, path: str, module: torch.nn.Module, args: Any, output: Any, grown: int | None, in_backward: bool
+        self, path: str, module: torch.nn.Module, args: Any, output: Any, in_backward: bool
     ) -> None:
         if in_backward:  # activation-checkpointing recompute: shapes already known, no new grads to watch
             return
@@ -106,8 +105,6 @@ class LayerDetails:
         if d["output_shapes"] is None:
             d["output_shapes"] = [_shape(t) for t in outs]
         d["output_bytes"] += sum(_nbytes(t) for t in outs)
-        if grown is not None:
-            d["cuda_fwd_growth"] = (d["cuda_fwd_growth"] or 0) + grown
         if self.check_finite and not d["nonfinite_output"] and _nonfinite(outs):
             d["nonfinite_output"] = True
         for t in outs:
@@ -238,6 +235,3 @@ def _apply_details(layers: dict[str, LayerRecord], details: LayerDetails) -> Non
     for path, L in layers.items():
         L.memory_fwd_bytes = fwd[path]
         L.memory_bwd_bytes = bwd[path]
-        growth = details.info.get(path, {}).get("cuda_fwd_growth")
-        if growth is not None:
-            L.memory_fwd_bytes = growth
