@@ -35,7 +35,7 @@ from tscope_callbacks.formulas.apply import count_op
 from tscope_callbacks.layer_build import LayerDetails, build_layers
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
-__all__ = ["profile", "Profile", "NestedProfileError", "active_profile", "paused"]
+__all__ = ["profile", "Profile", "NestedProfileError", "active_profile", "paused", "EagerStance"]
 
 log = logging.getLogger("tscope_callbacks")
 
@@ -68,6 +68,47 @@ def paused() -> Iterator[None]:
         yield
     finally:
         p.resume()
+
+
+class EagerStance:
+    """Hold Dynamo in its ``force_eager`` stance while tscope's hooks are installed: nothing is compiled, so none of
+    tscope's own code (module/tensor hooks, finite checks run with the dispatch mode popped) is ever traced into a
+    user's compiled graph, and the graphs compiled before the region are reused unchanged after it (no recompiles,
+    no graph breaks). ``enter()``/``exit()`` are idempotent and never raise (a Dynamo-less torch: no-op)."""
+
+    def __init__(self) -> None:
+        self._ctx: Any = None
+
+    def enter(self) -> None:
+        if self._ctx is not None:
+            return
+        set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
+        try:
+            if set_stance is not None:
+                self._ctx = set_stance("force_eager")  # takes effect on construction
+            else:  # torch < 2.6: the global Dynamo switch
+                import torch._dynamo.config as dcfg
+
+                self._ctx = dcfg.patch(disable=True)
+                self._ctx.__enter__()
+        except Exception as e:  # e.g. called from inside a compiled region: nothing we can change there
+            log.debug("tscope: could not hold torch.compile in eager mode: %s", e)
+            self._ctx = None
+
+    def exit(self) -> None:
+        ctx, self._ctx = self._ctx, None
+        if ctx is not None:
+            try:
+                ctx.__exit__(None, None, None)
+            except Exception as e:
+                log.debug("tscope: could not restore the torch.compile stance: %s", e)
+
+    def __enter__(self) -> EagerStance:
+        self.enter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.exit()
 
 
 class _Frame:
@@ -170,6 +211,7 @@ class Profile:
         self._pause_t0 = 0
         self._paused_ns = 0
         self._t0 = 0
+        self._stance = EagerStance()
 
     # ---------------- public surface ----------------
     @property
@@ -329,6 +371,7 @@ class Profile:
             torch.cuda.synchronize()
             self._ranges = OpRangeProfiler()
             self._ranges.start()
+        self._stance.enter()
         self._mode = _Mode(self)
         self._mode.__enter__()
         self._running = True
@@ -351,6 +394,7 @@ class Profile:
         if self._details is not None:
             self._details.remove_hooks()
         self._stack.clear()
+        self._stance.exit()
 
     def _meta(self) -> dict[str, Any]:
         dev = next((p.device for p in self.model.parameters()), torch.device("cpu"))
@@ -505,11 +549,19 @@ def _names(func) -> tuple[str, str]:
     return _NAMES[func]
 
 
-def _clean_path(path: str) -> str:
-    """Module path without torch.compile's ``_orig_mod`` segment, so paths match the user's module names."""
+def clean_path(path: str) -> str:
+    """Module or parameter path without torch.compile's ``_orig_mod`` segment, so paths match the user's names."""
     if "_orig_mod" not in path:
         return path
     return ".".join(p for p in path.split(".") if p != "_orig_mod")
+
+
+_clean_path = clean_path
+
+
+def named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """``model.named_parameters()`` with clean paths (no ``_orig_mod``)."""
+    return [(clean_path(n), p) for n, p in model.named_parameters()]
 
 
 def profile(model: torch.nn.Module, **kwargs: Any) -> Profile:

@@ -39,7 +39,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from tscope_callbacks.capture import paused
+from tscope_callbacks.capture import named_parameters, paused
 
 from . import nan_locate as nl
 
@@ -235,7 +235,7 @@ class NaNGuardCallback(Callback):
         step = trainer.global_step - 1  # the update that just ran
         if not self._due(step):
             return
-        named = [(n, p.detach()) for n, p in pl_module.named_parameters()]
+        named = [(n, p.detach()) for n, p in named_parameters(pl_module)]
         total = None
         try:
             total = nl.nonfinite_total([p for _, p in named])
@@ -318,7 +318,7 @@ class NaNGuardCallback(Callback):
         return NonFiniteEvent(step=trainer.global_step, epoch=trainer.current_epoch, **fields)
 
     def _local_info(self, trainer, pl_module, params, flagged, losses, snaps, scaler) -> nl.RankInfo:
-        names = {id(p): n for n, p in pl_module.named_parameters()}
+        names = {id(p): n for n, p in named_parameters(pl_module)}
         unscale = float(scaler.get_scale()) if scaler is not None else 1.0  # on_before_backward sees the scaled loss
         info = nl.rank_info(trainer.global_rank, [(names.get(id(p), f"param{i}"), p) for i, p in enumerate(params)],
                             flagged, losses, unscale)

@@ -177,10 +177,13 @@ class _Tracer:
         self.last_bwd_layer: str | None = None
         self.hooked: dict[int, torch.Tensor] = {}  # one grad hook per tensor: the innermost module that output it
         self.handles: list[Any] = []
+        from tscope_callbacks.capture import clean_path, named_parameters
+
         for name, mod in root.named_modules():
+            name = clean_path(name)
             self.handles.append(mod.register_forward_pre_hook(self._pre(name)))
             self.handles.append(mod.register_forward_hook(self._post(name)))
-        for name, p in root.named_parameters():
+        for name, p in named_parameters(root):
             if p.requires_grad:
                 self.handles.append(p.register_hook(self._param_grad(name)))
 
@@ -269,10 +272,17 @@ def replay_locate(module: nn.Module, step_fn: Callable[[Any, int], Any], snap: S
     the step ran (true in ``on_before_optimizer_step``).
     """
     res = LocateResult()
-    names = {id(p): n for n, p in module.named_parameters()}
+    from tscope_callbacks.capture import named_parameters
+
+    named = named_parameters(module)
+    names = {id(p): n for n, p in named}
     params = [p for p in module.parameters() if p.requires_grad]
     buffers = [(b, b.detach().clone()) for b in module.buffers()]
     after = _rng_capture()
+    from tscope_callbacks.capture import EagerStance
+
+    stance = EagerStance()  # a compiled model replays eagerly: the tracer's hooks are never compiled into its graphs
+    stance.enter()
     tracer = _Tracer(module)
     try:
         _rng_restore(snap.rng)
@@ -286,7 +296,7 @@ def replay_locate(module: nn.Module, step_fn: Callable[[Any, int], Any], snap: S
         if tracer.fwd is not None:
             layer, how = tracer.fwd
             res.kind, res.layer, res.reproduced = "activation", layer, True
-            own = [p for n, p in module.named_parameters() if layer is not None and _owner(n) == layer]
+            own = [p for n, p in named if layer is not None and _owner(n) == layer]
             bad_own = count_nonfinite([(names[id(p)], p.detach()) for p in own])
             if bad_own:
                 res.kind = "parameter"
@@ -322,6 +332,7 @@ def replay_locate(module: nn.Module, step_fn: Callable[[Any, int], Any], snap: S
             res.kind, res.reproduced = "gradient", True
     finally:
         tracer.close()
+        stance.exit()
         with torch.no_grad():
             for b, saved in buffers:
                 b.copy_(saved)

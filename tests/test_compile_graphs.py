@@ -1,0 +1,65 @@
+"""Profiling never changes a compiled model's graphs (issue: 2.3x slower compiled runs after two profiles).
+
+Dynamo used to trace tscope's own hook code (the per-layer finite checks run with the dispatch mode popped), which
+added graph breaks and recompiles that outlived the profile. The counters of a fit with the callbacks must equal
+those of the same fit without them, and a NaN replay on a compiled model must compile nothing either.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import tscope_callbacks as ts
+from tests.cb_utils import FAST, test_spec
+from tests.models import TinyLM
+
+
+def _dynamo_state() -> dict[str, int]:
+    """Graph, graph-break and recompile counts of Dynamo since the last reset."""
+    stats = counters["stats"]
+    return {"unique_graphs": stats.get("unique_graphs", 0), "calls_captured": stats.get("calls_captured", 0),
+            "graph_breaks": sum(counters["graph_break"].values()),
+            "recompiles": sum(counters["recompiles"].values()) if "recompiles" in counters else 0}
+
+
+def _fit(tmp_path: Path, callbacks: list, backend: str, steps: int = 30) -> dict[str, int]:
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    module = TinyLM(n_batches=steps)
+    module.model = torch.compile(module.model, backend=backend)
+    trainer = pl.Trainer(max_steps=steps, default_root_dir=tmp_path, logger=False, callbacks=callbacks, **FAST)
+    trainer.fit(module)
+    return _dynamo_state()
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_profiles_leave_the_compiled_graphs_unchanged(tmp_path: Path, backend: str) -> None:
+    plain = _fit(tmp_path / "plain", [], backend)
+    assert plain["unique_graphs"] >= 1  # the model really was compiled
+    cbs = [ts.RooflineCallback(gpu=test_spec(), every_n_steps=10, start_step=5, max_profiles=2, plot=False),
+           ts.LayerProfilerCallback(every_n_steps=10, start_step=5, max_profiles=2),
+           ts.NaNGuardCallback()]
+    profiled = _fit(tmp_path / "profiled", cbs, backend)
+    assert [h["step"] for h in cbs[0].history] == [5, 10]  # two profiles happened, with layer details
+    assert cbs[1].last_layers is not None
+    assert profiled == plain
+
+
+def test_nan_replay_on_a_compiled_model_compiles_nothing(tmp_path: Path) -> None:
+    class BadWeights(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step == 8:
+                with torch.no_grad():
+                    pl_module.model.blocks[1].mlp.fc.weight[0, 0] = float("nan")
+
+    plain = _fit(tmp_path / "plain", [], "eager", steps=12)
+    guard = ts.NaNGuardCallback(action="warn")
+    after = _fit(tmp_path / "nan", [guard, BadWeights()], "eager", steps=12)
+    assert guard.replays >= 1 and guard.events[0].layer == "model.blocks.1.mlp.fc"
+    assert after == plain
