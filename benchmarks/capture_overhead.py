@@ -18,7 +18,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import tscope_callbacks as ts
-from tscope_callbacks.demo_model import GPTConfig, TinyGPT, matmul_flops, random_tokens
+from tscope_callbacks.demo.model import GPTConfig, TinyGPT, matmul_flops, random_tokens
 
 CFG = GPTConfig(vocab_size=512, seq_len=128, d_model=256, n_layer=4, n_head=4)
 BATCH = 16

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import tscope_callbacks as ts
-from tscope_callbacks.layer_table import render_tree_table
+from tscope_callbacks.render.layer_table import render_tree_table
 
 SIZES = (100, 250, 500, 1000)
 SPEC = ts.DeviceSpec(name="bench-cpu", flops={"fp32": 1e11}, bandwidth=2e10, source="benchmark")

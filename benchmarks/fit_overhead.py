@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import tscope_callbacks as ts
-from tscope_callbacks.demo_model import GPTConfig, TinyGPT
+from tscope_callbacks.demo.model import GPTConfig, TinyGPT
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fit_overhead.md"
 CFG = GPTConfig(vocab_size=512, seq_len=64, d_model=128, n_layer=2, n_head=4)

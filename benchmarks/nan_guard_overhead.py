@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, TensorDataset
 
 from tscope_callbacks import NaNGuardCallback
-from tscope_callbacks.demo_model import GPTConfig, TinyGPT
+from tscope_callbacks.demo.model import GPTConfig, TinyGPT
 
 # name: (config, batch, steps per run, rounds)
 WORKLOADS = {

@@ -29,7 +29,7 @@ def main() -> int:
     ap.add_argument("--write", action="store_true", help="write benchmarks/results/roofline_accuracy.md")
     ap.add_argument("--runs", type=int, default=3, help="profiled steps; the median matmul ratio is reported")
     args = ap.parse_args()
-    from tscope_callbacks.calibrate import cpu_spec
+    from tscope_callbacks.devices.calibrate import cpu_spec
 
     spec = cpu_spec(cache=False)
     model, opt, x, y = make()

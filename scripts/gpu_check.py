@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import tscope_callbacks as ts
-from tscope_callbacks.demo_model import GPTConfig, TinyGPT, matmul_flops, random_tokens
+from tscope_callbacks.demo.model import GPTConfig, TinyGPT, matmul_flops, random_tokens
 
 
 def cuda_time(fn, reps: int = 5) -> float:

@@ -40,7 +40,7 @@ def hooks_left(model: torch.nn.Module) -> int:
 
 def assert_clean(model: torch.nn.Module, optimizers: list | tuple = ()) -> None:
     """No hook on any module, no global hook, no dispatch mode, no optimizer hook, no running tscope profile."""
-    from tscope_callbacks.capture import active_profile
+    from tscope_callbacks.capture.profile import active_profile
 
     assert hooks_left(model) == 0, "module hooks left behind"
     assert _get_current_dispatch_mode() is None, "a dispatch mode is still active"

@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from tscope_callbacks.demo_model import GPTConfig, TinyGPT
+from tscope_callbacks.demo.model import GPTConfig, TinyGPT
 
 __all__ = ["TINY_CFG", "TinyLM", "token_dataloader"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
-from tscope_callbacks.specs import DeviceSpec
+from tscope_callbacks.devices.spec import DeviceSpec
 
 __all__ = ["a100", "matmul", "pointwise", "op", "make_profile", "toy_profile", "SIZES"]
 

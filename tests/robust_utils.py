@@ -34,7 +34,7 @@ def assert_nothing_left(model: torch.nn.Module | None = None, optimizers: Any = 
     """No module hook (on ``model``), no global module hook, no dispatch mode, no running tscope profile or
     session, no torch profiler, no optimizer step hook."""
     from tscope_callbacks.callbacks import base
-    from tscope_callbacks.capture import active_profile
+    from tscope_callbacks.capture.profile import active_profile
 
     if model is not None:
         assert hooks_left(model) == 0, "module hooks left behind"

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from tscope_callbacks.cli import main
-from tscope_callbacks.specs import DeviceSpec, get_device_spec
+from tscope_callbacks.devices.resolve import get_device_spec
+from tscope_callbacks.devices.spec import DeviceSpec
 
 # the module, not the ``ts.calibrate`` function the package exports under the same name
-cal = importlib.import_module("tscope_callbacks.calibrate")
+cal = importlib.import_module("tscope_callbacks.devices.calibrate")
 
 FAKE_RATES = {"bf16": 700e12, "fp16": 720e12, "fp32": 50e12, "tf32": 380e12, "copy": 2.9e12}
 FAKE_CPU = DeviceSpec("CPU (fake, 2 threads)", {"fp32": 6e10, "bf16": 1e9, "fp16": 1e9, "fp64": 2e10}, 7e9,

@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.utils.checkpoint import checkpoint
 
 import tscope_callbacks as ts
-from tscope_callbacks.capture import NestedProfileError, active_profile
+from tscope_callbacks.capture.profile import NestedProfileError, active_profile
 
 
 class Head(nn.Module):
@@ -276,7 +276,7 @@ def test_user_formula_override_and_uncounted():
 
 
 def test_internal_error_never_breaks_the_op(monkeypatch):
-    import tscope_callbacks.capture as cap
+    import tscope_callbacks.capture.profile as cap
 
     def broken(*a, **k):
         raise ValueError("formula bug")

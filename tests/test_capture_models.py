@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tscope_callbacks as ts
-from tscope_callbacks.demo_model import GPTConfig, TinyGPT, matmul_flops, random_tokens
+from tscope_callbacks.demo.model import GPTConfig, TinyGPT, matmul_flops, random_tokens
 
 transformers = pytest.importorskip("transformers")
 
@@ -60,7 +60,7 @@ def test_tinygpt_counts_match_analytic_with_tied_weights():
 
 
 def test_analyze_model_on_meta_for_a_gpu_not_here():
-    pytest.importorskip("tscope_callbacks.roofline")
+    pytest.importorskip("tscope_callbacks.analysis.roofline")
     cfg = GPTConfig(vocab_size=256, seq_len=128, d_model=256, n_layer=2, n_head=4)
     report = ts.analyze_model(TinyGPT(cfg), input_shape=[(8, 128)], input_dtypes=["long"], gpu="NVIDIA H100 80GB HBM3",
                               precision="bf16", backward=True)

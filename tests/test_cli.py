@@ -102,7 +102,7 @@ def test_unknown_gpu_exits_2_with_closest_names(capsys: pytest.CaptureFixture[st
 # ---------------- tscope analyze ----------------
 def test_analyze_tinygpt(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out_json = tmp_path / "tinygpt.json"
-    rc = main(["analyze", "tscope_callbacks.demo_model:TinyGPT", "--input-shape", "8,64", "--input-dtype", "long",
+    rc = main(["analyze", "tscope_callbacks.demo.model:TinyGPT", "--input-shape", "8,64", "--input-dtype", "long",
                "--gpu", "h100", "--precision", "bf16", "--json", str(out_json)])
     assert rc == 0
     out = capsys.readouterr().out
@@ -110,7 +110,7 @@ def test_analyze_tinygpt(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     assert "bf16 dominant" in out
     assert "FLOP coverage 100%" in out
     assert "| layer | type | phase |" in out and "Opportunities" in out
-    from tscope_callbacks.demo_model import GPTConfig, matmul_flops
+    from tscope_callbacks.demo.model import GPTConfig, matmul_flops
 
     prof = json.loads(out_json.read_text())["profile"]
     linears = sum(o["flops"] for o in prof["ops"] if o["category"] == "matmul")

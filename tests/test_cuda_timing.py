@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tscope_callbacks.cuda_timing import RANGE_PREFIX, is_tensor_core_kernel, kernel_times, tensor_core_flags
+from tscope_callbacks.capture.cuda_timing import RANGE_PREFIX, is_tensor_core_kernel, kernel_times, tensor_core_flags
 
 
 @dataclass
@@ -58,7 +58,7 @@ def test_capture_uses_kernel_times(monkeypatch):
     import torch
 
     import tscope_callbacks as ts
-    import tscope_callbacks.cuda_timing as ct
+    import tscope_callbacks.capture.cuda_timing as ct
 
     class FakeRanges:
         def __init__(self) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tscope_callbacks.cli import main
-from tscope_callbacks.demo import _cpu_threads, _step_of
+from tscope_callbacks.cli.demo import _cpu_threads, _step_of
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_cpu_threads_and_step_order(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_demo_arguments_defaults() -> None:
-    from tscope_callbacks.demo import add_arguments
+    from tscope_callbacks.cli.demo import add_arguments
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -87,7 +87,7 @@ def test_demo_yaml_runs_through_lightning_cli(tmp_path: Path, monkeypatch: pytes
     from lightning.pytorch.cli import LightningCLI
 
     import tscope_callbacks as ts
-    from tscope_callbacks.demo_lightning import DemoLM, RandomTokenData
+    from tscope_callbacks.demo.lightning import DemoLM, RandomTokenData
 
     monkeypatch.setattr("sys.argv", ["train.py"])  # LightningCLI warns about pytest's own argv
     cfg = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"

@@ -12,7 +12,7 @@ from torch import nn
 
 pytest.importorskip("fvcore")
 
-from tscope_callbacks.elemcount import ZERO_OPS, ElemCountAnalysis, elem_count_handle
+from tscope_callbacks.compat.elemcount import ZERO_OPS, ElemCountAnalysis, elem_count_handle
 
 
 def _ec(model: nn.Module, *inputs: torch.Tensor) -> ElemCountAnalysis:
@@ -252,7 +252,7 @@ def _dispatch_forward(capture, model: nn.Module, x: torch.Tensor):
 
 
 def test_agrees_with_dispatch_engine_on_forward_bytes():
-    capture = pytest.importorskip("tscope_callbacks.capture")
+    capture = pytest.importorskip("tscope_callbacks.capture.profile")
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10)
@@ -270,7 +270,7 @@ def test_agrees_with_dispatch_engine_on_forward_bytes():
 
 
 def test_dispatch_engine_per_op_on_resnet_like_cnn():
-    capture = pytest.importorskip("tscope_callbacks.capture")
+    capture = pytest.importorskip("tscope_callbacks.capture.profile")
     model = _ResNetish().eval()
     x = torch.randn(2, 3, 8, 8)
     jit = _ec(model, x).bytes_by_operator()

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tscope_callbacks.layer_table import (
-    format_time,
-    inspector_gadgets_json,
-    layer_rows,
-    render_tree_table,
-    select_layers,
-    top_layers,
-)
+from tscope_callbacks.analysis.layers import inspector_gadgets_json, layer_rows, select_layers, top_layers
+from tscope_callbacks.render.layer_table import format_time, render_tree_table
 from tscope_callbacks.records import LayerRecord
 
 

@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import Callback
 from models import TinyLM
 
 import tscope_callbacks as ts
-from tscope_callbacks.callbacks import nan_locate
+from tscope_callbacks.analysis import nonfinite as nan_locate
 from tscope_callbacks.callbacks.nan_guard import NaNGuardCallback, NonFiniteError, NonFiniteEvent
 
 NAN = float("nan")

@@ -10,11 +10,12 @@ import sys
 import pytest
 from profiles import a100, make_profile, matmul, op, pointwise, toy_profile
 
-from tscope_callbacks import report_cli
-from tscope_callbacks import specs as specs_mod
-from tscope_callbacks.report import COLUMNS, explain
-from tscope_callbacks.roofline import roofline
-from tscope_callbacks.specs import DeviceSpec
+from tscope_callbacks.cli import report as report_cli
+from tscope_callbacks import api as specs_mod
+from tscope_callbacks.analysis.diagnose import explain
+from tscope_callbacks.render.markdown import COLUMNS
+from tscope_callbacks.api import roofline
+from tscope_callbacks.devices.spec import DeviceSpec
 
 # A CPU-like roof with a low ridge (1e12 / 1e11 = 10 FLOP/B) so small fp32 matmuls are compute-bound.
 CPU = DeviceSpec(name="cpu test", flops={"fp32": 1e12}, bandwidth=1e11, vector_flops={"fp32": 1e11}, measured=True)
@@ -153,7 +154,7 @@ def _save(tmp_path, wrapped: bool):
 def test_cli_routes_report_here():
     from tscope_callbacks.cli import _COMMANDS
 
-    assert _COMMANDS["report"][0] == "tscope_callbacks.report_cli"
+    assert _COMMANDS["report"][0] == "tscope_callbacks.cli.report"
 
 
 def test_cli_report_prints_table_and_writes_plot(tmp_path, capsys):

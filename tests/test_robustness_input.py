@@ -17,7 +17,8 @@ from lightning.pytorch.loggers import CSVLogger
 from robust_utils import MLPModule, all_callbacks, assert_nothing_left, fit
 
 import tscope_callbacks as ts
-from tscope_callbacks import specs
+from tscope_callbacks.devices import resolve as specs
+from tscope_callbacks.devices.spec import UnknownDeviceError
 
 
 # ---------------------------------------------------------------- devices
@@ -32,7 +33,7 @@ def test_unknown_explicit_gpu_fails_at_construction_naming_close_devices() -> No
 def test_auto_on_an_unknown_device_warns_once_skips_roofline_logs_counts(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     def unknown(device: Any = "auto", *a: Any, **k: Any) -> Any:
-        raise specs.UnknownDeviceError("NVIDIA Mystery GPU", ["NVIDIA L4"])
+        raise UnknownDeviceError("NVIDIA Mystery GPU", ["NVIDIA L4"])
 
     from tscope_callbacks.callbacks import roofline_cb
 
@@ -77,8 +78,8 @@ def test_valid_spec_file_is_accepted(tmp_path: Path) -> None:
 
 
 def test_public_functions_stay_callable_after_their_modules_are_imported() -> None:
-    import tscope_callbacks.calibrate
-    import tscope_callbacks.roofline  # noqa: F401 (binds the package attribute to the module)
+    import tscope_callbacks.analysis.roofline
+    import tscope_callbacks.devices.calibrate  # noqa: F401 (submodules never shadow the package's functions)
 
     with ts.profile(torch.nn.Linear(2, 2)) as p:
         torch.nn.Linear(2, 2)(torch.randn(1, 2))

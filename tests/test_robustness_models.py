@@ -48,7 +48,7 @@ def test_compiled_submodule_runs_eagerly_under_capture_and_warns_once(tmp_path: 
         m.net = torch.compile(m.net, backend="eager")
         return m
 
-    from tscope_callbacks import capture
+    from tscope_callbacks.capture import profile as capture
 
     capture._WARNED_COMPILED.clear()  # the warning is once per model and process
     with caplog.at_level(logging.WARNING, logger="tscope_callbacks"):
@@ -253,7 +253,7 @@ def _deep_profile_time(n: int) -> float:
         model(x).sum().backward()
     report = ts.roofline(p.result, test_spec())
     report.to_markdown(top=20)
-    from tscope_callbacks.layer_table import render_tree_table
+    from tscope_callbacks.render.layer_table import render_tree_table
 
     render_tree_table(p.layers, root_name="Sequential")
     dt = time.perf_counter() - t0

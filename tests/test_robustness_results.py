@@ -20,7 +20,7 @@ from robust_utils import (
 )
 
 import tscope_callbacks as ts
-from tscope_callbacks.demo_model import GPTConfig
+from tscope_callbacks.demo.model import GPTConfig
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
 

@@ -137,10 +137,11 @@ def test_exception_inside_a_profiled_step_leaves_nothing_installed(tmp_path: Pat
 
 
 def test_unknown_auto_device_warns_and_logs_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tscope_callbacks import specs
+    from tscope_callbacks.devices import resolve as specs
+    from tscope_callbacks.devices.spec import UnknownDeviceError
 
     def unknown(name: Any = "auto", *a: Any, **k: Any) -> Any:
-        raise specs.UnknownDeviceError(str(name), ["NVIDIA L4"])
+        raise UnknownDeviceError(str(name), ["NVIDIA L4"])
 
     import tscope_callbacks.callbacks.roofline_cb as rcb
 
@@ -180,7 +181,7 @@ def test_no_logger_writes_files_under_default_root_dir(tmp_path: Path) -> None:
 
 
 def test_internal_errors_warn_once_or_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tscope_callbacks.roofline as rl
+    import tscope_callbacks.api as rl
 
     def broken(*a: Any, **k: Any) -> Any:
         raise ValueError("analysis exploded")

@@ -15,7 +15,7 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tscope_callbacks.sinks import (
+from tscope_callbacks.callbacks.sinks import (
     CSVSink,
     FileSink,
     MetricsSink,

@@ -31,8 +31,8 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from tscope_callbacks.callbacks.schedule import NEVER, Schedule, normalize_stages
+from tscope_callbacks.callbacks.sinks import SinkGroup, build_sinks
 from tscope_callbacks.records import StepProfile
-from tscope_callbacks.sinks import SinkGroup, build_sinks
 
 __all__ = ["ProfilingCallback", "ProfileContext"]
 
@@ -246,7 +246,7 @@ class ProfilingCallback(Callback):
         }
         prof = None
         try:
-            from tscope_callbacks.capture import profile
+            from tscope_callbacks.capture.profile import profile
 
             prof = profile(pl_module, **kwargs)
             prof.start()

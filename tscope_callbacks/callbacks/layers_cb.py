@@ -9,15 +9,10 @@ from typing import Any
 import lightning.pytorch as pl
 from typing_extensions import override
 
+from tscope_callbacks.analysis.layers import inspector_gadgets_json, layer_rows, select_layers, top_layers
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
-from tscope_callbacks.layer_table import (
-    inspector_gadgets_json,
-    layer_rows,
-    render_tree_table,
-    select_layers,
-    top_layers,
-)
 from tscope_callbacks.records import LayerRecord, StepProfile
+from tscope_callbacks.render.layer_table import render_tree_table
 
 __all__ = ["LayerProfilerCallback"]
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
@@ -39,63 +38,16 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from tscope_callbacks.capture import named_parameters, paused
-
-from . import nan_locate as nl
+from tscope_callbacks.analysis import locate as nl_locate
+from tscope_callbacks.analysis import nonfinite as nl
+from tscope_callbacks.analysis.nonfinite import NonFiniteError, NonFiniteEvent
+from tscope_callbacks.capture.paths import named_parameters
+from tscope_callbacks.capture.profile import paused
 
 __all__ = ["NaNGuardCallback", "NonFiniteError", "NonFiniteEvent"]
 
 _log = logging.getLogger("tscope_callbacks")
 ACTIONS = ("warn", "skip", "stop", "raise")
-
-
-@dataclass
-class NonFiniteEvent:
-    """One step with non-finite values. ``step`` is the optimizer step (``trainer.global_step`` before it advanced)."""
-
-    step: int
-    epoch: int
-    batch_idx: int
-    kind: str  # "loss" | "gradient" | "activation" | "parameter"
-    layer: str | None = None  # module path ("" is the root module); None when not located
-    parameters: dict[str, int] = field(default_factory=dict)  # name -> non-finite elements (grads; params for kind "parameter")
-    loss: float | None = None  # as passed to backward (divided by accumulate_grad_batches; AMP-unscaled)
-    num_nonfinite: int = 0  # total non-finite elements over ``parameters``
-    max_abs_grad: float | None = None  # largest finite |gradient| (|parameter| for kind "parameter")
-    ranks: list[int] = field(default_factory=list)
-    action: str = ""
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def __str__(self) -> str:
-        where = f"in layer '{self.layer or '<root>'}'" if self.layer is not None else "(layer not located)"
-        what = {"activation": "first non-finite output (forward order)", "loss": "non-finite loss",
-                "gradient": "first non-finite gradient (backward order)",
-                "parameter": "non-finite parameter"}.get(self.kind, self.kind)
-        parts = [f"NaN guard: non-finite {self.kind} at step {self.step} (epoch {self.epoch}, batch {self.batch_idx}) "
-                 f"on rank(s) {self.ranks}: {what} {where}."]
-        if self.parameters:
-            shown = ", ".join(f"{n} ({c})" for n, c in list(self.parameters.items())[:5])
-            more = len(self.parameters) - 5
-            label = "parameters" if self.kind == "parameter" else "gradients"
-            parts.append(f"Non-finite {label}: {shown}{f' and {more} more' if more > 0 else ''}; "
-                         f"{self.num_nonfinite} non-finite elements.")
-        if self.loss is not None:
-            parts.append(f"Loss {self.loss:.6g}.")
-        if self.max_abs_grad is not None:
-            parts.append(f"Largest finite |value| {self.max_abs_grad:.4g}.")
-        parts += [f"Action: {self.action}." if self.action else "", f"Note: {self.note}" if self.note else ""]
-        return " ".join(p for p in parts if p)
-
-
-class NonFiniteError(RuntimeError):
-    """Raised by ``action="raise"``; ``.event`` is the :class:`NonFiniteEvent`."""
-
-    def __init__(self, event: NonFiniteEvent) -> None:
-        super().__init__(str(event))
-        self.event = event
 
 
 def _checked(name: str, v: Any, minimum: float, typ: type = int) -> Any:
@@ -147,7 +99,7 @@ class NaNGuardCallback(Callback):
     def _reset(self) -> None:
         self.events: list[NonFiniteEvent] = []
         self.num_events = self.skipped_steps = self.alerts = self.replays = 0
-        self._snaps: list[nl.StepSnapshot] = []
+        self._snaps: list[nl_locate.StepSnapshot] = []
         self._losses: list[torch.Tensor] = []
         self._streak = self._skips_in_row = self._amp_streak = self._suppressed = 0
         self._last_alert = -math.inf
@@ -175,7 +127,7 @@ class NaNGuardCallback(Callback):
         if self.locate and self._replay_blocker is None and self._due(trainer.global_step):
             try:
                 with paused():
-                    self._snaps.append(nl.StepSnapshot.take(batch, batch_idx))
+                    self._snaps.append(nl_locate.StepSnapshot.take(batch, batch_idx))
                 del self._snaps[:-256]
             except Exception as e:
                 self._internal_error("snapshot", e)
@@ -284,7 +236,7 @@ class NaNGuardCallback(Callback):
             return [0.0]
 
     def _bad_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, params: list, flags: list[float],
-                  losses: list[torch.Tensor], snaps: list[nl.StepSnapshot]) -> NonFiniteEvent | None:
+                  losses: list[torch.Tensor], snaps: list[nl_locate.StepSnapshot]) -> NonFiniteEvent | None:
         rank = trainer.global_rank
         flagged = [r for r, v in enumerate(flags) if not math.isfinite(v)]
         loss_bad = any(not bool(torch.isfinite(x).all()) for x in losses)
@@ -335,7 +287,7 @@ class NaNGuardCallback(Callback):
 
             ts = pl_module.training_step
             with_idx = is_param_in_hook_signature(ts, "batch_idx", min_args=2)
-            info.located, n = nl.locate_step(pl_module, (lambda b, i: ts(b, i)) if with_idx else (lambda b, i: ts(b)),
+            info.located, n = nl_locate.locate_step(pl_module, (lambda b, i: ts(b, i)) if with_idx else (lambda b, i: ts(b)),
                                           snaps, autocast=trainer.precision_plugin.train_step_context,
                                           scale=scaler.scale if scaler is not None else None)
             self.replays += n

@@ -80,14 +80,14 @@ class RooflineCallback(ProfilingCallback):
                  stages: str | list[str] | tuple[str, ...] = ("train",), raise_errors: bool = False) -> None:
         super().__init__(every_n_steps=every_n_steps, start_step=start_step, max_profiles=max_profiles,
                          profile_first=profile_first, stages=stages, raise_errors=raise_errors)
-        from tscope_callbacks.specs import DeviceSpec
+        from tscope_callbacks.devices.spec import DeviceSpec
 
         if not isinstance(gpu, (str, DeviceSpec)):
             raise TypeError(f"gpu must be 'auto', a device name, a JSON path or a DeviceSpec, got {type(gpu).__name__}")
         if precision is not None:
             if not isinstance(precision, str):
                 raise TypeError(f"precision must be a string like 'bf16' or 'bf16-mixed', or None, got {precision!r}")
-            from tscope_callbacks.specs import normalize_precision
+            from tscope_callbacks.devices.precision import normalize_precision
 
             normalize_precision(precision)  # raises ValueError naming the accepted values
         for name, val in (("plot", plot), ("save_json", save_json), ("auto_mfu", auto_mfu)):
@@ -102,7 +102,7 @@ class RooflineCallback(ProfilingCallback):
         if isinstance(gpu, DeviceSpec):
             self.spec = gpu
         elif gpu.strip().lower() != "auto":
-            from tscope_callbacks.specs import get_device_spec
+            from tscope_callbacks.devices.resolve import get_device_spec
 
             # an unknown name or a bad JSON file fails here, naming the closest devices / the row and field
             self.spec = get_device_spec(gpu)
@@ -126,7 +126,7 @@ class RooflineCallback(ProfilingCallback):
     # ------------------------------------------------------------------ setup
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        from tscope_callbacks.specs import DeviceSpec
+        from tscope_callbacks.devices.spec import DeviceSpec
 
         try:
             self.trainer_precision = str(trainer.precision)
@@ -134,7 +134,8 @@ class RooflineCallback(ProfilingCallback):
             self.trainer_precision = None
         if isinstance(self.gpu, DeviceSpec) or self.gpu.strip().lower() != "auto":
             return  # resolved at construction
-        from tscope_callbacks.specs import UnknownDeviceError, get_device_spec
+        from tscope_callbacks.devices.resolve import get_device_spec
+        from tscope_callbacks.devices.spec import UnknownDeviceError
 
         dev = trainer.strategy.root_device
         try:
@@ -161,7 +162,7 @@ class RooflineCallback(ProfilingCallback):
             return
         report = None
         if self.spec is not None:
-            from tscope_callbacks.roofline import roofline
+            from tscope_callbacks.api import roofline
 
             try:
                 report = roofline(result, self.spec, precision=self.precision)
@@ -170,14 +171,14 @@ class RooflineCallback(ProfilingCallback):
         self.last_profile, self.last_report = result, report
         if ctx.stage == "train":
             self._count_flops(result, report, ctx)
-        scalars = self._scalars(result, report, ctx)
+        prefix = _PREFIX if ctx.stage == "train" else f"{_PREFIX}{ctx.stage}/"
+        scalars = {prefix + k: v for k, v in self._scalars(result, report, ctx).items()}
         self.history.append({"stage": ctx.stage, "step": ctx.step, "reason": ctx.reason, **scalars})
         sinks = self.sinks(trainer)
         if sinks is None:
             return
-        prefix = _PREFIX if ctx.stage == "train" else f"{_PREFIX}{ctx.stage}/"
         log_step = ctx.log_step
-        sinks.log_scalars({prefix + k[len(_PREFIX):]: v for k, v in scalars.items()}, log_step)
+        sinks.log_scalars(scalars, log_step)
         sinks.log_text(prefix + "table", self._markdown(result, report, ctx), log_step)
         if report is not None:
             rows = _layer_rows(report)
@@ -199,13 +200,13 @@ class RooflineCallback(ProfilingCallback):
             out = dict(report.scalars())
         else:
             wall = result.wall_time_s or 0.0
-            out = {_PREFIX + "flop_coverage": float(result.coverage())}
+            out = {"flop_coverage": float(result.coverage())}
             if wall > 0:
-                out[_PREFIX + "measured_step_ms"] = wall * 1e3
-                out[_PREFIX + "achieved_tflops"] = result.total_flops / wall / 1e12
+                out["measured_step_ms"] = wall * 1e3
+                out["achieved_tflops"] = result.total_flops / wall / 1e12
         if ctx.world_size > 1 and ctx.step_times_s:
-            out[_PREFIX + "step_ms_min"] = min(ctx.step_times_s) * 1e3
-            out[_PREFIX + "step_ms_max"] = max(ctx.step_times_s) * 1e3
+            out["step_ms_min"] = min(ctx.step_times_s) * 1e3
+            out["step_ms_max"] = max(ctx.step_times_s) * 1e3
         return out
 
     def _markdown(self, result: StepProfile, report: Any, ctx: ProfileContext) -> str:
@@ -222,7 +223,7 @@ class RooflineCallback(ProfilingCallback):
         return head + " -- no device roof; op totals only\n\n" + _op_markdown(result, self.top)
 
     def _log_plot(self, sinks: Any, key: str, report: Any, step: int) -> None:
-        from tscope_callbacks.plot import figure
+        from tscope_callbacks.render.plot import figure
 
         sinks.log_figure(key, figure(report), step)  # a standalone Agg Figure: no pyplot state to close
 

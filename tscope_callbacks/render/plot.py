@@ -1,4 +1,4 @@
-"""Log-log roofline plot of a :class:`~tscope_callbacks.roofline.RooflineReport`.
+"""Log-log roofline plot of a roofline analysis.
 
 Built on ``matplotlib.figure.Figure`` with the Agg canvas (never ``pyplot``): thread-safe, no global figures left
 behind, usable from a callback (``figure(report)`` for sinks that call ``add_figure``).
@@ -20,7 +20,7 @@ from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
-from tscope_callbacks.report import roofs_used
+from tscope_callbacks.analysis.summary import roofs_used
 
 __all__ = ["figure", "plot", "PHASE_COLORS", "PRECISION_COLORS"]
 

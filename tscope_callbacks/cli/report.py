@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def spec_from_dict(d: dict[str, Any]) -> Any:
     """A DeviceSpec from a ``gpu_specs.json``-style row (``DeviceSpec.to_dict()``; ``achievable`` nested)."""
-    from tscope_callbacks.specs import DeviceSpec
+    from tscope_callbacks.devices.spec import DeviceSpec
 
     if hasattr(DeviceSpec, "from_dict"):
         return DeviceSpec.from_dict(d, where="the profile's device")
@@ -66,7 +66,7 @@ def load(path: str) -> tuple[StepProfile, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tscope_callbacks.roofline import roofline
+    from tscope_callbacks.api import roofline
 
     try:
         prof, dev = load(args.path)

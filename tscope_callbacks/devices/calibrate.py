@@ -8,85 +8,34 @@ load >= 1 per CPU) is returned with a warning but not cached.
 
 CUDA: square matmuls in bf16 / fp16 / fp32 with TF32 off and on, and a device-to-device copy, each timed with CUDA
 events after warm-up. The timer is a parameter (``timer(bench) -> seconds``) so the path is testable without a GPU.
-Calibrations are cached in ``gpu_roofs.json`` and attached as ``.achievable`` by ``get_device_spec("auto")``.
+Calibrations are cached (``devices.cache``) in ``gpu_roofs.json`` and attached as ``.achievable`` by ``get_device_spec("auto")``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
 import platform
-import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from tscope_callbacks.specs import PRECISIONS, DeviceSpec, UnknownDeviceError, get_device_spec
+from tscope_callbacks.devices import table as spec_table
+from tscope_callbacks.devices.cache import cache_dir, cache_get, cache_put, spec_from_entry
+from tscope_callbacks.devices.spec import DeviceSpec, UnknownDeviceError
 
 __all__ = ["DEFAULT_CPU_BUDGET_S", "BUSY_LOAD_PER_CPU", "Benchmark", "calibrate", "cpu_spec", "measure_cpu", "measure_cuda",
-           "cuda_benchmarks", "cuda_event_timer", "cached_achievable", "cache_dir", "cpu_cache_key",
-           "add_arguments", "run"]
+           "cuda_benchmarks", "cuda_event_timer", "cached_achievable", "cpu_cache_key"]
 
 DEFAULT_CPU_BUDGET_S = 2.5
 BUSY_LOAD_PER_CPU = 1.0  #: at or above this 1-minute load per CPU a CPU measurement is not cached
-_CACHE_VERSION = 1
 # share of the CPU budget per measurement
 _CPU_SHARES = {"fp32": 0.38, "bf16": 0.14, "fp16": 0.1, "fp64": 0.16, "copy": 0.22}
 _CPU_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
-
-
-# ---------------- cache ----------------
-def cache_dir() -> Path:
-    """``$TSCOPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/tscope``, else ``~/.cache/tscope``."""
-    if os.environ.get("TSCOPE_CACHE_DIR"):
-        return Path(os.environ["TSCOPE_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tscope"
-
-
-def _read_cache(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(data, dict) and data.get("version") == _CACHE_VERSION and isinstance(data.get("entries"), dict):
-            return data["entries"]
-    except (OSError, ValueError):
-        pass
-    return {}  # missing, unreadable or corrupted: ignored (rewritten on the next store)
-
-
-def _cache_get(path: Path, key: str) -> dict[str, Any] | None:
-    entry = _read_cache(path).get(key)
-    return entry if isinstance(entry, dict) else None
-
-
-def _cache_put(path: Path, key: str, entry: dict[str, Any]) -> None:
-    entries = _read_cache(path)
-    entries[key] = entry
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"version": _CACHE_VERSION, "entries": entries}, f, indent=1)
-        os.replace(tmp, path)
-    except OSError as e:
-        warnings.warn(f"tscope: could not write the roof cache {path}: {e}", stacklevel=3)
-
-
-def _spec_from_entry(entry: dict[str, Any] | None, where: str) -> DeviceSpec | None:
-    if entry is None:
-        return None
-    try:
-        return DeviceSpec.from_dict(entry["spec"], where=where)
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 # ---------------- CPU ----------------
@@ -196,8 +145,8 @@ def cpu_spec(*, cache: bool = True, budget_s: float = DEFAULT_CPU_BUDGET_S) -> D
     """This machine's measured CPU roof, from the cache when a measurement with at least half this budget is there."""
     path, key = cache_dir() / "cpu_roofs.json", cpu_cache_key()
     if cache:
-        entry = _cache_get(path, key)
-        spec = _spec_from_entry(entry, str(path))
+        entry = cache_get(path, key)
+        spec = spec_from_entry(entry, str(path))
         if spec is not None and float(entry.get("budget_s", 0)) >= 0.5 * budget_s:  # type: ignore[union-attr]
             return spec
     spec = measure_cpu(budget_s=budget_s)
@@ -206,7 +155,7 @@ def cpu_spec(*, cache: bool = True, budget_s: float = DEFAULT_CPU_BUDGET_S) -> D
         warnings.warn(f"tscope: the CPU was busy while measuring its roofs (load {load:.2f} per cpu); "
                       "the roofs are low and were not cached", stacklevel=3)
     else:
-        _cache_put(path, key, {"budget_s": budget_s, "created": time.time(), "spec": spec.to_dict()})
+        cache_put(path, key, {"budget_s": budget_s, "created": time.time(), "spec": spec.to_dict()})
     return spec
 
 
@@ -301,7 +250,7 @@ def cached_achievable(name: str) -> DeviceSpec | None:
     """The cached calibration of GPU ``name`` (full preferred over quick), None when there is none."""
     path = cache_dir() / "gpu_roofs.json"
     for quick in (False, True):
-        spec = _spec_from_entry(_cache_get(path, _gpu_key(name, quick)), str(path))
+        spec = spec_from_entry(cache_get(path, _gpu_key(name, quick)), str(path))
         if spec is not None:
             return spec
     return None
@@ -331,12 +280,12 @@ def calibrate(device: str | int | torch.device | None = None, *, quick: bool = F
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     name = torch.cuda.get_device_name(index)
     try:
-        datasheet: DeviceSpec | None = get_device_spec(name)
+        datasheet: DeviceSpec | None = spec_table.resolve(name)
     except UnknownDeviceError:
         warnings.warn(f"calibrate: {name!r} is not in gpu_specs.json; showing measured roofs only", stacklevel=2)
         datasheet = None
     path, key = cache_dir() / "gpu_roofs.json", _gpu_key(name, quick)
-    achievable = _spec_from_entry(_cache_get(path, key), str(path)) if cache else None
+    achievable = spec_from_entry(cache_get(path, key), str(path)) if cache else None
     if achievable is None:
         wanted = ("bf16", "fp16", "fp32", "tf32") if datasheet is None else tuple(
             p for p in ("bf16", "fp16", "fp32", "tf32") if p in datasheet.flops or p == "fp32")
@@ -347,58 +296,7 @@ def calibrate(device: str | int | torch.device | None = None, *, quick: bool = F
             vendor=datasheet.vendor if datasheet else "", vector_flops={"fp32": rates["fp32"]},
             source=f"tscope calibrate {time.strftime('%Y-%m-%d')}: {'quick' if quick else 'full'} matmul/copy, "
                    f"torch {torch.__version__}")
-        _cache_put(path, key, {"created": time.time(), "spec": achievable.to_dict()})
+        cache_put(path, key, {"created": time.time(), "spec": achievable.to_dict()})
     if datasheet is None:
         return achievable.with_achievable(dataclasses.replace(achievable))
     return datasheet.with_achievable(achievable)
-
-
-# ---------------- CLI: tscope calibrate ----------------
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default auto: the current GPU, else the CPU)")
-    p.add_argument("--quick", action="store_true", help="smaller, faster measurements")
-    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.add_argument("--no-cache", action="store_true", help="measure again even when a cached result exists")
-
-
-def _pct(a: float | None, d: float | None) -> str:
-    return f"{100.0 * a / d:.0f}%" if a and d else "-"
-
-
-def calibration_table(spec: DeviceSpec) -> str:
-    """The datasheet | achievable | % table for a calibrated spec."""
-    from tscope_callbacks.specs_cli import format_table, tflops
-
-    ach = spec.achievable or spec
-    rows = []
-    for p in PRECISIONS:
-        d, a = spec.flops.get(p), ach.flops.get(p)
-        if d is None and a is None:
-            continue
-        rows.append([p, tflops(d), tflops(a), _pct(a, d)])
-    lines = [f"device: {spec.name}" + ("  (measured: the CPU has no datasheet roofs)" if spec.measured else ""),
-             f"source: {spec.source}", "",
-             format_table(["precision", "datasheet TFLOP/s", "achievable TFLOP/s", "%"], rows), "",
-             format_table(["memory", "datasheet TB/s", "achievable TB/s", "%"],
-                          [["bandwidth", f"{spec.bandwidth / 1e12:.4g}", f"{ach.bandwidth / 1e12:.4g}",
-                            _pct(ach.bandwidth, spec.bandwidth)]])]
-    return "\n".join(lines)
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        spec = calibrate(args.device, quick=args.quick, cache=not args.no_cache)
-    except (ValueError, RuntimeError) as e:
-        print(f"tscope calibrate: {e}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(spec.to_dict(), indent=2))
-    else:
-        print(calibration_table(spec))
-    return 0
-
-
-# ``ts.calibrate`` is this module once it is imported (it shares the function's name): calling it calls the function
-from tscope_callbacks._callable_module import make_module_callable  # noqa: E402
-
-make_module_callable(__name__)

@@ -23,19 +23,20 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from fnmatch import fnmatchcase
 from typing import Any
 
 import torch
 from torch._C._autograd import _get_sequence_nr
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode_temporarily
 
+from tscope_callbacks.capture.eager import EagerStance
+from tscope_callbacks.capture.layers import LayerDetails, build_layers
+from tscope_callbacks.capture.paths import Selection, clean_path
 from tscope_callbacks.formulas import DEFAULT_REGISTRY, FormulaRegistry
 from tscope_callbacks.formulas.apply import count_op
-from tscope_callbacks.layer_build import LayerDetails, build_layers
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
-__all__ = ["profile", "Profile", "NestedProfileError", "active_profile", "paused", "EagerStance"]
+__all__ = ["profile", "Profile", "NestedProfileError", "active_profile", "paused"]
 
 log = logging.getLogger("tscope_callbacks")
 
@@ -68,47 +69,6 @@ def paused() -> Iterator[None]:
         yield
     finally:
         p.resume()
-
-
-class EagerStance:
-    """Hold Dynamo in its ``force_eager`` stance while tscope's hooks are installed: nothing is compiled, so none of
-    tscope's own code (module/tensor hooks, finite checks run with the dispatch mode popped) is ever traced into a
-    user's compiled graph, and the graphs compiled before the region are reused unchanged after it (no recompiles,
-    no graph breaks). ``enter()``/``exit()`` are idempotent and never raise (a Dynamo-less torch: no-op)."""
-
-    def __init__(self) -> None:
-        self._ctx: Any = None
-
-    def enter(self) -> None:
-        if self._ctx is not None:
-            return
-        set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
-        try:
-            if set_stance is not None:
-                self._ctx = set_stance("force_eager")  # takes effect on construction
-            else:  # torch < 2.6: the global Dynamo switch
-                import torch._dynamo.config as dcfg
-
-                self._ctx = dcfg.patch(disable=True)
-                self._ctx.__enter__()
-        except Exception as e:  # e.g. called from inside a compiled region: nothing we can change there
-            log.debug("tscope: could not hold torch.compile in eager mode: %s", e)
-            self._ctx = None
-
-    def exit(self) -> None:
-        ctx, self._ctx = self._ctx, None
-        if ctx is not None:
-            try:
-                ctx.__exit__(None, None, None)
-            except Exception as e:
-                log.debug("tscope: could not restore the torch.compile stance: %s", e)
-
-    def __enter__(self) -> EagerStance:
-        self.enter()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.exit()
 
 
 class _Frame:
@@ -175,10 +135,6 @@ class Profile:
             raise TypeError(f"profile() needs a torch.nn.Module, got {type(model).__name__}")
         if timing not in ("auto", "cpu", "cuda", None, "none"):
             raise ValueError(f"timing must be 'auto', 'cpu', 'cuda' or None, got {timing!r}")
-        if depth is not None and (not isinstance(depth, int) or depth < 0):
-            raise ValueError(f"depth must be a non-negative int or None, got {depth!r}")
-        if isinstance(paths, str):
-            paths = [paths]
         self.model = model
         if isinstance(formulas, FormulaRegistry):
             self.registry = formulas
@@ -188,9 +144,9 @@ class Profile:
         self._timed = self.timing != "none"
         self.layer_details = layer_details
         self.check_finite = check_finite
-        self.paths = list(paths) if paths else None
-        self.depth = depth
-        self._collapsing = self.paths is not None or depth is not None
+        self.selection = Selection(paths or None, depth)  # validates both
+        self._collapsing = not self.selection.everything
+        self._collapse = self.selection.collapse
         self.record_shapes = record_shapes
         self.raise_errors = raise_errors
         self.result = StepProfile()
@@ -203,7 +159,6 @@ class Profile:
         self._phase_override: str | None = None
         self._stack: list[_Frame] = []
         self._seq_layer: dict[int, str] = {}
-        self._collapse_cache: dict[str, str] = {}
         self._details: LayerDetails | None = None
         self._calls: dict[str, int] = {}
         self._mutating: dict[Any, bool] = {}
@@ -342,10 +297,10 @@ class Profile:
         self._paths = {}
         self._compiled = []
         for path, mod in self.model.named_modules(remove_duplicate=True):
-            self._paths[id(mod)] = _clean_path(path)
+            self._paths[id(mod)] = clean_path(path)
             # torch.compile's wrapper, or a module whose methods Lightning compiled in place (``_compiler_ctx``)
             if type(mod).__name__ == "OptimizedModule" or isinstance(getattr(mod, "_compiler_ctx", None), dict):
-                self._compiled.append(_clean_path(path))
+                self._compiled.append(clean_path(path))
         warn_key = (type(self.model).__qualname__, tuple(self._compiled))
         if self._compiled and warn_key not in _WARNED_COMPILED:  # once per model and process, not per profile
             _WARNED_COMPILED.add(warn_key)
@@ -356,7 +311,7 @@ class Profile:
         self._param_owner = {}
         for mpath, mod in self.model.named_modules():
             for p in mod.parameters(recurse=False):
-                self._param_owner.setdefault(id(p), self._collapse(_clean_path(mpath)))
+                self._param_owner.setdefault(id(p), self._collapse(clean_path(mpath)))
         self._last_alloc: int | None = None
         if self.layer_details:
             self._details = LayerDetails(self.check_finite, mute=self._mute)
@@ -366,7 +321,7 @@ class Profile:
             self._handles.append(mod.register_forward_pre_hook(self._pre_hook, prepend=True))
             self._handles.append(mod.register_forward_hook(self._post_hook, always_call=True))
         if self.timing == "cuda":
-            from tscope_callbacks.cuda_timing import OpRangeProfiler
+            from tscope_callbacks.capture.cuda_timing import OpRangeProfiler
 
             torch.cuda.synchronize()
             self._ranges = OpRangeProfiler()
@@ -421,22 +376,6 @@ class Profile:
             log.warning("tscope capture: internal error (profiling continues, training unaffected): %s", msg)
         if self.raise_errors:
             raise e
-
-    def _collapse(self, path: str) -> str:
-        """Map a module path to the layer its ops are reported under (``paths=``/``depth=`` selection)."""
-        if self.paths is None and self.depth is None:
-            return path
-        hit = self._collapse_cache.get(path)
-        if hit is not None:
-            return hit
-        p = path
-        if self.depth is not None and p:
-            p = ".".join(p.split(".")[: self.depth])
-        if self.paths is not None:
-            while p and not any(p == pat or fnmatchcase(p, pat) for pat in self.paths):
-                p = p.rpartition(".")[0]
-        self._collapse_cache[path] = p
-        return p
 
     @contextlib.contextmanager
     def _mute(self) -> Iterator[None]:
@@ -547,21 +486,6 @@ def _names(func) -> tuple[str, str]:
     packet = f"{func.namespace}.{func._opname}" if hasattr(func, "_opname") else str(func)
     _NAMES[func] = (packet, str(func))
     return _NAMES[func]
-
-
-def clean_path(path: str) -> str:
-    """Module or parameter path without torch.compile's ``_orig_mod`` segment, so paths match the user's names."""
-    if "_orig_mod" not in path:
-        return path
-    return ".".join(p for p in path.split(".") if p != "_orig_mod")
-
-
-_clean_path = clean_path
-
-
-def named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    """``model.named_parameters()`` with clean paths (no ``_orig_mod``)."""
-    return [(clean_path(n), p) for n, p in model.named_parameters()]
 
 
 def profile(model: torch.nn.Module, **kwargs: Any) -> Profile:

@@ -1,15 +1,13 @@
-"""``tscope specs [NAME]``: the device roof table, or one device in full."""
+"""Plain-text renderings: aligned tables, the device roof table, one device in full, a calibration table."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections.abc import Sequence
 
-from tscope_callbacks.specs import PRECISIONS, DeviceSpec, get_device_spec, list_specs
+from tscope_callbacks.devices.precision import PRECISIONS
+from tscope_callbacks.devices.spec import DeviceSpec
 
-__all__ = ["add_arguments", "run", "format_table", "tflops", "specs_table", "spec_detail"]
+__all__ = ["format_table", "tflops", "specs_table", "spec_detail", "calibration_table"]
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -80,30 +78,27 @@ def spec_detail(spec: DeviceSpec) -> str:
             if "tf32" in spec.flops else "")
     out = "\n".join([*head, "", table] + ([foot] if foot else []))
     if spec.achievable is not None:
-        from tscope_callbacks.calibrate import calibration_table
-
         out += "\n\nachievable (calibrated):\n" + calibration_table(spec)
     return out
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", nargs="?", default=None,
-                   help="a device name, alias, real torch.cuda.get_device_name() string, JSON path, or 'auto'")
-    p.add_argument("--table", default=None, help="an extra JSON table searched before the built-in one")
-    p.add_argument("--json", action="store_true", help="print JSON rows instead of text")
+def _pct(a: float | None, d: float | None) -> str:
+    return f"{100.0 * a / d:.0f}%" if a and d else "-"
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        if args.name is None:
-            specs = list_specs(table=args.table)
-            print(json.dumps([s.to_dict() for s in specs], indent=1) if args.json else specs_table(specs))
-            if not args.json:
-                print(f"\n{len(specs)} devices; dense peaks; `tscope specs NAME` shows one in full.")
-            return 0
-        spec = get_device_spec(args.name, table=args.table)
-    except ValueError as e:  # UnknownDeviceError, SpecFileError: a message, not a traceback
-        print(f"tscope specs: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(spec.to_dict(), indent=1) if args.json else spec_detail(spec))
-    return 0
+def calibration_table(spec: DeviceSpec) -> str:
+    """The datasheet | achievable | % table for a calibrated spec."""
+    ach = spec.achievable or spec
+    rows = []
+    for p in PRECISIONS:
+        d, a = spec.flops.get(p), ach.flops.get(p)
+        if d is None and a is None:
+            continue
+        rows.append([p, tflops(d), tflops(a), _pct(a, d)])
+    lines = [f"device: {spec.name}" + ("  (measured: the CPU has no datasheet roofs)" if spec.measured else ""),
+             f"source: {spec.source}", "",
+             format_table(["precision", "datasheet TFLOP/s", "achievable TFLOP/s", "%"], rows), "",
+             format_table(["memory", "datasheet TB/s", "achievable TB/s", "%"],
+                          [["bandwidth", f"{spec.bandwidth / 1e12:.4g}", f"{ach.bandwidth / 1e12:.4g}",
+                            _pct(ach.bandwidth, spec.bandwidth)]])]
+    return "\n".join(lines)

@@ -1,6 +1,5 @@
-"""Rendering of a :class:`~tscope_callbacks.roofline.RooflineReport`: markdown, CSV, JSON-safe dict, rich console.
+"""Rendering of a roofline analysis: markdown, CSV, JSON-safe dict, rich console.
 
-Also the one-line "why is this layer slow" reasons (:func:`explain`), which are phrased from the numbers only.
 "Roof" always means the datasheet roof of the spec (or the measured roof when the spec itself is measured, e.g. on
 CPU); "achievable" is the calibrated roof shown beside it when known.
 """
@@ -11,119 +10,12 @@ import csv
 import math
 from typing import Any
 
-from tscope_callbacks.roofline import Row, _div
+from tscope_callbacks.analysis.fmt import g as _g
+from tscope_callbacks.analysis.fmt import pct as _pct
+from tscope_callbacks.analysis.rows import Row
+from tscope_callbacks.analysis.summary import roofs_used
 
-__all__ = ["explain", "summary_dict", "roofs_used", "to_markdown", "to_csv", "to_dict", "to_console", "json_safe"]
-
-#: A matmul below this many FLOPs (or with a dimension below SMALL_MATMUL_DIM) cannot fill a large chip.
-SMALL_MATMUL_FLOPS = 2 * 512**3
-SMALL_MATMUL_DIM = 64
-#: Mean measured time per op under which launch/dispatch overhead dominates.
-LAUNCH_BOUND_S = 10e-6
-#: Below this fraction of roof a row gets a diagnosis; at or above NEAR_ROOF it is "near roof".
-LOW_ATTAINED = 0.5
-NEAR_ROOF = 0.8
-
-
-def _pct(x: float) -> str:
-    return f"{x:.0%}" if x >= 0.01 or x == 0 else f"{x:.1%}"
-
-
-def _g(x: float | None) -> str:
-    """3 significant figures, no exponent below 1e5 (1365.3 -> "1365", 0.125 -> "0.125")."""
-    if x is None or not math.isfinite(x):
-        return ""
-    return f"{x:.0f}" if 1000 <= abs(x) < 1e5 else f"{x:.3g}"
-
-
-def explain(row: Row, *, tf32_available: bool = False) -> str:
-    """One-line reason for a row's distance from its roof. Rules (in order):
-
-    - all ops lack a FLOP formula -> "no FLOP formula for aten.x (N calls); time unexplained";
-    - memory-bound -> "memory-bound at I FLOP/B (ridge R); A% of roof; " + "launch-bound: N ops of T us" when the
-      mean op time < LAUNCH_BOUND_S and A < LOW_ATTAINED, else "fuse or lower precision" (fp32) / "fuse";
-    - compute-bound -> "compute-bound, A% of roof" + ": small matmul (MxNxK=...)" when the largest matmul is small and
-      A < LOW_ATTAINED, else ": launch-bound ..." as above, else ": fp32 matmul, enable TF32 or bf16" when fp32 on a
-      TF32 chip, else ": near roof" (A >= NEAR_ROOF) / ": below roof, check shapes (multiples of 64) and layout".
-    Untimed rows (estimates only) leave out the "% of roof" part.
-    """
-    if row.bound == "uncounted":
-        top = max(row.uncounted_ops, key=row.uncounted_ops.__getitem__)
-        return f"no FLOP formula for {top} ({row.uncounted_ops[top]} calls); time unexplained by the roofline"
-    if row.bound == "overhead":
-        return "no counted work (views/metadata): pure overhead"
-    att = row.attained
-    roof = f"{_pct(att)} of roof" if att is not None else ""
-    mean_s = _div(row.measured_s, row.n_ops)
-    launch = (att is not None and att < LOW_ATTAINED and mean_s is not None and mean_s < LAUNCH_BOUND_S)
-    launch_txt = f"launch-bound: {row.n_ops} ops of {mean_s * 1e6:.1f} us each; fuse or batch" if launch else ""
-    if row.bound == "memory":
-        head = f"memory-bound at {_g(row.intensity or 0.0)} FLOP/B (ridge {_g(row.ridge or 0.0)})"
-        tail = launch_txt or ("fuse or lower precision" if row.precision in ("fp32", "fp64") else "fuse")
-        return "; ".join(p for p in (head, roof, tail) if p)
-    head = "compute-bound" + (f", {roof}" if roof else "")
-    mm = row.largest_matmul
-    small = mm is not None and (row.largest_matmul_flops < SMALL_MATMUL_FLOPS or min(mm) < SMALL_MATMUL_DIM)
-    if att is not None and att < LOW_ATTAINED and small:
-        assert mm is not None
-        return f"{head}: small matmul (MxNxK={mm[0]}x{mm[1]}x{mm[2]}); batch or fuse"
-    if launch_txt:
-        return f"{head}: {launch_txt}"
-    if row.precision == "fp32" and tf32_available:
-        return f"{head}: fp32 matmul, enable TF32 or bf16"
-    if att is None:
-        return head
-    if att >= NEAR_ROOF:
-        return f"{head}: near roof"
-    return f"{head}: below roof, check shapes (multiples of 64) and layout"
-
-
-def summary_dict(r: Any) -> dict[str, Any]:
-    """Model-level figures of a report (``report.summary``). MFU uses the matrix roof of ``mfu_precision``, MBU the
-    bandwidth; ``time_basis`` says whether the bound fractions are of measured or (untimed) estimated time. MFU counts
-    model FLOPs (activation-checkpointing recompute excluded), HFU hardware FLOPs (recompute included); they are equal
-    without recompute."""
-    ach = r.achievable
-    return {
-        "device": r.spec.name, "device_source": getattr(r.spec, "source", ""),
-        "roof": "measured" if getattr(r.spec, "measured", False) else "datasheet",
-        "achievable_roof": getattr(ach, "name", None) if ach is not None else None,
-        "model": r.meta.get("model"), "step": r.meta.get("step"), "timed": r.timed,
-        "timing": r.meta.get("timing"), "float32_matmul_precision": r.meta.get("float32_matmul_precision"),
-        "tf32": r.tf32, "n_ops": len(r.op_roofs), "total_flops": r.total_flops,
-        "total_bytes": r.total_bytes, "intensity": r.totals.intensity,
-        "measured_step_s": r.measured_step_s, "step_time_source": r.step_time_source,
-        "wall_time_s": r.wall_time_s, "op_time_s": r.op_time_s, "estimated_step_s": r.estimated_step_s,
-        "achievable_estimated_step_s": r.totals.achievable_estimate_s,
-        "mfu": r.mfu, "hfu": r.hfu, "model_flops": r.model_flops, "hardware_flops": r.hardware_flops,
-        "recompute_flops": r.recompute_flops, "mfu_precision": r.mfu_precision, "mfu_peak_flops": r.mfu_peak_flops,
-        "estimated_mfu": r.estimated_mfu, "mbu": r.mbu, "bandwidth": r.bandwidth,
-        "achieved_tflops": r.achieved_tflops, "achieved_gbps": r.achieved_gbps,
-        "time_basis": r.time_basis, "compute_bound_time_frac": r.compute_bound_time_frac,
-        "memory_bound_time_frac": r.memory_bound_time_frac, "uncounted_time_frac": r.uncounted_time_frac,
-        "overhead_time_frac": r.overhead_time_frac, "flop_coverage": r.flop_coverage,
-        "dominant_precision": r.dominant_precision, "precisions": dict(r.totals.precisions),
-        "uncounted_ops": dict(sorted(r.totals.uncounted_ops.items(), key=lambda kv: -kv[1])),
-    }
-
-
-def roofs_used(report: Any) -> list[dict[str, Any]]:
-    """The roofs the report's ops were placed on: one dict per (precision, matrix), most FLOPs first."""
-    seen: dict[tuple[str, bool], dict[str, Any]] = {}
-    for o in report.op_roofs:
-        if o.record.category == "view":
-            continue
-        p = o.roof_precision or o.precision
-        d = seen.get((p, o.matrix))
-        if d is None:
-            d = seen[(p, o.matrix)] = {
-                "precision": p, "matrix": o.matrix, "peak_flops": o.peak, "bandwidth": o.bandwidth,
-                "ridge": o.ridge, "achievable_peak_flops": o.ach_peak, "achievable_bandwidth": o.ach_bandwidth,
-                "flops": 0, "n_ops": 0}
-        d["flops"] += o.flops
-        d["n_ops"] += 1
-    return sorted(seen.values(), key=lambda d: (-d["flops"], not d["matrix"], d["precision"]))
-
+__all__ = ["header_lines", "to_markdown", "to_csv", "to_dict", "to_console", "json_safe", "COLUMNS"]
 
 def _f(x: float | None, spec: str = ".4g", scale: float = 1.0) -> str:
     """Format a figure; blank when missing (untimed) or not finite."""
@@ -203,6 +95,8 @@ def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 
 COLUMNS = ["layer", "type", "phase", "GFLOPs", "MB", "FLOP/B", "bound", "est ms", "measured ms", "% of roof"]
+
+
 
 
 def to_markdown(report: Any, top: int = 20) -> str:

@@ -1,25 +1,21 @@
-"""Per-layer views of a profiled step: layer selection, the torchprof-style tree table, InspectorGadgets JSON.
-
-Pure functions of :class:`~tscope_callbacks.records.LayerRecord` dicts (no torch, no Lightning).
-"""
+"""Per-layer views of a profiled step as data: layer selection, parent/child links, the top layers, flat rows and
+the InspectorGadgets JSON. Pure functions of :class:`~tscope_callbacks.records.LayerRecord` dicts."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from fnmatch import fnmatchcase
 from typing import Any
 
+from tscope_callbacks.capture.paths import Selection
 from tscope_callbacks.records import LayerRecord
 
 __all__ = [
     "select_layers",
     "layer_children",
-    "render_tree_table",
     "inspector_gadgets_json",
     "top_layers",
     "layer_rows",
-    "format_time",
 ]
 
 _MB = 1e6
@@ -33,16 +29,6 @@ _SELF_PAIRS = (
     ("bytes_fwd", "self_bytes_fwd"),
     ("bytes_bwd", "self_bytes_bwd"),
 )
-
-
-def _selected(path: str, paths: Sequence[str] | None, depth: int | None) -> bool:
-    if path == "":
-        return True
-    if depth is not None and path.count(".") + 1 > depth:
-        return False
-    if paths is not None and not any(path == p or fnmatchcase(path, p) for p in paths):
-        return False
-    return True
 
 
 def _nearest_parent(path: str, keep: Mapping[str, Any]) -> str | None:
@@ -75,11 +61,10 @@ def select_layers(
     Same selection rule as ``ts.profile(paths=..., depth=...)``, applied after the fact, so records captured at full
     detail can be shown at a coarser one. Inclusive fields are unchanged. Returns copies; the input is not modified.
     """
-    if isinstance(paths, str):
-        paths = [paths]
-    if paths is None and depth is None:
+    sel = Selection(paths, depth)
+    if sel.everything:
         return dict(layers)
-    keep = {p: dataclasses.replace(L) for p, L in layers.items() if _selected(p, paths, depth)}
+    keep = {p: dataclasses.replace(L) for p, L in layers.items() if sel.selected(p)}
     for parent, kids in layer_children(keep).items():
         if not kids:
             continue
@@ -94,86 +79,6 @@ def select_layers(
             for incl, own in _SELF_PAIRS:
                 setattr(L, own, getattr(L, incl))
     return keep
-
-
-def format_time(seconds: float) -> str:
-    """torchprof/autograd-profiler style: ``"1.671ms"``, ``"312.5us"``, ``"2.104s"``."""
-    seconds = max(seconds, 0.0)
-    if seconds >= 1.0:
-        return f"{seconds:.3f}s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3f}ms"
-    return f"{seconds * 1e6:.1f}us"
-
-
-def _mb(b: int | float) -> str:
-    return f"{b / _MB:.3f}"
-
-
-def _gflops(f: int | float) -> str:
-    return f"{f / 1e9:.4f}"
-
-
-_COLUMNS = ("Module", "Self fwd", "fwd total", "Self bwd", "bwd total", "GFLOPs fwd", "GFLOPs bwd",
-            "output MB", "mem fwd MB", "mem bwd MB", "calls")
-
-
-def _tree_order(layers: Mapping[str, LayerRecord], root_name: str) -> list[tuple[str, str]]:
-    """(label with tree prefix, path) in pre-order; labels drawn with ``├──``, ``└──`` and ``│``."""
-    kids = layer_children(layers)
-    out: list[tuple[str, str]] = []
-    if "" not in layers:
-        return [(p, p) for p in layers]
-
-    def walk(path: str, prefix: str) -> None:
-        ch = kids.get(path, [])
-        for i, c in enumerate(ch):
-            last = i == len(ch) - 1
-            name = c[len(path) + 1 :] if path else c
-            out.append((prefix + ("└── " if last else "├── ") + name, c))
-            walk(c, prefix + ("    " if last else "│   "))
-
-    out.append((root_name, ""))
-    walk("", "")
-    return out
-
-
-def render_tree_table(
-    layers: Mapping[str, LayerRecord], *, root_name: str | None = None, title: str | None = None
-) -> str:
-    """torchprof-style table: one row per layer, the module tree drawn in the first column.
-
-    Columns: Module | Self fwd | fwd total | Self bwd | bwd total | GFLOPs fwd | GFLOPs bwd | output MB |
-    mem fwd MB | mem bwd MB | calls. Times are op times (self = the layer's own ops, total = with children).
-    """
-    root = layers.get("")
-    name = root_name or (root.type if root is not None and root.type else "model")
-    rows = []
-    for label, path in _tree_order(layers, name):
-        L = layers[path]
-        rows.append((
-            label,
-            format_time(L.self_forward_s),
-            format_time(L.forward_s),
-            format_time(L.self_backward_s),
-            format_time(L.backward_s),
-            _gflops(L.flops_fwd),
-            _gflops(L.flops_bwd),
-            _mb(L.output_bytes),
-            _mb(L.memory_fwd_bytes),
-            _mb(L.memory_bwd_bytes),
-            str(L.calls),
-        ))
-    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(_COLUMNS)]
-
-    def line(cells: Sequence[str]) -> str:
-        return " | ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
-
-    out = [title] if title else []
-    out.append(line(_COLUMNS))
-    out.append("-|-".join("-" * w for w in widths))
-    out.extend(line(r) for r in rows)
-    return "\n".join(out)
 
 
 def _ig_info(L: LayerRecord) -> dict[str, Any]:

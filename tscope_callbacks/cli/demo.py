@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import tscope_callbacks as ts
-    from tscope_callbacks.demo_lightning import DemoLM, NaNInjector, RandomTokenData
+    from tscope_callbacks.demo.lightning import DemoLM, NaNInjector, RandomTokenData
 
     for name in ("steps", "every", "top"):
         if getattr(args, name) < 1:

@@ -15,21 +15,22 @@ from __future__ import annotations
 
 import difflib
 import functools
-import json
 import os
 import re
 from pathlib import Path
-from typing import Any
 
-from tscope_callbacks.specs import AmbiguousDeviceError, DeviceSpec, SpecFileError, UnknownDeviceError
+from tscope_callbacks.devices.spec import (
+    AmbiguousDeviceError,
+    DeviceSpec,
+    SpecFileError,
+    UnknownDeviceError,
+    read_rows,
+    row_to_spec,
+)
 
-__all__ = ["MINIMAL_ROW", "ROW_FIELDS", "SpecTable", "norm_key", "default_table_path", "read_rows", "row_to_spec",
+__all__ = ["SpecTable", "norm_key", "default_table_path",
            "load_table", "builtin_table", "spec_from_file", "resolve", "all_specs", "closest_names"]
 
-MINIMAL_ROW = '{"name": "My GPU", "flops": {"bf16": 1.0e14, "fp32": 2.0e13}, "bandwidth": 1.0e12}'
-REQUIRED_FIELDS = ("name", "flops", "bandwidth")
-ROW_FIELDS = frozenset({*REQUIRED_FIELDS, "vendor", "match", "patterns", "aliases", "vector_flops", "l2_bytes",
-                        "source", "notes", "measured", "extra", "achievable"})
 _PREFIXES = ("nvidia geforce ", "geforce ", "nvidia ", "tesla ", "amd instinct ", "amd radeon ", "amd ", "instinct ")
 
 
@@ -47,99 +48,7 @@ def _strip_vendor(key: str) -> str:
 
 def default_table_path() -> Path:
     """The built-in ``gpu_specs.json`` shipped inside the package."""
-    return Path(__file__).with_name("gpu_specs.json")
-
-
-# ---------------- reading and validation ----------------
-def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Raw rows of a JSON file: a list of rows, ``{"devices": [rows]}``, or one row object."""
-    p = Path(path)
-    if not p.is_file():
-        raise SpecFileError(f"device spec file not found: {str(p)!r}")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise SpecFileError(f"{p}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecFileError(f"{p}: cannot read: {e}") from None
-    if isinstance(data, dict) and "devices" in data:
-        data = data["devices"]
-        if not isinstance(data, list):
-            raise SpecFileError(f"{p}: 'devices' must be a list of rows")
-    elif isinstance(data, dict):
-        data = [data]
-    elif not isinstance(data, list):
-        raise SpecFileError(f"{p}: expected a row object or a list of rows, got {type(data).__name__}")
-    for i, row in enumerate(data):
-        if not isinstance(row, dict):
-            raise SpecFileError(f"{p}: row {i}: expected an object, got {type(row).__name__}; a row looks like {MINIMAL_ROW}")
-    return data
-
-
-def _str_list(row: dict[str, Any], key: str, err) -> tuple[str, ...]:
-    v = row.get(key, ())
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, (list, tuple)) or not all(isinstance(s, str) and s.strip() for s in v):
-        raise err(key, "must be a list of non-empty strings")
-    return tuple(v)
-
-
-def row_to_spec(row: dict[str, Any], *, where: str, index: int) -> DeviceSpec:
-    """Validate one row and build its :class:`DeviceSpec`; errors name ``where``, the row and the field."""
-    label = f"row {index} ({row['name']!r})" if isinstance(row.get("name"), str) else f"row {index}"
-
-    def err(fld: str, msg: str) -> SpecFileError:
-        return SpecFileError(f"{where}: {label}: field {fld!r} {msg}; a minimal row is {MINIMAL_ROW}")
-
-    for fld in REQUIRED_FIELDS:
-        if fld not in row:
-            raise err(fld, "is missing")
-    unknown = sorted(k for k in row if k not in ROW_FIELDS and not k.startswith("_"))
-    if unknown:
-        raise err(unknown[0], f"is not a known field (known: {', '.join(sorted(ROW_FIELDS))})")
-    if not isinstance(row["name"], str) or not row["name"].strip():
-        raise err("name", "must be a non-empty string")
-    for fld in ("flops", "vector_flops"):
-        rates = row.get(fld, {})
-        if not isinstance(rates, dict) or (fld == "flops" and not rates):
-            raise err(fld, "must be a non-empty object precision -> FLOP/s, e.g. {\"bf16\": 1.0e14}")
-        for k, v in rates.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise err(f"{fld}.{k}", f"must be a positive number of FLOP/s, got {v!r}")
-    bw = row["bandwidth"]
-    if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
-        raise err("bandwidth", f"must be a positive number of bytes/s, got {bw!r}")
-    l2 = row.get("l2_bytes")
-    if l2 is not None and (isinstance(l2, bool) or not isinstance(l2, (int, float)) or not l2 > 0):
-        raise err("l2_bytes", f"must be a positive number of bytes or null, got {l2!r}")
-    for fld in ("vendor", "source", "notes"):
-        if not isinstance(row.get(fld, ""), str):
-            raise err(fld, "must be a string")
-    patterns = _str_list(row, "patterns", err)
-    for pat in patterns:
-        try:
-            re.compile(pat)
-        except re.error as e:
-            raise err("patterns", f"has an invalid regex {pat!r}: {e}") from None
-    extra = row.get("extra", {})
-    if not isinstance(extra, dict):
-        raise err("extra", "must be an object")
-    if row.get("notes"):
-        extra = {**extra, "notes": row["notes"]}
-    achievable = row.get("achievable")
-    if achievable is not None:
-        if not isinstance(achievable, dict):
-            raise err("achievable", "must be a row object")
-        achievable = row_to_spec(achievable, where=f"{where}: {label}.achievable", index=0)
-    try:
-        return DeviceSpec(name=row["name"].strip(), flops=row["flops"], bandwidth=bw,
-                          l2_bytes=int(l2) if l2 is not None else None, source=row.get("source", "") or where,
-                          measured=bool(row.get("measured", False)), aliases=_str_list(row, "aliases", err),
-                          vendor=row.get("vendor", ""), vector_flops=row.get("vector_flops", {}),
-                          achievable=achievable, extra=extra, match=_str_list(row, "match", err), patterns=patterns)
-    except ValueError as e:  # e.g. an unknown precision key
-        raise SpecFileError(f"{where}: {label}: {e}; a minimal row is {MINIMAL_ROW}") from None
+    return Path(__file__).resolve().parent.parent / "gpu_specs.json"
 
 
 # ---------------- the searchable table ----------------

@@ -1,11 +1,5 @@
-"""The NaN guard's engine: the cheap per-step non-finite flag, per-step replay state, and the replay that locates.
+"""Locating where a bad step went non-finite: per-step replay state and the replay.
 
-Nothing here imports Lightning; :mod:`.nan_guard` wires it into the Trainer.
-
-* :func:`nonfinite_total` -- one fused reduction (``torch._foreach_norm``; NaN/Inf propagate through it) over the
-  loss and all gradients, returned as a device tensor so the caller does exactly one host sync (or one collective
-  under DDP). Finite values whose norm overflows would raise the flag spuriously, so a raised flag is always
-  confirmed by :func:`count_nonfinite` before anything is reported.
 * :class:`StepSnapshot` -- what is kept per micro-batch so a bad step can be replayed: a *reference* to the batch (no
   copy), the in-place version counters of its tensors (to tell when ``training_step`` mutated it) and the RNG states
   (torch CPU, CUDA when initialised, python ``random``, numpy when imported). About 0.1 ms per micro-batch.
@@ -32,86 +26,21 @@ Nothing here imports Lightning; :mod:`.nan_guard` wires it into the Trainer.
 
 from __future__ import annotations
 
-import math
 import random
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["LocateResult", "RankInfo", "StepSnapshot", "count_nonfinite", "iter_tensors", "locate_step",
-           "max_abs_finite", "merge_infos", "nonfinite_total", "rank_info", "replay_locate"]
+from tscope_callbacks.analysis.nonfinite import LocateResult, count_nonfinite, floating, iter_tensors
+from tscope_callbacks.capture.eager import EagerStance
+from tscope_callbacks.capture.paths import clean_path, named_parameters
 
-
-
-def iter_tensors(obj: Any, _depth: int = 0) -> Iterator[torch.Tensor]:
-    """Tensors in a nested structure (tensor, list/tuple, dict, dataclass-like objects with ``__dict__``)."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif _depth > 8 or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
-        return
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from iter_tensors(v, _depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from iter_tensors(v, _depth + 1)
-    elif hasattr(obj, "__dataclass_fields__"):
-        for k in obj.__dataclass_fields__:
-            yield from iter_tensors(getattr(obj, k, None), _depth + 1)
-
-
-def _floating(t: torch.Tensor) -> bool:
-    return t.is_floating_point() or t.is_complex()
-
-
-def nonfinite_total(tensors: list[torch.Tensor]) -> torch.Tensor | None:
-    """float32 tensor of shape (1,), non-finite iff some element of ``tensors`` is (or, rarely, finite values overflow
-    the norm: callers confirm with :func:`count_nonfinite`). No host sync; None when there is no floating tensor.
-
-    One ``torch._foreach_norm`` call per (device, dtype): a fused multi-tensor kernel on CUDA; on CPU as fast as
-    per-tensor sums on an idle machine and much faster under CPU contention (no parallel region per tensor)."""
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for t in tensors:
-        if t.is_floating_point() or t.is_complex():
-            t = torch.view_as_real(t) if t.is_complex() else t
-            groups.setdefault((t.device, t.dtype), []).append(t)
-    totals = []
-    for (_, dtype), ts in groups.items():
-        norms = torch._foreach_norm(ts, 2, dtype=torch.float32 if dtype.itemsize <= 4 else None)
-        totals.append(torch.stack(norms).sum().reshape(1).float())
-    if len(totals) > 1:
-        return torch.stack([t.to(totals[0].device) for t in totals]).sum().reshape(1)
-    return totals[0] if totals else None
-
-
-def count_nonfinite(named: list[tuple[str, torch.Tensor | None]]) -> dict[str, int]:
-    """{name: number of non-finite elements} for the tensors that have any (exact; syncs once per tensor)."""
-    out = {}
-    for name, t in named:
-        if t is not None and _floating(t):
-            n = int((~torch.isfinite(t)).sum())
-            if n:
-                out[name] = n
-    return out
-
-
-def max_abs_finite(tensors: list[torch.Tensor]) -> float | None:
-    """Largest finite absolute value over the tensors (None when there is none)."""
-    best = None
-    for t in tensors:
-        if t is None or not _floating(t) or not t.numel():
-            continue
-        a = t.detach().abs()
-        a = a[torch.isfinite(a)]
-        if a.numel():
-            v = float(a.max())
-            best = v if best is None else max(best, v)
-    return best
+__all__ = ["StepSnapshot", "locate_step", "replay_locate"]
 
 
 def _rng_capture() -> tuple:
@@ -148,20 +77,6 @@ class StepSnapshot:
         return any(t._version != v for t, v in self.versions)
 
 
-@dataclass
-class LocateResult:
-    """What a replay found (all fields picklable, so results can be gathered across ranks)."""
-
-    kind: str | None = None  # "activation" | "loss" | "gradient" | "parameter"; None: not reproduced
-    layer: str | None = None
-    parameter: str | None = None  # first parameter whose replayed gradient was non-finite (backward order)
-    parameters: dict[str, int] = field(default_factory=dict)
-    loss: float | None = None
-    reproduced: bool = False
-    batch_idx: int | None = None  # the micro-batch replayed
-    note: str = ""
-
-
 def _owner(param_name: str) -> str:
     return param_name.rsplit(".", 1)[0] if "." in param_name else ""
 
@@ -177,8 +92,6 @@ class _Tracer:
         self.last_bwd_layer: str | None = None
         self.hooked: dict[int, torch.Tensor] = {}  # one grad hook per tensor: the innermost module that output it
         self.handles: list[Any] = []
-        from tscope_callbacks.capture import clean_path, named_parameters
-
         for name, mod in root.named_modules():
             name = clean_path(name)
             self.handles.append(mod.register_forward_pre_hook(self._pre(name)))
@@ -194,7 +107,7 @@ class _Tracer:
 
     @staticmethod
     def _bad(obj: Any) -> bool:
-        return any(_floating(t) and t.numel() and not bool(torch.isfinite(t).all()) for t in iter_tensors(obj))
+        return any(floating(t) and t.numel() and not bool(torch.isfinite(t).all()) for t in iter_tensors(obj))
 
     def _pre(self, name: str) -> Callable:
         def hook(mod, args):
@@ -212,7 +125,7 @@ class _Tracer:
             if self.fwd is None and self._bad(output):
                 self.fwd = (name, "output")
             for t in iter_tensors(output):
-                if t.requires_grad and _floating(t) and id(t) not in self.hooked:
+                if t.requires_grad and floating(t) and id(t) not in self.hooked:
                     self.hooked[id(t)] = t
                     t.register_hook(self._out_grad(name))
 
@@ -272,15 +185,11 @@ def replay_locate(module: nn.Module, step_fn: Callable[[Any, int], Any], snap: S
     the step ran (true in ``on_before_optimizer_step``).
     """
     res = LocateResult()
-    from tscope_callbacks.capture import named_parameters
-
     named = named_parameters(module)
     names = {id(p): n for n, p in named}
     params = [p for p in module.parameters() if p.requires_grad]
     buffers = [(b, b.detach().clone()) for b in module.buffers()]
     after = _rng_capture()
-    from tscope_callbacks.capture import EagerStance
-
     stance = EagerStance()  # a compiled model replays eagerly: the tracer's hooks are never compiled into its graphs
     stance.enter()
     tracer = _Tracer(module)
@@ -358,52 +267,3 @@ def locate_step(module: nn.Module, step_fn: Callable[[Any, int], Any], snaps: li
     res.note = ("the replay did not reproduce the non-finite values (non-deterministic ops, randomness outside "
                 f"torch/python/numpy RNGs, or values received from another rank): layer not located. {res.note}")
     return res, n
-
-
-@dataclass
-class RankInfo:
-    """One rank's view of a bad step (picklable: gathered across ranks under DDP)."""
-
-    rank: int
-    bad: bool = False
-    loss_bad: bool = False
-    loss: float | None = None
-    parameters: dict[str, int] = field(default_factory=dict)
-    max_abs: float | None = None
-    located: LocateResult | None = None
-    note: str = ""
-
-
-def rank_info(rank: int, named_params: list[tuple[str, torch.Tensor]], flagged: bool, losses: list[torch.Tensor],
-              unscale: float = 1.0) -> RankInfo:
-    """This rank's view of a flagged step: exact non-finite gradient counts, the loss, the largest finite gradient."""
-    info = RankInfo(rank)
-    if flagged:
-        info.parameters = count_nonfinite([(n, p.grad) for n, p in named_params])
-    vals = [float(x.detach().float().sum()) / unscale for x in losses]
-    bad_vals = [v for v in vals if not math.isfinite(v)]
-    info.loss_bad, info.loss = bool(bad_vals), bad_vals[0] if bad_vals else (vals[-1] if vals else None)
-    info.bad = info.loss_bad or bool(info.parameters)
-    if info.bad:
-        info.max_abs = max_abs_finite([p.grad for _, p in named_params if p.grad is not None])
-    return info
-
-
-def merge_infos(bad: list[RankInfo], world_size: int) -> dict[str, Any]:
-    """Event fields from the ranks that saw non-finite values. ``ranks``: those where it originated (non-finite loss
-    or reproduced by the replay), else all that saw it; the location comes from the lowest such rank."""
-    located = [i for i in bad if i.located is not None and i.located.reproduced]
-    origin = sorted({i.rank for i in bad if i.loss_bad or i in located}) or sorted(i.rank for i in bad)
-    src = (located or [i for i in bad if i.loss_bad] or bad)[0]
-    loc = src.located if src in located else None
-    params = src.parameters or next((i.parameters for i in bad if i.parameters), {})
-    notes = [loc.note if loc is not None else (src.located.note if src.located is not None else src.note)]
-    if loc is not None and loc.parameter:
-        notes.append(f"First non-finite gradient in backward order: {loc.parameter}.")
-    if world_size > 1 and len(origin) < world_size:
-        notes.append("Other ranks saw it only through the DDP gradient all-reduce.")
-    return dict(batch_idx=loc.batch_idx if loc is not None else None, kind=loc.kind if loc is not None else ("loss" if src.loss_bad else "gradient"),
-                layer=loc.layer if loc is not None else None, parameters=params,
-                loss=src.loss if src.loss is not None else (loc.loss if loc is not None else None),
-                num_nonfinite=sum(params.values()), max_abs_grad=src.max_abs, ranks=origin,
-                note=" ".join(n for n in notes if n))

@@ -1,4 +1,5 @@
-"""Standalone analysis (Tensorscope parity): count a model's ops on a named device without training.
+"""The public entry points that drive the layers below: ``roofline`` (resolve the device, then analyse) and
+``analyze_model`` (Tensorscope parity: count a model's ops on a named device without training).
 
 The model runs on the ``meta`` device by default: shapes and dtypes flow through every op but nothing is
 computed, so ``analyze_model(big_model, input_shape=[(512, 3, 224, 224)], gpu="H100")`` takes seconds on a laptop
@@ -8,27 +9,51 @@ and the report is a pure estimate (Tensorscope's "estimated forward pass time", 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
-import importlib
-import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from tscope_callbacks.capture import profile
+from tscope_callbacks.analysis.roofline import build_roofline
+from tscope_callbacks.capture.profile import profile
+from tscope_callbacks.devices.precision import TORCH_DTYPES, normalize_precision
+from tscope_callbacks.devices.resolve import get_device_spec
 from tscope_callbacks.records import StepProfile
+from tscope_callbacks.render.report import RooflineReport
 
-__all__ = ["analyze_model", "build_inputs", "add_arguments", "run"]
+__all__ = ["analyze_model", "build_inputs", "profile_model", "roofline"]
 
-_DTYPES = {
-    "fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
-    "fp64": torch.float64, "fp8": torch.bfloat16, "int8": torch.bfloat16,
-}
 _INT_DTYPES = {"long": torch.long, "int64": torch.long, "int": torch.int32, "int32": torch.int32}
+
+
+def _resolve(spec: Any, default: str) -> Any:
+    """A DeviceSpec from a spec, a name or a path; ``"cpu"`` (a CPU profile's recorded device name) -> this machine's
+    measured CPU roof."""
+    if spec is None or isinstance(spec, str):
+        spec = spec or default
+        if spec.strip().lower() == "cpu":
+            spec = torch.device("cpu")
+        return get_device_spec(spec)
+    return spec
+
+
+def roofline(prof: Any, spec: Any = None, *, achievable: Any = None, precision: str | None = None,
+             group_small: float = 0.01) -> RooflineReport:
+    """Place every op of ``prof`` (a StepProfile, or anything with ``.ops/.layers/.wall_time_s/.meta``) on the roofline.
+
+    ``spec``: a DeviceSpec or a name/path for ``get_device_spec``; None -> ``prof.meta["device_name"]`` or "auto".
+    ``achievable``: measured roofs (DeviceSpec or name) shown beside the datasheet ones; default ``spec.achievable``.
+    ``precision``: force the roof precision of matrix-class ops (e.g. "fp8" for an fp8 what-if on a bf16 run);
+    other ops always use their own dtype. ``group_small``: rows under this share of measured time (estimated when
+    untimed) AND of FLOPs are grouped into one "(other N ...)" row in tables; totals always include them.
+    """
+    meta = getattr(prof, "meta", None) or {}
+    spec = _resolve(spec, meta.get("device_name") or "auto")
+    ach = _resolve(achievable, "") if achievable is not None else None
+    return build_roofline(prof, spec, achievable=ach, precision=precision, group_small=group_small,
+                          cls=RooflineReport)
 
 
 def build_inputs(
@@ -78,9 +103,6 @@ def analyze_model(
     outputs with a ``loss`` field). ``precision`` in ("fp32", "tf32", "fp16", "bf16", "fp64"; "fp8"/"int8" are
     estimated from a bf16 run against the fp8/int8 roof).
     """
-    from tscope_callbacks.roofline import roofline
-    from tscope_callbacks.specs import get_device_spec, normalize_precision
-
     prec = normalize_precision(precision)
     spec = get_device_spec(gpu)
     prof = profile_model(
@@ -108,7 +130,7 @@ def profile_model(
         raise TypeError(f"analyze_model needs a torch.nn.Module, got {type(model).__name__}")
     if inputs is None and input_shape is None:
         raise ValueError("give input_shape=[(batch, ...), ...] or inputs=[tensor, ...]")
-    dtype = _DTYPES.get(precision, torch.float32)
+    dtype = TORCH_DTYPES.get(precision, torch.float32)
     work = model
     on_target = all(p.device.type == torch.device(device).type for p in model.parameters())
     if not on_target or dtype != torch.float32:
@@ -168,50 +190,3 @@ def _backward(out: Any) -> None:
             out = out.logits
         loss = out.float().sum()
     loss.backward()
-
-
-# ---------------- CLI: tscope analyze ----------------
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", help="the model class or factory as MODULE:NAME (e.g. mypkg.models:ResNet18)")
-    p.add_argument("--input-shape", action="append", required=True,
-                   help="comma-separated shape of one input, e.g. 32,3,224,224 (repeat for several inputs)")
-    p.add_argument("--input-dtype", action="append", default=None, help="per input, in order: float (default; the --precision dtype), long/int64 or int/int32 (token ids)")
-    p.add_argument("--gpu", default="auto", help="device name or alias from `tscope specs` (e.g. h100), a JSON spec path, or auto "
-                        "(default: this machine's GPU, else a measured CPU roof)")
-    p.add_argument("--precision", default="fp32", help="fp32, tf32, bf16, fp16, fp64; fp8/int8 are estimated from a bf16 run (default fp32)")
-    p.add_argument("--kwargs", default="{}", help="JSON keyword arguments for the model constructor")
-    p.add_argument("--backward", action="store_true", help="also count the backward pass")
-    p.add_argument("--device", default="meta", help="meta (estimate only, default), cpu or cuda (also measure)")
-    p.add_argument("--top", type=int, default=20, help="rows in the table (default 20)")
-    p.add_argument("--plot", default=None, help="write the roofline plot PNG here")
-    p.add_argument("--json", default=None, help="write the report JSON here")
-
-
-def run(args: argparse.Namespace) -> int:
-    from tscope_callbacks.specs import UnknownDeviceError
-
-    mod_name, _, attr = args.target.partition(":")
-    if not attr:
-        print(f"tscope analyze: expected MODULE:NAME, got {args.target!r}", file=sys.stderr)
-        return 2
-    try:
-        factory = getattr(importlib.import_module(mod_name), attr)
-        model = factory(**json.loads(args.kwargs))
-        shapes = [[int(s) for s in shp.split(",")] for shp in args.input_shape]
-        dtypes = [None if d in (None, "float") else d for d in (args.input_dtype or [])]
-        report = analyze_model(model, shapes, args.gpu, args.precision, input_dtypes=dtypes,
-                               backward=args.backward, device=args.device)
-    except UnknownDeviceError as e:
-        print(f"tscope analyze: {e}", file=sys.stderr)
-        return 2
-    except (ImportError, AttributeError, ValueError, TypeError) as e:
-        print(f"tscope analyze: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    print(report.to_markdown(top=args.top))
-    if args.plot:
-        report.plot(args.plot)
-        print(f"plot written to {args.plot}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"profile": report.profile.to_dict(), "report": report.to_dict()}, f)
-    return 0

@@ -8,11 +8,11 @@ import sys
 
 # subcommand -> (module, help). Each module defines ``add_arguments(parser)`` and ``run(args) -> int``.
 _COMMANDS = {
-    "demo": ("tscope_callbacks.demo", "train a small transformer with all callbacks and print the roofline"),
-    "analyze": ("tscope_callbacks.analyze", "Tensorscope-style analysis of a model on a named device, no training"),
-    "specs": ("tscope_callbacks.specs_cli", "list the device roof table, or show one device"),
-    "calibrate": ("tscope_callbacks.calibrate", "measure this machine's achievable roofs (FLOP/s, bandwidth)"),
-    "report": ("tscope_callbacks.report_cli", "render a saved profiled-step JSON as the roofline table / plot"),
+    "demo": ("tscope_callbacks.cli.demo", "train a small transformer with all callbacks and print the roofline"),
+    "analyze": ("tscope_callbacks.cli.analyze", "Tensorscope-style analysis of a model on a named device, no training"),
+    "specs": ("tscope_callbacks.cli.specs", "list the device roof table, or show one device"),
+    "calibrate": ("tscope_callbacks.cli.calibrate", "measure this machine's achievable roofs (FLOP/s, bandwidth)"),
+    "report": ("tscope_callbacks.cli.report", "render a saved profiled-step JSON as the roofline table / plot"),
 }
 
 

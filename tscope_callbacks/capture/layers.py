@@ -12,18 +12,10 @@ from typing import Any
 
 import torch
 
+from tscope_callbacks.capture.paths import ancestors, named_modules
 from tscope_callbacks.records import LayerRecord, OpRecord
 
-__all__ = ["LayerDetails", "build_layers", "ancestors"]
-
-
-def ancestors(path: str) -> list[str]:
-    """``"a.b.c"`` -> ``["a.b.c", "a.b", "a", ""]``; ``""`` -> ``[""]``."""
-    out = [path]
-    while path:
-        path = path.rpartition(".")[0]
-        out.append(path)
-    return out
+__all__ = ["LayerDetails", "build_layers"]
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
@@ -157,12 +149,8 @@ def build_layers(
 ) -> dict[str, LayerRecord]:
     """LayerRecords for every (selected) module of ``model``, with self and inclusive op totals."""
     layers: dict[str, LayerRecord] = {}
-    for path, mod in model.named_modules():
-        if "_orig_mod" in path or type(mod).__name__ == "OptimizedModule":
-            path = ".".join(p for p in path.split(".") if p != "_orig_mod")
-            if path in layers:
-                continue
-        if collapse(path) != path and path not in layers:
+    for path, mod in named_modules(model):
+        if collapse(path) != path:
             continue  # below the selected depth / aggregated into an ancestor
         params = list(mod.parameters())
         layers[path] = LayerRecord(

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from tscope_callbacks.demo_model import GPTConfig, TinyGPT
+from tscope_callbacks.demo.model import GPTConfig, TinyGPT
 
 __all__ = ["DemoLM", "NaNInjector", "RandomTokenData"]
 

@@ -1,0 +1,229 @@
+"""The roofline's rows: one op placed on its roof (:class:`OpRoof`), aggregates of ops (:class:`Row`: a layer x phase,
+a layer, an op class, an op name) and ranked opportunities (:class:`Opportunity`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.records import OpRecord
+
+__all__ = ["OpRoof", "Row", "Opportunity"]
+
+
+@dataclass(slots=True)
+class OpRoof:
+    """One op placed on the roofline."""
+
+    record: OpRecord
+    precision: str  #: precision the op runs at (its dtype; TF32 for fp32 matrix ops when allowed; the override)
+    matrix: bool  #: True when a matrix (tensor-core) roof applies, False for the vector roof
+    peak: float  #: FLOP/s of that roof
+    bandwidth: float  #: bytes/s
+    ach_peak: float | None = None  #: achievable (measured) roof, when known
+    ach_bandwidth: float | None = None
+    roof_precision: str = ""  #: the roof actually used (the spec's fallback, e.g. fp16 for fp8 on an A100)
+
+    @property
+    def flops(self) -> int:
+        return self.record.flops
+
+    @property
+    def bytes(self) -> int:
+        return self.record.bytes
+
+    @property
+    def measured_s(self) -> float | None:
+        return self.record.time_s
+
+    @property
+    def intensity(self) -> float | None:
+        """FLOP/byte; ``inf`` when the op moves no bytes but does FLOPs, None when it does neither."""
+        if self.bytes == 0:
+            return math.inf if self.flops > 0 else None
+        return self.flops / self.bytes
+
+    @property
+    def ridge(self) -> float:
+        return self.peak / self.bandwidth
+
+    @property
+    def bound(self) -> str:
+        """``compute`` | ``memory`` | ``uncounted`` (no FLOP formula) | ``overhead`` (views, zero-work ops)."""
+        r = self.record
+        if r.category == "view":
+            return "overhead"
+        if not r.counted:
+            return "uncounted"
+        intensity = self.intensity
+        if intensity is None:
+            return "overhead"
+        return "compute" if intensity >= self.ridge else "memory"
+
+    @property
+    def compute_s(self) -> float:
+        return self.flops / self.peak
+
+    @property
+    def memory_s(self) -> float:
+        return self.bytes / self.bandwidth
+
+    @property
+    def estimate_s(self) -> float:
+        return max(self.compute_s, self.memory_s)
+
+    @property
+    def achievable_estimate_s(self) -> float | None:
+        if self.ach_peak is None or self.ach_bandwidth is None:
+            return None
+        return max(self.flops / self.ach_peak, self.bytes / self.ach_bandwidth)
+
+    @property
+    def attained(self) -> float | None:
+        return _div(self.estimate_s, self.measured_s)
+
+    @property
+    def recoverable_s(self) -> float | None:
+        m = self.measured_s
+        return None if m is None else max(0.0, m - self.estimate_s)
+
+
+def _mnk(rec: OpRecord) -> tuple[int, int, int] | None:
+    """(M, N, K) of a matmul from its last two >=2-D inputs (batch dims folded into M); None if not a matmul."""
+    mats = [s for s in rec.input_shapes if isinstance(s, (list, tuple)) and len(s) >= 2
+            and all(isinstance(d, int) for d in s)]
+    if rec.category != "matmul" or len(mats) < 2:
+        return None
+    a, b = mats[-2], mats[-1]
+    return math.prod(a[:-1]), b[-1], a[-1]
+
+
+@dataclass
+class Row:
+    """Aggregate of a set of ops (a layer x phase, a layer, an op class, an op name, or a group of small rows)."""
+
+    name: str
+    kind: str  #: "layer" | "layer_total" | "inclusive" | "category" | "op" | "other" | "total"
+    layer: str = ""
+    type: str = ""
+    phase: str = ""  #: one of PHASES, or "total"/"" when the row spans phases
+    category: str = ""
+    n_ops: int = 0
+    n_work: int = 0  #: ops with a formula that do work (not views, not uncounted, flops or bytes > 0)
+    flops: int = 0
+    bytes: int = 0
+    measured_s: float | None = None  #: None when none of the row's ops was timed
+    estimate_s: float = 0.0
+    achievable_estimate_s: float | None = None
+    compute_s: float = 0.0  #: sum of flops/peak
+    uncounted_ops: dict[str, int] = field(default_factory=dict)
+    uncounted_s: float = 0.0  #: measured (or, untimed, estimated) time of ops without a formula
+    largest_matmul: tuple[int, int, int] | None = None  #: (M, N, K) of the row's largest matmul
+    largest_matmul_flops: int = 0
+    precisions: dict[str, int] = field(default_factory=dict)  #: precision -> FLOPs (bytes when no FLOPs)
+    bandwidth: float = 0.0
+    _peaks: dict[str, float] = field(default_factory=dict, repr=False)
+    ops: list[OpRoof] = field(default_factory=list, repr=False)
+
+    def add(self, o: OpRoof) -> None:
+        r = o.record
+        self.ops.append(o)
+        self.n_ops += 1
+        self.flops += r.flops
+        self.bytes += r.bytes
+        if r.time_s is not None:
+            self.measured_s = (self.measured_s or 0.0) + r.time_s
+        est = o.estimate_s
+        self.estimate_s += est
+        ach = o.achievable_estimate_s
+        if ach is not None:
+            self.achievable_estimate_s = (self.achievable_estimate_s or 0.0) + ach
+        self.compute_s += o.compute_s
+        self.bandwidth = o.bandwidth
+        if r.category != "view":
+            self.precisions[o.precision] = self.precisions.get(o.precision, 0) + (r.flops or r.bytes)
+            self._peaks.setdefault(o.precision, o.peak)
+        if r.counted and r.category != "view" and (r.flops or r.bytes):
+            self.n_work += 1
+        if not r.counted:
+            self.uncounted_ops[r.op] = self.uncounted_ops.get(r.op, 0) + 1
+            self.uncounted_s += r.time_s if r.time_s is not None else est
+        mnk = _mnk(r)
+        if mnk is not None and r.flops > self.largest_matmul_flops:
+            self.largest_matmul, self.largest_matmul_flops = mnk, r.flops
+
+    @property
+    def precision(self) -> str:
+        """Dominant precision (most FLOPs; most bytes when the row has no FLOPs)."""
+        return max(self.precisions, key=self.precisions.__getitem__) if self.precisions else ""
+
+    @property
+    def intensity(self) -> float | None:
+        return _div(self.flops, self.bytes)
+
+    @property
+    def ridge(self) -> float | None:
+        """Effective ridge: (FLOPs / sum of flops/peak) / bandwidth; the dominant precision's when no FLOPs."""
+        peak = _div(self.flops, self.compute_s) or self._peaks.get(self.precision)
+        return _div(peak, self.bandwidth)
+
+    @property
+    def bound(self) -> str:
+        if not self.n_work:
+            return "uncounted" if self.uncounted_ops else "overhead"
+        if self.bytes == 0:
+            return "compute"
+        return "compute" if (self.intensity or 0.0) >= (self.ridge or math.inf) else "memory"
+
+    @property
+    def attained(self) -> float | None:
+        """Fraction of the (datasheet) roof: estimate / measured."""
+        return _div(self.estimate_s, self.measured_s)
+
+    @property
+    def attained_achievable(self) -> float | None:
+        return _div(self.achievable_estimate_s, self.measured_s)
+
+    @property
+    def recoverable_s(self) -> float | None:
+        return None if self.measured_s is None else max(0.0, self.measured_s - self.estimate_s)
+
+    @property
+    def ratio(self) -> float | None:
+        """measured / estimated (1.0 = on the roof)."""
+        return _div(self.measured_s, self.estimate_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict (no inf/nan: missing figures are None)."""
+        mm = self.largest_matmul
+        return {
+            "name": self.name, "kind": self.kind, "layer": self.layer, "type": self.type, "phase": self.phase,
+            "category": self.category, "precision": self.precision, "n_ops": self.n_ops, "flops": self.flops,
+            "bytes": self.bytes, "intensity": self.intensity, "ridge": self.ridge, "bound": self.bound,
+            "estimate_s": self.estimate_s, "achievable_estimate_s": self.achievable_estimate_s,
+            "measured_s": self.measured_s, "attained": self.attained,
+            "attained_achievable": self.attained_achievable, "recoverable_s": self.recoverable_s,
+            "uncounted_ops": dict(self.uncounted_ops), "largest_matmul": list(mm) if mm else None,
+        }
+
+
+@dataclass
+class Opportunity:
+    """A layer x phase ranked by recoverable time, with a reason computed from its numbers."""
+
+    layer: str
+    phase: str
+    type: str
+    recoverable_s: float | None
+    measured_s: float | None
+    estimate_s: float
+    bound: str
+    intensity: float | None
+    ridge: float | None
+    attained: float | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)

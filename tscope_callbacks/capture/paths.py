@@ -1,0 +1,100 @@
+"""Module-path rules, each defined once: clean paths (no ``torch.compile`` wrapper segment), ancestors, and the
+``paths=``/``depth=`` selection that decides which layer an op is reported under."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from fnmatch import fnmatchcase
+
+import torch
+
+__all__ = ["clean_path", "named_modules", "named_parameters", "ancestors", "Selection"]
+
+_WRAPPER = "_orig_mod"  #: the attribute under which ``torch.compile``'s OptimizedModule keeps the user's module
+
+
+def clean_path(path: str) -> str:
+    """Module or parameter path without ``torch.compile``'s ``_orig_mod`` segment (the user's own names)."""
+    if _WRAPPER not in path:
+        return path
+    return ".".join(p for p in path.split(".") if p != _WRAPPER)
+
+
+def named_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """``(clean path, module)`` for every module once; a compile wrapper and the module it wraps share a path, which
+    names the wrapped (the user's) module."""
+    seen: dict[str, torch.nn.Module] = {}
+    for path, mod in model.named_modules():
+        key = clean_path(path)
+        if key not in seen or type(seen[key]).__name__ == "OptimizedModule":
+            seen[key] = mod
+    return list(seen.items())
+
+
+def named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """``model.named_parameters()`` with clean paths."""
+    return [(clean_path(n), p) for n, p in model.named_parameters()]
+
+
+def ancestors(path: str) -> list[str]:
+    """``"a.b.c"`` -> ``["a.b.c", "a.b", "a", ""]``; ``""`` -> ``[""]``."""
+    out = [path]
+    while path:
+        path = path.rpartition(".")[0]
+        out.append(path)
+    return out
+
+
+class Selection:
+    """Which module paths are reported as layers: at most ``depth`` path segments deep, and (when ``paths`` is given)
+    matching one of ``paths`` (exact paths or fnmatch globs). The root ``""`` is always a layer. Every other module's
+    ops are reported under its nearest selected ancestor (:meth:`collapse`)."""
+
+    def __init__(self, paths: str | Sequence[str] | None = None, depth: int | None = None) -> None:
+        if isinstance(paths, str):
+            paths = [paths]
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
+            raise ValueError(f"depth must be None or an int >= 0 (path segments), got {depth!r}")
+        if paths is not None:
+            paths = list(paths)
+            if not paths or not all(isinstance(p, str) for p in paths):
+                raise TypeError(f"paths must be None, a module path/glob or a non-empty list of them, got {paths!r}")
+        self.paths: list[str] | None = paths
+        self.depth = depth
+        self._cache: dict[str, str] = {}
+
+    @property
+    def everything(self) -> bool:
+        """True when every module is a layer (no ``paths``, no ``depth``)."""
+        return self.paths is None and self.depth is None
+
+    def collapse(self, path: str) -> str:
+        """The layer ``path``'s ops are reported under: itself when selected, else its nearest selected ancestor."""
+        if self.everything:
+            return path
+        hit = self._cache.get(path)
+        if hit is not None:
+            return hit
+        p = path
+        if self.depth is not None and p:
+            p = ".".join(p.split(".")[: self.depth])
+        if self.paths is not None:
+            while p and not any(p == pat or fnmatchcase(p, pat) for pat in self.paths):
+                p = p.rpartition(".")[0]
+        self._cache[path] = p
+        return p
+
+    def selected(self, path: str) -> bool:
+        return self.collapse(path) == path
+
+    def filter(self, paths: Iterable[str]) -> list[str]:
+        return [p for p in paths if self.selected(p)]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Selection) and (self.paths, self.depth) == (other.paths, other.depth)
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.paths) if self.paths is not None else None, self.depth))
+
+    def __repr__(self) -> str:
+        return f"Selection(paths={self.paths!r}, depth={self.depth!r})"

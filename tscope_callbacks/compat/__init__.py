@@ -1,0 +1,1 @@
+"""Compatibility with other tools' APIs: fvcore/Tensorscope element counting (``elemcount``)."""

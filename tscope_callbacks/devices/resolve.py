@@ -1,0 +1,83 @@
+"""``get_device_spec``: a name, alias, JSON path, ``torch.device`` or ``"auto"`` -> :class:`DeviceSpec`.
+
+The one place where resolving a device may measure something (``"auto"`` on a machine without CUDA measures the
+CPU roof, cached per machine); analysis never resolves: its callers pass a ``DeviceSpec``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from tscope_callbacks.devices import table as spec_table
+from tscope_callbacks.devices.spec import DeviceSpec
+
+__all__ = ["get_device_spec", "list_specs"]
+
+
+def _looks_like_path(s: str) -> bool:
+    return s.lower().endswith(".json") or (os.sep in s and os.path.isfile(s))
+
+
+def get_device_spec(device: str | os.PathLike[str] | DeviceSpec | torch.device | None = "auto", *,
+                    table: str | os.PathLike[str] | None = None, cache: bool = True,
+                    budget_s: float | None = None) -> DeviceSpec:
+    """Resolve ``device`` to a :class:`DeviceSpec`.
+
+    ``device``: ``"auto"`` (the current CUDA/ROCm device's name through the table; on a machine without CUDA a
+    measured CPU roof, cached per machine under ``$TSCOPE_CACHE_DIR`` or ``~/.cache/tscope``), a canonical name,
+    a real ``torch.cuda.get_device_name()`` string, an alias ("h100", "a100-80gb", "4090"), a path to a JSON file
+    (one row object, or a list holding one row), a ``torch.device``, or a ``DeviceSpec`` (returned as is).
+    Matching is case-insensitive: exact names first, then aliases, then the rows' regex patterns; a name fitting
+    several rows raises :class:`AmbiguousDeviceError`, an unknown one :class:`UnknownDeviceError`.
+
+    ``table``: an extra JSON table searched before the built-in one. ``cache`` / ``budget_s``: CPU measurement
+    cache use and time budget in seconds (default 2.5).
+    """
+    if isinstance(device, DeviceSpec):
+        return device
+    if device is None:
+        device = "auto"
+    if isinstance(device, torch.device):
+        if device.type == "cuda":
+            idx = device.index if device.index is not None else torch.cuda.current_device()
+            return _cuda_spec(idx, table=table)
+        if device.type == "cpu":
+            return _cpu_spec(cache=cache, budget_s=budget_s)
+        raise ValueError(f"get_device_spec: no roofs for device type {device.type!r}; pass a name or DeviceSpec")
+    if isinstance(device, os.PathLike) or (isinstance(device, str) and _looks_like_path(device)):
+        return spec_table.spec_from_file(device)
+    if not isinstance(device, str):
+        raise TypeError(f"get_device_spec expects a name, a JSON path, a DeviceSpec or 'auto', got {type(device).__name__}")
+    if device.strip().lower() == "auto":
+        if torch.cuda.is_available():
+            return _cuda_spec(torch.cuda.current_device(), table=table)
+        return _cpu_spec(cache=cache, budget_s=budget_s)
+    return spec_table.resolve(device, extra_table=table)
+
+
+def _cuda_spec(index: int, *, table: Any) -> DeviceSpec:
+    name = torch.cuda.get_device_name(index)
+    hint = (f"{name!r} is the current GPU (cuda:{index}); `tscope calibrate` measures its achievable roofs, "
+            "but roofline reports need a datasheet row.")
+    spec = spec_table.resolve(name, extra_table=table, hint=hint)
+    try:
+        from tscope_callbacks.devices.calibrate import cached_achievable
+
+        ach = cached_achievable(name)
+    except Exception:  # a broken cache never breaks name resolution
+        ach = None
+    return spec.with_achievable(ach) if ach is not None else spec
+
+
+def _cpu_spec(*, cache: bool, budget_s: float | None) -> DeviceSpec:
+    from tscope_callbacks.devices.calibrate import DEFAULT_CPU_BUDGET_S, cpu_spec
+
+    return cpu_spec(cache=cache, budget_s=DEFAULT_CPU_BUDGET_S if budget_s is None else budget_s)
+
+
+def list_specs(*, table: str | os.PathLike[str] | None = None) -> list[DeviceSpec]:
+    """All rows of the built-in table (after the rows of ``table``, when given), in file order."""
+    return spec_table.all_specs(extra_table=table)

@@ -1,0 +1,92 @@
+"""The torchprof-style tree table of layer records (text)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from tscope_callbacks.analysis.layers import layer_children
+from tscope_callbacks.records import LayerRecord
+
+__all__ = ["render_tree_table", "format_time"]
+
+_MB = 1e6
+
+
+def format_time(seconds: float) -> str:
+    """torchprof/autograd-profiler style: ``"1.671ms"``, ``"312.5us"``, ``"2.104s"``."""
+    seconds = max(seconds, 0.0)
+    if seconds >= 1.0:
+        return f"{seconds:.3f}s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f}ms"
+    return f"{seconds * 1e6:.1f}us"
+
+
+def _mb(b: int | float) -> str:
+    return f"{b / _MB:.3f}"
+
+
+def _gflops(f: int | float) -> str:
+    return f"{f / 1e9:.4f}"
+
+
+_COLUMNS = ("Module", "Self fwd", "fwd total", "Self bwd", "bwd total", "GFLOPs fwd", "GFLOPs bwd",
+            "output MB", "mem fwd MB", "mem bwd MB", "calls")
+
+
+def _tree_order(layers: Mapping[str, LayerRecord], root_name: str) -> list[tuple[str, str]]:
+    """(label with tree prefix, path) in pre-order; labels drawn with ``├──``, ``└──`` and ``│``."""
+    kids = layer_children(layers)
+    out: list[tuple[str, str]] = []
+    if "" not in layers:
+        return [(p, p) for p in layers]
+
+    def walk(path: str, prefix: str) -> None:
+        ch = kids.get(path, [])
+        for i, c in enumerate(ch):
+            last = i == len(ch) - 1
+            name = c[len(path) + 1 :] if path else c
+            out.append((prefix + ("└── " if last else "├── ") + name, c))
+            walk(c, prefix + ("    " if last else "│   "))
+
+    out.append((root_name, ""))
+    walk("", "")
+    return out
+
+
+def render_tree_table(
+    layers: Mapping[str, LayerRecord], *, root_name: str | None = None, title: str | None = None
+) -> str:
+    """torchprof-style table: one row per layer, the module tree drawn in the first column.
+
+    Columns: Module | Self fwd | fwd total | Self bwd | bwd total | GFLOPs fwd | GFLOPs bwd | output MB |
+    mem fwd MB | mem bwd MB | calls. Times are op times (self = the layer's own ops, total = with children).
+    """
+    root = layers.get("")
+    name = root_name or (root.type if root is not None and root.type else "model")
+    rows = []
+    for label, path in _tree_order(layers, name):
+        L = layers[path]
+        rows.append((
+            label,
+            format_time(L.self_forward_s),
+            format_time(L.forward_s),
+            format_time(L.self_backward_s),
+            format_time(L.backward_s),
+            _gflops(L.flops_fwd),
+            _gflops(L.flops_bwd),
+            _mb(L.output_bytes),
+            _mb(L.memory_fwd_bytes),
+            _mb(L.memory_bwd_bytes),
+            str(L.calls),
+        ))
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(_COLUMNS)]
+
+    def line(cells: Sequence[str]) -> str:
+        return " | ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    out = [title] if title else []
+    out.append(line(_COLUMNS))
+    out.append("-|-".join("-" * w for w in widths))
+    out.extend(line(r) for r in rows)
+    return "\n".join(out)
