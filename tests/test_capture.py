@@ -276,12 +276,12 @@ def test_user_formula_override_and_uncounted():
 
 
 def test_internal_error_never_breaks_the_op(monkeypatch):
-    import tscope_callbacks.capture.profile as cap
+    from tscope_callbacks.formulas.apply import CountCache
 
     def broken(*a, **k):
         raise ValueError("formula bug")
 
-    monkeypatch.setattr(cap, "count_op", broken)
+    monkeypatch.setattr(CountCache, "count", broken)
     model = Net()
     x = torch.randn(4, 8)
     ref = model(x)

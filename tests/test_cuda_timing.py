@@ -1,118 +1,178 @@
-"""CUDA op timing from profiler kernel records, tested with recorded-shape fake events (no GPU here)."""
+"""CUDA op timing from Kineto kernel records, tested with ``_KinetoEvent``-shaped fakes and the real H100 kernel names
+recorded in ``tests/data/h100_kernel_names.txt`` (no GPU here)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import torch
 
-from tscope_callbacks.capture.cuda_timing import RANGE_PREFIX, is_tensor_core_kernel, kernel_times, tensor_core_flags
+import tscope_callbacks as ts
+from tscope_callbacks.capture.cuda_timing import (
+    PAUSED_RANGE,
+    RANGE_PREFIX,
+    Timeline,
+    assign_kernels,
+    is_tensor_core_kernel,
+    union_s,
+)
 
-
-@dataclass
-class Kernel:
-    name: str
-    duration: float  # µs, as profiler_util.Kernel
-
-
-@dataclass
-class Event:
-    """The fields of torch.autograd.profiler_util.FunctionEvent that kernel_times reads."""
-
-    name: str
-    kernels: list = field(default_factory=list)
-    cpu_children: list = field(default_factory=list)
+CPU, CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 
 
 @dataclass
-class EventWithTotal:
-    name: str
-    device_time_total: float  # µs
+class Ev:
+    """The ``_KinetoEvent`` methods ``assign_kernels`` calls."""
+
+    _name: str
+    _dev: object
+    _corr: int = 0
+    _link: int = 0
+    _start: int = 0
+    _end: int = 0
+    _stream: int = 7
+    _annotation: bool = False
+
+    def name(self): return self._name  # noqa: E704
+    def device_type(self): return self._dev  # noqa: E704
+    def correlation_id(self): return self._corr  # noqa: E704
+    def linked_correlation_id(self): return self._link  # noqa: E704
+    def start_ns(self): return self._start  # noqa: E704
+    def end_ns(self): return self._end  # noqa: E704
+    def duration_ns(self): return self._end - self._start  # noqa: E704
+    def device_resource_id(self): return self._stream  # noqa: E704
+    def device_index(self): return 0  # noqa: E704
+    def is_user_annotation(self): return self._annotation  # noqa: E704
 
 
-def test_device_time_total_is_used_when_present():
-    evts = [
-        EventWithTotal(f"{RANGE_PREFIX}0", 120.0),
-        EventWithTotal("aten::mm", 999.0),  # not ours: ignored
-        EventWithTotal(f"{RANGE_PREFIX}2", 0.0),  # launched nothing (a view): 0, not None
+def _range(i, corr):
+    return Ev(f"{RANGE_PREFIX}{i}", CPU, _corr=corr)
+
+
+def _kernel(name, link, start, end, stream=7):
+    return Ev(name, CUDA, _link=link, _start=start, _end=end, _stream=stream)
+
+
+def test_kernels_are_assigned_to_the_op_whose_range_launched_them():
+    events = [
+        _range(0, 101), _range(1, 102), _range(2, 103),  # op 3 recorded no range (not timed)
+        Ev("cudaLaunchKernel", CPU, _corr=900),  # runtime API events are not ranges
+        _kernel("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 101, 1_000, 41_000),  # op 0: 40 us
+        _kernel("void at::native::vectorized_elementwise_kernel<4>", 101, 42_000, 44_500),  # op 0: + 2.5 us
+        _kernel("void at::native::reduce_kernel<512, 1>", 103, 50_000, 53_000),  # op 2: 3 us
+        _kernel("Memset (Device)", 555, 60_000, 61_000),  # launched outside any op range (e.g. DDP's reducer)
+        Ev(f"{RANGE_PREFIX}0", CUDA, _link=101, _start=1_000, _end=44_500, _annotation=True),  # Kineto's GPU copy
     ]
-    assert kernel_times(evts, 4) == [pytest.approx(120e-6), None, 0.0, None]
+    tl = assign_kernels(events, 4)
+    assert tl.times == [pytest.approx(42.5e-6), 0.0, pytest.approx(3e-6), None]  # op 1 ran no kernel: 0, not None
+    assert tl.tensor_core == [True, None, False, None]
+    assert [k.op for k in tl.kernels] == [0, 0, 2, None]
+    assert tl.busy_s == pytest.approx((40 + 2.5 + 3 + 1) * 1e-6)  # every kernel of the region counts as busy
+    assert tl.span_s == pytest.approx(60e-6)
 
 
-def test_kernels_of_children_are_summed():
-    # tscope#1 -> aten::addmm -> cudaLaunchKernel; the profiler attaches kernels to the aten op (child)
-    addmm = Event("aten::addmm", kernels=[Kernel("sm90_gemm", 40.0), Kernel("splitK_reduce", 2.5)])
-    wrapper = Event(f"{RANGE_PREFIX}1", cpu_children=[addmm])
-    own = Event(f"{RANGE_PREFIX}0", kernels=[Kernel("elementwise", 3.0)])
-    out = kernel_times([own, wrapper, addmm], 2)
-    assert out == [pytest.approx(3e-6), pytest.approx(42.5e-6)]
+def test_tscope_own_kernels_are_left_out():
+    events = [_range(0, 1), Ev(PAUSED_RANGE, CPU, _corr=2),
+              _kernel("gemm_nvjet", 1, 0, 10_000), _kernel("aminmax_kernel", 2, 11_000, 12_000)]
+    tl = assign_kernels(events, 1)
+    assert tl.times == [pytest.approx(10e-6)] and [k.name for k in tl.kernels] == ["gemm_nvjet"]
 
 
-def test_out_of_range_and_malformed_names_are_ignored():
-    evts = [EventWithTotal(f"{RANGE_PREFIX}x", 5.0), EventWithTotal(f"{RANGE_PREFIX}7", 5.0)]
-    assert kernel_times(evts, 3) == [None, None, None]
+def test_busy_time_is_the_union_of_intervals_across_streams():
+    # compute [0, 10) on stream 7 overlapped by a copy [5, 20) on stream 9, then [30, 35): 20 + 5 = 25
+    assert union_s([(0, 10), (5, 20), (30, 35)]) == pytest.approx(25e-9)
+    tl = Timeline([None], [None], [])
+    assert tl.busy_s == 0.0 and tl.span_s == 0.0
 
 
-def test_capture_uses_kernel_times(monkeypatch):
-    """The capture engine's CUDA path: ranges per op, kernel times assigned by index after stop."""
-    import torch
+def _sections() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    cur = None
+    for line in (Path(__file__).parent / "data" / "h100_kernel_names.txt").read_text().splitlines():
+        if line.startswith("## "):
+            cur = out.setdefault(line[3:], [])
+        elif line and not line.startswith("#") and cur is not None:
+            cur.append(line)
+    return out
 
-    import tscope_callbacks as ts
-    import tscope_callbacks.capture.cuda_timing as ct
 
-    class FakeRanges:
+def test_tensor_core_detection_on_real_h100_kernel_names():
+    sec = _sections()
+    tc = {k: [n for n in v if is_tensor_core_kernel(n)] for k, v in sec.items()}
+    # FP32 SIMT GEMMs (TF32 off): sm80_xmma ..._ffma_... and cutlass_80_simt_sgemm are CUDA-core kernels
+    assert tc["fp32 Linear, TF32 off (expect no tensor cores)"] == []
+    assert tc["fp32 mm, TF32 off"] == []
+    assert tc["SDPA causal fwd+bwd backend MATH"] == []  # fp32 math attention: ffma GEMMs + elementwise
+    # TF32, bf16, fp16 and FP64-tensor GEMMs are tensor-core kernels; their dtype-copy kernels are not
+    assert [n[:34] for n in tc["fp32 Linear, TF32 on"]] == ["sm90_xmma_gemm_f32f32_tf32f32_f32_"]
+    assert [n[:20] for n in tc["bf16 mm"]] == ["nvjet_sm90_tst_256x1"]
+    assert [n[:20] for n in tc["fp16 mm"]] == ["nvjet_sm90_hsh_256x1"]
+    assert len(tc["fp64 mm"]) == 1 and "tensor16x8x16" in tc["fp64 mm"][0]
+    # attention backends: the main kernels are; flash's convert_dq / dot_do_o helpers and memsets are not
+    flash = tc["SDPA causal fwd+bwd backend FLASH_ATTENTION"]
+    assert len(flash) == 2 and all("flash_fwd_kernel" in n or "dq_dk_dv" in n for n in flash)
+    assert len(tc["SDPA causal fwd+bwd backend EFFICIENT_ATTENTION"]) == 2  # fmha_cutlassF / fmha_cutlassB
+    assert len(tc["SDPA causal fwd+bwd backend CUDNN_ATTENTION"]) == 2  # cuDNN flash fprop / bprop (wgmma)
+    step = sec["GPT-2 training step (all kernels)"]
+    step_tc = tc["GPT-2 training step (all kernels)"]
+    assert sum("nvjet" in n for n in step_tc) == sum("nvjet" in n for n in step) == 9
+    assert sum("cutlass_75_tensorop" in n for n in step_tc) == 3
+    assert all(not is_tensor_core_kernel(n) for n in step if "elementwise" in n or "reduce_kernel" in n
+               or "layer_norm" in n or "softmax" in n.lower() or "cub::" in n)
+    assert len(step_tc) == 14  # 9 nvjet + 3 cutlass tensorop + 2 cuDNN attention
+
+
+@pytest.mark.parametrize(("name", "tc"), [
+    ("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn", True),
+    ("volta_h884gemm_64x64_ldg8_nn", True),
+    ("ampere_sgemm_128x64_nn", False),  # FP32 SIMT GEMM: tf32 disabled
+    ("sm80_xmma_gemm_f64f64_f64f64_f64_nn_n_tilesize32x64x16_stage3_warpsize2x2x1_dfma_execute_kernel", False),
+    ("void gemv2T_kernel_val<int, int, float, float, float, 128, 16, 4, 4, false, false>", False),
+])
+def test_tensor_core_other_families(name, tc):
+    assert is_tensor_core_kernel(name) is tc
+
+
+def test_capture_uses_the_kernel_timeline(monkeypatch):
+    """The capture's CUDA path on a fake timeline: a range per op, times and flags assigned by index at stop,
+    device-busy time as the step-time basis."""
+    import tscope_callbacks.capture.region as region
+
+    class FakeTimeline:
         def __init__(self) -> None:
-            self.n = 0
+            self.names: list[str] = []
 
         def start(self) -> None:
             pass
 
-        def op_range(self, index):
-            import contextlib
+        def enter(self, name):
+            self.names.append(name)
+            return name
 
-            self.n = max(self.n, index + 1)
-            return contextlib.nullcontext()
+        def exit(self, handle) -> None:
+            pass
 
         def stop(self, n_ops):
-            evts = [EventWithTotal(f"{RANGE_PREFIX}{i}", 10.0 * (i + 1)) for i in range(n_ops)]
-            return kernel_times(evts, n_ops)
+            corr = {n: i + 1 for i, n in enumerate(self.names)}
+            events = [Ev(n, CPU, _corr=c) for n, c in corr.items()]
+            events += [_kernel("nvjet_gemm", corr[f"{RANGE_PREFIX}{i}"], 10**6 * i, 10**6 * i + 10_000 * (i + 1))
+                       for i in range(n_ops)]
+            return assign_kernels(events, n_ops)
 
         def abort(self) -> None:
             pass
 
-    monkeypatch.setattr(ct, "OpRangeProfiler", FakeRanges)
+    monkeypatch.setattr(region, "KernelTimeline", FakeTimeline)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     model = torch.nn.Linear(4, 4)
     with ts.profile(model, timing="cuda") as prof:
         model(torch.randn(2, 4)).sum().backward()
+    n = len(prof.ops)
     assert prof.meta["timing"] == "cuda-kernels"
-    assert [r.time_s for r in prof.ops] == [pytest.approx(10e-6 * (i + 1)) for i in range(len(prof.ops))]
-
-
-@pytest.mark.parametrize(
-    ("name", "tc"),
-    [
-        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off", True),
-        ("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn", True),
-        ("volta_h884gemm_64x64_ldg8_nn", True),
-        ("cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4", True),
-        ("flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4>>", True),
-        ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NNT", True),
-        ("ampere_sgemm_128x64_nn", False),  # FP32 SIMT GEMM: tf32 disabled
-        ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>", False),
-        ("void at::native::reduce_kernel<512, 1>", False),
-    ],
-)
-def test_tensor_core_kernel_names(name, tc):
-    assert is_tensor_core_kernel(name) is tc
-
-
-def test_tensor_core_flags_per_op():
-    gemm = Event("aten::mm", kernels=[Kernel("sm90_xmma_gemm_bf16bf16", 10.0)])
-    simt = Event("aten::mm", kernels=[Kernel("ampere_sgemm_128x64_nn", 10.0)])
-    evts = [
-        Event(f"{RANGE_PREFIX}0", cpu_children=[gemm]),
-        Event(f"{RANGE_PREFIX}1", cpu_children=[simt]),
-        Event(f"{RANGE_PREFIX}2"),  # a view: no kernel
-    ]
-    assert tensor_core_flags(evts, 4) == [True, False, None, None]
+    assert [r.time_s for r in prof.ops] == [pytest.approx(10e-6 * (i + 1)) for i in range(n)]
+    assert all(r.tensor_core for r in prof.ops)
+    assert prof.meta["step_time_basis"] == "device-busy"
+    assert prof.meta["step_time_s"] == pytest.approx(sum(10e-6 * (i + 1) for i in range(n)))
+    assert prof.timeline is not None and len(prof.timeline.kernels) == n

@@ -48,9 +48,9 @@ def test_compiled_submodule_runs_eagerly_under_capture_and_warns_once(tmp_path: 
         m.net = torch.compile(m.net, backend="eager")
         return m
 
-    from tscope_callbacks.capture import profile as capture
+    from tscope_callbacks.capture import region
 
-    capture._WARNED_COMPILED.clear()  # the warning is once per model and process
+    region._WARNED_COMPILED.clear()  # the warning is once per model and process
     with caplog.at_level(logging.WARNING, logger="tscope_callbacks"):
         cbs, _ = _check(tmp_path, make, max_steps=5)
     assert [h["step"] for h in cbs[0].history] == [1, 2, 4]

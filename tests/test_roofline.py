@@ -147,7 +147,7 @@ def test_uncounted_time_fraction_and_bound_fractions():
 def test_model_level_mfu_mbu_and_scalars():
     prof = toy_profile()
     rep = roofline(prof, a100())
-    assert rep.measured_step_s == 4e-3 and rep.step_time_source == "wall"
+    assert rep.measured_step_s == 4e-3 and rep.step_time_source == "unprofiled-median"  # not the 9 ms wall
     assert rep.mfu_precision == "bf16" and rep.mfu_peak_flops == 312e12
     assert rep.mfu == pytest.approx(prof.total_flops / 4e-3 / 312e12)
     assert rep.mbu == pytest.approx(prof.total_bytes / 4e-3 / 2.039e12)
@@ -252,14 +252,16 @@ def test_cpu_profile_uses_the_measured_cpu_roof(monkeypatch):
     assert seen == [torch.device("cpu")]
 
 
-def test_wall_time_without_op_times():
+def test_the_wall_time_of_a_captured_region_is_never_a_step_time():
     ops = [matmul(4096, 4096, 4096)]
     meta_run = roofline(make_profile(ops, wall_time_s=0.2, device="meta"), a100())
-    assert meta_run.measured_step_s is None and meta_run.mfu is None  # a meta run's wall time is not a step time
-    synced = roofline(make_profile([matmul(4096, 4096, 4096)], wall_time_s=1e-3, device="cuda"), a100())
-    assert not synced.timed and synced.step_time_source == "wall"
-    assert synced.mfu == pytest.approx(MM_FLOPS / 1e-3 / 312e12)  # 0.4405
-    assert "measured 1 ms (wall); ops not timed" in synced.to_markdown()
+    assert meta_run.measured_step_s is None and meta_run.mfu is None
+    slowed = roofline(make_profile([matmul(4096, 4096, 4096)], wall_time_s=1e-3, device="cuda"), a100())
+    assert not slowed.timed and slowed.measured_step_s is None and slowed.mfu is None
+    given = roofline(make_profile([matmul(4096, 4096, 4096)], wall_time_s=1e-3, device="cuda",
+                                  step_time_s=2e-3, step_time_basis="device-busy"), a100())
+    assert given.mfu == pytest.approx(MM_FLOPS / 2e-3 / 312e12)  # 0.2202
+    assert "measured 2 ms (device busy: union of kernel intervals)" in given.to_markdown()
 
 
 def test_measured_over_estimated_for_matrix_ops():

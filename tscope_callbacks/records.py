@@ -90,8 +90,11 @@ class LayerRecord:
     param_bytes: int = 0
     grad_bytes: int = 0
     output_bytes: int = 0
-    memory_fwd_bytes: int = 0  #: allocator growth while the layer ran forward (CPU: bytes its ops allocated)
-    memory_bwd_bytes: int = 0
+    memory_fwd_bytes: int = 0  #: allocated bytes after the module's forward minus before it (``capture.memory``)
+    memory_bwd_bytes: int = 0  #: the same across its backward (first to last backward op)
+    peak_fwd_bytes: int = 0  #: highest allocated bytes while its forward ran, above the level at its start
+    peak_bwd_bytes: int = 0
+    saved_bytes: int = 0  #: activations its forward saved for backward (parameters excluded)
     forward_s: float = 0.0
     backward_s: float = 0.0
     self_forward_s: float = 0.0

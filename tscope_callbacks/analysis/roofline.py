@@ -151,9 +151,17 @@ class RooflineAnalysis:
         t = self.totals
         self.total_flops, self.total_bytes = t.flops, t.bytes
         self.op_time_s = t.measured_s  #: sum of measured op times (None when untimed)
-        wall = wall_time_s if wall_time_s and meta.get("device") != "meta" else None  # a meta run's wall is no step
-        self.measured_step_s = wall or t.measured_s  #: wall time of the region, else the sum of op times
-        self.step_time_source = "wall" if wall else ("ops" if t.measured_s is not None else None)
+        # The step time MFU/MBU use: the step as it runs unprofiled, never the wall time of the captured region
+        # (capture slows the host). Given by the capture or its caller in meta: "unprofiled-median" (callbacks:
+        # median of the unprofiled steps around the profile), "device-busy" (CUDA: union of kernel intervals),
+        # "op-time" (CPU: summed op times); a profile without it (older files) uses its summed op times.
+        given = meta.get("step_time_s")
+        if given:
+            self.measured_step_s: float | None = float(given)
+            self.step_time_source: str | None = meta.get("step_time_basis") or "given"
+        else:
+            self.measured_step_s = t.measured_s if meta.get("device") != "meta" else None
+            self.step_time_source = "op-time" if self.measured_step_s is not None else None
         self.estimated_step_s = t.estimate_s
         self.dominant_precision = t.precision or "fp32"
         mat: dict[str, int] = {}

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["summary_dict", "roofs_used"]
+__all__ = ["summary_dict", "roofs_used", "step_basis_text"]
+
+
+def step_basis_text(source: str | None, meta: dict[str, Any]) -> str:
+    """What the step time behind MFU/MBU is, in words (every figure says its basis)."""
+    if source == "unprofiled-median":
+        n, clock = meta.get("step_time_steps"), meta.get("step_time_clock") or "wall clock"
+        return f"median of {n} unprofiled steps, {clock}" if n else f"unprofiled steps, {clock}"
+    if source == "device-busy":
+        return "device busy: union of kernel intervals"
+    if source == "op-time":
+        return "summed op times; capture overhead excluded"
+    return source or "not timed"
 
 
 def summary_dict(r: Any) -> dict[str, Any]:
@@ -22,6 +34,8 @@ def summary_dict(r: Any) -> dict[str, Any]:
         "tf32": r.tf32, "n_ops": len(r.op_roofs), "total_flops": r.total_flops,
         "total_bytes": r.total_bytes, "intensity": r.totals.intensity,
         "measured_step_s": r.measured_step_s, "step_time_source": r.step_time_source,
+        "step_time_basis_text": step_basis_text(r.step_time_source, r.meta),
+        "device_idle_s": r.meta.get("device_idle_s"), "device_busy_s": r.meta.get("device_busy_s"),
         "wall_time_s": r.wall_time_s, "op_time_s": r.op_time_s, "estimated_step_s": r.estimated_step_s,
         "achievable_estimated_step_s": r.totals.achievable_estimate_s,
         "mfu": r.mfu, "hfu": r.hfu, "model_flops": r.model_flops, "hardware_flops": r.hardware_flops,

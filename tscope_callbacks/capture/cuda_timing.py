@@ -1,134 +1,203 @@
-"""CUDA op timing from torch.profiler kernel records (never host timers around asynchronous launches).
+"""CUDA op timing from the profiler's kernel records (never host timers around asynchronous launches).
 
-While a profile runs on CUDA, each recorded aten op is wrapped in a profiler range named ``tscope#<index>``; the
-kernels launched inside it are attached by the profiler (correlation ids) to that range or its children. After
-the region, :func:`kernel_times` reads the profiler's events and returns the device time per op index.
+While a profile runs on CUDA, each recorded aten op runs inside a profiler range ``tscope#<index>`` opened with
+``torch.autograd._record_function_with_args_enter`` (a USER_SCOPE RecordFunction, ~2 µs, not seen by dispatch
+modes). Kineto is told to record **only** USER_SCOPE ranges, so it records our ranges (and the few Lightning /
+optimizer ranges) instead of every aten op: each kernel, memcpy and memset the GPU ran is linked by the profiler
+(``linked_correlation_id``) to the innermost recorded range, which is ours. After the region one pass over the raw
+``_KinetoEvent`` list (no ``FunctionEvent`` tree) gives per op its device time, its kernels' names (tensor-core use)
+and every kernel interval (device-busy time as the union of kernel intervals, idle time, traces).
 
-The pure function :func:`kernel_times` works on any objects shaped like ``torch.autograd.profiler_util``'s
-``FunctionEvent`` (``name``, ``device_time_total`` or ``kernels``/``cpu_children``), so it is unit-tested with fakes.
+Kernels launched while the capture is paused (tscope's own checks) run inside a ``tscope#paused`` range and are
+left out of every figure. The pure functions here work on any objects with ``_KinetoEvent``'s methods, so they are
+tested with fakes and with the real H100 kernel names recorded in ``tests/data/h100_kernel_names.txt``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["RANGE_PREFIX", "kernel_times", "OpRangeProfiler"]
+__all__ = ["RANGE_PREFIX", "PAUSED_RANGE", "KernelRecord", "Timeline", "KernelTimeline", "assign_kernels",
+           "is_tensor_core_kernel", "union_s"]
 
 RANGE_PREFIX = "tscope#"
+PAUSED_RANGE = "tscope#paused"
 
-
-def _event_device_us(evt: Any) -> float:
-    """Device time (µs) of an event including its children's kernels."""
-    for attr in ("device_time_total", "cuda_time_total"):
-        v = getattr(evt, attr, None)
-        if v is not None:
-            return float(v)
-    # fall back: kernels attached to the event and its CPU children, recursively
-    total = 0.0
-    stack = [evt]
-    while stack:
-        e = stack.pop()
-        for k in getattr(e, "kernels", ()) or ():
-            total += float(getattr(k, "duration", 0.0))
-        stack.extend(getattr(e, "cpu_children", ()) or ())
-    return total
-
-
-# Kernel-name fragments of NVIDIA/AMD matrix-unit kernels (cuBLAS/cuBLASLt/CUTLASS/cuDNN/hipBLASLt naming):
-# HMMA/IMMA shapes (h884, h1688, s16816, i8816...), xmma/wgmma/tensorop/"gmma" families, flash-attention kernels
-# (always MMA-based), and AMD MFMA. A kernel named only "gemm"/"sgemm" without these runs on the FP32 pipes.
-_TC_PATTERNS = (
-    "hmma", "imma", "xmma", "wgmma", "gmma", "tensorop", "h884", "h1688", "h16816", "s1688", "s16816", "i8816",
-    "i16832", "bf16816", "tf32", "mma_", "_mma", "flash_fwd", "flash_bwd", "fmha", "mfma", "cutlass_80", "sm80_",
-    "sm86_", "sm89_", "sm90_", "sm100_", "nvjet",
+# Matrix-unit kernel families (cuBLAS/cuBLASLt/CUTLASS/cuDNN/flash/xformers naming, AMD MFMA).
+_TC = re.compile(
+    r"nvjet|tensorop|wgmma|gmma|hmma|imma|dmma|tensor\d+x\d+x\d+|_tf32|tf32f32|bf16bf16|f16f16|e4m3|e5m2|"
+    r"s1688|h1688|s16816|h16816|i8816|i16832|bf16816|h884|s884|"
+    r"flash_fwd|flash_bwd_dq_dk_dv|flash_bwd_kernel|fmha|mfma|sdpa_sm\d+_flash|_sm\d+_flash_[bf]prop"
 )
+# FP32/FP64/FP16 CUDA-core (SIMT) GEMMs: FMA instructions, "simt" CUTLASS kernels, classic sgemm/dgemm.
+_SIMT = re.compile(r"ffma|dfma|hfma2?_|simt|(?<![a-z])sgemm|(?<![a-z])dgemm|gemv")
+# Element-wise helpers of the attention libraries (named after their parent kernels' traits).
+_HELPER = re.compile(r"convert_dq|dot_do_o")
 
 
 def is_tensor_core_kernel(name: str) -> bool:
-    """True when a CUDA/ROCm kernel name is one of the matrix-unit (tensor core / MFMA) families."""
+    """True when a CUDA/ROCm kernel name is one of the matrix-unit (tensor core / MFMA) families.
+
+    FP32 SIMT GEMMs (``..._ffma_...``, ``cutlass_80_simt_sgemm...``) are not, although their names share prefixes
+    (``sm80_xmma_gemm``) with tensor-core ones; TF32, bf16/fp16/fp8 and FP64-tensor GEMMs (``nvjet_...``,
+    ``..._tf32f32_...``, ``..._tensor16x8x16_...``), flash/cuDNN/fmha attention kernels are. Helper kernels of
+    those libraries (flash's ``convert_dq``, cuDNN's ``dot_do_o``) are plain CUDA-core kernels."""
     n = name.lower()
-    if "sgemm" in n and not any(p in n for p in ("tensorop", "xmma", "tf32")):
+    if _HELPER.search(n):
         return False
-    return any(p in n for p in _TC_PATTERNS)
+    if _SIMT.search(n) and "tensorop" not in n and not re.search(r"tensor\d+x\d+x\d+|tf32", n):
+        return False
+    return bool(_TC.search(n))
 
 
-def _subtree_kernels(evt: Any) -> list[Any]:
-    out: list[Any] = []
-    stack = [evt]
-    while stack:
-        e = stack.pop()
-        out.extend(getattr(e, "kernels", ()) or ())
-        stack.extend(getattr(e, "cpu_children", ()) or ())
-    return out
+@dataclass(slots=True)
+class KernelRecord:
+    """One device activity (kernel, memcpy, memset) of the region."""
+
+    name: str
+    start_ns: int
+    end_ns: int
+    stream: int  #: the device resource (CUDA stream) it ran on
+    device: int
+    op: int | None  #: index of the op whose range launched it; None: outside any op range (e.g. DDP's reducer)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) * 1e-9
 
 
-def _op_ranges(events: Iterable[Any], n_ops: int) -> Iterator[tuple[int, Any]]:
-    """(op index, event) for each profiler event that is one of our ``tscope#<index>`` ranges."""
-    for evt in events:
-        name = getattr(evt, "name", "")
-        if not name.startswith(RANGE_PREFIX):
-            continue
-        try:
-            idx = int(name[len(RANGE_PREFIX) :])
-        except ValueError:
-            continue
-        if 0 <= idx < n_ops:
-            yield idx, evt
+@dataclass
+class Timeline:
+    """The device side of a captured region."""
+
+    times: list[float | None]  #: device seconds per op index (0.0: ran no kernel; None: no range recorded)
+    tensor_core: list[bool | None]  #: per op: any of its kernels on matrix units (None: no kernel)
+    kernels: list[KernelRecord] = field(default_factory=list)  #: every device activity, tscope's own excluded
+
+    @property
+    def busy_s(self) -> float:
+        """Device-busy time: the union of all kernel intervals (overlapping streams counted once)."""
+        return union_s((k.start_ns, k.end_ns) for k in self.kernels)
+
+    @property
+    def span_s(self) -> float:
+        """First kernel start to last kernel end."""
+        if not self.kernels:
+            return 0.0
+        return (max(k.end_ns for k in self.kernels) - min(k.start_ns for k in self.kernels)) * 1e-9
+
+    def kernel_names(self, op: int) -> list[str]:
+        return [k.name for k in self.kernels if k.op == op]
 
 
-def tensor_core_flags(events: Iterable[Any], n_ops: int) -> list[bool | None]:
-    """Per op index: True if any of its kernels ran on tensor cores, False if it launched kernels but none did,
-    None when it launched no kernel (or has no range event)."""
-    out: list[bool | None] = [None] * n_ops
-    for idx, evt in _op_ranges(events, n_ops):
-        ks = _subtree_kernels(evt)
-        if ks:
-            out[idx] = bool(out[idx]) or any(is_tensor_core_kernel(getattr(k, "name", "")) for k in ks)
-    return out
+def union_s(intervals: Iterable[tuple[int, int]]) -> float:
+    """Length in seconds of the union of [start_ns, end_ns) intervals."""
+    total = 0
+    cur_s = cur_e = None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total * 1e-9
 
 
-def kernel_times(events: Iterable[Any], n_ops: int) -> list[float | None]:
-    """Seconds of device time per op index, from profiler events named ``tscope#<index>``.
+def _call(e: Any, name: str, default: Any = None) -> Any:
+    f = getattr(e, name, None)
+    return f() if callable(f) else default
 
-    Ops with no range event get ``None`` (not timed); ops whose range launched no kernel get 0.0 (views,
-    metadata ops and host-only work really take no device time).
+
+def assign_kernels(events: Sequence[Any], n_ops: int) -> Timeline:
+    """Per-op device times, tensor-core flags and the kernel list from profiler events (``_KinetoEvent``-like).
+
+    CPU events named ``tscope#<i>`` are op i's range (its ``correlation_id``); device events link to the range
+    that launched them through ``linked_correlation_id``. Device events of ``tscope#paused`` ranges (tscope's own
+    work) and Kineto's GPU-side copies of user annotations are dropped.
     """
-    out: list[float | None] = [None] * n_ops
-    for idx, evt in _op_ranges(events, n_ops):
-        out[idx] = (out[idx] or 0.0) + _event_device_us(evt) * 1e-6
-    return out
+    cpu = torch.autograd.DeviceType.CPU
+    ranges: dict[int, int] = {}
+    paused: set[int] = set()
+    device_events = []
+    for e in events:
+        name = e.name()
+        if e.device_type() == cpu:
+            if name.startswith(RANGE_PREFIX):
+                if name == PAUSED_RANGE:
+                    paused.add(e.correlation_id())
+                    continue
+                try:
+                    idx = int(name[len(RANGE_PREFIX):])
+                except ValueError:
+                    continue
+                if 0 <= idx < n_ops:
+                    ranges[e.correlation_id()] = idx
+        elif not name.startswith(RANGE_PREFIX) and not _call(e, "is_user_annotation", False):
+            device_events.append(e)
+    times: list[float | None] = [None] * n_ops
+    for idx in ranges.values():
+        times[idx] = 0.0
+    tc: list[bool | None] = [None] * n_ops
+    kernels = []
+    for e in device_events:
+        link = e.linked_correlation_id()
+        if link in paused:
+            continue
+        idx = ranges.get(link)
+        start = int(e.start_ns())
+        end = int(_call(e, "end_ns", 0) or start + int(e.duration_ns()))
+        kernels.append(KernelRecord(e.name(), start, end, int(_call(e, "device_resource_id", 0) or 0),
+                                    int(_call(e, "device_index", 0) or 0), idx))
+        if idx is not None:
+            times[idx] = (times[idx] or 0.0) + (end - start) * 1e-9
+            tc[idx] = bool(tc[idx]) or is_tensor_core_kernel(e.name())
+    return Timeline(times, tc, kernels)
 
 
-class OpRangeProfiler:
-    """Owns the torch.profiler session and the per-op ranges for CUDA timing."""
+class KernelTimeline:
+    """Owns the Kineto session of a capture: USER_SCOPE-only recording, per-op ranges, one pass at the end."""
 
     def __init__(self) -> None:
-        from torch.profiler import ProfilerActivity, profile
+        from torch.autograd import _record_function_with_args_enter, _record_function_with_args_exit
 
-        acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
-        self._prof = profile(activities=acts, record_shapes=False, profile_memory=False, with_stack=False)
-        fast = getattr(torch._C._profiler, "_RecordFunctionFast", None)
-        self._range = fast if fast is not None else torch.autograd.profiler.record_function
+        self.enter = _record_function_with_args_enter
+        self.exit = _record_function_with_args_exit
+        prof = torch.autograd.profiler.profile(use_device="cuda", use_kineto=True)
+        self._config = prof.config
+        self._activities = prof.kineto_activities
+        self._running = False
 
     def start(self) -> None:
-        self._prof.__enter__()
+        from torch._C._profiler import RecordScope
+        from torch.autograd.profiler import _enable_profiler, _prepare_profiler
 
-    def op_range(self, index: int):
-        return self._range(f"{RANGE_PREFIX}{index}")
+        _prepare_profiler(self._config(create_trace_id=True), self._activities)
+        _enable_profiler(self._config(create_trace_id=False), self._activities, {RecordScope.USER_SCOPE})
+        self._running = True
 
-    def stop(self, n_ops: int) -> list[float | None]:
-        """Device seconds per op; ``self.tensor_core`` holds the per-op tensor-core flags afterwards."""
+    def stop(self, n_ops: int) -> Timeline:
+        """Synchronize once, end the Kineto session and assign every device activity to its op."""
+        from torch.autograd.profiler import _disable_profiler
+
         torch.cuda.synchronize()
-        self._prof.__exit__(None, None, None)
-        events = self._prof.events()
-        self.tensor_core = tensor_core_flags(events, n_ops)
-        return kernel_times(events, n_ops)
+        self._running = False
+        result = _disable_profiler()
+        return assign_kernels(result.events(), n_ops)
 
     def abort(self) -> None:
-        try:
-            self._prof.__exit__(None, None, None)
-        except Exception:
-            pass
+        if self._running:
+            self._running = False
+            try:
+                from torch.autograd.profiler import _disable_profiler
+
+                _disable_profiler()
+            except Exception:
+                pass

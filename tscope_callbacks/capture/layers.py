@@ -2,6 +2,11 @@
 
 Times, FLOPs and bytes of a layer are sums of its ops (``self_*``) and of its descendants' ops (inclusive), so a
 parent's time is never a sum of host timers around asynchronous children (InspectorGadgets' over-estimate).
+
+Details (``layer_details=True``): input shapes (positional and keyword tensors) and output shapes of the first call,
+gradient shapes, output bytes, memory (:mod:`.memory`) and non-finite flags. The non-finite checks never sync the
+host: each checked tensor contributes one ``aminmax`` reduction (exact: NaN and Inf propagate, finite values never
+overflow), kept on the device and read once, all together, when the capture stops.
 """
 
 from __future__ import annotations
@@ -12,10 +17,13 @@ from typing import Any
 
 import torch
 
-from tscope_callbacks.capture.paths import ancestors, named_modules
+from tscope_callbacks.capture.memory import MemoryTracker
+from tscope_callbacks.capture.paths import ancestors, clean_path, named_modules
 from tscope_callbacks.records import LayerRecord, OpRecord
 
 __all__ = ["LayerDetails", "build_layers"]
+
+_SHAPE_LIMIT = 8  #: gradient shapes kept per layer and kind
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
@@ -33,31 +41,20 @@ def _tensors(x: Any) -> list[torch.Tensor]:
     return out
 
 
-def _shape(t: torch.Tensor) -> list[int]:
-    return list(t.shape)
-
-
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-@torch.no_grad()  # no autograd nodes: nothing saved for backward (activation checkpointing counts saved tensors)
-def _nonfinite(ts: list[torch.Tensor]) -> bool:
-    fl = [t.detach() for t in ts if t.is_floating_point() or t.is_complex()]
-    if not fl:
-        return False
-    if len(fl) == 1:
-        return not bool(torch.isfinite(fl[0]).all())
-    return not bool(torch.stack([torch.isfinite(t).all() for t in fl]).all())
-
-
 class LayerDetails:
-    """Shapes, gradient shapes, output/allocation memory and non-finite flags per layer (first call's shapes)."""
+    """Shapes, gradient shapes, output bytes, memory and non-finite flags per layer (first call's shapes)."""
 
-    def __init__(self, check_finite: bool, mute: Callable[[], Any] = contextlib.nullcontext) -> None:
+    def __init__(self, check_finite: bool, mute: Callable[[], Any] = contextlib.nullcontext,
+                 memory: MemoryTracker | None = None) -> None:
         self.check_finite = check_finite
         self._mute = mute  #: context in which our own checks run unrecorded
+        self.memory = memory
         self.info: dict[str, dict[str, Any]] = {}
+        self._flags: list[tuple[str, str, torch.Tensor]] = []  #: (path, flag name, aminmax pair) read at stop
         self._handles: list[Any] = []
         self._live = True
 
@@ -65,40 +62,46 @@ class LayerDetails:
         d = self.info.get(path)
         if d is None:
             d = self.info[path] = {
-                "input_shapes": None,
-                "output_shapes": None,
-                "grad_input_shapes": None,
-                "grad_output_shapes": None,
-                "output_bytes": 0,
-                "memory_fwd_bytes": 0,
-                "memory_bwd_bytes": 0,
-                "nonfinite_output": False,
-                "nonfinite_grad_input": False,
+                "input_shapes": None, "output_shapes": None, "grad_input_shapes": None, "grad_output_shapes": None,
+                "output_bytes": 0, "nonfinite_output": False, "nonfinite_grad_input": False,
                 "nonfinite_grad_output": False,
             }
         return d
 
-    def on_enter(self, path: str, module: torch.nn.Module, args: Any) -> None:
+    def _check(self, path: str, flag: str, ts: list[torch.Tensor]) -> None:
+        """Queue an exact, sync-free non-finite check of ``ts`` (read in :meth:`finish`)."""
+        with self._mute(), torch.no_grad():  # no autograd node: nothing saved for backward, nothing recorded
+            for t in ts:
+                if t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
+                    continue
+                x = torch.view_as_real(t) if t.is_complex() else t
+                lo, hi = torch.aminmax(x.detach())
+                self._flags.append((path, flag, lo))
+                self._flags.append((path, flag, hi))
+
+    def on_enter(self, path: str, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         d = self._get(path)
-        ins = _tensors(args)
+        ins = _tensors(args) + (_tensors(kwargs) if kwargs else [])
         if d["input_shapes"] is None:
-            d["input_shapes"] = [_shape(t) for t in ins]
+            d["input_shapes"] = [list(t.shape) for t in ins]
         for t in ins:
             if t.requires_grad:
                 self._handles.append(t.register_hook(self._grad_hook(path, "grad_input")))
+        if self.memory is not None:
+            self.memory.enter(path)
 
-    def on_exit(
-        self, path: str, module: torch.nn.Module, args: Any, output: Any, in_backward: bool
-    ) -> None:
+    def on_exit(self, path: str, module: torch.nn.Module, output: Any, in_backward: bool) -> None:
+        if self.memory is not None:
+            self.memory.exit(path)
         if in_backward:  # activation-checkpointing recompute: shapes already known, no new grads to watch
             return
         d = self._get(path)
         outs = _tensors(output)
         if d["output_shapes"] is None:
-            d["output_shapes"] = [_shape(t) for t in outs]
+            d["output_shapes"] = [list(t.shape) for t in outs]
         d["output_bytes"] += sum(_nbytes(t) for t in outs)
-        if self.check_finite and not d["nonfinite_output"] and _nonfinite(outs):
-            d["nonfinite_output"] = True
+        if self.check_finite:
+            self._check(path, "nonfinite_output", outs)
         for t in outs:
             if t.requires_grad:
                 self._handles.append(t.register_hook(self._grad_hook(path, "grad_output")))
@@ -111,24 +114,27 @@ class LayerDetails:
             key = f"{kind}_shapes"
             if d[key] is None:
                 d[key] = []
-            if len(d[key]) < 8:
-                d[key].append(_shape(grad))
-            flag = f"nonfinite_{kind}"
-            if self.check_finite and not d[flag]:
-                with self._mute():
-                    d[flag] = _nonfinite([grad])
+            if len(d[key]) < _SHAPE_LIMIT:
+                d[key].append(list(grad.shape))
+            if self.check_finite:
+                self._check(path, f"nonfinite_{kind}", [grad])
             return None
 
         return hook
 
-    def on_op(self, rec: OpRecord, alloc_bytes: int) -> None:
-        if rec.category == "view":
-            return
-        d = self._get(rec.layer)
-        if rec.phase == "backward":
-            d["memory_bwd_bytes"] += alloc_bytes
-        elif rec.phase == "forward":
-            d["memory_fwd_bytes"] += alloc_bytes
+    def finish(self) -> None:
+        """Read every queued non-finite check (one host read per dtype group) into the flags."""
+        groups: dict[tuple[Any, Any], list[int]] = {}
+        for i, (_, _, v) in enumerate(self._flags):
+            groups.setdefault((v.device, v.dtype), []).append(i)
+        with self._mute(), torch.no_grad():
+            for idx in groups.values():
+                finite = torch.isfinite(torch.stack([self._flags[i][2] for i in idx])).tolist()
+                for i, ok in zip(idx, finite):
+                    if not ok:
+                        path, flag, _ = self._flags[i]
+                        self._get(path)[flag] = True
+        self._flags.clear()
 
     def remove_hooks(self) -> None:
         self._live = False
@@ -147,59 +153,71 @@ def build_layers(
     collapse: Callable[[str], str],
     calls: dict[str, int] | None = None,
 ) -> dict[str, LayerRecord]:
-    """LayerRecords for every (selected) module of ``model``, with self and inclusive op totals."""
+    """LayerRecords for every (selected) module of ``model``, with self and inclusive op totals.
+
+    One pass sums the ops per (layer, phase); the sums are then added to each layer and its ancestors (the cost
+    grows with the number of layers, not ops x depth)."""
     layers: dict[str, LayerRecord] = {}
     for path, mod in named_modules(model):
-        if collapse(path) != path:
-            continue  # below the selected depth / aggregated into an ancestor
-        params = list(mod.parameters())
-        layers[path] = LayerRecord(
-            path=path,
-            type=type(mod).__name__,
-            num_parameters=sum(p.numel() for p in params),
-            num_trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
-            param_bytes=sum(_nbytes(p) for p in params),
-            grad_bytes=sum(_nbytes(p.grad) for p in params if p.grad is not None),
-        )
+        if collapse(path) == path:  # below the selected depth: aggregated into an ancestor
+            layers[path] = LayerRecord(path=path, type=type(mod).__name__)
     if "" not in layers:
         layers[""] = LayerRecord(path="", type=type(model).__name__)
-    anc_cache: dict[str, list[str]] = {}
+    seen: set[int] = set()
+    for name, prm in model.named_parameters():  # parameter totals, bottom-up (shared parameters once)
+        if id(prm) in seen:
+            continue
+        seen.add(id(prm))
+        n, nb = prm.numel(), _nbytes(prm)
+        gb = _nbytes(prm.grad) if prm.grad is not None else 0
+        for a in ancestors(clean_path(name).rpartition(".")[0]):
+            L = layers.get(a)
+            if L is not None:
+                L.num_parameters += n
+                L.num_trainable_parameters += n if prm.requires_grad else 0
+                L.param_bytes += nb
+                L.grad_bytes += gb
+    sums: dict[tuple[str, str], list] = {}
     for r in ops:
-        anc = anc_cache.get(r.layer)
-        if anc is None:
-            anc = anc_cache[r.layer] = [a for a in ancestors(r.layer) if a in layers]
-        t = r.time_s or 0.0
-        own = anc[0] == r.layer if anc else False
+        acc = sums.get((r.layer, r.phase))
+        if acc is None:
+            acc = sums[(r.layer, r.phase)] = [0.0, 0, 0]
+        acc[0] += r.time_s or 0.0
+        acc[1] += r.flops
+        acc[2] += r.bytes
+    for (layer, phase), (t, fl, by) in sums.items():
+        anc = [a for a in ancestors(layer) if a in layers]
+        own = bool(anc) and anc[0] == layer
         for i, a in enumerate(anc):
             L = layers[a]
-            if r.phase == "forward":
+            if phase == "forward":
                 L.forward_s += t
-                L.flops_fwd += r.flops
-                L.bytes_fwd += r.bytes
+                L.flops_fwd += fl
+                L.bytes_fwd += by
                 if i == 0 and own:
                     L.self_forward_s += t
-                    L.self_flops_fwd += r.flops
-                    L.self_bytes_fwd += r.bytes
-            elif r.phase == "backward":
+                    L.self_flops_fwd += fl
+                    L.self_bytes_fwd += by
+            elif phase == "backward":
                 L.backward_s += t
-                L.flops_bwd += r.flops
-                L.bytes_bwd += r.bytes
+                L.flops_bwd += fl
+                L.bytes_bwd += by
                 if i == 0 and own:
                     L.self_backward_s += t
-                    L.self_flops_bwd += r.flops
-                    L.self_bytes_bwd += r.bytes
-            elif r.phase == "recompute":
+                    L.self_flops_bwd += fl
+                    L.self_bytes_bwd += by
+            elif phase == "recompute":
                 L.recompute_s += t
-                L.flops_recompute += r.flops
+                L.flops_recompute += fl
     for path, n in (calls or {}).items():
         if path in layers:
             layers[path].calls += n
     if details is not None:
-        _apply_details(layers, details)
+        _apply_details(layers, details, ops)
     return layers
 
 
-def _apply_details(layers: dict[str, LayerRecord], details: LayerDetails) -> None:
+def _apply_details(layers: dict[str, LayerRecord], details: LayerDetails, ops: list[OpRecord]) -> None:
     for path, d in details.info.items():
         L = layers.get(path)
         if L is None:
@@ -212,14 +230,16 @@ def _apply_details(layers: dict[str, LayerRecord], details: LayerDetails) -> Non
         L.nonfinite_output = d["nonfinite_output"]
         L.nonfinite_grad_input = d["nonfinite_grad_input"]
         L.nonfinite_grad_output = d["nonfinite_grad_output"]
-    # allocation totals are inclusive: a parent's growth includes its children's
-    fwd: dict[str, int] = dict.fromkeys(layers, 0)
-    bwd: dict[str, int] = dict.fromkeys(layers, 0)
-    for path, d in details.info.items():
-        for a in ancestors(path):
-            if a in fwd:
-                fwd[a] += d["memory_fwd_bytes"]
-                bwd[a] += d["memory_bwd_bytes"]
-    for path, L in layers.items():
-        L.memory_fwd_bytes = fwd[path]
-        L.memory_bwd_bytes = bwd[path]
+    mem = details.memory
+    if mem is None:
+        return
+    wanted = set(layers)
+    for path, (growth, peak) in mem.fwd.items():  # module-boundary spans: inclusive by construction
+        L = layers.get(path)
+        if L is not None:
+            L.memory_fwd_bytes, L.peak_fwd_bytes = growth, peak
+    bwd = mem.backward_spans([(r.layer, r.phase) for r in ops], ancestors, wanted)
+    for path, (growth, peak) in bwd.items():
+        layers[path].memory_bwd_bytes, layers[path].peak_bwd_bytes = growth, peak
+    for path, n in mem.saved_inclusive(ancestors, wanted).items():
+        layers[path].saved_bytes = n

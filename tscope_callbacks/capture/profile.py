@@ -10,10 +10,14 @@ unused outputs):
   layer whose forward created the node it runs in. ``AccumulateGrad`` nodes map to the parameter's owner.
 - Recompute: a module forward that *starts* while the backward engine is running (activation checkpointing) is
   a re-run; its ops get phase ``"recompute"``.
+- Optimizer: any ``optimizer.step()`` inside the region (torch's global optimizer step hooks) is phase
+  ``"optimizer"``, as is everything inside ``prof.phase("optimizer")``.
 
-Off-region nothing is installed: ``start()`` installs a pre/post forward hook per module and one dispatch mode, ``stop()`` removes
-them on every path (also when the region raised). Tscope's own work inside a region (per-layer finite checks, the
-NaN guard's check and replay) runs under :func:`paused`, so a profile holds only the user's ops.
+The per-op path is built for a GPU host: no allocator statistics, no host sync, one memoized count per op
+(``formulas.apply.CountCache``) and a tuple appended; records, layers and kernel times are built once, at
+:meth:`Profile.stop`. On CUDA each op runs in a Kineto USER_SCOPE range (``cuda_timing``); on CPU it is timed with
+``perf_counter_ns``. Off-region nothing is installed; ``stop()`` removes every hook on every path (also when the
+region raised). Tscope's own work inside a region runs under :func:`paused`, so a profile holds only the user's ops.
 """
 
 from __future__ import annotations
@@ -26,14 +30,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from torch._C._autograd import _get_sequence_nr
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode_temporarily
+from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
 
-from tscope_callbacks.capture.eager import EagerStance
-from tscope_callbacks.capture.layers import LayerDetails, build_layers
-from tscope_callbacks.capture.paths import Selection, clean_path
+from tscope_callbacks.capture import region as _session
+from tscope_callbacks.capture.paths import Selection
 from tscope_callbacks.formulas import DEFAULT_REGISTRY, FormulaRegistry
-from tscope_callbacks.formulas.apply import count_op
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
 __all__ = ["profile", "Profile", "NestedProfileError", "active_profile", "paused"]
@@ -41,10 +42,10 @@ __all__ = ["profile", "Profile", "NestedProfileError", "active_profile", "paused
 log = logging.getLogger("tscope_callbacks")
 
 _current_node = torch._C._current_autograd_node
+_saved_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 _perf_ns = time.perf_counter_ns
 _ACTIVE: Profile | None = None
 _ACTIVE_LOCK = threading.Lock()
-_WARNED_COMPILED: set[tuple[str, tuple[str, ...]]] = set()
 
 
 class NestedProfileError(RuntimeError):
@@ -71,51 +72,12 @@ def paused() -> Iterator[None]:
         p.resume()
 
 
-class _Frame:
-    __slots__ = ("in_backward", "path")
-
-    def __init__(self, path: str, in_backward: bool) -> None:
-        self.path = path
-        self.in_backward = in_backward
-
-
-class _Mode(TorchDispatchMode):
-    def __init__(self, owner: Profile) -> None:
-        super().__init__()
-        self.owner = owner
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        p = self.owner
-        if p._paused:
-            return func(*args, **kwargs)
-        seq = _get_sequence_nr()
-        node = _current_node()
-        rng = p._ranges.op_range(len(p._ops)) if p._ranges is not None else None
-        if rng is not None:
-            m0 = torch.cuda.memory_allocated() if p._details is not None else 0
-            with rng:
-                out = func(*args, **kwargs)
-            dt = None
-            p._last_alloc = (torch.cuda.memory_allocated() - m0) if p._details is not None else None
-        elif p._timed:
-            t0 = _perf_ns()
-            out = func(*args, **kwargs)
-            dt = (_perf_ns() - t0) * 1e-9
-        else:
-            out = func(*args, **kwargs)
-            dt = None
-        try:
-            p._record(func, args, kwargs, out, dt, seq, node)
-        except Exception as e:  # our bookkeeping must never break the user's op
-            p._internal_error(e)
-        return out
-
-
 class Profile:
     """A capture session. Use as a context manager, or ``start()``/``stop()`` (stop is idempotent).
 
-    After stop: ``ops``, ``layers``, ``wall_time_s``, ``meta`` and ``result`` (a :class:`StepProfile`).
+    After stop: ``ops``, ``layers``, ``wall_time_s``, ``meta`` and ``result`` (a :class:`StepProfile`);
+    ``timeline`` holds the CUDA kernel timeline (None off CUDA). ``labels`` (and :meth:`label`) are copied into
+    ``meta`` at stop (e.g. the step number, or a ``step_time_s`` measured on unprofiled steps by the caller).
     """
 
     def __init__(
@@ -130,6 +92,7 @@ class Profile:
         depth: int | None = None,
         record_shapes: bool = True,
         raise_errors: bool = False,
+        labels: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"profile() needs a torch.nn.Module, got {type(model).__name__}")
@@ -140,7 +103,8 @@ class Profile:
             self.registry = formulas
         else:
             self.registry = DEFAULT_REGISTRY.with_overrides(formulas)
-        self.timing = self._resolve_timing(model, timing)
+        self._counter = _session.count_cache(self.registry)
+        self.timing = _session.resolve_timing(model, timing)
         self._timed = self.timing != "none"
         self.layer_details = layer_details
         self.check_finite = check_finite
@@ -149,29 +113,35 @@ class Profile:
         self._collapse = self.selection.collapse
         self.record_shapes = record_shapes
         self.raise_errors = raise_errors
+        self.labels: dict[str, Any] = dict(labels or {})
         self.result = StepProfile()
+        self.timeline: Any = None
         self.errors: list[str] = []
-        self._ops: list[OpRecord] = []
+        self._pending: list[tuple] = []
         self._running = False
-        self._handles: list[Any] = []
-        self._mode: _Mode | None = None
-        self._ranges = None
+        self._session: _session.Installed | None = None  #: what start() installed (hooks, mode, stance...)
+        self._timeline: Any = None
         self._phase_override: str | None = None
-        self._stack: list[_Frame] = []
+        self._stack: list[tuple[str, bool]] = []  #: (module path, entered during backward)
         self._seq_layer: dict[int, str] = {}
-        self._details: LayerDetails | None = None
+        self._hooked: set[int] = set()  #: nodes whose saved tensors went through saved-tensor hooks
+        self._details: Any = None
+        self._memory: Any = None
         self._calls: dict[str, int] = {}
-        self._mutating: dict[Any, bool] = {}
+        self._param_owner: dict[int, str] = {}
+        self._compiled: list[str] = []  #: compiled modules (run eagerly under the capture)
         self._paused = 0
         self._pause_t0 = 0
         self._paused_ns = 0
+        self._pause_range: Any = None
         self._t0 = 0
-        self._stance = EagerStance()
+        self._in_backward = False
+        self._in_opt_step = 0  #: inside optimizer.step() (global optimizer hooks)
 
     # ---------------- public surface ----------------
     @property
     def ops(self) -> list[OpRecord]:
-        return self.result.ops if not self._running else self._ops
+        return self.result.ops
 
     @property
     def layers(self) -> dict[str, LayerRecord]:
@@ -210,11 +180,17 @@ class Profile:
     def set_phase(self, name: str | None) -> None:
         self._phase_override = name
 
+    def label(self, **labels: Any) -> None:
+        """Add labels copied into ``meta`` at stop."""
+        self.labels.update(labels)
+
     def pause(self) -> None:
         """Stop recording until :meth:`resume` (nestable): ops run untouched, modules are not tracked, and the
         paused time is left out of ``wall_time_s`` (e.g. a validation run inside a profiled training window)."""
         if self._paused == 0:
             self._pause_t0 = _perf_ns()
+            if self._timeline is not None:  # kernels launched meanwhile are tscope's, not the step's
+                self._pause_range = self._timeline.enter(_session.PAUSED_RANGE)
         self._paused += 1
 
     def resume(self) -> None:
@@ -223,6 +199,9 @@ class Profile:
         self._paused -= 1
         if self._paused == 0:
             self._paused_ns += _perf_ns() - self._pause_t0
+            if self._pause_range is not None:
+                self._timeline.exit(self._pause_range)
+                self._pause_range = None
 
     # ---------------- lifecycle ----------------
     def start(self) -> Profile:
@@ -235,7 +214,9 @@ class Profile:
                 )
             _ACTIVE = self
         try:
-            self._install()
+            self._session = _session.install(self)
+            self._running = True
+            self._t0 = _perf_ns()
         except BaseException:
             self._uninstall()
             with _ACTIVE_LOCK:
@@ -248,18 +229,14 @@ class Profile:
         if not self._running:
             return self.result
         wall = None
-        times = None
+        timeline = None
         try:
-            if self._ranges is not None:
-                times = self._ranges.stop(len(self._ops))
-                for r, tc in zip(self._ops, getattr(self._ranges, "tensor_core", None) or ()):
-                    r.tensor_core = tc
-                self._ranges = None
-            now = _perf_ns()
             if self._paused:  # stopped while paused (e.g. an exception inside a paused block)
-                self._paused_ns += now - self._pause_t0
-                self._paused = 0
-            wall = (now - self._t0 - self._paused_ns) * 1e-9
+                self._paused = 1
+                self.resume()
+            if self._timeline is not None:
+                timeline = self._timeline.stop(len(self._pending))
+            wall = (_perf_ns() - self._t0 - self._paused_ns) * 1e-9
         except Exception as e:
             self._internal_error(e)
         finally:
@@ -267,107 +244,25 @@ class Profile:
             with _ACTIVE_LOCK:
                 if _ACTIVE is self:
                     _ACTIVE = None
-        if times is not None:
-            for r, t in zip(self._ops, times):
-                r.time_s = t
+        self.timeline = timeline
         try:
-            self.result = StepProfile(
-                ops=self._ops,
-                layers=build_layers(self.model, self._ops, self._details, self._collapse, self._calls),
-                wall_time_s=wall,
-                meta=self._meta(),
-            )
+            self.result = _session.build_result(self, wall, timeline)
         except Exception as e:
             self._internal_error(e)
-            self.result = StepProfile(ops=self._ops, wall_time_s=wall, meta=self._meta())
+            self.result = StepProfile(wall_time_s=wall, meta={**_session.base_meta(self), **self.labels})
+        self._pending = []
         self._seq_layer = {}
+        self._hooked = set()
         return self.result
-
-    # ---------------- internals ----------------
-    @staticmethod
-    def _resolve_timing(model: torch.nn.Module, timing: str | None) -> str:
-        if timing in (None, "none"):
-            return "none"
-        if timing == "auto":
-            dev = next((p.device for p in model.parameters()), None)
-            return "cuda" if dev is not None and dev.type == "cuda" and torch.cuda.is_available() else "cpu"
-        return timing
-
-    def _install(self) -> None:
-        self._paths = {}
-        self._compiled = []
-        for path, mod in self.model.named_modules(remove_duplicate=True):
-            self._paths[id(mod)] = clean_path(path)
-            # torch.compile's wrapper, or a module whose methods Lightning compiled in place (``_compiler_ctx``)
-            if type(mod).__name__ == "OptimizedModule" or isinstance(getattr(mod, "_compiler_ctx", None), dict):
-                self._compiled.append(clean_path(path))
-        warn_key = (type(self.model).__qualname__, tuple(self._compiled))
-        if self._compiled and warn_key not in _WARNED_COMPILED:  # once per model and process, not per profile
-            _WARNED_COMPILED.add(warn_key)
-            log.warning(
-                "tscope: %s is torch.compile'd; under profiling it runs eagerly, so op counts are exact but times "
-                "are eager-mode times (fused kernels of the compiled graph are not seen)", self._compiled[0] or "model"
-            )
-        self._param_owner = {}
-        for mpath, mod in self.model.named_modules():
-            for p in mod.parameters(recurse=False):
-                self._param_owner.setdefault(id(p), self._collapse(clean_path(mpath)))
-        self._last_alloc: int | None = None
-        if self.layer_details:
-            self._details = LayerDetails(self.check_finite, mute=self._mute)
-        # Per-module hooks: ours run first before the module and last after it (after any user hook that
-        # replaces the output), so shapes and finite-checks see what the module really hands downstream.
-        for mod in {id(m): m for m in self.model.modules()}.values():
-            self._handles.append(mod.register_forward_pre_hook(self._pre_hook, prepend=True))
-            self._handles.append(mod.register_forward_hook(self._post_hook, always_call=True))
-        if self.timing == "cuda":
-            from tscope_callbacks.capture.cuda_timing import OpRangeProfiler
-
-            torch.cuda.synchronize()
-            self._ranges = OpRangeProfiler()
-            self._ranges.start()
-        self._stance.enter()
-        self._mode = _Mode(self)
-        self._mode.__enter__()
-        self._running = True
-        self._t0 = _perf_ns()
 
     def _uninstall(self) -> None:
         self._running = False
-        if self._mode is not None:
-            try:
-                self._mode.__exit__(None, None, None)
-            except Exception as e:
-                self._internal_error(e)
-            self._mode = None
-        if self._ranges is not None:
-            self._ranges.abort()
-            self._ranges = None
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-        if self._details is not None:
-            self._details.remove_hooks()
+        s, self._session = self._session, None
+        if s is not None:
+            s.remove(self)
         self._stack.clear()
-        self._stance.exit()
 
-    def _meta(self) -> dict[str, Any]:
-        dev = next((p.device for p in self.model.parameters()), torch.device("cpu"))
-        name = "cpu"
-        if dev.type == "cuda" and torch.cuda.is_available():
-            name = torch.cuda.get_device_name(dev)
-        return {
-            "device": dev.type,
-            "device_name": name,
-            "timing": {"cpu": "cpu-wall", "cuda": "cuda-kernels"}.get(self.timing, "none"),
-            "float32_matmul_precision": torch.get_float32_matmul_precision(),
-            "model": type(self.model).__name__,
-            "torch": torch.__version__,
-            "internal_errors": list(self.errors),
-            "compiled_modules_run_eagerly": list(getattr(self, "_compiled", [])),
-            "paused_s": self._paused_ns * 1e-9,  #: left out of wall_time_s (tscope's own checks, validation)
-        }
-
+    # ---------------- internals ----------------
     def _internal_error(self, e: BaseException) -> None:
         msg = f"{type(e).__name__}: {e}"
         if len(self.errors) < 20:
@@ -383,7 +278,8 @@ class Profile:
         innermost one it is popped meanwhile, so those ops skip the Python dispatch entirely (cheaper)."""
         self.pause()
         try:
-            if self._mode is not None and _get_current_dispatch_mode() is self._mode:
+            mode = self._session.mode if self._session is not None else None
+            if mode is not None and _get_current_dispatch_mode() is mode:
                 with _pop_mode_temporarily():
                     yield
             else:
@@ -391,38 +287,40 @@ class Profile:
         finally:
             self.resume()
 
-    def _pre_hook(self, module: torch.nn.Module, args: Any) -> None:
-        path = self._paths.get(id(module))
+    def _pre_hook(self, module: torch.nn.Module, args: Any, kwargs: Any = None) -> None:
+        s = self._session
+        path = s.paths.get(id(module)) if s is not None else None
         if path is None or not self._running or self._paused:
             return
         try:
             in_bwd = _current_node() is not None
-            self._stack.append(_Frame(path, in_bwd))
+            self._stack.append((path, in_bwd))
             # a call counts for the module called, and only if it is a reported layer (a selected path or within
             # depth): its descendants' calls are aggregated into its ops, not into its call count
             if not in_bwd and (not self._collapsing or self._collapse(path) == path):
                 self._calls[path] = self._calls.get(path, 0) + 1
             if self._details is not None:
-                self._details.on_enter(path, module, args)
+                self._details.on_enter(path, module, args, kwargs)
         except Exception as e:
             self._internal_error(e)
 
-    def _post_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        path = self._paths.get(id(module))
+    def _post_hook(self, module: torch.nn.Module, args: Any, *rest: Any) -> None:
+        s = self._session
+        path = s.paths.get(id(module)) if s is not None else None
         if path is None or not self._stack or self._paused:
             return
+        output = rest[-1]  # (output) or (kwargs, output) with with_kwargs=True
         try:
-            # pop up to and including this module's frame (robust to a child that raised)
-            for i in range(len(self._stack) - 1, -1, -1):
-                if self._stack[i].path == path:
-                    frame = self._stack[i]
-                    del self._stack[i:]
+            stack = self._stack
+            for i in range(len(stack) - 1, -1, -1):  # pop up to this module's frame (robust to a child that raised)
+                if stack[i][0] == path:
+                    in_bwd = stack[i][1]
+                    del stack[i:]
                     break
             else:
                 return
             if self._details is not None:
-                with self._mute():
-                    self._details.on_exit(path, module, args, output, frame.in_backward)
+                self._details.on_exit(path, module, output, in_bwd)
         except Exception as e:
             self._internal_error(e)
 
@@ -430,62 +328,47 @@ class Profile:
         stack = self._stack
         if self._phase_override is not None:
             phase = self._phase_override
-            layer = stack[-1].path if stack else ""
+            layer = stack[-1][0] if stack else ""
+        elif self._in_opt_step and node is None and not torch.is_grad_enabled():
+            phase = "optimizer"
+            layer = stack[-1][0] if stack else ""
         elif node is None:
             phase = "forward"
-            layer = stack[-1].path if stack else ""
+            layer = stack[-1][0] if stack else ""
             if torch.is_grad_enabled():
                 self._seq_layer.setdefault(seq - 1, layer)
-        elif stack and stack[-1].in_backward:
+                if self._memory is not None and _saved_hooks(False) is not None:
+                    self._hooked.add(seq - 1)  # saved through someone's hooks (checkpointing): never unpacked
+            self._in_backward = False
+        elif stack and stack[-1][1]:
             phase = "recompute"
-            layer = stack[-1].path
+            layer = stack[-1][0]
             self._seq_layer.setdefault(seq - 1, layer)
         else:
             phase = "backward"
             layer = self._seq_layer.get(node._sequence_nr())
             if layer is None:
                 var = getattr(node, "variable", None)  # AccumulateGrad
-                layer = self._param_owner.get(id(var), "") if var is not None else (stack[-1].path if stack else "")
+                layer = self._param_owner.get(id(var), "") if var is not None else (stack[-1][0] if stack else "")
+            if not self._in_backward:
+                self._in_backward = True
+                if self._memory is not None:  # a backward pass starts: nothing freed yet, read what was saved
+                    with self._mute():
+                        self._memory.walk_saved(node, self._layer_of_node)
         if self._collapsing:
             layer = self._collapse(layer)
-        c = count_op(func, args, kwargs, out, self.registry, want_shapes=self.record_shapes)
-        names = _NAMES.get(func) or _names(func)
-        rec = OpRecord(
-            op=names[0],
-            layer=layer,
-            phase=phase,
-            flops=c.flops,
-            bytes_read=c.bytes_read,
-            bytes_written=c.bytes_written,
-            dtype=c.dtype,
-            input_shapes=c.input_shapes,
-            time_s=dt,
-            counted=c.counted,
-            category=c.category,
-            overload=names[1],
-            output_shapes=c.output_shapes,
-            index=len(self._ops),
-        )
-        self._ops.append(rec)
-        if self._details is not None:
-            if self._ranges is not None:
-                alloc = self._last_alloc or 0
-            else:  # CPU: bytes of the fresh tensors the op returned (in-place/out= ops allocate nothing)
-                mut = self._mutating.get(func)
-                if mut is None:
-                    mut = self._mutating[func] = bool(getattr(func, "_schema", None) and func._schema.is_mutable)
-                alloc = 0 if mut else c.bytes_written
-            self._details.on_op(rec, alloc)
+        self._pending.append((func, self._counter.count(func, args, kwargs, out), layer, phase, dt))
+        mem = self._memory
+        if mem is not None:
+            mem.add_outputs(_session.fresh(func, out))
+            mem.op_done()
 
-
-_NAMES: dict[Any, tuple[str, str]] = {}
-
-
-def _names(func) -> tuple[str, str]:
-    """(packet name "aten.mm", overload name "aten.mm.default"), cached per op."""
-    packet = f"{func.namespace}.{func._opname}" if hasattr(func, "_opname") else str(func)
-    _NAMES[func] = (packet, str(func))
-    return _NAMES[func]
+    def _layer_of_node(self, node: Any) -> str | None:
+        try:
+            seq = node._sequence_nr()
+        except Exception:
+            return None
+        return None if seq in self._hooked else self._seq_layer.get(seq)
 
 
 def profile(model: torch.nn.Module, **kwargs: Any) -> Profile:

@@ -16,7 +16,7 @@ import torch
 from tscope_callbacks.formulas.bytes import fresh_outputs, op_plan, unique_bytes
 from tscope_callbacks.formulas.registry import DEFAULT_REGISTRY, FormulaRegistry
 
-__all__ = ["OpCount", "count_op", "formula_errors", "clear_formula_errors"]
+__all__ = ["OpCount", "CountCache", "count_op", "formula_errors", "clear_formula_errors"]
 
 log = logging.getLogger(__name__)
 
@@ -244,3 +244,117 @@ def count_op(
         in_shapes,
         _out_shapes(out, []) if want_shapes else [],
     )
+
+
+_HASHABLE = (int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+_UNCACHEABLE = object()
+#: float arguments enter the key only as zero / non-zero: formulas depend on no more (a weight decay, momentum or
+#: dropout probability that is 0 changes the count), while learning rates and bias corrections change every step
+_ZERO, _NONZERO = ("float", 0), ("float", 1)
+
+
+class CountCache:
+    """``count_op`` memoized by op signature, for the capture hot path (a training step repeats the same ops with the
+    same shapes block after block and step after step).
+
+    The signature is everything ``count_op`` depends on: the op; per tensor argument its shape, strides, dtype,
+    storage offset and which other arguments share its storage; non-tensor arguments by value; per output its shape,
+    strides, dtype and whether it aliases an argument. Arguments that are not plainly hashable (generators, opaque
+    objects) bypass the memo. The cached ``OpCount`` (and its shape lists) is shared between the records of
+    identical calls: treat records as read-only.
+    """
+
+    __slots__ = ("registry", "memo", "max_entries", "hits", "misses")
+
+    def __init__(self, registry: FormulaRegistry = DEFAULT_REGISTRY, *, max_entries: int = 100_000) -> None:
+        self.registry = registry
+        self.memo: dict[Any, OpCount] = {}
+        self.max_entries = max_entries
+        self.hits = self.misses = 0
+
+    def count(self, func: Any, args: tuple, kwargs: dict | None, out: Any) -> OpCount:
+        key = _signature(func, args, kwargs, out)
+        if key is not _UNCACHEABLE:
+            hit = self.memo.get(key)
+            if hit is not None:
+                self.hits += 1
+                return hit
+        self.misses += 1
+        c = count_op(func, args, kwargs, out, self.registry)
+        if key is not _UNCACHEABLE and len(self.memo) < self.max_entries:
+            self.memo[key] = c
+        return c
+
+
+def _signature(func: Any, args: tuple, kwargs: dict | None, out: Any) -> Any:
+    """The memo key of one call (see :class:`CountCache`); ``_UNCACHEABLE`` when an argument is not plainly hashable.
+    Written as flat loops: it runs for every op of a profiled step."""
+    groups: dict[int, int] = {}
+    parts: list = [func]
+    try:
+        for a in args:
+            if isinstance(a, _Tensor):
+                st = a.untyped_storage()._cdata
+                g = groups.get(st)
+                if g is None:
+                    g = groups[st] = len(groups)
+                parts.append((a.shape, a.stride(), a.dtype, a.storage_offset(), g))
+            elif isinstance(a, float):
+                parts.append(_ZERO if a == 0.0 else _NONZERO)
+            elif isinstance(a, _HASHABLE):
+                parts.append(a)
+            elif isinstance(a, (list, tuple)):
+                parts.append(_seq_key(a, groups))
+            else:
+                return _UNCACHEABLE
+        if kwargs:
+            for k, a in kwargs.items():
+                if isinstance(a, _Tensor):
+                    st = a.untyped_storage()._cdata
+                    g = groups.get(st)
+                    if g is None:
+                        g = groups[st] = len(groups)
+                    parts.append((k, a.shape, a.stride(), a.dtype, a.storage_offset(), g))
+                elif isinstance(a, float):
+                    parts.append((k, _ZERO if a == 0.0 else _NONZERO))
+                elif isinstance(a, _HASHABLE):
+                    parts.append((k, a))
+                elif isinstance(a, (list, tuple)):
+                    parts.append((k, _seq_key(a, groups)))
+                else:
+                    return _UNCACHEABLE
+        if isinstance(out, _Tensor):
+            parts.append((out.shape, out.stride(), out.dtype, groups.get(out.untyped_storage()._cdata, -1)))
+        elif isinstance(out, (tuple, list)):
+            parts.append(_seq_key(out, groups, outputs=True))
+        else:
+            parts.append(type(out))
+        return tuple(parts)
+    except (TypeError, RuntimeError, NotImplementedError, AttributeError):
+        return _UNCACHEABLE
+
+
+def _seq_key(seq: Any, groups: dict[int, int], outputs: bool = False) -> tuple:
+    """Key of a list/tuple argument (tensor lists of foreach/cat ops, int lists, scalar lists) or of a tuple output."""
+    sub: list = []
+    for x in seq:
+        if isinstance(x, _Tensor):
+            st = x.untyped_storage()._cdata
+            g = groups.get(st)
+            if g is None:
+                if outputs:
+                    g = -1
+                else:
+                    g = groups[st] = len(groups)
+            sub.append((x.shape, x.stride(), x.dtype, x.storage_offset(), g))
+        elif isinstance(x, float):
+            sub.append(_ZERO if x == 0.0 else _NONZERO)
+        elif isinstance(x, _HASHABLE):
+            sub.append(x)
+        elif outputs:
+            sub.append(type(x))
+        elif isinstance(x, (list, tuple)):
+            sub.append(_seq_key(x, groups))
+        else:
+            raise TypeError
+    return tuple(sub)

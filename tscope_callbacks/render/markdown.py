@@ -59,10 +59,14 @@ def header_lines(report: Any) -> list[str]:
              f"{s['float32_matmul_precision'] or 'highest'}"]
     est = f"estimated {_f(s['estimated_step_s'], '.4g', 1e3)} ms"
     if s["measured_step_s"] is not None:
-        src = "wall" if s["step_time_source"] == "wall" else "sum of ops"
         ops = f"op time {_f(s['op_time_s'], '.4g', 1e3)} ms" if s["timed"] else "ops not timed"
-        lines += [f"- **Step**: measured {_f(s['measured_step_s'], '.4g', 1e3)} ms ({src}); {ops}; {est} "
-                  "(sum of per-op roofs)",
+        extra = ""
+        if s["device_idle_s"] is not None:
+            extra += f"; GPU idle {_f(s['device_idle_s'], '.4g', 1e3)} ms during the capture"
+        if s["wall_time_s"]:
+            extra += f"; captured region {_f(s['wall_time_s'], '.4g', 1e3)} ms wall (slowed by the capture; not used)"
+        lines += [f"- **Step**: measured {_f(s['measured_step_s'], '.4g', 1e3)} ms ({s['step_time_basis_text']}) -- "
+                  f"the basis of MFU/MBU; {ops}; {est} (sum of per-op roofs){extra}",
                   f"- **MFU** {_p(s['mfu'])} · **MBU** {_p(s['mbu'])} · {_f(s['achieved_tflops'], '.4g')} TFLOP/s · "
                   f"{_f(s['achieved_gbps'], '.4g')} GB/s achieved"]
         if s["recompute_flops"]:

@@ -173,7 +173,8 @@ def figure(report: Any, top_labels: int = 8, *, figsize: tuple[float, float] = (
                                         else None) if v)
     if timed:
         sub = (f"MFU {(s['mfu'] or 0):.1%} ({s['mfu_precision']}) · MBU {(s['mbu'] or 0):.1%} · measured "
-               f"{(s['measured_step_s'] or 0) * 1e3:.4g} ms · roofline estimate {s['estimated_step_s'] * 1e3:.4g} ms")
+               f"{(s['measured_step_s'] or 0) * 1e3:.4g} ms ({s['step_time_basis_text']}) · roofline estimate "
+               f"{s['estimated_step_s'] * 1e3:.4g} ms")
     else:
         sub = f"untimed: estimates (hollow) · estimated step {s['estimated_step_s'] * 1e3:.4g} ms"
     ax.set_title(f"Roofline — {title}\n{sub}", fontsize=11)

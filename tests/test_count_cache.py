@@ -1,0 +1,111 @@
+"""The capture's memoized counter: every op of real training steps gets exactly the count ``count_op`` gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import tscope_callbacks as ts
+from tscope_callbacks.demo.model import GPTConfig, TinyGPT
+from tscope_callbacks.formulas.apply import CountCache, count_op
+
+
+class _Compare(TorchDispatchMode):
+    """Counts every op twice, memoized and fresh, and keeps the disagreements."""
+
+    def __init__(self, cache: CountCache) -> None:
+        super().__init__()
+        self.cache, self.bad, self.n = cache, [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.namespace == "profiler":  # the optimizer's record_function annotations: never recorded
+            return out
+        self.n += 1
+        a, b = self.cache.count(func, args, kwargs, out), count_op(func, args, kwargs, out)
+        if a != b:
+            self.bad.append((str(func), a, b))
+        return out
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.pool = nn.MaxPool2d(2)
+        self.drop = nn.Dropout(0.25)
+        self.fc = nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x):
+        x = self.drop(self.pool(torch.relu(self.bn(self.conv(x)))))
+        return self.fc(x.flatten(1))
+
+
+@pytest.mark.parametrize("case", ["gpt-adamw-foreach", "gpt-adamw-loop", "conv-sgd-momentum", "gpt-fused"])
+def test_memoized_counts_equal_fresh_counts_on_real_steps(case: str) -> None:
+    torch.manual_seed(0)
+    if case.startswith("gpt"):
+        model = TinyGPT(GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_layer=2, n_head=2))
+        x = torch.randint(0, 64, (4, 16))
+        loss_fn = lambda: model.loss(x, x)  # noqa: E731
+        kw = {"foreach": case.endswith("foreach")} if "fused" not in case else {"fused": True}
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, **kw)
+    else:
+        model = ConvNet()
+        x = torch.randn(4, 3, 8, 8)
+        loss_fn = lambda: model(x).square().mean()  # noqa: E731
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+    cache = CountCache()
+    mode = _Compare(cache)
+    for step in range(3):  # learning-rate dependent scalars change every step: still one entry per signature
+        with mode:
+            loss_fn().backward()
+            for g in opt.param_groups:
+                g["lr"] *= 0.5
+            opt.step()
+            opt.zero_grad()
+    assert mode.bad == []
+    assert cache.hits > mode.n // 2  # repeated blocks and steps hit
+    assert len(cache.memo) == cache.misses  # nothing uncacheable here: every miss was stored
+
+
+def test_zero_and_nonzero_float_arguments_are_different_keys() -> None:
+    # a dropout probability / weight decay of 0 changes the count; its exact value does not
+    cache = CountCache()
+    x = torch.randn(8, 8)
+    f = torch.ops.aten.native_dropout.default
+    nz = cache.count(f, (x, 0.5, True), {}, f(x, 0.5, True))
+    again = cache.count(f, (x, 0.25, True), {}, f(x, 0.25, True))
+    assert again is nz and cache.hits == 1
+    zero_out = f(x, 0.0, True)
+    assert cache.count(f, (x, 0.0, True), {}, zero_out) == count_op(f, (x, 0.0, True), {}, zero_out)
+    assert cache.misses == 2
+
+
+def test_aliasing_between_arguments_is_part_of_the_key() -> None:
+    # x * x reads x once; x * y reads both: same shapes, different bytes
+    cache = CountCache()
+    f = torch.ops.aten.mul.Tensor
+    x, y = torch.randn(64), torch.randn(64)
+    same = cache.count(f, (x, x), {}, f(x, x))
+    diff = cache.count(f, (x, y), {}, f(x, y))
+    assert same.bytes_read == 64 * 4 and diff.bytes_read == 2 * 64 * 4  # 64 fp32 elements = 256 B per input
+
+
+def test_profiles_share_the_cache_per_registry() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    x = torch.randn(4, 8)
+    with ts.profile(model) as p1:
+        model(x).sum().backward()
+    model.zero_grad(set_to_none=True)  # the same step again (not an accumulation into existing grads)
+    from tscope_callbacks.capture.region import count_cache
+    from tscope_callbacks.formulas import DEFAULT_REGISTRY
+
+    hits = count_cache(DEFAULT_REGISTRY).hits
+    with ts.profile(model) as p2:
+        model(x).sum().backward()
+    assert count_cache(DEFAULT_REGISTRY).hits - hits == len(p2.ops)  # the second step: every op a hit
+    assert [(r.op, r.flops, r.bytes) for r in p1.ops] == [(r.op, r.flops, r.bytes) for r in p2.ops]

@@ -1,0 +1,210 @@
+"""Per-layer memory of a captured step, without an allocator call per op.
+
+What is measured, per layer and per phase (DESIGN "Memory per layer"):
+
+- ``memory_fwd_bytes``: allocator growth across the module's forward, summed over its calls: the allocated bytes
+  after its forward hook minus before its pre-hook. On CUDA these are ``torch.cuda.memory_allocated()``-equivalent
+  readings (the allocator's current allocated bytes) taken at the module's boundaries -- the same figure hooks
+  around the module show; on CPU (no allocator statistics) the live bytes of the storages created inside the
+  captured region (see below).
+- ``memory_bwd_bytes``: the same across the module's backward, where the backward of a module spans its first to
+  its last backward op (each attributed exactly through the autograd graph), measured with the tracked live bytes.
+- ``peak_fwd_bytes`` / ``peak_bwd_bytes``: the highest allocated bytes while the module ran (forward / backward),
+  above the level at its start: the tracked live bytes' maximum after any op of the span minus their value at the
+  start. Temporaries inside a single kernel (workspaces) are not seen.
+- ``saved_bytes``: activations the module's forward saved for backward (the saved tensors of the autograd nodes its
+  ops created, read from the graph when backward starts; each storage counted once per layer, its descendants
+  included, parameters excluded) -- what it keeps alive until its backward, apart from temporaries.
+
+Tracked live bytes: every fresh (non-view) output storage of an op in the region is counted (its size rounded to
+the CUDA caching allocator's 512-byte blocks on CUDA) until its last tensor dies (a weak reference on the storage).
+No host sync, no per-op allocator statistics; one allocator reading per module boundary on CUDA.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["MemoryTracker", "allocator_reader"]
+
+_BLOCK = 512  #: the CUDA caching allocator rounds every request up to a multiple of this
+
+
+def allocator_reader(device: torch.device) -> Callable[[], int] | None:
+    """A function returning the CUDA allocator's current allocated bytes on ``device`` (the figure
+    ``torch.cuda.memory_allocated`` reports, without building its flattened dict), or None off CUDA."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    stats = torch._C._cuda_memoryStats
+
+    def read() -> int:
+        return int(stats(idx)["allocated_bytes"]["all"]["current"])
+
+    return read
+
+
+_SAVED_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_names(node: Any) -> tuple[str, ...]:
+    """The attributes under which an autograd node exposes its saved tensors (cached per node type)."""
+    cls = type(node)
+    names = _SAVED_NAMES.get(cls)
+    if names is None:
+        names = tuple(a for a in dir(node) if a.startswith("_saved_"))
+        if hasattr(node, "saved_tensors"):  # custom autograd.Function nodes
+            names += ("saved_tensors",)
+        _SAVED_NAMES[cls] = names
+    return names
+
+
+class MemoryTracker:
+    """Tracks live storage bytes created in the region, module boundary readings and saved activations."""
+
+    def __init__(self, device: torch.device, *, round_blocks: bool | None = None) -> None:
+        self.device = device
+        self._reader = allocator_reader(device)
+        self._round = device.type == "cuda" if round_blocks is None else round_blocks
+        self.live = 0  #: tracked bytes alive now
+        self.live_after: list[int] = []  #: tracked live bytes after each recorded op (index = op index)
+        self._storages: dict[int, weakref.ref] = {}
+        #: (path, phase) -> [growth, peak above start] summed over calls / max over calls
+        self.fwd: dict[str, list[int]] = {}
+        self._open: list[tuple[str, int, int, int]] = []  #: (path, reading at start, live at start, op index)
+        self.saved: dict[str, dict[int, int]] = {}  #: path -> {storage key: bytes} saved by that module's forward
+        self._params: set[int] = set()
+
+    # ---------------- live bytes ----------------
+    def _size(self, nbytes: int) -> int:
+        return -(-nbytes // _BLOCK) * _BLOCK if self._round and nbytes else nbytes
+
+    def _freed(self, key: int, nbytes: int) -> Callable[[Any], None]:
+        def cb(_: Any) -> None:
+            self.live -= nbytes
+            self._storages.pop(key, None)
+
+        return cb
+
+    def add_outputs(self, fresh: list[torch.Tensor]) -> None:
+        """Count the storages of an op's fresh outputs (not views, not in-place results)."""
+        for t in fresh:
+            self._add(t)
+
+    def _add(self, t: torch.Tensor) -> None:
+        try:
+            st = t.untyped_storage()
+            key = st._cdata
+            if key in self._storages:
+                return
+            n = self._size(st.nbytes())
+            self._storages[key] = weakref.ref(st, self._freed(key, n))
+            self.live += n
+        except (RuntimeError, NotImplementedError, TypeError):  # sparse / opaque layouts: not tracked
+            pass
+
+    def op_done(self) -> None:
+        self.live_after.append(self.live)
+
+    def reading(self) -> int:
+        """Allocated bytes now: the allocator's figure on CUDA, the tracked live bytes elsewhere."""
+        return self._reader() if self._reader is not None else self.live
+
+    # ---------------- forward spans (module hooks) ----------------
+    def enter(self, path: str) -> None:
+        self._open.append((path, self.reading(), self.live, len(self.live_after)))
+
+    def exit(self, path: str) -> None:
+        for i in range(len(self._open) - 1, -1, -1):
+            if self._open[i][0] == path:
+                _, r0, l0, i0 = self._open[i]
+                del self._open[i:]
+                break
+        else:
+            return
+        growth = self.reading() - r0
+        peak = max(max(self.live_after[i0:], default=l0) - l0, growth)
+        acc = self.fwd.setdefault(path, [0, 0])
+        acc[0] += growth
+        acc[1] = max(acc[1], peak)
+
+    # ---------------- saved activations ----------------
+    def set_parameters(self, params: list[torch.Tensor]) -> None:
+        for p in params:
+            try:
+                self._params.add(p.untyped_storage()._cdata)
+            except (RuntimeError, NotImplementedError, TypeError):
+                pass
+
+    def on_saved(self, t: torch.Tensor, path: str) -> None:
+        try:
+            st = t.untyped_storage()
+            key = st._cdata
+            if key in self._params:
+                return
+            self.saved.setdefault(path, {})[key] = self._size(st.nbytes())
+        except (RuntimeError, NotImplementedError, TypeError):
+            pass
+
+    def walk_saved(self, root: Any, layer_of_node: Callable[[Any], str | None]) -> None:
+        """Record the saved tensors of every autograd node reachable from ``root`` (call when backward starts:
+        nothing has been freed yet) under the layer whose forward created the node. Read-only: the graph and its
+        saved tensors are untouched."""
+        seen: set[int] = set()
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            path = layer_of_node(node)
+            if path is not None:
+                for name in _saved_names(node):
+                    try:
+                        v = getattr(node, name)
+                    except Exception:  # released, or not a tensor attribute
+                        continue
+                    for t in v if isinstance(v, (list, tuple)) else (v,):
+                        if isinstance(t, torch.Tensor):
+                            self.on_saved(t, path)
+            stack.extend(f for f, _ in getattr(node, "next_functions", ()))
+
+    # ---------------- backward spans (op attribution) ----------------
+    def backward_spans(self, layers_of_op: list[tuple[str, str]], ancestors: Callable[[str], list[str]],
+                       wanted: set[str]) -> dict[str, tuple[int, int]]:
+        """(growth, peak above start) of each layer's backward, from its first to its last backward op (inclusive
+        of descendants), with the tracked live bytes."""
+        first: dict[str, int] = {}
+        last: dict[str, int] = {}
+        for i, (layer, phase) in enumerate(layers_of_op):
+            if phase != "backward":
+                continue
+            for a in ancestors(layer):
+                if a in wanted:
+                    first.setdefault(a, i)
+                    last[a] = i
+        live = self.live_after
+        out: dict[str, tuple[int, int]] = {}
+        for path, i0 in first.items():
+            i1 = last[path]
+            start = live[i0 - 1] if i0 > 0 else 0
+            out[path] = (live[i1] - start, max(live[i0:i1 + 1]) - start)
+        return out
+
+    def saved_inclusive(self, ancestors: Callable[[str], list[str]], wanted: set[str]) -> dict[str, int]:
+        """Saved-activation bytes per layer, its descendants included, each storage once."""
+        per: dict[str, dict[int, int]] = {}
+        for path, storages in self.saved.items():
+            for a in ancestors(path):
+                if a in wanted:
+                    per.setdefault(a, {}).update(storages)
+        return {p: sum(s.values()) for p, s in per.items()}
+
+    def close(self) -> None:
+        """Stop tracking: drop the weak references (their callbacks never run again) and any open span."""
+        self._open.clear()
+        self._storages.clear()

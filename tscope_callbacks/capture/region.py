@@ -1,0 +1,280 @@
+"""What a capture installs for its region and takes down again, and the one pass that builds its result.
+
+:func:`install` sets up, in order: the compile stance (``eager``), module paths and parameter owners, the per-module
+forward hooks, the optimizer step hooks (phase ``"optimizer"``), layer details and memory tracking, the CUDA kernel
+timeline and the dispatch mode. :meth:`Installed.remove` takes all of it down on every path. :func:`build_result`
+turns the per-op tuples gathered by the hot path into :class:`~tscope_callbacks.records.OpRecord` s, attaches kernel
+times, builds the layer records and the metadata, including the step-time basis (see :func:`step_time`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.optim.optimizer as _optimizer
+from torch._C._autograd import _get_sequence_nr
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tscope_callbacks.capture.cuda_timing import PAUSED_RANGE, KernelTimeline, Timeline
+from tscope_callbacks.capture.eager import EagerStance
+from tscope_callbacks.capture.layers import LayerDetails, build_layers
+from tscope_callbacks.capture.memory import MemoryTracker
+from tscope_callbacks.capture.paths import clean_path
+from tscope_callbacks.formulas.apply import CountCache
+from tscope_callbacks.formulas.bytes import fresh_outputs, op_plan
+from tscope_callbacks.formulas.registry import FormulaRegistry
+from tscope_callbacks.records import OpRecord, StepProfile
+
+if TYPE_CHECKING:
+    from tscope_callbacks.capture.profile import Profile
+
+__all__ = ["Installed", "install", "build_result", "base_meta", "count_cache", "resolve_timing", "fresh",
+           "PAUSED_RANGE", "step_time"]
+
+log = logging.getLogger("tscope_callbacks")
+
+_WARNED_COMPILED: set[tuple[str, tuple[str, ...]]] = set()
+_CACHES: weakref.WeakKeyDictionary[FormulaRegistry, CountCache] = weakref.WeakKeyDictionary()
+_NAMES: dict[Any, tuple[str, str]] = {}
+
+
+def count_cache(registry: FormulaRegistry) -> CountCache:
+    """The memoized counter of a registry, shared by every profile using it (hits carry over between steps)."""
+    c = _CACHES.get(registry)
+    if c is None or c.registry is not registry:
+        c = _CACHES[registry] = CountCache(registry)
+    return c
+
+
+def resolve_timing(model: torch.nn.Module, timing: str | None) -> str:
+    if timing in (None, "none"):
+        return "none"
+    if timing == "auto":
+        dev = next((p.device for p in model.parameters()), None)
+        return "cuda" if dev is not None and dev.type == "cuda" and torch.cuda.is_available() else "cpu"
+    return timing
+
+
+def fresh(func: Any, out: Any) -> list:
+    """The outputs of ``func`` that are new storage (not views or in-place results)."""
+    return fresh_outputs(op_plan(func), out)
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+class Installed:
+    """Handles of one capture's installation; :meth:`remove` undoes all of it (idempotent, never raises)."""
+
+    def __init__(self) -> None:
+        self.stance = EagerStance()
+        self.paths: dict[int, str] = {}
+        self.compiled: list[str] = []
+        self.handles: list[Any] = []
+        self.mode: Any = None
+
+    def remove(self, p: Profile) -> None:
+        if self.mode is not None:
+            try:
+                self.mode.__exit__(None, None, None)
+            except Exception as e:
+                p._internal_error(e)
+            self.mode = None
+        if p._timeline is not None:
+            p._timeline.abort()
+            p._timeline = None
+        for h in self.handles:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        self.handles.clear()
+        if p._details is not None:
+            p._details.remove_hooks()
+        if p._memory is not None:
+            p._memory.close()
+        self.stance.exit()
+
+
+def install(p: Profile) -> Installed:
+    """Install everything a capture of ``p.model`` needs (the caller removes it with ``Installed.remove``)."""
+    s = Installed()
+    p._session = s  # visible to remove() even when a later step raises
+    s.stance.enter()
+    model = p.model
+    for path, mod in model.named_modules(remove_duplicate=True):
+        s.paths[id(mod)] = clean_path(path)
+        # torch.compile's wrapper, or a module whose methods Lightning compiled in place (``_compiler_ctx``)
+        if type(mod).__name__ == "OptimizedModule" or isinstance(getattr(mod, "_compiler_ctx", None), dict):
+            s.compiled.append(clean_path(path))
+    p._compiled = list(s.compiled)
+    warn_key = (type(model).__qualname__, tuple(s.compiled))
+    if s.compiled and warn_key not in _WARNED_COMPILED:  # once per model and process, not per profile
+        _WARNED_COMPILED.add(warn_key)
+        log.warning("tscope: %s is torch.compile'd; under profiling it runs eagerly, so op counts are exact but times "
+                    "are eager-mode times (fused kernels of the compiled graph are not seen)", s.compiled[0] or "model")
+    for mpath, mod in model.named_modules():
+        for prm in mod.parameters(recurse=False):
+            p._param_owner.setdefault(id(prm), p._collapse(clean_path(mpath)))
+    if p.layer_details:
+        dev = _device_of(model)
+        p._memory = MemoryTracker(dev)
+        p._memory.set_parameters(list(model.parameters()))
+        p._details = LayerDetails(p.check_finite, mute=p._mute, memory=p._memory)
+    # Per-module hooks: ours run first before the module and last after it (after any user hook that replaces the
+    # output), so shapes and finite-checks see what the module really hands downstream.
+    for mod in {id(m): m for m in model.modules()}.values():
+        s.handles.append(mod.register_forward_pre_hook(p._pre_hook, prepend=True, with_kwargs=True))
+        s.handles.append(mod.register_forward_hook(p._post_hook, always_call=True, with_kwargs=True))
+    s.handles += _optimizer_hooks(p)
+    if p.timing == "cuda":
+        torch.cuda.synchronize()
+        p._timeline = KernelTimeline()
+        p._timeline.start()
+    s.mode = _mode_for(p)
+    s.mode.__enter__()
+    return s
+
+
+def _mode_for(p: Profile) -> Any:
+    return _Mode(p)
+
+
+_current_node = torch._C._current_autograd_node
+_perf_ns = time.perf_counter_ns
+
+
+class _SkipOps(dict):
+    """Ops that are annotations, not work (``profiler::_record_function_*``): run, never recorded."""
+
+    def __missing__(self, func: Any) -> bool:
+        skip = getattr(func, "namespace", "") == "profiler"
+        self[func] = skip
+        return skip
+
+    def __contains__(self, func: object) -> bool:  # type: ignore[override]
+        return self[func]
+
+
+_SKIP = _SkipOps()
+
+
+class _Mode(TorchDispatchMode):
+    """The capture's dispatch mode: the per-op hot path (range or timer around the op, then one record)."""
+
+    def __init__(self, owner: Profile) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        p = self.owner
+        if p._paused or func in _SKIP:
+            return func(*args, **kwargs)
+        seq = _get_sequence_nr()
+        node = _current_node()
+        tl = p._timeline
+        if tl is not None:
+            h = tl.enter(f"tscope#{len(p._pending)}")
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                tl.exit(h)
+            dt = None
+        elif p._timed:
+            t0 = _perf_ns()
+            out = func(*args, **kwargs)
+            dt = (_perf_ns() - t0) * 1e-9
+        else:
+            out = func(*args, **kwargs)
+            dt = None
+        try:
+            p._record(func, args, kwargs, out, dt, seq, node)
+        except Exception as e:  # our bookkeeping must never break the user's op
+            p._internal_error(e)
+        return out
+
+
+
+
+def _optimizer_hooks(p: Profile) -> list[Any]:
+    """Global optimizer step hooks: ops of an ``optimizer.step()`` inside the region are phase ``"optimizer"``. A
+    closure the step runs (``step(closure)``: forward and backward inside the step, as Lightning does) keeps its
+    phases: inside a step, backward ops are backward and ops with grad mode on (the closure's forward) are forward;
+    the update itself runs under ``no_grad``."""
+    reg_pre = getattr(_optimizer, "register_optimizer_step_pre_hook", None)
+    reg_post = getattr(_optimizer, "register_optimizer_step_post_hook", None)
+    if reg_pre is None or reg_post is None:
+        return []
+
+    def pre(opt: Any, args: Any, kwargs: Any) -> None:
+        p._in_opt_step += 1
+
+    def post(opt: Any, args: Any, kwargs: Any) -> None:
+        p._in_opt_step = max(0, p._in_opt_step - 1)
+
+    return [reg_pre(pre), reg_post(post)]
+
+
+def base_meta(p: Profile) -> dict[str, Any]:
+    dev = _device_of(p.model)
+    name = "cpu"
+    if dev.type == "cuda" and torch.cuda.is_available():
+        name = torch.cuda.get_device_name(dev)
+    return {
+        "device": dev.type,
+        "device_name": name,
+        "timing": {"cpu": "cpu-wall", "cuda": "cuda-kernels"}.get(p.timing, "none"),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "model": type(p.model).__name__,
+        "torch": torch.__version__,
+        "internal_errors": list(p.errors),
+        "compiled_modules_run_eagerly": list(p._compiled),
+        "paused_s": p._paused_ns * 1e-9,  #: left out of wall_time_s (tscope's own checks, validation)
+    }
+
+
+def step_time(ops: list[OpRecord], wall: float | None, timeline: Timeline | None, timing: str) -> dict[str, Any]:
+    """The step-time basis of a bare capture. The region's wall time measures the profiler, not the model (capture
+    slows the host), so it is never the step time: on CUDA the device-busy time (union of kernel intervals; GPU
+    idle reported apart), on CPU the summed op times (host time outside ops reported apart)."""
+    if timing == "cuda" and timeline is not None:
+        busy = timeline.busy_s
+        return {"step_time_s": busy or None, "step_time_basis": "device-busy", "device_busy_s": busy,
+                "device_idle_s": max(0.0, (wall or 0.0) - busy) if wall else None}
+    if timing == "cpu":
+        op_s = sum(r.time_s or 0.0 for r in ops)
+        return {"step_time_s": op_s or None, "step_time_basis": "op-time", "outside_ops_s":
+                max(0.0, (wall or 0.0) - op_s) if wall else None}
+    return {"step_time_s": None, "step_time_basis": None}
+
+
+def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> StepProfile:
+    times = timeline.times if timeline is not None else None
+    tcs = timeline.tensor_core if timeline is not None else None
+    ops = []
+    for i, (func, c, layer, phase, dt) in enumerate(p._pending):
+        names = _NAMES.get(func) or _names(func)
+        ops.append(OpRecord(
+            op=names[0], layer=layer, phase=phase, flops=c.flops, bytes_read=c.bytes_read,
+            bytes_written=c.bytes_written, dtype=c.dtype, input_shapes=c.input_shapes if p.record_shapes else [],
+            time_s=times[i] if times is not None else dt, counted=c.counted, category=c.category,
+            overload=names[1], output_shapes=c.output_shapes if p.record_shapes else [], index=i,
+            tensor_core=tcs[i] if tcs is not None else None))
+    if p._details is not None:
+        p._details.finish()
+    layers = build_layers(p.model, ops, p._details, p._collapse, p._calls)
+    meta = {**base_meta(p), **step_time(ops, wall, timeline, p.timing), **p.labels}
+    return StepProfile(ops=ops, layers=layers, wall_time_s=wall, meta=meta)
+
+
+def _names(func: Any) -> tuple[str, str]:
+    """(packet name "aten.mm", overload name "aten.mm.default"), cached per op."""
+    packet = f"{func.namespace}.{func._opname}" if hasattr(func, "_opname") else str(func)
+    _NAMES[func] = (packet, str(func))
+    return _NAMES[func]
