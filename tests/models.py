@@ -30,7 +30,8 @@ def token_dataloader(cfg: GPTConfig = TINY_CFG, *, batch_size: int = 4, n_batche
 class TinyLM(pl.LightningModule):
     """``TinyGPT`` language model trained with next-token cross-entropy.
 
-    ``optimizer``: "sgd" (momentum 0.9), "adamw" (weight decay 0.1) or "adam". The transformer is ``self.model``, so
+    ``optimizer``: "sgd" (momentum 0.9), "adamw" (weight decay 0.1) or "adam"; "sgd-fused" / "adamw-fused" use the
+    fused implementations (the ones with a ``found_inf`` path, as on a GPU with ``fused=True``). The transformer is ``self.model``, so
     module paths seen from the LightningModule are prefixed with ``model.`` (e.g. ``model.blocks.1.mlp``).
     """
 
@@ -58,10 +59,12 @@ class TinyLM(pl.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        if self.optimizer_name == "sgd":
-            return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
-        if self.optimizer_name == "adamw":
-            return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=0.1)
+        name, _, fused = self.optimizer_name.partition("-")
+        kw = {"fused": True} if fused == "fused" else {}
+        if name == "sgd":
+            return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, **kw)
+        if name == "adamw":
+            return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=0.1, **kw)
         if self.optimizer_name == "adam":
             return torch.optim.Adam(self.parameters(), lr=self.lr)
         raise ValueError(f"unknown optimizer {self.optimizer_name!r}")

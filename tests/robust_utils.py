@@ -33,7 +33,7 @@ def all_callbacks(*, plot: bool = False, nan_action: str = "stop", **sched: Any)
 def assert_nothing_left(model: torch.nn.Module | None = None, optimizers: Any = ()) -> None:
     """No module hook (on ``model``), no global module hook, no dispatch mode, no running tscope profile or
     session, no torch profiler, no optimizer step hook."""
-    from tscope_callbacks.callbacks import base
+    from tscope_callbacks.callbacks import session
     from tscope_callbacks.capture.profile import active_profile
 
     if model is not None:
@@ -42,7 +42,7 @@ def assert_nothing_left(model: torch.nn.Module | None = None, optimizers: Any = 
                 or getattr(_mm, "_global_backward_pre_hooks", None)), "global module hooks left behind"
     assert len(_get_current_dispatch_mode_stack()) == 0, "a dispatch mode is still active"
     assert active_profile() is None, "a tscope profile is still running"
-    assert base._SESSION is None, "a tscope capture session is still open"
+    assert session.running() is None, "a tscope capture session is still open"
     assert not torch._C._autograd._profiler_enabled(), "a torch profiler is still running"
     for opt in optimizers or ():
         opt = getattr(opt, "optimizer", opt)

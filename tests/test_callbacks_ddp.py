@@ -5,21 +5,14 @@ blocking. Skip with ``TSCOPE_SKIP_DDP=1``."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
-import pytest
+from ddp_harness import run_ddp, skip_ddp
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-pytestmark = pytest.mark.skipif(os.environ.get("TSCOPE_SKIP_DDP") == "1", reason="TSCOPE_SKIP_DDP=1")
+pytestmark = skip_ddp
 
-TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parent
-
-SCRIPT = textwrap.dedent("""
+SCRIPT = """
     import json, os, sys
     import lightning.pytorch as pl
     from lightning.pytorch.loggers import TensorBoardLogger
@@ -38,22 +31,13 @@ SCRIPT = textwrap.dedent("""
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"steps": [h["step"] for h in roof.history],
                    "times": roof.last_profile.meta["rank_step_times_s"], "layers": sorted(lay.last_layers)}, f)
-""")
+"""
 
 
 def test_ddp_two_processes(tmp_path: Path) -> None:
-    script = tmp_path / "ddp_run.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "PL_DISABLE_FORK": "1"}
-    try:
-        proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=150)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"DDP run did not finish in 150 s (hang?)\n{(e.stderr or b'')[-3000:]!r}")
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = run_ddp(tmp_path, SCRIPT, name="ddp_run.py")
 
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = results
     assert ranks[0]["steps"] == ranks[1]["steps"] == [1, 2]  # every rank profiled the same steps
     assert ranks[0]["times"] == ranks[1]["times"] and len(ranks[0]["times"]) == 2  # gathered from both ranks
     assert ranks[0]["layers"] == ranks[1]["layers"]

@@ -7,22 +7,14 @@ the combination.) Runs as a subprocess under a timeout, so a hang fails the test
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
-import pytest
+from ddp_harness import run_ddp, skip_ddp
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-pytestmark = pytest.mark.skipif(os.environ.get("TSCOPE_SKIP_DDP") == "1", reason="TSCOPE_SKIP_DDP=1")
+pytestmark = skip_ddp
 
-TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parent
-
-SCRIPT = textwrap.dedent("""
+SCRIPT = """
     import json, os, sys
     import torch
     import lightning.pytorch as pl
@@ -51,23 +43,13 @@ SCRIPT = textwrap.dedent("""
                    "nonfinite_out": layers.last_layers["net.2"].nonfinite_output,
                    "fwd_matmuls": sum(r.phase == "forward" and r.category == "matmul" for r in roof.last_profile.ops),
                    "events": [e.to_dict() for e in guard.events], "replays": guard.replays}, f)
-""")
+"""
 
 
 def test_all_callbacks_two_process_ddp_with_a_nan_on_one_rank(tmp_path: Path) -> None:
-    script = tmp_path / "ddp_all.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "PL_DISABLE_FORK": "1"}
-    env.pop("LOCAL_RANK", None)
-    try:
-        proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=150)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"DDP run did not finish in 150 s (hang?)\n{(e.stderr or b'')[-3000:]!r}")
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = run_ddp(tmp_path, SCRIPT, name="ddp_all.py")
 
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    r0, r1 = results
     assert r0["global_step"] == r1["global_step"] == 3  # both stopped after the bad step 2 (consensus)
     assert r0["steps"] == r1["steps"] == [1, 2] and r0["times"] == r1["times"] and len(r0["times"]) == 2
     e0, e1 = r0["events"], r1["events"]

@@ -154,7 +154,7 @@ def test_unknown_auto_device_warns_and_logs_counts(tmp_path: Path, monkeypatch: 
     assert [h["step"] for h in cb.history] == [1]
     assert {"tscope/roofline/achieved_tflops", "tscope/roofline/measured_step_ms",
             "tscope/roofline/flop_coverage"} <= set(cb.history[0])
-    log_dir = Path(cb._sinks.log_dir if cb._sinks else tmp_path / "csv" / "version_0")
+    log_dir = tmp_path / "csv" / "version_0"
     assert "no device roof" in (log_dir / "tscope" / "roofline_table_step_1.md").read_text()
 
 

@@ -213,6 +213,9 @@ def replay_locate(module: nn.Module, step_fn: Callable[[Any, int], Any], snap: S
             elif how != "output":
                 res.note = (f"first non-finite value seen at the {how}: produced by the code of "
                             f"{'the layer' if layer is not None else 'training_step before the model call'}")
+            if loss is not None and loss.requires_grad and params:  # which gradients it reached (exact counts)
+                grads = torch.autograd.grad(scale(loss) if scale else loss, params, allow_unused=True)
+                res.parameters = count_nonfinite([(names[id(p)], g) for p, g in zip(params, grads)])
             return res
         if loss is None or not loss.requires_grad:
             res.note = "training_step returned no differentiable loss during the replay"

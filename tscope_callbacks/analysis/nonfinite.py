@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["NonFiniteEvent", "NonFiniteError", "LocateResult", "RankInfo", "count_nonfinite", "iter_tensors",
-           "max_abs_finite", "merge_infos", "nonfinite_total", "rank_info"]
+__all__ = ["NonFiniteEvent", "NonFiniteError", "LocateResult", "RankInfo", "FlagChannel", "count_nonfinite",
+           "iter_tensors", "max_abs_finite", "merge_infos", "nonfinite_total", "per_tensor_norms", "rank_info",
+           "read_now", "sync_points", "AlertLimiter"]
 
 
 def iter_tensors(obj: Any, _depth: int = 0) -> Iterator[torch.Tensor]:
@@ -63,6 +64,82 @@ def nonfinite_total(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     return totals[0] if totals else None
 
 
+def per_tensor_norms(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """float32 vector: one L2 norm per tensor, in order (non-finite where the tensor has a NaN/Inf, or, rarely, where
+    finite values overflow; callers confirm). One fused ``_foreach_norm`` per (device, dtype) group, no host sync."""
+    if not tensors:
+        return None
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(tensors):
+        t = torch.view_as_real(t) if t.is_complex() else t
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    out: list[torch.Tensor | None] = [None] * len(tensors)
+    for (_, dtype), idx in groups.items():
+        ts = [torch.view_as_real(tensors[i]) if tensors[i].is_complex() else tensors[i] for i in idx]
+        norms = torch._foreach_norm(ts, 2, dtype=torch.float32 if dtype.itemsize <= 4 else None)
+        for i, n in zip(idx, norms):
+            out[i] = n.float()
+    dev0 = out[0].device  # type: ignore[union-attr]
+    return torch.stack([n.to(dev0) for n in out])  # type: ignore[union-attr]
+
+
+_SYNC_POINTS = [0]
+
+
+def read_now(t: torch.Tensor) -> list[float]:
+    """Read a (device) tensor to the host now: a host sync on a GPU. Every such read of the NaN guard goes through
+    here and is counted (:func:`sync_points`), so tests can prove a healthy step makes none."""
+    _SYNC_POINTS[0] += 1
+    return t.detach().reshape(-1).tolist()
+
+
+def sync_points() -> int:
+    return _SYNC_POINTS[0]
+
+
+class FlagChannel:
+    """Per-step flags kept on the device and read ``lag`` steps later, without a host sync.
+
+    :meth:`push` copies a step's flag vector into pinned host memory with ``non_blocking=True`` and records a CUDA
+    event; :meth:`due` hands out the entries of steps ``<= step - lag`` (the same steps on every rank, so a collective
+    can follow). By then the GPU has long passed the copy; were it ``lag`` steps behind, the read waits for it
+    (counted in ``waits``). On CPU the values are plain tensors: nothing to wait for."""
+
+    def __init__(self, lag: int) -> None:
+        self.lag = lag
+        self.pending: list[tuple[int, torch.Tensor, Any, Any]] = []
+        self.waits = 0
+
+    def push(self, step: int, values: torch.Tensor, payload: Any) -> None:
+        values = values.detach()
+        if values.device.type == "cuda":
+            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            host.copy_(values, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+        else:
+            host, ev = values, None
+        self.pending.append((step, host, ev, payload))
+
+    def due(self, step: int | None = None) -> list[tuple[int, list[float], Any]]:
+        """Entries of steps ``<= step - lag`` (all of them when ``step`` is None: the end of training)."""
+        out, keep = [], []
+        for entry in self.pending:
+            s, host, ev, payload = entry
+            if step is not None and s > step - self.lag:
+                keep.append(entry)
+                continue
+            if ev is not None and not ev.query():
+                self.waits += 1
+                ev.synchronize()
+            out.append((s, host.reshape(-1).tolist(), payload))
+        self.pending = keep
+        return out
+
+    def clear(self) -> None:
+        self.pending.clear()
+
+
 def count_nonfinite(named: list[tuple[str, torch.Tensor | None]]) -> dict[str, int]:
     """{name: number of non-finite elements} for the tensors that have any (exact; syncs once per tensor)."""
     out = {}
@@ -97,7 +174,9 @@ class NonFiniteEvent:
     batch_idx: int
     kind: str  # "loss" | "gradient" | "activation" | "parameter"
     layer: str | None = None  # module path ("" is the root module); None when not located
-    parameters: dict[str, int] = field(default_factory=dict)  # name -> non-finite elements (grads; params for kind "parameter")
+    #: name -> non-finite elements (grads; params for kind "parameter"); -1: non-finite, element count not read
+    #: (a flag read late, without a host sync, after the step's gradients were gone)
+    parameters: dict[str, int] = field(default_factory=dict)
     loss: float | None = None  # as passed to backward (divided by accumulate_grad_batches; AMP-unscaled)
     num_nonfinite: int = 0  # total non-finite elements over ``parameters``
     max_abs_grad: float | None = None  # largest finite |gradient| (|parameter| for kind "parameter")
@@ -116,15 +195,17 @@ class NonFiniteEvent:
         parts = [f"NaN guard: non-finite {self.kind} at step {self.step} (epoch {self.epoch}, batch {self.batch_idx}) "
                  f"on rank(s) {self.ranks}: {what} {where}."]
         if self.parameters:
-            shown = ", ".join(f"{n} ({c})" for n, c in list(self.parameters.items())[:5])
+            shown = ", ".join(n if c < 0 else f"{n} ({c})" for n, c in list(self.parameters.items())[:5])
             more = len(self.parameters) - 5
             label = "parameters" if self.kind == "parameter" else "gradients"
-            parts.append(f"Non-finite {label}: {shown}{f' and {more} more' if more > 0 else ''}; "
-                         f"{self.num_nonfinite} non-finite elements.")
+            count = (f"; {self.num_nonfinite} non-finite elements" if all(c >= 0 for c in self.parameters.values())
+                     else "")
+            parts.append(f"Non-finite {label}: {shown}{f' and {more} more' if more > 0 else ''}{count}.")
         if self.loss is not None:
             parts.append(f"Loss {self.loss:.6g}.")
         if self.max_abs_grad is not None:
-            parts.append(f"Largest finite |value| {self.max_abs_grad:.4g}.")
+            parts.append("Every finite value is 0." if self.max_abs_grad == 0 else
+                         f"Largest finite |value| {self.max_abs_grad:.4g}.")
         parts += [f"Action: {self.action}." if self.action else "", f"Note: {self.note}" if self.note else ""]
         return " ".join(p for p in parts if p)
 
@@ -198,3 +279,27 @@ def merge_infos(bad: list[RankInfo], world_size: int) -> dict[str, Any]:
                 loss=src.loss if src.loss is not None else (loc.loss if loc is not None else None),
                 num_nonfinite=sum(params.values()), max_abs_grad=src.max_abs, ranks=origin,
                 note=" ".join(n for n in notes if n))
+
+
+class AlertLimiter:
+    """The first event is alerted, then at most one per ``every_s`` seconds or every ``every_n`` events (each alert
+    says how many were not). Pure bookkeeping: the caller emits."""
+
+    def __init__(self, every_s: float, every_n: int, clock: Any = None) -> None:
+        import time
+
+        self.every_s, self.every_n = every_s, every_n
+        self._clock = clock or time.monotonic
+        self.suppressed = 0
+        self.events = 0
+        self._last = -math.inf
+
+    def admit(self) -> tuple[bool, int]:
+        """(alert this event?, events not alerted since the last alert)."""
+        self.events += 1
+        now = self._clock()
+        if self.events > 1 and self.suppressed + 1 < self.every_n and now - self._last < self.every_s:
+            self.suppressed += 1
+            return False, 0
+        missed, self.suppressed, self._last = self.suppressed, 0, now
+        return True, missed

@@ -22,7 +22,7 @@ from tscope_callbacks.capture.paths import ancestors
 from tscope_callbacks.devices.precision import normalize_precision, precision_for_dtype, tf32_enabled
 from tscope_callbacks.records import MATRIX_CATEGORIES, PHASES, OpRecord, StepProfile
 
-__all__ = ["build_roofline", "RooflineAnalysis", "OpRoof", "Row", "Opportunity"]
+__all__ = ["build_roofline", "RooflineAnalysis", "OpRoof", "Row", "Opportunity", "layer_points"]
 
 
 def _rate(spec: Any, p: str, matrix: bool) -> tuple[str, bool, float] | None:
@@ -277,3 +277,22 @@ class RooflineAnalysis:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(device={self.spec.name!r}, ops={len(self.op_roofs)}, flops={self.total_flops}, "
                 f"mfu={self.mfu}, estimated_step_s={self.estimated_step_s:.3g})")
+
+
+def layer_points(report: RooflineAnalysis) -> list[dict[str, Any]]:
+    """Per layer (all phases, self attribution): where it sits on the roofline, as table rows (JSON-safe)."""
+    def fin(v: float | None) -> float | None:
+        return v if v is not None and math.isfinite(v) else None
+
+    rows = []
+    for r in report.layer_totals:
+        if r.flops == 0 and r.bytes == 0:
+            continue
+        ms = r.measured_s
+        rows.append({
+            "layer": r.layer or "(root)", "type": r.type, "bound": r.bound, "intensity": fin(r.intensity),
+            "achieved_gflops_per_s": fin(r.flops / ms / 1e9) if ms else None, "gflops": r.flops / 1e9,
+            "mb": r.bytes / 1e6, "measured_ms": ms * 1e3 if ms is not None else None,
+            "estimated_ms": r.estimate_s * 1e3, "attained": fin(r.attained),
+        })
+    return rows

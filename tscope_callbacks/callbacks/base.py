@@ -9,139 +9,27 @@ due, marks phase ``"optimizer"`` from ``on_before_optimizer_step`` until the opt
 ``on_train_batch_end`` once the optimizer stepped (``global_step`` moved) -- forward, backward and optimizer step of
 every micro-batch of the window (each micro-batch counted once, however many tscope callbacks share the window); a
 validation run inside the window is paused out of it (not recorded, its time left out of the wall time). Manual
-optimization: the whole ``training_step`` is the region.
-
-Several tscope callbacks due at the same step share one capture (only one dispatch mode can run): the first one
-whose hook runs starts it with the union of the options and hands the result to each of them.
-Off-schedule steps install nothing; the hot path is one integer comparison.
+optimization: the whole ``training_step`` is the region. Off-schedule steps install nothing: the hot path is one
+integer comparison.
 """
 
 from __future__ import annotations
 
-import logging
 import warnings
-import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from tscope_callbacks.callbacks import session
 from tscope_callbacks.callbacks.schedule import NEVER, Schedule, normalize_stages
-from tscope_callbacks.callbacks.sinks import SinkGroup, build_sinks
+from tscope_callbacks.callbacks.session import Capture, ProfileContext, batch_signature
+from tscope_callbacks.callbacks.sinks import Sink
 from tscope_callbacks.records import StepProfile
 
 __all__ = ["ProfilingCallback", "ProfileContext"]
-
-log = logging.getLogger("tscope_callbacks")
-
-
-@dataclass
-class ProfileContext:
-    """What a callback gets with each profiled step's records."""
-
-    stage: str  #: "train" | "validation" | "test" | "predict"
-    step: int  #: optimizer step (train) or batch index (other stages)
-    global_step: int  #: ``trainer.global_step`` when the profile started
-    epoch: int
-    step_times_s: list[float]  #: wall time of the profiled region on each rank (one entry per rank)
-    world_size: int
-    is_global_zero: bool
-    selection_applied: bool  #: True when the capture already used this callback's ``paths``/``depth``
-    batch_signature: tuple = ()
-    micro_batches: int = 1
-    reason: str = "schedule"  #: "schedule" | "recount" (batch shapes changed)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def log_step(self) -> int:
-        """The step outputs are logged at: the optimizer step for ``train`` and ``validation`` (progress over
-        training), the batch index for ``test``/``predict`` (where ``global_step`` does not move)."""
-        return self.global_step if self.stage == "validation" else self.step
-
-
-def batch_signature(batch: Any, _depth: int = 0) -> tuple:
-    """A cheap, hashable signature of the tensor shapes (and dtypes) in a batch (tensors, tuples, lists, dicts)."""
-    if isinstance(batch, torch.Tensor):
-        return (tuple(batch.shape), batch.dtype)
-    if _depth > 3:
-        return ()
-    if isinstance(batch, (list, tuple)):
-        return tuple(batch_signature(b, _depth + 1) for b in batch[:16])
-    if isinstance(batch, dict):
-        return tuple((k, batch_signature(v, _depth + 1)) for k, v in list(batch.items())[:16])
-    return ()
-
-
-class _Session:
-    """One capture shared by the callbacks due at the same step."""
-
-    def __init__(self, trainer: pl.Trainer, stage: str, step: int, members: list[ProfilingCallback],
-                 profile: Any, selection_applied: bool, signature: tuple) -> None:
-        self.trainer, self.stage, self.step, self.members = trainer, stage, step, members
-        self.profile = profile
-        self.selection_applied = selection_applied
-        self.signature = signature
-        self.global_step = trainer.global_step
-        self.epoch = trainer.current_epoch
-        self.micro_batches = 0
-        self._last_batch: int | None = None  #: batch_idx last counted (each member's batch-end hook sees it)
-        self.reason = "schedule"
-        self.paused = False
-        self.scheduled = True  #: some member's schedule made this step due (the same on every rank)
-        self._handles: list[Any] = []
-        if profile is not None and stage == "train":
-            for opt in trainer.optimizers:
-                if hasattr(opt, "register_step_post_hook"):
-                    self._handles.append(opt.register_step_post_hook(self._after_optimizer_step))
-
-    def _after_optimizer_step(self, *_: Any) -> None:
-        if self.profile is not None:
-            self.profile.set_phase(None)
-
-    def count_batch(self, batch_idx: int) -> None:
-        """Count the micro-batch ``batch_idx`` once, however many member callbacks report its end."""
-        if batch_idx != self._last_batch:
-            self._last_batch = batch_idx
-            self.micro_batches += 1
-
-    def pause(self, paused: bool) -> None:
-        """Pause the capture while another stage runs inside the window (validation during accumulation)."""
-        if self.profile is not None and paused != self.paused:
-            self.paused = paused
-            (self.profile.pause if paused else self.profile.resume)()
-
-    def mark_optimizer(self) -> None:
-        if self.profile is not None:
-            self.profile.set_phase("optimizer")
-
-    def stop(self) -> StepProfile | None:
-        """Stop capturing and remove every hook (idempotent)."""
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-        if self.profile is None:
-            return None
-        prof, self.profile = self.profile, None
-        return prof.stop()
-
-
-_SESSION: _Session | None = None
-#: sink groups per trainer (and raise_errors), shared by the tscope callbacks of that trainer
-_SINKS: weakref.WeakKeyDictionary[Any, dict[bool, SinkGroup]] = weakref.WeakKeyDictionary()
-
-
-def _abort_session() -> None:
-    global _SESSION
-    s, _SESSION = _SESSION, None
-    if s is not None:
-        try:
-            s.stop()
-        except Exception as e:  # pragma: no cover - stop() removes hooks in a finally
-            log.warning("tscope: error while stopping a profile: %s", e)
 
 
 class ProfilingCallback(Callback):
@@ -169,7 +57,6 @@ class ProfilingCallback(Callback):
         self.schedules = {s: Schedule(every_n_steps, start_step, max_profiles, profile_first) for s in self.stages}
         self._next_train = self.schedules["train"].next_due(0) if "train" in self.schedules else NEVER
         self._next_eval: dict[str, int] = {}
-        self._sinks: SinkGroup | None = None
         self._warned = False
 
     # ------------------------------------------------------------------ subclass API
@@ -179,7 +66,11 @@ class ProfilingCallback(Callback):
 
     def _on_profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
                     ctx: ProfileContext) -> None:
-        """Handle one profiled step's records (all ranks; write only when ``ctx.is_global_zero``)."""
+        """Handle one profiled step's records (all ranks; ``self.sinks(trainer)`` writes on rank zero only)."""
+
+    def _step_basis(self, trainer: pl.Trainer) -> dict[str, Any]:
+        """Labels giving the profile its step-time basis (the RooflineCallback's unprofiled-step median)."""
+        return {}
 
     def _due(self, stage: str, step: int) -> bool:
         sched = self.schedules.get(stage)
@@ -206,26 +97,19 @@ class ProfilingCallback(Callback):
             warnings.warn(f"tscope {type(self).__name__}: {what} failed ({type(e).__name__}: {e}); training "
                           "continues, further errors of this callback are not reported", RuntimeWarning, stacklevel=3)
 
-    def sinks(self, trainer: pl.Trainer) -> SinkGroup | None:
-        """The sinks for ``trainer.loggers`` (rank zero only; None on other ranks and under ``fast_dev_run``, which
-        runs the profiling code path but, like Lightning's loggers and checkpoints, writes nothing)."""
-        if not trainer.is_global_zero or trainer.fast_dev_run:
-            return None
-        if self._sinks is None:  # one group per trainer, shared by the tscope callbacks: a failure is warned once
-            groups = _SINKS.setdefault(trainer, {})
-            if self.raise_errors not in groups:
-                groups[self.raise_errors] = build_sinks(trainer, raise_errors=self.raise_errors)
-            self._sinks = groups[self.raise_errors]
-        return self._sinks
+    def sinks(self, trainer: pl.Trainer) -> Sink:
+        """Where outputs go: the trainer's loggers on rank zero, a do-nothing sink elsewhere (and under
+        ``fast_dev_run``, which runs the profiling code path but writes nothing)."""
+        return session.sinks_for(trainer, self.raise_errors)
 
     # ------------------------------------------------------------------ session control
     def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str, step: int, batch: Any,
                reason: str = "schedule") -> None:
-        global _SESSION
-        if _SESSION is not None:
-            if _SESSION.trainer is trainer:
+        running = session.running()
+        if running is not None:
+            if running.trainer is trainer:
                 return  # another stage's capture is running (e.g. validation inside an accumulation window)
-            _abort_session()  # stale, from another trainer
+            session.abort()  # stale, from another trainer
         members = [cb for cb in trainer.callbacks if isinstance(cb, ProfilingCallback) and cb is not self
                    and (cb._due(stage, step) or cb._wants(stage, step))]
         members.insert(0, self)
@@ -235,68 +119,56 @@ class ProfilingCallback(Callback):
                 m._claim(stage, step)
                 scheduled = True
         opts = [m._capture_options() for m in members]
-        sel = {(repr(o.get("paths")), o.get("depth")) for o in opts}
-        selection_applied = len(sel) == 1
-        first = opts[0]
-        kwargs = {
-            "layer_details": any(o.get("layer_details") for o in opts),
-            "check_finite": any(o.get("check_finite") for o in opts),
-            "paths": first.get("paths") if selection_applied else None,
-            "depth": first.get("depth") if selection_applied else None,
-        }
+        labels: dict[str, Any] = {"step": step, "stage": stage, "global_step": trainer.global_step,
+                                  "epoch": trainer.current_epoch, "reason": reason}
+        for m in members:
+            labels.update(m._step_basis(trainer))
         prof = None
         try:
             from tscope_callbacks.capture.profile import profile
 
-            prof = profile(pl_module, **kwargs)
+            prof = profile(pl_module, layer_details=any(o.get("layer_details") for o in opts),
+                           check_finite=any(o.get("check_finite") for o in opts), labels=labels)
             prof.start()
         except Exception as e:
             prof = None
             self._warn_once(f"starting the profile of {stage} step {step}", e)
         sig = batch_signature(batch) if stage == "train" else ()
-        _SESSION = _Session(trainer, stage, step, members, prof, selection_applied, sig)
-        _SESSION.reason = reason
-        _SESSION.scheduled = scheduled
+        session.set_running(Capture(trainer, stage, step, members, prof, sig, reason, scheduled))
 
     def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Stop the running capture, gather per-rank times (all ranks, same steps), hand out the records."""
-        global _SESSION
-        s, _SESSION = _SESSION, None
+        """Stop the running capture, gather per-rank step times (all ranks, same steps), hand out the records."""
+        s = session.running()
+        session.set_running(None)
         if s is None:
             return
         result: StepProfile | None = None
         try:
+            if s.profile is not None:
+                s.profile.label(micro_batches=max(s.micro_batches, 1))
             result = s.stop()
         except Exception as e:
             self._warn_once("stopping the profile", e)
-        wall = float(result.wall_time_s or 0.0) if result is not None else 0.0
+        step_s = float((result.meta.get("step_time_s") or 0.0) if result is not None else 0.0)
         # all ranks reach here at the same steps when the schedule (deterministic in the step) made it due; a
         # recount (local batch shapes) may happen on one rank only, so it never joins a collective
-        times = self._gather_times(trainer, wall) if s.scheduled else [wall]
+        times = [step_s]
+        if s.scheduled:
+            try:
+                times = [row[0] for row in session.gather_floats(trainer, [step_s])]
+            except Exception as e:
+                self._warn_once("gathering step times across ranks", e)
         if result is None:
             return
+        result.meta["rank_step_times_s"] = times
         ctx = ProfileContext(stage=s.stage, step=s.step, global_step=s.global_step, epoch=s.epoch,
-                             step_times_s=times, world_size=trainer.world_size,
-                             is_global_zero=trainer.is_global_zero, selection_applied=s.selection_applied,
+                             step_times_s=times, world_size=trainer.world_size, is_global_zero=trainer.is_global_zero,
                              batch_signature=s.signature, micro_batches=max(s.micro_batches, 1), reason=s.reason)
-        result.meta.update(step=s.step, stage=s.stage, global_step=s.global_step, epoch=s.epoch,
-                           micro_batches=ctx.micro_batches, rank_step_times_s=times, reason=s.reason)
         for m in s.members:
             try:
                 m._on_profile(trainer, pl_module, result, ctx)
             except Exception as e:
                 m._warn_once(f"handling the profile of {s.stage} step {s.step}", e)
-
-    def _gather_times(self, trainer: pl.Trainer, wall: float) -> list[float]:
-        if trainer.world_size <= 1:
-            return [wall]
-        try:
-            t = torch.tensor([wall], dtype=torch.float32, device=trainer.strategy.root_device)
-            g = trainer.strategy.all_gather(t)
-            return [float(v) for v in g.reshape(-1).tolist()]
-        except Exception as e:
-            self._warn_once("gathering step times across ranks", e)
-            return [wall]
 
     # ------------------------------------------------------------------ training hooks
     @override
@@ -307,7 +179,7 @@ class ProfilingCallback(Callback):
         try:
             self._train_due(trainer, pl_module, batch)
         except Exception as e:
-            _abort_session()
+            session.abort()
             self._next_train = trainer.global_step + 1
             self._warn_once("scheduling a profile", e)
 
@@ -321,14 +193,14 @@ class ProfilingCallback(Callback):
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        s = _SESSION
+        s = session.running()
         if s is not None and s.stage == "train":
             s.mark_optimizer()
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        s = _SESSION
+        s = session.running()
         if s is None or s.stage != "train" or s.trainer is not trainer:
             return
         s.count_batch(batch_idx)
@@ -339,7 +211,7 @@ class ProfilingCallback(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        s = _SESSION
+        s = session.running()
         if s is not None and s.stage == "train" and s.trainer is trainer:
             self._finish(trainer, pl_module)
 
@@ -358,28 +230,29 @@ class ProfilingCallback(Callback):
             else:
                 self._next_eval[stage] = self.schedules[stage].next_due(batch_idx + 1, ignore_last=True)
         except Exception as e:
-            _abort_session()
+            session.abort()
             self._next_eval[stage] = batch_idx + 1
             self._warn_once("scheduling a profile", e)
 
     def _eval_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str, batch_idx: int) -> None:
-        s = _SESSION
+        s = session.running()
         if s is not None and s.stage == stage and s.step == batch_idx and s.trainer is trainer:
             s.count_batch(batch_idx)
             self._finish(trainer, pl_module)
 
+    def _pause_training_capture(self, trainer: pl.Trainer, paused: bool) -> None:
+        s = session.running()
+        if s is not None and s.stage == "train" and s.trainer is trainer:
+            s.pause(paused)  # validation inside a profiled training window is not training work
+
     @override
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        s = _SESSION
-        if s is not None and s.stage == "train" and s.trainer is trainer:
-            s.pause(True)  # validation inside a profiled training window is not training work
+        self._pause_training_capture(trainer, True)
         self._eval_epoch_start("validation")
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        s = _SESSION
-        if s is not None and s.stage == "train" and s.trainer is trainer:
-            s.pause(False)
+        self._pause_training_capture(trainer, False)
 
     @override
     def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
@@ -422,13 +295,12 @@ class ProfilingCallback(Callback):
     # ------------------------------------------------------------------ cleanup
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        _abort_session()
+        session.abort()
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        _abort_session()
-        self._sinks = None
-        _SINKS.pop(trainer, None)
+        session.abort()
+        session.forget_trainer(trainer)
 
     # ------------------------------------------------------------------ checkpointing
     @property

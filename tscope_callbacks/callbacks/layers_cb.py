@@ -11,14 +11,14 @@ from typing_extensions import override
 
 from tscope_callbacks.analysis.layers import inspector_gadgets_json, layer_rows, select_layers, top_layers
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
+from tscope_callbacks.callbacks.sinks import metric_key
+from tscope_callbacks.capture.paths import Selection
 from tscope_callbacks.records import LayerRecord, StepProfile
 from tscope_callbacks.render.layer_table import render_tree_table
 
 __all__ = ["LayerProfilerCallback"]
 
 log = logging.getLogger("tscope_callbacks")
-
-_PREFIX = "tscope/layers/"
 
 
 class LayerProfilerCallback(ProfilingCallback):
@@ -59,14 +59,8 @@ class LayerProfilerCallback(ProfilingCallback):
                  raise_errors: bool = False) -> None:
         super().__init__(every_n_steps=every_n_steps, start_step=start_step, max_profiles=max_profiles,
                          profile_first=profile_first, stages=stages, raise_errors=raise_errors)
-        if isinstance(paths, str):
-            paths = [paths]
-        if paths is not None:
-            paths = list(paths)
-            if not paths or not all(isinstance(p, str) for p in paths):
-                raise TypeError(f"paths must be None, a module path/glob or a non-empty list of them, got {paths!r}")
-        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
-            raise ValueError(f"depth must be None or an int >= 0 (path segments), got {depth!r}")
+        sel = Selection(paths, depth)  # validates both (the same rule as ts.profile(paths=, depth=))
+        paths = sel.paths
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
             raise ValueError(f"top_k must be an int >= 0, got {top_k!r}")
         for name, val in (("check_finite", check_finite), ("save_json", save_json), ("verbose", verbose)):
@@ -101,20 +95,17 @@ class LayerProfilerCallback(ProfilingCallback):
             print(table)
         else:
             log.info("%s", table)
-        sinks = self.sinks(trainer)
-        if sinks is None:
-            return
-        prefix = _PREFIX if ctx.stage == "train" else f"{_PREFIX}{ctx.stage}/"
-        log_step = ctx.log_step
+        sinks, log_step = self.sinks(trainer), ctx.log_step
+        key = lambda name: metric_key("layers", name, ctx.stage)  # noqa: E731
         # markdown: a code block keeps the tree drawing aligned in TensorBoard/W&B
-        sinks.log_text(prefix + "table", "```\n" + table + "\n```", log_step)
+        sinks.log_text(key("table"), "```\n" + table + "\n```", log_step)
         scalars: dict[str, float] = {}
         for L in top_layers(layers, self.top_k):
-            scalars[f"{prefix}{L.path}/forward_ms"] = L.forward_s * 1e3
-            scalars[f"{prefix}{L.path}/backward_ms"] = L.backward_s * 1e3
-            scalars[f"{prefix}{L.path}/output_mb"] = L.output_bytes / 1e6
+            scalars[key(f"{L.path}/forward_ms")] = L.forward_s * 1e3
+            scalars[key(f"{L.path}/backward_ms")] = L.backward_s * 1e3
+            scalars[key(f"{L.path}/output_mb")] = L.output_bytes / 1e6
         sinks.log_scalars(scalars, log_step)
-        sinks.log_table(prefix + "rows", layer_rows(layers), log_step)
+        sinks.log_table(key("rows"), layer_rows(layers), log_step)
         if self.save_json:
             name = f"layers_step_{ctx.step}.json" if ctx.stage == "train" else f"layers_{ctx.stage}_step_{ctx.step}.json"
             sinks.write_json(name, inspector_gadgets_json(layers, model_name))

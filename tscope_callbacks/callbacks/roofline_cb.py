@@ -1,33 +1,41 @@
-"""``RooflineCallback``: per-op/per-layer roofline of scheduled training steps, plus automatic MFU every step."""
+"""``RooflineCallback``: per-op/per-layer roofline of scheduled training steps, plus automatic MFU between them."""
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import time
 from collections import deque
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback, batch_signature
+from tscope_callbacks.analysis.throughput import ATTENTION_CONVENTIONS, Throughput, Window, model_flops
+from tscope_callbacks.callbacks import session
+from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
+from tscope_callbacks.callbacks.clock import StepClock, WindowTimer
+from tscope_callbacks.callbacks.session import batch_signature
+from tscope_callbacks.callbacks.sinks import metric_key
+from tscope_callbacks.devices.spec import DeviceSpec
 from tscope_callbacks.records import StepProfile
 
 __all__ = ["RooflineCallback"]
 
-_PREFIX = "tscope/roofline/"
 _AUTO_SPECS: dict[str, Any] = {}  #: device -> spec resolved for gpu="auto" in this process
-
 #: distinct batch-shape signatures whose FLOPs are kept for the automatic MFU (each new one costs a recount)
 MAX_SIGNATURES = 8
+#: unprofiled steps timed before a scheduled profile (their median is the profiled step's time basis)
+BASIS_STEPS = 16
 
 
 class RooflineCallback(ProfilingCallback):
     """Roofline of scheduled training steps: FLOPs, bytes and time of every op (forward, backward, optimizer), each
     layer's distance from its roof, and model-level MFU/MBU -- no ``flops_per_batch`` needed.
+
+    Every figure describes the step as it runs **unprofiled** (capture slows the host, so the profiled step's own
+    wall time is never used): the step time behind MFU, MBU, ``measured_step_ms`` and the report is the median of
+    the unprofiled steps before the profile, timed with CUDA events on a GPU (wall clock on CPU) without any host
+    sync; with fewer than 3 such steps (a profile at the very start), the capture's device-busy time (CUDA: union
+    of kernel intervals) or summed op times (CPU). The report says which.
 
     Args:
         gpu: ``"auto"`` (the trainer's root device; on CPU a measured roof), a device name from
@@ -36,17 +44,20 @@ class RooflineCallback(ProfilingCallback):
             know (``UnknownDeviceError``, listing the closest names) or a malformed JSON file (``SpecFileError``,
             naming the row and field) raises here, at construction.
         precision: force the roof precision of matrix ops (e.g. ``"fp8"`` for a what-if). Default: each op's own
-            dtype (TF32 for fp32 matmuls when ``float32_matmul_precision`` allows it); ``trainer.precision`` is
-            recorded in the profile's meta.
+            dtype (TF32 for fp32 matmuls when ``float32_matmul_precision`` allows it).
         top: rows of the markdown table.
         plot: log the roofline plot.
         save_json: write ``<log_dir>/tscope/step_<N>.json`` (``{"profile", "device", "report"}``; render it again
             with ``tscope report PATH``).
-        auto_mfu: after a profile counted the step's FLOPs, log MFU from each step's wall time at the trainer's
-            ``log_every_n_steps``. The FLOPs are kept per batch-shape signature; a new shape is recounted by
-            profiling the next step (at most ``MAX_SIGNATURES`` shapes). Time is measured with
-            ``time.perf_counter()`` over the window of steps since the last logging step (profiled steps and
-            validation excluded); on CUDA the device is synchronized only at the window's ends (logging steps).
+        auto_mfu: after a profile counted the step's FLOPs, log MFU at the trainer's ``log_every_n_steps``: model
+            FLOPs of the window's steps over its CUDA-event time (wall clock on CPU), read one window late so no
+            step waits for the GPU. FLOPs are kept per batch-shape signature; a new shape is recounted by profiling
+            the next step (at most ``MAX_SIGNATURES`` shapes). Windows with a profile, validation or an epoch
+            boundary are left out.
+        attention_flops: FLOP convention of causal attention in MFU: ``"attended"`` (default: the (query, key)
+            pairs computed, what a causal flash kernel does) or ``"full"`` (the full square, as FlopCounterMode,
+            PaLM and Megatron count it: use it to compare with published MFU). Model FLOPs always exclude
+            activation-checkpointing recompute (``hfu`` includes it).
         history: how many per-step summaries ``history`` keeps (records are never accumulated: only the last
             profile and report are kept).
         every_n_steps, start_step, max_profiles, profile_first, stages, raise_errors: see
@@ -58,30 +69,29 @@ class RooflineCallback(ProfilingCallback):
       ``compute_bound_time_frac``, ``memory_bound_time_frac``, ``flop_coverage`` on profiled steps (without a device
       roof only ``achieved_tflops``, ``measured_step_ms``, ``flop_coverage``); ``tscope/roofline/hfu`` (hardware
       FLOPs utilization, activation-checkpointing recompute included; ``mfu`` excludes it) when a step recomputed;
-      with several ranks also
-      ``tscope/roofline/step_ms_min``, ``tscope/roofline/step_ms_max`` (profiled region wall time across ranks);
-    - scalars ``tscope/roofline/mfu`` and ``tscope/roofline/achieved_tflops`` on logging steps between profiles
-      (automatic MFU; ``mfu`` only with a device roof);
+      with several ranks also ``tscope/roofline/step_ms_min``, ``tscope/roofline/step_ms_max`` (the step time
+      basis across ranks);
+    - scalars ``tscope/roofline/mfu``, ``tscope/roofline/achieved_tflops`` and ``tscope/roofline/step_ms`` on logging
+      steps between profiles (automatic MFU; ``mfu`` only with a device roof). ``mfu`` has one meaning in both:
+      model FLOPs over the real step time;
     - text ``tscope/roofline/table`` (markdown), image ``tscope/roofline/plot``, table ``tscope/roofline/layers``
       (per layer: intensity, achieved GFLOP/s, time, estimate, bound) and, on W&B, the scatter
       ``tscope/roofline/scatter``;
     - file ``<log_dir>/tscope/step_<N>.json`` (other stages: ``<stage>_step_<N>.json``).
 
-    Under DDP every rank profiles the same steps and the profiled region's wall time is gathered from all ranks;
-    only rank zero analyses and writes (``last_report``, the automatic MFU and all outputs are rank zero's).
+    Under DDP every rank profiles the same steps; only rank zero analyses and writes.
 
     Attributes: ``last_profile`` (StepProfile), ``last_report`` (RooflineReport or None), ``last_mfu``,
-    ``history`` (summaries of recent profiled steps), ``spec`` (the DeviceSpec or None).
+    ``history`` (summaries of recent profiled steps), ``spec`` (the DeviceSpec or None), ``throughput``.
     """
 
     def __init__(self, gpu: Any = "auto", precision: str | None = None, *, top: int = 20, plot: bool = True,
-                 save_json: bool = True, auto_mfu: bool = True, history: int = 32, every_n_steps: int | None = 500,
-                 start_step: int = 10, max_profiles: int | None = None, profile_first: bool = True,
+                 save_json: bool = True, auto_mfu: bool = True, attention_flops: str = "attended",
+                 history: int = 32, every_n_steps: int | None = 500, start_step: int = 10,
+                 max_profiles: int | None = None, profile_first: bool = True,
                  stages: str | list[str] | tuple[str, ...] = ("train",), raise_errors: bool = False) -> None:
         super().__init__(every_n_steps=every_n_steps, start_step=start_step, max_profiles=max_profiles,
                          profile_first=profile_first, stages=stages, raise_errors=raise_errors)
-        from tscope_callbacks.devices.spec import DeviceSpec
-
         if not isinstance(gpu, (str, DeviceSpec)):
             raise TypeError(f"gpu must be 'auto', a device name, a JSON path or a DeviceSpec, got {type(gpu).__name__}")
         if precision is not None:
@@ -89,50 +99,43 @@ class RooflineCallback(ProfilingCallback):
                 raise TypeError(f"precision must be a string like 'bf16' or 'bf16-mixed', or None, got {precision!r}")
             from tscope_callbacks.devices.precision import normalize_precision
 
-            normalize_precision(precision)  # raises ValueError naming the accepted values
+            precision = normalize_precision(precision)  # raises ValueError naming the accepted values
         for name, val in (("plot", plot), ("save_json", save_json), ("auto_mfu", auto_mfu)):
             if not isinstance(val, bool):
                 raise TypeError(f"{name} must be a bool, got {type(val).__name__}")
         for name, val in (("top", top), ("history", history)):
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {val!r}")
+        if attention_flops not in ATTENTION_CONVENTIONS:
+            raise ValueError(f"attention_flops must be one of {ATTENTION_CONVENTIONS}, got {attention_flops!r}")
         self.gpu, self.precision, self.top, self.plot = gpu, precision, top, plot
-        self.save_json, self.auto_mfu = save_json, auto_mfu
-        self.spec: Any = None
-        if isinstance(gpu, DeviceSpec):
-            self.spec = gpu
-        elif gpu.strip().lower() != "auto":
+        self.save_json, self.auto_mfu, self.attention_flops = save_json, auto_mfu, attention_flops
+        self.spec: Any = gpu if isinstance(gpu, DeviceSpec) else None
+        if self.spec is None and gpu.strip().lower() != "auto":
             from tscope_callbacks.devices.resolve import get_device_spec
 
             # an unknown name or a bad JSON file fails here, naming the closest devices / the row and field
             self.spec = get_device_spec(gpu)
-        self.trainer_precision: str | None = None
         self.last_profile: StepProfile | None = None
         self.last_report: Any = None
         self.last_mfu: float | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=history)
-        # automatic MFU state
-        self._flops: dict[tuple, int] = {}
-        self._peak: float | None = None
-        self._mfu_on = False
-        self._reset = True
+        self.throughput = Throughput()
+        self._flops: dict[tuple, int] = {}  #: model FLOPs per batch signature (from profiles)
+        self._clock: StepClock | None = None
+        self._timer: WindowTimer | None = None
         self._last_gs = -1
-        self._win_t0 = 0.0
-        self._win_flops = 0
-        self._win_steps = 0
         self._recount_at: int | None = None
         self._shape_warned = False
 
     # ------------------------------------------------------------------ setup
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        from tscope_callbacks.devices.spec import DeviceSpec
-
-        try:
-            self.trainer_precision = str(trainer.precision)
-        except Exception:
-            self.trainer_precision = None
-        if isinstance(self.gpu, DeviceSpec) or self.gpu.strip().lower() != "auto":
+        cuda = trainer.strategy.root_device.type == "cuda"
+        self._clock, self._timer = StepClock(cuda), WindowTimer(cuda)
+        session.register_clock(trainer, self._clock)
+        session.register_clock(trainer, self._timer)
+        if self.spec is not None or isinstance(self.gpu, DeviceSpec):
             return  # resolved at construction
         from tscope_callbacks.devices.resolve import get_device_spec
         from tscope_callbacks.devices.spec import UnknownDeviceError
@@ -144,24 +147,95 @@ class RooflineCallback(ProfilingCallback):
                 _AUTO_SPECS[key] = get_device_spec(dev)  # CUDA: the device's name; CPU: a measured roof
             self.spec = _AUTO_SPECS[key]
         except UnknownDeviceError as e:
-            self.spec = None
             rank_zero_warn(f"tscope RooflineCallback: no roof known for this device ({e}). The roofline part is "
                            "skipped; FLOPs, times and coverage are still logged. Pass gpu=<name> or a DeviceSpec.")
         except Exception as e:
-            self.spec = None
             self._warn_once("resolving the device roof", e)
+
+    # ------------------------------------------------------------------ per-step timing (no host sync)
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        gs = trainer.global_step
+        if gs != self._last_gs and self._clock is not None:  # the first micro-batch of a new optimizer step
+            self._last_gs = gs
+            if self._next_train - gs <= BASIS_STEPS:
+                self._clock.tick(gs)
+            if self.auto_mfu and self._flops and gs % max(trainer.log_every_n_steps, 1) == 0:
+                self._mfu_boundary(trainer, gs)
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if self._timer is not None and self._timer.current is not None and trainer.global_step != self._last_gs:
+            self._count_step(trainer, batch)
+
+    def _count_step(self, trainer: pl.Trainer, batch: Any) -> None:
+        flops = self._flops.get(batch_signature(batch))
+        if flops is not None:
+            self._timer.add(flops)  # type: ignore[union-attr]
+            return
+        self._timer.mark_dirty()  # type: ignore[union-attr]  # a step whose FLOPs are unknown: window unusable
+        if len(self._flops) < MAX_SIGNATURES:
+            self._recount_at = trainer.global_step
+            self._next_train = min(self._next_train, trainer.global_step)
+        elif not self._shape_warned:
+            self._shape_warned = True
+            rank_zero_warn(f"tscope RooflineCallback: more than {MAX_SIGNATURES} batch shapes; the automatic MFU "
+                           "skips windows with a shape that was never profiled")
+
+    def _mfu_boundary(self, trainer: pl.Trainer, gs: int, *, final: bool = False) -> None:
+        try:
+            if not final or self._timer.current is not None and self._timer.current.steps:  # type: ignore[union-attr]
+                self._timer.boundary(gs)  # type: ignore[union-attr]  # (at the end: closes the last window)
+            for w, seconds in self._timer.ready(wait=final):  # type: ignore[union-attr]
+                self.throughput.update(Window(w.end_step - 1, seconds, w.steps, w.flops))
+                vals = self.throughput.compute()
+                out = {k: vals[k] for k in ("achieved_tflops", "mfu", "step_ms") if k in vals}
+                self.last_mfu = vals.get("mfu", self.last_mfu)
+                self.sinks(trainer).log_scalars({metric_key("roofline", k): v for k, v in out.items()}, w.end_step - 1)
+        except Exception as e:
+            self.auto_mfu = False
+            self._warn_once("the automatic MFU", e)
+
+    def _dirty(self) -> None:
+        for c in (self._clock, self._timer):
+            if c is not None:
+                c.mark_dirty()
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._dirty()
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._dirty()
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.auto_mfu and self._timer is not None and (self._timer.closed or self._timer.current is not None):
+            self._mfu_boundary(trainer, trainer.global_step, final=True)  # the last windows: one wait, at the end
+
+    @override
+    def _step_basis(self, trainer: pl.Trainer) -> dict[str, Any]:
+        if self._clock is None:
+            return {}
+        med, n = self._clock.median_step_s(BASIS_STEPS)
+        if med is None:
+            return {}
+        return {"step_time_s": med, "step_time_basis": "unprofiled-median", "step_time_steps": n,
+                "step_time_clock": "CUDA events" if self._clock.cuda else "wall clock"}
 
     # ------------------------------------------------------------------ profiled steps
     @override
     def _on_profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
                     ctx: ProfileContext) -> None:
-        result.meta["trainer_precision"] = self.trainer_precision
-        if not ctx.is_global_zero:  # other ranks profile the same steps (and join the gather) but analyse nothing
-            self.last_profile = result
-            self.history.append({"stage": ctx.stage, "step": ctx.step, "reason": ctx.reason})
-            return
+        result.meta["trainer_precision"] = str(getattr(trainer, "precision", ""))
+        result.meta["attention_flops"] = self.attention_flops
         report = None
-        if self.spec is not None:
+        if self.spec is not None and ctx.is_global_zero:
             from tscope_callbacks.api import roofline
 
             try:
@@ -171,70 +245,64 @@ class RooflineCallback(ProfilingCallback):
         self.last_profile, self.last_report = result, report
         if ctx.stage == "train":
             self._count_flops(result, report, ctx)
-        prefix = _PREFIX if ctx.stage == "train" else f"{_PREFIX}{ctx.stage}/"
-        scalars = {prefix + k: v for k, v in self._scalars(result, report, ctx).items()}
+        scalars = {metric_key("roofline", k, ctx.stage): v for k, v in self._scalars(result, report, ctx).items()}
         self.history.append({"stage": ctx.stage, "step": ctx.step, "reason": ctx.reason, **scalars})
-        sinks = self.sinks(trainer)
-        if sinks is None:
-            return
-        log_step = ctx.log_step
-        sinks.log_scalars(scalars, log_step)
-        sinks.log_text(prefix + "table", self._markdown(result, report, ctx), log_step)
+        if ctx.is_global_zero:
+            self._write(trainer, result, report, ctx, scalars)
+
+    def _write(self, trainer: pl.Trainer, result: StepProfile, report: Any, ctx: ProfileContext,
+               scalars: dict[str, float]) -> None:
+        from tscope_callbacks.analysis.roofline import layer_points
+        from tscope_callbacks.render.markdown import op_table
+
+        sinks, step = self.sinks(trainer), ctx.log_step
+        key = lambda name: metric_key("roofline", name, ctx.stage)  # noqa: E731
+        sinks.log_scalars(scalars, step)
+        head = f"**{ctx.stage} step {ctx.step}**" + (f" ({ctx.micro_batches} micro-batches)"
+                                                      if ctx.micro_batches > 1 else "")
+        if ctx.world_size > 1:
+            t = ctx.step_times_s
+            head += (f" -- step time across {len(t)} ranks: min {min(t) * 1e3:.2f} ms, max {max(t) * 1e3:.2f} ms "
+                     f"(slowest: rank {max(range(len(t)), key=t.__getitem__)})")
+        body = report.to_markdown(top=self.top) if report is not None else (
+            " -- no device roof; op totals only\n\n" + op_table(result, self.top))
+        sinks.log_text(key("table"), head + ("\n\n" if report is not None else "") + body, step)
         if report is not None:
-            rows = _layer_rows(report)
-            sinks.log_table(prefix + "layers", rows, log_step)
-            sinks.log_scatter(prefix + "scatter", rows, "intensity", "achieved_gflops_per_s", log_step,
+            rows = layer_points(report)
+            sinks.log_table(key("layers"), rows, step)
+            sinks.log_scatter(key("scatter"), rows, "intensity", "achieved_gflops_per_s", step,
                               title="layer roofline: intensity (FLOP/byte) vs achieved GFLOP/s")
             if self.plot:
                 try:
-                    self._log_plot(sinks, prefix + "plot", report, log_step)
+                    sinks.log_figure(key("plot"), report.figure(), step)
                 except Exception as e:
                     self._warn_once("drawing the roofline plot", e)
         if self.save_json:
             name = f"step_{ctx.step}.json" if ctx.stage == "train" else f"{ctx.stage}_step_{ctx.step}.json"
-            sinks.write_json(name, {"profile": result.to_dict(), "device": _spec_dict(self.spec),
+            sinks.write_json(name, {"profile": result.to_dict(),
+                                    "device": self.spec.to_dict() if self.spec is not None else None,
                                     "report": report.to_dict() if report is not None else None})
 
     def _scalars(self, result: StepProfile, report: Any, ctx: ProfileContext) -> dict[str, float]:
         if report is not None:
             out = dict(report.scalars())
         else:
-            wall = result.wall_time_s or 0.0
             out = {"flop_coverage": float(result.coverage())}
-            if wall > 0:
-                out["measured_step_ms"] = wall * 1e3
-                out["achieved_tflops"] = result.total_flops / wall / 1e12
+            step = result.meta.get("step_time_s")
+            if step:
+                out["measured_step_ms"] = step * 1e3
+                out["achieved_tflops"] = result.total_flops / step / 1e12
         if ctx.world_size > 1 and ctx.step_times_s:
             out["step_ms_min"] = min(ctx.step_times_s) * 1e3
             out["step_ms_max"] = max(ctx.step_times_s) * 1e3
         return out
 
-    def _markdown(self, result: StepProfile, report: Any, ctx: ProfileContext) -> str:
-        head = f"**{ctx.stage} step {ctx.step}**"
-        if ctx.micro_batches > 1:
-            head += f" ({ctx.micro_batches} micro-batches)"
-        if ctx.world_size > 1:
-            t = ctx.step_times_s
-            slow = max(range(len(t)), key=t.__getitem__)
-            head += (f" -- profiled step time across {len(t)} ranks: min {min(t) * 1e3:.2f} ms, max "
-                     f"{max(t) * 1e3:.2f} ms (slowest: rank {slow})")
-        if report is not None:
-            return head + "\n\n" + report.to_markdown(top=self.top)
-        return head + " -- no device roof; op totals only\n\n" + _op_markdown(result, self.top)
-
-    def _log_plot(self, sinks: Any, key: str, report: Any, step: int) -> None:
-        from tscope_callbacks.render.plot import figure
-
-        sinks.log_figure(key, figure(report), step)  # a standalone Agg Figure: no pyplot state to close
-
-    # ------------------------------------------------------------------ automatic MFU
+    # ------------------------------------------------------------------ automatic MFU bookkeeping
     def _count_flops(self, result: StepProfile, report: Any, ctx: ProfileContext) -> None:
         if ctx.batch_signature and (ctx.batch_signature in self._flops or len(self._flops) < MAX_SIGNATURES):
-            self._flops[ctx.batch_signature] = int(result.model_flops)  # MFU: activation recompute excluded
+            self._flops[ctx.batch_signature] = model_flops(result, self.attention_flops)
         if report is not None and getattr(report, "mfu_peak_flops", None):
-            self._peak = float(report.mfu_peak_flops)
-        self._mfu_on = self.auto_mfu and bool(self._flops)
-        self._reset = True  # the profiled step's time is not a plain step's
+            self.throughput.peak_flops = float(report.mfu_peak_flops)
         self._recount_at = None
 
     @override
@@ -252,69 +320,6 @@ class RooflineCallback(ProfilingCallback):
             return
         super()._train_due(trainer, pl_module, batch)
 
-    @override
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if self._mfu_on:
-            try:
-                self._mfu_step_end(trainer, batch)
-            except Exception as e:
-                self._mfu_on = False
-                self._warn_once("the automatic MFU", e)
-
-    def _sync(self, trainer: pl.Trainer) -> None:
-        dev = trainer.strategy.root_device
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-
-    def _mfu_step_end(self, trainer: pl.Trainer, batch: Any) -> None:
-        gs = trainer.global_step
-        if gs == self._last_gs:
-            return  # no optimizer step (inside an accumulation window)
-        self._last_gs = gs
-        if self._reset:
-            self._sync(trainer)
-            self._reset, self._win_t0, self._win_flops, self._win_steps = False, time.perf_counter(), 0, 0
-            return
-        flops = self._flops.get(batch_signature(batch))
-        if flops is None:
-            if len(self._flops) < MAX_SIGNATURES:
-                self._recount_at = gs
-                self._next_train = min(self._next_train, gs)
-            elif not self._shape_warned:
-                self._shape_warned = True
-                rank_zero_warn(f"tscope RooflineCallback: more than {MAX_SIGNATURES} batch shapes; the automatic "
-                               "MFU skips steps whose shape was never profiled")
-            self._reset = True
-            return
-        self._win_flops += flops
-        self._win_steps += 1
-        if gs % max(trainer.log_every_n_steps, 1):
-            return
-        self._sync(trainer)
-        now = time.perf_counter()
-        dt, fl = now - self._win_t0, self._win_flops
-        self._win_t0, self._win_flops, self._win_steps = now, 0, 0
-        if dt <= 0:
-            return
-        achieved = fl / dt
-        scalars = {_PREFIX + "achieved_tflops": achieved / 1e12}
-        if self._peak:
-            self.last_mfu = achieved / self._peak
-            scalars[_PREFIX + "mfu"] = self.last_mfu
-        sinks = self.sinks(trainer)
-        if sinks is not None:
-            sinks.log_scalars(scalars, gs - 1)
-
-    @override
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset = True
-
-    @override
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset = True
-
     # ------------------------------------------------------------------ checkpointing
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -324,58 +329,3 @@ class RooflineCallback(ProfilingCallback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self.last_mfu = state_dict.get("last_mfu")
-
-
-def _spec_dict(spec: Any) -> dict[str, Any] | None:
-    if spec is None:
-        return None
-    to_dict = getattr(spec, "to_dict", None)
-    if callable(to_dict):
-        return to_dict()
-    if dataclasses.is_dataclass(spec):
-        d = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "achievable"}
-        ach = getattr(spec, "achievable", None)
-        d["achievable"] = _spec_dict(ach) if ach is not None else None
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
-    return {"name": str(getattr(spec, "name", spec))}
-
-
-def _fin(v: float | None) -> float | None:
-    return v if v is not None and math.isfinite(v) else None
-
-
-def _layer_rows(report: Any) -> list[dict[str, Any]]:
-    """Per layer (all phases, self attribution): where it sits on the roofline."""
-    rows = []
-    for r in report.layer_totals:
-        if r.flops == 0 and r.bytes == 0:
-            continue
-        ms = r.measured_s
-        rows.append({
-            "layer": r.layer or "(root)",
-            "type": r.type,
-            "bound": r.bound,
-            "intensity": _fin(r.intensity),
-            "achieved_gflops_per_s": _fin(r.flops / ms / 1e9) if ms else None,
-            "gflops": r.flops / 1e9,
-            "mb": r.bytes / 1e6,
-            "measured_ms": ms * 1e3 if ms is not None else None,
-            "estimated_ms": r.estimate_s * 1e3,
-            "attained": _fin(r.attained),
-        })
-    return rows
-
-
-def _op_markdown(result: StepProfile, top: int) -> str:
-    """Top ops by time (or FLOPs when untimed), for runs without a device roof."""
-    agg: dict[str, list[float]] = {}
-    for r in result.ops:
-        a = agg.setdefault(r.op, [0, 0.0, 0.0, 0.0])
-        a[0] += 1
-        a[1] += r.flops
-        a[2] += r.bytes
-        a[3] += r.time_s or 0.0
-    items = sorted(agg.items(), key=lambda kv: (kv[1][3], kv[1][1]), reverse=True)[:top]
-    lines = ["| op | calls | GFLOPs | MB | time ms |", "|---|---|---|---|---|"]
-    lines += [f"| {k} | {int(v[0])} | {v[1] / 1e9:.4f} | {v[2] / 1e6:.3f} | {v[3] * 1e3:.3f} |" for k, v in items]
-    return "\n".join(lines)

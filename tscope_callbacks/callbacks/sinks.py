@@ -28,6 +28,10 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "METRIC_ROOT",
+    "metric_key",
+    "NULL_SINK",
+    "NullSink",
     "Sink",
     "TensorBoardSink",
     "WandbSink",
@@ -43,6 +47,15 @@ __all__ = [
 log = logging.getLogger("tscope_callbacks")
 
 Row = Mapping[str, Any]
+
+#: the namespace of every key the callbacks write
+METRIC_ROOT = "tscope"
+
+
+def metric_key(area: str, name: str, stage: str = "train") -> str:
+    """``tscope/<area>/<name>`` for training, ``tscope/<area>/<stage>/<name>`` for the other stages (the analysis
+    hands out bare names; the adapters add the namespace and stage here, in one place)."""
+    return f"{METRIC_ROOT}/{area}/{name}" if stage == "train" else f"{METRIC_ROOT}/{area}/{stage}/{name}"
 
 
 def _slug(key: str) -> str:
@@ -93,6 +106,22 @@ class Sink:
     def log_scatter(self, key: str, rows: Sequence[Row], x: str, y: str, step: int, title: str = "") -> None:
         """A scatter plot of ``rows`` (``x`` vs ``y`` columns); only backends with interactive plots implement it."""
 
+    def alert(self, key: str, title: str, text: str, step: int, wait_s: float = 0.0) -> None:
+        """An alert: a text entry under ``key`` (TensorBoard, files) or a W&B ``run.alert``."""
+
+    def write_json(self, name: str, obj: Any) -> Path | None:
+        """A JSON file next to the run's logs (see :class:`SinkGroup`); None when nothing is written."""
+        return None
+
+
+class NullSink(Sink):
+    """Writes nothing: the sink of ranks other than zero and of ``fast_dev_run`` (no ``None`` checks needed)."""
+
+    name = "null"
+
+
+NULL_SINK = NullSink()
+
 
 class FileSink(Sink):
     """Files in ``directory``: ``metrics.csv`` (step,key,value), ``<key>_step_<N>.md|.csv|.png``."""
@@ -129,6 +158,11 @@ class FileSink(Sink):
 
     def log_figure(self, key: str, figure: Any, step: int) -> None:
         figure.savefig(self._path(key, step, "png"), dpi=100)
+
+    def alert(self, key: str, title: str, text: str, step: int, wait_s: float = 0.0) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with (self.directory / f"{_slug(key)}_alerts.md").open("a") as f:
+            f.write(f"## step {step}: {title}\n\n{text}\n\n")
 
     def log_table(self, key: str, rows: Sequence[Row], step: int) -> None:
         if not rows:
@@ -172,6 +206,9 @@ class CSVSink(MetricsSink):
     def log_table(self, key: str, rows: Sequence[Row], step: int) -> None:
         self.files.log_table(key, rows, step)
 
+    def alert(self, key: str, title: str, text: str, step: int, wait_s: float = 0.0) -> None:
+        self.files.alert(key, title, text, step)
+
 
 class TensorBoardSink(Sink):
     """TensorBoardLogger: scalars, markdown text (tables rendered as markdown) and figures as images."""
@@ -194,6 +231,9 @@ class TensorBoardSink(Sink):
     def log_table(self, key: str, rows: Sequence[Row], step: int) -> None:
         self.logger.experiment.add_text(key, rows_to_markdown(rows), global_step=step)
 
+    def alert(self, key: str, title: str, text: str, step: int, wait_s: float = 0.0) -> None:
+        self.logger.experiment.add_text(key, text, global_step=step)
+
 
 class WandbSink(MetricsSink):
     """WandbLogger: scalars, ``wandb.Table`` rows, ``wandb.Image`` figures, ``wandb.plot.scatter``, text as HTML."""
@@ -215,6 +255,11 @@ class WandbSink(MetricsSink):
             return
         cols = list(rows[0].keys())
         self.logger.log_table(key, columns=cols, data=[[_cell(r.get(c)) for c in cols] for r in rows], step=step)
+
+    def alert(self, key: str, title: str, text: str, step: int, wait_s: float = 0.0) -> None:
+        import wandb
+
+        self.logger.experiment.alert(title=title, text=text, level=wandb.AlertLevel.WARN, wait_duration=wait_s)
 
     def log_scatter(self, key: str, rows: Sequence[Row], x: str, y: str, step: int, title: str = "") -> None:
         import wandb
@@ -273,6 +318,11 @@ class SinkGroup(Sink):
 
     def log_scatter(self, key: str, rows: Sequence[Row], x: str, y: str, step: int, title: str = "") -> None:
         self._each("log_scatter", key, rows, x, y, step, title)
+
+    def alert(self, key: str, title: str, text: str, step: int, wait_s: float = 0.0) -> None:
+        """Log a warning on logger ``tscope_callbacks`` and alert through every backend that has alerts."""
+        log.warning("%s", text)
+        self._each("alert", key, title, text, step, wait_s)
 
     def write_json(self, name: str, obj: Any) -> Path | None:
         """Write ``obj`` as ``<log_dir>/tscope/<name>`` (atomically). A failure (e.g. an unwritable directory) is

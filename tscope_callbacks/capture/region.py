@@ -150,15 +150,13 @@ _perf_ns = time.perf_counter_ns
 
 
 class _SkipOps(dict):
-    """Ops that are annotations, not work (``profiler::_record_function_*``): run, never recorded."""
+    """Ops that are annotations, not work (``profiler::_record_function_*``): run, never recorded.
+    ``_SKIP[func]`` is a plain dict lookup after the first call of an op."""
 
     def __missing__(self, func: Any) -> bool:
         skip = getattr(func, "namespace", "") == "profiler"
         self[func] = skip
         return skip
-
-    def __contains__(self, func: object) -> bool:  # type: ignore[override]
-        return self[func]
 
 
 _SKIP = _SkipOps()
@@ -174,7 +172,7 @@ class _Mode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         p = self.owner
-        if p._paused or func in _SKIP:
+        if p._paused or _SKIP[func]:
             return func(*args, **kwargs)
         seq = _get_sequence_nr()
         node = _current_node()

@@ -15,7 +15,7 @@ from tscope_callbacks.analysis.fmt import pct as _pct
 from tscope_callbacks.analysis.rows import Row
 from tscope_callbacks.analysis.summary import roofs_used
 
-__all__ = ["header_lines", "to_markdown", "to_csv", "to_dict", "to_console", "json_safe", "COLUMNS"]
+__all__ = ["header_lines", "to_markdown", "to_csv", "to_dict", "to_console", "json_safe", "op_table", "COLUMNS"]
 
 def _f(x: float | None, spec: str = ".4g", scale: float = 1.0) -> str:
     """Format a figure; blank when missing (untimed) or not finite."""
@@ -209,3 +209,18 @@ def to_console(report: Any, top: int = 20, console: Any = None) -> None:
     con.print(t)
     for i, o in enumerate(report.opportunities(top=5), 1):
         con.print(f"{i}. [bold]{o.layer or '(root)'}[/] {o.phase}: {o.reason}")
+
+
+def op_table(profile: Any, top: int = 20) -> str:
+    """Top ops by time (or FLOPs when untimed), for profiles without a device roof (counts and times only)."""
+    agg: dict[str, list[float]] = {}
+    for r in profile.ops:
+        a = agg.setdefault(r.op, [0, 0.0, 0.0, 0.0])
+        a[0] += 1
+        a[1] += r.flops
+        a[2] += r.bytes
+        a[3] += r.time_s or 0.0
+    items = sorted(agg.items(), key=lambda kv: (kv[1][3], kv[1][1]), reverse=True)[:top]
+    return "\n".join(_md_table(["op", "calls", "GFLOPs", "MB", "time ms"],
+                               [[k, str(int(v[0])), f"{v[1] / 1e9:.4f}", f"{v[2] / 1e6:.3f}", f"{v[3] * 1e3:.3f}"]
+                                for k, v in items]))

@@ -1,0 +1,86 @@
+"""Throughput and MFU over windows of steps (the maths of the automatic MFU; the callback only feeds it).
+
+Like Lightning fabric's ``Throughput``: :meth:`Throughput.update` takes one finished window (its device time, the
+steps, model FLOPs and samples in it), :meth:`Throughput.compute` returns the rates of the last window and of the
+last ``window_size`` windows together.
+
+FLOP convention (what "model FLOPs" means here, and why):
+
+- model FLOPs: forward + backward (+ optimizer) of the model as written, activation-checkpointing recompute excluded
+  (hardware FLOPs include it: HFU);
+- causal attention: by default the (query, key) pairs actually attended (what a causal flash kernel computes,
+  L(L+1)/2 per head for a square mask); ``attention="full"`` counts the full L x S square, as FlopCounterMode, PaLM's
+  MFU definition and Megatron's formula do, to compare with published MFU figures;
+- per device: the FLOPs of the local compute on this rank (torchtitan's convention), so data and tensor parallelism
+  never multiply them by the world size.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Throughput", "Window", "ATTENTION_CONVENTIONS", "model_flops"]
+
+ATTENTION_CONVENTIONS = ("attended", "full")
+
+
+def model_flops(profile: Any, attention: str = "attended") -> int:
+    """Model FLOPs of a profiled step (recompute excluded) under an attention convention."""
+    if attention not in ATTENTION_CONVENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTION_CONVENTIONS}, got {attention!r}")
+    total = 0
+    for r in profile.ops:
+        if r.phase == "recompute":
+            continue
+        dense = getattr(r, "flops_dense", None)
+        total += dense if attention == "full" and dense is not None else r.flops
+    return total
+
+
+@dataclass(frozen=True)
+class Window:
+    """One measured window of training steps."""
+
+    end_step: int  #: the step at the window's end (where its figures are logged)
+    time_s: float  #: device (CUDA events) or wall time of the window
+    steps: int
+    flops: float  #: model FLOPs of its steps
+    samples: int = 0
+
+
+class Throughput:
+    """Rates over finished windows. ``peak_flops``: the roof MFU is against (None: no MFU)."""
+
+    def __init__(self, peak_flops: float | None = None, window_size: int = 10) -> None:
+        if window_size < 1:
+            raise ValueError(f"window_size must be >= 1, got {window_size}")
+        self.peak_flops = peak_flops
+        self.windows: deque[Window] = deque(maxlen=window_size)
+
+    def update(self, window: Window) -> None:
+        if window.time_s <= 0 or window.steps <= 0:
+            return
+        self.windows.append(window)
+
+    def reset(self) -> None:
+        self.windows.clear()
+
+    def compute(self) -> dict[str, float]:
+        """Bare keys: ``achieved_tflops``, ``step_ms``, ``mfu`` (with a peak), ``samples_per_s`` (when counted), for
+        the last window; ``*_avg`` over the kept windows."""
+        if not self.windows:
+            return {}
+        out: dict[str, float] = {}
+        for suffix, ws in (("", [self.windows[-1]]), ("_avg", list(self.windows))):
+            t = sum(w.time_s for w in ws)
+            fl = sum(w.flops for w in ws)
+            out["achieved_tflops" + suffix] = fl / t / 1e12
+            out["step_ms" + suffix] = t / sum(w.steps for w in ws) * 1e3
+            if self.peak_flops:
+                out["mfu" + suffix] = fl / t / self.peak_flops
+            samples = sum(w.samples for w in ws)
+            if samples:
+                out["samples_per_s" + suffix] = samples / t
+        return out
