@@ -21,7 +21,7 @@ import torch
 import tscope_callbacks as ts
 
 sys.path.insert(0, str(Path(__file__).parent))
-from capture_overhead import BATCH, CFG, make, step  # noqa: E402
+from capture_overhead import BATCH, CFG, make, step
 
 
 def main() -> int:

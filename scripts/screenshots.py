@@ -54,8 +54,8 @@ def latest_step_json(logdir: Path) -> Path:
 
 
 def render_plot(step_json: Path, out: Path) -> None:
-    from tscope_callbacks.cli.report import load
     from tscope_callbacks.api import roofline
+    from tscope_callbacks.cli.report import load
 
     prof, dev = load(str(step_json))
     roofline(prof, dev).plot(out)

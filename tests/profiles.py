@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 from tscope_callbacks.devices.spec import DeviceSpec
+from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
 __all__ = ["a100", "matmul", "pointwise", "op", "make_profile", "toy_profile", "SIZES"]
 

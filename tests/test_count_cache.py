@@ -60,7 +60,7 @@ def test_memoized_counts_equal_fresh_counts_on_real_steps(case: str) -> None:
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
     cache = CountCache()
     mode = _Compare(cache)
-    for step in range(3):  # learning-rate dependent scalars change every step: still one entry per signature
+    for _ in range(3):  # learning-rate dependent scalars change every step: still one entry per signature
         with mode:
             loss_fn().backward()
             for g in opt.param_groups:

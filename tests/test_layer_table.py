@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from tscope_callbacks.analysis.layers import inspector_gadgets_json, layer_rows, select_layers, top_layers
-from tscope_callbacks.render.layer_table import format_time, render_tree_table
 from tscope_callbacks.records import LayerRecord
+from tscope_callbacks.render.layer_table import format_time, render_tree_table
 
 
 def _L(path: str, typ: str, fwd: float, bwd: float, self_fwd: float, self_bwd: float, **kw) -> LayerRecord:

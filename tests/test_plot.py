@@ -8,9 +8,9 @@ import threading
 
 from profiles import a100, make_profile, matmul, pointwise, toy_profile
 
-from tscope_callbacks.render.plot import figure, plot
 from tscope_callbacks.api import roofline
 from tscope_callbacks.devices.spec import DeviceSpec
+from tscope_callbacks.render.plot import figure, plot
 
 
 def _png_size(path) -> tuple[int, int]:

@@ -10,12 +10,12 @@ import sys
 import pytest
 from profiles import a100, make_profile, matmul, op, pointwise, toy_profile
 
-from tscope_callbacks.cli import report as report_cli
 from tscope_callbacks import api as specs_mod
 from tscope_callbacks.analysis.diagnose import explain
-from tscope_callbacks.render.markdown import COLUMNS
 from tscope_callbacks.api import roofline
+from tscope_callbacks.cli import report as report_cli
 from tscope_callbacks.devices.spec import DeviceSpec
+from tscope_callbacks.render.markdown import COLUMNS
 
 # A CPU-like roof with a low ridge (1e12 / 1e11 = 10 FLOP/B) so small fp32 matmuls are compute-bound.
 CPU = DeviceSpec(name="cpu test", flops={"fp32": 1e12}, bandwidth=1e11, vector_flops={"fp32": 1e11}, measured=True)

@@ -74,9 +74,9 @@ def test_nan_guard_check_inside_a_profiled_step_is_not_profiled(tmp_path: Path) 
 
 
 def test_memory_flat_over_50_profiled_steps(tmp_path: Path) -> None:
-    import lightning.pytorch as pl
-
     import gc
+
+    import lightning.pytorch as pl
 
     counts: dict[int, tuple[int, int, int]] = {}
     objects: dict[int, int] = {}

@@ -9,9 +9,9 @@ import pytest
 from profiles import a100, make_profile, matmul, op, pointwise, toy_profile
 
 from tscope_callbacks import api as specs_mod
-from tscope_callbacks.records import PHASES
 from tscope_callbacks.api import roofline
 from tscope_callbacks.devices.spec import DeviceSpec
+from tscope_callbacks.records import PHASES
 
 MM_FLOPS = 2 * 4096**3  # 137438953472
 MM_BYTES = 3 * 4096 * 4096 * 2  # A, B read + C written, bf16: 100663296

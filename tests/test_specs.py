@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tscope_callbacks.cli import main
-from tscope_callbacks.devices.table import SpecTable, builtin_table, default_table_path
 from tscope_callbacks.devices.precision import PRECISIONS, normalize_precision, precision_for_dtype
 from tscope_callbacks.devices.resolve import get_device_spec, list_specs
 from tscope_callbacks.devices.spec import AmbiguousDeviceError, DeviceSpec, SpecFileError, UnknownDeviceError
+from tscope_callbacks.devices.table import SpecTable, builtin_table, default_table_path
 
 # the module, not the ``ts.calibrate`` function the package exports under the same name
 cal = importlib.import_module("tscope_callbacks.devices.calibrate")
