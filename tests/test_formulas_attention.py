@@ -188,3 +188,29 @@ def test_cuda_kernels_through_count_op_on_meta_tensors():
     with FlopCounterMode(display=False) as fc:
         aten._scaled_dot_product_efficient_attention(m, m, m, None, True, 0.0, False)
     assert fc.get_total_flops() == FWD_DENSE
+
+
+def test_model_and_full_square_conventions_for_mfu():
+    """Hardware FLOPs (the roofline's), model FLOPs (MFU: backward = 2x forward) and the full-square convention."""
+    import tscope_callbacks as ts
+    from tscope_callbacks.analysis.throughput import model_flops
+
+    B, H, L, D = 2, 3, 16, 8
+    q = torch.randn(B, H, L, D, requires_grad=True)
+    k, v = torch.randn(B, H, L, D, requires_grad=True), torch.randn(B, H, L, D, requires_grad=True)
+    m = torch.nn.Identity()
+    with ts.profile(m) as prof:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    att = [r for r in prof.ops if r.category == "attention"]
+    fwd = next(r for r in att if r.phase == "forward")
+    bwd = next(r for r in att if r.phase == "backward")
+    pairs = L * (L + 1) // 2  # 136 attended (query, key) pairs per (batch, head)
+    assert fwd.flops == 2 * pairs * (D + D) * B * H == 26112 and fwd.flops_model is None
+    assert fwd.flops_dense == 2 * L * L * (D + D) * B * H == 49152
+    assert bwd.flops == 2 * pairs * (3 * D + 2 * D) * B * H == 65280  # the kernels recompute the scores
+    assert bwd.flops_model == 2 * fwd.flops == 52224  # MFU: 4 GEMMs, like PaLM / Megatron / FlopCounterMode
+    assert bwd.flops_dense == 2 * 49152
+    other = sum(r.flops for r in prof.ops if r.category != "attention" and r.phase != "recompute")
+    assert model_flops(prof.result) == other + 26112 + 52224 == prof.result.model_flops
+    assert model_flops(prof.result, "full") == other + 49152 + 98304
+    assert prof.result.total_flops == other + 26112 + 65280  # hardware (HFU, achieved TFLOP/s)

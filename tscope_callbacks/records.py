@@ -56,6 +56,8 @@ class OpRecord:
     output_shapes: list = field(default_factory=list)
     index: int = 0  #: position in execution order within the profile
     tensor_core: bool | None = None  #: CUDA: whether its kernels ran on tensor cores (None: unknown / CPU)
+    flops_model: int | None = None  #: model FLOPs (MFU) where they differ from ``flops`` (attention backward: 2x fwd)
+    flops_dense: int | None = None  #: full-square causal attention (FlopCounterMode/PaLM/Megatron), when different
 
     @property
     def bytes(self) -> int:
@@ -188,8 +190,9 @@ class StepProfile:
 
     @property
     def model_flops(self) -> int:
-        """Model FLOPs: :attr:`total_flops` without the ``recompute`` phase (what MFU counts)."""
-        return sum(r.flops for r in self.ops if r.phase != "recompute")
+        """Model FLOPs (what MFU counts): without the ``recompute`` phase, attention backward as 2x its forward
+        (the kernels' recomputed scores are hardware work, not model work)."""
+        return sum(r.flops if r.flops_model is None else r.flops_model for r in self.ops if r.phase != "recompute")
 
     @property
     def total_bytes(self) -> int:

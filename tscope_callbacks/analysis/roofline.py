@@ -175,7 +175,9 @@ class RooflineAnalysis:
         #: activation-checkpointing re-forward FLOPs; hardware FLOPs = all ops, model FLOPs = without the recompute
         self.recompute_flops = sum(o.flops for o in ops if o.record.phase == "recompute")
         self.hardware_flops = t.flops
-        self.model_flops = t.flops - self.recompute_flops
+        #: MFU's FLOPs: no activation-checkpointing recompute, attention backward as 2x its forward
+        self.model_flops = sum(o.flops if o.record.flops_model is None else o.record.flops_model
+                               for o in ops if o.record.phase != "recompute")
         self.mfu = _div(_div(self.model_flops, step), self.mfu_peak_flops)  #: model FLOPs utilization
         self.hfu = _div(_div(self.hardware_flops, step), self.mfu_peak_flops)  #: hardware FLOPs utilization
         self.mbu = _div(_div(t.bytes, step), self.bandwidth)
@@ -267,7 +269,7 @@ class RooflineAnalysis:
         """Model-level figures by their bare metric names (``mfu``, ``mbu``, ...; the callbacks add the
         ``tscope/roofline/`` namespace and stage); figures that do not exist (untimed) are left out."""
         ms = lambda s: None if s is None else s * 1e3  # noqa: E731
-        vals = {"mfu": self.mfu, "hfu": self.hfu if self.recompute_flops else None, "mbu": self.mbu,
+        vals = {"mfu": self.mfu, "hfu": self.hfu if self.hardware_flops != self.model_flops else None, "mbu": self.mbu,
                 "achieved_tflops": self.achieved_tflops,
                 "measured_step_ms": ms(self.measured_step_s), "estimated_step_ms": ms(self.estimated_step_s),
                 "compute_bound_time_frac": self.compute_bound_time_frac,

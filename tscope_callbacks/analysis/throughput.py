@@ -7,7 +7,8 @@ last ``window_size`` windows together.
 FLOP convention (what "model FLOPs" means here, and why):
 
 - model FLOPs: forward + backward (+ optimizer) of the model as written, activation-checkpointing recompute excluded
-  (hardware FLOPs include it: HFU);
+  (hardware FLOPs include it: HFU), and attention's backward as 2x its forward (flash kernels also recompute the
+  scores: hardware work, not model work);
 - causal attention: by default the (query, key) pairs actually attended (what a causal flash kernel computes,
   L(L+1)/2 per head for a square mask); ``attention="full"`` counts the full L x S square, as FlopCounterMode, PaLM's
   MFU definition and Megatron's formula do, to compare with published MFU figures;
@@ -34,8 +35,9 @@ def model_flops(profile: Any, attention: str = "attended") -> int:
     for r in profile.ops:
         if r.phase == "recompute":
             continue
+        model = r.flops if getattr(r, "flops_model", None) is None else r.flops_model
         dense = getattr(r, "flops_dense", None)
-        total += dense if attention == "full" and dense is not None else r.flops
+        total += dense if attention == "full" and dense is not None else model
     return total
 
 

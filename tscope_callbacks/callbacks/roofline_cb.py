@@ -68,7 +68,8 @@ class RooflineCallback(ProfilingCallback):
     - scalars ``tscope/roofline/mfu``, ``mbu``, ``achieved_tflops``, ``measured_step_ms``, ``estimated_step_ms``,
       ``compute_bound_time_frac``, ``memory_bound_time_frac``, ``flop_coverage`` on profiled steps (without a device
       roof only ``achieved_tflops``, ``measured_step_ms``, ``flop_coverage``); ``tscope/roofline/hfu`` (hardware
-      FLOPs utilization, activation-checkpointing recompute included; ``mfu`` excludes it) when a step recomputed;
+      FLOPs utilization: activation-checkpointing recompute and attention backward's recomputed scores included;
+      ``mfu`` excludes both) when it differs from ``mfu``;
       with several ranks also ``tscope/roofline/step_ms_min``, ``tscope/roofline/step_ms_max`` (the step time
       basis across ranks);
     - scalars ``tscope/roofline/mfu``, ``tscope/roofline/achieved_tflops`` and ``tscope/roofline/step_ms`` on logging

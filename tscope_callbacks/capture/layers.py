@@ -12,6 +12,7 @@ overflow), kept on the device and read once, all together, when the capture stop
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,9 @@ class LayerDetails:
         self.memory = memory
         self.info: dict[str, dict[str, Any]] = {}
         self._flags: list[tuple[str, str, torch.Tensor]] = []  #: (path, flag name, aminmax pair) read at stop
+        #: id(tensor) -> (weak ref, its aminmax pair): a tensor handed up unchanged (a parent returning its child's
+        #: output, a gradient seen by two hooks) is reduced once and its result shared
+        self._checked: dict[int, tuple[Any, torch.Tensor, torch.Tensor]] = {}
         self._handles: list[Any] = []
         self._live = True
 
@@ -70,14 +74,19 @@ class LayerDetails:
 
     def _check(self, path: str, flag: str, ts: list[torch.Tensor]) -> None:
         """Queue an exact, sync-free non-finite check of ``ts`` (read in :meth:`finish`)."""
-        with self._mute(), torch.no_grad():  # no autograd node: nothing saved for backward, nothing recorded
-            for t in ts:
-                if t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
-                    continue
-                x = torch.view_as_real(t) if t.is_complex() else t
-                lo, hi = torch.aminmax(x.detach())
-                self._flags.append((path, flag, lo))
-                self._flags.append((path, flag, hi))
+        for t in ts:
+            if t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
+                continue
+            seen = self._checked.get(id(t))
+            if seen is not None and seen[0]() is t:
+                lo, hi = seen[1], seen[2]
+            else:
+                with self._mute(), torch.no_grad():  # no autograd node: nothing saved, nothing recorded
+                    x = torch.view_as_real(t) if t.is_complex() else t
+                    lo, hi = torch.aminmax(x.detach())
+                self._checked[id(t)] = (weakref.ref(t), lo, hi)
+            self._flags.append((path, flag, lo))
+            self._flags.append((path, flag, hi))
 
     def on_enter(self, path: str, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         d = self._get(path)
@@ -135,6 +144,7 @@ class LayerDetails:
                         path, flag, _ = self._flags[i]
                         self._get(path)[flag] = True
         self._flags.clear()
+        self._checked.clear()
 
     def remove_hooks(self) -> None:
         self._live = False

@@ -263,7 +263,7 @@ def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> S
             bytes_written=c.bytes_written, dtype=c.dtype, input_shapes=c.input_shapes if p.record_shapes else [],
             time_s=times[i] if times is not None else dt, counted=c.counted, category=c.category,
             overload=names[1], output_shapes=c.output_shapes if p.record_shapes else [], index=i,
-            tensor_core=tcs[i] if tcs is not None else None))
+            tensor_core=tcs[i] if tcs is not None else None, flops_model=c.flops_model, flops_dense=c.flops_dense))
     if p._details is not None:
         p._details.finish()
     layers = build_layers(p.model, ops, p._details, p._collapse, p._calls)

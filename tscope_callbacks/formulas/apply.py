@@ -36,6 +36,8 @@ class OpCount:
     dtype: str  #: first floating tensor input, else first tensor input, else output; "" when none
     input_shapes: list = field(default_factory=list)  #: shapes of the tensor inputs in order (lists flattened)
     output_shapes: list = field(default_factory=list)  #: shapes of the returned tensors (lists flattened)
+    flops_model: int | None = None  #: MFU's convention where it differs from ``flops`` (attention backward)
+    flops_dense: int | None = None  #: the full-square convention for causal attention (None: same as model)
 
 
 _MAX_ERRORS = 256
@@ -199,6 +201,7 @@ def count_op(
                         writes.append(t)
 
     # ---- FLOPs ----
+    fm = fd = None
     if formula is None:
         category = "other"
         counted = False
@@ -209,7 +212,9 @@ def count_op(
         flops = 0
         if flop_fn is not None:
             try:
-                flops = int(flop_fn(*sargs, out=_sizes_of_out(out), **skw))
+                raw = flop_fn(*sargs, out=_sizes_of_out(out), **skw)
+                flops = int(raw)
+                fm, fd = getattr(raw, "model", None), getattr(raw, "dense", None)
             except Exception as e:  # a formula bug must never break the user's step
                 _record_error(func, "flop", e)
                 counted = False
@@ -243,6 +248,8 @@ def count_op(
         _dtype_str(first_float if first_float is not None else first),
         in_shapes,
         _out_shapes(out, []) if want_shapes else [],
+        fm if counted and fm != flops else None,
+        fd if counted and fd not in (None, fm if fm is not None else flops) else None,
     )
 
 

@@ -16,6 +16,11 @@ Convention for P, the attended (query, key) pairs per (batch, head), exact rathe
     flash sliding window (wl, wr)      row i attends keys j with  -wl <= j - i - (S_k - L_q) <= wr
 This is where we deliberately differ from ``torch.utils.flop_counter``, which ignores causality (counts L*S).
 
+Three conventions travel with every count (``AttentionFlops``, an int): the int itself is the work the kernels do
+(hardware FLOPs: the backward recomputes the scores); ``.model`` is what MFU counts -- the backward as 2x the forward
+(4 GEMMs), as PaLM, Megatron and FlopCounterMode count it; ``.dense`` is ``.model`` over the full L x S square
+(FlopCounterMode, PaLM and Megatron ignore causality), for comparing with published MFU figures.
+
 Layouts: the ``_scaled_dot_product_*`` ops and ``_cudnn_attention_*`` take (B, H, L, D); the low-level
 ``_flash_attention_*`` and ``_efficient_attention_*`` take (B, L, H, D) (torch's flop counter reads those as
 (B, H, L, D); we do not). Variable-length (nested/jagged) calls pass cumulative offsets whose values would need a
@@ -27,7 +32,19 @@ from __future__ import annotations
 
 from tscope_callbacks.formulas.common import reg
 
-__all__ = ["attended_pairs", "attention_flops"]
+__all__ = ["AttentionFlops", "attended_pairs", "attention_flops"]
+
+
+class AttentionFlops(int):
+    """Hardware FLOPs (the int), with ``model`` (backward = 2x forward) and ``dense`` (model, full square) FLOPs."""
+
+    model: int
+    dense: int
+
+    def __new__(cls, hardware: int, model: int, dense: int) -> AttentionFlops:
+        obj = super().__new__(cls, hardware)
+        obj.model, obj.dense = model, dense
+        return obj
 
 
 def _sum_clamp(a: int, n: int, cap: int) -> int:
@@ -57,10 +74,12 @@ def attended_pairs(lq: int, sk: int, lo: int | None = None, hi: int | None = Non
 
 
 def attention_flops(batch_heads: int, lq: int, sk: int, d_qk: int, d_v: int, *, lo=None, hi=None,
-                    backward: bool = False) -> int:
+                    backward: bool = False) -> AttentionFlops:
     p = attended_pairs(lq, sk, lo, hi)
     per_pair = 2 * (3 * d_qk + 2 * d_v) if backward else 2 * (d_qk + d_v)
-    return batch_heads * p * per_pair
+    model_per_pair = 2 * (2 * d_qk + 2 * d_v) if backward else 2 * (d_qk + d_v)
+    return AttentionFlops(batch_heads * p * per_pair, batch_heads * p * model_per_pair,
+                          batch_heads * lq * sk * model_per_pair)
 
 
 def _bhld(q, k, v, is_causal, backward=False) -> int:

@@ -69,9 +69,12 @@ def header_lines(report: Any) -> list[str]:
                   f"the basis of MFU/MBU; {ops}; {est} (sum of per-op roofs){extra}",
                   f"- **MFU** {_p(s['mfu'])} · **MBU** {_p(s['mbu'])} · {_f(s['achieved_tflops'], '.4g')} TFLOP/s · "
                   f"{_f(s['achieved_gbps'], '.4g')} GB/s achieved"]
-        if s["recompute_flops"]:
-            lines += [f"- **HFU** {_p(s['hfu'])} (hardware FLOPs, incl. {_n(s['recompute_flops'] / 1e9)} GFLOP of "
-                      f"activation-checkpointing recompute) vs **MFU** {_p(s['mfu'])} (model FLOPs, excl. recompute)"]
+        if s["hardware_flops"] != s["model_flops"]:
+            rec = (f"{_n(s['recompute_flops'] / 1e9)} GFLOP of activation-checkpointing recompute, "
+                   if s["recompute_flops"] else "")
+            lines += [f"- **HFU** {_p(s['hfu'])} (hardware FLOPs: everything that ran, incl. {rec}attention "
+                      f"backward's recomputed scores) vs **MFU** {_p(s['mfu'])} (model FLOPs: without recompute, "
+                      "attention backward as 2x its forward)"]
     else:
         lines += [f"- **Step**: not timed; {est} (Tensorscope-style estimate: sum of per-op roofs)"
                   + (f"; MFU at the estimate {_p(s['estimated_mfu'])}" if s["estimated_mfu"] is not None else "")]

@@ -1,0 +1,101 @@
+"""GPU capture cost: one GPT-2 124M training step (batch 8x1024, bf16 autocast, fused AdamW) plain vs under
+``ts.profile`` (without and with layer details), a bare dispatch mode and torch.profiler (CPU+CUDA), each timed
+end to end with CUDA events around the whole call (stop and post-processing included). Also reported: the cost per
+op in µs, and the profiled step's headline MFU (device-busy basis) against the hand count over the plain step.
+Targets (issue "GPU-true profiling"): profiled/plain <= 2.0 with layer details; MFU within 5% of the hand count.
+
+    python benchmarks/gpu_capture_overhead.py [--runs 5] [--write]      # on a CUDA GPU
+    python benchmarks/gpu_capture_overhead.py --smoke                    # exercise the code on CPU (numbers mean nothing)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from common import BareMode, count_ops, interleaved, write
+from gpu_workload import FULL, SMOKE, autocast, build, device_for, hand_count
+
+import tscope_callbacks as ts
+
+
+def measure(runs: int, smoke: bool) -> tuple[str, dict]:
+    w = SMOKE if smoke else FULL
+    device = device_for(smoke)
+    cuda = device == "cuda"
+    model, opt, ids = build(w, device)
+
+    def step() -> None:
+        with autocast(device):
+            loss = model(ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    last: dict = {}
+
+    def tscope(details: bool):
+        def f() -> None:
+            with ts.profile(model, layer_details=details, check_finite=details) as prof:
+                step()
+            last[details] = prof
+
+        return f
+
+    def bare() -> None:
+        with BareMode():
+            step()
+
+    def torch_prof() -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=acts):
+            step()
+
+    contenders = {"plain step": step, "bare dispatch mode": bare, "torch.profiler (CPU+CUDA)": torch_prof,
+                  "ts.profile, layer_details=False": tscope(False),
+                  "ts.profile, layer_details=True (the callbacks')": tscope(True)}
+    m = interleaved(contenders, runs, cuda=cuda)
+    n_ops = count_ops(step)
+    plain = m["plain step"]
+    spec = ts.get_device_spec("auto") if cuda else ts.DeviceSpec(name="smoke", flops={"fp32": 1e11, "bf16": 1e11},
+                                                                  bandwidth=1e10)
+    rep = ts.roofline(last[True].result, spec)
+    hand = hand_count(model, w) / plain / spec.peak_flops("bf16")
+    lines = [f"# GPU capture cost ({torch.cuda.get_device_name() if cuda else 'CPU smoke run'}, torch "
+             f"{torch.__version__})", "",
+             f"GPT-2 {w.n_layer}x{w.d}, vocab {w.vocab}, batch {w.batch}x{w.seq}, bf16 autocast, fused AdamW; "
+             f"{n_ops} ops per step; median of {runs} interleaved runs, CUDA events around each whole call.", "",
+             "| run | ms | ratio to plain | extra µs per op |", "|---|---:|---:|---:|"]
+    for k, v in m.items():
+        lines.append(f"| {k} | {v * 1e3:.1f} | {v / plain:.2f} | {(v - plain) / n_ops * 1e6:.1f} |")
+    ratio = m["ts.profile, layer_details=True (the callbacks')"] / plain
+    mfu_ok = rep.mfu is not None and abs(rep.mfu / hand - 1) <= 0.05
+    lines += ["", f"- profiled step (layer details) / plain = **{ratio:.2f}** (target <= 2.0): "
+              f"{'PASS' if ratio <= 2.0 else 'FAIL'}",
+              f"- headline MFU {rep.mfu:.2%} on the {rep.step_time_source} basis ({rep.measured_step_s * 1e3:.1f} ms) "
+              f"vs hand count over the plain step {hand:.2%}: {'PASS' if mfu_ok else 'FAIL'} (target within 5%)",
+              f"- GPU idle during the capture: {(rep.meta.get('device_idle_s') or 0) * 1e3:.1f} ms; captured region "
+              f"{(rep.wall_time_s or 0) * 1e3:.1f} ms wall (not used as a step time)"]
+    return "\n".join(lines), {"ratio": ratio, "mfu": rep.mfu, "hand_mfu": hand}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny model: exercise the script only")
+    ap.add_argument("--write", action="store_true")
+    args = ap.parse_args()
+    text, _ = measure(args.runs, args.smoke)
+    print(text)
+    if args.write and not args.smoke:
+        write("gpu_capture_overhead.md", text, "python benchmarks/gpu_capture_overhead.py --write")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
