@@ -12,10 +12,7 @@ is ``benchmarks/gpu_capture_overhead.py``.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
-from pathlib import Path
 
 import torch
 from common import BareMode, count_ops, gpt2, interleaved, write

@@ -1,147 +1,226 @@
-"""GPU verification of the CUDA code paths (run on a machine with a CUDA GPU; commit its output).
+"""GPU verification of every CUDA path against ground truth, with PASS/FAIL per line (commit its output).
 
-Checks, on a real GPU:
-1. ``get_device_spec("auto")`` resolves the device name; ``calibrate()`` measures achievable roofs beside the datasheet.
-2. CUDA op timing from profiler kernel records: every op timed, and the sum of kernel times vs the step's
-   CUDA-event time (kernels cannot take longer than the step; the gap is launch/idle time).
-3. Tensor-core detection: bf16 matmuls run on tensor cores; fp32 with TF32 off do not.
-4. Per-layer CUDA allocator growth is recorded.
-5. Roofline report (MFU, table) and the profiled-step cost as a ratio to a plain step.
+Workload: HF GPT-2 124M from a config, batch 8x1024, bf16 autocast, fused AdamW. Checks:
+
+1. capture cost: ``ts.profile`` step / plain step (CUDA events around the whole call), with and without layer
+   details, beside a bare dispatch mode and torch.profiler (``benchmarks/gpu_capture_overhead.py``): <= 2.0;
+2. headline MFU of a profiled step (device-busy basis) within 5% of the hand count over the plain step;
+3. per-layer memory: ``memory_fwd_bytes`` of a few modules equal, within 1 MiB, to ``torch.cuda.memory_allocated()``
+   read by hooks around the same modules on a plain step; backward against full backward hooks (reported);
+4. tensor-core flags: bf16 GEMMs yes, fp32 with TF32 off no, TF32 on yes, every SDPA backend yes;
+5. op kernel time vs torch.profiler's kernel total on the same step (0.97-1.03), forward matmul FLOPs and causal
+   attention pairs against hand arithmetic (exact);
+6. the NaN guard's healthy steps make no synchronizing call from tscope code (``set_sync_debug_mode("warn")``);
+7. a compiled model's steps after two profiles as fast as before (within 2%) and Dynamo's counters unchanged.
 
     python scripts/gpu_check.py [--out benchmarks/results/gpu_check_<device>.md]
+    python scripts/gpu_check.py --smoke      # CPU, tiny model: exercises the script (CUDA-only lines say SKIP)
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
+import warnings
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from common import median_time
+from gpu_capture_overhead import measure
+from gpu_workload import FULL, SMOKE, autocast, build, device_for
+
 import tscope_callbacks as ts
-from tscope_callbacks.demo.model import GPTConfig, TinyGPT, matmul_flops, random_tokens
+
+RESULTS: list[tuple[str, str, str]] = []
 
 
-def cuda_time(fn, reps: int = 5) -> float:
-    """Median seconds of ``fn`` by CUDA events (after one warm-up)."""
-    fn()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(out)
+def check(name: str, ok: bool | None, detail: str) -> None:
+    status = "SKIP" if ok is None else ("PASS" if ok else "FAIL")
+    RESULTS.append((status, name, detail))
+    print(f"[{status}] {name}: {detail}", flush=True)
+
+
+def memory_ground_truth(model, step, paths: list[str], cuda: bool) -> dict[str, int]:
+    """Allocator growth across each module's forward, read by hooks on a plain step (no tscope)."""
+    if not cuda:
+        return {}
+    out: dict[str, int] = {}
+    handles = []
+    for p in paths:
+        mod = model.get_submodule(p)
+        start: dict[str, int] = {}
+        handles.append(mod.register_forward_pre_hook(lambda m, a, p=p, s=start: s.__setitem__(
+            p, torch.cuda.memory_allocated())))
+        handles.append(mod.register_forward_hook(lambda m, a, o, p=p, s=start: out.__setitem__(
+            p, out.get(p, 0) + torch.cuda.memory_allocated() - s[p])))
+    try:
+        step()
+    finally:
+        for h in handles:
+            h.remove()
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device here; run this on a GPU machine", file=sys.stderr)
-        return 2
-    lines: list[str] = []
+    w = SMOKE if args.smoke else FULL
+    device = device_for(args.smoke)
+    cuda = device == "cuda"
+    name = torch.cuda.get_device_name() if cuda else "CPU smoke run"
+    print(f"# GPU check: {name}\n\ntorch {torch.__version__}, CUDA {torch.version.cuda}\n")
 
-    def say(s: str = "") -> None:
-        print(s, flush=True)
-        lines.append(s)
+    # 1-2. capture cost and headline MFU
+    text, fig = measure(3, args.smoke)
+    check("1. profiled step (layer details) / plain <= 2.0", fig["ratio"] <= 2.0, f"{fig['ratio']:.2f}")
+    ok = fig["mfu"] is not None and abs(fig["mfu"] / fig["hand_mfu"] - 1) <= 0.05
+    check("2. headline MFU within 5% of the hand count", ok, f"{fig['mfu']:.2%} vs {fig['hand_mfu']:.2%}")
 
-    name = torch.cuda.get_device_name()
-    say(f"# GPU check: {name}\n\ntorch {torch.__version__}, CUDA {torch.version.cuda}\n")
-    spec = ts.get_device_spec("auto")
-    say(f"## 1. Device roofs\n\nresolved `{name}` -> **{spec.name}** (source: {spec.source})\n")
-    cal = ts.calibrate(quick=True)
-    ach = cal.achievable
-    say("| precision | datasheet TFLOP/s | achievable TFLOP/s | % |\n|---|---:|---:|---:|")
-    for p in ("bf16", "fp16", "tf32", "fp32"):
-        try:
-            d, a = spec.peak_flops(p), ach.peak_flops(p) if ach else float("nan")
-            say(f"| {p} | {d / 1e12:.1f} | {a / 1e12:.1f} | {a / d:.0%} |")
-        except Exception as e:
-            say(f"| {p} | n/a ({e}) | | |")
-    if ach:
-        say(f"\nbandwidth: datasheet {spec.bandwidth / 1e12:.2f} TB/s, achievable {ach.bandwidth / 1e12:.2f} TB/s\n")
+    model, opt, ids = build(w, device)
 
-    cfg = GPTConfig(vocab_size=8192, seq_len=512, d_model=1024, n_layer=8, n_head=16)
-    batch = 8
-    torch.manual_seed(0)
-    model = TinyGPT(cfg).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    x, y = random_tokens(cfg, batch, device="cuda")
-
-    def step(prof=None):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model.loss(x, y)
+    def step() -> None:
+        with autocast(device):
+            loss = model(ids, labels=ids).loss
         loss.backward()
-        if prof is not None:
-            with prof.phase("optimizer"):
-                opt.step()
-        else:
-            opt.step()
+        opt.step()
         opt.zero_grad(set_to_none=True)
 
-    plain = cuda_time(step)
-    holder = {}
+    for _ in range(3):
+        step()
+    # 3. per-layer memory against hooks
+    paths = ["transformer.h.0.mlp", "transformer.h.0.attn", f"transformer.h.{w.n_layer // 2}", "lm_head"]
+    truth = memory_ground_truth(model, step, paths, cuda)
+    with ts.profile(model, layer_details=True) as prof:
+        step()
+    for p in paths:
+        got = prof.layers[p].memory_fwd_bytes
+        if p in truth:
+            check(f"3. memory_fwd_bytes of {p} == hooks' allocator growth (1 MiB)", abs(got - truth[p]) <= 2**20,
+                  f"{got / 2**20:.1f} MiB vs {truth[p] / 2**20:.1f} MiB; saved activations "
+                  f"{prof.layers[p].saved_bytes / 2**20:.1f} MiB, peak {prof.layers[p].peak_fwd_bytes / 2**20:.1f} MiB")
+        else:
+            check(f"3. memory of {p}", None, f"{got / 2**20:.2f} MiB (no CUDA allocator here)")
 
-    def prof_step():
-        with ts.profile(model, layer_details=True) as prof:
-            step(prof)
-        holder["p"] = prof
-
-    profd = cuda_time(prof_step, reps=3)
-    prof = holder["p"]
-    ops = prof.ops
-    timed = sum(r.time_s is not None for r in ops)
-    kern = sum(r.time_s or 0.0 for r in ops)
-    say("## 2. CUDA op timing from kernel records\n")
-    say(f"ops recorded {len(ops)}, timed {timed} ({timed / len(ops):.0%}); timing={prof.meta['timing']}")
-    say(f"sum of op kernel times {kern * 1e3:.2f} ms vs plain step (CUDA events) {plain * 1e3:.2f} ms "
-        f"-> kernels cover {kern / plain:.0%} of the step")
-    fwd = sum(r.flops for r in ops if r.phase == "forward" and r.category == "matmul")
-    say(f"forward matmul FLOPs {fwd:,} vs analytic {matmul_flops(cfg, batch)['total']:,}\n")
-
-    say("## 3. Tensor-core detection\n")
-    mm = [r for r in ops if r.category == "matmul" and r.dtype == "bfloat16"]
-    say(f"bf16 matmul ops on tensor cores: {sum(r.tensor_core is True for r in mm)}/{len(mm)}")
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    # 4. tensor cores
+    mm = [r for r in prof.ops if r.category == "matmul" and r.dtype == "bfloat16"]
+    n_tc = sum(r.tensor_core is True for r in mm)
+    check("4. bf16 GEMMs on tensor cores", (n_tc == len(mm) and bool(mm)) if cuda else None, f"{n_tc}/{len(mm)}")
+    if cuda:
         a = torch.randn(2048, 2048, device="cuda")
         lin = torch.nn.Linear(2048, 2048).cuda()
-        with ts.profile(lin) as p32:
-            lin(a)
-        flags = [r.tensor_core for r in p32.ops if r.category == "matmul"]
-        say(f"fp32 matmul with TF32 off, tensor-core flags: {flags} (expected False)")
-        torch.backends.cuda.matmul.allow_tf32 = True
-        with ts.profile(lin) as ptf:
-            lin(a)
-        say(f"fp32 matmul with TF32 on, tensor-core flags: {[r.tensor_core for r in ptf.ops if r.category == 'matmul']}\n")
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
+        prev = torch.backends.cuda.matmul.allow_tf32
+        try:
+            for tf32, expected in ((False, False), (True, True)):
+                torch.backends.cuda.matmul.allow_tf32 = tf32
+                with ts.profile(lin) as p32:
+                    lin(a)
+                flags = [r.tensor_core for r in p32.ops if r.category == "matmul"]
+                check(f"4. fp32 GEMM with TF32 {'on' if tf32 else 'off'}: tensor cores {expected}",
+                      flags == [expected] * len(flags) and bool(flags), str(flags))
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = prev
+        from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    say("## 4. Per-layer CUDA memory\n")
-    for path in ("", "blocks.0", "blocks.0.mlp", "head"):
-        L = prof.layers.get(path)
-        if L is not None:
-            say(f"- `{path or '(root)'}`: fwd growth {L.memory_fwd_bytes / 2**20:.1f} MiB, "
-                f"bwd {L.memory_bwd_bytes / 2**20:.1f} MiB, output {L.output_bytes / 2**20:.1f} MiB")
+        q = torch.randn(8, 12, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+            try:
+                with sdpa_kernel(backend), ts.profile(torch.nn.Identity()) as ps:
+                    torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+                flags = [r.tensor_core for r in ps.ops if r.category == "attention"]
+                check(f"4. SDPA {backend.name} on tensor cores", bool(flags) and all(flags), str(flags))
+            except RuntimeError as e:
+                check(f"4. SDPA {backend.name}", None, f"backend not available: {e}")
 
-    say("\n## 5. Roofline and cost\n")
-    report = ts.roofline(prof.result, spec)
-    say(f"MFU {report.mfu:.1%} (bf16 peak {spec.peak_flops('bf16') / 1e12:.0f} TFLOP/s), profiled step "
-        f"{profd * 1e3:.1f} ms vs plain {plain * 1e3:.1f} ms -> ratio {profd / plain:.2f}\n")
-    say(report.to_markdown(top=15))
-    out = Path(args.out or f"benchmarks/results/gpu_check_{spec.name.replace(' ', '_').replace('/', '-')}.md")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    print(f"\nwritten {out}")
-    return 0
+    # 5. kernel time against torch.profiler, counts against hand arithmetic
+    if cuda:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as tp:
+            step()
+        torch.cuda.synchronize()
+        tp_total = sum(e.device_time_total for e in tp.key_averages() if e.device_time_total) * 1e-6
+        ours = sum(r.time_s or 0.0 for r in prof.ops) + sum(k.duration_s for k in prof.timeline.kernels
+                                                            if k.op is None)
+        check("5. op kernel time / torch.profiler kernel total in [0.97, 1.03]", 0.97 <= ours / tp_total <= 1.03,
+              f"{ours * 1e3:.2f} ms / {tp_total * 1e3:.2f} ms = {ours / tp_total:.3f}")
+    t = w.tokens
+    d = w.d
+    fwd_mm = 2 * t * (d * 3 * d + d * d + d * 4 * d + 4 * d * d) * w.n_layer + 2 * t * d * w.vocab
+    got = sum(r.flops for r in prof.ops if r.phase == "forward" and r.category == "matmul")
+    check("5. forward matmul FLOPs == 2 T (12 d^2 L + d V)", got == fwd_mm, f"{got:,} vs {fwd_mm:,}")
+    pairs = w.seq * (w.seq + 1) // 2
+    att = 2 * pairs * 2 * d * w.batch * w.n_layer  # 2 GEMMs x (head_dim x heads = d) x attended pairs
+    got_att = sum(r.flops for r in prof.ops if r.phase == "forward" and r.category == "attention")
+    check("5. causal attention forward FLOPs == 4 B pairs d L", got_att == att, f"{got_att:,} vs {att:,}")
+
+    # 6. NaN guard sync-free
+    nan_guard_check(w, device, cuda)
+    # 7. compile
+    compile_check(w, device, cuda)
+    lines = [f"# GPU check: {name}", "", f"torch {torch.__version__}, CUDA {torch.version.cuda}", "",
+             "| | check | result |", "|---|---|---|"] + [f"| {s} | {n} | {d_} |" for s, n, d_ in RESULTS]
+    lines += ["", "## Capture cost", "", text]
+    out = Path(args.out or f"benchmarks/results/gpu_check_{name.replace(' ', '_').replace('/', '-')}.md")
+    if not args.smoke:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("\n".join(lines) + "\n")
+        print(f"\nwritten {out}")
+    return 0 if all(s != "FAIL" for s, _, _ in RESULTS) else 1
+
+
+def nan_guard_check(w, device: str, cuda: bool) -> None:
+    """A short fit with the guard's default (deferred) read: no synchronizing call from tscope code on healthy
+    steps, under ``torch.cuda.set_sync_debug_mode("warn")``."""
+    from gpu_nan_guard_overhead import SyncWatch
+    from gpu_workload import fit_window
+
+    guard = ts.NaNGuardCallback()
+    watch = SyncWatch(4, 12)
+    fit_window(w, device, [guard, watch], first=4, last=12)
+    if not cuda:
+        check("6. NaN guard: no host sync on healthy steps", None, f"mode {guard.mode} on CPU (reads are free)")
+        return
+    check("6. NaN guard: no host sync on healthy steps", not watch.ours and guard.host_syncs == 0,
+          f"mode {guard.mode}, flag reads that synced {guard.host_syncs}, sync warnings from tscope {watch.ours[:3]}; "
+          f"from anything {watch.all}")
+
+
+def compile_check(w, device: str, cuda: bool) -> None:
+    """Compiled step time before and after two profiles (CUDA events), and Dynamo's counters."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model, opt, ids = build(w, device)
+    cmodel = torch.compile(model)
+
+    def step() -> None:
+        with autocast(device):
+            loss = cmodel(ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    graphs = dict(counters["stats"])
+    before = median_time(step, 10, cuda=cuda)
+    for _ in range(2):
+        with ts.profile(cmodel, layer_details=True, check_finite=True):
+            step()
+    after = median_time(step, 10, cuda=cuda)
+    check("7. compiled step after two profiles within 2% of before", after <= before * 1.02,
+          f"{before * 1e3:.2f} ms -> {after * 1e3:.2f} ms")
+    check("7. Dynamo graphs unchanged by profiling", dict(counters["stats"]) == graphs,
+          f"{graphs} -> {dict(counters['stats'])}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        sys.exit(main())
