@@ -17,18 +17,16 @@ The server is always stopped; each PNG should still be looked at (a slow machine
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tb_server import TensorBoardUnavailable, serve
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -38,12 +36,6 @@ SHOTS = {
     "tensorboard_scalars.png": ("#scalars&tagFilter=tscope%2Froofline%2F&_smoothingWeight=0", "1400,1300"),
     "tensorboard_text.png": ("#text&tagFilter=tscope%2Froofline%2Ftable", "1600,1000"),
 }
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def latest_step_json(logdir: Path) -> Path:
@@ -60,44 +52,6 @@ def render_plot(step_json: Path, out: Path) -> None:
     prof, dev = load(str(step_json))
     roofline(prof, dev).plot(out)
     print(f"wrote {out} (from {step_json})")
-
-
-def _get_json(url: str) -> object:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.loads(r.read().decode("utf-8"))
-
-
-@contextlib.contextmanager
-def tensorboard(logdir: Path, port: int, wait_s: float = 90.0) -> Iterator[str]:
-    """A ``tensorboard`` server on 127.0.0.1:port, up once it serves the tscope scalar tags; always stopped."""
-    exe = Path(sys.executable).with_name("tensorboard")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "tensorboard.main"]
-    cmd += ["--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port), "--reload_interval", "0"]
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise SystemExit(f"tensorboard exited ({proc.returncode}):\n{log.read().decode(errors='replace')}")
-            with contextlib.suppress(OSError, ValueError):
-                tags = _get_json(base + "/data/plugin/scalars/tags")
-                if any(t.startswith("tscope/roofline/") for run in tags.values() for t in run):
-                    break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"tensorboard did not serve tscope scalars within {wait_s:.0f} s")
-            time.sleep(1.0)
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def screenshot(chromium: str, url: str, out: Path, size: str, budget_ms: int) -> None:
@@ -123,9 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.no_plot:
         render_plot(latest_step_json(args.logdir), args.out / "roofline_example.png")
-    with tensorboard(args.logdir.resolve(), free_port()) as base:
+    try:
+        server = serve(args.logdir.resolve(), 90.0, extra_args=("--reload_interval", "0"))
+        base = server.__enter__()
+    except TensorBoardUnavailable as e:
+        raise SystemExit(f"screenshots: {e}") from None
+    try:
         for name, (fragment, size) in SHOTS.items():
             screenshot(args.chromium, f"{base}/{fragment}", args.out / name, size, args.budget_ms)
+    finally:
+        server.__exit__(None, None, None)
     return 0
 
 

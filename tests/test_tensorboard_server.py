@@ -8,15 +8,7 @@ does not come up; the server is always stopped.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -27,30 +19,16 @@ from models import TinyLM
 
 import tscope_callbacks as ts
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from tb_server import TensorBoardUnavailable, get_json, serve
+
 STARTUP_S = 60.0
 ROOFLINE_SCALARS = {"mfu", "mbu", "achieved_tflops", "measured_step_ms", "estimated_step_ms",
                     "compute_bound_time_frac", "memory_bound_time_frac", "flop_coverage"}
 
 
-def _free_port() -> int:
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-    except OSError as e:
-        pytest.skip(f"cannot open a localhost port: {e}")
-
-
 def _get(base: str, path: str, **params: str) -> object:
-    url = base + path + ("?" + urllib.parse.urlencode(params) if params else "")
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read().decode("utf-8"))
-
-
-def _tensorboard_cmd(logdir: Path, port: int) -> list[str]:
-    exe = Path(sys.executable).with_name("tensorboard")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "tensorboard.main"]
-    return cmd + ["--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port)]
+    return get_json(base, path, **params)
 
 
 @pytest.fixture(scope="module")
@@ -68,36 +46,15 @@ def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(logdir: Path):
     """Base URL of a tensorboard serving ``logdir``, once its scalars endpoint lists the run's tscope tags."""
-    port = _free_port()
-    out = tempfile.TemporaryFile()
     try:
-        proc = subprocess.Popen(_tensorboard_cmd(logdir, port), stdout=out, stderr=subprocess.STDOUT)
-    except OSError as e:
-        out.close()
-        pytest.skip(f"cannot start tensorboard: {e}")
-    base = f"http://127.0.0.1:{port}"
+        ctx = serve(logdir, STARTUP_S)
+        base = ctx.__enter__()
+    except TensorBoardUnavailable as e:
+        pytest.skip(str(e))
     try:
-        deadline = time.monotonic() + STARTUP_S
-        while True:
-            if proc.poll() is not None:
-                out.seek(0)
-                pytest.skip(f"tensorboard exited with {proc.returncode}: {out.read().decode(errors='replace')[-800:]}")
-            with contextlib.suppress(OSError, ValueError):
-                tags = _get(base, "/data/plugin/scalars/tags")
-                if any(t.startswith("tscope/roofline/") for run in tags.values() for t in run):
-                    break
-            if time.monotonic() > deadline:
-                pytest.skip(f"tensorboard did not serve the logged scalars within {STARTUP_S:.0f} s")
-            time.sleep(0.5)
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        out.close()
+        ctx.__exit__(None, None, None)
 
 
 def test_runs_and_plugins(server: str) -> None:

@@ -14,11 +14,9 @@ moves:
   (``x.size(0) * x.size(1)``) are not tensors of the model and count 0.
 
 Ops without a handle are reported by ``unsupported_ops()`` (fvcore semantics), never silently dropped: unlike
-fvcore, relu/dropout/cat/copy_... are counted, only the zero-movement ops in :data:`ZERO_OPS` are ignored.
-
-Bytes (``total_bytes`` and friends) use each traced value's own scalar type; ``dtype`` is the fallback for values
-whose type is unknown (and for elements counted by your own ``set_op_handle`` handles), or, with ``cast=True``,
-the size assumed for every floating-point tensor (estimate a bf16 run from an fp32 trace).
+fvcore, relu/dropout/cat/copy_... are counted, only the zero-movement ops in :data:`ZERO_OPS` are ignored. Bytes
+use each traced value's own scalar type; ``dtype`` is the fallback for values of unknown type (and your own
+``set_op_handle`` handles), or, with ``cast=True``, the size of every floating-point tensor (bf16 from an fp32 trace).
 """
 
 from __future__ import annotations
@@ -57,16 +55,8 @@ ZERO_OPS: frozenset[str] = frozenset(
     ).split()
 )
 
-_CONV = (
-    "_convolution",
-    "convolution",
-    "conv1d",
-    "conv2d",
-    "conv3d",
-    "conv_transpose1d",
-    "conv_transpose2d",
-    "conv_transpose3d",
-)
+_CONV = ("_convolution", "convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+         "conv_transpose3d")
 _GENERIC = (
     # matmul family and convolution (fvcore's default FLOP handles cover these)
     "addmm addmm_ bmm baddbmm mm mv dot matmul linear einsum addmv addbmm "
