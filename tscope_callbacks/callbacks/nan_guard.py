@@ -54,7 +54,7 @@ from tscope_callbacks.analysis import nonfinite as nl
 from tscope_callbacks.analysis.nonfinite import NonFiniteError, NonFiniteEvent
 from tscope_callbacks.callbacks import nan_steps
 from tscope_callbacks.callbacks.session import sinks_for
-from tscope_callbacks.callbacks.sinks import NULL_SINK
+from tscope_callbacks.callbacks.sinks import METRIC_ROOT, NULL_SINK, metric_key
 from tscope_callbacks.capture.profile import paused
 
 __all__ = ["NaNGuardCallback", "NonFiniteError", "NonFiniteEvent"]
@@ -268,7 +268,7 @@ class NaNGuardCallback(Callback):
         if len(self.events) < self.max_events:
             self.events.append(event)
         sinks = sinks_for(trainer, False)
-        sinks.log_scalars({"tscope/nan/events": float(self.num_events)}, trainer.global_step)
+        sinks.log_scalars({metric_key("nan", "events"): float(self.num_events)}, trainer.global_step)
         alert, missed = self._limiter.admit()
         if not alert:
             _log.debug("%s", event)
@@ -286,7 +286,7 @@ class NaNGuardCallback(Callback):
         if sinks is NULL_SINK:  # fast_dev_run writes nothing, but the log line still goes out
             _log.warning("%s", text)
             return
-        sinks.alert("tscope/nan", title, text, trainer.global_step, wait_s=self.alert_every_s)
+        sinks.alert(f"{METRIC_ROOT}/nan", title, text, trainer.global_step, wait_s=self.alert_every_s)
 
     def _internal_error(self, where: str, e: BaseException) -> None:
         _log.warning("NaN guard: internal error in %s (training continues): %s: %s", where, type(e).__name__, e)

@@ -12,7 +12,7 @@ import torch
 from tscope_callbacks.analysis import locate as nl_locate
 from tscope_callbacks.analysis import nonfinite as nl
 from tscope_callbacks.analysis.nonfinite import NonFiniteEvent
-from tscope_callbacks.callbacks.session import gather_floats
+from tscope_callbacks.callbacks.session import gather_floats, gather_objects
 from tscope_callbacks.capture.paths import named_parameters
 
 if TYPE_CHECKING:
@@ -76,14 +76,11 @@ def _locate(guard: NaNGuardCallback, trainer: Any, pl_module: Any, snaps: list, 
 
 def _merge(guard: NaNGuardCallback, trainer: Any, info: nl.RankInfo, step: int, epoch: int,
            batch_idx: int) -> NonFiniteEvent | None:
-    infos = [info]
-    if trainer.world_size > 1:
-        try:
-            infos = [None] * trainer.world_size
-            torch.distributed.all_gather_object(infos, info)
-        except Exception as e:
-            guard._internal_error("event all_gather", e)
-            infos = [info]
+    try:
+        infos = gather_objects(trainer, info)
+    except Exception as e:
+        guard._internal_error("event all_gather", e)
+        infos = [info]
     bad = [i for i in infos if i is not None and i.bad]
     if not bad:  # the norm overflowed on finite values: not an event
         guard._streak = guard._skips_in_row = 0

@@ -17,7 +17,7 @@ import torch
 from tscope_callbacks.callbacks.sinks import NULL_SINK, Sink, build_sinks
 from tscope_callbacks.records import StepProfile
 
-__all__ = ["ProfileContext", "Capture", "batch_signature", "gather_floats", "running", "set_running", "abort",
+__all__ = ["ProfileContext", "Capture", "batch_signature", "gather_floats", "gather_objects", "running", "set_running", "abort",
            "sinks_for", "forget_trainer", "dirty_clocks", "register_clock"]
 
 log = logging.getLogger("tscope_callbacks")
@@ -66,6 +66,15 @@ def gather_floats(trainer: Any, values: list[float], device: Any = None) -> list
     t = torch.tensor(values, dtype=torch.float64, device=device or trainer.strategy.root_device)
     g = trainer.strategy.all_gather(t)
     return [[float(v) for v in row] for row in g.reshape(trainer.world_size, len(values)).tolist()]
+
+
+def gather_objects(trainer: Any, obj: Any) -> list[Any]:
+    """One picklable object per rank (rare paths only: a bad step's analysis); ``[obj]`` on a single process."""
+    if trainer.world_size <= 1:
+        return [obj]
+    out: list[Any] = [None] * trainer.world_size
+    torch.distributed.all_gather_object(out, obj)
+    return out
 
 
 class Capture:

@@ -60,7 +60,7 @@ def metric_key(area: str, name: str, stage: str = "train") -> str:
 
 def _slug(key: str) -> str:
     """``"tscope/roofline/table"`` -> ``"roofline_table"`` (a file-name-safe key)."""
-    key = key[len("tscope/") :] if key.startswith("tscope/") else key
+    key = key[len(METRIC_ROOT) + 1 :] if key.startswith(METRIC_ROOT + "/") else key
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", key).strip("_") or "output"
 
 
