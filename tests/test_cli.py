@@ -132,6 +132,24 @@ def test_analyze_helper_model_resnet_shape(capsys: pytest.CaptureFixture[str], t
     assert by_layer == SmallConvNet().expected_flops(32, 224, 224)
 
 
+def test_report_on_an_analyze_json_keeps_the_analysed_device(capsys: pytest.CaptureFixture[str],
+                                                              tmp_path: Path) -> None:
+    # used to re-rate the meta profile on this machine's CPU (0.02 ms on the H100 became 528 ms)
+    out_json = tmp_path / "gpt.json"
+    assert main(["analyze", "tscope_callbacks.demo.model:TinyGPT", "--input-shape", "8,64", "--gpu", "h100",
+                 "--precision", "bf16-mixed", "--json", str(out_json)]) == 0
+    first = capsys.readouterr().out
+    data = json.loads(out_json.read_text())
+    assert data["device"]["name"] == "NVIDIA H100 SXM" and data["profile"]["meta"]["device_name"] == "NVIDIA H100 SXM"
+    assert main(["report", str(out_json)]) == 0
+    again = capsys.readouterr().out
+    assert again.startswith("## Roofline — NVIDIA H100 SXM")
+    head = [ln for ln in first.splitlines() if ln.startswith("- **Step**")]
+    assert head and head == [ln for ln in again.splitlines() if ln.startswith("- **Step**")]  # same estimate
+    # token ids inferred (TinyGPT starts with an embedding): no --input-dtype needed
+    assert any(o["category"] == "embedding" for o in data["profile"]["ops"])
+
+
 def test_analyze_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["analyze", "cli_models:SmallConvNet", "--input-shape", "2,3,8,8", "--gpu", "NVIDIA L40X"]) == 2
     assert "Closest known names" in capsys.readouterr().err

@@ -29,7 +29,7 @@ def test_demo_prints_table_opportunities_mfu_and_tensorboard_command(
     out = capsys.readouterr().out
     assert "tscope demo: 25 steps in" in out
     assert "## Roofline" in out and "· DemoLM · step 20" in out  # profiled at 10 and 20: the last one is shown
-    assert "| layer | type | phase | GFLOPs | MB | FLOP/B | bound | est ms | measured ms | % of roof |" in out
+    assert "| layer | type | phase | GFLOPs | MB | FLOP/B | bound | roof ms | measured ms | % of roof |" in out
     assert "### Opportunities" in out
     assert "**MFU**" in out and "Automatic MFU" in out
     assert f"tensorboard --logdir {out_dir.resolve()}" in out

@@ -262,6 +262,26 @@ def test_lstm_and_gru_fused_cpu_kernels():
     assert gru == 2 * 10 * 576 + 10 * 8 * 16  # GEMMs 11520 + gates 1280
 
 
+def test_cudnn_lstm_backward_always_counts_the_data_gradient_pass():
+    # cuDNN's backward computes dx/dhx/dcx unconditionally (RNN.cpp), the weight grads only when asked for
+    f = DEFAULT_REGISTRY.lookup(aten._cudnn_rnn_backward.default).flops
+    S = torch.Size
+    # LSTM, T=10 x B=4 tokens of 32 features, hidden 64, 1 layer: w_ih 256x32, w_hh 256x64 (+ biases)
+    weights = [S([256, 32]), S([256, 64]), S([256]), S([256])]
+    g = 2 * 40 * (256 * 32 + 256 * 64)  # 1,966,080: every weight times every token
+    p = 40 * 64 * 19  # 48,640 gate FLOPs
+
+    def bwd(mask):
+        return f(S([10, 4, 32]), weights, 4, S([100]), S([1, 4, 64]), S([1, 4, 64]), S([10, 4, 64]),
+                 S([10, 4, 64]), None, None, 2, 64, 0, 1, False, 0.0, True, False, [], None, S([10]), mask,
+                 out=None)
+
+    assert bwd([True, True, True, True]) == 2 * g + 2 * p
+    # inputs that need no grad (e.g. embeddings frozen, or the first layer's data): the data pass still runs
+    assert bwd([False, False, False, True]) == 2 * g + 2 * p
+    assert bwd([True, True, True, False]) == g + 2 * p  # frozen weights: no weight pass
+
+
 def test_sort_topk_median_glu():
     x = torch.randn(4, 16)
     rec = count(lambda: (x.sort(-1), x.topk(3, -1), x.median(), torch.nn.functional.glu(x, -1)))

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import sys
 
 import pytest
 from profiles import a100, make_profile, matmul, op, pointwise, toy_profile
 
+from tscope_callbacks import api
 from tscope_callbacks import api as specs_mod
 from tscope_callbacks.analysis.diagnose import explain
-from tscope_callbacks.api import roofline
 from tscope_callbacks.cli import report as report_cli
 from tscope_callbacks.devices.spec import DeviceSpec
 from tscope_callbacks.render.markdown import COLUMNS
 
 # A CPU-like roof with a low ridge (1e12 / 1e11 = 10 FLOP/B) so small fp32 matmuls are compute-bound.
 CPU = DeviceSpec(name="cpu test", flops={"fp32": 1e12}, bandwidth=1e11, vector_flops={"fp32": 1e11}, measured=True)
+
+# these tests check the roofline arithmetic itself: no shape-aware kernel model on top of it
+roofline = functools.partial(api.roofline, kernel_model=False)
 
 
 def _row(ops, spec=None, **meta):
@@ -81,9 +85,11 @@ def test_reason_uncounted_and_untimed():
 
 def test_markdown_has_columns_header_and_opportunities():
     md = roofline(toy_profile(), a100()).to_markdown(top=20)
-    assert "| " + " | ".join(COLUMNS) + " |" in md
-    assert COLUMNS == ["layer", "type", "phase", "GFLOPs", "MB", "FLOP/B", "bound", "est ms", "measured ms",
-                       "% of roof"]
+    # no kernel model (roofline arithmetic only): no "expected ms" column
+    assert "| " + " | ".join(c for c in COLUMNS if c != "expected ms") + " |" in md
+    assert "| " + " | ".join(COLUMNS) + " |" in api.roofline(toy_profile(), a100()).to_markdown(top=20)
+    assert COLUMNS == ["layer", "type", "phase", "GFLOPs", "MB", "FLOP/B", "bound", "roof ms", "expected ms",
+                       "measured ms", "% of roof"]
     for s in ("NVIDIA A100-SXM4-80GB", "**MFU**", "**MBU**", "datasheet", "bf16 matrix 312 TFLOP/s",
               "measured 4 ms (median of 8 unprofiled steps, wall clock)", "captured region 9 ms wall", "FLOP coverage", "### Opportunities", "`blocks.0.fc` | Linear | backward",
               "| **total** |", "### By op class", "aten.nonzero ×1"):

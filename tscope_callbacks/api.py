@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from tscope_callbacks.analysis.roofline import build_roofline
+from tscope_callbacks.capture.meta_run import AutocastAs, SdpaAs, backend_for, backward_from, lm_labels, token_input
 from tscope_callbacks.capture.profile import profile
 from tscope_callbacks.devices.precision import TORCH_DTYPES, normalize_precision
 from tscope_callbacks.devices.resolve import get_device_spec
@@ -40,7 +41,7 @@ def _resolve(spec: Any, default: str) -> Any:
 
 
 def roofline(prof: Any, spec: Any = None, *, achievable: Any = None, precision: str | None = None,
-             group_small: float = 0.01) -> RooflineReport:
+             group_small: float = 0.01, kernel_model: Any = True) -> RooflineReport:
     """Place every op of ``prof`` (a StepProfile, or anything with ``.ops/.layers/.wall_time_s/.meta``) on the roofline.
 
     ``spec``: a DeviceSpec or a name/path for ``get_device_spec``; None -> ``prof.meta["device_name"]`` or "auto".
@@ -48,12 +49,14 @@ def roofline(prof: Any, spec: Any = None, *, achievable: Any = None, precision: 
     ``precision``: force the roof precision of matrix-class ops (e.g. "fp8" for an fp8 what-if on a bf16 run);
     other ops always use their own dtype. ``group_small``: rows under this share of measured time (estimated when
     untimed) AND of FLOPs are grouped into one "(other N ...)" row in tables; totals always include them.
+    ``kernel_model``: predict shape-aware kernel times from the device's measured efficiency (default), or False for
+    pure roofline bounds.
     """
     meta = getattr(prof, "meta", None) or {}
     spec = _resolve(spec, meta.get("device_name") or "auto")
     ach = _resolve(achievable, "") if achievable is not None else None
     return build_roofline(prof, spec, achievable=ach, precision=precision, group_small=group_small,
-                          cls=RooflineReport)
+                          cls=RooflineReport, kernel_model=kernel_model)
 
 
 def build_inputs(
@@ -95,19 +98,31 @@ def analyze_model(
     device: str = "meta",
     print_report: bool = False,
     top: int = 20,
+    attention_backend: str | None = None,
 ):
     """Count FLOPs/bytes of ``model`` on ``input_shape`` and place every op on ``gpu``'s roofline.
 
     Returns a ``RooflineReport`` (``.to_markdown()``, ``.plot()``, ``.estimated_time_s()``); ``report.profile`` is
-    the underlying :class:`StepProfile`. ``backward=True`` also runs ``output.sum().backward()`` (or the loss, for
-    outputs with a ``loss`` field). ``precision`` in ("fp32", "tf32", "fp16", "bf16", "fp64"; "fp8"/"int8" are
-    estimated from a bf16 run against the fp8/int8 roof).
+    the underlying :class:`StepProfile`. ``backward=True`` also runs the backward, from the output's ``loss`` (HF
+    outputs; HF causal LMs are given ``labels=input_ids``) or else from ``output.float().sum()``. ``precision`` in
+    ("fp32", "tf32", "fp16", "bf16", "fp64"; "fp8"/"int8" are estimated from a bf16 run against the fp8/int8 roof):
+    the model is cast to it; "bf16-mixed"/"16-mixed" keep fp32 weights and run under autocast, as Lightning's mixed
+    precision trains (weight casts, fp32 norms/softmax/losses/pow included).
+
+    Correct by default: token-id inputs are inferred for models that start with an embedding (``input_shape=[(4,
+    64)]`` on GPT-2 builds int64 ids); on meta, attention runs the fused op the target device would
+    (``attention_backend``: "cudnn" on Hopper, "flash" on other GPUs, "cpu" for CPU roofs; "efficient" for fp32 or
+    masked attention), never the math path.
     """
     prec = normalize_precision(precision)
+    mixed = str(precision).strip().lower().endswith("-mixed")
     spec = get_device_spec(gpu)
     prof = profile_model(
-        model, input_shape, precision=prec, inputs=inputs, input_dtypes=input_dtypes, backward=backward, device=device
+        model, input_shape, precision=prec, inputs=inputs, input_dtypes=input_dtypes, backward=backward, device=device,
+        attention_backend=attention_backend or backend_for(spec), mixed=mixed,
     )
+    if str(device) == "meta":  # an estimate for the target: the profile says which device it is for
+        prof.meta["device_name"] = spec.name
     report = roofline(prof, spec, precision=prec)
     report.profile = prof
     if print_report:
@@ -124,13 +139,25 @@ def profile_model(
     input_dtypes: Sequence[Any] | None = None,
     backward: bool = False,
     device: str = "meta",
+    attention_backend: str = "flash",
+    mixed: bool = False,
 ) -> StepProfile:
-    """Run ``model`` once under :func:`profile` on ``device`` at ``precision``; returns the StepProfile."""
+    """Run ``model`` once under :func:`profile` on ``device`` at ``precision``; returns the StepProfile.
+
+    ``mixed``: keep the weights in fp32 and run under autocast to ``precision`` (``torch.autocast`` on a real
+    device; on meta ``capture.meta_run.AutocastAs``, CUDA autocast's op lists), as ``precision="bf16-mixed"``
+    training does; otherwise the model is cast to ``precision``.
+
+    ``attention_backend``: on meta, the fused SDPA op to count ("cudnn", "flash", "efficient"-only cases, "cpu"; see
+    ``capture.meta_run.SdpaAs``); real devices run their own dispatch."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"analyze_model needs a torch.nn.Module, got {type(model).__name__}")
     if inputs is None and input_shape is None:
         raise ValueError("give input_shape=[(batch, ...), ...] or inputs=[tensor, ...]")
-    dtype = TORCH_DTYPES.get(precision, torch.float32)
+    low = TORCH_DTYPES.get(precision, torch.float32)
+    if mixed and low not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"mixed precision needs bf16 or fp16, got {precision!r}")
+    dtype = torch.float32 if mixed else low
     work = model
     on_target = all(p.device.type == torch.device(device).type for p in model.parameters())
     if not on_target or dtype != torch.float32:
@@ -139,54 +166,36 @@ def profile_model(
             work = work.to(dtype)
     work.train(backward)
     if inputs is None:
-        inputs = build_inputs(input_shape, dtype=dtype, input_dtypes=input_dtypes, device=device)
+        vocab = token_input(model) if not input_dtypes else None
+        if vocab is not None:  # token ids first (an embedding cannot take bf16 "indices")
+            shapes = [input_shape] if input_shape and isinstance(input_shape[0], int) else list(input_shape)
+            inputs = build_inputs(shapes[:1], dtype=torch.long, device=device, high=max(vocab, 1))
+            inputs += build_inputs(shapes[1:], dtype=dtype, device=device) if shapes[1:] else []
+        else:
+            inputs = build_inputs(input_shape, dtype=dtype, input_dtypes=input_dtypes, device=device)
     else:
         inputs = [i.to(device) if isinstance(i, torch.Tensor) else i for i in inputs]
+    extra = lm_labels(work, inputs) if backward else {}
     timing = None if device == "meta" else "auto"
     prev = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high" if precision == "tf32" else prev)
     try:
-        sdpa = _FusedSdpa() if str(device) == "meta" else contextlib.nullcontext()
-        with torch.set_grad_enabled(backward), sdpa, profile(work, timing=timing) as prof:
-            out = work(*inputs)
-            if backward:
-                _backward(out)
+        meta = str(device) == "meta"
+        sdpa = SdpaAs(attention_backend) if meta else contextlib.nullcontext()
+        amp: Any = contextlib.nullcontext()
+        if mixed:  # entered after SdpaAs: casts first, so SDPA is routed on the low-precision inputs
+            amp = AutocastAs(low) if meta else torch.autocast(torch.device(device).type, dtype=low)
+        with torch.set_grad_enabled(backward), sdpa, amp, profile(work, timing=timing) as prof:
+            out = work(*inputs, **extra)
+            how = backward_from(out) if backward else None
     finally:
         torch.set_float32_matmul_precision(prev)
     res = prof.result
-    res.meta.update({"analysis_precision": precision, "analysis_device": str(device), "backward": backward})
+    res.meta.update({"analysis_precision": precision + ("-mixed" if mixed else ""), "analysis_device": str(device),
+                     "backward": backward,
+                     "backward_from": ("loss (labels = input ids)" if extra else how) if backward else None,
+                     "attention_backend": attention_backend if str(device) == "meta" else "device dispatch",
+                     "attention_calls": dict(getattr(sdpa, "used", {}))})
     return res
 
 
-class _FusedSdpa(torch.overrides.TorchFunctionMode):
-    """On ``meta``, SDPA would fall back to its math decomposition (full t x t bmm, causal mask not exploited).
-    A GPU runs a fused flash/efficient kernel, so route it to the fused op, which has meta kernels fwd+bwd."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention and not kwargs.get("enable_gqa"):
-            q, k, v = args[:3]
-            if q.device.type == "meta" and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
-                rest = list(args[3:])
-                names = ["attn_mask", "dropout_p", "is_causal", "scale"]
-                kw = dict(zip(names, rest))
-                kw.update({n: kwargs[n] for n in names if n in kwargs})
-                return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                    q, k, v, kw.get("dropout_p", 0.0), kw.get("is_causal", False),
-                    attn_mask=kw.get("attn_mask"), scale=kw.get("scale"))[0]
-        return func(*args, **kwargs)
-
-
-def _backward(out: Any) -> None:
-    loss = getattr(out, "loss", None)
-    if loss is None and isinstance(out, dict):
-        loss = out.get("loss")
-    if loss is None:
-        if isinstance(out, dict):
-            out = next(v for v in out.values() if isinstance(v, torch.Tensor))
-        elif isinstance(out, (tuple, list)):
-            out = out[0]
-        elif hasattr(out, "logits"):
-            out = out.logits
-        loss = out.float().sum()
-    loss.backward()

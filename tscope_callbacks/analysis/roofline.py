@@ -14,11 +14,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tscope_callbacks.analysis.advice import opportunities as advice_opportunities
 from tscope_callbacks.analysis.diagnose import explain
+from tscope_callbacks.analysis.estimate import expected_s
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.rows import Opportunity, OpRoof, Row
 from tscope_callbacks.analysis.summary import summary_dict
 from tscope_callbacks.capture.paths import ancestors
+from tscope_callbacks.devices.efficiency import model_for
 from tscope_callbacks.devices.precision import normalize_precision, precision_for_dtype, tf32_enabled
 from tscope_callbacks.records import MATRIX_CATEGORIES, PHASES, OpRecord, StepProfile
 
@@ -72,7 +75,7 @@ def _op_precision(rec: OpRecord, spec: Any, tf32: bool, override: str | None) ->
 
 
 def build_roofline(prof: Any, spec: Any, *, achievable: Any = None, precision: str | None = None,
-                   group_small: float = 0.01, cls: type | None = None) -> Any:
+                   group_small: float = 0.01, cls: type | None = None, kernel_model: Any = True) -> Any:
     """Place every op of ``prof`` (a StepProfile, or anything with ``.ops/.layers/.wall_time_s/.meta``) on the roofline.
 
     ``spec``: a resolved DeviceSpec (``devices.resolve.get_device_spec`` turns names into one; analysis never
@@ -82,6 +85,9 @@ def build_roofline(prof: Any, spec: Any, *, achievable: Any = None, precision: s
     ``precision``: force the roof precision of matrix-class ops (e.g. "fp8" for an fp8 what-if on a bf16 run);
     other ops always use their own dtype. ``group_small``: rows under this share of measured time (estimated when
     untimed) AND of FLOPs are grouped into one "(other N ...)" row in tables; totals always include them.
+    ``kernel_model``: True (default) predicts each op's shape-aware kernel time with the device's measured
+    efficiency (``devices.efficiency.model_for``; none for CPU roofs); False keeps pure roofline bounds; or a
+    ``KernelModel``.
     """
     if spec is None or isinstance(spec, str):
         raise TypeError("build_roofline needs a resolved DeviceSpec (use tscope_callbacks.get_device_spec, or "
@@ -92,15 +98,18 @@ def build_roofline(prof: Any, spec: Any, *, achievable: Any = None, precision: s
     tf32 = tf32_enabled(meta.get("float32_matmul_precision", "highest")) and bool(spec.flops.get("tf32"))
     roofs = _Roofs(spec, ach)
     ach_bw = float(ach.bandwidth) if ach is not None and getattr(ach, "bandwidth", None) else None
+    model = model_for(spec) if kernel_model is True else (kernel_model or None)
     ops: list[OpRoof] = []
     for rec in prof.ops:
         p, matrix = _op_precision(rec, spec, tf32, override)
         roof_p, roof_matrix, peak, ach_peak = roofs.get(p, matrix)
         ops.append(OpRoof(rec, p, roof_matrix, peak, float(spec.bandwidth), ach_peak if ach_bw else None,
-                          ach_bw if ach_peak else None, roof_p))
+                          ach_bw if ach_peak else None, roof_p, expected_s(rec, roof_p, model)))
+    meta["kernel_model"] = model.source if model is not None else None
     return (cls or RooflineAnalysis)(ops, spec, meta=meta, layers=dict(getattr(prof, "layers", None) or {}),
                                      wall_time_s=getattr(prof, "wall_time_s", None), achievable=ach,
-                                     group_small=group_small, coverage=_coverage(prof), tf32=tf32, roofs=roofs)
+                                     group_small=group_small, coverage=_coverage(prof), tf32=tf32, roofs=roofs,
+                                     kernel_model=model)
 
 
 def _coverage(prof: Any) -> float:
@@ -123,8 +132,9 @@ class RooflineAnalysis:
 
     def __init__(self, ops: list[OpRoof], spec: Any, *, meta: dict[str, Any], layers: dict[str, Any],
                  wall_time_s: float | None, achievable: Any, group_small: float, coverage: float, tf32: bool,
-                 roofs: _Roofs) -> None:
+                 roofs: _Roofs, kernel_model: Any = None) -> None:
         self.op_roofs, self.spec, self.achievable, self.meta = ops, spec, achievable, meta
+        self.kernel_model = kernel_model  #: the devices.efficiency.KernelModel behind ``expected_s`` (None: roofs only)
         self.layer_records, self.wall_time_s, self.group_small = layers, wall_time_s, group_small
         self.flop_coverage, self.tf32 = coverage, tf32
         self.profile: Any = None  #: the StepProfile, when the caller attaches it (analyze_model does)
@@ -162,7 +172,8 @@ class RooflineAnalysis:
         else:
             self.measured_step_s = t.measured_s if meta.get("device") != "meta" else None
             self.step_time_source = "op-time" if self.measured_step_s is not None else None
-        self.estimated_step_s = t.estimate_s
+        self.estimated_step_s = t.expected_s  #: sum of shape-aware expected kernel times (roof bound where none)
+        self.roof_step_s = t.estimate_s  #: sum of roofline bounds (datasheet)
         self.dominant_precision = t.precision or "fp32"
         mat: dict[str, int] = {}
         for o in ops:
@@ -183,11 +194,11 @@ class RooflineAnalysis:
         self.mbu = _div(_div(t.bytes, step), self.bandwidth)
         self.achieved_tflops = _div(_div(t.flops, step), 1e12)  #: what the hardware did (recompute included)
         self.achieved_gbps = _div(_div(t.bytes, step), 1e9)
-        self.estimated_mfu = _div(_div(self.model_flops, t.estimate_s), self.mfu_peak_flops)
+        self.estimated_mfu = _div(_div(self.model_flops, t.expected_s), self.mfu_peak_flops)
         self.time_basis = "measured" if self.timed else "estimated"
         frac = {b: 0.0 for b in ("compute", "memory", "uncounted", "overhead")}
         for o in ops:
-            frac[o.bound] += (o.measured_s or 0.0) if self.timed else o.estimate_s
+            frac[o.bound] += (o.measured_s or 0.0) if self.timed else o.expected_s
         tot = sum(frac.values())
         self.compute_bound_time_frac = _div(frac["compute"], tot)
         self.memory_bound_time_frac = _div(frac["memory"], tot)
@@ -204,7 +215,7 @@ class RooflineAnalysis:
         return sorted(rows.values(), key=self._time, reverse=True)
 
     def _time(self, r: Row) -> float:
-        return (r.measured_s or 0.0) if self.timed else r.estimate_s
+        return (r.measured_s or 0.0) if self.timed else r.expected_s
 
     # ---- tables ----
     def table(self, kind: str = "layer", top: int | None = None) -> list[Row]:
@@ -235,10 +246,19 @@ class RooflineAnalysis:
         return _div(sum(o.measured_s or 0.0 for o in ops), sum(o.estimate_s for o in ops))
 
     def category_comparison(self) -> list[dict[str, Any]]:
-        """Per op class: measured vs estimated time and their ratio (measured / estimated; 1.0 = on the roof)."""
+        """Per op class: measured time against the roofline bound (``ratio``: 1.0 = on the roof) and against the
+        shape-aware expectation (``expected_ratio``: 1.0 = as fast as the device's libraries do these shapes)."""
         return [{"category": r.name, "n_ops": r.n_ops, "measured_s": r.measured_s, "estimated_s": r.estimate_s,
-                 "ratio": r.ratio, "achievable_estimated_s": r.achievable_estimate_s,
+                 "expected_s": r.expected_s, "ratio": r.ratio, "expected_ratio": r.expected_ratio,
+                 "achievable_estimated_s": r.achievable_estimate_s,
                  "ratio_achievable": _div(r.measured_s, r.achievable_estimate_s)} for r in self.category_rows]
+
+    def expected_time_s(self, phase: str | None = None) -> float:
+        """Sum of the shape-aware expected kernel times (roofline bound where no model applies), optionally for one
+        phase."""
+        if phase is not None and phase not in PHASES:
+            raise ValueError(f"phase must be one of {PHASES} or None, got {phase!r}")
+        return sum(o.expected_s for o in self.op_roofs if phase is None or o.record.phase == phase)
 
     def estimated_time_s(self, phase: str | None = None, *, achievable: bool = False) -> float:
         """Sum of per-op roofline estimates (datasheet roof, or the achievable one), optionally for one phase."""
@@ -251,13 +271,23 @@ class RooflineAnalysis:
         return tot
 
     def opportunities(self, top: int = 5) -> list[Opportunity]:
-        """Layer x phase rows ranked by recoverable time (estimated time when untimed), each with a reason."""
-        rows = [r for r in self.layer_rows if r.bound != "overhead"]
+        """Specific findings (``analysis.advice``: cause, fix and predicted saving) and layer x phase rows slower than
+        their expectation (recoverable time, with the generic diagnosis; layers a finding names are not repeated),
+        largest saving first, time without a FLOP formula last; untimed without a kernel model: rows by expected
+        time."""
+        found = advice_opportunities(self, top=top)
+        covered = {o.layer for o in found}
+        rows = [r for r in self.layer_rows if r.bound != "overhead" and r.layer not in covered]
         if self.timed:
             rows = sorted((r for r in rows if (r.recoverable_s or 0.0) > 0), key=lambda r: -(r.recoverable_s or 0.0))
         tf32 = bool(self.spec.flops.get("tf32"))
-        return [Opportunity(r.layer, r.phase, r.type, r.recoverable_s, r.measured_s, r.estimate_s, r.bound,
-                            r.intensity, r.ridge, r.attained, explain(r, tf32_available=tf32)) for r in rows[:top]]
+        for r in rows[:top]:
+            found.append(Opportunity(r.layer, r.phase, r.type, r.recoverable_s, r.measured_s, r.expected_s, r.bound,
+                                     r.intensity, r.ridge, r.attained, explain(r, tf32_available=tf32),
+                                     saving_s=r.recoverable_s))
+        if self.timed or self.kernel_model is not None:  # by predicted saving; time no formula explains last
+            found.sort(key=lambda o: (o.kind == "uncounted", -(o.saving_s or 0.0)))
+        return found[:top]
 
     # ---- model level ----
     @property
@@ -295,6 +325,6 @@ def layer_points(report: RooflineAnalysis) -> list[dict[str, Any]]:
             "layer": r.layer or "(root)", "type": r.type, "bound": r.bound, "intensity": fin(r.intensity),
             "achieved_gflops_per_s": fin(r.flops / ms / 1e9) if ms else None, "gflops": r.flops / 1e9,
             "mb": r.bytes / 1e6, "measured_ms": ms * 1e3 if ms is not None else None,
-            "estimated_ms": r.estimate_s * 1e3, "attained": fin(r.attained),
+            "estimated_ms": r.expected_s * 1e3, "roof_ms": r.estimate_s * 1e3, "attained": fin(r.attained),
         })
     return rows

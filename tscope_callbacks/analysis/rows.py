@@ -25,6 +25,7 @@ class OpRoof:
     ach_peak: float | None = None  #: achievable (measured) roof, when known
     ach_bandwidth: float | None = None
     roof_precision: str = ""  #: the roof actually used (the spec's fallback, e.g. fp16 for fp8 on an A100)
+    expected: float | None = None  #: shape-aware expected kernel time (``analysis.estimate``); None: unknown
 
     @property
     def flops(self) -> int:
@@ -81,13 +82,19 @@ class OpRoof:
         return max(self.flops / self.ach_peak, self.bytes / self.ach_bandwidth)
 
     @property
+    def expected_s(self) -> float:
+        """What this shape should take on the device (its libraries' measured efficiency); the roofline bound when
+        no kernel model applies."""
+        return self.estimate_s if self.expected is None else max(self.expected, self.estimate_s)
+
+    @property
     def attained(self) -> float | None:
         return _div(self.estimate_s, self.measured_s)
 
     @property
     def recoverable_s(self) -> float | None:
         m = self.measured_s
-        return None if m is None else max(0.0, m - self.estimate_s)
+        return None if m is None else max(0.0, m - self.expected_s)
 
 
 def _mnk(rec: OpRecord) -> tuple[int, int, int] | None:
@@ -115,7 +122,8 @@ class Row:
     flops: int = 0
     bytes: int = 0
     measured_s: float | None = None  #: None when none of the row's ops was timed
-    estimate_s: float = 0.0
+    estimate_s: float = 0.0  #: roofline bound: sum of max(flops / peak, bytes / bandwidth)
+    expected_s: float = 0.0  #: shape-aware expected time (the roofline bound where no kernel model applies)
     achievable_estimate_s: float | None = None
     compute_s: float = 0.0  #: sum of flops/peak
     uncounted_ops: dict[str, int] = field(default_factory=dict)
@@ -137,6 +145,7 @@ class Row:
             self.measured_s = (self.measured_s or 0.0) + r.time_s
         est = o.estimate_s
         self.estimate_s += est
+        self.expected_s += o.expected_s
         ach = o.achievable_estimate_s
         if ach is not None:
             self.achievable_estimate_s = (self.achievable_estimate_s or 0.0) + ach
@@ -149,7 +158,7 @@ class Row:
             self.n_work += 1
         if not r.counted:
             self.uncounted_ops[r.op] = self.uncounted_ops.get(r.op, 0) + 1
-            self.uncounted_s += r.time_s if r.time_s is not None else est
+            self.uncounted_s += r.time_s if r.time_s is not None else o.expected_s
         mnk = _mnk(r)
         if mnk is not None and r.flops > self.largest_matmul_flops:
             self.largest_matmul, self.largest_matmul_flops = mnk, r.flops
@@ -188,12 +197,18 @@ class Row:
 
     @property
     def recoverable_s(self) -> float | None:
-        return None if self.measured_s is None else max(0.0, self.measured_s - self.estimate_s)
+        """Measured time above the shape-aware expectation (what a better kernel or less overhead would save)."""
+        return None if self.measured_s is None else max(0.0, self.measured_s - self.expected_s)
 
     @property
     def ratio(self) -> float | None:
-        """measured / estimated (1.0 = on the roof)."""
+        """measured / roofline bound (1.0 = on the roof)."""
         return _div(self.measured_s, self.estimate_s)
+
+    @property
+    def expected_ratio(self) -> float | None:
+        """measured / shape-aware expectation (1.0 = as fast as the library does this shape)."""
+        return _div(self.measured_s, self.expected_s)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict (no inf/nan: missing figures are None)."""
@@ -202,7 +217,8 @@ class Row:
             "name": self.name, "kind": self.kind, "layer": self.layer, "type": self.type, "phase": self.phase,
             "category": self.category, "precision": self.precision, "n_ops": self.n_ops, "flops": self.flops,
             "bytes": self.bytes, "intensity": self.intensity, "ridge": self.ridge, "bound": self.bound,
-            "estimate_s": self.estimate_s, "achievable_estimate_s": self.achievable_estimate_s,
+            "estimate_s": self.estimate_s, "expected_s": self.expected_s,
+            "achievable_estimate_s": self.achievable_estimate_s,
             "measured_s": self.measured_s, "attained": self.attained,
             "attained_achievable": self.attained_achievable, "recoverable_s": self.recoverable_s,
             "uncounted_ops": dict(self.uncounted_ops), "largest_matmul": list(mm) if mm else None,
@@ -211,7 +227,10 @@ class Row:
 
 @dataclass
 class Opportunity:
-    """A layer x phase ranked by recoverable time, with a reason computed from its numbers."""
+    """A finding: where time goes that need not, why (computed from the numbers), what to change, and the predicted
+    saving per step. ``kind``: ``advice.KINDS`` (a specific cause, ``saving_s`` from re-estimating the ops after the
+    fix) or "below_expected" (a layer x phase row slower than its shape-aware expectation, ``saving_s`` = recoverable
+    time, the generic diagnosis as ``reason``)."""
 
     layer: str
     phase: str
@@ -224,6 +243,10 @@ class Opportunity:
     ridge: float | None
     attained: float | None
     reason: str
+    kind: str = "below_expected"
+    saving_s: float | None = None  #: predicted saving per step (None: untimed and no model)
+    fix: str = ""  #: what to change, in the user's terms
+    evidence: dict[str, Any] = field(default_factory=dict)  #: the figures the finding rests on
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

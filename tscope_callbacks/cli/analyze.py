@@ -19,7 +19,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-dtype", action="append", default=None, help="per input, in order: float (default; the --precision dtype), long/int64 or int/int32 (token ids)")
     p.add_argument("--gpu", default="auto", help="device name or alias from `tscope specs` (e.g. h100), a JSON spec path, or auto "
                         "(default: this machine's GPU, else a measured CPU roof)")
-    p.add_argument("--precision", default="fp32", help="fp32, tf32, bf16, fp16, fp64; fp8/int8 are estimated from a bf16 run (default fp32)")
+    p.add_argument("--precision", default="fp32", help="fp32, tf32, bf16, fp16, fp64 (the model cast to it); bf16-mixed / 16-mixed (fp32 weights under "
+                        "autocast, as Lightning's mixed precision trains); fp8/int8 are estimated from a bf16 run "
+                        "(default fp32)")
+    p.add_argument("--attention-backend", default=None, choices=["cudnn", "flash", "efficient", "cpu"],
+                   help="on meta, the fused SDPA op to count (default: what the --gpu runs: cudnn on Hopper, flash "
+                        "on other GPUs)")
     p.add_argument("--kwargs", default="{}", help="JSON keyword arguments for the model constructor")
     p.add_argument("--backward", action="store_true", help="also count the backward pass")
     p.add_argument("--device", default="meta", help="meta (estimate only, default), cpu or cuda (also measure)")
@@ -41,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         shapes = [[int(s) for s in shp.split(",")] for shp in args.input_shape]
         dtypes = [None if d in (None, "float") else d for d in (args.input_dtype or [])]
         report = analyze_model(model, shapes, args.gpu, args.precision, input_dtypes=dtypes,
-                               backward=args.backward, device=args.device)
+                               backward=args.backward, device=args.device,
+                               attention_backend=args.attention_backend)
     except UnknownDeviceError as e:
         print(f"tscope analyze: {e}", file=sys.stderr)
         return 2
@@ -54,5 +60,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"plot written to {args.plot}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"profile": report.profile.to_dict(), "report": report.to_dict()}, f)
+            # the analysed device travels with the profile: `tscope report` re-rates it on that device, not this host
+            json.dump({"profile": report.profile.to_dict(), "device": report.spec.to_dict(),
+                       "report": report.to_dict()}, f)
+        print(f"JSON written to {args.json} (`tscope report {args.json}` re-renders it for {report.spec.name})")
     return 0

@@ -9,7 +9,9 @@ bias adds taken as GEMM epilogues (not counted, as for addmm):
     RNN  (G=1)   2: ih + hh sum, tanh/relu
 (The CPU fallback without oneDNN decomposes an LSTM into mm/addmm/add/sigmoid_/tanh/mul: the same GEMM FLOPs, and
 4 more per unit because its input-projection bias add is a separate op there.)
-Backward: the data grads and the weight grads each repeat the forward GEMMs; the gate math is counted twice.
+Backward: the data grads and the weight grads each repeat the forward GEMMs; the gate math is counted twice. cuDNN's
+data-gradient pass always runs (aten/src/ATen/native/cudnn/RNN.cpp computes it unconditionally), the weight pass
+only when the weights need grads.
 """
 
 from __future__ import annotations
@@ -64,7 +66,9 @@ def _cudnn_rnn_backward(x, weight, stride0, weight_buf, hx, cx, output, go, ghy,
                         output_mask=None, *args, out=None, **kwargs) -> int:
     g, p = _cudnn_totals(x, weight, hidden_size, num_layers, bidirectional)
     mask = list(output_mask) if output_mask is not None else [True] * 4
-    return (g if any(mask[:3]) else 0) + (g if mask[3] else 0) + 2 * p
+    # PyTorch runs cuDNN's data-gradient pass unconditionally (it mutates the reserve the weight pass reads), even
+    # when no input needs a gradient; the weight pass only when the weights need one (output_mask[3])
+    return g + (g if mask[3] else 0) + 2 * p
 
 
 def _lstm_cell(input_gates, hidden_gates, cx, *args, out=None, **kwargs) -> int:

@@ -15,7 +15,8 @@ from tscope_callbacks.analysis.fmt import pct as _pct
 from tscope_callbacks.analysis.rows import Row
 from tscope_callbacks.analysis.summary import roofs_used
 
-__all__ = ["header_lines", "to_markdown", "to_csv", "to_dict", "to_console", "json_safe", "op_table", "COLUMNS"]
+__all__ = ["header_lines", "to_markdown", "to_csv", "to_dict", "to_console", "json_safe", "op_table", "COLUMNS", "columns",
+           "opportunity_line"]
 
 def _f(x: float | None, spec: str = ".4g", scale: float = 1.0) -> str:
     """Format a figure; blank when missing (untimed) or not finite."""
@@ -57,7 +58,11 @@ def header_lines(report: Any) -> list[str]:
              f"- **Precision**: {s['dominant_precision']} dominant; MFU against the {s['mfu_precision']} matrix roof "
              f"({s['mfu_peak_flops'] / 1e12:.4g} TFLOP/s); float32 matmul precision "
              f"{s['float32_matmul_precision'] or 'highest'}"]
-    est = f"estimated {_f(s['estimated_step_s'], '.4g', 1e3)} ms"
+    if s.get("kernel_model"):
+        est = (f"expected {_f(s['estimated_step_s'], '.4g', 1e3)} ms (sum of shape-aware kernel estimates from "
+               f"{s['kernel_model']}; roofline bound {_f(s['roof_step_s'], '.4g', 1e3)} ms)")
+    else:
+        est = f"estimated {_f(s['estimated_step_s'], '.4g', 1e3)} ms (sum of per-op roofs)"
     if s["measured_step_s"] is not None:
         ops = f"op time {_f(s['op_time_s'], '.4g', 1e3)} ms" if s["timed"] else "ops not timed"
         extra = ""
@@ -66,7 +71,7 @@ def header_lines(report: Any) -> list[str]:
         if s["wall_time_s"]:
             extra += f"; captured region {_f(s['wall_time_s'], '.4g', 1e3)} ms wall (slowed by the capture; not used)"
         lines += [f"- **Step**: measured {_f(s['measured_step_s'], '.4g', 1e3)} ms ({s['step_time_basis_text']}) -- "
-                  f"the basis of MFU/MBU; {ops}; {est} (sum of per-op roofs){extra}",
+                  f"the basis of MFU/MBU; {ops}; {est}{extra}",
                   f"- **MFU** {_p(s['mfu'])} · **MBU** {_p(s['mbu'])} · {_f(s['achieved_tflops'], '.4g')} TFLOP/s · "
                   f"{_f(s['achieved_gbps'], '.4g')} GB/s achieved"]
         if s["hardware_flops"] != s["model_flops"]:
@@ -76,7 +81,7 @@ def header_lines(report: Any) -> list[str]:
                       f"backward's recomputed scores) vs **MFU** {_p(s['mfu'])} (model FLOPs: without recompute, "
                       "attention backward as 2x its forward)"]
     else:
-        lines += [f"- **Step**: not timed; {est} (Tensorscope-style estimate: sum of per-op roofs)"
+        lines += [f"- **Step**: not timed; {est}"
                   + (f"; MFU at the estimate {_p(s['estimated_mfu'])}" if s["estimated_mfu"] is not None else "")]
     if s["compute_bound_time_frac"] is not None:
         lines += [f"- **Time** ({s['time_basis']}): {_p(s['compute_bound_time_frac'])} compute-bound · "
@@ -89,11 +94,22 @@ def header_lines(report: Any) -> list[str]:
     return lines
 
 
-def _cells(r: Row, ach: bool) -> list[str]:
+def _cells(r: Row, ach: bool, expected: bool = False) -> list[str]:
     c = [r.name if r.kind != "layer" and r.kind != "layer_total" else f"`{r.name}`", r.type, r.phase,
-         _n(r.flops / 1e9), _n(r.bytes / 1e6), _g(r.intensity), r.bound, _f(r.estimate_s, ".4g", 1e3),
-         _f(r.measured_s, ".4g", 1e3), _p(r.attained) if r.bound != "uncounted" else ""]  # no roof: no formula
+         _n(r.flops / 1e9), _n(r.bytes / 1e6), _g(r.intensity), r.bound, _f(r.estimate_s, ".4g", 1e3)]
+    c += [_f(r.expected_s, ".4g", 1e3)] if expected else []
+    c += [_f(r.measured_s, ".4g", 1e3), _p(r.attained) if r.bound != "uncounted" else ""]  # no roof: no formula
     return c + [_p(r.attained_achievable) if r.bound != "uncounted" else ""] if ach else c
+
+
+def opportunity_line(o: Any, step: float | None) -> str:
+    """One opportunity as a line: a finding with its cause, fix and saving, or a row below its expectation."""
+    where = f"`{o.layer or '(root)'}`"
+    if o.kind != "below_expected":
+        return f"{where} — **{o.kind.replace('_', ' ')}**: {o.reason}"
+    t = (f"{o.recoverable_s * 1e3:.3g} ms recoverable" + (f" ({_pct(o.recoverable_s / step)} of step)" if step
+         else "")) if o.recoverable_s is not None else f"{o.estimate_s * 1e3:.3g} ms expected"
+    return f"{where} {o.phase} — {t}: {o.reason}"
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -101,40 +117,49 @@ def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
     return out + ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
 
 
-COLUMNS = ["layer", "type", "phase", "GFLOPs", "MB", "FLOP/B", "bound", "est ms", "measured ms", "% of roof"]
+COLUMNS = ["layer", "type", "phase", "GFLOPs", "MB", "FLOP/B", "bound", "roof ms", "expected ms", "measured ms",
+           "% of roof"]
 
+
+def columns(report: Any) -> list[str]:
+    """The table's columns: "expected ms" (shape-aware kernel estimate) only when a kernel model applies (GPU specs);
+    "% of achievable" only with an achievable roof."""
+    cols = [c for c in COLUMNS if c != "expected ms" or getattr(report, "kernel_model", None) is not None]
+    return cols + (["% of achievable"] if report.achievable is not None else [])
 
 
 
 def to_markdown(report: Any, top: int = 20) -> str:
     """Header figures, the layer x phase table (top rows + grouped rest + total), the op-class comparison and the
     opportunities list."""
-    ach = report.achievable is not None
-    head = COLUMNS + (["% of achievable"] if ach else [])
-    rows = [_cells(r, ach) for r in report.table("layer", top=top)]
-    tot = _cells(report.totals, ach)
+    ach, exp = report.achievable is not None, report.kernel_model is not None
+    head = columns(report)
+    rows = [_cells(r, ach, exp) for r in report.table("layer", top=top)]
+    tot = _cells(report.totals, ach, exp)
     tot[0], tot[2] = "**total**", ""
     lines = header_lines(report) + ["", "### Layers (self time, forward and backward apart)", ""]
     lines += _md_table(head, rows + [tot])
-    cat_rows = [[r.name, str(r.n_ops), _n(r.flops / 1e9), _n(r.bytes / 1e6), _f(r.estimate_s, ".4g", 1e3),
-                 _f(r.measured_s, ".4g", 1e3), _f(r.ratio, ".3g"), _p(r.attained)]
-                for r in report.table("category")]
-    lines += ["", "### By op class (measured vs estimated)", ""]
-    lines += _md_table(["class", "ops", "GFLOPs", "MB", "est ms", "measured ms", "measured/est", "% of roof"], cat_rows)
+    cat_rows = [[r.name, str(r.n_ops), _n(r.flops / 1e9), _n(r.bytes / 1e6), _f(r.estimate_s, ".4g", 1e3)]
+                + ([_f(r.expected_s, ".4g", 1e3)] if exp else [])
+                + [_f(r.measured_s, ".4g", 1e3), _f(r.ratio, ".3g")] + ([_f(r.expected_ratio, ".3g")] if exp else [])
+                + [_p(r.attained)] for r in report.table("category")]
+    lines += ["", "### By op class (measured vs roof" + (" and expected)" if exp else ")"), ""]
+    lines += _md_table(["class", "ops", "GFLOPs", "MB", "roof ms"] + (["expected ms"] if exp else [])
+                       + ["measured ms", "measured/roof"] + (["measured/expected"] if exp else []) + ["% of roof"],
+                       cat_rows)
     opps = report.opportunities(top=5)
-    lines += ["", "### Opportunities" + (" (by recoverable time)" if report.timed else " (by estimated time)"), ""]
+    lines += ["", "### Opportunities" + (" (by predicted saving)" if report.timed or exp else " (by expected time)"),
+              ""]
     step = report.measured_step_s
     for i, o in enumerate(opps, 1):
-        t = (f"{o.recoverable_s * 1e3:.3g} ms recoverable" + (f" ({_pct(o.recoverable_s / step)} of step)" if step
-             else "")) if o.recoverable_s is not None else f"{o.estimate_s * 1e3:.3g} ms estimated"
-        lines.append(f"{i}. `{o.layer or '(root)'}` {o.phase} — {t}: {o.reason}")
+        lines.append(f"{i}. {opportunity_line(o, step)}")
     if not opps:
         lines.append("(none: every layer is at its roof)")
     return "\n".join(lines) + "\n"
 
 
 CSV_FIELDS = ["table", "name", "layer", "type", "phase", "category", "precision", "n_ops", "flops", "bytes",
-              "intensity", "ridge", "bound", "estimate_ms", "achievable_estimate_ms", "measured_ms", "pct_of_roof",
+              "intensity", "ridge", "bound", "estimate_ms", "expected_ms", "achievable_estimate_ms", "measured_ms", "pct_of_roof",
               "pct_of_achievable", "recoverable_ms"]
 
 
@@ -151,7 +176,7 @@ def to_csv(report: Any, path: Any) -> None:
             for r in rows:
                 w.writerow([table, r.name, r.layer, r.type, r.phase, r.category, r.precision, r.n_ops, r.flops,
                             r.bytes, "" if r.intensity is None else r.intensity, "" if r.ridge is None else r.ridge,
-                            r.bound, ms(r.estimate_s), ms(r.achievable_estimate_s), ms(r.measured_s),
+                            r.bound, ms(r.estimate_s), ms(r.expected_s), ms(r.achievable_estimate_s), ms(r.measured_s),
                             pct(r.attained), pct(r.attained_achievable), ms(r.recoverable_s)])
 
 
@@ -196,22 +221,22 @@ def to_console(report: Any, top: int = 20, console: Any = None) -> None:
         return
     con = console or Console()
     con.print(Markdown("\n".join(header_lines(report))))
-    ach = report.achievable is not None
+    ach, exp = report.achievable is not None, report.kernel_model is not None
     t = Table(title="Layers (self time)", show_lines=False)
-    for i, h in enumerate(COLUMNS + (["% of achievable"] if ach else [])):
+    for i, h in enumerate(columns(report)):
         t.add_column(h, justify="left" if i < 3 or h == "bound" else "right")
     style = {"compute": "green", "memory": "yellow", "uncounted": "red", "overhead": "dim"}
     for r in report.table("layer", top=top):
-        cells = _cells(r, ach)
+        cells = _cells(r, ach, exp)
         cells[0] = r.name
         cells[6] = f"[{style.get(r.bound, '')}]{r.bound}[/]" if r.bound in style else r.bound
         t.add_row(*cells)
-    tot = _cells(report.totals, ach)
+    tot = _cells(report.totals, ach, exp)
     tot[0], tot[2] = "total", ""
     t.add_row(*tot, style="bold")
     con.print(t)
     for i, o in enumerate(report.opportunities(top=5), 1):
-        con.print(f"{i}. [bold]{o.layer or '(root)'}[/] {o.phase}: {o.reason}")
+        con.print(f"{i}. " + opportunity_line(o, report.measured_step_s).replace("`", ""), markup=False)
 
 
 def op_table(profile: Any, top: int = 20) -> str:

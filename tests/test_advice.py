@@ -1,0 +1,140 @@
+"""Opportunities (``analysis.advice``): each names the cause, the fix in the user's terms and the predicted saving,
+computed by re-estimating the ops after the fix with the device's kernel model. Times are the H100's measured ones
+(``../shared/gpu/h100/gemm_bf16.txt``) where a finding rests on them."""
+
+from __future__ import annotations
+
+import pytest
+from profiles import make_profile, matmul, op, pointwise
+
+import tscope_callbacks as ts
+from tscope_callbacks import api
+from tscope_callbacks.analysis.advice import LAUNCH_BOUND_S, pad_to
+from tscope_callbacks.devices.efficiency import model_for
+from tscope_callbacks.records import LayerRecord
+
+H100 = ts.get_device_spec("h100")
+
+
+def _mm(m, k, n, layer, phase, ms, dtype="bfloat16"):
+    r = matmul(m, n, k, layer=layer, phase=phase, time_s=ms * 1e-3, dtype=dtype)
+    return r
+
+
+def _report(ops, spec=H100, layers=None, **meta):
+    meta.setdefault("device_name", spec.name)
+    meta.setdefault("step_time_s", 68.5e-3)
+    meta.setdefault("step_time_basis", "unprofiled-median")
+    return api.roofline(make_profile(ops, layers=layers, **meta), spec)
+
+
+def lm_head_ops():
+    # GPT-2 lm_head in its training step on the H100: forward 8192x768 @ 768x50257 took 6.651 ms, backward 8.585 ms
+    # over its two GEMMs (dX: 8192x50257 @ 50257x768, dW: 50257x8192 @ 8192x768), split in proportion here
+    return [_mm(8192, 768, 50257, "lm_head", "forward", 6.651),
+            _mm(8192, 50257, 768, "lm_head", "backward", 4.3),
+            _mm(50257, 8192, 768, "lm_head", "backward", 4.285)]
+
+
+def test_pad_to():
+    assert pad_to(50257) == 50304 and pad_to(4095) == 4096 and pad_to(64) == 64
+
+
+def test_misaligned_vocabulary_names_the_padding_and_its_saving():
+    rep = _report(lm_head_ops())
+    o = rep.opportunities(top=3)[0]
+    assert (o.kind, o.layer) == ("misaligned", "lm_head")
+    assert "pad 50257 to 50304" in o.fix and "resize_token_embeddings(50304)" in o.fix
+    assert o.evidence["dim"] == 50257 and o.evidence["padded"] == 50304 and o.evidence["n_gemms"] == 3
+    # predicted saving = measured now (6.651 + 8.585 = 15.236 ms) - the three GEMMs re-estimated at N = 50304
+    model = model_for(H100)
+    after = (model.gemm_s(8192, 50304, 768) + model.gemm_s(8192, 768, 50304) + model.gemm_s(50304, 768, 8192))
+    assert o.saving_s == pytest.approx(15.236e-3 - after)
+    # the H100 measured at 50304: fwd 0.928 + bwd 1.992 = 2.92 ms, so the real saving is 12.3 ms: within 1.3x
+    assert 12.3e-3 / 1.3 < o.saving_s < 12.3e-3 * 1.3
+    assert "Saves about" in o.reason and "% of the step" in o.reason
+
+
+def test_fp32_matmul_without_tf32():
+    # fp32 4096^3 on the A100-like H100 spec at the fp32 roof; TF32 off (meta: highest) -> re-estimated at TF32
+    ops = [_mm(4096, 4096, 4096, "fc", "forward", 2.6, dtype="float32")]
+    rep = _report(ops, float32_matmul_precision="highest")
+    o = next(o for o in rep.opportunities() if o.kind == "fp32_matmul")
+    assert "set_float32_matmul_precision('high')" in o.fix and "bf16-mixed" in o.fix
+    assert o.saving_s == pytest.approx(2.6e-3 - model_for(H100).gemm_s(4096, 4096, 4096, "tf32"))
+    # with TF32 on, the GEMM already runs at TF32: no finding
+    on = _report([_mm(4096, 4096, 4096, "fc", "forward", 2.6, dtype="float32")], float32_matmul_precision="high")
+    assert all(o.kind != "fp32_matmul" for o in on.opportunities())
+
+
+def _chain(layer, phase="forward", t=60e-6):
+    # GELU(tanh) written out: 4 pointwise ops on 8x1024x3072 bf16 (25.2 MB in, 25.2 MB out each)
+    n = 8 * 1024 * 3072
+    return [pointwise(n, name=f"aten.{name}", dtype="bfloat16", layer=layer, phase=phase, time_s=t)
+            for name in ("pow", "mul", "add", "tanh")]
+
+
+def test_fusion_counts_the_bytes_fusion_removes():
+    ops = _chain("h.0.act")
+    rep = _report(ops, step_time_s=10e-3)  # findings under 0.5% of the step are not reported
+    o = next(o for o in rep.opportunities() if o.kind == "fusion")
+    # before: 4 ops x (25.17 + 25.17) MB = 201.3 MB; fused: first input + last output = 50.33 MB
+    n = 8 * 1024 * 3072 * 2
+    assert o.evidence["mb_before"] == pytest.approx(8 * n / 1e6)
+    assert o.evidence["mb_after"] == pytest.approx(2 * n / 1e6)
+    assert 'gelu(x, approximate="tanh")' in o.fix
+    assert o.saving_s == pytest.approx(4 * 60e-6 - model_for(H100).memory_s("pointwise", 2 * n))
+
+
+def test_repeated_blocks_are_one_opportunity_with_summed_saving():
+    ops = [*_chain("h.0.act"), *_chain("h.1.act"), *_chain("h.2.act")]
+    layers = {f"h.{i}.act": LayerRecord(path=f"h.{i}.act", type="NewGELUActivation") for i in range(3)}
+    opps = [o for o in _report(ops, layers=layers).opportunities() if o.kind == "fusion"]
+    assert len(opps) == 1
+    o = opps[0]
+    one = 4 * 60e-6 - model_for(H100).memory_s("pointwise", 2 * 8 * 1024 * 3072 * 2)
+    assert o.layer == "h.*.act" and o.evidence["layers"] == ["h.0.act", "h.1.act", "h.2.act"]
+    assert o.saving_s == pytest.approx(3 * one) and "in each of 3 layers" in o.reason
+
+
+def test_no_fusion_advice_for_compiled_modules():
+    assert any(o.kind == "fusion" for o in _report(_chain("h.0.act"), step_time_s=10e-3).opportunities())
+    rep = _report(_chain("h.0.act"), step_time_s=10e-3, compiled_modules_run_eagerly=True)
+    assert all(o.kind != "fusion" for o in rep.opportunities())
+
+
+def test_launch_bound_layer():
+    ops = [op("aten.add", "emb", flops=1024, read=8192, written=4096, time_s=3e-6) for _ in range(400)]
+    assert 3e-6 < LAUNCH_BOUND_S
+    rep = _report(ops, step_time_s=5e-3)
+    o = next(o for o in rep.opportunities() if o.kind == "launch")
+    assert "CUDA graphs" in o.fix and o.evidence["kernels"] == 400
+    assert o.saving_s == pytest.approx(0.5 * 400 * 3e-6)
+
+
+def test_gemm_off_tensor_cores():
+    r = _mm(4096, 4096, 4096, "fc", "forward", 1.5)
+    r.tensor_core = False  # the kernel names said so (capture.cuda_timing)
+    o = next(o for o in _report([r]).opportunities() if o.kind == "cuda_cores")
+    assert "tensor cores" in o.reason and o.saving_s == pytest.approx(1.5e-3 - _report([r]).op_roofs[0].expected_s)
+
+
+def test_small_m():
+    # 16 tokens x 4096 @ 4096 x 4096 ran at 15 TFLOP/s on the H100 (0.036 ms)
+    ops = [_mm(16, 4096, 4096, f"blocks.{i}.fc", "forward", 0.036) for i in range(32)]
+    o = next(o for o in _report(ops, step_time_s=5e-3).opportunities() if o.kind == "small_m")
+    assert o.evidence["m"] == 16 and "batch" in o.fix
+
+
+def test_uncounted_time_comes_last_and_names_the_op():
+    ops = [*lm_head_ops(), op("aten.my_op", "blocks.0", read=1 << 20, counted=False, category="other",
+                              time_s=2e-3)]
+    opps = _report(ops).opportunities(top=5)
+    assert opps[-1].kind == "uncounted" and "aten.my_op" in opps[-1].fix and "register_flops" in opps[-1].fix
+    assert opps[0].kind == "misaligned"
+
+
+def test_markdown_lists_findings_with_their_fix():
+    md = _report(lm_head_ops()).to_markdown()
+    assert "**misaligned**" in md and "Fix: pad 50257 to 50304" in md
+    assert "| roof ms | expected ms |" in md and "expected" in md and "roofline bound" in md

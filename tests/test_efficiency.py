@@ -1,0 +1,103 @@
+"""The shape-aware kernel model (``devices.efficiency``) against the real H100/H200 measurements it was built from
+(``../shared/gpu/<device>/``; the packaged tables in ``tscope_callbacks/devices/data`` are derived from them by
+``scripts/build_efficiency_tables.py``)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from profiles import a100
+
+import tscope_callbacks as ts
+from tscope_callbacks.devices.efficiency import MIN_KERNEL_S, aligned, build_model, model_for
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return model_for(ts.get_device_spec("h100"))
+
+
+@pytest.mark.parametrize("device", ["h100", "h200"])
+@pytest.mark.parametrize("precision,median,within", [("bf16", 0.12, 0.85), ("fp16", 0.18, 0.7), ("tf32", 0.18, 0.75),
+                                                      ("fp32", 0.15, 0.7)])
+def test_gemm_leave_one_out_accuracy(device, precision, median, within):
+    # each measured shape predicted without itself: the literature's 10-15% (Habitat, vTrain) is the bar
+    m = model_for(ts.get_device_spec(device))
+    loo = m.gemm_loo(precision)
+    assert len(loo) >= 200
+    err = np.array([abs(math.log(p / t)) for *_, t, p in loo])
+    big = np.array([t > 20e-6 for *_, t, _ in loo])
+    assert np.median(np.exp(err) - 1) < median
+    assert np.mean(err[big] < math.log(1.3)) >= within
+    # time-weighted: what a step's sum of GEMMs would be off by
+    assert sum(abs(p - t) for *_, t, p in loo) / sum(t for *_, t, _ in loo) < 0.13
+
+
+# measured on the H100 (../shared/gpu/h100/gemm_bf16.txt), minus the table's per-call host cost (delta_s)
+H100_BF16 = [  # (M, K, N, ms)
+    (8192, 768, 50257, 5.032), (8192, 768, 50304, 0.959), (8192, 768, 3072, 0.074), (8192, 3072, 768, 0.070),
+    (8192, 8192, 8192, 1.441), (4096, 4096, 4096, 0.219), (8192, 4096, 14336, 1.348), (8192, 4095, 4096, 2.058),
+    (8193, 4096, 4096, 0.427), (128, 4096, 4096, 0.032),
+]
+
+
+@pytest.mark.parametrize("m,k,n,ms", H100_BF16)
+def test_gemm_on_the_named_h100_shapes(h100, m, k, n, ms):
+    # the shapes the issue quotes: the lm_head at 50257 (5.03 ms) vs 50304 (0.96 ms), K=4095 (2.06 ms) vs 4096
+    pred = h100.gemm_s(m, n, k, "bf16")
+    meas = ms * 1e-3 - h100.delta_s
+    # under 20 us the subtracted host cost (15 us) is most of the measurement: 1.5x there
+    tol = 1.3 if meas > 20e-6 else 1.5
+    assert 1 / tol < pred / meas < tol, (pred, meas)
+
+
+def test_alignment_is_what_separates_the_lm_head_shapes(h100):
+    assert not aligned(50257, 768, 2) and aligned(50304, 768, 2) and not aligned(4096, 4095, 2)
+    # 50304 is 0.09% more work and ~5x faster: predicted >= 4x
+    assert h100.gemm_s(8192, 50257, 768) > 4 * h100.gemm_s(8192, 50304, 768)
+    # never faster than the datasheet roof: 2*8192*50304*768 / 989.4e12 = 0.640 ms
+    assert h100.gemm_s(8192, 50304, 768) > 2 * 8192 * 50304 * 768 / 989.4e12
+
+
+def test_memory_bound_ops_follow_the_measured_bandwidth(h100):
+    # copy of 512 MiB measured at 2.93 TB/s (read + write) on the H100: 2 * 512 MiB / 2.93e12 = 0.366 ms
+    t = h100.memory_s("memory", 2 * 512 * 2**20, "bf16")
+    assert t == pytest.approx(2 * 512 * 2**20 / 2.93e12, rel=0.1)
+    # a tiny op costs at least a back-to-back kernel
+    assert h100.memory_s("pointwise", 64) == MIN_KERNEL_S
+    # small ops reach a smaller share of the bandwidth than large ones
+    assert h100.memory_s("pointwise", 2**16) / 2**16 > h100.memory_s("pointwise", 2**30) / 2**30
+
+
+def test_attention_from_the_backend_sweep(h100):
+    # cuDNN, GPT-2 shape (B=8, H=12, T=1024, D=64, causal): measured 0.0841 ms fwd (sdpa_sweep.csv)
+    pairs = 1024 * 1025 // 2
+    fwd = 8 * 12 * pairs * 4 * 64
+    assert h100.attention_s("CUDNN_ATTENTION", 96, 1024, 64, True, False, fwd) == pytest.approx(
+        0.0841e-3 - h100.delta_s, rel=0.05)
+    # backward: at most the backend's large-shape backward/forward ratio (~3x) times the forward; the small shapes'
+    # backward points are the autograd call's host cost (~0.17 ms for any size), not kernel time
+    bwd = h100.attention_s("CUDNN_ATTENTION", 96, 1024, 64, True, True, 2.5 * fwd)
+    assert bwd <= 3.1 * (0.0841e-3 - h100.delta_s)
+    tiny = h100.attention_s("CUDNN_ATTENTION", 128, 256, 64, True, True, 2.5 * 8 * 16 * (256 * 257 // 2) * 4 * 64)
+    assert tiny < 0.1e-3
+    # flash is slower than cuDNN on the H100 at this shape (0.1015 ms measured)
+    assert h100.attention_s("FLASH_ATTENTION", 96, 1024, 64, True, False, fwd) > 1.1 * h100.attention_s(
+        "CUDNN_ATTENTION", 96, 1024, 64, True, False, fwd)
+
+
+def test_other_gpus_use_the_h100_efficiencies_on_their_own_roofs(h100):
+    m = build_model(a100())
+    assert m is not None and m.scaled and "scaled from" in m.source
+    # a large aligned GEMM reaches the same share of the roof: 8192^3 on A100 ≈ the H100 time x 989.4/312
+    ratio = m.gemm_s(8192, 8192, 8192) / h100.gemm_s(8192, 8192, 8192)
+    assert ratio == pytest.approx(989.4 / 312, rel=0.15)
+    # and the misalignment penalty carries over
+    assert m.gemm_s(8192, 50257, 768) > 2 * m.gemm_s(8192, 50304, 768)
+
+
+def test_no_kernel_model_for_measured_cpu_roofs():
+    import torch
+    assert model_for(ts.get_device_spec(torch.device("cpu"))) is None

@@ -1,0 +1,145 @@
+"""``analyze_model`` correct by default: token inputs inferred, the attention op the target device runs (never the
+math path, GQA without repeat), HF losses, T5 backward on meta, autocast emulated for "bf16-mixed", and counts on
+meta equal to a real run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import tscope_callbacks as ts
+from tscope_callbacks import api
+from tscope_callbacks.capture.meta_run import AutocastAs, backend_for
+
+transformers = pytest.importorskip("transformers")
+
+
+def _llama(n_kv: int = 2):
+    cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+                                   num_key_value_heads=n_kv, vocab_size=1000, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def _attention(rep):
+    return [o.record for o in rep.op_roofs if o.record.category == "attention"]
+
+
+def test_backend_for_the_target_device():
+    assert backend_for(ts.get_device_spec("h100")) == "cudnn"
+    assert backend_for(ts.get_device_spec("h200")) == "cudnn"
+    assert backend_for(ts.get_device_spec("a100")) == "flash"
+    assert backend_for(ts.get_device_spec(torch.device("cpu"))) == "cpu"
+
+
+def test_token_inputs_inferred_for_an_embedding_first_model():
+    # used to raise "Expected tensor for argument #1 'indices' to have ... Long" with bf16 inputs
+    with torch.device("meta"):
+        g = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000))
+    rep = ts.analyze_model(g, input_shape=[(4, 64)], gpu="h100", precision="bf16")
+    emb = next(o.record for o in rep.op_roofs if o.record.category == "embedding")
+    assert emb.input_shapes[1] == [4, 64] and emb.dtype == "bfloat16"
+    # lm_head: 2 * 256 tokens * 128 * 1000
+    assert any(o.record.flops == 2 * 256 * 128 * 1000 for o in rep.op_roofs if o.record.layer == "lm_head")
+
+
+def test_gpt2_on_h100_counts_cudnn_attention_and_its_real_loss():
+    with torch.device("meta"):
+        g = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000))
+    rep = ts.analyze_model(g, input_shape=[(2, 256)], gpu="h100", precision="bf16", backward=True)
+    assert rep.profile.meta["attention_calls"] == {"cudnn": 2}
+    assert rep.profile.meta["backward_from"] == "loss (labels = input ids)"
+    att = _attention(rep)
+    assert {a.op for a in att} == {"aten._scaled_dot_product_cudnn_attention",
+                                   "aten._scaled_dot_product_cudnn_attention_backward"}
+    # causal forward: B*H * pairs * 4 * D = 2*4 * (256*257/2) * 4 * 32 = 33,685,504 FLOPs per layer
+    assert [a.flops for a in att if a.phase == "forward"] == [2 * 4 * (256 * 257 // 2) * 4 * 32] * 2
+    assert any(o.record.category == "loss" for o in rep.op_roofs)  # cross-entropy, not a sum over the logits
+
+
+def test_gqa_on_meta_takes_the_fused_path_and_matches_a_real_run():
+    lm = _llama(n_kv=2)
+    ids = torch.randint(0, 1000, (2, 128))
+    meta = ts.analyze_model(lm, inputs=[ids], gpu="a100", precision="bf16", backward=True)
+    real = ts.analyze_model(lm, inputs=[ids], gpu="a100", precision="bf16", backward=True, device="cpu")
+    assert meta.profile.meta["attention_calls"] == {"flash": 2}
+    # no math fallback and no K/V repeat on meta
+    assert not any(o.record.op in ("aten.repeat_interleave", "aten.bmm") for o in meta.op_roofs
+                   if o.record.layer.endswith("self_attn"))
+    # causal, 8 query heads over 2 kv heads: 2*8 * (128*129/2) * 4 * 32 = 16,908,288 forward FLOPs per layer
+    fwd = [a.flops for a in _attention(meta) if a.phase == "forward"]
+    assert fwd == [2 * 8 * (128 * 129 // 2) * 4 * 32] * 2
+    assert fwd == [a.flops for a in _attention(real) if a.phase == "forward"]
+    assert [a.flops for a in _attention(meta) if a.phase == "backward"] == [
+        a.flops for a in _attention(real) if a.phase == "backward"]
+    # the whole step: FLOPs equal, bytes within 1%
+    assert meta.total_flops == real.total_flops
+    assert meta.total_bytes == pytest.approx(real.total_bytes, rel=0.01)
+
+
+def test_t5_backward_on_meta():
+    # the relative position bias requires grad: it goes to the mem-efficient kernel (bias gradient) on a GPU
+    cfg = transformers.T5Config(d_model=128, d_ff=256, num_layers=2, num_heads=4, vocab_size=1000, d_kv=32,
+                                decoder_start_token_id=0, pad_token_id=0)
+    with torch.device("meta"):
+        t5 = transformers.T5ForConditionalGeneration(cfg)
+    ids = torch.zeros(2, 32, dtype=torch.long, device="meta")
+    rep = ts.analyze_model(t5, inputs=[ids], gpu="h100", precision="bf16", backward=True)
+    assert set(rep.profile.meta["attention_calls"]) == {"efficient"}
+    assert any(a.phase == "backward" for a in _attention(rep))
+
+
+class _Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(64, 256), nn.Linear(256, 64)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        return self.fc2(h + 0.044715 * torch.pow(h, 3.0))
+
+
+def test_autocast_emulation_matches_cuda_autocast_rules():
+    # meta, bf16-mixed: fp32 weights cast to bf16 once, linears in bf16, pow in fp32 (CUDA autocast's fp32 list),
+    # then mul/add promote to fp32, and fc2 casts its input back to bf16
+    rep = ts.analyze_model(_Mlp(), input_shape=[(32, 64)], gpu="h100", precision="bf16-mixed")
+    by = [(o.record.op, o.record.dtype, o.record.layer) for o in rep.op_roofs if o.record.category != "view"]
+    mm = [d for op, d, _ in by if op in ("aten.addmm", "aten.mm")]
+    assert mm == ["bfloat16", "bfloat16"]
+    assert ("aten.pow", "float32", "") in by
+    # casts: x, fc1.weight, fc1.bias (fc1); h to fp32 (pow); the fp32 sum, fc2.weight, fc2.bias (fc2) = 7
+    copies = [o.record for o in rep.op_roofs if o.record.op == "aten._to_copy"]
+    assert len(copies) == 7
+    # the weights' casts: 64*256 + 256 + 256*64 + 64 params, 4 B read + 2 B written each
+    n_w = 64 * 256 + 256 + 256 * 64 + 64
+    assert sum(c.bytes for c in copies if c.layer in ("fc1", "fc2") and c.input_shapes[0] != [32, 64]
+               and c.input_shapes[0] != [32, 256]) == 6 * n_w
+    assert rep.profile.meta["analysis_precision"] == "bf16-mixed"
+
+
+def test_autocast_emulation_equals_real_autocast_on_the_shared_op_list():
+    # CPU and CUDA autocast agree on linear (low precision) and relu (untouched): meta emulation == real CPU autocast
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32))
+    meta = ts.analyze_model(model, input_shape=[(16, 64)], gpu="h100", precision="bf16-mixed", backward=True)
+    real = ts.analyze_model(model, input_shape=[(16, 64)], gpu="h100", precision="bf16-mixed", backward=True,
+                            device="cpu")
+
+    def sig(rep):  # sorted: C++ autocast casts a call's arguments in an unspecified order
+        return sorted((o.record.op, o.record.dtype, o.record.flops, o.record.bytes) for o in rep.op_roofs
+                      if o.record.category != "view")
+
+    assert sig(meta) == sig(real)
+
+
+def test_autocast_mode_caches_weight_casts():
+    w = nn.Parameter(torch.randn(8, 8))
+    with AutocastAs(torch.bfloat16) as amp:
+        a = torch.nn.functional.linear(torch.randn(2, 8), w)
+        b = torch.nn.functional.linear(torch.randn(2, 8), w)
+    assert a.dtype == b.dtype == torch.bfloat16 and len(amp._cache) == 1
+
+
+def test_mixed_needs_a_16_bit_precision():
+    with pytest.raises(ValueError, match="bf16 or fp16"):
+        api.profile_model(_Mlp(), [(2, 64)], precision="fp32", mixed=True)

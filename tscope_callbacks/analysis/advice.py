@@ -1,0 +1,264 @@
+"""Opportunities: what to change in the model or the training code, and the time it is predicted to save.
+
+Each finding names the cause (from the numbers), the fix (what to change in the user's code) and the predicted saving
+per step, computed by re-estimating the same ops after the fix with the device's kernel model (a what-if: the
+padded GEMM shape, the TF32 roof, the fused byte count). Findings, by layer:
+
+- ``misaligned``: a GEMM dimension that is not a multiple of 8 (16-bit) / 4 (32-bit) elements sends cuBLAS down a
+  slow path; padded to the next multiple of 64 (N=50257 -> 50304) the same GEMMs are re-estimated;
+- ``small_m``: GEMMs with few rows (batch x sequence) cannot fill the GPU; re-estimated at M=1024 rows per the
+  same work;
+- ``fp32_matmul``: fp32 GEMMs on a chip with TF32 (or bf16) tensor cores, TF32 disabled; re-estimated at TF32;
+- ``cuda_cores``: a 16-bit GEMM whose kernels did not run on tensor cores (kernel names);
+- ``fusion``: runs of memory-bound ops (pointwise, norms, softmax) writing intermediates the next op reads back;
+  re-estimated as one kernel moving the run's first input and last output (skipped for compiled modules: Inductor
+  fuses them already);
+- ``launch``: many kernels shorter than ``LAUNCH_BOUND_S``: launch overhead, CUDA graphs help;
+- ``slow_kernel``: measured well above what this shape reaches on the device (layout, dtype, a bad heuristic);
+- ``uncounted``: time in ops without a FLOP formula (the roofline cannot place it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from tscope_callbacks.analysis.estimate import MEMORY_BOUND, gemm_dims
+from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.analysis.rows import Opportunity, OpRoof
+from tscope_callbacks.devices.efficiency import ITEMSIZE, aligned
+
+__all__ = ["opportunities", "LAUNCH_BOUND_S", "MIN_SAVING_SHARE", "pad_to"]
+
+LAUNCH_BOUND_S = 10e-6  #: kernels shorter than this are dominated by launch/dispatch
+MIN_SAVING_SHARE = 0.005  #: findings saving less than this share of the step are not reported
+SMALL_M = 128
+SLOW_RATIO = 1.5  #: measured / expected above which a matrix op is called slow
+
+
+def pad_to(x: int, multiple: int = 64) -> int:
+    return -(-x // multiple) * multiple
+
+
+def _time(o: OpRoof) -> float:
+    return o.measured_s if o.measured_s is not None else o.expected_s
+
+
+def _gemm_s(model: Any, dims: tuple[int, int, int], precision: str) -> float:
+    return model.gemm_s(*dims, precision) if model is not None else 0.0
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3g} ms"
+
+
+def _misaligned(layer: str, ops: list[OpRoof], model: Any) -> list[tuple]:
+    gemms = [(o, d) for o in ops if (d := gemm_dims(o.record)) is not None and o.record.category == "matmul"]
+    if not gemms or model is None:
+        return []
+    bad: dict[int, list] = {}
+    for o, (m, n, k) in gemms:
+        item = ITEMSIZE.get(o.roof_precision, 2)
+        if not aligned(n, k, item):
+            for v in (n, k):
+                if (v * item) % 16:
+                    bad.setdefault(v, []).append((o, (m, n, k)))
+    out = []
+    for v, hits in bad.items():
+        padded = pad_to(v)
+        affected = [(o, d) for o, d in gemms if v in d]  # forward and backward GEMMs sharing the dimension
+        now = sum(_time(o) for o, _ in affected)
+        after = sum(_gemm_s(model, tuple(padded if x == v else x for x in d), o.roof_precision) for o, d in affected)
+        o0, (m, n, k) = next(((o, d) for o, d in hits if o.record.phase == "forward"), hits[0])
+        tf = _div(o0.record.flops, _time(o0))
+        rate = f" at {tf / 1e12:.0f} TFLOP/s" if tf else ""
+        out.append(("misaligned", now - after,
+                    f"dimension {v} (in its {o0.record.phase} GEMM {m}x{k} @ {k}x{n}) is not a multiple of 8, so "
+                    f"the GEMM library takes a slow path{rate}; padded to {padded} (a multiple of 64) its "
+                    f"{len(affected)} GEMMs are expected to take {_ms(after)} instead of {_ms(now)}",
+                    f"pad {v} to {padded}: for a vocabulary, the model's `vocab_size` (Hugging Face: "
+                    f"`model.resize_token_embeddings({padded})`); for hidden sizes, choose a multiple of 64",
+                    {"dim": v, "padded": padded, "n_gemms": len(affected)}))
+    return out
+
+
+def _small_m(ops: list[OpRoof], model: Any) -> list[tuple]:
+    out = []
+    small = [(o, d) for o in ops if o.record.category == "matmul" and (d := gemm_dims(o.record)) is not None
+             and d[0] < SMALL_M and d[1] >= SMALL_M and d[2] >= SMALL_M]
+    if small and model is not None:
+        now = sum(_time(o) for o, _ in small)
+        after = sum(_gemm_s(model, (1024, n, k), o.roof_precision) * m / 1024 for o, (m, n, k) in small)
+        m = min(d[0] for _, d in small)
+        out.append(("small_m", now - after,
+                    f"{len(small)} GEMMs have only {m} rows (batch x sequence): too few to fill the GPU; the same work "
+                    f"in GEMMs of 1024 rows is expected to take {_ms(after)} instead of {_ms(now)}",
+                    "raise the batch (or micro-batch) size, or concatenate requests, so each GEMM has >= 1024 rows",
+                    {"m": m}))
+    return out
+
+
+def _fp32(ops: list[OpRoof], model: Any, tf32_available: bool) -> list[tuple]:
+    mm = [(o, d) for o in ops if o.record.category in ("matmul", "conv") and o.roof_precision == "fp32"
+          and (d := gemm_dims(o.record)) is not None]
+    if not mm or not tf32_available:
+        return []
+    now = sum(_time(o) for o, _ in mm)
+    after = sum(_gemm_s(model, d, "tf32") if model is not None else o.flops / (o.peak * 7.4) for o, d in mm)
+    return [("fp32_matmul", now - after,
+             f"{len(mm)} fp32 GEMMs run on CUDA cores although the GPU has TF32 tensor cores: expected "
+             f"{_ms(after)} at TF32 instead of {_ms(now)}",
+             "`torch.set_float32_matmul_precision('high')` (TF32), or train under bf16 autocast "
+             "(Lightning: `precision='bf16-mixed'`)", {"n_gemms": len(mm)})]
+
+
+def _cuda_cores(ops: list[OpRoof]) -> list[tuple]:
+    simt = [o for o in ops if o.record.category == "matmul" and o.record.tensor_core is False
+            and o.roof_precision in ("bf16", "fp16", "tf32")]
+    if not simt:
+        return []
+    now = sum(_time(o) for o in simt)
+    after = sum(o.expected_s for o in simt)
+    return [("cuda_cores", now - after,
+             f"{len(simt)} {simt[0].roof_precision} GEMMs ran on CUDA cores, not tensor cores (kernel names), "
+             f"{_ms(now)} where the shapes take {_ms(after)} on tensor cores",
+             "check their operands: 16-byte aligned sizes and strides, contiguous inputs, a supported dtype",
+             {"n": len(simt)})]
+
+
+def _runs(ops: Iterable[OpRoof]) -> list[list[OpRoof]]:
+    """Maximal runs of consecutive (by op index) memory-bound ops of one phase."""
+    runs: list[list[OpRoof]] = []
+    for o in sorted(ops, key=lambda o: o.record.index):
+        r = o.record
+        if r.category not in MEMORY_BOUND or r.category in ("optimizer", "embedding") or not r.bytes:
+            continue
+        if runs and runs[-1][-1].record.phase == r.phase and r.index - runs[-1][-1].record.index <= 2:
+            runs[-1].append(o)
+        else:
+            runs.append([o])
+    return [run for run in runs if len(run) >= 2]
+
+
+def _fusion(ops: list[OpRoof], model: Any, compiled: bool) -> list[tuple]:
+    if compiled:
+        return []
+    runs = _runs(ops)
+    if not runs:
+        return []
+    now = sum(_time(o) for run in runs for o in run)
+    before_b = sum(o.bytes for run in runs for o in run)
+    fused_b = sum(run[0].record.bytes_read + run[-1].record.bytes_written for run in runs)
+    bw = runs[0][0].bandwidth
+    after = sum(model.memory_s("pointwise", run[0].record.bytes_read + run[-1].record.bytes_written)
+                if model is not None else (run[0].record.bytes_read + run[-1].record.bytes_written) / bw
+                for run in runs)
+    n = sum(len(run) for run in runs)
+    names = {o.record.op.split(".")[1] if "." in o.record.op else o.record.op for run in runs for o in run}
+    if names & {"_log_softmax", "log_softmax", "nll_loss_forward", "_log_softmax_backward_data"} or any(
+            o.record.category == "loss" for run in runs for o in run):
+        fix = ("a fused cross-entropy that never materializes the fp32 logits (e.g. Liger Kernel's "
+               "`LigerFusedLinearCrossEntropyLoss`, or a chunked loss), or `torch.compile` the loss")
+    elif {"tanh", "pow"} <= names or {"tanh_backward", "pow"} <= names:
+        fix = ("the tanh-approximate GELU written out as pow/tanh/mul/add runs as separate kernels: use "
+               "`torch.nn.functional.gelu(x, approximate=\"tanh\")` (one kernel each way), or `torch.compile`")
+    else:
+        fix = ("`torch.compile` the model (Inductor fuses element-wise chains), or use fused kernels "
+               "(fused LayerNorm, fused bias + activation, fused dropout + residual add)")
+    return [("fusion", now - after,
+             f"{n} memory-bound ops in {len(runs)} chain(s) move {before_b / 1e6:.4g} MB, each writing what the next "
+             f"reads back; fused, about {fused_b / 1e6:.4g} MB: expected {_ms(after)} instead of {_ms(now)}",
+             fix, {"ops": n, "mb_before": before_b / 1e6, "mb_after": fused_b / 1e6})]
+
+
+def _launch(ops: list[OpRoof]) -> list[tuple]:
+    timed = [o for o in ops if o.measured_s is not None and o.record.category != "view" and o.measured_s > 0]
+    tiny = [o for o in timed if o.measured_s < LAUNCH_BOUND_S]
+    if len(tiny) < 8 or len(tiny) < len(timed) / 2:
+        return []
+    now = sum(o.measured_s for o in tiny)
+    return [("launch", now * 0.5,
+             f"{len(tiny)} kernels of {now / len(tiny) * 1e6:.1f} µs on average: launch overhead dominates (about half "
+             "of it is recoverable)",
+             "capture the step with CUDA graphs (`torch.compile(model, mode='reduce-overhead')`), or fuse and batch "
+             "the small ops", {"kernels": len(tiny)})]
+
+
+def _slow(ops: list[OpRoof]) -> list[tuple]:
+    out = []
+    for cat in ("matmul", "attention", "conv"):
+        mo = [o for o in ops if o.record.category == cat and o.measured_s is not None and o.expected is not None
+              and o.measured_s > SLOW_RATIO * o.expected_s]
+        if mo:
+            now, exp = sum(o.measured_s for o in mo), sum(o.expected_s for o in mo)
+            out.append(("slow_kernel", now - exp,
+                        f"{len(mo)} {cat} ops take {_ms(now)} where these shapes take {_ms(exp)} on this device "
+                        f"({now / exp:.1f}x)", "check operand layouts (non-contiguous or transposed inputs force "
+                        "copies or slower kernels), dtypes and the attention backend", {"n": len(mo)}))
+    return out
+
+
+def _uncounted(ops: list[OpRoof]) -> list[tuple]:
+    un = [o for o in ops if not o.record.counted and o.record.category != "view"]
+    if not un:
+        return []
+    names: dict[str, int] = {}
+    for o in un:
+        names[o.record.op] = names.get(o.record.op, 0) + 1
+    top = max(names, key=names.__getitem__)
+    now = sum(_time(o) for o in un)
+    return [("uncounted", 0.0,
+             f"{len(un)} ops without a FLOP formula ({top} x{names[top]}) take {_ms(now)}: the roofline cannot place "
+             "them", f"give {top} a formula: `ts.profile(model, formulas={{\"{top}\": fn}})`, or for the callbacks "
+             f"`@tscope_callbacks.formulas.register_flops(\"{top}\", \"other\")` on `fn(*input_sizes, out=...)` "
+             "returning FLOPs", {"ops": names, "time_s": now})]
+
+
+def _pattern(layer: str) -> str:
+    """Layer path with its repeated-block indices as ``*`` (``transformer.h.3.mlp`` -> ``transformer.h.*.mlp``)."""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", layer) if layer else layer
+
+
+def opportunities(report: Any, top: int = 5) -> list[Opportunity]:
+    """Findings, largest predicted saving first (uncounted time last), each with cause, fix and saving. The same
+    finding in repeated blocks (``h.0.mlp`` ... ``h.11.mlp``) is one opportunity: savings summed, layers listed."""
+    model = getattr(report, "kernel_model", None)
+    step = report.measured_step_s or report.estimated_step_s or 0.0
+    tf32 = bool(report.spec.flops.get("tf32"))
+    compiled = bool(report.meta.get("compiled_modules_run_eagerly"))
+    by_layer: dict[str, list[OpRoof]] = {}
+    for o in report.op_roofs:
+        by_layer.setdefault(o.record.layer, []).append(o)
+    typ = {k: getattr(v, "type", "") for k, v in report.layer_records.items()}
+    groups: dict[tuple[str, str], list[tuple[str, tuple, float | None, float]]] = {}
+    for layer, ops in by_layer.items():
+        findings = (_misaligned(layer, ops, model) + _small_m(ops, model) + _fp32(ops, model, tf32) + _cuda_cores(ops)
+                    + _fusion(ops, model, compiled) + _launch(ops) + _slow(ops) + _uncounted(ops))
+        measured = sum(o.measured_s for o in ops if o.measured_s is not None) if report.timed else None
+        expected = sum(o.expected_s for o in ops)
+        for f in findings:
+            groups.setdefault((f[0], _pattern(layer)), []).append((layer, f, measured, expected))
+    found: list[Opportunity] = []
+    for (kind, pattern), members in groups.items():
+        saving = sum(f[1] for _, f, _, _ in members)
+        time_s = sum(f[4].get("time_s", 0.0) for _, f, _, _ in members) if kind == "uncounted" else 0.0
+        if kind != "uncounted" and (saving <= 0 or (step and saving < MIN_SAVING_SHARE * step)):
+            continue
+        if kind == "uncounted" and (not step or time_s < MIN_SAVING_SHARE * step):
+            continue
+        layer, (_, _, cause, fix, evidence), _, _ = members[0]
+        n = len(members)
+        if n > 1:
+            cause = f"in each of {n} layers `{pattern}`: {cause}"
+            evidence = {**evidence, "layers": [m[0] for m in members]}
+        share = f" ({saving / step:.0%} of the step)" if step and saving else ""
+        save = f" Saves about {_ms(saving)}/step{share}." if saving else ""
+        measured = [m[2] for m in members if m[2] is not None]
+        found.append(Opportunity(
+            layer=pattern if n > 1 else layer, phase="all", type=typ.get(layer, ""), recoverable_s=saving or None,
+            measured_s=sum(measured) if measured else None, estimate_s=sum(m[3] for m in members), bound="",
+            intensity=None, ridge=None, attained=None, reason=f"{cause}. Fix: {fix}.{save}", kind=kind,
+            saving_s=saving, fix=fix, evidence=evidence))
+    found.sort(key=lambda o: (o.kind == "uncounted", -(o.saving_s or 0.0)))
+    return found[:top]

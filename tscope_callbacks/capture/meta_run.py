@@ -1,0 +1,223 @@
+"""Running a model once for analysis (``api.analyze_model``) the way the target device would run it.
+
+On ``meta`` nothing is computed, but the dispatcher still picks kernels by device: SDPA would take the CPU path (its
+math decomposition, or the CPU flash op), GQA would ``repeat_interleave`` K and V, and the counts would describe a CPU
+run rather than the GPU the report is for. :class:`SdpaAs` routes ``scaled_dot_product_attention`` to the fused op of
+the target's backend (these ops have meta kernels, forward and backward), choosing as PyTorch's CUDA dispatcher does:
+
+- cuDNN attention on Hopper (H100/H200/H800/GH200: what torch 2.11 runs for a causal bf16 GPT-2 step, see the
+  recorded kernel names), flash elsewhere, for 16-bit inputs without a mask, head dim <= 256;
+- flash for grouped-query attention (``enable_gqa=True`` or fewer K/V heads): flash reads the shared K/V heads
+  directly, no repeat;
+- memory-efficient attention for fp32 inputs or an explicit mask (boolean masks become the additive bias the kernel
+  takes); K/V heads are repeated for GQA, as the real dispatch does for this backend.
+
+:class:`AutocastAs` does for ``precision="bf16-mixed"`` what ``torch.autocast("cuda")`` does on a GPU, on any device
+(autocast has no meta backend): matrix ops cast their floating inputs to the low precision (weights once per region,
+as autocast caches them), the ops CUDA autocast runs in fp32 (``pow``, ``layer_norm``, ``softmax``, losses, ...) cast
+theirs to fp32, and multi-input ops promote to the widest type. The casts are real ops, counted like the
+``_to_copy`` kernels of a real autocast step.
+
+Also here: which inputs are token ids (:func:`token_input`), the labels that give an HF causal LM its real loss
+(:func:`lm_labels`), and the loss a backward pass starts from (:func:`backward_from`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any
+
+import torch
+
+__all__ = ["SdpaAs", "AutocastAs", "AUTOCAST_LOW", "AUTOCAST_FP32", "BACKENDS", "backend_for", "token_input", "lm_labels", "backward_from"]
+
+BACKENDS = ("cudnn", "flash", "efficient", "cpu")
+_HOPPER = re.compile(r"\b(h100|h200|h800|h20|gh200)\b", re.I)
+_TOKEN_ARGS = ("input_ids", "idx", "ids", "tokens", "token_ids", "input_tokens")
+
+
+def backend_for(spec: Any) -> str:
+    """The SDPA backend a target device runs by default: "cpu" for CPU roofs, "cudnn" on Hopper, else "flash"."""
+    name = str(getattr(spec, "name", spec) or "")
+    if getattr(spec, "measured", False) or name.lower().startswith("cpu") or "cpu" == name.lower():
+        return "cpu"
+    return "cudnn" if _HOPPER.search(name) else "flash"
+
+
+def _args(args: tuple, kwargs: dict) -> dict[str, Any]:
+    names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
+    kw = dict(zip(names, args))
+    kw.update(kwargs)
+    return kw
+
+
+class SdpaAs(torch.overrides.TorchFunctionMode):
+    """Route ``F.scaled_dot_product_attention`` on meta tensors to the fused op ``backend`` runs (see module doc);
+    ``backend="cpu"`` keeps the CPU flash op (no GQA or mask reshaping beyond what the CPU kernel takes)."""
+
+    def __init__(self, backend: str) -> None:
+        super().__init__()
+        if backend not in BACKENDS:
+            raise ValueError(f"attention backend must be one of {BACKENDS}, got {backend!r}")
+        self.backend = backend
+        self.used: dict[str, int] = {}  #: backend -> calls routed
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        a = _args(args, kwargs)
+        q, k, v = a["query"], a["key"], a["value"]
+        if q.device.type != "meta" or q.dim() != 4 or k.dim() != 4:
+            return func(*args, **kwargs)
+        out = self._route(q, k, v, a.get("attn_mask"), float(a.get("dropout_p") or 0.0), bool(a.get("is_causal")),
+                          a.get("scale"), bool(a.get("enable_gqa")))
+        return func(*args, **kwargs) if out is None else out
+
+    def _route(self, q, k, v, mask, dropout, causal, scale, gqa):
+        hq, hk = q.shape[1], k.shape[1]
+        grouped = hq != hk
+        if grouped and (not gqa or hq % hk):
+            return None  # torch raises for these; let it
+        lse = q.requires_grad or k.requires_grad or v.requires_grad
+        half = q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256
+        if self.backend == "cpu":
+            if grouped or mask is not None and mask.dtype == torch.bool and mask.dim() != 4:
+                return None
+            self.used["cpu"] = self.used.get("cpu", 0) + 1
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, dropout, causal, attn_mask=mask, scale=scale)[0]
+        if mask is None and half and (grouped or self.backend == "flash"):
+            self.used["flash"] = self.used.get("flash", 0) + 1
+            return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout, causal, False,
+                                                                      scale=scale)[0]
+        if mask is None and half:
+            self.used["cudnn"] = self.used.get("cudnn", 0) + 1
+            return torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, lse, dropout, causal, False,
+                                                                      scale=scale)[0]
+        if grouped:
+            k = k.repeat_interleave(hq // hk, dim=1)
+            v = v.repeat_interleave(hq // hk, dim=1)
+        bias = None
+        if mask is not None:
+            bias = mask
+            if mask.dtype == torch.bool:
+                bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
+            bias = bias.to(q.dtype).expand(q.shape[0], hq, q.shape[2], k.shape[2])
+        self.used["efficient"] = self.used.get("efficient", 0) + 1
+        return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, lse, dropout, causal,
+                                                                      scale=scale)[0]
+
+
+#: CUDA autocast's lower-precision ops (torch/csrc/autograd/autocast_mode.cpp), by function name
+AUTOCAST_LOW = frozenset({
+    "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "prelu",
+    "addmm", "addmv", "addr", "matmul", "__matmul__", "__rmatmul__", "einsum", "mm", "mv", "linear", "addbmm",
+    "baddbmm", "bmm", "chain_matmul", "multi_dot", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+    "scaled_dot_product_attention"})
+#: ops CUDA autocast runs in fp32 (incl. the fp32_set_opt_dtype ones: softmax, sums ... without an explicit dtype)
+AUTOCAST_FP32 = frozenset({
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt", "sinh",
+    "tan", "pow", "__pow__", "__rpow__", "__rtruediv__", "softplus", "layer_norm", "group_norm", "norm",
+    "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "hinge_embedding_loss", "kl_div",
+    "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss", "multilabel_margin_loss",
+    "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss", "binary_cross_entropy_with_logits", "dist",
+    "pdist", "cdist", "renorm", "logsumexp", "softmax", "log_softmax", "cross_entropy", "cumsum", "cumprod", "prod",
+    "sum", "vector_norm", "matrix_norm"})
+_FP32_OPT_DTYPE = frozenset({"softmax", "log_softmax", "cumsum", "cumprod", "prod", "sum", "vector_norm",
+                             "matrix_norm"})
+_PROMOTE = frozenset({"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sample", "index_put",
+                      "scatter_add", "tensordot", "cat", "stack"})
+
+
+class AutocastAs(torch.overrides.TorchFunctionMode):
+    """Emulate CUDA autocast to ``dtype`` (bf16/fp16) at the torch-function level, on any device (see module doc).
+    Casts of leaf tensors that require grad (weights) are cached for the mode's lifetime, like autocast's cache."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self._cache: dict[int, torch.Tensor] = {}
+
+    def _cast(self, x: Any, to: torch.dtype) -> Any:
+        if isinstance(x, (list, tuple)):
+            return type(x)(self._cast(v, to) for v in x)
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype == to or x.dtype == torch.float64:
+            return x
+        if x.is_leaf and x.requires_grad and to == self.dtype:
+            hit = self._cache.get(id(x))
+            if hit is None:
+                hit = self._cache[id(x)] = x.to(to)
+            return hit
+        return x.to(to)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in AUTOCAST_LOW:
+            to: torch.dtype | None = self.dtype
+        elif name in AUTOCAST_FP32 and not (name in _FP32_OPT_DTYPE and kwargs.get("dtype") is not None):
+            to = torch.float32
+        elif name in _PROMOTE:
+            flat = [t for a in args for t in (a if isinstance(a, (list, tuple)) else [a])
+                    if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            to = max((t.dtype for t in flat), key=lambda d: torch.finfo(d).bits, default=None)
+            if to is not None and all(t.dtype == to for t in flat):
+                to = None
+        else:
+            to = None
+        if to is not None:
+            args = tuple(self._cast(a, to) for a in args)
+            kwargs = {k: self._cast(v, to) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+
+def _forward_params(model: torch.nn.Module) -> list[str]:
+    try:
+        return [p for p in inspect.signature(model.forward).parameters if p not in ("self",)]
+    except (TypeError, ValueError):
+        return []
+
+
+def token_input(model: torch.nn.Module) -> int | None:
+    """The vocabulary size when the model's first input is token ids (its forward's first argument is named like
+    ``input_ids``, or its first module with parameters is an ``nn.Embedding``); None otherwise."""
+    first = next((m for m in model.modules() if any(True for _ in m.parameters(recurse=False))), None)
+    params = _forward_params(model)
+    named = bool(params) and params[0] in _TOKEN_ARGS
+    if isinstance(first, torch.nn.Embedding):
+        return int(first.num_embeddings)
+    if named:
+        emb = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
+        return int(emb.num_embeddings) if emb is not None else 2
+    return None
+
+
+def lm_labels(model: torch.nn.Module, inputs: list[Any]) -> dict[str, Any]:
+    """``{"labels": input_ids}`` for a model whose forward takes ``labels`` and whose first input is token ids (HF
+    causal LMs: the backward then starts from the real cross-entropy loss, not a sum over the logits)."""
+    params = _forward_params(model)
+    if "labels" in params and inputs and isinstance(inputs[0], torch.Tensor) and not inputs[0].is_floating_point():
+        return {"labels": inputs[0]}
+    return {}
+
+
+def backward_from(out: Any) -> str:
+    """Run backward from the output's ``loss`` (HF outputs, dicts), else the float sum of the first tensor output;
+    returns which ("loss" or "sum")."""
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    how = "loss"
+    if loss is None:
+        how = "sum"
+        if isinstance(out, dict):
+            out = next(v for v in out.values() if isinstance(v, torch.Tensor))
+        elif isinstance(out, (tuple, list)):
+            out = out[0]
+        elif hasattr(out, "logits"):
+            out = out.logits
+        loss = out.float().sum()
+    loss.backward()
+    return how
