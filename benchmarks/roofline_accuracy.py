@@ -7,6 +7,8 @@ measured in aggregate: that is the check that the counts and the roof are right,
 roof. Other classes are reported as they are (pointwise ops on CPU run far below the copy bandwidth roof).
 
     python benchmarks/roofline_accuracy.py [--write]
+    python benchmarks/roofline_accuracy.py --gpu [--write]   # the GPU workload (gpu_roofline_accuracy.py)
+    python benchmarks/roofline_accuracy.py --smoke           # the GPU workload's code path on CPU
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help="write benchmarks/results/roofline_accuracy.md")
     ap.add_argument("--runs", type=int, default=3, help="profiled steps; the median matmul ratio is reported")
+    ap.add_argument("--gpu", action="store_true", help="the GPU workload: GPT-2 124M, 8x1024, bf16, fused AdamW")
+    ap.add_argument("--smoke", action="store_true", help="the GPU workload's code on CPU (figures mean nothing)")
     args = ap.parse_args()
+    if args.gpu or args.smoke:
+        from gpu_roofline_accuracy import run
+
+        return run(args.smoke, args.write)
     from tscope_callbacks.devices.calibrate import cpu_spec
 
     spec = cpu_spec(cache=False)

@@ -30,3 +30,5 @@ def test_gpu_benchmarks_smoke() -> None:
     assert "detect_anomaly=True" in out
     out = _run("benchmarks/gpu_fit_overhead.py", "--smoke", "--runs", "1")
     assert "automatic MFU" in out
+    out = _run("benchmarks/roofline_accuracy.py", "--smoke")
+    assert "measured / expected" in out and "analyze_model on meta" in out and "Top opportunities" in out

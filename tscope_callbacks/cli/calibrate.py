@@ -17,6 +17,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="smaller, faster measurements")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--no-cache", action="store_true", help="measure again even when a cached result exists")
+    p.add_argument("--gemm", action="store_true",
+                   help="also measure this GPU's GEMM efficiency table (CUDA-graph timed LLM shapes, aligned and "
+                        "not); cached and used from then on for shape-aware estimates on this device")
+    p.add_argument("--gemm-precision", action="append", default=None, choices=["bf16", "fp16", "tf32", "fp32"],
+                   help="precision(s) of the GEMM table (repeat; default bf16)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,8 +30,46 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError) as e:
         print(f"tscope calibrate: {e}", file=sys.stderr)
         return 2
-    if args.json:
+    if args.json and not args.gemm:
         print(json.dumps(spec.to_dict(), indent=2))
-    else:
+    elif not args.json:
         print(calibration_table(spec))
+    if args.gemm:
+        return _gemm(args, spec)
+    return 0
+
+
+def _gemm(args: argparse.Namespace, spec) -> int:
+    from tscope_callbacks.devices.cache import cache_dir
+    from tscope_callbacks.devices.efficiency import build_model
+    from tscope_callbacks.devices.gemm_table import GEMM_CACHE, loo_summary, measure_gemm_table
+
+    if getattr(spec, "measured", False) and getattr(spec, "vendor", "") == "cpu":
+        print("tscope calibrate --gemm: needs a CUDA GPU (this is a CPU roof); the GEMM model is for GPU libraries",
+              file=sys.stderr)
+        return 2
+    precs = tuple(args.gemm_precision or ["bf16"])
+    try:
+        table = measure_gemm_table(spec, quick=args.quick, precisions=precs, cache=True,
+                                   progress=None if args.json else print)
+    except (RuntimeError, ValueError) as e:
+        print(f"tscope calibrate: {e}", file=sys.stderr)
+        return 2
+    model = build_model(spec, table={**table, "delta_s": 0.0})
+    summary = {p: loo_summary(model, p) for p in precs}
+    if args.json:
+        print(json.dumps({"spec": spec.to_dict(), "gemm_table": table, "leave_one_out": summary}, indent=2))
+        return 0
+    print(f"\nGEMM table of {table['measured_on']}: {sum(len(v) for v in table['gemm'].values())} kernels "
+          f"({table['timing']} timing)")
+    for p, s in summary.items():
+        if s:
+            print(f"  {p}: leave-one-out median error {s['median_error']:.0%}, {s['within_1_3x']:.0%} of kernels "
+                  f"over 20 us within 1.3x, time-weighted error {s['time_weighted_error']:.0%}")
+    rows = {(m, n, k): t for m, n, k, t in table["gemm"].get("bf16", [])}
+    for a, b in (((8192, 50257, 768), (8192, 50304, 768)), ((8192, 4095, 4096), (8192, 4096, 4096))):
+        if a in rows and b in rows:
+            tf = lambda d: 2 * d[0] * d[1] * d[2] / rows[d] / 1e12  # noqa: E731
+            print(f"  bf16 {a[0]}x{a[2]} @ {a[2]}x{a[1]}: {tf(a):.0f} TFLOP/s vs N={b[1]}: {tf(b):.0f} TFLOP/s")
+    print(f"cached in {cache_dir() / GEMM_CACHE}; reports for {spec.name} now use it")
     return 0

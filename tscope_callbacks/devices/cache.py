@@ -13,7 +13,10 @@ from typing import Any
 
 from tscope_callbacks.devices.spec import DeviceSpec
 
-__all__ = ["cache_dir", "cache_get", "cache_put", "spec_from_entry"]
+__all__ = ["cache_dir", "cache_get", "cache_put", "spec_from_entry", "GEMM_CACHE", "gemm_cache_key",
+           "cached_gemm_table"]
+
+GEMM_CACHE = "gemm_tables.json"  #: ``tscope calibrate --gemm`` tables (``devices.gemm_table``)
 
 _CACHE_VERSION = 1
 
@@ -63,3 +66,15 @@ def spec_from_entry(entry: dict[str, Any] | None, where: str) -> DeviceSpec | No
         return None
 
 
+
+
+def gemm_cache_key(name: str) -> str:
+    import torch
+
+    return f"{name}|torch {torch.__version__}"
+
+
+def cached_gemm_table(name: str) -> dict[str, Any] | None:
+    """The GEMM table ``calibrate --gemm`` cached for device ``name`` (this torch version), None when none."""
+    entry = cache_get(cache_dir() / GEMM_CACHE, gemm_cache_key(name))
+    return entry if entry and isinstance(entry.get("gemm"), dict) else None

@@ -32,7 +32,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["KernelModel", "model_for", "build_model", "fit_gemm", "MIN_KERNEL_S", "TABLE_DIR", "aligned"]
+from tscope_callbacks.devices.cache import cached_gemm_table
+
+__all__ = ["KernelModel", "model_for", "build_model", "forget", "fit_gemm", "MIN_KERNEL_S", "TABLE_DIR", "aligned"]
 
 TABLE_DIR = Path(__file__).with_name("data")
 MIN_KERNEL_S = 2.5e-6  #: the shortest kernel in a training step: launch and ramp of a back-to-back kernel
@@ -53,18 +55,19 @@ def aligned(n: int, k: int, itemsize: int) -> bool:
     return (n * itemsize) % 16 == 0 and (k * itemsize) % 16 == 0
 
 
-def _analytic(m: int, n: int, k: int, peak: float, bw: float, item: int, p: list) -> float:
+def _analytic(m: int, n: int, k: int, peak: float, bw: float, item: int, p: list, sms: int = _SMS) -> float:
     eta, eta_mem, ramp, tm, tn, mis = p
     flops, nbytes = 2.0 * m * n * k, item * (m * k + k * n + m * n)
     tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
     tiles = tiles_m * tiles_n
-    waves = math.ceil(tiles / _SMS)
-    q = tiles / (waves * _SMS) * (m * n) / (tiles_m * tm * tiles_n * tn)
+    waves = math.ceil(tiles / sms)
+    q = tiles / (waves * sms) * (m * n) / (tiles_m * tm * tiles_n * tn)
     e = eta * q * (1.0 if aligned(n, k, item) else mis)
     return ramp + max(flops / (peak * e), nbytes / (bw * eta_mem))
 
 
-def fit_gemm(points: list[tuple[int, int, int, float]], precision: str, peak: float, bw: float) -> list:
+def fit_gemm(points: list[tuple[int, int, int, float]], precision: str, peak: float, bw: float,
+             sms: int = _SMS) -> list:
     """Least log-error analytic parameters for measured kernel times (a coarse grid: robust, ~1 s)."""
     item = ITEMSIZE.get(precision, 2)
     t = np.array([p[3] for p in points])
@@ -75,7 +78,7 @@ def fit_gemm(points: list[tuple[int, int, int, float]], precision: str, peak: fl
                 for tm, tn in ((64, 128), (128, 128), (128, 256), (256, 128)):
                     for mis in (0.1, 0.15, 0.2, 0.3, 1.0):
                         p = [eta, eta_mem, ramp, tm, tn, mis]
-                        pred = np.array([_analytic(m, n, k, peak, bw, item, p) for m, n, k, _ in points])
+                        pred = np.array([_analytic(m, n, k, peak, bw, item, p, sms) for m, n, k, _ in points])
                         err = float(np.sqrt(np.mean(np.log(pred / t) ** 2)))
                         if best is None or err < best[0]:
                             best = (err, p)
@@ -89,26 +92,34 @@ class KernelModel:
     table (this device's, or another's when ``scaled``)."""
 
     def __init__(self, table: dict[str, Any], peak: dict[str, float], bandwidth: float, *, scaled: bool = False,
-                 table_peak: dict[str, float] | None = None, table_bandwidth: float | None = None) -> None:
+                 table_peak: dict[str, float] | None = None, table_bandwidth: float | None = None,
+                 gemm_table: dict[str, Any] | None = None) -> None:
         self.device = table.get("device", "?")
         self.scaled = scaled
         self.source = (f"{'scaled from ' if scaled else ''}{self.device} table: {table.get('source', '')}").strip()
+        if gemm_table is not None:
+            self.source = f"GEMMs: {gemm_table.get('source', 'calibrated')}; other ops: {self.source}"
         self.peak, self.bandwidth = peak, bandwidth
         tpeak, tbw = table_peak or peak, table_bandwidth or bandwidth
         floor = min((r[3] for rows in table.get("gemm", {}).values() for r in rows), default=MIN_KERNEL_S)
         self.delta_s = float(table.get("delta_s", max(0.0, floor - MIN_KERNEL_S)))
-        self.params: dict[str, list] = {**DEFAULT_PARAMS, **table.get("gemm_params", {})}
-        # GEMM points as efficiencies relative to the analytic model (device-independent: transfer by roofs)
+        # GEMM points as efficiencies relative to the analytic model (device-independent: transfer by roofs); a
+        # calibrated table of this very device (``gemm_table``) replaces the packaged/scaled one
+        g = gemm_table if gemm_table is not None else table
+        gpeak, gbw = (peak, bandwidth) if gemm_table is not None else (tpeak, tbw)
+        self.gemm_delta_s = float(g.get("gemm_delta_s", self.delta_s))
+        self.sms = int(g.get("sms") or _SMS)
+        self.params: dict[str, list] = {**DEFAULT_PARAMS, **g.get("gemm_params", {})}
         self._gemm: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._rows: dict[str, list] = {p: list(rows) for p, rows in table.get("gemm", {}).items()}
-        for prec, rows in table.get("gemm", {}).items():
+        self._rows: dict[str, list] = {p: list(rows) for p, rows in g.get("gemm", {}).items()}
+        for prec, rows in g.get("gemm", {}).items():
             item, p = ITEMSIZE.get(prec, 2), self.params.get(prec, DEFAULT_PARAMS["bf16"])
-            pk = tpeak.get(prec) or tpeak.get("bf16", 1e15)
+            pk = gpeak.get(prec) or gpeak.get("bf16", 1e15)
             feats, resid, cls = [], [], []
             for m, n, k, t in rows:
-                kt = max(MIN_KERNEL_S, t - self.delta_s)
+                kt = max(MIN_KERNEL_S, t - self.gemm_delta_s)
                 feats.append((math.log2(m), math.log2(n), math.log2(k)))
-                resid.append(math.log(kt / _analytic(m, n, k, pk, tbw, item, p)))
+                resid.append(math.log(kt / _analytic(m, n, k, pk, gbw, item, p, self.sms)))
                 cls.append(aligned(n, k, item))
             self._gemm[prec] = (np.array(feats), np.array(resid), np.array(cls))
         self._sdpa = [(b, bk, h, t, d, c, self._eff_sdpa(bk, h, t, d, c, fs, False, tpeak),
@@ -146,7 +157,7 @@ class KernelModel:
         prec = precision if precision in self._gemm or precision in DEFAULT_PARAMS else "bf16"
         item = ITEMSIZE.get(prec, 2)
         peak = self.peak.get(prec) or self.peak.get("bf16", 1e15)
-        base = _analytic(m, n, k, peak, self.bandwidth, item, self.params.get(prec, DEFAULT_PARAMS["bf16"]))
+        base = _analytic(m, n, k, peak, self.bandwidth, item, self.params.get(prec, DEFAULT_PARAMS["bf16"]), self.sms)
         data = self._gemm.get(prec) or self._gemm.get("bf16")
         if data is None or not len(data[0]):
             return max(MIN_KERNEL_S, base)
@@ -179,9 +190,10 @@ class KernelModel:
             dist = np.abs(f - feats[i]).sum(axis=1)
             idx = np.argsort(dist)[:6]
             w = 1.0 / (dist[idx] + 0.05) ** 2
-            base = _analytic(m, n, k, peak, self.bandwidth, item, self.params.get(precision, DEFAULT_PARAMS["bf16"]))
+            base = _analytic(m, n, k, peak, self.bandwidth, item, self.params.get(precision, DEFAULT_PARAMS["bf16"]),
+                             self.sms)
             pred = max(MIN_KERNEL_S, base * math.exp(float((w * r[idx]).sum() / w.sum())))
-            out.append((m, n, k, max(MIN_KERNEL_S, t - self.delta_s), pred))
+            out.append((m, n, k, max(MIN_KERNEL_S, t - self.gemm_delta_s), pred))
         return out
 
     def attention_s(self, backend: str, batch_heads: int, length: int, head_dim: int, causal: bool,
@@ -268,13 +280,20 @@ def build_model(spec: Any, table: dict[str, Any] | None = None) -> KernelModel |
         peak["fp32"] = float(spec.vector_flops["fp32"])
     if table is not None:
         return KernelModel(table, peak, float(spec.bandwidth))
+    calibrated = cached_gemm_table(spec.name)
     tables = _tables()
     own = tables.get(spec.name)
     if own is not None:
-        return KernelModel(_load(str(own)), peak, float(spec.bandwidth))
+        return KernelModel(_load(str(own)), peak, float(spec.bandwidth), gemm_table=calibrated)
     ref = tables.get("NVIDIA H100 SXM")
     if ref is None:
-        return None
+        return KernelModel(calibrated, peak, float(spec.bandwidth)) if calibrated is not None else None
     ref_peak = {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12}
     return KernelModel(_load(str(ref)), peak, float(spec.bandwidth), scaled=True, table_peak=ref_peak,
-                       table_bandwidth=3.35e12)
+                       table_bandwidth=3.35e12, gemm_table=calibrated)
+
+
+def forget(name: str) -> None:
+    """Drop the cached models of device ``name`` (after ``calibrate --gemm`` stored a new table for it)."""
+    for key in [k for k in _MODELS if k[0] == name]:
+        del _MODELS[key]

@@ -1,0 +1,96 @@
+"""Estimates vs measured kernel time on the GPU workload (GPT-2 124M, batch 8x1024, bf16 autocast, fused AdamW).
+
+One training step is profiled with ``ts.profile`` (per-op kernel time from the profiler's kernel records). Per op
+class: measured / roofline bound (the datasheet roof) and measured / expected (the shape-aware kernel model,
+``devices.efficiency``); the whole step: sum of expected kernel times vs the device-busy time. Then
+``analyze_model`` on meta (no GPU work: the estimate a user gets before training) is compared with the measured
+forward and step. Targets (issue "Estimates and advice"): measured/expected within 1.3x for matmul, attention and
+the whole step; the meta forward within 1.3x of the measured forward.
+
+    python benchmarks/roofline_accuracy.py --gpu [--write]    # on a CUDA GPU
+    python benchmarks/roofline_accuracy.py --smoke            # exercise the code on CPU (numbers mean nothing)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import gpt2, write
+from gpu_workload import FULL, SMOKE, autocast, build, device_for
+
+import tscope_callbacks as ts
+
+TARGET = 1.3
+
+
+def _within(x: float | None) -> bool:
+    return x is not None and 1 / TARGET <= x <= TARGET
+
+
+def run(smoke: bool, write_out: bool) -> int:
+    w = SMOKE if smoke else FULL
+    device = device_for(smoke)
+    cuda = device == "cuda"
+    model, opt, ids = build(w, device)
+
+    def step() -> None:
+        with autocast(device):
+            loss = model(ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    with ts.profile(model) as prof:
+        step()
+    spec = ts.get_device_spec("auto") if cuda else ts.get_device_spec("h100")  # smoke: any GPU spec
+    rep = ts.roofline(prof.result, spec)
+    name = torch.cuda.get_device_name() if cuda else "CPU smoke run"
+    lines = [f"# Estimates vs measured kernel time ({name}, torch {torch.__version__})", "",
+             f"GPT-2 {w.n_layer}x{w.d}, vocab {w.vocab}, batch {w.batch}x{w.seq}, bf16 autocast, fused AdamW; one "
+             f"profiled step; kernel model: {rep.kernel_model.source if rep.kernel_model else 'none'}.", "",
+             "| op class | ops | measured ms | roof ms | expected ms | measured / roof | measured / expected |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    ratios = {}
+    for c in rep.category_comparison():
+        ratios[c["category"]] = c["expected_ratio"]
+        f = lambda x: "" if x is None else f"{x:.2f}"  # noqa: E731
+        lines.append(f"| {c['category']} | {c['n_ops']} | {f((c['measured_s'] or 0) * 1e3)} | "
+                     f"{f(c['estimated_s'] * 1e3)} | {f(c['expected_s'] * 1e3)} | {f(c['ratio'])} | "
+                     f"{f(c['expected_ratio'])} |")
+    busy = rep.meta.get("device_busy_s") or rep.op_time_s or 0.0
+    step_ratio = busy / rep.estimated_step_s if rep.estimated_step_s else None
+    fwd_meas = sum(o.measured_s or 0.0 for o in rep.op_roofs if o.record.phase == "forward")
+    with torch.device("meta"):
+        meta_model = gpt2(w.n_layer, w.d, w.heads, w.vocab, max(w.seq, 64), device="meta")
+    est = ts.analyze_model(meta_model, input_shape=[(w.batch, w.seq)], gpu=spec, precision="bf16-mixed",
+                           backward=True)
+    fwd_est = est.expected_time_s("forward")
+    fwd_ratio = fwd_meas / fwd_est if fwd_est else None
+    checks = [("matmul measured / expected", ratios.get("matmul")),
+              ("attention measured / expected", ratios.get("attention")),
+              ("whole step: device-busy / sum of expected", step_ratio),
+              ("meta forward (analyze_model, bf16-mixed): measured / estimated", fwd_ratio)]
+    lines += ["", f"- step: device busy {busy * 1e3:.2f} ms, sum of expected {rep.estimated_step_s * 1e3:.2f} ms, "
+              f"roofline bound {rep.roof_step_s * 1e3:.2f} ms",
+              f"- forward: measured {fwd_meas * 1e3:.2f} ms; analyze_model on meta {fwd_est * 1e3:.2f} ms "
+              f"(+ backward {est.expected_time_s('backward') * 1e3:.2f} ms)", ""]
+    ok = True
+    for label, r in checks:
+        good = _within(r)
+        ok &= good
+        lines.append(f"- {label} = **{'n/a' if r is None else f'{r:.2f}'}** (target within {TARGET}x): "
+                     f"{'PASS' if good else 'FAIL'}")
+    opps = rep.opportunities(top=3)
+    lines += ["", "Top opportunities:", ""] + [f"{i}. `{o.layer or '(root)'}` {o.kind}: saves "
+                                             f"{(o.saving_s or 0) * 1e3:.2f} ms" for i, o in enumerate(opps, 1)]
+    text = "\n".join(lines)
+    print(text)
+    if write_out and cuda:
+        write("roofline_accuracy_gpu.md", text, "python benchmarks/roofline_accuracy.py --gpu --write")
+    return 0 if ok else 1
