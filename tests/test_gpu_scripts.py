@@ -32,3 +32,5 @@ def test_gpu_benchmarks_smoke() -> None:
     assert "automatic MFU" in out
     out = _run("benchmarks/roofline_accuracy.py", "--smoke")
     assert "measured / expected" in out and "analyze_model on meta" in out and "Top opportunities" in out
+    out = _run("benchmarks/gpu_compiled_profile.py", "--smoke", "--runs", "2")
+    assert "profiled compiled step (kernels)" in out and "Dynamo before" in out

@@ -58,6 +58,7 @@ class OpRecord:
     tensor_core: bool | None = None  #: CUDA: whether its kernels ran on tensor cores (None: unknown / CPU)
     flops_model: int | None = None  #: model FLOPs (MFU) where they differ from ``flops`` (attention backward: 2x fwd)
     flops_dense: int | None = None  #: full-square causal attention (FlopCounterMode/PaLM/Megatron), when different
+    fused_ops: list = field(default_factory=list)  #: an Inductor kernel's fused aten ops (compiled capture)
 
     @property
     def bytes(self) -> int:

@@ -226,7 +226,9 @@ def opportunities(report: Any, top: int = 5) -> list[Opportunity]:
     model = getattr(report, "kernel_model", None)
     step = report.measured_step_s or report.estimated_step_s or 0.0
     tf32 = bool(report.spec.flops.get("tf32"))
-    compiled = bool(report.meta.get("compiled_modules_run_eagerly"))
+    # compiled models: Inductor fuses elementwise chains already (kernels mode records the fused kernels; an eager
+    # capture of a compiled model shows ops the real run fuses): no fusion advice
+    compiled = bool(report.meta.get("compiled_modules_run_eagerly") or report.meta.get("compiled_capture"))
     by_layer: dict[str, list[OpRoof]] = {}
     for o in report.op_roofs:
         by_layer.setdefault(o.record.layer, []).append(o)

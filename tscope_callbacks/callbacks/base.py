@@ -128,7 +128,8 @@ class ProfilingCallback(Callback):
             from tscope_callbacks.capture.profile import profile
 
             prof = profile(pl_module, layer_details=any(o.get("layer_details") for o in opts),
-                           check_finite=any(o.get("check_finite") for o in opts), labels=labels)
+                           check_finite=any(o.get("check_finite") for o in opts), labels=labels,
+                           compiled="eager" if any(o.get("compiled") == "eager" for o in opts) else "auto")
             prof.start()
         except Exception as e:
             prof = None

@@ -58,6 +58,10 @@ class RooflineCallback(ProfilingCallback):
             pairs computed, what a causal flash kernel does) or ``"full"`` (the full square, as FlopCounterMode,
             PaLM and Megatron count it: use it to compare with published MFU). Model FLOPs always exclude
             activation-checkpointing recompute (``hfu`` includes it).
+        compare_eager: on a ``torch.compile``'d model (profiled in kernels mode: the compiled execution), profile the
+            step after the first profile eagerly once and log ``tscope/roofline/compiled_vs_eager`` (per layer:
+            compiled vs eager time, speedup, compiled % of roof) and ``tscope/roofline/compile_speedup``; later
+            profiles repeat the comparison against that eager reference.
         history: how many per-step summaries ``history`` keeps (records are never accumulated: only the last
             profile and report are kept).
         every_n_steps, start_step, max_profiles, profile_first, stages, raise_errors: see
@@ -88,7 +92,7 @@ class RooflineCallback(ProfilingCallback):
 
     def __init__(self, gpu: Any = "auto", precision: str | None = None, *, top: int = 20, plot: bool = True,
                  save_json: bool = True, auto_mfu: bool = True, attention_flops: str = "attended",
-                 history: int = 32, every_n_steps: int | None = 500, start_step: int = 10,
+                 compare_eager: bool = True, history: int = 32, every_n_steps: int | None = 500, start_step: int = 10,
                  max_profiles: int | None = None, profile_first: bool = True,
                  stages: str | list[str] | tuple[str, ...] = ("train",), raise_errors: bool = False) -> None:
         super().__init__(every_n_steps=every_n_steps, start_step=start_step, max_profiles=max_profiles,
@@ -101,7 +105,8 @@ class RooflineCallback(ProfilingCallback):
             from tscope_callbacks.devices.precision import normalize_precision
 
             precision = normalize_precision(precision)  # raises ValueError naming the accepted values
-        for name, val in (("plot", plot), ("save_json", save_json), ("auto_mfu", auto_mfu)):
+        for name, val in (("plot", plot), ("save_json", save_json), ("auto_mfu", auto_mfu),
+                          ("compare_eager", compare_eager)):
             if not isinstance(val, bool):
                 raise TypeError(f"{name} must be a bool, got {type(val).__name__}")
         for name, val in (("top", top), ("history", history)):
@@ -111,6 +116,10 @@ class RooflineCallback(ProfilingCallback):
             raise ValueError(f"attention_flops must be one of {ATTENTION_CONVENTIONS}, got {attention_flops!r}")
         self.gpu, self.precision, self.top, self.plot = gpu, precision, top, plot
         self.save_json, self.auto_mfu, self.attention_flops = save_json, auto_mfu, attention_flops
+        self.compare_eager = compare_eager
+        self.eager_report: Any = None  #: the eager reference of a compiled model (``compare_eager``)
+        self._eager_at: int | None = None
+        self._eager_pending = False
         self.spec: Any = gpu if isinstance(gpu, DeviceSpec) else None
         if self.spec is None and gpu.strip().lower() != "auto":
             from tscope_callbacks.devices.resolve import get_device_spec
@@ -231,8 +240,40 @@ class RooflineCallback(ProfilingCallback):
 
     # ------------------------------------------------------------------ profiled steps
     @override
+    def _capture_options(self) -> dict[str, Any]:
+        return {**super()._capture_options(), **({"compiled": "eager"} if self._eager_pending else {})}
+
+    def _compare(self, trainer: pl.Trainer, ctx: ProfileContext, compiled: Any) -> None:
+        """Log the compiled-vs-eager table of ``compiled`` against the eager reference."""
+        from tscope_callbacks.analysis.compare import compile_speedup, compiled_vs_eager
+        from tscope_callbacks.render.markdown import compare_table
+
+        eager = self.eager_report
+        if compiled is None or eager is None or not ctx.is_global_zero:
+            return
+        speed = compile_speedup(compiled, eager)
+        head = (f"**compiled step {compiled.meta.get('step')} vs eager step {eager.meta.get('step')}** (op time, "
+                f"both slowed alike by the capture): {'' if speed is None else f'{speed:.2f}x '}faster compiled\n\n")
+        sinks = self.sinks(trainer)
+        sinks.log_text(metric_key("roofline", "compiled_vs_eager"), head + compare_table(compiled_vs_eager(
+            compiled, eager), self.top), ctx.log_step)
+        if speed is not None:
+            sinks.log_scalars({metric_key("roofline", "compile_speedup"): speed}, ctx.log_step)
+
+    def _on_eager_reference(self, trainer: pl.Trainer, result: StepProfile, ctx: ProfileContext) -> None:
+        if self.spec is None or not ctx.is_global_zero:
+            return
+        from tscope_callbacks.api import roofline
+
+        self.eager_report = roofline(result, self.spec, precision=self.precision)
+        self._compare(trainer, ctx, self.last_report)
+
+    @override
     def _on_profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
                     ctx: ProfileContext) -> None:
+        if ctx.reason == "eager-reference":
+            self._on_eager_reference(trainer, result, ctx)
+            return
         result.meta["trainer_precision"] = str(getattr(trainer, "precision", ""))
         result.meta["attention_flops"] = self.attention_flops
         report = None
@@ -250,6 +291,12 @@ class RooflineCallback(ProfilingCallback):
         self.history.append({"stage": ctx.stage, "step": ctx.step, "reason": ctx.reason, **scalars})
         if ctx.is_global_zero:
             self._write(trainer, result, report, ctx, scalars)
+        if self.compare_eager and ctx.stage == "train" and result.meta.get("compiled_capture"):
+            if self.eager_report is None and self._eager_at is None:  # an eager reference at the next step
+                self._eager_at = ctx.step + 1
+                self._next_train = min(self._next_train, ctx.step + 1)
+            else:
+                self._compare(trainer, ctx, report)
 
     def _write(self, trainer: pl.Trainer, result: StepProfile, report: Any, ctx: ProfileContext,
                scalars: dict[str, float]) -> None:
@@ -313,6 +360,15 @@ class RooflineCallback(ProfilingCallback):
     @override
     def _train_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         step = trainer.global_step
+        if self._eager_at is not None and step >= self._eager_at and not self.schedules["train"].is_due(step):
+            self._eager_at = None
+            self._eager_pending = True
+            try:
+                self._start(trainer, pl_module, "train", step, batch, reason="eager-reference")
+            finally:
+                self._eager_pending = False
+            self._next_train = self.schedules["train"].next_due(step + 1)
+            return
         if self._recount_at is not None and step >= self._recount_at and not self.schedules["train"].is_due(step):
             self._recount_at = None
             if batch_signature(batch) not in self._flops:  # the new shape persists: count it

@@ -93,11 +93,15 @@ class Profile:
         record_shapes: bool = True,
         raise_errors: bool = False,
         labels: dict[str, Any] | None = None,
+        compiled: str = "auto",
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"profile() needs a torch.nn.Module, got {type(model).__name__}")
         if timing not in ("auto", "cpu", "cuda", None, "none"):
             raise ValueError(f"timing must be 'auto', 'cpu', 'cuda' or None, got {timing!r}")
+        if compiled not in ("auto", "kernels", "eager"):
+            raise ValueError(f"compiled must be 'auto', 'kernels' or 'eager', got {compiled!r}")
+        self.compiled = compiled
         self.model = model
         if isinstance(formulas, FormulaRegistry):
             self.registry = formulas
@@ -130,6 +134,8 @@ class Profile:
         self._calls: dict[str, int] = {}
         self._param_owner: dict[int, str] = {}
         self._compiled: list[str] = []  #: compiled modules (run eagerly under the capture)
+        self._cstate: Any = None  #: ``capture.compiled.CompiledState`` when compiled modules run compiled
+        self._fused: dict[int, tuple] = {}  #: pending index -> the aten ops an Inductor kernel fused
         self._paused = 0
         self._pause_t0 = 0
         self._paused_ns = 0
@@ -251,6 +257,7 @@ class Profile:
             self._internal_error(e)
             self.result = StepProfile(wall_time_s=wall, meta={**_session.base_meta(self), **self.labels})
         self._pending = []
+        self._fused = {}
         self._seq_layer = {}
         self._hooked = set()
         return self.result
@@ -335,6 +342,10 @@ class Profile:
         elif node is None:
             phase = "forward"
             layer = stack[-1][0] if stack else ""
+            cs = self._cstate
+            if cs is not None and cs.depth:  # inside a compiled forward: no hooks there, the parameters tell
+                layer = cs.layer_of(args, layer)
+                cs.note(len(self._pending))
             if torch.is_grad_enabled():
                 self._seq_layer.setdefault(seq - 1, layer)
                 if self._memory is not None and _saved_hooks(False) is not None:
@@ -347,6 +358,10 @@ class Profile:
         else:
             phase = "backward"
             layer = self._seq_layer.get(node._sequence_nr())
+            cs = self._cstate
+            if layer is None and cs is not None and node.name().startswith("CompiledFunctionBackward"):
+                layer = cs.layer_of(args, stack[-1][0] if stack else "")
+                cs.note(len(self._pending))
             if layer is None:
                 var = getattr(node, "variable", None)  # AccumulateGrad
                 layer = self._param_owner.get(id(var), "") if var is not None else (stack[-1][0] if stack else "")

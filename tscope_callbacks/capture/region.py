@@ -19,6 +19,7 @@ import torch.optim.optimizer as _optimizer
 from torch._C._autograd import _get_sequence_nr
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tscope_callbacks.capture.compiled import PROVENANCE, CompiledState, is_compiled_wrapper, kernel_recorder
 from tscope_callbacks.capture.cuda_timing import PAUSED_RANGE, KernelTimeline, Timeline
 from tscope_callbacks.capture.eager import EagerStance
 from tscope_callbacks.capture.layers import LayerDetails, build_layers
@@ -98,6 +99,8 @@ class Installed:
             p._details.remove_hooks()
         if p._memory is not None:
             p._memory.close()
+        if p._cstate is not None:
+            p._cstate.restore()
         self.stance.exit()
 
 
@@ -105,19 +108,37 @@ def install(p: Profile) -> Installed:
     """Install everything a capture of ``p.model`` needs (the caller removes it with ``Installed.remove``)."""
     s = Installed()
     p._session = s  # visible to remove() even when a later step raises
-    s.stance.enter()
+    p._cstate = None
     model = p.model
+    wrappers, inplace = [], []
     for path, mod in model.named_modules(remove_duplicate=True):
         s.paths[id(mod)] = clean_path(path)
         # torch.compile's wrapper, or a module whose methods Lightning compiled in place (``_compiler_ctx``)
-        if type(mod).__name__ == "OptimizedModule" or isinstance(getattr(mod, "_compiler_ctx", None), dict):
+        if is_compiled_wrapper(mod):
+            wrappers.append(mod)
             s.compiled.append(clean_path(path))
-    p._compiled = list(s.compiled)
-    warn_key = (type(model).__qualname__, tuple(s.compiled))
-    if s.compiled and warn_key not in _WARNED_COMPILED:  # once per model and process, not per profile
-        _WARNED_COMPILED.add(warn_key)
-        log.warning("tscope: %s is torch.compile'd; under profiling it runs eagerly, so op counts are exact but times "
-                    "are eager-mode times (fused kernels of the compiled graph are not seen)", s.compiled[0] or "model")
+        elif isinstance(getattr(mod, "_compiler_ctx", None), dict) or getattr(mod, "_compiled_call_impl", None):
+            inplace.append(clean_path(path))
+            s.compiled.append(clean_path(path))
+    want = p.compiled == "kernels" or (p.compiled == "auto" and not p.layer_details)
+    inner: set[int] = set()
+    if wrappers and want and not inplace:  # run compiled: record the kernels that really run (capture.compiled)
+        p._cstate = CompiledState()
+        p._cstate.cudagraphs = any(_cudagraphs(w) for w in wrappers)
+        inner = {id(m) for w in wrappers for m in w._orig_mod.modules()}
+        for w in wrappers:
+            s.handles.append(w.register_forward_pre_hook(_depth(p._cstate, 1), prepend=True))
+            s.handles.append(w.register_forward_hook(_depth(p._cstate, -1), always_call=True))
+    else:
+        s.stance.enter()
+        p._compiled = list(s.compiled)
+        warn_key = (type(model).__qualname__, tuple(s.compiled))
+        if s.compiled and warn_key not in _WARNED_COMPILED:  # once per model and process, not per profile
+            _WARNED_COMPILED.add(warn_key)
+            why = ("compiled in place (module.compile())" if inplace else "layer details need the eager modules"
+                   if p.layer_details else "compiled='eager'")
+            log.warning("tscope: %s is torch.compile'd and runs eagerly under this profile (%s): op counts are exact, "
+                        "times are eager-mode times", s.compiled[0] or "model", why)
     for mpath, mod in model.named_modules():
         for prm in mod.parameters(recurse=False):
             p._param_owner.setdefault(id(prm), p._collapse(clean_path(mpath)))
@@ -129,6 +150,8 @@ def install(p: Profile) -> Installed:
     # Per-module hooks: ours run first before the module and last after it (after any user hook that replaces the
     # output), so shapes and finite-checks see what the module really hands downstream.
     for mod in {id(m): m for m in model.modules()}.values():
+        if id(mod) in inner:  # Dynamo guards on hooks inside a compiled module: one there recompiles the model
+            continue
         s.handles.append(mod.register_forward_pre_hook(p._pre_hook, prepend=True, with_kwargs=True))
         s.handles.append(mod.register_forward_hook(p._post_hook, always_call=True, with_kwargs=True))
     s.handles += _optimizer_hooks(p)
@@ -136,13 +159,32 @@ def install(p: Profile) -> Installed:
         torch.cuda.synchronize()
         p._timeline = KernelTimeline()
         p._timeline.start()
+    if p._cstate is not None:
+        p._cstate.map_parameters(model, lambda path: p._collapse(clean_path(path)))
+        p._cstate.wrap(kernel_recorder(p, p._cstate))
     s.mode = _mode_for(p)
     s.mode.__enter__()
     return s
 
 
+def _cudagraphs(wrapper: Any) -> bool:
+    """Whether a compile wrapper runs CUDA graphs (``mode="reduce-overhead"``)."""
+    try:
+        cfg = wrapper.get_compiler_config() if callable(getattr(wrapper, "get_compiler_config", None)) else None
+        return bool(cfg and cfg.get("triton.cudagraphs"))
+    except Exception:
+        return False
+
+
+def _depth(state: CompiledState, d: int) -> Any:
+    def hook(module: Any, *args: Any) -> None:
+        state.depth = max(0, state.depth + d)
+
+    return hook
+
+
 def _mode_for(p: Profile) -> Any:
-    return _Mode(p)
+    return _CompiledMode(p) if p._cstate is not None else _Mode(p)
 
 
 _current_node = torch._C._current_autograd_node
@@ -200,6 +242,15 @@ class _Mode(TorchDispatchMode):
 
 
 
+class _CompiledMode(_Mode):
+    """The dispatch mode of a kernels-mode capture: Dynamo keeps running compiled artifacts under it (a mode that
+    does not ignore compile internals is handed eager ops instead) and it still sees the ops they dispatch."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+
 def _optimizer_hooks(p: Profile) -> list[Any]:
     """Global optimizer step hooks: ops of an ``optimizer.step()`` inside the region are phase ``"optimizer"``. A
     closure the step runs (``step(closure)``: forward and backward inside the step, as Lightning does) keeps its
@@ -233,6 +284,12 @@ def base_meta(p: Profile) -> dict[str, Any]:
         "torch": torch.__version__,
         "internal_errors": list(p.errors),
         "compiled_modules_run_eagerly": list(p._compiled),
+        "compiled_capture": None if p._cstate is None else {
+            "mode": "kernels", "provenance": PROVENANCE, "graphs": p._cstate.graphs,
+            "kernels_wrapped": p._cstate.kernels, "kernel_records": len(p._fused),
+            "cudagraphs": p._cstate.cudagraphs,
+            "limits": "CUDA-graph replays (mode='reduce-overhead') count in device-busy time without per-kernel "
+                      "records"},
         "paused_s": p._paused_ns * 1e-9,  #: left out of wall_time_s (tscope's own checks, validation)
     }
 
@@ -253,6 +310,8 @@ def step_time(ops: list[OpRecord], wall: float | None, timeline: Timeline | None
 
 
 def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> StepProfile:
+    if p._cstate is not None:
+        p._cstate.resolve(p._pending)
     times = timeline.times if timeline is not None else None
     tcs = timeline.tensor_core if timeline is not None else None
     ops = []
@@ -263,7 +322,8 @@ def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> S
             bytes_written=c.bytes_written, dtype=c.dtype, input_shapes=c.input_shapes if p.record_shapes else [],
             time_s=times[i] if times is not None else dt, counted=c.counted, category=c.category,
             overload=names[1], output_shapes=c.output_shapes if p.record_shapes else [], index=i,
-            tensor_core=tcs[i] if tcs is not None else None, flops_model=c.flops_model, flops_dense=c.flops_dense))
+            tensor_core=tcs[i] if tcs is not None else None, flops_model=c.flops_model, flops_dense=c.flops_dense,
+            fused_ops=list(p._fused.get(i, ()))))
     if p._details is not None:
         p._details.finish()
     layers = build_layers(p.model, ops, p._details, p._collapse, p._calls)

@@ -15,7 +15,7 @@ from tscope_callbacks.analysis.fmt import pct as _pct
 from tscope_callbacks.analysis.rows import Row
 from tscope_callbacks.analysis.summary import roofs_used
 
-__all__ = ["header_lines", "to_markdown", "to_csv", "to_dict", "to_console", "json_safe", "op_table", "COLUMNS", "columns",
+__all__ = ["header_lines", "to_markdown", "to_csv", "to_dict", "to_console", "json_safe", "op_table", "COLUMNS", "columns", "compare_table",
            "opportunity_line"]
 
 def _f(x: float | None, spec: str = ".4g", scale: float = 1.0) -> str:
@@ -87,6 +87,16 @@ def header_lines(report: Any) -> list[str]:
         lines += [f"- **Time** ({s['time_basis']}): {_p(s['compute_bound_time_frac'])} compute-bound · "
                   f"{_p(s['memory_bound_time_frac'])} memory-bound · {_p(s['uncounted_time_frac'])} uncounted · "
                   f"{_p(s['overhead_time_frac'])} overhead"]
+    cc = report.meta.get("compiled_capture")
+    if cc:
+        lines += [f"- **Compiled**: the compiled execution was recorded ({cc.get('kernel_records', 0)} Inductor kernel "
+                  f"calls; extern kernels counted exactly, fused kernels from their names; provenance: "
+                  f"{cc.get('provenance', '')})" + ("; CUDA graphs (mode='reduce-overhead'): kernels replayed inside a "
+                                                    "graph count in device-busy time but have no per-kernel record"
+                                                    if cc.get("cudagraphs") else "")]
+    elif report.meta.get("compiled_modules_run_eagerly"):
+        lines += ["- **Compiled**: " + ", ".join(f"`{m or '(root)'}`" for m in report.meta[
+            "compiled_modules_run_eagerly"]) + " ran eagerly under this profile (times are eager times)"]
     lines += [f"- **Totals**: {_n(s['total_flops'] / 1e9)} GFLOP, {_n(s['total_bytes'] / 1e6)} MB, {s['n_ops']} ops; "
               f"FLOP coverage {_p(s['flop_coverage'])}"
               + (" (no formula: " + ", ".join(f"{k} ×{v}" for k, v in list(s["uncounted_ops"].items())[:5]) + ")"
@@ -237,6 +247,16 @@ def to_console(report: Any, top: int = 20, console: Any = None) -> None:
     con.print(t)
     for i, o in enumerate(report.opportunities(top=5), 1):
         con.print(f"{i}. " + opportunity_line(o, report.measured_step_s).replace("`", ""), markup=False)
+
+
+def compare_table(rows: list[dict[str, Any]], top: int = 20) -> str:
+    """``analysis.compare.compiled_vs_eager`` rows as a markdown table (top layers by eager time + the total)."""
+    body = rows[:-1][:top] + rows[-1:]
+    return "\n".join(_md_table(
+        ["layer", "compiled ms", "eager ms", "speedup", "compiled % of roof", "kernels/ops compiled", "ops eager"],
+        [[f"`{r['layer']}`" if r["layer"] != "(total)" else "**total**", _f(r["compiled_ms"], ".4g"),
+          _f(r["eager_ms"], ".4g"), _f(r["speedup"], ".3g") + ("x" if r["speedup"] is not None else ""),
+          _p(r["compiled_pct_of_roof"]), str(r["compiled_ops"]), str(r["eager_ops"])] for r in body]))
 
 
 def op_table(profile: Any, top: int = 20) -> str:
