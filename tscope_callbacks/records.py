@@ -29,6 +29,7 @@ CATEGORIES = (
     "loss",
     "optimizer",  # _foreach_* and fused optimizer kernels
     "memory",  # copies, cat, index, fill: bytes but no FLOPs
+    "comm",  # collectives (formulas.comm): bytes on the interconnect, placed against the link roof
     "view",  # metadata/view ops: known zero FLOPs and bytes
     "other",  # no formula (counted=False)
 )
@@ -59,6 +60,8 @@ class OpRecord:
     flops_model: int | None = None  #: model FLOPs (MFU) where they differ from ``flops`` (attention backward: 2x fwd)
     flops_dense: int | None = None  #: full-square causal attention (FlopCounterMode/PaLM/Megatron), when different
     fused_ops: list = field(default_factory=list)  #: an Inductor kernel's fused aten ops (compiled capture)
+    comm: dict | None = None  #: a collective's group, size, bytes (nccl-tests S), busbw factor (formulas.comm)
+    start_s: float | None = None  #: start, seconds after the region's first op/kernel (CPU: op; CUDA: first kernel)
 
     @property
     def bytes(self) -> int:

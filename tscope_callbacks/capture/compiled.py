@@ -252,6 +252,7 @@ def kernel_recorder(p: Any, state: CompiledState) -> Any:
             t0 = perf()
             out = fn(*args, **kwargs)
             dt = (perf() - t0) * 1e-9
+            p._starts[len(p._pending)] = (t0 - p._t0) * 1e-9
         else:
             out = fn(*args, **kwargs)
             dt = None

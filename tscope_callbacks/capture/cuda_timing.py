@@ -80,6 +80,20 @@ class Timeline:
     kernels: list[KernelRecord] = field(default_factory=list)  #: every device activity, tscope's own excluded
 
     @property
+    def starts(self) -> list[float | None]:
+        """Per op: its first kernel's start, in seconds after the region's first kernel (None: no kernel)."""
+        out: list[float | None] = [None] * len(self.times)
+        if not self.kernels:
+            return out
+        t0 = min(k.start_ns for k in self.kernels)
+        for k in self.kernels:
+            if k.op is not None and 0 <= k.op < len(out):
+                s = (k.start_ns - t0) * 1e-9
+                if out[k.op] is None or s < out[k.op]:
+                    out[k.op] = s
+        return out
+
+    @property
     def busy_s(self) -> float:
         """Device-busy time: the union of all kernel intervals (overlapping streams counted once)."""
         return union_s((k.start_ns, k.end_ns) for k in self.kernels)

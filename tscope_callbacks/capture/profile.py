@@ -33,8 +33,10 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
 
 from tscope_callbacks.capture import region as _session
+from tscope_callbacks.capture.attribute import attribute
 from tscope_callbacks.capture.paths import Selection
 from tscope_callbacks.formulas import DEFAULT_REGISTRY, FormulaRegistry
+from tscope_callbacks.formulas.comm import collective_info
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
 __all__ = ["profile", "Profile", "NestedProfileError", "active_profile", "paused"]
@@ -42,7 +44,6 @@ __all__ = ["profile", "Profile", "NestedProfileError", "active_profile", "paused
 log = logging.getLogger("tscope_callbacks")
 
 _current_node = torch._C._current_autograd_node
-_saved_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 _perf_ns = time.perf_counter_ns
 _ACTIVE: Profile | None = None
 _ACTIVE_LOCK = threading.Lock()
@@ -136,6 +137,9 @@ class Profile:
         self._compiled: list[str] = []  #: compiled modules (run eagerly under the capture)
         self._cstate: Any = None  #: ``capture.compiled.CompiledState`` when compiled modules run compiled
         self._fused: dict[int, tuple] = {}  #: pending index -> the aten ops an Inductor kernel fused
+        self._comm: dict[int, dict] = {}  #: pending index -> a collective's info (formulas.comm)
+        self._starts: dict[int, float] = {}  #: pending index -> start (s after the region start; CPU timing)
+        self._op_t0 = 0  #: perf_counter_ns at the current op's start (set by the dispatch mode when timed)
         self._paused = 0
         self._pause_t0 = 0
         self._paused_ns = 0
@@ -258,6 +262,8 @@ class Profile:
             self.result = StepProfile(wall_time_s=wall, meta={**_session.base_meta(self), **self.labels})
         self._pending = []
         self._fused = {}
+        self._comm = {}
+        self._starts = {}
         self._seq_layer = {}
         self._hooked = set()
         return self.result
@@ -332,47 +338,18 @@ class Profile:
             self._internal_error(e)
 
     def _record(self, func, args, kwargs, out, dt, seq: int, node) -> None:
-        stack = self._stack
-        if self._phase_override is not None:
-            phase = self._phase_override
-            layer = stack[-1][0] if stack else ""
-        elif self._in_opt_step and node is None and not torch.is_grad_enabled():
-            phase = "optimizer"
-            layer = stack[-1][0] if stack else ""
-        elif node is None:
-            phase = "forward"
-            layer = stack[-1][0] if stack else ""
-            cs = self._cstate
-            if cs is not None and cs.depth:  # inside a compiled forward: no hooks there, the parameters tell
-                layer = cs.layer_of(args, layer)
-                cs.note(len(self._pending))
-            if torch.is_grad_enabled():
-                self._seq_layer.setdefault(seq - 1, layer)
-                if self._memory is not None and _saved_hooks(False) is not None:
-                    self._hooked.add(seq - 1)  # saved through someone's hooks (checkpointing): never unpacked
-            self._in_backward = False
-        elif stack and stack[-1][1]:
-            phase = "recompute"
-            layer = stack[-1][0]
-            self._seq_layer.setdefault(seq - 1, layer)
-        else:
-            phase = "backward"
-            layer = self._seq_layer.get(node._sequence_nr())
-            cs = self._cstate
-            if layer is None and cs is not None and node.name().startswith("CompiledFunctionBackward"):
-                layer = cs.layer_of(args, stack[-1][0] if stack else "")
-                cs.note(len(self._pending))
-            if layer is None:
-                var = getattr(node, "variable", None)  # AccumulateGrad
-                layer = self._param_owner.get(id(var), "") if var is not None else (stack[-1][0] if stack else "")
-            if not self._in_backward:
-                self._in_backward = True
-                if self._memory is not None:  # a backward pass starts: nothing freed yet, read what was saved
-                    with self._mute():
-                        self._memory.walk_saved(node, self._layer_of_node)
+        phase, layer = attribute(self, args, seq, node)
         if self._collapsing:
             layer = self._collapse(layer)
-        self._pending.append((func, self._counter.count(func, args, kwargs, out), layer, phase, dt))
+        c = self._counter.count(func, args, kwargs, out)
+        i = len(self._pending)
+        if c.category == "comm":
+            info = collective_info(func, args, kwargs, out)
+            if info is not None:
+                self._comm[i] = info
+        if dt is not None:
+            self._starts[i] = (self._op_t0 - self._t0) * 1e-9
+        self._pending.append((func, c, layer, phase, dt))
         mem = self._memory
         if mem is not None:
             mem.add_outputs(_session.fresh(func, out))

@@ -204,6 +204,19 @@ class _SkipOps(dict):
 _SKIP = _SkipOps()
 
 
+class _Subclasses(dict):
+    """``types`` of a dispatch call -> whether one is a tensor subclass with its own ``__torch_dispatch__``."""
+
+    def __missing__(self, types: tuple) -> bool:
+        sub = any(t is not torch.Tensor and getattr(t, "__torch_dispatch__", None) is not None
+                  and t.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__ for t in types)
+        self[types] = sub
+        return sub
+
+
+_SUBCLASS = _Subclasses()
+
+
 class _Mode(TorchDispatchMode):
     """The capture's dispatch mode: the per-op hot path (range or timer around the op, then one record)."""
 
@@ -212,6 +225,10 @@ class _Mode(TorchDispatchMode):
         self.owner = owner
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if types and _SUBCLASS[types]:
+            # a tensor subclass (DTensor under FSDP2/TP, ...): let it desugar first; its local ops (the shards this
+            # rank computes on) and the collectives it issues come back through this mode and are recorded
+            return NotImplemented
         kwargs = kwargs or {}
         p = self.owner
         if p._paused or _SKIP[func]:
@@ -227,7 +244,7 @@ class _Mode(TorchDispatchMode):
                 tl.exit(h)
             dt = None
         elif p._timed:
-            t0 = _perf_ns()
+            t0 = p._op_t0 = _perf_ns()
             out = func(*args, **kwargs)
             dt = (_perf_ns() - t0) * 1e-9
         else:
@@ -314,6 +331,7 @@ def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> S
         p._cstate.resolve(p._pending)
     times = timeline.times if timeline is not None else None
     tcs = timeline.tensor_core if timeline is not None else None
+    starts = timeline.starts if timeline is not None else None
     ops = []
     for i, (func, c, layer, phase, dt) in enumerate(p._pending):
         names = _NAMES.get(func) or _names(func)
@@ -323,7 +341,8 @@ def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> S
             time_s=times[i] if times is not None else dt, counted=c.counted, category=c.category,
             overload=names[1], output_shapes=c.output_shapes if p.record_shapes else [], index=i,
             tensor_core=tcs[i] if tcs is not None else None, flops_model=c.flops_model, flops_dense=c.flops_dense,
-            fused_ops=list(p._fused.get(i, ()))))
+            fused_ops=list(p._fused.get(i, ())), comm=p._comm.get(i),
+            start_s=starts[i] if starts is not None else p._starts.get(i)))
     if p._details is not None:
         p._details.finish()
     layers = build_layers(p.model, ops, p._details, p._collapse, p._calls)

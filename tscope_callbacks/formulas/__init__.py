@@ -3,6 +3,7 @@
 
 from tscope_callbacks.formulas import (  # noqa: F401  (imported for their registrations)
     attention,
+    comm,
     composite,
     conv,
     embedding,
