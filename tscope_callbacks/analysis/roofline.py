@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 from tscope_callbacks.analysis.advice import opportunities as advice_opportunities
+from tscope_callbacks.analysis.comm import overlap
 from tscope_callbacks.analysis.diagnose import explain
 from tscope_callbacks.analysis.estimate import expected_s
 from tscope_callbacks.analysis.fmt import div as _div
@@ -104,12 +105,24 @@ def build_roofline(prof: Any, spec: Any, *, achievable: Any = None, precision: s
         p, matrix = _op_precision(rec, spec, tf32, override)
         roof_p, roof_matrix, peak, ach_peak = roofs.get(p, matrix)
         ops.append(OpRoof(rec, p, roof_matrix, peak, float(spec.bandwidth), ach_peak if ach_bw else None,
-                          ach_bw if ach_peak else None, roof_p, expected_s(rec, roof_p, model)))
+                          ach_bw if ach_peak else None, roof_p, expected_s(rec, roof_p, model),
+                          getattr(spec, "link_bandwidth", None)))
     meta["kernel_model"] = model.source if model is not None else None
     return (cls or RooflineAnalysis)(ops, spec, meta=meta, layers=dict(getattr(prof, "layers", None) or {}),
                                      wall_time_s=getattr(prof, "wall_time_s", None), achievable=ach,
                                      group_small=group_small, coverage=_coverage(prof), tf32=tf32, roofs=roofs,
                                      kernel_model=model)
+
+
+def _overlap(meta: dict[str, Any], ops: list[OpRoof]) -> dict[str, float] | None:
+    """HTA-style overlap of the recorded kernels (``analysis.comm.overlap``): a kernel is communication when the op
+    that launched it is a collective, or its name is NCCL's/RCCL's."""
+    kernels = meta.get("kernels")
+    if not kernels:
+        return None
+    comm_ops = {i for i, o in enumerate(ops) if o.record.category == "comm"}
+    return overlap([(int(k[1]), int(k[1]) + int(k[2]), (k[4] in comm_ops) or "nccl" in str(k[0]).lower())
+                    for k in kernels])
 
 
 def _coverage(prof: Any) -> float:
@@ -196,7 +209,7 @@ class RooflineAnalysis:
         self.achieved_gbps = _div(_div(t.bytes, step), 1e9)
         self.estimated_mfu = _div(_div(self.model_flops, t.expected_s), self.mfu_peak_flops)
         self.time_basis = "measured" if self.timed else "estimated"
-        frac = {b: 0.0 for b in ("compute", "memory", "uncounted", "overhead")}
+        frac = {b: 0.0 for b in ("compute", "memory", "comm", "uncounted", "overhead")}
         for o in ops:
             frac[o.bound] += (o.measured_s or 0.0) if self.timed else o.expected_s
         tot = sum(frac.values())
@@ -204,6 +217,8 @@ class RooflineAnalysis:
         self.memory_bound_time_frac = _div(frac["memory"], tot)
         self.uncounted_time_frac = _div(frac["uncounted"], tot)
         self.overhead_time_frac = _div(frac["overhead"], tot)
+        self.comm_time_frac = _div(frac["comm"], tot)
+        self.overlap = _overlap(meta, ops)  #: exposed communication, overlap, idle (CUDA kernel timeline)
 
     def _rows(self, keys: Any, make: Any) -> list[Row]:
         rows: dict[Any, Row] = {}

@@ -26,6 +26,15 @@ class OpRoof:
     ach_bandwidth: float | None = None
     roof_precision: str = ""  #: the roof actually used (the spec's fallback, e.g. fp16 for fp8 on an A100)
     expected: float | None = None  #: shape-aware expected kernel time (``analysis.estimate``); None: unknown
+    link_bandwidth: float | None = None  #: collectives' roof: one direction of the device's fastest link (bytes/s)
+
+    @property
+    def link_bytes(self) -> float:
+        """A collective's bytes on each rank's link, per direction: nccl-tests' S x the busbw factor."""
+        c = self.record.comm
+        if not c or not c.get("bytes") or c.get("busbw_factor") is None:
+            return 0.0
+        return float(c["bytes"]) * float(c["busbw_factor"])
 
     @property
     def flops(self) -> int:
@@ -52,10 +61,13 @@ class OpRoof:
 
     @property
     def bound(self) -> str:
-        """``compute`` | ``memory`` | ``uncounted`` (no FLOP formula) | ``overhead`` (views, zero-work ops)."""
+        """``compute`` | ``memory`` | ``comm`` (collectives) | ``uncounted`` (no FLOP formula) | ``overhead``
+        (views, zero-work ops)."""
         r = self.record
         if r.category == "view":
             return "overhead"
+        if r.category == "comm":
+            return "comm"
         if not r.counted:
             return "uncounted"
         intensity = self.intensity
@@ -73,6 +85,8 @@ class OpRoof:
 
     @property
     def estimate_s(self) -> float:
+        if self.record.category == "comm":  # on the link roof (0 when the device lists no interconnect)
+            return self.link_bytes / self.link_bandwidth if self.link_bandwidth else 0.0
         return max(self.compute_s, self.memory_s)
 
     @property
@@ -180,6 +194,8 @@ class Row:
 
     @property
     def bound(self) -> str:
+        if self.ops and all(o.record.category == "comm" for o in self.ops):
+            return "comm"
         if not self.n_work:
             return "uncounted" if self.uncounted_ops else "overhead"
         if self.bytes == 0:

@@ -46,7 +46,8 @@ def summary_dict(r: Any) -> dict[str, Any]:
         "achieved_tflops": r.achieved_tflops, "achieved_gbps": r.achieved_gbps,
         "time_basis": r.time_basis, "compute_bound_time_frac": r.compute_bound_time_frac,
         "memory_bound_time_frac": r.memory_bound_time_frac, "uncounted_time_frac": r.uncounted_time_frac,
-        "overhead_time_frac": r.overhead_time_frac, "flop_coverage": r.flop_coverage,
+        "overhead_time_frac": r.overhead_time_frac, "comm_time_frac": getattr(r, "comm_time_frac", None),
+        "flop_coverage": r.flop_coverage,
         "dominant_precision": r.dominant_precision, "precisions": dict(r.totals.precisions),
         "uncounted_ops": dict(sorted(r.totals.uncounted_ops.items(), key=lambda kv: -kv[1])),
     }

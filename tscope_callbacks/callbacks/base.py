@@ -162,6 +162,8 @@ class ProfilingCallback(Callback):
         if result is None:
             return
         result.meta["rank_step_times_s"] = times
+        if s.scheduled and trainer.world_size > 1:
+            self._gather_comm(trainer, result)
         ctx = ProfileContext(stage=s.stage, step=s.step, global_step=s.global_step, epoch=s.epoch,
                              step_times_s=times, world_size=trainer.world_size, is_global_zero=trainer.is_global_zero,
                              batch_signature=s.signature, micro_batches=max(s.micro_batches, 1), reason=s.reason)
@@ -170,6 +172,19 @@ class ProfilingCallback(Callback):
                 m._on_profile(trainer, pl_module, result, ctx)
             except Exception as e:
                 m._warn_once(f"handling the profile of {s.stage} step {s.step}", e)
+
+    def _gather_comm(self, trainer: pl.Trainer, result: StepProfile) -> None:
+        """Every rank's collectives (kind, start on the host clock, duration), for the rank-skew analysis."""
+        from tscope_callbacks.analysis.comm import skew
+
+        origin = (result.meta.get("clock_origin_ns") or 0) * 1e-9
+        mine = [(r.comm["collective"], origin + (r.start_s or 0.0), r.time_s or 0.0) for r in result.ops
+                if r.comm and r.comm.get("collective") != "wait"]
+        try:
+            per_rank = session.gather_objects(trainer, mine)
+            result.meta["skew"] = skew(per_rank)
+        except Exception as e:
+            self._warn_once("gathering collectives across ranks", e)
 
     # ------------------------------------------------------------------ training hooks
     @override

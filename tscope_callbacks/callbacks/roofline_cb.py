@@ -10,6 +10,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from tscope_callbacks.analysis.throughput import ATTENTION_CONVENTIONS, Throughput, Window, model_flops
+from tscope_callbacks.callbacks import roofline_io as io
 from tscope_callbacks.callbacks import session
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
 from tscope_callbacks.callbacks.clock import StepClock, WindowTimer
@@ -49,6 +50,8 @@ class RooflineCallback(ProfilingCallback):
         plot: log the roofline plot.
         save_json: write ``<log_dir>/tscope/step_<N>.json`` (``{"profile", "device", "report"}``; render it again
             with ``tscope report PATH``).
+        save_trace: also write ``<log_dir>/tscope/trace_step_<N>.json``, a Chrome/Perfetto trace of the step with one
+            process per rank (ops and kernels annotated with layer, FLOPs, bytes, bound; Kineto's argument names).
         auto_mfu: after a profile counted the step's FLOPs, log MFU at the trainer's ``log_every_n_steps``: model
             FLOPs of the window's steps over its CUDA-event time (wall clock on CPU), read one window late so no
             step waits for the GPU. FLOPs are kept per batch-shape signature; a new shape is recounted by profiling
@@ -91,7 +94,8 @@ class RooflineCallback(ProfilingCallback):
     """
 
     def __init__(self, gpu: Any = "auto", precision: str | None = None, *, top: int = 20, plot: bool = True,
-                 save_json: bool = True, auto_mfu: bool = True, attention_flops: str = "attended",
+                 save_json: bool = True, save_trace: bool = False, auto_mfu: bool = True,
+                 attention_flops: str = "attended",
                  compare_eager: bool = True, history: int = 32, every_n_steps: int | None = 500, start_step: int = 10,
                  max_profiles: int | None = None, profile_first: bool = True,
                  stages: str | list[str] | tuple[str, ...] = ("train",), raise_errors: bool = False) -> None:
@@ -105,7 +109,8 @@ class RooflineCallback(ProfilingCallback):
             from tscope_callbacks.devices.precision import normalize_precision
 
             precision = normalize_precision(precision)  # raises ValueError naming the accepted values
-        for name, val in (("plot", plot), ("save_json", save_json), ("auto_mfu", auto_mfu),
+        for name, val in (("plot", plot), ("save_json", save_json), ("save_trace", save_trace),
+                          ("auto_mfu", auto_mfu),
                           ("compare_eager", compare_eager)):
             if not isinstance(val, bool):
                 raise TypeError(f"{name} must be a bool, got {type(val).__name__}")
@@ -116,7 +121,7 @@ class RooflineCallback(ProfilingCallback):
             raise ValueError(f"attention_flops must be one of {ATTENTION_CONVENTIONS}, got {attention_flops!r}")
         self.gpu, self.precision, self.top, self.plot = gpu, precision, top, plot
         self.save_json, self.auto_mfu, self.attention_flops = save_json, auto_mfu, attention_flops
-        self.compare_eager = compare_eager
+        self.compare_eager, self.save_trace = compare_eager, save_trace
         self.eager_report: Any = None  #: the eager reference of a compiled model (``compare_eager``)
         self._eager_at: int | None = None
         self._eager_pending = False
@@ -243,36 +248,11 @@ class RooflineCallback(ProfilingCallback):
     def _capture_options(self) -> dict[str, Any]:
         return {**super()._capture_options(), **({"compiled": "eager"} if self._eager_pending else {})}
 
-    def _compare(self, trainer: pl.Trainer, ctx: ProfileContext, compiled: Any) -> None:
-        """Log the compiled-vs-eager table of ``compiled`` against the eager reference."""
-        from tscope_callbacks.analysis.compare import compile_speedup, compiled_vs_eager
-        from tscope_callbacks.render.markdown import compare_table
-
-        eager = self.eager_report
-        if compiled is None or eager is None or not ctx.is_global_zero:
-            return
-        speed = compile_speedup(compiled, eager)
-        head = (f"**compiled step {compiled.meta.get('step')} vs eager step {eager.meta.get('step')}** (op time, "
-                f"both slowed alike by the capture): {'' if speed is None else f'{speed:.2f}x '}faster compiled\n\n")
-        sinks = self.sinks(trainer)
-        sinks.log_text(metric_key("roofline", "compiled_vs_eager"), head + compare_table(compiled_vs_eager(
-            compiled, eager), self.top), ctx.log_step)
-        if speed is not None:
-            sinks.log_scalars({metric_key("roofline", "compile_speedup"): speed}, ctx.log_step)
-
-    def _on_eager_reference(self, trainer: pl.Trainer, result: StepProfile, ctx: ProfileContext) -> None:
-        if self.spec is None or not ctx.is_global_zero:
-            return
-        from tscope_callbacks.api import roofline
-
-        self.eager_report = roofline(result, self.spec, precision=self.precision)
-        self._compare(trainer, ctx, self.last_report)
-
     @override
     def _on_profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
                     ctx: ProfileContext) -> None:
         if ctx.reason == "eager-reference":
-            self._on_eager_reference(trainer, result, ctx)
+            io.on_eager_reference(self, trainer, result, ctx)
             return
         result.meta["trainer_precision"] = str(getattr(trainer, "precision", ""))
         result.meta["attention_flops"] = self.attention_flops
@@ -289,14 +269,17 @@ class RooflineCallback(ProfilingCallback):
             self._count_flops(result, report, ctx)
         scalars = {metric_key("roofline", k, ctx.stage): v for k, v in self._scalars(result, report, ctx).items()}
         self.history.append({"stage": ctx.stage, "step": ctx.step, "reason": ctx.reason, **scalars})
+        profiles = io.gather_trace(self, trainer, result, ctx) if self.save_trace else None
         if ctx.is_global_zero:
             self._write(trainer, result, report, ctx, scalars)
+            if profiles:
+                io.write_trace(self.sinks(trainer), profiles, report, ctx)
         if self.compare_eager and ctx.stage == "train" and result.meta.get("compiled_capture"):
             if self.eager_report is None and self._eager_at is None:  # an eager reference at the next step
                 self._eager_at = ctx.step + 1
                 self._next_train = min(self._next_train, ctx.step + 1)
             else:
-                self._compare(trainer, ctx, report)
+                io.compare(self, trainer, ctx, report)
 
     def _write(self, trainer: pl.Trainer, result: StepProfile, report: Any, ctx: ProfileContext,
                scalars: dict[str, float]) -> None:
@@ -316,6 +299,7 @@ class RooflineCallback(ProfilingCallback):
             " -- no device roof; op totals only\n\n" + op_table(result, self.top))
         sinks.log_text(key("table"), head + ("\n\n" if report is not None else "") + body, step)
         if report is not None:
+            io.write_comm(sinks, report, ctx)
             rows = layer_points(report)
             sinks.log_table(key("layers"), rows, step)
             sinks.log_scatter(key("scatter"), rows, "intensity", "achieved_gflops_per_s", step,

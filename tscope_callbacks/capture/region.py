@@ -347,6 +347,12 @@ def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> S
         p._details.finish()
     layers = build_layers(p.model, ops, p._details, p._collapse, p._calls)
     meta = {**base_meta(p), **step_time(ops, wall, timeline, p.timing), **p.labels}
+    if timeline is not None and timeline.kernels:  # the device side, for overlap analysis and traces
+        t0 = min(k.start_ns for k in timeline.kernels)
+        meta["clock_origin_ns"] = t0
+        meta["kernels"] = [[k.name, k.start_ns - t0, k.end_ns - k.start_ns, k.stream, k.op] for k in timeline.kernels]
+    elif p._timed:
+        meta["clock_origin_ns"] = p._t0  # perf_counter_ns: one clock for every process of a host
     return StepProfile(ops=ops, layers=layers, wall_time_s=wall, meta=meta)
 
 

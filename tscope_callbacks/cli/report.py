@@ -25,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default=None, metavar="NAME",
                    help="device name from `tscope specs` or a JSON spec path (default: the recorded device)")
     p.add_argument("--csv", default=None, metavar="OUT.csv", help="write every row (ungrouped) as CSV here")
+    p.add_argument("--trace", default=None, metavar="OUT.json",
+                   help="write a Chrome/Perfetto trace of the step here (ui.perfetto.dev; HTA/TraceLens read it)")
 
 
 def spec_from_dict(d: dict[str, Any]) -> Any:
@@ -86,4 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         report.plot(args.plot)
         print(f"plot written to {args.plot}")
+    if args.trace:
+        report.save_trace(args.trace)
+        print(f"trace written to {args.trace} (open it in ui.perfetto.dev)")
     return 0

@@ -48,6 +48,8 @@ class DeviceSpec:
     extra: dict[str, Any] = field(default_factory=dict)
     match: tuple[str, ...] = ()  #: exact ``torch.cuda.get_device_name()`` strings this row stands for
     patterns: tuple[str, ...] = ()  #: regexes (whole name, case-insensitive) this row stands for
+    #: link -> bidirectional bytes/s per GPU ("nvlink", "infinity_fabric", "pcie"), as datasheets state it
+    interconnect: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -99,6 +101,16 @@ class DeviceSpec:
         return self.peak_flops(precision, matrix, allow_tf32=allow_tf32) / self.bandwidth
 
     # ---------------- (de)serialization ----------------
+    @property
+    def link_bandwidth(self) -> float | None:
+        """The collectives' roof: one direction of the fastest link (bytes/s), what nccl-tests' bus bandwidth
+        compares with; None when the row lists no interconnect."""
+        return max(self.interconnect.values()) / 2 if self.interconnect else None
+
+    @property
+    def link_name(self) -> str:
+        return max(self.interconnect, key=self.interconnect.__getitem__) if self.interconnect else ""
+
     def to_dict(self) -> dict[str, Any]:
         """Row dict in the ``gpu_specs.json`` schema (``achievable`` nested the same way when set)."""
         d: dict[str, Any] = {"name": self.name, "vendor": self.vendor, "match": list(self.match),
@@ -107,6 +119,8 @@ class DeviceSpec:
                              "l2_bytes": self.l2_bytes, "source": self.source, "measured": self.measured}
         if self.extra:
             d["extra"] = dict(self.extra)
+        if self.interconnect:
+            d["interconnect"] = dict(self.interconnect)
         if self.achievable is not None:
             d["achievable"] = self.achievable.to_dict()
         return d
@@ -174,7 +188,7 @@ class AmbiguousDeviceError(UnknownDeviceError):
 MINIMAL_ROW = '{"name": "My GPU", "flops": {"bf16": 1.0e14, "fp32": 2.0e13}, "bandwidth": 1.0e12}'
 REQUIRED_FIELDS = ("name", "flops", "bandwidth")
 ROW_FIELDS = frozenset({*REQUIRED_FIELDS, "vendor", "match", "patterns", "aliases", "vector_flops", "l2_bytes",
-                        "source", "notes", "measured", "extra", "achievable"})
+                        "source", "notes", "measured", "extra", "achievable", "interconnect"})
 
 
 # ---------------- reading and validation ----------------
@@ -249,6 +263,12 @@ def row_to_spec(row: dict[str, Any], *, where: str, index: int) -> DeviceSpec:
             re.compile(pat)
         except re.error as e:
             raise err("patterns", f"has an invalid regex {pat!r}: {e}") from None
+    links = row.get("interconnect", {})
+    if not isinstance(links, dict):
+        raise err("interconnect", "must be an object link -> bidirectional bytes/s, e.g. {\"nvlink\": 9.0e11}")
+    for k, v in links.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise err(f"interconnect.{k}", f"must be a positive number of bytes/s, got {v!r}")
     extra = row.get("extra", {})
     if not isinstance(extra, dict):
         raise err("extra", "must be an object")
@@ -264,6 +284,7 @@ def row_to_spec(row: dict[str, Any], *, where: str, index: int) -> DeviceSpec:
                           l2_bytes=int(l2) if l2 is not None else None, source=row.get("source", "") or where,
                           measured=bool(row.get("measured", False)), aliases=_str_list(row, "aliases", err),
                           vendor=row.get("vendor", ""), vector_flops=row.get("vector_flops", {}),
-                          achievable=achievable, extra=extra, match=_str_list(row, "match", err), patterns=patterns)
+                          achievable=achievable, extra=extra, match=_str_list(row, "match", err), patterns=patterns,
+                          interconnect={str(k): float(v) for k, v in links.items()})
     except ValueError as e:  # e.g. an unknown precision key
         raise SpecFileError(f"{where}: {label}: {e}; a minimal row is {MINIMAL_ROW}") from None

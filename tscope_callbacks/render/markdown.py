@@ -10,6 +10,7 @@ import csv
 import math
 from typing import Any
 
+from tscope_callbacks.analysis.comm import comm_rows
 from tscope_callbacks.analysis.fmt import g as _g
 from tscope_callbacks.analysis.fmt import pct as _pct
 from tscope_callbacks.analysis.rows import Row
@@ -86,7 +87,8 @@ def header_lines(report: Any) -> list[str]:
     if s["compute_bound_time_frac"] is not None:
         lines += [f"- **Time** ({s['time_basis']}): {_p(s['compute_bound_time_frac'])} compute-bound · "
                   f"{_p(s['memory_bound_time_frac'])} memory-bound · {_p(s['uncounted_time_frac'])} uncounted · "
-                  f"{_p(s['overhead_time_frac'])} overhead"]
+                  f"{_p(s['overhead_time_frac'])} overhead"
+                  + (f" · {_p(s['comm_time_frac'])} communication" if s.get("comm_time_frac") else "")]
     cc = report.meta.get("compiled_capture")
     if cc:
         lines += [f"- **Compiled**: the compiled execution was recorded ({cc.get('kernel_records', 0)} Inductor kernel "
@@ -110,6 +112,38 @@ def _cells(r: Row, ach: bool, expected: bool = False) -> list[str]:
     c += [_f(r.expected_s, ".4g", 1e3)] if expected else []
     c += [_f(r.measured_s, ".4g", 1e3), _p(r.attained) if r.bound != "uncounted" else ""]  # no roof: no formula
     return c + [_p(r.attained_achievable) if r.bound != "uncounted" else ""] if ach else c
+
+
+def comm_lines(report: Any) -> list[str]:
+    """The communication section: collectives per kind on the link roof, overlap, rank skew (empty without any)."""
+    rows = comm_rows(report)
+    ov, sk = getattr(report, "overlap", None), report.meta.get("skew")
+    if not rows and not (ov and ov.get("comm_s")):
+        return []
+    link = getattr(report.spec, "link_bandwidth", None)
+    roof = (f"link roof {link / 1e9:.4g} GB/s per direction ({report.spec.link_name}, half the datasheet's "
+            "bidirectional figure)" if link else "no interconnect listed for this device: no link roof")
+    out = ["", "### Communication", "", f"nccl-tests conventions: bytes = S (all-gather: the gathered output; "
+           f"reduce-scatter: the full input); busbw = algbw x factor; {roof}."
+           + (" CPU host (gloo): times are launches, no bandwidths." if report.meta.get("device") == "cpu" else ""),
+           ""]
+    out += _md_table(["collective", "group (n)", "calls", "MB", "ms", "algbw GB/s", "busbw GB/s", "% of link",
+                      "launched from"],
+                     [[r["collective"], f"{r['group'] or '-'} ({r['group_size'] or '?'})", str(r["calls"]),
+                       _n(r["bytes"] / 1e6), _f(r["time_s"], ".4g", 1e3), _f(r["algbw"], ".4g", 1e-9),
+                       _f(r["busbw"], ".4g", 1e-9), _p(r["pct_of_link"]),
+                       ", ".join(f"`{k}` ×{v}" for k, v in sorted(r["layers"].items(), key=lambda kv: -kv[1])[:3])
+                       + " · " + "/".join(sorted(r["phases"]))] for r in rows])
+    if ov and ov.get("comm_s"):
+        out += ["", f"- **Overlap** (kernel timeline, unions across streams): communication {_f(ov['comm_s'], '.4g', 1e3)}"
+                f" ms, exposed {_f(ov['exposed_comm_s'], '.4g', 1e3)} ms, {_p(ov['overlap_frac'])} overlapped with "
+                f"compute; GPU idle {_f(ov['idle_s'], '.4g', 1e3)} ms of a {_f(ov['span_s'], '.4g', 1e3)} ms span"]
+    if sk:
+        out += [f"- **Rank skew** ({sk['collectives']} collectives matched across ranks): transfer latency "
+                f"{_f(sk['latency_s'], '.4g', 1e3)} ms; waiting for other ranks up to {_f(sk['max_wait_s'], '.4g', 1e3)}"
+                f" ms (per rank: {', '.join(_f(w, '.3g', 1e3) for w in sk['wait_s'])} ms); start spread "
+                f"{_f(sk['spread_s'], '.4g', 1e3)} ms; latest to arrive most often: rank {sk['slowest_rank']}"]
+    return out
 
 
 def opportunity_line(o: Any, step: float | None) -> str:
@@ -157,6 +191,7 @@ def to_markdown(report: Any, top: int = 20) -> str:
     lines += _md_table(["class", "ops", "GFLOPs", "MB", "roof ms"] + (["expected ms"] if exp else [])
                        + ["measured ms", "measured/roof"] + (["measured/expected"] if exp else []) + ["% of roof"],
                        cat_rows)
+    lines += comm_lines(report)
     opps = report.opportunities(top=5)
     lines += ["", "### Opportunities" + (" (by predicted saving)" if report.timed or exp else " (by expected time)"),
               ""]

@@ -34,6 +34,15 @@ class RooflineReport(RooflineAnalysis):
         """The roofline as a matplotlib Figure (no pyplot state)."""
         return plot.figure(self, top_labels=top_labels)
 
+    def save_trace(self, path: Any) -> Any:
+        """Write the step as a Chrome/Perfetto trace (``render.trace``): ops (and CUDA kernels) with their layer,
+        FLOPs, bytes and roofline bound."""
+        from types import SimpleNamespace
+
+        from tscope_callbacks.render.trace import save_trace
+
+        return save_trace(SimpleNamespace(ops=[o.record for o in self.op_roofs], meta=self.meta), path, self)
+
     def plot(self, path: Any, top_labels: int = 8) -> Any:
         """Write the roofline PNG to ``path``."""
         return plot.plot(self, path, top_labels=top_labels)

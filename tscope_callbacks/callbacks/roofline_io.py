@@ -1,0 +1,72 @@
+"""The RooflineCallback's secondary outputs: the compiled-vs-eager comparison, the communication section, and the
+Chrome trace of a profiled step (all ranks' profiles gathered to rank zero)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tscope_callbacks.callbacks import session
+from tscope_callbacks.callbacks.sinks import metric_key
+
+__all__ = ["compare", "on_eager_reference", "write_comm", "gather_trace", "write_trace"]
+
+
+def compare(cb: Any, trainer: Any, ctx: Any, compiled: Any) -> None:
+    """Log the compiled-vs-eager table of ``compiled`` against the eager reference."""
+    from tscope_callbacks.analysis.compare import compile_speedup, compiled_vs_eager
+    from tscope_callbacks.render.markdown import compare_table
+
+    eager = cb.eager_report
+    if compiled is None or eager is None or not ctx.is_global_zero:
+        return
+    speed = compile_speedup(compiled, eager)
+    head = (f"**compiled step {compiled.meta.get('step')} vs eager step {eager.meta.get('step')}** (op time, "
+            f"both slowed alike by the capture): {'' if speed is None else f'{speed:.2f}x '}faster compiled\n\n")
+    sinks = cb.sinks(trainer)
+    sinks.log_text(metric_key("roofline", "compiled_vs_eager"), head + compare_table(compiled_vs_eager(
+        compiled, eager), cb.top), ctx.log_step)
+    if speed is not None:
+        sinks.log_scalars({metric_key("roofline", "compile_speedup"): speed}, ctx.log_step)
+
+
+def on_eager_reference(cb: Any, trainer: Any, result: Any, ctx: Any) -> None:
+    """The eager reference step of a compiled model: keep its report, log the comparison."""
+    if cb.spec is None or not ctx.is_global_zero:
+        return
+    from tscope_callbacks.api import roofline
+
+    cb.eager_report = roofline(result, cb.spec, precision=cb.precision)
+    compare(cb, trainer, ctx, cb.last_report)
+
+
+def write_comm(sinks: Any, report: Any, ctx: Any) -> None:
+    """``tscope/comm/*`` scalars and the communication table, when the step ran collectives."""
+    from tscope_callbacks.analysis.comm import comm_summary
+    from tscope_callbacks.render.markdown import comm_lines
+
+    vals = comm_summary(report)
+    if not vals:
+        return
+    sinks.log_scalars({metric_key("comm", k, ctx.stage): v for k, v in vals.items()}, ctx.log_step)
+    sinks.log_text(metric_key("comm", "table", ctx.stage), "\n".join(comm_lines(report)).strip(), ctx.log_step)
+
+
+def gather_trace(cb: Any, trainer: Any, result: Any, ctx: Any) -> list[Any] | None:
+    """Every rank's profile of this step (all ranks call this; scheduled steps only under several ranks)."""
+    if trainer.world_size <= 1 or ctx.reason == "recount":
+        return [result]
+    try:
+        from tscope_callbacks.records import StepProfile
+
+        return [StepProfile.from_dict(d) for d in session.gather_objects(trainer, result.to_dict())]
+    except Exception as e:
+        cb._warn_once("gathering the ranks' profiles for the trace", e)
+        return [result]
+
+
+def write_trace(sinks: Any, profiles: list[Any], report: Any, ctx: Any) -> None:
+    """``<log_dir>/tscope/trace_step_<N>.json``: one process per rank (open it in ui.perfetto.dev)."""
+    from tscope_callbacks.render.trace import chrome_trace
+
+    name = f"trace_step_{ctx.step}.json" if ctx.stage == "train" else f"{ctx.stage}_trace_step_{ctx.step}.json"
+    sinks.write_json(name, chrome_trace(profiles, [report] + [None] * (len(profiles) - 1)))
