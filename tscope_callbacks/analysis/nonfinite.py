@@ -23,6 +23,20 @@ __all__ = ["NonFiniteEvent", "NonFiniteError", "LocateResult", "RankInfo", "Flag
            "read_now", "sync_points", "AlertLimiter"]
 
 
+def local(t: Any) -> Any:
+    """The rank's own shard of a distributed tensor (DTensor under FSDP2/TP: its local tensor), else ``t``: checks
+    read local data only (no collective inside a check; the flag is all-reduced once by the caller)."""
+    if t is None:
+        return None
+    lt = getattr(t, "_local_tensor", None)
+    return lt if isinstance(lt, torch.Tensor) else t
+
+
+def grads_of(params: list) -> list:
+    """The local gradients of ``params`` that exist."""
+    return [local(p.grad) for p in params if p.grad is not None]
+
+
 def iter_tensors(obj: Any, _depth: int = 0) -> Iterator[torch.Tensor]:
     """Tensors in a nested structure (tensor, list/tuple, dict, dataclass-like objects with ``__dict__``)."""
     if isinstance(obj, torch.Tensor):
@@ -251,13 +265,13 @@ def rank_info(rank: int, named_params: list[tuple[str, torch.Tensor]], flagged: 
     """This rank's view of a flagged step: exact non-finite gradient counts, the loss, the largest finite gradient."""
     info = RankInfo(rank)
     if flagged:
-        info.parameters = count_nonfinite([(n, p.grad) for n, p in named_params])
+        info.parameters = count_nonfinite([(n, local(p.grad)) for n, p in named_params])
     vals = [float(x.detach().float().sum()) / unscale for x in losses]
     bad_vals = [v for v in vals if not math.isfinite(v)]
     info.loss_bad, info.loss = bool(bad_vals), bad_vals[0] if bad_vals else (vals[-1] if vals else None)
     info.bad = info.loss_bad or bool(info.parameters)
     if info.bad:
-        info.max_abs = max_abs_finite([p.grad for _, p in named_params if p.grad is not None])
+        info.max_abs = max_abs_finite(grads_of([p for _, p in named_params]))
     return info
 
 

@@ -139,6 +139,9 @@ class NaNGuardCallback(Callback):
         strategy = type(trainer.strategy).__name__
         if not pl_module.automatic_optimization:
             self._replay_blocker = "manual optimization (training_step steps the optimizers itself)"
+        elif "FSDP" in strategy or "ModelParallel" in strategy or "DeepSpeed" in strategy:
+            self._replay_blocker = (f"{strategy}: parameters are sharded, so a replay's forward runs all-gathers that "
+                                    "every rank would have to join; the event names the gradients and ranks instead")
         elif not (strategy.startswith("SingleDevice") or strategy in ("DDPStrategy", "DDPSpawnStrategy")):
             self._replay_blocker = f"strategy {strategy} (parameters may be sharded)"
         elif trainer.world_size > 1 and any(isinstance(m, torch.nn.SyncBatchNorm) for m in pl_module.modules()):
@@ -216,7 +219,12 @@ class NaNGuardCallback(Callback):
                 return
             except Exception as e:
                 self._internal_error("deferred check", e)
-        nan_steps.check_now(self, trainer, pl_module, params, losses, snaps, scaler)
+        try:
+            nan_steps.check_now(self, trainer, pl_module, params, losses, snaps, scaler)
+        except NonFiniteError:
+            raise
+        except Exception as e:  # our check must never break the user's step
+            self._internal_error("check", e)
 
     def _poll(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int | None) -> None:
         """Act on the deferred flags due at ``step`` (all of them at the end of training)."""

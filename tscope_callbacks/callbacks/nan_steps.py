@@ -33,7 +33,7 @@ def push_deferred(guard: NaNGuardCallback, trainer: Any, optimizer: Any, params:
     """Flag the step on the device, mask the update there when the action drops it, queue the flag for a late read.
 
     Queued vector: [any rank bad (0/1), this rank's total norm, per-gradient norms..., per-loss values...]."""
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = nl.grads_of(params)  # local shards under FSDP2/TP: the flag is all-reduced below
     norms = nl.per_tensor_norms(grads)
     dev = norms.device if norms is not None else (losses[0].device if losses else trainer.strategy.root_device)
     loss_vals = torch.stack([x.detach().float().sum().to(dev) for x in losses]) if losses else None
@@ -124,7 +124,7 @@ def check_now(guard: NaNGuardCallback, trainer: Any, pl_module: Any, params: lis
     """The immediate path: read the flag at the step (one host sync) and act on it."""
     total = None
     try:
-        total = nl.nonfinite_total([p.grad for p in params if p.grad is not None] + losses)
+        total = nl.nonfinite_total(nl.grads_of(params) + [nl.local(x) for x in losses])
     except Exception as e:
         guard._internal_error("check", e)
     value = nl.read_now(total)[0] if total is not None else 0.0
@@ -149,7 +149,7 @@ def _bad_step(guard: NaNGuardCallback, trainer: Any, pl_module: Any, params: lis
     flagged = [r for r, v in enumerate(flags) if not math.isfinite(v)]
     loss_bad = any(not bool(torch.isfinite(x).all()) for x in losses)
     if scaler is not None and not any(row[0] for row in gather_floats(trainer, [float(loss_bad)])):
-        if all(bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None):
+        if all(bool(torch.isfinite(g).all()) for g in nl.grads_of(params)):
             return None  # the norm overflowed on finite values (identical grads on all ranks under DDP)
         return _amp_overflow(guard, trainer, scaler, flagged)
     try:
@@ -187,7 +187,7 @@ def check_params(guard: NaNGuardCallback, trainer: Any, pl_module: Any, batch_id
     step = trainer.global_step - 1  # the update that just ran
     if not guard._due(step):
         return
-    named = [(n, p.detach()) for n, p in named_parameters(pl_module)]
+    named = [(n, nl.local(p.detach())) for n, p in named_parameters(pl_module)]
     total = None
     try:
         total = nl.nonfinite_total([p for _, p in named])

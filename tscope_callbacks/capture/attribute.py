@@ -19,11 +19,13 @@ def attribute(p: Any, args: tuple, seq: int, node: Any) -> tuple[str, str]:
     if p._phase_override is not None:
         phase = p._phase_override
         layer = stack[-1][0] if stack else ""
-    elif p._in_opt_step and node is None and not torch.is_grad_enabled():
-        phase = "optimizer"
-        layer = stack[-1][0] if stack else ""
     elif node is None and _graph_task() != -1:  # a callback of the backward engine (FSDP's reduce-scatter)
         phase = "backward"
+        layer = stack[-1][0] if stack else ""
+    elif p._in_opt_step and node is None and not torch.is_grad_enabled() and not stack:
+        # the update itself (no module running: a no-grad op inside a module's forward, such as FSDP's parameter
+        # all-gather in its pre-forward hook, belongs to the closure's forward)
+        phase = "optimizer"
         layer = stack[-1][0] if stack else ""
     elif node is None:
         phase = "forward"

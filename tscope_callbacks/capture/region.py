@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.optim.optimizer as _optimizer
 from torch._C._autograd import _get_sequence_nr
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from tscope_callbacks.capture.compiled import PROVENANCE, CompiledState, is_compiled_wrapper, kernel_recorder
 from tscope_callbacks.capture.cuda_timing import PAUSED_RANGE, KernelTimeline, Timeline
@@ -25,6 +25,7 @@ from tscope_callbacks.capture.eager import EagerStance
 from tscope_callbacks.capture.layers import LayerDetails, build_layers
 from tscope_callbacks.capture.memory import MemoryTracker
 from tscope_callbacks.capture.paths import clean_path
+from tscope_callbacks.capture.sharding import memory_categories
 from tscope_callbacks.formulas.apply import CountCache
 from tscope_callbacks.formulas.bytes import fresh_outputs, op_plan
 from tscope_callbacks.formulas.registry import FormulaRegistry
@@ -205,13 +206,19 @@ _SKIP = _SkipOps()
 
 
 class _Subclasses(dict):
-    """``types`` of a dispatch call -> whether one is a tensor subclass with its own ``__torch_dispatch__``."""
+    """``types`` of a dispatch call -> "skip" (fake/functional tensors: tracing, not work), "desugar" (a wrapper
+    subclass such as DTensor, which runs ops on plain local tensors), or None."""
 
-    def __missing__(self, types: tuple) -> bool:
-        sub = any(t is not torch.Tensor and getattr(t, "__torch_dispatch__", None) is not None
-                  and t.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__ for t in types)
-        self[types] = sub
-        return sub
+    def __missing__(self, types: tuple) -> str | None:
+        names = {t.__name__ for t in types}
+        if names & {"FakeTensor", "FunctionalTensor"}:
+            kind: str | None = "skip"
+        elif any(is_traceable_wrapper_subclass_type(t) for t in types):
+            kind = "desugar"
+        else:
+            kind = None
+        self[types] = kind
+        return kind
 
 
 _SUBCLASS = _Subclasses()
@@ -225,10 +232,14 @@ class _Mode(TorchDispatchMode):
         self.owner = owner
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if types and _SUBCLASS[types]:
-            # a tensor subclass (DTensor under FSDP2/TP, ...): let it desugar first; its local ops (the shards this
-            # rank computes on) and the collectives it issues come back through this mode and are recorded
-            return NotImplemented
+        if types:
+            kind = _SUBCLASS[types]
+            if kind == "desugar":
+                # a wrapper subclass (DTensor under FSDP2/TP, ...): let it desugar first; its local ops (the shards
+                # this rank computes on) and the collectives it issues come back through this mode and are recorded
+                return NotImplemented
+            if kind == "skip":  # fake tensors (e.g. DTensor's sharding propagation): no real work, not recorded
+                return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
         p = self.owner
         if p._paused or _SKIP[func]:
@@ -347,6 +358,9 @@ def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> S
         p._details.finish()
     layers = build_layers(p.model, ops, p._details, p._collapse, p._calls)
     meta = {**base_meta(p), **step_time(ops, wall, timeline, p.timing), **p.labels}
+    cats = memory_categories(p.model, ops, layers)
+    if cats is not None:
+        meta["memory_categories"] = cats
     if timeline is not None and timeline.kernels:  # the device side, for overlap analysis and traces
         t0 = min(k.start_ns for k in timeline.kernels)
         meta["clock_origin_ns"] = t0

@@ -81,9 +81,20 @@ def _nbytes(x: Any) -> int:
     return 0
 
 
+def _pg(a: Any) -> Any:
+    """A ProcessGroup from a dispatcher argument (boxed as a ``torch.ScriptObject`` at the c10d ops)."""
+    if isinstance(a, torch.ScriptObject):
+        try:
+            return torch.distributed.ProcessGroup.unbox(a)
+        except Exception:
+            return None
+    return a
+
+
 def _group(args: tuple, kwargs: dict) -> tuple[str, int | None]:
     """(name, size) of the process group among the arguments (a ProcessGroup object or a group name)."""
     for a in list(args) + list(kwargs.values()):
+        a = _pg(a)
         size = getattr(a, "size", None)
         if callable(size) and hasattr(a, "rank") and not isinstance(a, torch.Tensor):
             try:

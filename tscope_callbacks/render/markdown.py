@@ -99,6 +99,14 @@ def header_lines(report: Any) -> list[str]:
     elif report.meta.get("compiled_modules_run_eagerly"):
         lines += ["- **Compiled**: " + ", ".join(f"`{m or '(root)'}`" for m in report.meta[
             "compiled_modules_run_eagerly"]) + " ran eagerly under this profile (times are eager times)"]
+    mc = report.meta.get("memory_categories")
+    if mc:
+        mb = lambda k: _n((mc.get(k) or 0) / 2**20)  # noqa: E731
+        lines += [f"- **Memory by category** (this rank, MiB): params {mb('sharded_params')} sharded / "
+                  f"{mb('unsharded_params')} unsharded; grads {mb('sharded_grads')} sharded / {mb('unsharded_grads')} "
+                  f"unsharded; all-gather buffer {mb('all_gather_buffer_max')} (largest); reduce-scatter buffer "
+                  f"{mb('reduce_scatter_buffer_max')}; saved activations "
+                  + (mb("activations_saved") if mc.get("activations_saved") else "n/a (layer details off)")]
     lines += [f"- **Totals**: {_n(s['total_flops'] / 1e9)} GFLOP, {_n(s['total_bytes'] / 1e6)} MB, {s['n_ops']} ops; "
               f"FLOP coverage {_p(s['flop_coverage'])}"
               + (" (no formula: " + ", ".join(f"{k} ×{v}" for k, v in list(s["uncounted_ops"].items())[:5]) + ")"
