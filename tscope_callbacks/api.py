@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,8 +56,34 @@ def roofline(prof: Any, spec: Any = None, *, achievable: Any = None, precision: 
     meta = getattr(prof, "meta", None) or {}
     spec = _resolve(spec, meta.get("device_name") or "auto")
     ach = _resolve(achievable, "") if achievable is not None else None
-    return build_roofline(prof, spec, achievable=ach, precision=precision, group_small=group_small,
-                          cls=RooflineReport, kernel_model=kernel_model)
+    report = build_roofline(prof, spec, achievable=ach, precision=precision, group_small=group_small,
+                            cls=RooflineReport, kernel_model=kernel_model)
+    other = timing_device_mismatch(meta, spec) if report.timed else None
+    if other is not None:
+        report.meta["what_if"] = other
+        if (other, spec.name) not in _WARNED_WHAT_IF:
+            _WARNED_WHAT_IF.add((other, spec.name))
+            warnings.warn(f"tscope: times were measured on {other} but placed on the roofs of {spec.name}: % of roof, "
+                          "MFU and recoverable time compare two devices (a what-if, labelled so in the report). Pass "
+                          "gpu='auto' to measure against this device.", UserWarning, stacklevel=2)
+    return report
+
+
+_WARNED_WHAT_IF: set[tuple[str, str]] = set()
+
+
+def timing_device_mismatch(meta: dict[str, Any], spec: Any) -> str | None:
+    """The device the times were measured on when it is not ``spec``'s (None when they match or are unknown)."""
+    dev, name = meta.get("device"), meta.get("device_name")
+    if dev == "cpu":
+        return None if getattr(spec, "vendor", "") == "cpu" and getattr(spec, "measured", False) else (
+            "this machine's CPU")
+    if dev == "cuda" and name:
+        try:
+            return None if get_device_spec(name).name == spec.name else name
+        except Exception:
+            return None if name == spec.name else name
+    return None
 
 
 def build_inputs(

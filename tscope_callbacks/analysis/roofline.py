@@ -15,10 +15,12 @@ import math
 from typing import Any
 
 from tscope_callbacks.analysis.advice import opportunities as advice_opportunities
-from tscope_callbacks.analysis.comm import overlap
 from tscope_callbacks.analysis.diagnose import explain
 from tscope_callbacks.analysis.estimate import expected_s
 from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.analysis.roofs import beaten as _beaten
+from tscope_callbacks.analysis.roofs import overlap_of as _overlap
+from tscope_callbacks.analysis.roofs import widen as _widen
 from tscope_callbacks.analysis.rows import Opportunity, OpRoof, Row
 from tscope_callbacks.analysis.summary import summary_dict
 from tscope_callbacks.capture.paths import ancestors
@@ -108,21 +110,11 @@ def build_roofline(prof: Any, spec: Any, *, achievable: Any = None, precision: s
                           ach_bw if ach_peak else None, roof_p, expected_s(rec, roof_p, model),
                           getattr(spec, "link_bandwidth", None)))
     meta["kernel_model"] = model.source if model is not None else None
+    meta["roof_notes"] = _widen(ops, spec) if getattr(spec, "measured", False) else _beaten(ops)
     return (cls or RooflineAnalysis)(ops, spec, meta=meta, layers=dict(getattr(prof, "layers", None) or {}),
                                      wall_time_s=getattr(prof, "wall_time_s", None), achievable=ach,
                                      group_small=group_small, coverage=_coverage(prof), tf32=tf32, roofs=roofs,
                                      kernel_model=model)
-
-
-def _overlap(meta: dict[str, Any], ops: list[OpRoof]) -> dict[str, float] | None:
-    """HTA-style overlap of the recorded kernels (``analysis.comm.overlap``): a kernel is communication when the op
-    that launched it is a collective, or its name is NCCL's/RCCL's."""
-    kernels = meta.get("kernels")
-    if not kernels:
-        return None
-    comm_ops = {i for i, o in enumerate(ops) if o.record.category == "comm"}
-    return overlap([(int(k[1]), int(k[1]) + int(k[2]), (k[4] in comm_ops) or "nccl" in str(k[0]).lower())
-                    for k in kernels])
 
 
 def _coverage(prof: Any) -> float:
@@ -194,6 +186,9 @@ class RooflineAnalysis:
                 mat[o.roof_precision] = mat.get(o.roof_precision, 0) + o.flops
         mfu_p = max(mat, key=mat.__getitem__) if mat else self.dominant_precision
         self.mfu_precision, _, self.mfu_peak_flops, _ = roofs.get(mfu_p, True)  #: the matrix roof MFU is against
+        widened = [o.peak for o in ops if o.matrix and o.roof_precision == self.mfu_precision]
+        if widened and getattr(spec, "measured", False):  # a measured roof raised by ``_widen``: MFU against it
+            self.mfu_peak_flops = max(self.mfu_peak_flops, max(widened))
         self.bandwidth = float(spec.bandwidth)
         step = self.measured_step_s
         #: activation-checkpointing re-forward FLOPs; hardware FLOPs = all ops, model FLOPs = without the recompute

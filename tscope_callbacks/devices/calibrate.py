@@ -34,7 +34,7 @@ __all__ = ["DEFAULT_CPU_BUDGET_S", "BUSY_LOAD_PER_CPU", "Benchmark", "calibrate"
 DEFAULT_CPU_BUDGET_S = 2.5
 BUSY_LOAD_PER_CPU = 1.0  #: at or above this 1-minute load per CPU a CPU measurement is not cached
 # share of the CPU budget per measurement
-_CPU_SHARES = {"fp32": 0.38, "bf16": 0.14, "fp16": 0.1, "fp64": 0.16, "copy": 0.22}
+_CPU_SHARES = {"fp32": 0.34, "bf16": 0.18, "fp16": 0.12, "fp64": 0.14, "copy": 0.22}
 _CPU_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 
 
@@ -53,7 +53,7 @@ def _cpu_model() -> str:
 def cpu_cache_key() -> str:
     """Cache key of this machine's CPU roof: platform, CPU model, cores, torch threads, torch version."""
     return (f"{platform.system()}-{platform.machine()}|{_cpu_model()}|{os.cpu_count()} cpus|"
-            f"{torch.get_num_threads()} threads|torch {torch.__version__}")
+            f"{torch.get_num_threads()} threads|torch {torch.__version__}|method 2")  # 2: GEMMs from n=512
 
 
 def _time_matmul(dtype: torch.dtype, allot_s: float, *, max_n: int = 2048, start_n: int = 128) -> tuple[float, int]:
@@ -125,13 +125,15 @@ def measure_cpu(*, budget_s: float = DEFAULT_CPU_BUDGET_S) -> DeviceSpec:
     with torch.inference_mode():
         for prec, dtype in _CPU_DTYPES.items():
             allot = budget_s * _CPU_SHARES[prec]
-            # fp32/fp64 GEMM is fast everywhere and misleading below ~512; bf16/fp16 can be 50x slower (no AVX512)
-            start = 512 if prec in ("fp32", "fp64") and allot >= 0.25 else 128
+            # small GEMMs are misleading (a 256x256 bf16 matmul reached a tenth of what a model's GEMMs then did):
+            # start at 512 whenever the share allows; bf16/fp16 can be 50x slower than fp32 without AVX512
+            start = 512 if allot >= 0.25 else 256
             flops[prec], sizes[prec] = _time_matmul(dtype, allot, start_n=start)
         bandwidth, copy_bytes = _time_copy(budget_s * _CPU_SHARES["copy"])
     threads = torch.get_num_threads()
     return DeviceSpec(
-        name=f"CPU ({_cpu_model()}, {threads} threads)", flops=flops, bandwidth=bandwidth, measured=True,
+        name=f"CPU ({_cpu_model()}, {threads} thread{'s' if threads != 1 else ''})", flops=flops,
+        bandwidth=bandwidth, measured=True,
         vendor="cpu", vector_flops={"fp32": flops["fp32"], "fp64": flops["fp64"]},
         source=(f"measured by tscope_callbacks on {time.strftime('%Y-%m-%d')}: best-of-N square matmul per dtype "
                 f"(n={sizes}), {copy_bytes >> 20} MB copy counting read+write, torch {torch.__version__}, "

@@ -89,6 +89,11 @@ def header_lines(report: Any) -> list[str]:
                   f"{_p(s['memory_bound_time_frac'])} memory-bound · {_p(s['uncounted_time_frac'])} uncounted · "
                   f"{_p(s['overhead_time_frac'])} overhead"
                   + (f" · {_p(s['comm_time_frac'])} communication" if s.get("comm_time_frac") else "")]
+    if report.meta.get("what_if"):
+        lines += [f"- **What-if**: times were measured on {report.meta['what_if']}, roofs are {s['device']}'s: "
+                  "% of roof, MFU and recoverable time compare two devices (an estimate, not a measurement)"]
+    for note in report.meta.get("roof_notes") or []:
+        lines += [f"- **Roof note**: {note}"]
     cc = report.meta.get("compiled_capture")
     if cc:
         lines += [f"- **Compiled**: the compiled execution was recorded ({cc.get('kernel_records', 0)} Inductor kernel "
