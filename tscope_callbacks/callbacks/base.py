@@ -58,6 +58,7 @@ class ProfilingCallback(Callback):
         self._next_train = self.schedules["train"].next_due(0) if "train" in self.schedules else NEVER
         self._next_eval: dict[str, int] = {}
         self._warned = False
+        self._silence_told: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------------ subclass API
     def _capture_options(self) -> dict[str, Any]:
@@ -317,6 +318,34 @@ class ProfilingCallback(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         session.abort()
         session.forget_trainer(trainer)
+        try:
+            self._explain_silence(trainer, stage)
+        except Exception:
+            pass
+
+    def _explain_silence(self, trainer: pl.Trainer, fn: str) -> None:
+        """Say once why a run profiled nothing, where a user expects output."""
+        from lightning.pytorch.utilities import rank_zero_warn
+
+        name = type(self).__name__
+        fn = str(getattr(fn, "value", fn))  # Lightning passes its TrainerFn enum
+        why = None
+        if fn == "fit" and "train" in self.schedules and self.schedules["train"].taken == 0:
+            start = self.schedules["train"].start_step
+            if trainer.fast_dev_run:
+                why = (f"fast_dev_run runs {trainer.global_step} step(s) and turns logging off; the first profile is "
+                       f"due at step {start}: nothing was profiled or written")
+            elif trainer.global_step <= start:
+                why = (f"the run ended at step {trainer.global_step}, before the first profile (start_step={start}): "
+                       "nothing was profiled; lower start_step")
+        elif fn in ("validate", "test", "predict"):
+            stage = "validation" if fn == "validate" else fn
+            if stage not in self.schedules:
+                why = (f"trainer.{fn}() ran, but this callback profiles stages={self.stages}: nothing was profiled; "
+                       f"pass stages=({', '.join(repr(s) for s in (*self.stages, stage))})")
+        if why and (fn, why) not in self._silence_told:
+            self._silence_told.add((fn, why))
+            rank_zero_warn(f"tscope {name}: {why}")
 
     # ------------------------------------------------------------------ checkpointing
     @property

@@ -26,14 +26,14 @@ _STAGE_ALIASES = {"fit": "train", "training": "train", "val": "validation", "val
 NEVER = sys.maxsize
 
 
-def _check_int(name: str, value: Any, *, minimum: int, allow_none: bool = False) -> None:
+def _check_int(name: str, value: Any, *, minimum: int, allow_none: bool = False, none_means: str = "no limit") -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int):
-        extra = " or None" if allow_none else ""
+        extra = f" or None ({none_means})" if allow_none else ""
         raise TypeError(f"{name} must be an int >= {minimum}{extra}, got {type(value).__name__} {value!r}")
     if value < minimum:
-        extra = " (or None for no limit)" if allow_none else ""
+        extra = f" (or None: {none_means})" if allow_none else ""
         raise ValueError(f"{name} must be >= {minimum}{extra}, got {value!r}")
 
 
@@ -79,7 +79,8 @@ class Schedule:
     last_step: int = -1  #: the last step profiled (never profiled twice, also after resume)
 
     def __post_init__(self) -> None:
-        _check_int("every_n_steps", self.every_n_steps, minimum=1, allow_none=True)
+        _check_int("every_n_steps", self.every_n_steps, minimum=1, allow_none=True,
+                   none_means="profile start_step only")
         _check_int("start_step", self.start_step, minimum=0)
         _check_int("max_profiles", self.max_profiles, minimum=0, allow_none=True)
         if not isinstance(self.profile_first, bool):
