@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from cli_models import SmallConvNet
 
+import tscope_callbacks as ts
 from tscope_callbacks.cli import _COMMANDS, main
 
 SUBCOMMANDS = ["demo", "analyze", "specs", "calibrate", "report"]
@@ -171,3 +172,19 @@ def test_report_rerenders_an_analyze_json(capsys: pytest.CaptureFixture[str], tm
     assert (tmp_path / "rows.csv").read_text().count("\n") > 3
     assert main(["report", str(tmp_path / "missing.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_report_into_a_closed_pipe_is_not_an_error(tmp_path: Path) -> None:
+    import subprocess
+
+    from tscope_callbacks.demo.model import TinyGPT, random_tokens
+
+    m = TinyGPT()
+    x, y = random_tokens(m.cfg, batch=2)
+    with ts.profile(m) as p:
+        m.loss(x, y).backward()
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"profile": p.result.to_dict(), "device": ts.get_device_spec("h100").to_dict()}))
+    proc = subprocess.run(f"{sys.executable} -m tscope_callbacks.cli report {path} --top 50 | head -1", shell=True,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.startswith("## Roofline") and "BrokenPipeError" not in proc.stderr, proc.stderr[-2000:]

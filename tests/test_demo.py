@@ -23,10 +23,11 @@ def torch_settings():
 
 
 def test_demo_prints_table_opportunities_mfu_and_tensorboard_command(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], torch_settings: None) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], torch_settings: None, caplog) -> None:
     out_dir = tmp_path / "logs"
     assert main(["demo", "--steps", "25", "--every", "10", "--out", str(out_dir)]) == 0
     out = capsys.readouterr().out
+    assert "litlogger" not in out + caplog.text  # Lightning's advertisement is filtered out of the demo
     assert "tscope demo: 25 steps in" in out
     assert "## Roofline" in out and "· DemoLM · step 20" in out  # profiled at 10 and 20: the last one is shown
     assert "| layer | type | phase | GFLOPs | MB | FLOP/B | bound | roof ms | measured ms | % of roof |" in out
@@ -101,3 +102,20 @@ def test_demo_yaml_runs_through_lightning_cli(tmp_path: Path, monkeypatch: pytes
     assert roof.last_report is not None  # start_step 10 was profiled
     run_dir = tmp_path / "tscope_demo_cli" / "version_0"
     assert (run_dir / "tscope" / "step_10.json").is_file() and (run_dir / "config.yaml").is_file()
+
+
+def test_gpu_sized_demo_needs_a_gpu(capsys: pytest.CaptureFixture[str], torch_settings: None) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert main(["demo", "--size", "gpu", "--steps", "1"]) == 2
+    assert "--size gpu needs a CUDA device" in capsys.readouterr().err
+
+
+def test_gpu_demo_is_gpt2_shaped() -> None:
+    from tscope_callbacks.demo.lightning import GPU_DEMO, DemoLM
+
+    with torch.device("meta"):
+        m = DemoLM(**GPU_DEMO["model"])
+    n = sum(p.numel() for p in m.parameters())
+    # GPT-2 124M with untied head: 124.4M + 38.6M head = 163M; blocks 12 x 7.08M
+    assert 160e6 < n < 166e6 and GPU_DEMO["precision"] == "bf16-mixed"

@@ -143,8 +143,13 @@ def test_embedding_forward_reads_gathered_rows_only_and_backward():
     idx = torch.tensor([[1, 2, 3], [4, 5, 1]])
     rec = count(lambda: emb(idx).sum().backward())
     f = one(rec, "aten.embedding")
-    # 0 FLOPs; read indices 6*8 B + 6 gathered rows * 8 * 4 B = 240 (NOT the 32000 B table); write 6*8*4 = 192
-    assert (f.flops, f.bytes_read, f.bytes_written, f.category) == (0, 240, 192, "embedding")
+    # 0 FLOPs; read indices 6*8 B + the 5 distinct rows (1 twice) * 8 * 4 B = 208 (NOT the 32000 B table);
+    # write 6*8*4 = 192
+    assert (f.flops, f.bytes_read, f.bytes_written, f.category) == (0, 208, 192, "embedding")
+    # 32 lookups of one 128-wide fp32 row: indices 32*8 = 256 B + one row 512 B = 768 (not 32 x 512 + 256 = 16,640)
+    wide = nn.Embedding(10, 128)
+    same = one(count(lambda: wide(torch.full((32,), 3))), "aten.embedding")
+    assert same.bytes_read == 256 + 512
     b = one(rec, "aten.embedding_dense_backward")
     # scatter-add 48 grad elements; read grad (expanded 0-d: 4 B) + indices 48 B; write the dense 1000x8 grad
     assert (b.flops, b.bytes_read, b.bytes_written) == (48, 52, 32000)

@@ -52,6 +52,9 @@ def test_a_beaten_datasheet_roof_is_explained_not_moved():
 
 
 def test_times_of_one_device_on_anothers_roofs_are_a_what_if():
+    from tscope_callbacks import api
+
+    api._WARNED_WHAT_IF.clear()  # warned once per process and device pair
     prof = make_profile([matmul(512, 512, 512, time_s=1e-3)], device="cpu", device_name="cpu")
     with pytest.warns(UserWarning, match="compare two devices"):
         rep = ts.roofline(prof, ts.get_device_spec("a100"))

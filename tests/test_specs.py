@@ -57,8 +57,15 @@ def test_vector_rates_and_fp64():
     assert h100.peak_flops("fp32", matrix=False) == pytest.approx(66.9e12)
     assert h100.peak_flops("fp64") == pytest.approx(66.9e12)  # FP64 tensor core
     assert h100.peak_flops("fp64", matrix=False) == pytest.approx(33.5e12)
-    assert h100.peak_flops("bf16", matrix=False) == pytest.approx(66.9e12)  # pointwise bf16 runs on fp32 units
-    assert get_device_spec("a100").peak_flops("fp32", matrix=False) == pytest.approx(19.5e12)
+    # non-tensor fp16/bf16 (the H100 whitepaper's Table 3: 133.8 TFLOPS, 2x fp32: packed half2 math)
+    assert h100.peak_flops("bf16", matrix=False) == pytest.approx(133.8e12)
+    a100 = get_device_spec("a100")
+    assert a100.peak_flops("fp32", matrix=False) == pytest.approx(19.5e12)
+    # A100 whitepaper Table 1: non-tensor FP16 78, BF16 39 TFLOPS
+    assert (a100.peak_flops("fp16", matrix=False), a100.peak_flops("bf16", matrix=False)) == (78e12, 39e12)
+    # a row without a 16-bit vector rate falls back to the fp32 vector units
+    assert get_device_spec("l4").peak_flops("bf16", matrix=False) == get_device_spec("l4").peak_flops(
+        "fp32", matrix=False)
 
 
 # ---------------- name resolution ----------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # subcommand -> (module, help). Each module defines ``add_arguments(parser)`` and ``run(args) -> int``.
@@ -45,7 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_missing", None):
         print(f"tscope {args.command}: not available in this build", file=sys.stderr)
         return 2
-    return int(importlib.import_module(args._module).run(args) or 0)
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except BrokenPipeError:  # `tscope report X | head`: the reader left; not an error of ours
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # no second BrokenPipeError when Python flushes stdout at exit
+        except OSError:
+            pass
+        return 0
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Lightning is imported only when the demo runs, so ``tscope --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -27,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "slow ones")
     p.add_argument("--out", default="demo_logs", metavar="DIR", help="log directory (default ./demo_logs)")
     p.add_argument("--top", type=int, default=12, metavar="ROWS", help="rows of the printed roofline table (default 12)")
+    p.add_argument("--size", choices=["auto", "cpu", "gpu"], default="auto",
+                   help="model size: cpu (a 2-block TinyGPT, under a minute), gpu (GPT-2-124M-shaped, 8x1024 tokens, "
+                        "bf16, fused AdamW); auto (default): gpu on a CUDA device, else cpu")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="CPU threads for torch (default: torch's default, lowered to the idle cores when the "
                         "machine is busy: oversubscribed threads make CPU training several times slower)")
@@ -62,12 +66,26 @@ def _logger(kind: str, out: str):
     return TensorBoardLogger(out, name="tscope_demo")
 
 
+class _NoTips(logging.Filter):
+    """Drops Lightning's advertisement lines ("Tip: ... litlogger") from the demo's output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in str(record.getMessage()).lower()
+
+
+def _quiet_lightning_tips() -> None:
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        lg = logging.getLogger(name)
+        if not any(isinstance(f, _NoTips) for f in lg.filters):
+            lg.addFilter(_NoTips())
+
+
 def run(args: argparse.Namespace) -> int:
     import lightning.pytorch as pl
     import torch
 
     import tscope_callbacks as ts
-    from tscope_callbacks.demo.lightning import DemoLM, NaNInjector, RandomTokenData
+    from tscope_callbacks.demo.lightning import CPU_DEMO, GPU_DEMO, DemoLM, NaNInjector, RandomTokenData
 
     for name in ("steps", "every", "top"):
         if getattr(args, name) < 1:
@@ -80,8 +98,13 @@ def run(args: argparse.Namespace) -> int:
         torch.set_float32_matmul_precision("high")
         if not torch.cuda.is_available():
             torch.set_num_threads(_cpu_threads(args.threads))
-        data = RandomTokenData()
-        model = DemoLM()
+        gpu = args.size == "gpu" or (args.size == "auto" and torch.cuda.is_available())
+        if gpu and not torch.cuda.is_available():
+            print("tscope demo: --size gpu needs a CUDA device (use --size cpu)", file=sys.stderr)
+            return 2
+        size = GPU_DEMO if gpu else CPU_DEMO
+        data = RandomTokenData(**size["data"])
+        model = DemoLM(**size["model"])
         roof = ts.RooflineCallback(gpu="auto", start_step=10, every_n_steps=args.every)
         layers = ts.LayerProfilerCallback(start_step=10, every_n_steps=max(args.every, args.steps), depth=3)
         guard = ts.NaNGuardCallback(action="stop" if args.nan_at is not None else "warn")
@@ -89,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
         if args.nan_at is not None:
             callbacks.append(NaNInjector(args.nan_at))
         logger = _logger(args.logger, args.out)
+        _quiet_lightning_tips()
         trainer = pl.Trainer(max_steps=args.steps, accelerator="auto", devices=1, logger=logger, callbacks=callbacks,
+                             precision=size["precision"],
                              log_every_n_steps=10, enable_checkpointing=False, enable_model_summary=False,
                              limit_val_batches=0, enable_progress_bar=sys.stdout.isatty())
         t0 = time.perf_counter()

@@ -8,7 +8,15 @@ import torch
 
 from tscope_callbacks.demo.model import GPTConfig, TinyGPT
 
-__all__ = ["DemoLM", "NaNInjector", "RandomTokenData"]
+__all__ = ["DemoLM", "NaNInjector", "RandomTokenData", "GPU_DEMO", "CPU_DEMO"]
+
+#: the demo's sizes: a CPU-sized TinyGPT (under a minute), and on a GPU a GPT-2-124M-shaped model (12 x 768, vocab
+#: 50257, 1024 tokens, batch 8, bf16, fused AdamW) whose report shows real findings (e.g. the unpadded vocabulary)
+CPU_DEMO = {"model": {}, "data": {}, "precision": "32-true"}
+GPU_DEMO = {"model": {"vocab_size": 50257, "seq_len": 1024, "d_model": 768, "n_layer": 12, "n_head": 12, "lr": 3e-4,
+                      "fused": True},
+            "data": {"vocab_size": 50257, "seq_len": 1024, "batch_size": 8, "num_samples": 8 * 400},
+            "precision": "bf16-mixed"}
 
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, TensorDataset
@@ -18,7 +26,7 @@ class DemoLM(pl.LightningModule):
     """TinyGPT as a LightningModule. Hyper-parameters are plain ints so LightningCLI can set them."""
 
     def __init__(self, vocab_size: int = 512, seq_len: int = 64, d_model: int = 128, n_layer: int = 2,
-                 n_head: int = 4, lr: float = 3e-3) -> None:
+                 n_head: int = 4, lr: float = 3e-3, fused: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.cfg = GPTConfig(vocab_size=vocab_size, seq_len=seq_len, d_model=d_model, n_layer=n_layer, n_head=n_head)
@@ -40,7 +48,7 @@ class DemoLM(pl.LightningModule):
         self.log("val/loss", torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)))
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, fused=bool(self.hparams.fused) or None)
 
 
 class RandomTokenData(pl.LightningDataModule):

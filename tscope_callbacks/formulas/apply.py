@@ -260,6 +260,19 @@ _UNCACHEABLE = object()
 _ZERO, _NONZERO = ("float", 0), ("float", 1)
 
 
+#: ops whose count depends on tensor values, not only shapes (an embedding reads its unique rows): never memoized
+VALUE_DEPENDENT = frozenset({"aten.embedding"})
+_VALUE_DEP: dict[Any, bool] = {}
+
+
+def _value_dependent(func: Any) -> bool:
+    hit = _VALUE_DEP.get(func)
+    if hit is None:
+        name = f"{getattr(func, 'namespace', '')}.{getattr(func, '_opname', '')}"
+        hit = _VALUE_DEP[func] = name in VALUE_DEPENDENT
+    return hit
+
+
 class CountCache:
     """``count_op`` memoized by op signature, for the capture hot path (a training step repeats the same ops with the
     same shapes block after block and step after step).
@@ -280,7 +293,7 @@ class CountCache:
         self.hits = self.misses = 0
 
     def count(self, func: Any, args: tuple, kwargs: dict | None, out: Any) -> OpCount:
-        key = _signature(func, args, kwargs, out)
+        key = _UNCACHEABLE if _value_dependent(func) else _signature(func, args, kwargs, out)
         if key is not _UNCACHEABLE:
             hit = self.memo.get(key)
             if hit is not None:

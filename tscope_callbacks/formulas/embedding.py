@@ -2,8 +2,11 @@
 
 FLOPs: the forward gather is 0 FLOPs; a bag's sum/mean/max costs 1 per gathered element (+1 with
 per_sample_weights); the dense backward scatter-adds 1 FLOP per grad_output element.
-Bytes (override of the generic rule): a gather reads the indices and the gathered rows only — never the whole
-table — and writes its output. The dense backward writes the whole (dense) grad table, as it materialises it.
+Bytes (override of the generic rule): a gather reads the indices and the *distinct* rows it gathers -- never the
+whole table, and a row looked up 32 times is read once (the ideal lower bound; caches serve the repeats) -- and
+writes its output. Distinct rows are counted from the index values (one ``unique`` per lookup; on ``meta`` the
+values are unknown and every lookup counts). The dense backward writes the whole (dense) grad table, as it
+materialises it.
 """
 
 from __future__ import annotations
@@ -16,10 +19,21 @@ from tscope_callbacks.formulas.common import numel, reg
 __all__ = ["embedding_bytes"]
 
 
+def _rows(indices: torch.Tensor) -> int:
+    """Distinct rows an index tensor looks up (every lookup when the values are unknown, on meta)."""
+    if indices.device.type == "meta" or indices.numel() == 0:
+        return indices.numel()
+    try:
+        return int(torch.unique(indices).numel())
+    except Exception:
+        return indices.numel()
+
+
 def embedding_bytes(args, kwargs, out):
-    """embedding(weight, indices, ...): indices + the gathered rows (numel(out) elements of weight) → out."""
+    """embedding(weight, indices, ...): indices + its distinct rows of weight -> out."""
     weight, indices = args[0], args[1]
-    read = tensor_bytes(indices) + out.numel() * weight.element_size()
+    row = weight.shape[-1] * weight.element_size() if weight.dim() else 0
+    read = tensor_bytes(indices) + _rows(indices) * row
     return read, tensor_bytes(out)
 
 
