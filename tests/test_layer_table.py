@@ -88,6 +88,6 @@ def test_inspector_gadgets_json_nesting_and_keys() -> None:
 
 def test_top_layers_and_rows() -> None:
     top = [L.path for L in top_layers(_layers(), 2)]
-    assert top == ["enc.b", "head"]  # by self time, root excluded
+    assert top == ["head", "enc.b"]  # by self FLOPs (400, 300): stable, unlike self time; root excluded
     rows = layer_rows(_layers())
     assert rows[0]["layer"] == "(root)" and rows[2]["forward_ms"] == 2.0 and rows[3]["nonfinite"] is True

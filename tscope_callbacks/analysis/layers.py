@@ -133,9 +133,10 @@ def inspector_gadgets_json(layers: Mapping[str, LayerRecord], model_name: str | 
 
 
 def top_layers(layers: Mapping[str, LayerRecord], k: int) -> list[LayerRecord]:
-    """The ``k`` non-root layers with the largest self time (forward + backward), largest first."""
+    """The ``k`` non-root leaf-most layers with the most self FLOPs (forward + backward; ties by path), largest
+    first: a deterministic set (FLOPs do not vary with timing noise)."""
     cand = [L for p, L in layers.items() if p != ""]
-    cand.sort(key=lambda L: L.self_forward_s + L.self_backward_s, reverse=True)
+    cand.sort(key=lambda L: (-(L.self_flops_fwd + L.self_flops_bwd), L.path))
     return cand[: max(k, 0)]
 
 

@@ -14,7 +14,7 @@ from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
 from tscope_callbacks.callbacks.sinks import metric_key
 from tscope_callbacks.capture.paths import Selection
 from tscope_callbacks.records import LayerRecord, StepProfile
-from tscope_callbacks.render.layer_table import render_tree_table
+from tscope_callbacks.render.layer_table import render_tree_markdown, render_tree_table
 
 __all__ = ["LayerProfilerCallback"]
 
@@ -31,7 +31,9 @@ class LayerProfilerCallback(ProfilingCallback):
         paths: module paths or fnmatch globs to report (others are aggregated into their nearest reported
             ancestor); None: all modules (up to ``depth``).
         depth: report modules at most this many path segments deep (``model.blocks.0`` is depth 3); None: all.
-        top_k: per-layer scalars are logged for the ``top_k`` layers with the largest self time.
+        top_k: per-layer scalars (``forward_ms``, ``backward_ms``) for the ``top_k`` layers with the most FLOPs
+            (a set that stays the same from step to step and run to run, unlike one by noisy self time); with
+            ``paths``, for the selected layers instead. 0: none (the tables and the bars plot carry the layers).
         check_finite: flag non-finite outputs and gradients per layer.
         save_json: write the InspectorGadgets-format JSON per profiled step.
         verbose: ``print`` the table on rank zero (otherwise it goes to the ``tscope_callbacks`` logger at INFO).
@@ -42,8 +44,8 @@ class LayerProfilerCallback(ProfilingCallback):
 
     - text ``tscope/layers/table``: the torchprof-style tree table (Module | Self fwd | fwd total | Self bwd |
       bwd total | GFLOPs fwd | GFLOPs bwd | output MB | mem fwd MB | mem bwd MB | calls);
-    - scalars ``tscope/layers/<path>/forward_ms``, ``tscope/layers/<path>/backward_ms`` (inclusive op time) and
-      ``tscope/layers/<path>/output_mb`` for the ``top_k`` layers by self time;
+    - scalars ``tscope/layers/<path>/forward_ms``, ``tscope/layers/<path>/backward_ms`` (inclusive op time) for the
+      ``top_k`` layers by FLOPs (or the ``paths`` selected);
     - table ``tscope/layers/rows`` (one row per layer; a ``wandb.Table`` on W&B, a CSV file with CSVLogger);
     - file ``<log_dir>/tscope/layers_step_<N>.json`` (other stages: ``layers_<stage>_step_<N>.json``) in the
       InspectorGadgets nested format ``{<model class>: {"info": {...}, "children": {...}}}`` (MB, ms).
@@ -52,7 +54,7 @@ class LayerProfilerCallback(ProfilingCallback):
     ``last_table`` (its rendered table).
     """
 
-    def __init__(self, paths: str | Sequence[str] | None = None, depth: int | None = None, *, top_k: int = 10,
+    def __init__(self, paths: str | Sequence[str] | None = None, depth: int | None = None, *, top_k: int = 5,
                  check_finite: bool = True, save_json: bool = True, verbose: bool = False,
                  every_n_steps: int | None = 500, start_step: int = 10, max_profiles: int | None = None,
                  profile_first: bool = True, stages: str | list[str] | tuple[str, ...] = ("train",),
@@ -97,13 +99,13 @@ class LayerProfilerCallback(ProfilingCallback):
             log.info("%s", table)
         sinks, log_step = self.sinks(trainer), ctx.log_step
         key = lambda name: metric_key("layers", name, ctx.stage)  # noqa: E731
-        # markdown: a code block keeps the tree drawing aligned in TensorBoard/W&B
-        sinks.log_text(key("table"), "```\n" + table + "\n```", log_step)
+        # a markdown table (TensorBoard's text plugin cuts a wide code block off on the right; a table wraps)
+        sinks.log_text(key("table"), render_tree_markdown(layers, root_name=model_name, title=title), log_step)
         scalars: dict[str, float] = {}
-        for L in top_layers(layers, self.top_k):
+        chosen = ([L for p, L in layers.items() if p] if self.paths else top_layers(layers, self.top_k))
+        for L in chosen:
             scalars[key(f"{L.path}/forward_ms")] = L.forward_s * 1e3
             scalars[key(f"{L.path}/backward_ms")] = L.backward_s * 1e3
-            scalars[key(f"{L.path}/output_mb")] = L.output_bytes / 1e6
         sinks.log_scalars(scalars, log_step)
         sinks.log_table(key("rows"), layer_rows(layers), log_step)
         if self.save_json:

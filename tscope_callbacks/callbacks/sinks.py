@@ -4,8 +4,9 @@
 logger              what each call does
 ==================  =====================================================================================
 TensorBoardLogger   ``experiment.add_scalar`` / ``add_text`` (markdown; tables as markdown) / ``add_figure``
-WandbLogger         ``log_metrics``; text as ``wandb.Html``; ``log_table`` (a ``wandb.Table``); figures as
-                    ``wandb.Image``; scatter plots with ``wandb.plot.scatter``
+WandbLogger         ``log_metrics``; text as ``wandb.Html`` (markdown rendered to HTML); ``log_table`` (a
+                    ``wandb.Table``); figures as ``wandb.Image``; scatter plots with ``wandb.plot.scatter``;
+                    files (step JSON) in the run's own folder, uploaded with the run
 CSVLogger           ``log_metrics``; text (``.md``), tables (``.csv``) and figures (``.png``) as files in
                     ``<its log_dir>/tscope/``
 other loggers       ``log_metrics`` only (plus the file sink below for the rest)
@@ -70,14 +71,26 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def rows_to_markdown(rows: Sequence[Row]) -> str:
-    """A list of dicts (same keys) as a markdown table."""
+def rows_to_markdown(rows: Sequence[Row], *, max_cols: int | None = None) -> str:
+    """A list of dicts (same keys) as a markdown table. ``max_cols``: a table to read in a narrow text view
+    (TensorBoard): long-text columns (shapes) left out first, then the columns past ``max_cols``; a last line says
+    what was left out and where the full table is."""
     if not rows:
         return "(empty)"
     cols = list(rows[0].keys())
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    dropped: list[str] = []
+    if max_cols is not None and len(cols) > max_cols:
+        wide = [c for c in cols if any(isinstance(r.get(c), str) and len(r.get(c)) > 24 for r in rows)]
+        dropped = [c for c in cols if c in wide]
+        cols = [c for c in cols if c not in wide]
+        dropped += cols[max_cols:]
+        cols = cols[:max_cols]
+    num = [all(isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool) for r in rows) for c in cols]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("--:" if n else ":--" for n in num) + "|"]
     for r in rows:
         lines.append("| " + " | ".join(_fmt(r.get(c, "")).replace("|", "\\|") for c in cols) + " |")
+    if dropped:
+        lines += ["", f"({len(dropped)} more columns -- {', '.join(dropped)} -- in the CSV / W&B table)"]
     return "\n".join(lines)
 
 
@@ -229,7 +242,7 @@ class TensorBoardSink(Sink):
         self.logger.experiment.add_figure(key, figure, global_step=step, close=False)
 
     def log_table(self, key: str, rows: Sequence[Row], step: int) -> None:
-        self.logger.experiment.add_text(key, rows_to_markdown(rows), global_step=step)
+        self.logger.experiment.add_text(key, rows_to_markdown(rows, max_cols=9), global_step=step)
 
     def alert(self, key: str, title: str, text: str, step: int, wait_s: float = 0.0) -> None:
         self.logger.experiment.add_text(key, text, global_step=step)
@@ -239,11 +252,11 @@ class WandbSink(MetricsSink):
     """WandbLogger: scalars, ``wandb.Table`` rows, ``wandb.Image`` figures, ``wandb.plot.scatter``, text as HTML."""
 
     def log_text(self, key: str, markdown: str, step: int) -> None:
-        import html
-
         import wandb
 
-        self.logger.log_metrics({key: wandb.Html(f"<pre>{html.escape(markdown)}</pre>")}, step=step)
+        from tscope_callbacks.render.html import markdown_to_html
+
+        self.logger.log_metrics({key: wandb.Html(markdown_to_html(markdown))}, step=step)
 
     def log_figure(self, key: str, figure: Any, step: int) -> None:
         import wandb
@@ -349,14 +362,22 @@ def _json_default(o: Any) -> Any:
 
 
 def resolve_log_dir(trainer: Any) -> Path:
-    """``trainer.log_dir`` without its collective ``broadcast`` (safe to call on one rank only)."""
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+    """Where this run's files go, without ``trainer.log_dir``'s collective ``broadcast`` (safe on one rank only):
+    TensorBoard/CSV: their versioned ``log_dir``; W&B: the run's own files folder (``run.dir``), so two runs never
+    share a folder and W&B uploads the files with the run; else the first logger's ``save_dir`` or the trainer's
+    ``default_root_dir``. The files land in ``<that>/tscope/``."""
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
     loggers = list(getattr(trainer, "loggers", []) or [])
     d: Any = None
     if loggers:
         first = loggers[0]
-        d = first.log_dir if isinstance(first, (TensorBoardLogger, CSVLogger)) else getattr(first, "save_dir", None)
+        if isinstance(first, (TensorBoardLogger, CSVLogger)):
+            d = first.log_dir
+        elif isinstance(first, WandbLogger):
+            d = getattr(first.experiment, "dir", None) or first.save_dir
+        else:
+            d = getattr(first, "save_dir", None)
     return Path(d if d is not None else trainer.default_root_dir)
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from tscope_callbacks.analysis.layers import layer_children
 from tscope_callbacks.records import LayerRecord
 
-__all__ = ["render_tree_table", "format_time"]
+__all__ = ["render_tree_table", "render_tree_markdown", "format_time"]
 
 _MB = 1e6
 
@@ -62,6 +62,37 @@ def render_tree_table(
     Columns: Module | Self fwd | fwd total | Self bwd | bwd total | GFLOPs fwd | GFLOPs bwd | output MB |
     mem fwd MB | mem bwd MB | calls. Times are op times (self = the layer's own ops, total = with children).
     """
+    rows = _rows(layers, root_name)
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(_COLUMNS)]
+
+    def line(cells: Sequence[str]) -> str:
+        return " | ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    out = [title] if title else []
+    out.append(line(_COLUMNS))
+    out.append("-|-".join("-" * w for w in widths))
+    out.extend(line(r) for r in rows)
+    return "\n".join(out)
+
+
+def render_tree_markdown(layers: Mapping[str, LayerRecord], *, root_name: str | None = None,
+                         title: str | None = None) -> str:
+    """The same table as markdown, for TensorBoard's text plugin and W&B: a real table (it wraps instead of being
+    cut off on the right), the tree indented with non-breaking spaces, times and sizes right-aligned."""
+    rows = _rows(layers, root_name)
+    out = [f"**{title}**", ""] if title else []
+    out.append("| " + " | ".join(_COLUMNS) + " |")
+    out.append("|:--|" + "|".join("--:" for _ in _COLUMNS[1:]) + "|")
+    for r in rows:
+        label = r[0]
+        stripped = label.lstrip("│ ├└─")
+        depth = (len(label) - len(stripped)) // 4
+        cells = ["&nbsp;" * (3 * depth) + f"`{stripped}`", *r[1:]]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def _rows(layers: Mapping[str, LayerRecord], root_name: str | None) -> list[tuple[str, ...]]:
     root = layers.get("")
     name = root_name or (root.type if root is not None and root.type else "model")
     rows = []
@@ -80,13 +111,4 @@ def render_tree_table(
             _mb(L.memory_bwd_bytes),
             str(L.calls),
         ))
-    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(_COLUMNS)]
-
-    def line(cells: Sequence[str]) -> str:
-        return " | ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
-
-    out = [title] if title else []
-    out.append(line(_COLUMNS))
-    out.append("-|-".join("-" * w for w in widths))
-    out.extend(line(r) for r in rows)
-    return "\n".join(out)
+    return rows
