@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from tscope_callbacks.demo.model import GPTConfig, TinyGPT
 
@@ -18,8 +20,6 @@ GPU_DEMO = {"model": {"vocab_size": 50257, "seq_len": 1024, "d_model": 768, "n_l
             "data": {"vocab_size": 50257, "seq_len": 1024, "batch_size": 8, "num_samples": 8 * 400},
             "precision": "bf16-mixed"}
 
-import lightning.pytorch as pl
-from torch.utils.data import DataLoader, TensorDataset
 
 
 class DemoLM(pl.LightningModule):
