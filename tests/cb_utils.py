@@ -20,8 +20,9 @@ FAST: dict[str, Any] = dict(enable_checkpointing=False, enable_progress_bar=Fals
 
 def test_spec() -> Any:
     """A fixed, made-up CPU roof (no measurement): 100 GFLOP/s fp32, 20 GB/s."""
+    # a CPU roof as if measured here (what gpu="auto" gives on CPU): times and roofs are of the same device
     return ts.DeviceSpec(name="test-cpu", flops={"fp32": 1e11, "bf16": 2e11, "fp16": 2e11}, bandwidth=2e10,
-                         source="tests")
+                         source="tests", measured=True, vendor="cpu")
 
 
 test_spec.__test__ = False  # type: ignore[attr-defined]  # not a pytest test

@@ -37,6 +37,7 @@ class LayerProfilerCallback(ProfilingCallback):
         check_finite: flag non-finite outputs and gradients per layer.
         save_json: write the InspectorGadgets-format JSON per profiled step.
         verbose: ``print`` the table on rank zero (otherwise it goes to the ``tscope_callbacks`` logger at INFO).
+        plot: log ``tscope/layers/bars``: per-layer forward/backward self time and memory, largest first.
         every_n_steps, start_step, max_profiles, profile_first, stages, raise_errors: see
             :class:`~tscope_callbacks.callbacks.base.ProfilingCallback`.
 
@@ -47,6 +48,7 @@ class LayerProfilerCallback(ProfilingCallback):
     - scalars ``tscope/layers/<path>/forward_ms``, ``tscope/layers/<path>/backward_ms`` (inclusive op time) for the
       ``top_k`` layers by FLOPs (or the ``paths`` selected);
     - table ``tscope/layers/rows`` (one row per layer; a ``wandb.Table`` on W&B, a CSV file with CSVLogger);
+    - image ``tscope/layers/bars`` (``plot``): self time forward/backward and memory per layer, largest first;
     - file ``<log_dir>/tscope/layers_step_<N>.json`` (other stages: ``layers_<stage>_step_<N>.json``) in the
       InspectorGadgets nested format ``{<model class>: {"info": {...}, "children": {...}}}`` (MB, ms).
 
@@ -55,7 +57,7 @@ class LayerProfilerCallback(ProfilingCallback):
     """
 
     def __init__(self, paths: str | Sequence[str] | None = None, depth: int | None = None, *, top_k: int = 5,
-                 check_finite: bool = True, save_json: bool = True, verbose: bool = False,
+                 check_finite: bool = True, save_json: bool = True, verbose: bool = False, plot: bool = True,
                  every_n_steps: int | None = 500, start_step: int = 10, max_profiles: int | None = None,
                  profile_first: bool = True, stages: str | list[str] | tuple[str, ...] = ("train",),
                  raise_errors: bool = False) -> None:
@@ -65,11 +67,12 @@ class LayerProfilerCallback(ProfilingCallback):
         paths = sel.paths
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
             raise ValueError(f"top_k must be an int >= 0, got {top_k!r}")
-        for name, val in (("check_finite", check_finite), ("save_json", save_json), ("verbose", verbose)):
+        for name, val in (("check_finite", check_finite), ("save_json", save_json), ("verbose", verbose),
+                          ("plot", plot)):
             if not isinstance(val, bool):
                 raise TypeError(f"{name} must be a bool, got {type(val).__name__}")
         self.paths, self.depth, self.top_k = paths, depth, top_k
-        self.check_finite, self.save_json, self.verbose = check_finite, save_json, verbose
+        self.check_finite, self.save_json, self.verbose, self.plot = check_finite, save_json, verbose, plot
         self.last_layers: dict[str, LayerRecord] | None = None
         self.last_table: str | None = None
 
@@ -108,6 +111,13 @@ class LayerProfilerCallback(ProfilingCallback):
             scalars[key(f"{L.path}/backward_ms")] = L.backward_s * 1e3
         sinks.log_scalars(scalars, log_step)
         sinks.log_table(key("rows"), layer_rows(layers), log_step)
+        if self.plot:
+            try:
+                from tscope_callbacks.render.plot import layer_bars
+
+                sinks.log_figure(key("bars"), layer_bars(layers), log_step)
+            except Exception as e:
+                self._warn_once("drawing the layer bars", e)
         if self.save_json:
             name = f"layers_step_{ctx.step}.json" if ctx.stage == "train" else f"layers_{ctx.stage}_step_{ctx.step}.json"
             sinks.write_json(name, inspector_gadgets_json(layers, model_name))

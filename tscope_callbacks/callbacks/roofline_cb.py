@@ -85,6 +85,10 @@ class RooflineCallback(ProfilingCallback):
     - text ``tscope/roofline/table`` (markdown), image ``tscope/roofline/plot``, table ``tscope/roofline/layers``
       (per layer: intensity, achieved GFLOP/s, time, estimate, bound) and, on W&B, the scatter
       ``tscope/roofline/scatter``;
+    - scalars ``tscope/model/*`` once per fit (parameters, size, activations, forward and step GFLOP, GMAC,
+      latency per batch, samples/s, tokens/s: ``analysis.model_summary``); ``tscope/comm/*`` and the text
+      ``tscope/comm/table`` when the step ran collectives; ``tscope/roofline/compiled_vs_eager`` and
+      ``tscope/roofline/compile_speedup`` for compiled models;
     - file ``<log_dir>/tscope/step_<N>.json`` (other stages: ``<stage>_step_<N>.json``).
 
     Under DDP every rank profiles the same steps; only rank zero analyses and writes.
@@ -300,6 +304,7 @@ class RooflineCallback(ProfilingCallback):
         sinks.log_text(key("table"), head + ("\n\n" if report is not None else "") + body, step)
         if report is not None:
             io.write_comm(sinks, report, ctx)
+            io.write_model(self, sinks, report, ctx)
             rows = layer_points(report)
             sinks.log_table(key("layers"), rows, step)
             sinks.log_scatter(key("scatter"), rows, "intensity", "achieved_gflops_per_s", step,

@@ -8,7 +8,7 @@ from typing import Any
 from tscope_callbacks.callbacks import session
 from tscope_callbacks.callbacks.sinks import metric_key
 
-__all__ = ["compare", "on_eager_reference", "write_comm", "gather_trace", "write_trace"]
+__all__ = ["compare", "on_eager_reference", "write_comm", "gather_trace", "write_trace", "write_model"]
 
 
 def compare(cb: Any, trainer: Any, ctx: Any, compiled: Any) -> None:
@@ -70,3 +70,14 @@ def write_trace(sinks: Any, profiles: list[Any], report: Any, ctx: Any) -> None:
 
     name = f"trace_step_{ctx.step}.json" if ctx.stage == "train" else f"{ctx.stage}_trace_step_{ctx.step}.json"
     sinks.write_json(name, chrome_trace(profiles, [report] + [None] * (len(profiles) - 1)))
+
+
+def write_model(cb: Any, sinks: Any, report: Any, ctx: Any) -> None:
+    """``tscope/model/*`` scalars (parameters, size, FLOPs, MACs, activations, latency, throughput), once per fit."""
+    if getattr(cb, "_model_logged", False) or ctx.stage != "train":
+        return
+    from tscope_callbacks.analysis.model_summary import model_summary, summary_scalars
+
+    sinks.log_scalars({metric_key("model", k): v for k, v in summary_scalars(model_summary(report)).items()},
+                      ctx.log_step)
+    cb._model_logged = True

@@ -45,6 +45,8 @@ __all__ = [
     "rows_to_markdown",
 ]
 
+from tscope_callbacks.render.tables import rows_to_markdown
+
 log = logging.getLogger("tscope_callbacks")
 
 Row = Mapping[str, Any]
@@ -63,35 +65,6 @@ def _slug(key: str) -> str:
     """``"tscope/roofline/table"`` -> ``"roofline_table"`` (a file-name-safe key)."""
     key = key[len(METRIC_ROOT) + 1 :] if key.startswith(METRIC_ROOT + "/") else key
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", key).strip("_") or "output"
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def rows_to_markdown(rows: Sequence[Row], *, max_cols: int | None = None) -> str:
-    """A list of dicts (same keys) as a markdown table. ``max_cols``: a table to read in a narrow text view
-    (TensorBoard): long-text columns (shapes) left out first, then the columns past ``max_cols``; a last line says
-    what was left out and where the full table is."""
-    if not rows:
-        return "(empty)"
-    cols = list(rows[0].keys())
-    dropped: list[str] = []
-    if max_cols is not None and len(cols) > max_cols:
-        wide = [c for c in cols if any(isinstance(r.get(c), str) and len(r.get(c)) > 24 for r in rows)]
-        dropped = [c for c in cols if c in wide]
-        cols = [c for c in cols if c not in wide]
-        dropped += cols[max_cols:]
-        cols = cols[:max_cols]
-    num = [all(isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool) for r in rows) for c in cols]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("--:" if n else ":--" for n in num) + "|"]
-    for r in rows:
-        lines.append("| " + " | ".join(_fmt(r.get(c, "")).replace("|", "\\|") for c in cols) + " |")
-    if dropped:
-        lines += ["", f"({len(dropped)} more columns -- {', '.join(dropped)} -- in the CSV / W&B table)"]
-    return "\n".join(lines)
 
 
 class Sink:

@@ -140,6 +140,7 @@ class Profile:
         self._comm: dict[int, dict] = {}  #: pending index -> a collective's info (formulas.comm)
         self._starts: dict[int, float] = {}  #: pending index -> start (s after the region start; CPU timing)
         self._op_t0 = 0  #: perf_counter_ns at the current op's start (set by the dispatch mode when timed)
+        self._inputs: list | None = None  #: [shape, dtype] of the root module's tensor inputs (first call)
         self._paused = 0
         self._pause_t0 = 0
         self._paused_ns = 0
@@ -223,6 +224,7 @@ class Profile:
                     "(stop the outer one first, or profile the outer region only)"
                 )
             _ACTIVE = self
+        self._inputs = None
         try:
             self._session = _session.install(self)
             self._running = True
@@ -307,6 +309,9 @@ class Profile:
             return
         try:
             in_bwd = _current_node() is not None
+            if path == "" and self._inputs is None:  # the model's inputs (batch and sequence for throughput)
+                self._inputs = [[list(a.shape), str(a.dtype).removeprefix("torch.")] for a in
+                                list(args) + list((kwargs or {}).values()) if isinstance(a, torch.Tensor)]
             self._stack.append((path, in_bwd))
             # a call counts for the module called, and only if it is a reported layer (a selected path or within
             # depth): its descendants' calls are aggregated into its ops, not into its call count

@@ -319,6 +319,7 @@ def base_meta(p: Profile) -> dict[str, Any]:
             "limits": "CUDA-graph replays (mode='reduce-overhead') count in device-busy time without per-kernel "
                       "records"},
         "paused_s": p._paused_ns * 1e-9,  #: left out of wall_time_s (tscope's own checks, validation)
+        "inputs": p._inputs or [],  #: [shape, dtype] of the model's tensor inputs at its first call
     }
 
 

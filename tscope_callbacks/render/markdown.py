@@ -13,6 +13,7 @@ from typing import Any
 from tscope_callbacks.analysis.comm import comm_rows
 from tscope_callbacks.analysis.fmt import g as _g
 from tscope_callbacks.analysis.fmt import pct as _pct
+from tscope_callbacks.analysis.model_summary import model_summary
 from tscope_callbacks.analysis.rows import Row
 from tscope_callbacks.analysis.summary import roofs_used
 
@@ -52,7 +53,7 @@ def header_lines(report: Any) -> list[str]:
                                         else None) if x)
     roof = s["roof"] + (f"; achievable roof: {s['achievable_roof']} (\"% of achievable\")" if s["achievable_roof"]
                         else "")
-    lines = [f"## Roofline — {title}", "",
+    lines = [f"## Roofline — {title}", "", model_line(report),
              f"- **Roofs**: {roof}; \"% of roof\" = estimate / measured on the {s['roof']} roof; "
              f"bandwidth {s['bandwidth'] / 1e9:.4g} GB/s",
              "- **Roofs used**: " + ("; ".join(_roof_line(r) for r in roofs_used(report)[:4]) or "none (no ops)"),
@@ -117,6 +118,26 @@ def header_lines(report: Any) -> list[str]:
               + (" (no formula: " + ", ".join(f"{k} ×{v}" for k, v in list(s["uncounted_ops"].items())[:5]) + ")"
                  if s["uncounted_ops"] else "")]
     return lines
+
+
+def model_line(report: Any) -> str:
+    """The model level in one line (``analysis.model_summary``)."""
+    m = model_summary(report)
+    parts = []
+    if m["params"] is not None:
+        tr = "" if m["params_trainable"] == m["params"] else f", {m['params_trainable'] / 1e6:.4g} M trainable"
+        parts.append(f"{m['params'] / 1e6:.4g} M parameters{tr}, {_n(m['size_mb'])} MiB")
+    parts.append(f"forward {_n(m['flops_forward'] / 1e9)} GFLOP ({_n(m['macs_forward'] / 1e9)} GMAC in matrix ops), "
+                 f"step {_n(m['flops_step'] / 1e9)} GFLOP")
+    if m["activations_mb"] is not None:
+        parts.append(f"activations {_n(m['activations_mb'])} MiB ({m['activations_source']})")
+    if m["latency_ms"] is not None:
+        fwd = f", forward {_f(m['forward_ms'], '.4g')} ms" if m["forward_ms"] else ""
+        parts.append(f"{_f(m['latency_ms'], '.4g')} ms per batch ({m['latency_source']}{fwd})")
+    if m["samples_per_s"] is not None:
+        parts.append(f"{_n(m['samples_per_s'])} samples/s" + (f", {_n(m['tokens_per_s'])} tokens/s"
+                                                               if m["tokens_per_s"] else ""))
+    return "- **Model**: " + "; ".join(parts)
 
 
 def _cells(r: Row, ach: bool, expected: bool = False) -> list[str]:

@@ -199,3 +199,34 @@ def plot(report: Any, path: str | os.PathLike[str], top_labels: int = 8) -> str:
     fig = figure(report, top_labels=top_labels)
     fig.savefig(os.fspath(path), dpi=fig.dpi)
     return os.fspath(path)
+
+
+def layer_bars(layers: Any, top: int = 15, *, dpi: int = 110) -> Figure:
+    """Per-layer forward/backward self time and memory as horizontal bars, largest first: the layer-level picture
+    beside the roofline. ``layers``: ``{path: LayerRecord}``; the ``top`` layers by self time (forward + backward),
+    root and pure containers (no own ops) left out. Memory: output MB and, with layer details, saved MB."""
+    rows = [L for p, L in layers.items() if p and (L.self_forward_s or L.self_backward_s)]
+    rows.sort(key=lambda L: -(L.self_forward_s + L.self_backward_s))
+    rows = rows[:top][::-1]
+    fig = Figure(figsize=(11, 0.35 * max(len(rows), 4) + 1.2), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax_t, ax_m = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 2]})
+    names = [L.path for L in rows]
+    y = range(len(rows))
+    fwd = [L.self_forward_s * 1e3 for L in rows]
+    bwd = [L.self_backward_s * 1e3 for L in rows]
+    ax_t.barh(y, fwd, color="#4c72b0", label="forward")
+    ax_t.barh(y, bwd, left=fwd, color="#dd8452", label="backward")
+    ax_t.set_yticks(list(y), names, fontsize=8)
+    ax_t.set_xlabel("self time (ms)")
+    ax_t.legend(loc="lower right", fontsize=8)
+    out_mb = [L.output_bytes / 1e6 for L in rows]
+    saved_mb = [L.saved_bytes / 1e6 for L in rows]
+    ax_m.barh(y, out_mb, color="#55a868", label="output")
+    if any(saved_mb):
+        ax_m.barh(y, saved_mb, left=out_mb, color="#c44e52", label="saved for backward")
+    ax_m.set_xlabel("memory (MB)")
+    ax_m.legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"layers by self time (top {len(rows)})", fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,84 @@
+"""The model level (issue: the profiling tutorial's summary): parameters, size, FLOPs and MACs, activations,
+latency and throughput -- each against a hand count, the allocator or the report's own step basis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import tscope_callbacks as ts
+from tests.cb_utils import FAST, test_spec
+from tests.models import TinyLM
+from tscope_callbacks.analysis.model_summary import model_summary, summary_scalars
+from tscope_callbacks.demo.model import GPTConfig, TinyGPT, matmul_flops
+from tscope_callbacks.render.plot import layer_bars
+
+
+def test_summary_of_an_analysis_on_meta():
+    cfg = GPTConfig()
+    model = TinyGPT(cfg)
+    rep = ts.analyze_model(model, input_shape=[(8, cfg.seq_len)], gpu="h100", precision="bf16")
+    m = model_summary(rep)
+    n = sum(p.numel() for p in model.parameters())
+    assert m["params"] == m["params_trainable"] == n
+    assert m["size_mb"] == pytest.approx(n * 2 / 2**20)  # bf16: 2 bytes per parameter
+    # the Linear layers' multiply-adds: FLOPs / 2 (demo.model's analytic count), plus attention's
+    mm = matmul_flops(cfg, 8)["total"]
+    att = sum(o.record.flops for o in rep.op_roofs if o.record.category == "attention")
+    assert m["macs_forward"] == (mm + att) // 2
+    assert m["flops_forward"] == m["flops_step"] == rep.model_flops  # forward only
+    # untimed: latency = the sum of expected kernel times; throughput from it; 2-D int ids: tokens
+    assert m["latency_ms"] == pytest.approx(rep.estimated_step_s * 1e3) and m["latency_source"] == "estimated"
+    assert m["samples_per_s"] == pytest.approx(8 / rep.estimated_step_s)
+    assert m["tokens_per_s"] == pytest.approx(8 * cfg.seq_len / rep.estimated_step_s)
+    md = rep.to_markdown()
+    assert md.splitlines()[2].startswith(f"- **Model**: {n / 1e6:.4g} M parameters")
+    assert {"params_m", "size_mb", "gflops_forward", "gmacs_step", "latency_ms", "tokens_per_s"} <= set(
+        summary_scalars(m))
+
+
+def test_activations_from_saved_bytes_with_layer_details():
+    cfg = GPTConfig()
+    model = TinyGPT(cfg)
+    x = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len))
+    with ts.profile(model, layer_details=True) as p:
+        model(x).sum().backward()
+    rep = ts.roofline(p.result, test_spec())
+    m = model_summary(rep)
+    root = p.layers[""]
+    assert m["activations_mb"] == pytest.approx((root.peak_fwd_bytes or root.saved_bytes) / 2**20)
+    assert m["activations_mb"] > 0
+    assert m["batch"] == 4 and m["latency_source"] == "op-time"
+
+
+def test_callback_logs_the_model_once(tmp_path: Path):
+    roof = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=1, every_n_steps=2)
+    lay = ts.LayerProfilerCallback(start_step=1, every_n_steps=2)
+    trainer = pl.Trainer(max_steps=5, default_root_dir=tmp_path, callbacks=[roof, lay],
+                         logger=pl.loggers.TensorBoardLogger(tmp_path, name="tb"), **FAST)
+    trainer.fit(TinyLM())
+    acc = EventAccumulator(trainer.logger.log_dir, size_guidance={"scalars": 0, "images": 0})
+    acc.Reload()
+    model_tags = [t for t in acc.Tags()["scalars"] if t.startswith("tscope/model/")]
+    assert "tscope/model/params_m" in model_tags and "tscope/model/tokens_per_s" in model_tags
+    assert all(len(acc.Scalars(t)) == 1 for t in model_tags)  # once per fit, not per profile
+    n = sum(p.numel() for p in trainer.lightning_module.parameters())
+    assert acc.Scalars("tscope/model/params_m")[0].value == pytest.approx(n / 1e6, rel=1e-5)
+    assert "tscope/layers/bars" in acc.Tags()["images"]
+
+
+def test_layer_bars_largest_first():
+    cfg = GPTConfig()
+    model = TinyGPT(cfg)
+    with ts.profile(model, layer_details=True) as p:
+        model(torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))).sum().backward()
+    fig = layer_bars(p.layers, top=5)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(labels) == 5
+    by_time = sorted((L for k, L in p.layers.items() if k), key=lambda L: -(L.self_forward_s + L.self_backward_s))
+    assert labels[::-1] == [L.path for L in by_time[:5]]  # the largest at the top

@@ -1,0 +1,74 @@
+"""The model level of a profiled (or analysed) step, the summary a profiling tutorial starts from: parameters
+(total, trainable), model size at its dtype, peak activation memory, MACs and FLOPs (forward, and the whole step),
+latency per batch and throughput (samples/s, tokens/s).
+
+Sources, each stated in the result (``*_source`` keys): parameters and size from the module (``LayerRecord`` of the
+root); activations from the allocator peak of the forward above its start (layer details on a real device), else
+the bytes the forward saved for backward (layer details), else unknown; MACs = FLOPs / 2 of the matrix classes
+(matmul, conv, attention: one multiply-add is 2 FLOPs); latency = the step-time basis of the report (measured or,
+untimed, the sum of expected kernel times) and the forward's share of it; samples = the first input's batch
+dimension, tokens = batch x sequence when the first input is 2-D integer ids.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.records import MATRIX_CATEGORIES
+
+__all__ = ["model_summary", "summary_scalars"]
+
+
+def _model_flops(r: Any) -> int:
+    return r.flops if r.flops_model is None else r.flops_model
+
+
+def model_summary(report: Any) -> dict[str, Any]:
+    """The summary of a report (``RooflineAnalysis``) and its layer records; JSON-safe."""
+    root = report.layer_records.get("") if report.layer_records else None
+    ops = [o.record for o in report.op_roofs]
+    fwd = [r for r in ops if r.phase == "forward"]
+    out: dict[str, Any] = {
+        "params": getattr(root, "num_parameters", None), "params_trainable": getattr(root, "num_trainable_parameters",
+                                                                                       None),
+        "size_mb": (root.param_bytes / 2**20) if root is not None else None,
+        "flops_forward": sum(_model_flops(r) for r in fwd), "flops_step": report.model_flops,
+        "macs_forward": sum(_model_flops(r) for r in fwd if r.category in MATRIX_CATEGORIES) // 2,
+        "macs_step": sum(_model_flops(r) for r in ops if r.category in MATRIX_CATEGORIES) // 2,
+    }
+    peak, saved = getattr(root, "peak_fwd_bytes", 0) or 0, getattr(root, "saved_bytes", 0) or 0
+    if peak:
+        out["activations_mb"], out["activations_source"] = peak / 2**20, "allocator peak of the forward"
+    elif saved:
+        out["activations_mb"], out["activations_source"] = saved / 2**20, "bytes saved for backward"
+    else:
+        out["activations_mb"], out["activations_source"] = None, "needs layer details"
+    step = report.measured_step_s if report.measured_step_s is not None else report.estimated_step_s
+    out["latency_ms"] = step * 1e3 if step else None
+    out["latency_source"] = report.step_time_source or ("estimated" if not report.timed else None)
+    fwd_t = sum(o.measured_s or 0.0 for o in report.op_roofs if o.record.phase == "forward") if report.timed else \
+        report.expected_time_s("forward")
+    total_t = (report.op_time_s or 0.0) if report.timed else report.estimated_step_s
+    out["forward_ms"] = (step * fwd_t / total_t * 1e3) if step and total_t else None  # the forward's share
+    inputs = report.meta.get("inputs") or []
+    batch = seq = None
+    if inputs and inputs[0][0]:
+        shape, dtype = inputs[0]
+        batch = shape[0]
+        if len(shape) == 2 and "int" in str(dtype):
+            seq = shape[1]
+    micro = int(report.meta.get("micro_batches") or 1)
+    out["batch"] = batch * micro if batch else None
+    out["samples_per_s"] = _div(out["batch"], step)
+    out["tokens_per_s"] = _div(out["batch"] * seq, step) if out["batch"] and seq else None
+    return out
+
+
+def summary_scalars(s: dict[str, Any]) -> dict[str, float]:
+    """The summary as bare scalar names (the callbacks log them as ``tscope/model/*``)."""
+    keys = {"params": ("params_m", 1e-6), "params_trainable": ("params_trainable_m", 1e-6), "size_mb": ("size_mb", 1),
+            "activations_mb": ("activations_mb", 1), "flops_forward": ("gflops_forward", 1e-9),
+            "flops_step": ("gflops_step", 1e-9), "macs_step": ("gmacs_step", 1e-9), "latency_ms": ("latency_ms", 1),
+            "samples_per_s": ("samples_per_s", 1), "tokens_per_s": ("tokens_per_s", 1)}
+    return {name: float(s[k]) * scale for k, (name, scale) in keys.items() if s.get(k) is not None}
