@@ -91,7 +91,7 @@ def fit(kind: str, steps: int, root: str, spec: Any = "auto") -> dict[str, Any]:
         cbs += [roof, lay]
         timers: dict[str, float] = {}
         for name, obj, attr in (("roofline outputs", roof, "_on_profile"), ("layer outputs", lay, "_on_profile"),
-                                ("roofline plot", roof, "_log_plot")):
+                                ("roofline tables, plot and files", roof, "_write")):
             setattr(obj, attr, _timed(getattr(obj, attr), name, timers))
     cbs.append(end)
     trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=cbs,

@@ -227,6 +227,13 @@ _SUBCLASS = _Subclasses()
 class _Mode(TorchDispatchMode):
     """The capture's dispatch mode: the per-op hot path (range or timer around the op, then one record)."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps every mode's __torch_dispatch__ in a Dynamo-disable shim (~4 us per op, the largest single
+        # cost of the hot path); our handler never runs compiled code of its own, and the capture holds Dynamo in
+        # force_eager (or, in kernels mode, lets compiled artifacts run past the mode), so the shim buys nothing
+        return False
+
     def __init__(self, owner: Profile) -> None:
         super().__init__()
         self.owner = owner
