@@ -138,3 +138,16 @@ def test_markdown_lists_findings_with_their_fix():
     md = _report(lm_head_ops()).to_markdown()
     assert "**misaligned**" in md and "Fix: pad 50257 to 50304" in md
     assert "| roof ms | expected ms |" in md and "expected" in md and "roofline bound" in md
+
+
+def test_an_unfused_optimizer_update_is_its_own_finding():
+    # a for-loop AdamW on 2 tensors of 1M fp32 parameters: mul_, add_, addcmul_, sqrt, div, addcdiv_ per tensor
+    n = 1 << 20
+    ops = [pointwise(n, name=f"aten.{name}", layer="", phase="optimizer", time_s=400e-6)
+           for _ in range(2) for name in ("mul_", "add_", "mul_", "addcmul_", "sqrt", "div", "addcdiv_")]
+    layers = {"": LayerRecord(path="", type="Net", param_bytes=2 * n * 4)}
+    (o,) = [o for o in _report(ops, layers=layers, step_time_s=20e-3).opportunities() if o.kind == "fusion"]
+    assert o.evidence["chain"] == "optimizer" and "fused=True" in o.fix
+    # fused: params, grads and both moments read, params and moments written = 7 x 8 MiB
+    assert o.evidence["mb_after"] == pytest.approx(7 * 2 * n * 4 / 1e6)
+    assert o.saving_s == pytest.approx(14 * 400e-6 - model_for(H100).memory_s("pointwise", 7 * 2 * n * 4))

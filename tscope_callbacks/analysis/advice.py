@@ -141,35 +141,64 @@ def _runs(ops: Iterable[OpRoof]) -> list[list[OpRoof]]:
     return [run for run in runs if len(run) >= 2]
 
 
-def _fusion(ops: list[OpRoof], model: Any, compiled: bool) -> list[tuple]:
+_FIXES = {
+    "optimizer": ("a fused optimizer, e.g. `torch.optim.AdamW(params, fused=True)` (or `foreach=True`): one kernel "
+                  "per step for all parameters instead of one per operation per tensor"),
+    "loss": ("a fused cross-entropy that never materializes the fp32 logits (e.g. Liger Kernel's "
+             "`LigerFusedLinearCrossEntropyLoss`, or a chunked loss), or `torch.compile` the loss"),
+    "gelu": ("the tanh-approximate GELU written out as pow/tanh/mul/add runs as separate kernels: use "
+             "`torch.nn.functional.gelu(x, approximate=\"tanh\")` (one kernel each way), or `torch.compile`"),
+    "other": ("`torch.compile` the model (Inductor fuses element-wise chains), or use fused kernels "
+              "(fused LayerNorm, fused bias + activation, fused dropout + residual add)"),
+}
+
+
+def _chain_kind(run: list[OpRoof]) -> str:
+    names = {o.record.op.split(".")[1] if "." in o.record.op else o.record.op for o in run}
+    if run[0].record.phase == "optimizer":
+        return "optimizer"
+    if names & {"_log_softmax", "log_softmax", "nll_loss_forward", "_log_softmax_backward_data"} or any(
+            o.record.category == "loss" for o in run):
+        return "loss"
+    if {"tanh", "pow"} <= names or {"tanh_backward", "pow"} <= names:
+        return "gelu"
+    return "other"
+
+
+def _fused_optimizer_bytes(runs: list[list[OpRoof]], param_bytes: int) -> int:
+    """What a fused optimizer moves per step: each state tensor once. Adam-family (``addcdiv``): params, grads,
+    both moments read, params and moments written = 7 x the parameter bytes; SGD with momentum: 5x; plain SGD 3x."""
+    names = {o.record.op.rsplit(".", 1)[-1].rstrip("_") for run in runs for o in run}
+    per = 7 if "addcdiv" in names else 5 if "lerp" in names or len(names) > 2 else 3
+    return per * param_bytes
+
+
+def _fusion(ops: list[OpRoof], model: Any, compiled: bool, param_bytes: int = 0) -> list[tuple]:
+    """One finding per kind of chain (optimizer update, loss, written-out GELU, other), each with its own fix."""
     if compiled:
         return []
-    runs = _runs(ops)
-    if not runs:
-        return []
-    now = sum(_time(o) for run in runs for o in run)
-    before_b = sum(o.bytes for run in runs for o in run)
-    fused_b = sum(run[0].record.bytes_read + run[-1].record.bytes_written for run in runs)
-    bw = runs[0][0].bandwidth
-    after = sum(model.memory_s("pointwise", run[0].record.bytes_read + run[-1].record.bytes_written)
-                if model is not None else (run[0].record.bytes_read + run[-1].record.bytes_written) / bw
-                for run in runs)
-    n = sum(len(run) for run in runs)
-    names = {o.record.op.split(".")[1] if "." in o.record.op else o.record.op for run in runs for o in run}
-    if names & {"_log_softmax", "log_softmax", "nll_loss_forward", "_log_softmax_backward_data"} or any(
-            o.record.category == "loss" for run in runs for o in run):
-        fix = ("a fused cross-entropy that never materializes the fp32 logits (e.g. Liger Kernel's "
-               "`LigerFusedLinearCrossEntropyLoss`, or a chunked loss), or `torch.compile` the loss")
-    elif {"tanh", "pow"} <= names or {"tanh_backward", "pow"} <= names:
-        fix = ("the tanh-approximate GELU written out as pow/tanh/mul/add runs as separate kernels: use "
-               "`torch.nn.functional.gelu(x, approximate=\"tanh\")` (one kernel each way), or `torch.compile`")
-    else:
-        fix = ("`torch.compile` the model (Inductor fuses element-wise chains), or use fused kernels "
-               "(fused LayerNorm, fused bias + activation, fused dropout + residual add)")
-    return [("fusion", now - after,
-             f"{n} memory-bound ops in {len(runs)} chain(s) move {before_b / 1e6:.4g} MB, each writing what the next "
-             f"reads back; fused, about {fused_b / 1e6:.4g} MB: expected {_ms(after)} instead of {_ms(now)}",
-             fix, {"ops": n, "mb_before": before_b / 1e6, "mb_after": fused_b / 1e6})]
+    kinds: dict[str, list[list[OpRoof]]] = {}
+    for run in _runs(ops):
+        kinds.setdefault(_chain_kind(run), []).append(run)
+    out = []
+    for kind, runs in kinds.items():
+        now = sum(_time(o) for run in runs for o in run)
+        before_b = sum(o.bytes for run in runs for o in run)
+        ends = [run[0].record.bytes_read + run[-1].record.bytes_written for run in runs]
+        if kind == "optimizer" and param_bytes:
+            ends = [min(before_b, _fused_optimizer_bytes(runs, param_bytes))]
+        fused_b = sum(ends)
+        bw = runs[0][0].bandwidth
+        after = sum(model.memory_s("pointwise", b) if model is not None else b / bw for b in ends)
+        n = sum(len(run) for run in runs)
+        what = {"optimizer": " of the optimizer update", "loss": " of the loss", "gelu": " of the GELU"}.get(kind, "")
+        out.append(("fusion", now - after,
+                    f"{n} memory-bound ops{what} in {len(runs)} chain(s) move "
+                    f"{before_b / 1e6:.4g} MB, each writing what the next reads back; fused, about "
+                    f"{fused_b / 1e6:.4g} MB: expected {_ms(after)} instead of {_ms(now)}",
+                    _FIXES[kind], {"ops": n, "mb_before": before_b / 1e6, "mb_after": fused_b / 1e6,
+                                   "chain": kind}))
+    return out
 
 
 def _launch(ops: list[OpRoof]) -> list[tuple]:
@@ -233,16 +262,19 @@ def opportunities(report: Any, top: int = 5) -> list[Opportunity]:
     for o in report.op_roofs:
         by_layer.setdefault(o.record.layer, []).append(o)
     typ = {k: getattr(v, "type", "") for k, v in report.layer_records.items()}
-    groups: dict[tuple[str, str], list[tuple[str, tuple, float | None, float]]] = {}
+    root = report.layer_records.get("") if report.layer_records else None
+    param_bytes = int(getattr(root, "param_bytes", 0) or 0)
+    groups: dict[tuple[str, str, str], list[tuple[str, tuple, float | None, float]]] = {}
     for layer, ops in by_layer.items():
         findings = (_misaligned(layer, ops, model) + _small_m(ops, model) + _fp32(ops, model, tf32) + _cuda_cores(ops)
-                    + _fusion(ops, model, compiled) + _launch(ops) + _slow(ops) + _uncounted(ops))
+                    + _fusion(ops, model, compiled, param_bytes) + _launch(ops) + _slow(ops) + _uncounted(ops))
         measured = sum(o.measured_s for o in ops if o.measured_s is not None) if report.timed else None
         expected = sum(o.expected_s for o in ops)
         for f in findings:
-            groups.setdefault((f[0], _pattern(layer)), []).append((layer, f, measured, expected))
+            groups.setdefault((f[0], f[4].get("chain", ""), _pattern(layer)), []).append((layer, f, measured,
+                                                                                          expected))
     found: list[Opportunity] = []
-    for (kind, pattern), members in groups.items():
+    for (kind, _chain, pattern), members in groups.items():
         saving = sum(f[1] for _, f, _, _ in members)
         time_s = sum(f[4].get("time_s", 0.0) for _, f, _, _ in members) if kind == "uncounted" else 0.0
         if kind != "uncounted" and (saving <= 0 or (step and saving < MIN_SAVING_SHARE * step)):

@@ -57,8 +57,8 @@ def header_lines(report: Any) -> list[str]:
              f"- **Roofs**: {roof}; \"% of roof\" = estimate / measured on the {s['roof']} roof; "
              f"bandwidth {s['bandwidth'] / 1e9:.4g} GB/s",
              "- **Roofs used**: " + ("; ".join(_roof_line(r) for r in roofs_used(report)[:4]) or "none (no ops)"),
-             f"- **Precision**: {s['dominant_precision']} dominant; MFU per GPU (this rank's model FLOPs over its step "
-             f"time and one device's peak: under TP/FSDP the local shards' FLOPs) against the {s['mfu_precision']} "
+             f"- **Precision**: {s['dominant_precision']} dominant; MFU per device (this rank's model FLOPs over its "
+             f"step time and one device's peak: under TP/FSDP the local shards' FLOPs) against the {s['mfu_precision']} "
              "matrix roof "
              f"({s['mfu_peak_flops'] / 1e12:.4g} TFLOP/s); float32 matmul precision "
              f"{s['float32_matmul_precision'] or 'highest'}"]
