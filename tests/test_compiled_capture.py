@@ -180,3 +180,48 @@ def test_fit_profiles_compiled_kernels_and_compares_with_eager(tmp_path: Path):
     assert texts, sorted(p.name for p in (tmp_path / "profiled").rglob("*"))
     body = texts[0].read_text()
     assert "compiled ms" in body and "eager ms" in body and "**total**" in body
+
+
+def test_triton_kernels_are_recorded_through_their_run_method(tmp_path, monkeypatch):
+    # a GPU code module as Inductor writes it: kernels are objects whose .run(...) the wrapper calls
+    import types
+
+    from tscope_callbacks.capture import compiled as cc
+
+    src = tmp_path / "cfake.py"
+    src.write_text("triton_poi_fused_add_mul_0 = async_compile.triton('triton_poi_fused_add_mul_0', '''\n"
+                   "def triton_poi_fused_add_mul_0(in_ptr0, in_ptr1, out_ptr0, xnumel, XBLOCK : tl.constexpr):\n"
+                   "    pass\n''')\n")
+
+    class FakeKernel:
+        fn = "the Triton JIT function"
+
+        def __init__(self):
+            self.calls = 0
+
+        def run(self, *args, stream=None):
+            self.calls += 1
+            args[2].copy_(args[0] * args[1] + args[0])
+
+    kern = FakeKernel()
+    mod = types.ModuleType("cfake")
+    mod.__file__ = str(src)
+    mod.triton_poi_fused_add_mul_0 = kern
+    monkeypatch.setattr(cc, "code_modules", lambda: [mod])
+    p = types.SimpleNamespace(_running=True, _paused=0, _timeline=None, _timed=True, _pending=[], _fused={},
+                              _starts={}, _t0=0, _phase_override=None, _in_opt_step=0, _stack=[("blk", False)],
+                              _collapsing=False, _internal_error=lambda e: (_ for _ in ()).throw(e))
+    state = cc.CompiledState()
+    state.wrap(cc.kernel_recorder(p, state))
+    proxy = mod.triton_poi_fused_add_mul_0
+    assert isinstance(proxy, cc.TritonProxy) and proxy.fn == kern.fn  # other attributes pass through
+    a, b, out = torch.ones(1024), torch.full((1024,), 2.0), torch.empty(1024)
+    proxy.run(a, b, out, 1024, stream=0)
+    assert kern.calls == 1 and torch.equal(out, torch.full((1024,), 3.0))  # the kernel really ran
+    (func, c, layer, phase, dt), = p._pending
+    assert str(func) == "inductor.triton_poi_fused_add_mul_0" and (layer, phase) == ("blk", "forward")
+    # add + mul, 1 FLOP each per element; two inputs read, one output written (roles from the signature)
+    assert (c.flops, c.bytes_read, c.bytes_written) == (2 * 1024, 2 * 4096, 4096)
+    assert p._fused[0] == ("add", "mul") and dt is not None
+    state.restore()
+    assert mod.triton_poi_fused_add_mul_0 is kern
