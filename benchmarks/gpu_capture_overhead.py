@@ -15,7 +15,7 @@ import sys
 
 import torch
 from common import BareMode, count_ops, interleaved, write
-from gpu_workload import FULL, SMOKE, autocast, build, device_for, hand_count
+from gpu_workload import FULL, SMOKE, build, device_for, hand_count, train_step
 
 import tscope_callbacks as ts
 
@@ -27,11 +27,7 @@ def measure(runs: int, smoke: bool) -> tuple[str, dict]:
     model, opt, ids = build(w, device)
 
     def step() -> None:
-        with autocast(device):
-            loss = model(ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        train_step(model, opt, ids, device)
 
     for _ in range(3):
         step()

@@ -17,7 +17,7 @@ import sys
 
 import torch
 from common import interleaved, median_time, write
-from gpu_workload import FULL, SMOKE, autocast, build, device_for
+from gpu_workload import FULL, SMOKE, build, device_for, train_step
 from torch._dynamo.utils import counters
 
 import tscope_callbacks as ts
@@ -36,11 +36,7 @@ def measure(runs: int, smoke: bool) -> tuple[str, bool]:
     cm = torch.compile(model)
 
     def step(mod) -> None:
-        with autocast(device):
-            loss = mod(ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        train_step(mod, opt, ids, device)
 
     for _ in range(5):
         step(cm)  # compile and warm up

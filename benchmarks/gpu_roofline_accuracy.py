@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import gpt2, write
-from gpu_workload import FULL, SMOKE, autocast, build, device_for
+from gpu_workload import FULL, SMOKE, build, device_for, train_step
 
 import tscope_callbacks as ts
 
@@ -38,11 +38,7 @@ def run(smoke: bool, write_out: bool) -> int:
     model, opt, ids = build(w, device)
 
     def step() -> None:
-        with autocast(device):
-            loss = model(ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        train_step(model, opt, ids, device)
 
     for _ in range(3):
         step()

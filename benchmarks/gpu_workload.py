@@ -52,6 +52,15 @@ def build(w: Workload, device: str) -> tuple[Any, Any, torch.Tensor]:
     return model, opt, ids
 
 
+def train_step(model: Any, opt: Any, ids: torch.Tensor, device: str) -> None:
+    """One training step of the workload: forward with its LM loss (bf16 autocast on CUDA), backward, update."""
+    with autocast(device):
+        loss = model(ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def hand_count(model: Any, w: Workload, attention: str = "attended") -> float:
     """Megatron-style FLOPs of one training step (see ``common.hand_flops``)."""
     emb = model.transformer.wte.weight.numel() + model.transformer.wpe.weight.numel()

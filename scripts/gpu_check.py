@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from common import median_time
 from gpu_capture_overhead import measure
-from gpu_workload import FULL, SMOKE, autocast, build, device_for
+from gpu_workload import FULL, SMOKE, build, device_for, train_step
 
 import tscope_callbacks as ts
 
@@ -84,11 +84,7 @@ def main() -> int:
     model, opt, ids = build(w, device)
 
     def step() -> None:
-        with autocast(device):
-            loss = model(ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        train_step(model, opt, ids, device)
 
     for _ in range(3):
         step()
@@ -200,11 +196,7 @@ def compile_check(w, device: str, cuda: bool) -> None:
     cmodel = torch.compile(model)
 
     def step() -> None:
-        with autocast(device):
-            loss = cmodel(ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        train_step(cmodel, opt, ids, device)
 
     for _ in range(3):
         step()

@@ -135,37 +135,45 @@ def test_tensor_core_other_families(name, tc):
     assert is_tensor_core_kernel(name) is tc
 
 
-def test_capture_uses_the_kernel_timeline(monkeypatch):
-    """The capture's CUDA path on a fake timeline: a range per op, times and flags assigned by index at stop,
-    device-busy time as the step-time basis."""
+class FakeTimeline:
+    """Stands for the capture's Kineto session: records the ranges entered, gives each op one tensor-core kernel
+    of 10 us x (its index + 1) at stop."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def start(self) -> None:
+        pass
+
+    def enter(self, name):
+        self.names.append(name)
+        return name
+
+    def exit(self, handle) -> None:
+        pass
+
+    def stop(self, n_ops):
+        corr = {n: i + 1 for i, n in enumerate(self.names)}
+        events = [Ev(n, CPU, _corr=c) for n, c in corr.items()]
+        events += [_kernel("nvjet_gemm", corr[f"{RANGE_PREFIX}{i}"], 10**6 * i, 10**6 * i + 10_000 * (i + 1))
+                   for i in range(n_ops)]
+        return assign_kernels(events, n_ops)
+
+    def abort(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
     import tscope_callbacks.capture.region as region
-
-    class FakeTimeline:
-        def __init__(self) -> None:
-            self.names: list[str] = []
-
-        def start(self) -> None:
-            pass
-
-        def enter(self, name):
-            self.names.append(name)
-            return name
-
-        def exit(self, handle) -> None:
-            pass
-
-        def stop(self, n_ops):
-            corr = {n: i + 1 for i, n in enumerate(self.names)}
-            events = [Ev(n, CPU, _corr=c) for n, c in corr.items()]
-            events += [_kernel("nvjet_gemm", corr[f"{RANGE_PREFIX}{i}"], 10**6 * i, 10**6 * i + 10_000 * (i + 1))
-                       for i in range(n_ops)]
-            return assign_kernels(events, n_ops)
-
-        def abort(self) -> None:
-            pass
 
     monkeypatch.setattr(region, "KernelTimeline", FakeTimeline)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+
+
+def test_capture_uses_the_kernel_timeline(fake_cuda):
+    """The capture's CUDA path on a fake timeline: a range per op, times and flags assigned by index at stop,
+    device-busy time as the step-time basis."""
     model = torch.nn.Linear(4, 4)
     with ts.profile(model, timing="cuda") as prof:
         model(torch.randn(2, 4)).sum().backward()
@@ -176,3 +184,24 @@ def test_capture_uses_the_kernel_timeline(monkeypatch):
     assert prof.meta["step_time_basis"] == "device-busy"
     assert prof.meta["step_time_s"] == pytest.approx(sum(10e-6 * (i + 1) for i in range(n)))
     assert prof.timeline is not None and len(prof.timeline.kernels) == n
+
+
+def test_value_dependent_counts_wait_for_the_stop(fake_cuda, monkeypatch):
+    # an embedding's distinct rows need its index values: on CUDA, reading them inside the region would sync the host
+    # mid-step, so the count is taken at stop (which has synchronized anyway); the figure is the same
+    emb = torch.nn.Embedding(10, 128)
+    real_unique, seen = torch.unique, []
+    running = {}
+
+    def unique(*a, **k):
+        seen.append(running["prof"]._running)
+        return real_unique(*a, **k)
+
+    monkeypatch.setattr(torch, "unique", unique)
+    prof = ts.profile(emb, timing="cuda")
+    running["prof"] = prof
+    with prof:
+        emb(torch.full((32,), 3)).sum().backward()
+    assert seen == [False]  # one read, after the region
+    (r,) = [r for r in prof.ops if r.op == "aten.embedding"]
+    assert r.bytes_read == 32 * 8 + 128 * 4  # indices + the one distinct row

@@ -1,4 +1,5 @@
-"""Which phase and layer an op belongs to (the rules in ``capture.profile``'s module doc), in one function."""
+"""Which phase and layer an op (or a compiled kernel) belongs to: the rules in ``capture.profile``'s module doc,
+in one place."""
 
 from __future__ import annotations
 
@@ -6,30 +7,39 @@ from typing import Any
 
 import torch
 
-__all__ = ["attribute"]
+__all__ = ["attribute", "phase_of"]
 
 _graph_task = torch._C._current_graph_task_id
 _saved_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+
+
+def phase_of(p: Any, node: Any) -> str:
+    """The phase of an op or kernel run now by profile ``p`` (``node``: the autograd node running, None outside
+    backward): the override; backward inside the backward engine, its callbacks included (FSDP's reduce-scatter);
+    the update itself inside ``optimizer.step()`` when no module runs and grad is off (a no-grad op inside a
+    module's forward, such as FSDP's parameter all-gather in its pre-forward hook, belongs to the closure's forward);
+    a module forward started during backward is a recompute (activation checkpointing)."""
+    stack = p._stack
+    if p._phase_override is not None:
+        return p._phase_override
+    if node is None:
+        if _graph_task() != -1:
+            return "backward"
+        if p._in_opt_step and not torch.is_grad_enabled() and not stack:
+            return "optimizer"
+        return "forward"
+    return "recompute" if stack and stack[-1][1] else "backward"
 
 
 def attribute(p: Any, args: tuple, seq: int, node: Any) -> tuple[str, str]:
     """(phase, layer) of the op being recorded by profile ``p`` (``seq``: the sequence counter at dispatch,
     ``node``: the autograd node running, None outside backward). Updates ``p``'s forward seq -> layer map."""
     stack = p._stack
-    if p._phase_override is not None:
-        phase = p._phase_override
-        layer = stack[-1][0] if stack else ""
-    elif node is None and _graph_task() != -1:  # a callback of the backward engine (FSDP's reduce-scatter)
-        phase = "backward"
-        layer = stack[-1][0] if stack else ""
-    elif p._in_opt_step and node is None and not torch.is_grad_enabled() and not stack:
-        # the update itself (no module running: a no-grad op inside a module's forward, such as FSDP's parameter
-        # all-gather in its pre-forward hook, belongs to the closure's forward)
-        phase = "optimizer"
-        layer = stack[-1][0] if stack else ""
-    elif node is None:
-        phase = "forward"
-        layer = stack[-1][0] if stack else ""
+    phase = phase_of(p, node)
+    layer = stack[-1][0] if stack else ""
+    if p._phase_override is not None or (node is None and phase != "forward"):
+        return phase, layer
+    if phase == "forward":
         cs = p._cstate
         if cs is not None and cs.depth:  # inside a compiled forward: no hooks there, the parameters tell
             layer = cs.layer_of(args, layer)
@@ -39,12 +49,9 @@ def attribute(p: Any, args: tuple, seq: int, node: Any) -> tuple[str, str]:
             if p._memory is not None and _saved_hooks(False) is not None:
                 p._hooked.add(seq - 1)  # saved through someone's hooks (checkpointing): never unpacked
         p._in_backward = False
-    elif stack and stack[-1][1]:
-        phase = "recompute"
-        layer = stack[-1][0]
+    elif phase == "recompute":
         p._seq_layer.setdefault(seq - 1, layer)
     else:
-        phase = "backward"
         layer = p._seq_layer.get(node._sequence_nr())
         cs = p._cstate
         if layer is None and cs is not None and node.name().startswith("CompiledFunctionBackward"):

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from tscope_callbacks.capture.attribute import phase_of
+from tscope_callbacks.capture.cuda_timing import timed_call
 from tscope_callbacks.formulas.fused import kernel_count, members
 
 __all__ = ["KernelName", "members", "kernel_count", "CompiledState", "code_modules", "is_compiled_wrapper",
@@ -233,44 +235,20 @@ _current_node = torch._C._current_autograd_node
 def kernel_recorder(p: Any, state: CompiledState) -> Any:
     """``record(name, fn, roles)`` for :meth:`CompiledState.wrap`: a wrapper that runs the kernel inside the
     capture's timing (Kineto range on CUDA, wall time on CPU) and appends one record to ``p``'s pending list."""
-    import time
-
-    perf = time.perf_counter_ns
-
     def run(name: str, fn: Any, roles: list[str] | None, args: tuple, kwargs: dict) -> Any:
         if not p._running or p._paused:
             return fn(*args, **kwargs)
-        tl = p._timeline
-        if tl is not None:
-            h = tl.enter(f"tscope#{len(p._pending)}")
-            try:
-                out = fn(*args, **kwargs)
-            finally:
-                tl.exit(h)
-            dt = None
-        elif p._timed:
-            t0 = perf()
-            out = fn(*args, **kwargs)
-            dt = (perf() - t0) * 1e-9
-            p._starts[len(p._pending)] = (t0 - p._t0) * 1e-9
-        else:
-            out = fn(*args, **kwargs)
-            dt = None
+        out, dt = timed_call(p, fn, args, kwargs)
         try:
-            node = _current_node()
-            if p._phase_override is not None:
-                phase = p._phase_override
-            elif node is not None:
-                phase = "backward"
-            elif p._in_opt_step and not torch.is_grad_enabled():
-                phase = "optimizer"
-            else:
-                phase = "forward"
+            i = len(p._pending)
+            if dt is not None:
+                p._starts[i] = (p._op_t0 - p._t0) * 1e-9
+            phase = phase_of(p, _current_node())
             layer = state.layer_of(args, p._stack[-1][0] if p._stack else "")
             if p._collapsing:
                 layer = p._collapse(layer)
-            state.note(len(p._pending))
-            p._fused[len(p._pending)] = members(name)
+            state.note(i)
+            p._fused[i] = members(name)
             p._pending.append((KernelName(name), kernel_count(name, args, roles, phase), layer, phase, dt))
         except Exception as e:  # never break the user's kernel
             p._internal_error(e)

@@ -16,6 +16,7 @@ tested with fakes and with the real H100 kernel names recorded in ``tests/data/h
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 
 __all__ = ["RANGE_PREFIX", "PAUSED_RANGE", "KernelRecord", "Timeline", "KernelTimeline", "assign_kernels",
-           "is_tensor_core_kernel", "union_s"]
+           "is_tensor_core_kernel", "union_s", "timed_call"]
 
 RANGE_PREFIX = "tscope#"
 PAUSED_RANGE = "tscope#paused"
@@ -123,6 +124,24 @@ def union_s(intervals: Iterable[tuple[int, int]]) -> float:
     if cur_e is not None:
         total += cur_e - cur_s
     return total * 1e-9
+
+
+def timed_call(p: Any, fn: Any, args: tuple, kwargs: dict) -> tuple[Any, float | None]:
+    """Run one op or kernel of profile ``p`` under the capture's timing: ``(output, seconds)``. On CUDA inside the
+    Kineto range ``tscope#<index of its record>`` (its kernel time comes from the timeline: seconds None); on CPU
+    timed by ``perf_counter_ns``, its start kept in ``p._op_t0``; untimed, just run."""
+    tl = p._timeline
+    if tl is not None:
+        h = tl.enter(f"{RANGE_PREFIX}{len(p._pending)}")
+        try:
+            return fn(*args, **kwargs), None
+        finally:
+            tl.exit(h)
+    if p._timed:
+        t0 = p._op_t0 = time.perf_counter_ns()
+        out = fn(*args, **kwargs)
+        return out, (time.perf_counter_ns() - t0) * 1e-9
+    return fn(*args, **kwargs), None
 
 
 def _call(e: Any, name: str, default: Any = None) -> Any:

@@ -36,6 +36,7 @@ from tscope_callbacks.capture import region as _session
 from tscope_callbacks.capture.attribute import attribute
 from tscope_callbacks.capture.paths import Selection
 from tscope_callbacks.formulas import DEFAULT_REGISTRY, FormulaRegistry
+from tscope_callbacks.formulas.apply import value_dependent
 from tscope_callbacks.formulas.comm import collective_info
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
@@ -138,6 +139,9 @@ class Profile:
         self._cstate: Any = None  #: ``capture.compiled.CompiledState`` when compiled modules run compiled
         self._fused: dict[int, tuple] = {}  #: pending index -> the aten ops an Inductor kernel fused
         self._comm: dict[int, dict] = {}  #: pending index -> a collective's info (formulas.comm)
+        #: pending index -> (op, args, kwargs, out) of a value-dependent op on CUDA, counted at stop (reading its
+        #: values now would sync the host in the middle of the step; stop has synchronized anyway)
+        self._deferred: dict[int, tuple] = {}
         self._starts: dict[int, float] = {}  #: pending index -> start (s after the region start; CPU timing)
         self._op_t0 = 0  #: perf_counter_ns at the current op's start (set by the dispatch mode when timed)
         self._inputs: list | None = None  #: [shape, dtype] of the root module's tensor inputs (first call)
@@ -265,6 +269,7 @@ class Profile:
         self._pending = []
         self._fused = {}
         self._comm = {}
+        self._deferred = {}
         self._starts = {}
         self._seq_layer = {}
         self._hooked = set()
@@ -346,9 +351,13 @@ class Profile:
         phase, layer = attribute(self, args, seq, node)
         if self._collapsing:
             layer = self._collapse(layer)
-        c = self._counter.count(func, args, kwargs, out)
         i = len(self._pending)
-        if c.category == "comm":
+        if self._timeline is not None and value_dependent(func):
+            self._deferred[i] = (func, args, kwargs, out)
+            c = None
+        else:
+            c = self._counter.count(func, args, kwargs, out)
+        if c is not None and c.category == "comm":
             info = collective_info(func, args, kwargs, out)
             if info is not None:
                 self._comm[i] = info

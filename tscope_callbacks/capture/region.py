@@ -10,7 +10,6 @@ times, builds the layer records and the metadata, including the step-time basis 
 from __future__ import annotations
 
 import logging
-import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -20,13 +19,13 @@ from torch._C._autograd import _get_sequence_nr
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from tscope_callbacks.capture.compiled import PROVENANCE, CompiledState, is_compiled_wrapper, kernel_recorder
-from tscope_callbacks.capture.cuda_timing import PAUSED_RANGE, KernelTimeline, Timeline
+from tscope_callbacks.capture.cuda_timing import PAUSED_RANGE, KernelTimeline, Timeline, timed_call
 from tscope_callbacks.capture.eager import EagerStance
 from tscope_callbacks.capture.layers import LayerDetails, build_layers
 from tscope_callbacks.capture.memory import MemoryTracker
 from tscope_callbacks.capture.paths import clean_path
 from tscope_callbacks.capture.sharding import memory_categories
-from tscope_callbacks.formulas.apply import CountCache
+from tscope_callbacks.formulas.apply import CountCache, count_op
 from tscope_callbacks.formulas.bytes import fresh_outputs, op_plan
 from tscope_callbacks.formulas.registry import FormulaRegistry
 from tscope_callbacks.records import OpRecord, StepProfile
@@ -189,7 +188,6 @@ def _mode_for(p: Profile) -> Any:
 
 
 _current_node = torch._C._current_autograd_node
-_perf_ns = time.perf_counter_ns
 
 
 class _SkipOps(dict):
@@ -253,21 +251,7 @@ class _Mode(TorchDispatchMode):
             return func(*args, **kwargs)
         seq = _get_sequence_nr()
         node = _current_node()
-        tl = p._timeline
-        if tl is not None:
-            h = tl.enter(f"tscope#{len(p._pending)}")
-            try:
-                out = func(*args, **kwargs)
-            finally:
-                tl.exit(h)
-            dt = None
-        elif p._timed:
-            t0 = p._op_t0 = _perf_ns()
-            out = func(*args, **kwargs)
-            dt = (_perf_ns() - t0) * 1e-9
-        else:
-            out = func(*args, **kwargs)
-            dt = None
+        out, dt = timed_call(p, func, args, kwargs)
         try:
             p._record(func, args, kwargs, out, dt, seq, node)
         except Exception as e:  # our bookkeeping must never break the user's op
@@ -346,6 +330,9 @@ def step_time(ops: list[OpRecord], wall: float | None, timeline: Timeline | None
 
 
 def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> StepProfile:
+    for i, (func, args, kwargs, out) in p._deferred.items():  # value-dependent ops on CUDA: counted now, synced
+        f, _, layer, phase, dt = p._pending[i]
+        p._pending[i] = (f, count_op(func, args, kwargs, out, p.registry), layer, phase, dt)
     if p._cstate is not None:
         p._cstate.resolve(p._pending)
     times = timeline.times if timeline is not None else None

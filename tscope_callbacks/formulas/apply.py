@@ -265,7 +265,8 @@ VALUE_DEPENDENT = frozenset({"aten.embedding"})
 _VALUE_DEP: dict[Any, bool] = {}
 
 
-def _value_dependent(func: Any) -> bool:
+def value_dependent(func: Any) -> bool:
+    """Whether ``func``'s count depends on tensor values (:data:`VALUE_DEPENDENT`), not only on shapes."""
     hit = _VALUE_DEP.get(func)
     if hit is None:
         name = f"{getattr(func, 'namespace', '')}.{getattr(func, '_opname', '')}"
@@ -293,7 +294,7 @@ class CountCache:
         self.hits = self.misses = 0
 
     def count(self, func: Any, args: tuple, kwargs: dict | None, out: Any) -> OpCount:
-        key = _UNCACHEABLE if _value_dependent(func) else _signature(func, args, kwargs, out)
+        key = _UNCACHEABLE if value_dependent(func) else _signature(func, args, kwargs, out)
         if key is not _UNCACHEABLE:
             hit = self.memo.get(key)
             if hit is not None:

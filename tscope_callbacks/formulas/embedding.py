@@ -4,8 +4,9 @@ FLOPs: the forward gather is 0 FLOPs; a bag's sum/mean/max costs 1 per gathered 
 per_sample_weights); the dense backward scatter-adds 1 FLOP per grad_output element.
 Bytes (override of the generic rule): a gather reads the indices and the *distinct* rows it gathers -- never the
 whole table, and a row looked up 32 times is read once (the ideal lower bound; caches serve the repeats) -- and
-writes its output. Distinct rows are counted from the index values (one ``unique`` per lookup; on ``meta`` the
-values are unknown and every lookup counts). The dense backward writes the whole (dense) grad table, as it
+writes its output. Distinct rows are counted from the index values (one ``unique`` per lookup; the capture takes
+this count at stop on CUDA, so no host sync happens mid-step; on ``meta`` the values are unknown and every lookup
+counts). The dense backward writes the whole (dense) grad table, as it
 materialises it.
 """
 
