@@ -184,3 +184,32 @@ def test_step_time_basis_is_never_the_slowed_wall_time():
     rep2 = ts.roofline(p2.result, ts.DeviceSpec(name="t", flops={"fp32": 1e11}, bandwidth=1e10))
     assert rep2.measured_step_s == 0.5 and rep2.step_time_source == "unprofiled-median"
     assert rep2.mfu == pytest.approx(p2.result.model_flops / 0.5 / 1e11)
+
+
+def test_saved_tensor_walk_survives_fresh_node_wrappers():
+    """``next_functions`` hands out a fresh Python wrapper per access (as torch does for C++ nodes); a wrapper
+    freed during the walk lets the next one reuse its id. Seen on an H100, the walk of GPT-2's graph stopped after 3
+    nodes and every layer's saved_bytes read 0. Here a chain of 200 nodes, each saving a 4-float tensor under its
+    own layer: every one is reached."""
+    from tscope_callbacks.capture.memory import MemoryTracker
+
+    saved = [torch.zeros(4) for _ in range(200)]
+
+    class Wrapper:  # a fresh object per access, like torch's wrappers of C++ autograd nodes
+        __slots__ = ("i",)
+
+        def __init__(self, i):
+            self.i = i
+
+        @property
+        def _saved_self(self):
+            return saved[self.i]
+
+        @property
+        def next_functions(self):
+            return ((Wrapper(self.i + 1), 0),) if self.i + 1 < len(saved) else ()
+
+    mem = MemoryTracker(torch.device("cpu"))
+    mem.walk_saved(Wrapper(0), lambda node: f"layer{node.i}")
+    assert len(mem.saved) == 200
+    assert sum(sum(v.values()) for v in mem.saved.values()) >= 200 * 16  # 4 float32 each (rounded up per block)

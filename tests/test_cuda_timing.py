@@ -34,6 +34,7 @@ class Ev:
     _end: int = 0
     _stream: int = 7
     _annotation: bool = False
+    _thread: int = 1
 
     def name(self): return self._name  # noqa: E704
     def device_type(self): return self._dev  # noqa: E704
@@ -45,6 +46,7 @@ class Ev:
     def device_resource_id(self): return self._stream  # noqa: E704
     def device_index(self): return 0  # noqa: E704
     def is_user_annotation(self): return self._annotation  # noqa: E704
+    def start_thread_id(self): return self._thread  # noqa: E704
 
 
 def _range(i, corr):
@@ -71,6 +73,54 @@ def test_kernels_are_assigned_to_the_op_whose_range_launched_them():
     assert [k.op for k in tl.kernels] == [0, 0, 2, None]
     assert tl.busy_s == pytest.approx((40 + 2.5 + 3 + 1) * 1e-6)  # every kernel of the region counts as busy
     assert tl.span_s == pytest.approx(60e-6)
+
+
+def test_torch_2_11_links_kernels_through_their_launch_call():
+    """Recorded on an H100 (torch 2.11, CUDA 13): with only USER_SCOPE ranges recorded every
+    ``linked_correlation_id`` is 0; a kernel shares its ``correlation_id`` with the runtime call that launched it,
+    and that call ran inside our range. 'Activity Buffer Request' reuses range 0's id 1 and is not a launch."""
+    t0 = 1795411223765041706
+    events = [
+        Ev("tscope#0", CPU, _corr=1, _start=t0, _end=t0 + 2592679),
+        Ev("Activity Buffer Request", CPU, _corr=1, _start=t0 + 201062, _end=t0 + 2457723),
+        Ev("cudaLaunchKernelExC", CPU, _corr=11, _start=t0 + 2460478, _end=t0 + 2512553),
+        Ev("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8", CUDA, _corr=11, _start=t0 + 2506849,
+           _end=t0 + 2563426),
+        Ev("tscope#0", CUDA, _corr=1, _start=t0 + 2506849, _end=t0 + 2563426, _annotation=True),
+        Ev("tscope#1", CPU, _corr=2, _start=t0 + 2609122, _end=t0 + 28557578),
+        Ev("cudaLaunchKernel", CPU, _corr=24, _start=t0 + 25302412, _end=t0 + 28485460),
+        Ev("void at::native::vectorized_elementwise_kernel<4>", CUDA, _corr=24, _start=t0 + 28479058,
+           _end=t0 + 28481810),
+        Ev("cudaDeviceSynchronize", CPU, _corr=30, _start=t0 + 28641115, _end=t0 + 28659211),
+    ]
+    tl = assign_kernels(events, 2)
+    assert [k.op for k in tl.kernels] == [0, 1]
+    assert tl.times == [pytest.approx(56577e-9), pytest.approx(2752e-9)]
+    assert tl.tensor_core == [False, False]  # an FP32 SIMT GEMM (TF32 off) and an elementwise kernel
+
+
+def test_launches_are_matched_on_their_own_thread():
+    """Recorded on an H100: a backward range on the autograd device thread reads start_thread_id 2, the runtime
+    calls it makes read 1 (as do the main thread's); both carry the system thread id (446) in device_resource_id.
+    Here op 0's range [0, 100) runs on thread 446 while op 1's [50, 80) runs on the main thread 425."""
+    events = [
+        Ev("tscope#0", CPU, _corr=1, _start=0, _end=100, _thread=2, _stream=446),
+        Ev("tscope#1", CPU, _corr=2, _start=50, _end=80, _thread=1, _stream=425),
+        Ev("cudaLaunchKernel", CPU, _corr=7, _start=60, _end=61, _thread=1, _stream=446),
+        Ev("cuLaunchKernel", CPU, _corr=8, _start=70, _end=71, _thread=1, _stream=425),
+        Ev("cudaMemsetAsync", CPU, _corr=9, _start=90, _end=91, _thread=1, _stream=425),  # after op 1's range
+        Ev(PAUSED_RANGE, CPU, _corr=3, _start=200, _end=300, _thread=1, _stream=425),
+        Ev("cudaLaunchKernel", CPU, _corr=10, _start=250, _end=251, _thread=1, _stream=425),  # tscope's own check
+        Ev("nvjet_sm90_tst_128x64", CUDA, _corr=7, _start=1000, _end=2000),
+        Ev("reduce_kernel", CUDA, _corr=8, _start=2000, _end=2500),
+        Ev("Memset (Device)", CUDA, _corr=9, _start=2600, _end=2700),
+        Ev("aminmax_kernel", CUDA, _corr=10, _start=3000, _end=3100),
+    ]
+    tl = assign_kernels(events, 2)
+    assert [(k.name, k.op) for k in tl.kernels] == [("nvjet_sm90_tst_128x64", 0), ("reduce_kernel", 1),
+                                                    ("Memset (Device)", None)]
+    assert tl.tensor_core == [True, False]
+    assert tl.kernels[0].stream == 7  # device events keep their stream in device_resource_id
 
 
 def test_tscope_own_kernels_are_left_out():
@@ -205,3 +255,15 @@ def test_value_dependent_counts_wait_for_the_stop(fake_cuda, monkeypatch):
     assert seen == [False]  # one read, after the region
     (r,) = [r for r in prof.ops if r.op == "aten.embedding"]
     assert r.bytes_read == 32 * 8 + 128 * 4  # indices + the one distinct row
+
+
+def test_cupti_note_is_given_once_and_only_when_teardown_is_unset(monkeypatch):
+    import tscope_callbacks.capture.cuda_timing as ct
+
+    monkeypatch.setattr(ct, "_noted", False)
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")  # the user chose: no notice
+    assert ct.cupti_teardown_note() is None
+    monkeypatch.delenv("TEARDOWN_CUPTI")
+    note = ct.cupti_teardown_note()
+    assert note is not None and "TEARDOWN_CUPTI=1" in note and "1.27" in note
+    assert ct.cupti_teardown_note() is None  # once per process

@@ -15,6 +15,8 @@ tested with fakes and with the real H100 kernel names recorded in ``tests/data/h
 
 from __future__ import annotations
 
+import bisect
+import os
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -24,7 +26,7 @@ from typing import Any
 import torch
 
 __all__ = ["RANGE_PREFIX", "PAUSED_RANGE", "KernelRecord", "Timeline", "KernelTimeline", "assign_kernels",
-           "is_tensor_core_kernel", "union_s", "timed_call"]
+           "is_tensor_core_kernel", "union_s", "timed_call", "CUPTI_NOTE", "cupti_teardown_note"]
 
 RANGE_PREFIX = "tscope#"
 PAUSED_RANGE = "tscope#paused"
@@ -149,42 +151,60 @@ def _call(e: Any, name: str, default: Any = None) -> Any:
     return f() if callable(f) else default
 
 
+_RUNTIME = re.compile(r"^(cuda|cu[A-Z]|hip)")  # CUDA runtime/driver (HIP) API calls: the host side of a launch
+
+
 def assign_kernels(events: Sequence[Any], n_ops: int) -> Timeline:
     """Per-op device times, tensor-core flags and the kernel list from profiler events (``_KinetoEvent``-like).
 
-    CPU events named ``tscope#<i>`` are op i's range (its ``correlation_id``); device events link to the range
-    that launched them through ``linked_correlation_id``. Device events of ``tscope#paused`` ranges (tscope's own
-    work) and Kineto's GPU-side copies of user annotations are dropped.
+    CPU events named ``tscope#<i>`` are op i's range. A device event belongs to the range that launched it:
+    where the profiler links it (``linked_correlation_id``, older torch), that range; otherwise (torch 2.11 with
+    only USER_SCOPE recorded: every link is 0, as recorded on an H100) through its launch, the runtime API event
+    (``cudaLaunchKernel``, ``cuLaunchKernel``, ``cudaMemcpyAsync``, ...) with the same ``correlation_id``, which ran
+    inside one of our ranges on the same host thread. Backward ops run on the autograd engine's device thread, so
+    threads matter; a CPU event's ``device_resource_id`` is its system thread id for ranges and runtime calls alike
+    (``start_thread_id`` is not: torch numbers its threads 1, 2, ... while CUPTI's runtime records all read 1). Device
+    events of ``tscope#paused`` ranges (tscope's own work) and Kineto's GPU-side copies of user annotations are
+    dropped.
     """
     cpu = torch.autograd.DeviceType.CPU
-    ranges: dict[int, int] = {}
-    paused: set[int] = set()
+    ranges: dict[int, int] = {}  # range correlation id -> op index (-1: paused)
+    spans: dict[int, list[tuple[int, int, int]]] = {}  # host thread -> [(start, end, op index or -1)]
+    launches: list[tuple[int, int, int]] = []  # (thread, start, correlation id) of runtime API calls
     device_events = []
     for e in events:
         name = e.name()
         if e.device_type() == cpu:
             if name.startswith(RANGE_PREFIX):
                 if name == PAUSED_RANGE:
-                    paused.add(e.correlation_id())
-                    continue
-                try:
-                    idx = int(name[len(RANGE_PREFIX):])
-                except ValueError:
-                    continue
-                if 0 <= idx < n_ops:
-                    ranges[e.correlation_id()] = idx
+                    idx = -1
+                else:
+                    try:
+                        idx = int(name[len(RANGE_PREFIX):])
+                    except ValueError:
+                        continue
+                    if not 0 <= idx < n_ops:
+                        continue
+                ranges[e.correlation_id()] = idx
+                start = int(e.start_ns())
+                end = int(_call(e, "end_ns", 0) or start + int(e.duration_ns()))
+                spans.setdefault(_host_thread(e), []).append((start, end, idx))
+            elif _RUNTIME.match(name):
+                launches.append((_host_thread(e), int(e.start_ns()), e.correlation_id()))
         elif not name.startswith(RANGE_PREFIX) and not _call(e, "is_user_annotation", False):
             device_events.append(e)
+    launched_in = _enclosing_ranges(spans, launches)
     times: list[float | None] = [None] * n_ops
     for idx in ranges.values():
-        times[idx] = 0.0
+        if idx >= 0:
+            times[idx] = 0.0
     tc: list[bool | None] = [None] * n_ops
     kernels = []
     for e in device_events:
         link = e.linked_correlation_id()
-        if link in paused:
+        idx = ranges.get(link) if link else launched_in.get(e.correlation_id())
+        if idx == -1:
             continue
-        idx = ranges.get(link)
         start = int(e.start_ns())
         end = int(_call(e, "end_ns", 0) or start + int(e.duration_ns()))
         kernels.append(KernelRecord(e.name(), start, end, int(_call(e, "device_resource_id", 0) or 0),
@@ -193,6 +213,52 @@ def assign_kernels(events: Sequence[Any], n_ops: int) -> Timeline:
             times[idx] = (times[idx] or 0.0) + (end - start) * 1e-9
             tc[idx] = bool(tc[idx]) or is_tensor_core_kernel(e.name())
     return Timeline(times, tc, kernels)
+
+
+def _host_thread(e: Any) -> int:
+    return int(_call(e, "device_resource_id", 0) or 0)
+
+
+def _enclosing_ranges(spans: dict[int, list[tuple[int, int, int]]],
+                      launches: list[tuple[int, int, int]]) -> dict[int, int]:
+    """Runtime correlation id -> index of the innermost range on the same thread whose interval holds the call."""
+    starts: dict[int, list[int]] = {}
+    for tid, lst in spans.items():
+        lst.sort()
+        starts[tid] = [s for s, _, _ in lst]
+    out: dict[int, int] = {}
+    for tid, t, corr in launches:
+        lst = spans.get(tid)
+        if not lst:
+            continue
+        j = bisect.bisect_right(starts[tid], t) - 1
+        while j >= 0:  # ranges do not nest in practice; walk back past any that ended before the call
+            s, e, idx = lst[j]
+            if t <= e:
+                out[corr] = idx
+                break
+            j -= 1
+            if j >= 0 and lst[j][1] < s:  # earlier ranges end before this one starts: none can hold t
+                break
+    return out
+
+
+CUPTI_NOTE = ("torch's profiler (Kineto) leaves CUPTI attached after a capture unless TEARDOWN_CUPTI=1 is in the "
+              "environment before torch is imported, and every later kernel launch pays for it: on an H100 a "
+              "host-bound training step ran 1.27-1.29x slower after two captures (1.02x with TEARDOWN_CUPTI=1 "
+              "exported). Launch-bound runs (small models, torch.compile) should export TEARDOWN_CUPTI=1; setting "
+              "it from Python after torch is imported was measured to have no effect.")
+_noted = False
+
+
+def cupti_teardown_note() -> str | None:
+    """The once-per-process notice about CUPTI staying attached after a capture (``CUPTI_NOTE``), or None when
+    ``TEARDOWN_CUPTI`` is set (the user chose) or the notice was already given."""
+    global _noted
+    if _noted or "TEARDOWN_CUPTI" in os.environ:
+        return None
+    _noted = True
+    return CUPTI_NOTE
 
 
 class KernelTimeline:

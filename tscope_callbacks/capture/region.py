@@ -19,7 +19,13 @@ from torch._C._autograd import _get_sequence_nr
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from tscope_callbacks.capture.compiled import PROVENANCE, CompiledState, is_compiled_wrapper, kernel_recorder
-from tscope_callbacks.capture.cuda_timing import PAUSED_RANGE, KernelTimeline, Timeline, timed_call
+from tscope_callbacks.capture.cuda_timing import (
+    PAUSED_RANGE,
+    KernelTimeline,
+    Timeline,
+    cupti_teardown_note,
+    timed_call,
+)
 from tscope_callbacks.capture.eager import EagerStance
 from tscope_callbacks.capture.layers import LayerDetails, build_layers
 from tscope_callbacks.capture.memory import MemoryTracker
@@ -159,6 +165,9 @@ def install(p: Profile) -> Installed:
         torch.cuda.synchronize()
         p._timeline = KernelTimeline()
         p._timeline.start()
+        note = cupti_teardown_note()
+        if note is not None:
+            log.warning("tscope: %s", note)
     if p._cstate is not None:
         p._cstate.map_parameters(model, lambda path: p._collapse(clean_path(path)))
         p._cstate.wrap(kernel_recorder(p, p._cstate))
