@@ -11,6 +11,7 @@ from formula_utils import count, one
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
+import tscope_callbacks as ts
 from tscope_callbacks.formulas import DEFAULT_REGISTRY
 from tscope_callbacks.formulas.attention import attended_pairs
 
@@ -214,3 +215,37 @@ def test_model_and_full_square_conventions_for_mfu():
     assert model_flops(prof.result) == other + 26112 + 52224 == prof.result.model_flops
     assert model_flops(prof.result, "full") == other + 49152 + 98304
     assert prof.result.total_flops == other + 26112 + 65280  # hardware (HFU, achieved TFLOP/s)
+
+
+def test_explicit_causal_mask_counts_the_same_model_flops_as_is_causal():
+    """A causal mask passed as a tensor (bool, or HF's additive finfo.min mask) gives the model count of
+    ``is_causal``: the pairs the mask lets through; the hardware count stays the full square (a dense mask skips
+    no work).
+    B=2, H=4, L=64, d=16: P = 64*65/2 = 2080 attended pairs; forward model = B*H*P*2*(d+d) = 8*2080*64 = 1,064,960;
+    backward model = 2x forward = 2,129,920; full square: forward 8*4096*64 = 2,097,152."""
+    b, h, n, d = 2, 4, 64, 16
+    q = torch.randn(b, h, n, d, requires_grad=True)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    hf_mask = torch.zeros(n, n).masked_fill(~causal, torch.finfo(torch.float32).min)  # HF's additive mask
+    anchor = torch.nn.Linear(1, 1)
+    got = {}
+    for name, kw in (("is_causal", {"is_causal": True}), ("bool", {"attn_mask": causal}),
+                     ("float", {"attn_mask": hf_mask})):
+        with ts.profile(anchor) as p:
+            F.scaled_dot_product_attention(q, q, q, **kw).sum().backward()
+        got[name] = [(r.phase, r.flops_model if r.flops_model is not None else r.flops, r.flops)
+                     for r in p.ops if r.category == "attention"]
+    assert [m for _, m, _ in got["is_causal"]] == [1_064_960, 2_129_920]
+    assert [m for _, m, _ in got["bool"]] == [m for _, m, _ in got["float"]] == [1_064_960, 2_129_920]
+    assert got["bool"][0][2] == 2_097_152  # hardware: the kernel runs the full square
+
+
+def test_mask_fraction_reads_values_and_skips_meta():
+    from tscope_callbacks.formulas.attention import mask_fraction, masked_counts
+
+    m = torch.ones(4, 4, dtype=torch.bool).tril()  # 10 of 16
+    assert mask_fraction(m) == pytest.approx(10 / 16)
+    assert mask_fraction(torch.zeros(2, 1, 4, 4)) == 1.0  # an all-zero additive mask lets every pair through
+    assert mask_fraction(torch.empty(4, 4, device="meta")) is None
+    assert masked_counts(1000, None, None) == (1000, None)
+    assert masked_counts(1000, None, 0.5) == (500, 1000)

@@ -37,6 +37,7 @@ from tscope_callbacks.capture.attribute import attribute
 from tscope_callbacks.capture.paths import Selection
 from tscope_callbacks.formulas import DEFAULT_REGISTRY, FormulaRegistry
 from tscope_callbacks.formulas.apply import value_dependent
+from tscope_callbacks.formulas.attention import mask_argument
 from tscope_callbacks.formulas.comm import collective_info
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
@@ -142,6 +143,7 @@ class Profile:
         #: pending index -> (op, args, kwargs, out) of a value-dependent op on CUDA, counted at stop (reading its
         #: values now would sync the host in the middle of the step; stop has synchronized anyway)
         self._deferred: dict[int, tuple] = {}
+        self._masks: dict[int, Any] = {}  #: pending index -> the explicit mask of an attention call
         self._starts: dict[int, float] = {}  #: pending index -> start (s after the region start; CPU timing)
         self._op_t0 = 0  #: perf_counter_ns at the current op's start (set by the dispatch mode when timed)
         self._inputs: list | None = None  #: [shape, dtype] of the root module's tensor inputs (first call)
@@ -270,6 +272,7 @@ class Profile:
         self._fused = {}
         self._comm = {}
         self._deferred = {}
+        self._masks = {}
         self._starts = {}
         self._seq_layer = {}
         self._hooked = set()
@@ -357,6 +360,10 @@ class Profile:
             c = None
         else:
             c = self._counter.count(func, args, kwargs, out)
+        if c is not None and c.category == "attention":
+            mask = mask_argument(getattr(func, "_opname", ""), args, kwargs)
+            if mask is not None:
+                self._masks[i] = mask  # its values are read once at stop (no sync mid-step)
         if c is not None and c.category == "comm":
             info = collective_info(func, args, kwargs, out)
             if info is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,6 +33,7 @@ from tscope_callbacks.capture.memory import MemoryTracker
 from tscope_callbacks.capture.paths import clean_path
 from tscope_callbacks.capture.sharding import memory_categories
 from tscope_callbacks.formulas.apply import CountCache, count_op
+from tscope_callbacks.formulas.attention import mask_fraction, masked_counts
 from tscope_callbacks.formulas.bytes import fresh_outputs, op_plan
 from tscope_callbacks.formulas.registry import FormulaRegistry
 from tscope_callbacks.records import OpRecord, StepProfile
@@ -344,6 +346,13 @@ def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> S
         p._pending[i] = (f, count_op(func, args, kwargs, out, p.registry), layer, phase, dt)
     if p._cstate is not None:
         p._cstate.resolve(p._pending)
+    fractions: dict[int, float | None] = {}  # per mask storage: read once
+    for i, mask in p._masks.items():
+        key = (mask.untyped_storage()._cdata, mask.storage_offset(), tuple(mask.shape))
+        frac = fractions[key] if key in fractions else fractions.setdefault(key, mask_fraction(mask))
+        f, c, layer, phase, dt = p._pending[i]
+        model, dense = masked_counts(c.flops if c.flops_model is None else c.flops_model, c.flops_dense, frac)
+        p._pending[i] = (f, replace(c, flops_model=model, flops_dense=dense), layer, phase, dt)
     times = timeline.times if timeline is not None else None
     tcs = timeline.tensor_core if timeline is not None else None
     starts = timeline.starts if timeline is not None else None

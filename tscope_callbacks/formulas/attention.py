@@ -7,7 +7,11 @@ actually attends (softmax/scale/mask work is not counted, as in ``torch.utils.fl
 summed over batch and *query* heads (GQA: key/value heads are broadcast, so the work follows the query heads).
 
 Convention for P, the attended (query, key) pairs per (batch, head), exact rather than "half":
-    no mask / arbitrary attn_mask      P = L_q * S_k (a dense mask does not skip work)
+    no mask / arbitrary attn_mask      P = L_q * S_k for the hardware count (a dense mask does not skip work);
+                                         the model count (MFU) takes the pairs the mask lets through, read
+                                         from its values once per mask at the end of a capture (``mask_fraction``):
+                                         a causal mask passed as a tensor counts as ``is_causal`` does, so MFU
+                                         does not depend on how a model spells its mask
     is_causal, top-left alignment      P = sum_{i<L_q} min(i + 1, S_k)        (PyTorch SDPA semantics: row i
                                          attends keys 0..i; = L(L+1)/2 when L_q == S_k == L)
     causal, bottom-right alignment     P = sum_{i<L_q} clamp(i + 1 + S_k - L_q, 0, S_k)
@@ -30,9 +34,13 @@ equal). The mem-efficient kernel's ``window_size`` is not modelled.
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+
 from tscope_callbacks.formulas.common import reg
 
-__all__ = ["AttentionFlops", "attended_pairs", "attention_flops"]
+__all__ = ["AttentionFlops", "attended_pairs", "attention_flops", "mask_argument", "mask_fraction", "masked_counts"]
 
 
 class AttentionFlops(int):
@@ -217,3 +225,48 @@ reg(["_efficient_attention_forward"], "attention", _efficient_fwd)
 reg(["_efficient_attention_backward"], "attention", _efficient_bwd)
 reg(["_cudnn_attention_forward"], "attention", _cudnn_fwd)
 reg(["_cudnn_attention_backward"], "attention", _cudnn_bwd)
+
+
+#: op name -> position of its ``attn_bias`` / mask argument (the ops that take an explicit mask)
+_MASK_ARG = {
+    "_scaled_dot_product_efficient_attention": 3, "_scaled_dot_product_cudnn_attention": 3,
+    "_scaled_dot_product_fused_attention_overrideable": 3, "_efficient_attention_forward": 3,
+    "_scaled_dot_product_efficient_attention_backward": 4, "_efficient_attention_backward": 4,
+    "_scaled_dot_product_cudnn_attention_backward": 8, "_scaled_dot_product_fused_attention_overrideable_backward": 4,
+    "_scaled_dot_product_flash_attention_for_cpu": None, "_scaled_dot_product_flash_attention_for_cpu_backward": None,
+}  # None: keyword-only ``attn_mask``
+
+
+def mask_argument(op_name: str, args: tuple, kwargs: dict | None = None) -> Any:
+    """The explicit mask tensor of an attention op call (``op_name`` without namespace or overload), else None."""
+    if op_name not in _MASK_ARG:
+        return None
+    i, kw = _MASK_ARG[op_name], kwargs or {}
+    m = args[i] if i is not None and len(args) > i else kw.get("attn_mask", kw.get("attn_bias", kw.get("bias")))
+    return m if isinstance(m, torch.Tensor) and m.dim() >= 2 else None
+
+
+def mask_fraction(mask: torch.Tensor) -> float | None:
+    """Share of (query, key) pairs a mask lets through: True entries of a boolean mask; entries of an additive
+    float mask above half its dtype's lowest value (masked entries are -inf or ``finfo.min``, HF's choice). Reads
+    values (one reduction; a device sync on a GPU). None for meta/fake tensors or an empty mask. Broadcasting
+    repeats the mask uniformly, so the share over the mask's own shape is the share over the full score matrix."""
+    if mask.device.type == "meta" or mask.numel() == 0:
+        return None
+    try:
+        with torch.no_grad():
+            if mask.dtype == torch.bool:
+                kept = mask.sum()
+            else:
+                kept = (mask > torch.finfo(mask.dtype).min / 2).sum()
+            return float(kept.item()) / mask.numel()
+    except (RuntimeError, TypeError, NotImplementedError):
+        return None
+
+
+def masked_counts(flops_model: int, flops_dense: int | None, fraction: float | None) -> tuple[int, int | None]:
+    """(model FLOPs, dense FLOPs) of a masked attention call: the model count scaled to the pairs the mask lets
+    through, the full square kept as the dense convention."""
+    if fraction is None:
+        return flops_model, flops_dense
+    return int(round(flops_model * fraction)), (flops_dense if flops_dense is not None else flops_model)
