@@ -85,6 +85,14 @@ def measure(runs: int, smoke: bool) -> tuple[str, bool]:
               f"- compiled vs eager (op time of the two profiles): {rc.totals.measured_s * 1e3:.2f} ms vs "
               f"{re_.totals.measured_s * 1e3:.2f} ms; headline MFU compiled {rc.mfu or 0:.1%} "
               f"({rc.step_time_source})"]
+    by_cat: dict[str, list[float]] = {}
+    for i, prof in enumerate((pe, pc)):
+        for r in prof.ops:
+            key = f"{r.phase} {r.category}"
+            by_cat.setdefault(key, [0.0, 0.0])[i] += r.flops if r.flops_model is None else r.flops_model
+    lines += ["", "Model FLOPs per phase and category (GFLOP):", "", "| phase, category | eager profile | "
+              "compiled profile |", "|---|---:|---:|"]
+    lines += [f"| {c} | {e / 1e9:.3f} | {k / 1e9:.3f} |" for c, (e, k) in sorted(by_cat.items()) if e or k]
     return "\n".join(lines), ok_speed and ok_graphs and ok_flops
 
 
