@@ -60,7 +60,7 @@ def measure(runs: int, smoke: bool) -> tuple[str, bool]:
     rc, re_ = ts.roofline(pc.result, spec), ts.roofline(pe.result, spec)
     kernel_s = sum(r.time_s or 0.0 for r in pc.ops)
     busy = pc.meta.get("device_busy_s") or pc.meta.get("step_time_s") or 0.0
-    fl = lambda p: sum(r.flops if r.flops_model is None else r.flops_model for r in p.ops)  # noqa: E731
+    fl = lambda p: sum(r.model_flops for r in p.ops)  # noqa: E731
     flops_ratio = fl(pc) / fl(pe) if fl(pe) else float("nan")
     plain = times["compiled step"]
     lines = [f"# Profiling a compiled step ({torch.cuda.get_device_name() if cuda else 'CPU smoke run'}, torch "
@@ -89,7 +89,7 @@ def measure(runs: int, smoke: bool) -> tuple[str, bool]:
     for i, prof in enumerate((pe, pc)):
         for r in prof.ops:
             key = f"{r.phase} {r.category}"
-            by_cat.setdefault(key, [0.0, 0.0])[i] += r.flops if r.flops_model is None else r.flops_model
+            by_cat.setdefault(key, [0.0, 0.0])[i] += r.model_flops
     lines += ["", "Model FLOPs per phase and category (GFLOP):", "", "| phase, category | eager profile | "
               "compiled profile |", "|---|---:|---:|"]
     lines += [f"| {c} | {e / 1e9:.3f} | {k / 1e9:.3f} |" for c, (e, k) in sorted(by_cat.items()) if e or k]

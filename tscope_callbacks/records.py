@@ -67,6 +67,11 @@ class OpRecord:
     def bytes(self) -> int:
         return self.bytes_read + self.bytes_written
 
+    @property
+    def model_flops(self) -> int:
+        """What MFU counts for this op: ``flops_model`` where it differs from ``flops``, else ``flops``."""
+        return self.flops if self.flops_model is None else self.flops_model
+
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
@@ -196,7 +201,7 @@ class StepProfile:
     def model_flops(self) -> int:
         """Model FLOPs (what MFU counts): without the ``recompute`` phase, attention backward as 2x its forward
         (the kernels' recomputed scores are hardware work, not model work)."""
-        return sum(r.flops if r.flops_model is None else r.flops_model for r in self.ops if r.phase != "recompute")
+        return sum(r.model_flops for r in self.ops if r.phase != "recompute")
 
     @property
     def total_bytes(self) -> int:

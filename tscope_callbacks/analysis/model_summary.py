@@ -20,10 +20,6 @@ from tscope_callbacks.records import MATRIX_CATEGORIES
 __all__ = ["model_summary", "summary_scalars"]
 
 
-def _model_flops(r: Any) -> int:
-    return r.flops if r.flops_model is None else r.flops_model
-
-
 def model_summary(report: Any) -> dict[str, Any]:
     """The summary of a report (``RooflineAnalysis``) and its layer records; JSON-safe."""
     root = report.layer_records.get("") if report.layer_records else None
@@ -33,9 +29,9 @@ def model_summary(report: Any) -> dict[str, Any]:
         "params": getattr(root, "num_parameters", None), "params_trainable": getattr(root, "num_trainable_parameters",
                                                                                        None),
         "size_mb": (root.param_bytes / 2**20) if root is not None else None,
-        "flops_forward": sum(_model_flops(r) for r in fwd), "flops_step": report.model_flops,
-        "macs_forward": sum(_model_flops(r) for r in fwd if r.category in MATRIX_CATEGORIES) // 2,
-        "macs_step": sum(_model_flops(r) for r in ops if r.category in MATRIX_CATEGORIES) // 2,
+        "flops_forward": sum(r.model_flops for r in fwd), "flops_step": report.model_flops,
+        "macs_forward": sum(r.model_flops for r in fwd if r.category in MATRIX_CATEGORIES) // 2,
+        "macs_step": sum(r.model_flops for r in ops if r.category in MATRIX_CATEGORIES) // 2,
     }
     peak, saved = getattr(root, "peak_fwd_bytes", 0) or 0, getattr(root, "saved_bytes", 0) or 0
     if peak:

@@ -195,8 +195,7 @@ class RooflineAnalysis:
         self.recompute_flops = sum(o.flops for o in ops if o.record.phase == "recompute")
         self.hardware_flops = t.flops
         #: MFU's FLOPs: no activation-checkpointing recompute, attention backward as 2x its forward
-        self.model_flops = sum(o.flops if o.record.flops_model is None else o.record.flops_model
-                               for o in ops if o.record.phase != "recompute")
+        self.model_flops = sum(o.record.model_flops for o in ops if o.record.phase != "recompute")
         self.mfu = _div(_div(self.model_flops, step), self.mfu_peak_flops)  #: model FLOPs utilization
         self.hfu = _div(_div(self.hardware_flops, step), self.mfu_peak_flops)  #: hardware FLOPs utilization
         self.mbu = _div(_div(t.bytes, step), self.bandwidth)

@@ -186,11 +186,9 @@ def assign_kernels(events: Sequence[Any], n_ops: int) -> Timeline:
                     if not 0 <= idx < n_ops:
                         continue
                 ranges[e.correlation_id()] = idx
-                start = int(e.start_ns())
-                end = int(_call(e, "end_ns", 0) or start + int(e.duration_ns()))
-                spans.setdefault(_host_thread(e), []).append((start, end, idx))
+                spans.setdefault(_resource(e), []).append((*_interval(e), idx))
             elif _RUNTIME.match(name):
-                launches.append((_host_thread(e), int(e.start_ns()), e.correlation_id()))
+                launches.append((_resource(e), int(e.start_ns()), e.correlation_id()))
         elif not name.startswith(RANGE_PREFIX) and not _call(e, "is_user_annotation", False):
             device_events.append(e)
     launched_in = _enclosing_ranges(spans, launches)
@@ -205,17 +203,21 @@ def assign_kernels(events: Sequence[Any], n_ops: int) -> Timeline:
         idx = ranges.get(link) if link else launched_in.get(e.correlation_id())
         if idx == -1:
             continue
-        start = int(e.start_ns())
-        end = int(_call(e, "end_ns", 0) or start + int(e.duration_ns()))
-        kernels.append(KernelRecord(e.name(), start, end, int(_call(e, "device_resource_id", 0) or 0),
-                                    int(_call(e, "device_index", 0) or 0), idx))
+        start, end = _interval(e)
+        kernels.append(KernelRecord(e.name(), start, end, _resource(e), int(_call(e, "device_index", 0) or 0), idx))
         if idx is not None:
             times[idx] = (times[idx] or 0.0) + (end - start) * 1e-9
             tc[idx] = bool(tc[idx]) or is_tensor_core_kernel(e.name())
     return Timeline(times, tc, kernels)
 
 
-def _host_thread(e: Any) -> int:
+def _interval(e: Any) -> tuple[int, int]:
+    start = int(e.start_ns())
+    return start, int(_call(e, "end_ns", 0) or start + int(e.duration_ns()))
+
+
+def _resource(e: Any) -> int:
+    """``device_resource_id``: a device event's stream, a CPU event's system thread id."""
     return int(_call(e, "device_resource_id", 0) or 0)
 
 

@@ -346,10 +346,12 @@ def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> S
         p._pending[i] = (f, count_op(func, args, kwargs, out, p.registry), layer, phase, dt)
     if p._cstate is not None:
         p._cstate.resolve(p._pending)
-    fractions: dict[int, float | None] = {}  # per mask storage: read once
+    fractions: dict[tuple, float | None] = {}  # one read per mask (a model passes one mask to every layer)
     for i, mask in p._masks.items():
         key = (mask.untyped_storage()._cdata, mask.storage_offset(), tuple(mask.shape))
-        frac = fractions[key] if key in fractions else fractions.setdefault(key, mask_fraction(mask))
+        if key not in fractions:
+            fractions[key] = mask_fraction(mask)
+        frac = fractions[key]
         f, c, layer, phase, dt = p._pending[i]
         model, dense = masked_counts(c.flops if c.flops_model is None else c.flops_model, c.flops_dense, frac)
         p._pending[i] = (f, replace(c, flops_model=model, flops_dense=dense), layer, phase, dt)
