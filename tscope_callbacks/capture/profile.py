@@ -37,7 +37,7 @@ from tscope_callbacks.capture.attribute import attribute
 from tscope_callbacks.capture.paths import Selection
 from tscope_callbacks.formulas import DEFAULT_REGISTRY, FormulaRegistry
 from tscope_callbacks.formulas.apply import value_dependent
-from tscope_callbacks.formulas.attention import mask_argument
+from tscope_callbacks.formulas.attention import mask_argument, mask_kept
 from tscope_callbacks.formulas.comm import collective_info
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
@@ -143,7 +143,10 @@ class Profile:
         #: pending index -> (op, args, kwargs, out) of a value-dependent op on CUDA, counted at stop (reading its
         #: values now would sync the host in the middle of the step; stop has synchronized anyway)
         self._deferred: dict[int, tuple] = {}
-        self._masks: dict[int, Any] = {}  #: pending index -> the explicit mask of an attention call
+        #: pending index -> (pairs kept, mask entries) of an attention call with an explicit mask: the count is
+        #: taken on the device when the call runs (the mask's buffer may be reused later) and read at stop
+        self._masks: dict[int, tuple[Any, int]] = {}
+        self._kept: dict[tuple, tuple[Any, Any]] = {}  #: mask identity -> (mask, its kept count): one per mask
         self._starts: dict[int, float] = {}  #: pending index -> start (s after the region start; CPU timing)
         self._op_t0 = 0  #: perf_counter_ns at the current op's start (set by the dispatch mode when timed)
         self._inputs: list | None = None  #: [shape, dtype] of the root module's tensor inputs (first call)
@@ -273,6 +276,7 @@ class Profile:
         self._comm = {}
         self._deferred = {}
         self._masks = {}
+        self._kept = {}
         self._starts = {}
         self._seq_layer = {}
         self._hooked = set()
@@ -363,7 +367,7 @@ class Profile:
         if c is not None and c.category == "attention":
             mask = mask_argument(getattr(func, "_opname", ""), args, kwargs)
             if mask is not None:
-                self._masks[i] = mask  # its values are read once at stop (no sync mid-step)
+                self._masks[i] = (self._mask_kept(mask), mask.numel())
         if c is not None and c.category == "comm":
             info = collective_info(func, args, kwargs, out)
             if info is not None:
@@ -375,6 +379,21 @@ class Profile:
         if mem is not None:
             mem.add_outputs(_session.fresh(func, out))
             mem.op_done()
+
+    def _mask_kept(self, mask: torch.Tensor) -> Any:
+        """The pairs ``mask`` lets through, reduced on its device now (no sync; tscope's own kernel, not recorded),
+        once per mask: a model passes the same mask to every layer."""
+        try:
+            key = (id(mask), mask._version, mask.storage_offset(), tuple(mask.shape))
+        except (RuntimeError, NotImplementedError):  # inference tensors have no version counter
+            key = (id(mask), -1, mask.storage_offset(), tuple(mask.shape))
+        hit = self._kept.get(key)
+        if hit is not None and hit[0] is mask:
+            return hit[1]
+        with self._mute():
+            kept = mask_kept(mask)
+        self._kept[key] = (mask, kept)  # the mask is held so that its id is not reused within the region
+        return kept
 
     def _layer_of_node(self, node: Any) -> str | None:
         try:

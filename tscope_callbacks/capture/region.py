@@ -33,7 +33,7 @@ from tscope_callbacks.capture.memory import MemoryTracker
 from tscope_callbacks.capture.paths import clean_path
 from tscope_callbacks.capture.sharding import memory_categories
 from tscope_callbacks.formulas.apply import CountCache, count_op
-from tscope_callbacks.formulas.attention import mask_fraction, masked_counts
+from tscope_callbacks.formulas.attention import kept_share, masked_counts
 from tscope_callbacks.formulas.bytes import fresh_outputs, op_plan
 from tscope_callbacks.formulas.registry import FormulaRegistry
 from tscope_callbacks.records import OpRecord, StepProfile
@@ -346,14 +346,13 @@ def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> S
         p._pending[i] = (f, count_op(func, args, kwargs, out, p.registry), layer, phase, dt)
     if p._cstate is not None:
         p._cstate.resolve(p._pending)
-    fractions: dict[tuple, float | None] = {}  # one read per mask (a model passes one mask to every layer)
-    for i, mask in p._masks.items():
-        key = (mask.untyped_storage()._cdata, mask.storage_offset(), tuple(mask.shape))
-        if key not in fractions:
-            fractions[key] = mask_fraction(mask)
-        frac = fractions[key]
+    shares: dict[int, float | None] = {}  # one read per mask (a model passes one mask to every layer)
+    for i, (kept, numel) in p._masks.items():
+        if id(kept) not in shares:
+            shares[id(kept)] = kept_share(kept, numel)
         f, c, layer, phase, dt = p._pending[i]
-        model, dense = masked_counts(c.flops if c.flops_model is None else c.flops_model, c.flops_dense, frac)
+        model, dense = masked_counts(c.flops if c.flops_model is None else c.flops_model, c.flops_dense,
+                                     shares[id(kept)])
         p._pending[i] = (f, replace(c, flops_model=model, flops_dense=dense), layer, phase, dt)
     times = timeline.times if timeline is not None else None
     tcs = timeline.tensor_core if timeline is not None else None

@@ -246,22 +246,39 @@ def mask_argument(op_name: str, args: tuple, kwargs: dict | None = None) -> Any:
     return m if isinstance(m, torch.Tensor) and m.dim() >= 2 else None
 
 
-def mask_fraction(mask: torch.Tensor) -> float | None:
-    """Share of (query, key) pairs a mask lets through: True entries of a boolean mask; entries of an additive
-    float mask above half its dtype's lowest value (masked entries are -inf or ``finfo.min``, HF's choice). Reads
-    values (one reduction; a device sync on a GPU). None for meta/fake tensors or an empty mask. Broadcasting
-    repeats the mask uniformly, so the share over the mask's own shape is the share over the full score matrix."""
+def mask_kept(mask: torch.Tensor) -> torch.Tensor | None:
+    """The number of (query, key) pairs a mask lets through, as a 0-dim tensor on the mask's device (no host sync:
+    read it later with :func:`kept_share`): True entries of a boolean mask; entries of an additive float mask above
+    half its dtype's lowest value (masked entries are -inf or ``finfo.min``, HF's choice). Taken when the attention
+    call runs, because the mask's memory may hold other data later (Inductor reuses a dead buffer in place).
+    None for meta/fake tensors or an empty mask."""
     if mask.device.type == "meta" or mask.numel() == 0:
         return None
     try:
         with torch.no_grad():
             if mask.dtype == torch.bool:
-                kept = mask.sum()
-            else:
-                kept = (mask > torch.finfo(mask.dtype).min / 2).sum()
-            return float(kept.item()) / mask.numel()
+                return mask.sum()
+            return (mask > torch.finfo(mask.dtype).min / 2).sum()
     except (RuntimeError, TypeError, NotImplementedError):
         return None
+
+
+def kept_share(kept: torch.Tensor | None, numel: int) -> float | None:
+    """``kept`` (from :func:`mask_kept`) as a share of the mask's ``numel`` entries (reads a value: a device sync
+    on a GPU). Broadcasting repeats the mask uniformly, so the share over the mask's own shape is the share over
+    the full score matrix."""
+    if kept is None or numel <= 0:
+        return None
+    try:
+        return float(kept.item()) / numel
+    except (RuntimeError, TypeError, NotImplementedError):
+        return None
+
+
+def mask_fraction(mask: torch.Tensor) -> float | None:
+    """Share of (query, key) pairs a mask lets through (:func:`mask_kept` read at once: a device sync on a GPU).
+    None for meta/fake tensors or an empty mask."""
+    return kept_share(mask_kept(mask), mask.numel())
 
 
 def masked_counts(flops_model: int, flops_dense: int | None, fraction: float | None) -> tuple[int, int | None]:
