@@ -93,6 +93,13 @@ def measure(runs: int, smoke: bool) -> tuple[str, bool]:
     lines += ["", "Model FLOPs per phase and category (GFLOP):", "", "| phase, category | eager profile | "
               "compiled profile |", "|---|---:|---:|"]
     lines += [f"| {c} | {e / 1e9:.3f} | {k / 1e9:.3f} |" for c, (e, k) in sorted(by_cat.items()) if e or k]
+    lines += ["", "Attention calls (first of each op, per profile): op, input shapes, model / hardware FLOPs:", ""]
+    for name, prof in (("eager", pe), ("compiled", pc)):
+        seen: set[str] = set()
+        for r in prof.ops:
+            if r.category == "attention" and r.op not in seen:
+                seen.add(r.op)
+                lines.append(f"- {name}: `{r.op}` {r.input_shapes} model {r.model_flops:,} hardware {r.flops:,}")
     return "\n".join(lines), ok_speed and ok_graphs and ok_flops
 
 
