@@ -276,7 +276,7 @@ def test_user_formula_override_and_uncounted():
 
 
 def test_internal_error_never_breaks_the_op(monkeypatch):
-    from tscope_callbacks.formulas.apply import CountCache
+    from tscope_callbacks.formulas.memo import CountCache
 
     def broken(*a, **k):
         raise ValueError("formula bug")

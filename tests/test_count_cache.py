@@ -9,7 +9,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import tscope_callbacks as ts
 from tscope_callbacks.demo.model import GPTConfig, TinyGPT
-from tscope_callbacks.formulas.apply import CountCache, count_op
+from tscope_callbacks.formulas.apply import count_op
+from tscope_callbacks.formulas.memo import CountCache
 
 
 class _Compare(TorchDispatchMode):

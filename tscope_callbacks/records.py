@@ -40,7 +40,8 @@ MATRIX_CATEGORIES = frozenset({"matmul", "conv", "attention"})
 
 @dataclass(slots=True)
 class OpRecord:
-    """One aten op call, as seen at the dispatcher."""
+    """One aten op call, as seen at the dispatcher. (``capture.region.build_result`` builds records positionally,
+    in this field order: add new fields at the end.)"""
 
     op: str  #: overload packet name, e.g. ``"aten.mm"``
     layer: str  #: module path that was running (``""`` = the root model / outside any submodule)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from tscope_callbacks.capture.memory import MemoryTracker
-from tscope_callbacks.capture.paths import ancestors, clean_path, named_modules
+from tscope_callbacks.capture.paths import ModelTree, ancestors, clean_path
 from tscope_callbacks.records import LayerRecord, OpRecord
 
 __all__ = ["LayerDetails", "build_layers"]
@@ -162,19 +162,22 @@ def build_layers(
     details: LayerDetails | None,
     collapse: Callable[[str], str],
     calls: dict[str, int] | None = None,
+    *,
+    tree: ModelTree | None = None,
 ) -> dict[str, LayerRecord]:
     """LayerRecords for every (selected) module of ``model``, with self and inclusive op totals.
 
     One pass sums the ops per (layer, phase); the sums are then added to each layer and its ancestors (the cost
     grows with the number of layers, not ops x depth)."""
     layers: dict[str, LayerRecord] = {}
-    for path, mod in named_modules(model):
+    tree = tree if tree is not None else ModelTree(model)
+    for path, mod in tree.clean_modules():
         if collapse(path) == path:  # below the selected depth: aggregated into an ancestor
             layers[path] = LayerRecord(path=path, type=type(mod).__name__)
     if "" not in layers:
         layers[""] = LayerRecord(path="", type=type(model).__name__)
     seen: set[int] = set()
-    for name, prm in model.named_parameters():  # parameter totals, bottom-up (shared parameters once)
+    for name, prm in tree.parameters:  # parameter totals, bottom-up (shared parameters once)
         if id(prm) in seen:
             continue
         seen.add(id(prm))
@@ -194,7 +197,7 @@ def build_layers(
             acc = sums[(r.layer, r.phase)] = [0.0, 0, 0]
         acc[0] += r.time_s or 0.0
         acc[1] += r.flops
-        acc[2] += r.bytes
+        acc[2] += r.bytes_read + r.bytes_written
     for (layer, phase), (t, fl, by) in sums.items():
         anc = [a for a in ancestors(layer) if a in layers]
         own = bool(anc) and anc[0] == layer

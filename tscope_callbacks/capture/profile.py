@@ -14,7 +14,7 @@ unused outputs):
   ``"optimizer"``, as is everything inside ``prof.phase("optimizer")``.
 
 The per-op path is built for a GPU host: no allocator statistics, no host sync, one memoized count per op
-(``formulas.apply.CountCache``) and a tuple appended; records, layers and kernel times are built once, at
+(``formulas.memo.CountCache``) and a tuple appended; records, layers and kernel times are built once, at
 :meth:`Profile.stop`. On CUDA each op runs in a Kineto USER_SCOPE range (``cuda_timing``); on CPU it is timed with
 ``perf_counter_ns``. Off-region nothing is installed; ``stop()`` removes every hook on every path (also when the
 region raised). Tscope's own work inside a region runs under :func:`paused`, so a profile holds only the user's ops.
@@ -34,11 +34,11 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_t
 
 from tscope_callbacks.capture import region as _session
 from tscope_callbacks.capture.attribute import attribute
+from tscope_callbacks.capture.masks import MaskCounts
 from tscope_callbacks.capture.paths import Selection
 from tscope_callbacks.formulas import DEFAULT_REGISTRY, FormulaRegistry
-from tscope_callbacks.formulas.apply import value_dependent
-from tscope_callbacks.formulas.attention import mask_argument, mask_kept
 from tscope_callbacks.formulas.comm import collective_info
+from tscope_callbacks.formulas.memo import value_dependent
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
 __all__ = ["profile", "Profile", "NestedProfileError", "active_profile", "paused"]
@@ -127,6 +127,7 @@ class Profile:
         self._pending: list[tuple] = []
         self._running = False
         self._session: _session.Installed | None = None  #: what start() installed (hooks, mode, stance...)
+        self._tree: Any = None  #: ``paths.ModelTree`` of the model, walked once per capture at start
         self._timeline: Any = None
         self._phase_override: str | None = None
         self._stack: list[tuple[str, bool]] = []  #: (module path, entered during backward)
@@ -143,10 +144,7 @@ class Profile:
         #: pending index -> (op, args, kwargs, out) of a value-dependent op on CUDA, counted at stop (reading its
         #: values now would sync the host in the middle of the step; stop has synchronized anyway)
         self._deferred: dict[int, tuple] = {}
-        #: pending index -> (pairs kept, mask entries) of an attention call with an explicit mask: the count is
-        #: taken on the device when the call runs (the mask's buffer may be reused later) and read at stop
-        self._masks: dict[int, tuple[Any, int]] = {}
-        self._kept: dict[tuple, tuple[Any, Any]] = {}  #: mask identity -> (mask, its kept count): one per mask
+        self._masks = MaskCounts()  #: explicit masks of attention calls (counted when the call runs)
         self._starts: dict[int, float] = {}  #: pending index -> start (s after the region start; CPU timing)
         self._op_t0 = 0  #: perf_counter_ns at the current op's start (set by the dispatch mode when timed)
         self._inputs: list | None = None  #: [shape, dtype] of the root module's tensor inputs (first call)
@@ -275,8 +273,8 @@ class Profile:
         self._fused = {}
         self._comm = {}
         self._deferred = {}
-        self._masks = {}
-        self._kept = {}
+        self._masks.clear()
+        self._tree = None
         self._starts = {}
         self._seq_layer = {}
         self._hooked = set()
@@ -365,9 +363,7 @@ class Profile:
         else:
             c = self._counter.count(func, args, kwargs, out)
         if c is not None and c.category == "attention":
-            mask = mask_argument(getattr(func, "_opname", ""), args, kwargs)
-            if mask is not None:
-                self._masks[i] = (self._mask_kept(mask), mask.numel())
+            self._masks.add(i, func, args, kwargs, self._mute)
         if c is not None and c.category == "comm":
             info = collective_info(func, args, kwargs, out)
             if info is not None:
@@ -379,21 +375,6 @@ class Profile:
         if mem is not None:
             mem.add_outputs(_session.fresh(func, out))
             mem.op_done()
-
-    def _mask_kept(self, mask: torch.Tensor) -> Any:
-        """The pairs ``mask`` lets through, reduced on its device now (no sync; tscope's own kernel, not recorded),
-        once per mask: a model passes the same mask to every layer."""
-        try:
-            key = (id(mask), mask._version, mask.storage_offset(), tuple(mask.shape))
-        except (RuntimeError, NotImplementedError):  # inference tensors have no version counter
-            key = (id(mask), -1, mask.storage_offset(), tuple(mask.shape))
-        hit = self._kept.get(key)
-        if hit is not None and hit[0] is mask:
-            return hit[1]
-        with self._mute():
-            kept = mask_kept(mask)
-        self._kept[key] = (mask, kept)  # the mask is held so that its id is not reused within the region
-        return kept
 
     def _layer_of_node(self, node: Any) -> str | None:
         try:

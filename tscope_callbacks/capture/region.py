@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,11 +29,11 @@ from tscope_callbacks.capture.cuda_timing import (
 from tscope_callbacks.capture.eager import EagerStance
 from tscope_callbacks.capture.layers import LayerDetails, build_layers
 from tscope_callbacks.capture.memory import MemoryTracker
-from tscope_callbacks.capture.paths import clean_path
+from tscope_callbacks.capture.paths import ModelTree, clean_path
 from tscope_callbacks.capture.sharding import memory_categories
-from tscope_callbacks.formulas.apply import CountCache, count_op
-from tscope_callbacks.formulas.attention import kept_share, masked_counts
+from tscope_callbacks.formulas.apply import count_op
 from tscope_callbacks.formulas.bytes import fresh_outputs, op_plan
+from tscope_callbacks.formulas.memo import CountCache
 from tscope_callbacks.formulas.registry import FormulaRegistry
 from tscope_callbacks.records import OpRecord, StepProfile
 
@@ -118,8 +117,9 @@ def install(p: Profile) -> Installed:
     p._session = s  # visible to remove() even when a later step raises
     p._cstate = None
     model = p.model
+    tree = p._tree = ModelTree(model)  # one walk, reused by build_result
     wrappers, inplace = [], []
-    for path, mod in model.named_modules(remove_duplicate=True):
+    for path, mod in tree.modules:
         s.paths[id(mod)] = clean_path(path)
         # torch.compile's wrapper, or a module whose methods Lightning compiled in place (``_compiler_ctx``)
         if is_compiled_wrapper(mod):
@@ -147,17 +147,17 @@ def install(p: Profile) -> Installed:
                    if p.layer_details else "compiled='eager'")
             log.warning("tscope: %s is torch.compile'd and runs eagerly under this profile (%s): op counts are exact, "
                         "times are eager-mode times", s.compiled[0] or "model", why)
-    for mpath, mod in model.named_modules():
-        for prm in mod.parameters(recurse=False):
-            p._param_owner.setdefault(id(prm), p._collapse(clean_path(mpath)))
+    for mpath, mod in tree.modules:
+        for prm in mod._parameters.values():
+            if prm is not None:
+                p._param_owner.setdefault(id(prm), p._collapse(clean_path(mpath)))
     if p.layer_details:
-        dev = _device_of(model)
-        p._memory = MemoryTracker(dev)
-        p._memory.set_parameters(list(model.parameters()))
+        p._memory = MemoryTracker(tree.device())
+        p._memory.set_parameters([prm for _, prm in tree.parameters])
         p._details = LayerDetails(p.check_finite, mute=p._mute, memory=p._memory)
     # Per-module hooks: ours run first before the module and last after it (after any user hook that replaces the
     # output), so shapes and finite-checks see what the module really hands downstream.
-    for mod in {id(m): m for m in model.modules()}.values():
+    for _, mod in tree.modules:
         if id(mod) in inner:  # Dynamo guards on hooks inside a compiled module: one there recompiles the model
             continue
         s.handles.append(mod.register_forward_pre_hook(p._pre_hook, prepend=True, with_kwargs=True))
@@ -201,17 +201,14 @@ def _mode_for(p: Profile) -> Any:
 _current_node = torch._C._current_autograd_node
 
 
-class _SkipOps(dict):
-    """Ops that are annotations, not work (``profiler::_record_function_*``): run, never recorded.
-    ``_SKIP[func]`` is a plain dict lookup after the first call of an op."""
-
-    def __missing__(self, func: Any) -> bool:
-        skip = getattr(func, "namespace", "") == "profiler"
-        self[func] = skip
-        return skip
+#: id(op) -> (op, skip): ops that are annotations, not work (``profiler::_record_function_*``): run, never recorded.
+#: Keyed by id (``OpOverload.__hash__`` is a Python method); a hit must be that very op
+_SKIP: dict[int, tuple[Any, bool]] = {}
 
 
-_SKIP = _SkipOps()
+def _skip(func: Any) -> bool:
+    hit = _SKIP[id(func)] = (func, getattr(func, "namespace", "") == "profiler")
+    return hit[1]
 
 
 class _Subclasses(dict):
@@ -258,7 +255,8 @@ class _Mode(TorchDispatchMode):
                 return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
         p = self.owner
-        if p._paused or _SKIP[func]:
+        s = _SKIP.get(id(func))
+        if p._paused or (s[1] if s is not None and s[0] is func else _skip(func)):
             return func(*args, **kwargs)
         seq = _get_sequence_nr()
         node = _current_node()
@@ -301,7 +299,7 @@ def _optimizer_hooks(p: Profile) -> list[Any]:
 
 
 def base_meta(p: Profile) -> dict[str, Any]:
-    dev = _device_of(p.model)
+    dev = p._tree.device() if p._tree is not None else _device_of(p.model)
     name = "cpu"
     if dev.type == "cuda" and torch.cuda.is_available():
         name = torch.cuda.get_device_name(dev)
@@ -346,33 +344,32 @@ def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> S
         p._pending[i] = (f, count_op(func, args, kwargs, out, p.registry), layer, phase, dt)
     if p._cstate is not None:
         p._cstate.resolve(p._pending)
-    shares: dict[int, float | None] = {}  # one read per mask (a model passes one mask to every layer)
-    for i, (kept, numel) in p._masks.items():
-        if id(kept) not in shares:
-            shares[id(kept)] = kept_share(kept, numel)
-        f, c, layer, phase, dt = p._pending[i]
-        model, dense = masked_counts(c.flops if c.flops_model is None else c.flops_model, c.flops_dense,
-                                     shares[id(kept)])
-        p._pending[i] = (f, replace(c, flops_model=model, flops_dense=dense), layer, phase, dt)
+    p._masks.apply(p._pending)
     times = timeline.times if timeline is not None else None
     tcs = timeline.tensor_core if timeline is not None else None
     starts = timeline.starts if timeline is not None else None
     ops = []
-    for i, (func, c, layer, phase, dt) in enumerate(p._pending):
-        names = _NAMES.get(func) or _names(func)
-        ops.append(OpRecord(
-            op=names[0], layer=layer, phase=phase, flops=c.flops, bytes_read=c.bytes_read,
-            bytes_written=c.bytes_written, dtype=c.dtype, input_shapes=c.input_shapes if p.record_shapes else [],
-            time_s=times[i] if times is not None else dt, counted=c.counted, category=c.category,
-            overload=names[1], output_shapes=c.output_shapes if p.record_shapes else [], index=i,
-            tensor_core=tcs[i] if tcs is not None else None, flops_model=c.flops_model, flops_dense=c.flops_dense,
-            fused_ops=list(p._fused.get(i, ())), comm=p._comm.get(i),
-            start_s=starts[i] if starts is not None else p._starts.get(i)))
+    add = ops.append
+    shapes = p.record_shapes
+    fused, comm, cpu_starts = p._fused, p._comm, p._starts
+    Op = OpRecord
+    seen: dict[int, tuple[str, str]] = {}  # id(op) -> names: every op is alive in the pending list
+    for i, (func, c, layer, phase, dt) in enumerate(p._pending):  # positional: the field order of OpRecord
+        names = seen.get(id(func))
+        if names is None:
+            names = seen[id(func)] = _NAMES.get(func) or _names(func)
+        f = fused.get(i)
+        add(Op(names[0], layer, phase, c.flops, c.bytes_read, c.bytes_written, c.dtype,
+               c.input_shapes if shapes else [], times[i] if times is not None else dt, c.counted, c.category,
+               names[1], c.output_shapes if shapes else [], i, tcs[i] if tcs is not None else None,
+               c.flops_model, c.flops_dense, list(f) if f else [], comm.get(i) if comm else None,
+               starts[i] if starts is not None else cpu_starts.get(i)))
     if p._details is not None:
         p._details.finish()
-    layers = build_layers(p.model, ops, p._details, p._collapse, p._calls)
+    layers = build_layers(p.model, ops, p._details, p._collapse, p._calls, tree=p._tree)
     meta = {**base_meta(p), **step_time(ops, wall, timeline, p.timing), **p.labels}
-    cats = memory_categories(p.model, ops, layers)
+    cats = memory_categories(p.model, ops, layers,
+                             params=[prm for _, prm in p._tree.parameters] if p._tree is not None else None)
     if cats is not None:
         meta["memory_categories"] = cats
     if timeline is not None and timeline.kernels:  # the device side, for overlap analysis and traces

@@ -17,8 +17,9 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return lt if isinstance(lt, torch.Tensor) else t
 
 
-def memory_categories(model: torch.nn.Module, ops: list[Any], layers: dict[str, Any]) -> dict[str, Any] | None:
-    params = list(model.parameters())
+def memory_categories(model: torch.nn.Module, ops: list[Any], layers: dict[str, Any],
+                      params: list[torch.Tensor] | None = None) -> dict[str, Any] | None:
+    params = list(model.parameters()) if params is None else params
     sharded = any(hasattr(p, "_local_tensor") for p in params)
     gathers = [r.comm["bytes"] for r in ops if r.comm and r.comm.get("collective") == "all_gather"]
     scatters = [r.comm["bytes"] for r in ops if r.comm and r.comm.get("collective") == "reduce_scatter"]

@@ -148,7 +148,7 @@ class OpPlan:
 
 
 _NO_SCHEMA = OpPlan((), frozenset(), frozenset(), 1, (True,), False, False)
-_PLANS: dict[Any, OpPlan] = {}
+_PLANS: dict[int, tuple[Any, OpPlan]] = {}  #: id(op) -> (op, plan)
 
 
 def _make_plan(func: Any) -> OpPlan:
@@ -173,15 +173,14 @@ def _make_plan(func: Any) -> OpPlan:
 
 
 def op_plan(func: Any) -> OpPlan:
-    """The cached schema plan of an op."""
-    try:
-        return _PLANS[func]
-    except KeyError:
-        pass
-    except TypeError:
-        return _make_plan(func)
-    p = _PLANS[func] = _make_plan(func)
-    return p
+    """The cached schema plan of an op (keyed by id: ``OpOverload.__hash__`` is a Python method, and this runs per
+    op; the entry holds the op, and a hit must be that very object)."""
+    hit = _PLANS.get(id(func))
+    if hit is not None and hit[0] is func:
+        return hit[1]
+    plan = _make_plan(func)
+    _PLANS[id(func)] = (func, plan)
+    return plan
 
 
 def fresh_outputs(plan: OpPlan, out: Any) -> list:

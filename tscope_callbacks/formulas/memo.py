@@ -1,0 +1,162 @@
+"""The capture's memo of op counts: ``count_op`` keyed by call signature (``CountCache``), and the per-op facts the
+hot path asks for (``value_dependent``). Everything here runs for every op of a profiled step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tscope_callbacks.formulas.apply import OpCount, count_op
+from tscope_callbacks.formulas.registry import DEFAULT_REGISTRY, FormulaRegistry
+
+__all__ = ["CountCache", "value_dependent", "VALUE_DEPENDENT"]
+
+_Tensor = torch.Tensor
+_HASHABLE = (int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+_UNCACHEABLE = object()
+#: float arguments enter the key only as zero / non-zero: formulas depend on no more (a weight decay, momentum or
+#: dropout probability that is 0 changes the count), while learning rates and bias corrections change every step
+_ZERO, _NONZERO = ("float", 0), ("float", 1)
+
+
+#: ops whose count depends on tensor values, not only shapes (an embedding reads its unique rows): never memoized
+VALUE_DEPENDENT = frozenset({"aten.embedding"})
+#: id(op) -> (op, flag). Ops are keyed by id on the hot path: ``OpOverload.__hash__`` is a Python method (~0.25 µs
+#: a lookup, several lookups an op); the op is kept in the value, and a hit must be that very object
+_VALUE_DEP: dict[int, tuple[Any, bool]] = {}
+
+
+def value_dependent(func: Any) -> bool:
+    """Whether ``func``'s count depends on tensor values (:data:`VALUE_DEPENDENT`), not only on shapes."""
+    hit = _VALUE_DEP.get(id(func))
+    if hit is None or hit[0] is not func:
+        name = f"{getattr(func, 'namespace', '')}.{getattr(func, '_opname', '')}"
+        hit = _VALUE_DEP[id(func)] = (func, name in VALUE_DEPENDENT)
+    return hit[1]
+
+
+class CountCache:
+    """``count_op`` memoized by op signature, for the capture hot path (a training step repeats the same ops with the
+    same shapes block after block and step after step).
+
+    The signature is everything ``count_op`` depends on: the op; per tensor argument its shape, strides, dtype,
+    storage offset and which other arguments share its storage; non-tensor arguments by value; per output its shape,
+    strides, dtype and whether it aliases an argument. Arguments that are not plainly hashable (generators, opaque
+    objects) bypass the memo. The cached ``OpCount`` (and its shape lists) is shared between the records of
+    identical calls: treat records as read-only.
+    """
+
+    __slots__ = ("registry", "memo", "max_entries", "hits", "misses")
+
+    def __init__(self, registry: FormulaRegistry = DEFAULT_REGISTRY, *, max_entries: int = 100_000) -> None:
+        self.registry = registry
+        self.memo: dict[Any, tuple[Any, OpCount]] = {}  #: signature -> (op, count)
+        self.max_entries = max_entries
+        self.hits = self.misses = 0
+
+    def count(self, func: Any, args: tuple, kwargs: dict | None, out: Any) -> OpCount:
+        key = _UNCACHEABLE if value_dependent(func) else _signature(func, args, kwargs, out)
+        if key is not _UNCACHEABLE:
+            hit = self.memo.get(key)
+            if hit is not None and hit[0] is func:
+                self.hits += 1
+                return hit[1]
+        self.misses += 1
+        c = count_op(func, args, kwargs, out, self.registry)
+        if key is not _UNCACHEABLE and len(self.memo) < self.max_entries:
+            self.memo[key] = (func, c)
+        return c
+
+
+def _storage_key_fn() -> Any:
+    """The fastest storage identity this torch offers: ``torch._C._storage_id(t)`` (the storage's address, as
+    ``t.untyped_storage()._cdata`` but without building a storage object), else the latter."""
+    sid = getattr(torch._C, "_storage_id", None)
+    try:
+        t = torch.empty(2)
+        if sid is not None and sid(t) == t.untyped_storage()._cdata == sid(t[1:]):
+            return sid
+    except Exception:
+        pass
+    return lambda t: t.untyped_storage()._cdata
+
+
+_sid = _storage_key_fn()
+
+
+def _signature(func: Any, args: tuple, kwargs: dict | None, out: Any) -> Any:
+    """The memo key of one call (see :class:`CountCache`); ``_UNCACHEABLE`` when an argument is not plainly hashable.
+    Written as flat loops: it runs for every op of a profiled step."""
+    groups: dict[int, int] = {}
+    parts: list = [id(func)]  # by id: the memo's value holds the op, and a hit must be that object
+    add = parts.append
+    sid = _sid
+    T = _Tensor
+    try:
+        for a in args:
+            if isinstance(a, T):
+                st = sid(a)
+                g = groups.get(st)
+                if g is None:
+                    g = groups[st] = len(groups)
+                add((a.shape, a.stride(), a.dtype, a.storage_offset(), g))
+            elif isinstance(a, float):
+                add(_ZERO if a == 0.0 else _NONZERO)
+            elif isinstance(a, _HASHABLE):
+                add(a)
+            elif isinstance(a, (list, tuple)):
+                add(_seq_key(a, groups))
+            else:
+                return _UNCACHEABLE
+        if kwargs:
+            for k, a in kwargs.items():
+                if isinstance(a, T):
+                    st = sid(a)
+                    g = groups.get(st)
+                    if g is None:
+                        g = groups[st] = len(groups)
+                    add((k, a.shape, a.stride(), a.dtype, a.storage_offset(), g))
+                elif isinstance(a, float):
+                    add((k, _ZERO if a == 0.0 else _NONZERO))
+                elif isinstance(a, _HASHABLE):
+                    add((k, a))
+                elif isinstance(a, (list, tuple)):
+                    add((k, _seq_key(a, groups)))
+                else:
+                    return _UNCACHEABLE
+        if isinstance(out, T):
+            add((out.shape, out.stride(), out.dtype, groups.get(sid(out), -1)))
+        elif isinstance(out, (tuple, list)):
+            add(_seq_key(out, groups, outputs=True))
+        else:
+            add(type(out))
+        return tuple(parts)
+    except (TypeError, RuntimeError, NotImplementedError, AttributeError):
+        return _UNCACHEABLE
+
+
+def _seq_key(seq: Any, groups: dict[int, int], outputs: bool = False) -> tuple:
+    """Key of a list/tuple argument (tensor lists of foreach/cat ops, int lists, scalar lists) or of a tuple output."""
+    sub: list = []
+    for x in seq:
+        if isinstance(x, _Tensor):
+            st = _sid(x)
+            g = groups.get(st)
+            if g is None:
+                if outputs:
+                    g = -1
+                else:
+                    g = groups[st] = len(groups)
+            sub.append((x.shape, x.stride(), x.dtype, x.storage_offset(), g))
+        elif isinstance(x, float):
+            sub.append(_ZERO if x == 0.0 else _NONZERO)
+        elif isinstance(x, _HASHABLE):
+            sub.append(x)
+        elif outputs:
+            sub.append(type(x))
+        elif isinstance(x, (list, tuple)):
+            sub.append(_seq_key(x, groups))
+        else:
+            raise TypeError
+    return tuple(sub)
