@@ -13,6 +13,7 @@ import torch
 from tscope_callbacks.cli import main
 from tscope_callbacks.devices import efficiency
 from tscope_callbacks.devices import gemm_table as gt
+from tscope_callbacks.devices import sdpa_table as gt_sdpa
 from tscope_callbacks.devices.resolve import get_device_spec
 
 H100 = get_device_spec("h100")
@@ -83,9 +84,11 @@ def test_cli_gemm_on_a_fake_h100(monkeypatch, capsys, cache_in_tmp):
     monkeypatch.setattr(cal, "measure_cuda", lambda *a, **kw: {"bf16": 700e12, "fp16": 700e12, "fp32": 50e12,
                                                                "tf32": 380e12, "bandwidth": 2.9e12})
     monkeypatch.setattr(gt, "cuda_graph_gemm_timer", lambda device=0: faster_gpu)
+    monkeypatch.setattr(gt_sdpa, "kernel_sdpa_timer", lambda device=0: kernel_sdpa)
     assert main(["calibrate", "--gemm", "--quick"]) == 0
     out = capsys.readouterr().out
     assert "GEMM table of NVIDIA H100 80GB HBM3" in out and "leave-one-out median error" in out
+    assert "SDPA CUDNN_ATTENTION: 8 configurations; (8, 12, 1024, 64) causal: forward 0.032 ms" in out
     assert "bf16 8192x768 @ 768x50257" in out and "cached in" in out
     assert main(["calibrate", "--gemm", "--quick", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -99,3 +102,45 @@ def test_cli_gemm_on_cpu_is_a_clear_error(monkeypatch, capsys):
     assert main(["calibrate", "--gemm", "--quick"]) == 2
     err = capsys.readouterr().err
     assert "needs a CUDA GPU" in err and "Traceback" not in err
+
+
+def kernel_sdpa(backend: str, b: int, h: int, t: int, d: int, causal: bool):
+    """A fake kernel-timed SDPA sweep: cuDNN at 400 TFLOP/s forward, 300 backward (hardware FLOPs over the attended
+    pairs, the sweep's convention); no efficient-attention kernel for head dim 128."""
+    if backend == "EFFICIENT_ATTENTION" and d == 128:
+        return None
+    pairs = t * (t + 1) // 2 if causal else t * t
+    fwd = b * h * pairs * 4 * d
+    return fwd / 400e12, 2.5 * fwd / 300e12
+
+
+def test_calibrated_sdpa_rows_are_kernel_time_and_replace_the_packaged_ones():
+    """GPT-2's attention (B=8, H=12, T=1024, d=64, causal): forward hardware FLOPs 4 * 96 * 524,800 pairs * 64 =
+    12,897,484,800; the fake measures it at 12.9e9 / 400e12 = 32.2 µs. The packaged (event-timed) row predicts
+    84.1 µs - delta_s: mostly the call's host time."""
+    packaged = efficiency.model_for(H100)
+    table = gt.measure_gemm_table(H100, quick=True, timer=faster_gpu, sdpa_timer=kernel_sdpa)
+    assert table["sdpa_timing"] == "kernels" and "SDPA" in table["source"]
+    configs = gt_sdpa.sdpa_configs(quick=True)
+    assert len(table["sdpa"]) == 3 * len(configs) - sum(d == 128 for *_, d, _ in configs)  # efficient d=128 skipped
+    fwd = 4 * 96 * (1024 * 1025 // 2) * 64
+    assert fwd == 12_897_484_800
+    calibrated = efficiency.model_for(H100)  # rebuilt with the cached calibration
+    assert calibrated.sdpa_source.startswith("kernel-timed") and packaged.sdpa_source.startswith("one call")
+    assert calibrated.attention_s("CUDNN_ATTENTION", 96, 1024, 64, True, False, fwd) == pytest.approx(
+        fwd / 400e12, rel=0.02)
+    assert calibrated.attention_s("CUDNN_ATTENTION", 96, 1024, 64, True, True, 2.5 * fwd) == pytest.approx(
+        2.5 * fwd / 300e12, rel=0.02)
+    assert packaged.attention_s("CUDNN_ATTENTION", 96, 1024, 64, True, False, fwd) > 1.5 * fwd / 400e12
+    # no SDPA measured with a fake GEMM timer alone: the packaged rows stay
+    only_gemm = gt.measure_gemm_table(H100, quick=True, timer=faster_gpu)
+    assert "sdpa" not in only_gemm and efficiency.model_for(H100).sdpa_source.startswith("one call")
+
+
+def test_kernel_sdpa_timer_runs_the_capture_and_skips_missing_backends():
+    """The timer's own code, on the CPU (op wall times instead of kernel times): forward and backward attention
+    ops found and timed; a backend without a kernel here (cuDNN on a CPU) gives None."""
+    timer = gt_sdpa.kernel_sdpa_timer(reps=1, device_type="cpu")
+    got = timer("FLASH_ATTENTION", 2, 2, 64, 16, True)
+    assert got is not None and got[0] > 0 and got[1] > 0
+    assert timer("CUDNN_ATTENTION", 2, 2, 64, 16, True) is None

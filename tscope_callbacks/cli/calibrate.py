@@ -19,7 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true", help="measure again even when a cached result exists")
     p.add_argument("--gemm", action="store_true",
                    help="also measure this GPU's GEMM efficiency table (CUDA-graph timed LLM shapes, aligned and "
-                        "not); cached and used from then on for shape-aware estimates on this device")
+                        "not) and its fused-attention kernel times per SDPA backend (kernel time from the profiler); "
+                        "cached and used from then on for shape-aware estimates on this device")
     p.add_argument("--gemm-precision", action="append", default=None, choices=["bf16", "fp16", "tf32", "fp32"],
                    help="precision(s) of the GEMM table (repeat; default bf16)")
 
@@ -71,5 +72,11 @@ def _gemm(args: argparse.Namespace, spec) -> int:
         if a in rows and b in rows:
             tf = lambda d: 2 * d[0] * d[1] * d[2] / rows[d] / 1e12  # noqa: E731
             print(f"  bf16 {a[0]}x{a[2]} @ {a[2]}x{a[1]}: {tf(a):.0f} TFLOP/s vs N={b[1]}: {tf(b):.0f} TFLOP/s")
+    for backend in sorted({r[0] for r in table.get("sdpa", [])}):
+        got = [r for r in table["sdpa"] if r[0] == backend]
+        ref = next((r for r in got if tuple(r[1:6]) == (8, 12, 1024, 64, True)), got[0])
+        print(f"  SDPA {backend}: {len(got)} configurations; ({', '.join(map(str, ref[1:5]))}) "
+              f"{'causal' if ref[5] else 'full'}: forward {ref[6] * 1e3:.3f} ms, backward {ref[7] * 1e3:.3f} ms "
+              f"(kernel time)")
     print(f"cached in {cache_dir() / GEMM_CACHE}; reports for {spec.name} now use it")
     return 0

@@ -11,7 +11,10 @@ at 50304 columns at ~680). A :class:`KernelModel` predicts the kernel time a sha
   alignment class (in log2 M, N, K), of measured / analytic. Leave-one-out on the H100 table: median error 9%, 87%
   of kernels over 20 µs within 1.3x.
 - **Attention** (``attention_s``): the measured efficiency of the backend (flash / cuDNN / mem-efficient), causal or
-  not, nearest in (batch x heads, length, head dim), times the op's FLOPs.
+  not, nearest in (batch x heads, length, head dim), times the op's FLOPs. ``tscope calibrate --gemm`` measures
+  the rows as kernel time (``devices.sdpa_table``), and those replace the packaged rows for that device: the
+  packaged sweeps time one call between events, and at GPT-2's size that is mostly host time (H100 GPT-2 step:
+  attention kernels at 0.75x the time the packaged rows predict).
 - **Memory-bound** ops (``memory_s``): the measured bandwidth curve of the closest op kind (add, gelu, copy, sum,
   softmax, layer_norm) at the op's size.
 
@@ -122,14 +125,25 @@ class KernelModel:
                 resid.append(math.log(kt / _analytic(m, n, k, pk, gbw, item, p, self.sms)))
                 cls.append(aligned(n, k, item))
             self._gemm[prec] = (np.array(feats), np.array(resid), np.array(cls))
-        self._sdpa = [(b, bk, h, t, d, c, self._eff_sdpa(bk, h, t, d, c, fs, False, tpeak),
-                       self._eff_sdpa(bk, h, t, d, c, bs, True, tpeak)) for b, bk, h, t, d, c, fs, bs in
-                      table.get("sdpa", [])]
+        # attention: a calibrated table of this device with kernel-timed SDPA rows (``devices.sdpa_table``) replaces
+        # the packaged one, whose rows time one call between CUDA events (host work included: ``delta_s`` is taken
+        # off, a lower bound of that host time)
+        src = gemm_table if gemm_table is not None and gemm_table.get("sdpa") else table
+        kernels = src.get("sdpa_timing") == "kernels"
+        sdpa_rows = src.get("sdpa", [])
+        sdpa_delta, sdpa_peak = (0.0, peak if src is gemm_table else tpeak) if kernels else (self.delta_s, tpeak)
+        self.sdpa_source = "kernel-timed (tscope calibrate --gemm)" if kernels else "one call between CUDA events"
+        if kernels:
+            self.source += "; SDPA: kernel-timed"
+        self._sdpa = [(b, bk, h, t, d, c, self._eff_sdpa(bk, h, t, d, c, fs, False, sdpa_peak, sdpa_delta),
+                       self._eff_sdpa(bk, h, t, d, c, bs, True, sdpa_peak, sdpa_delta)) for b, bk, h, t, d, c, fs, bs
+                      in sdpa_rows]
         # backward / forward kernel time where both are far above the sweep's per-call host cost (the backward call
-        # goes through autograd: ~0.17 ms on the H100 sweep, so small backward points are host-bound, not kernels)
+        # goes through autograd: ~0.17 ms on the H100 sweep, so small backward points are host-bound, not kernels);
+        # kernel-timed rows are all usable
         ratios: dict[str, list[float]] = {}
-        for b, _bk, _h, _t, _d, _c, fs, bs in table.get("sdpa", []):
-            if fs > 3e-4:
+        for b, _bk, _h, _t, _d, _c, fs, bs in sdpa_rows:
+            if kernels or fs > 3e-4:
                 ratios.setdefault(b, []).append(bs / fs)
         self._bwd_ratio = {b: float(np.median(r)) for b, r in ratios.items()}
         self._mem: dict[str, dict[str, list[tuple[float, float]]]] = {}  #: kind -> dtype -> (log2 bytes, bw share)
@@ -142,11 +156,12 @@ class KernelModel:
                     pts.append((math.log2(nbytes), nbytes / max(MIN_KERNEL_S, t - self.delta_s) / tbw))
                 self._mem.setdefault(kind, {})[dt] = sorted(pts)
 
-    def _eff_sdpa(self, b: int, h: int, t: int, d: int, causal: bool, seconds: float, backward: bool,
-                  peak: dict[str, float]) -> float:
+    @staticmethod
+    def _eff_sdpa(b: int, h: int, t: int, d: int, causal: bool, seconds: float, backward: bool,
+                  peak: dict[str, float], delta_s: float) -> float:
         pairs = t * (t + 1) // 2 if causal else t * t
         flops = b * h * pairs * 4 * d * (2.5 if backward else 1.0)  # the sweep's convention (hardware, 5 GEMMs)
-        return flops / max(MIN_KERNEL_S, seconds - self.delta_s) / peak.get("bf16", 1e15)
+        return flops / max(MIN_KERNEL_S, seconds - delta_s) / peak.get("bf16", 1e15)
 
     # ---------------- predictions ----------------
     @functools.lru_cache(maxsize=8192)  # noqa: B019  (models live as long as the process; shapes repeat)

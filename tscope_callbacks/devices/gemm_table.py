@@ -88,9 +88,13 @@ def cuda_graph_gemm_timer(device: int = 0, calls: int = 20, reps: int = 5) -> Ca
 
 def measure_gemm_table(spec: Any, *, quick: bool = False, precisions: tuple[str, ...] = ("bf16",),
                        timer: Callable[[int, int, int, str], float] | None = None, device: int = 0,
-                       cache: bool = True, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                       cache: bool = True, progress: Callable[[str], None] | None = None, sdpa: bool = True,
+                       sdpa_timer: Any = None) -> dict[str, Any]:
     """Measure the GEMM table of the GPU ``spec`` describes (``spec``: its resolved DeviceSpec), fit the analytic
-    parameters to it, cache it (``cache=True``) and return it (``efficiency`` table format, GEMM part)."""
+    parameters to it, and (``sdpa``) the fused-attention kernel times per backend (``devices.sdpa_table``); cache
+    it (``cache=True``) and return it (``efficiency`` table format). With a fake GEMM ``timer``, SDPA is measured
+    only through a fake ``sdpa_timer``."""
+    real = timer is None
     if timer is None:
         if not torch.cuda.is_available():
             raise RuntimeError("calibrate --gemm needs a CUDA GPU (none is visible to torch here)")
@@ -119,6 +123,12 @@ def measure_gemm_table(spec: Any, *, quick: bool = False, precisions: tuple[str,
              "timing": "cuda-graph", "gemm": gemm, "gemm_params": params,
              "source": f"tscope calibrate --gemm on {measured_on} (torch {torch.__version__}): {len(shapes)} shapes "
                        f"per precision, CUDA-graph replays of back-to-back calls"}
+    if sdpa and (real or sdpa_timer is not None):
+        from tscope_callbacks.devices.sdpa_table import measure_sdpa_rows
+
+        table["sdpa"] = measure_sdpa_rows(quick=quick, timer=sdpa_timer, device=device, progress=progress)
+        table["sdpa_timing"] = "kernels"
+        table["source"] += f"; SDPA: {len(table['sdpa'])} backend configurations, kernel time from the profiler"
     if cache:
         cache_put(cache_dir() / GEMM_CACHE, gemm_cache_key(spec.name), table)
         forget(spec.name)

@@ -85,6 +85,9 @@ def _storage_key_fn() -> Any:
 _sid = _storage_key_fn()
 
 
+_INTS = frozenset({int})
+
+
 def _signature(func: Any, args: tuple, kwargs: dict | None, out: Any) -> Any:
     """The memo key of one call (see :class:`CountCache`); ``_UNCACHEABLE`` when an argument is not plainly hashable.
     Written as flat loops: it runs for every op of a profiled step."""
@@ -103,10 +106,10 @@ def _signature(func: Any, args: tuple, kwargs: dict | None, out: Any) -> Any:
                 add((a.shape, a.stride(), a.dtype, a.storage_offset(), g))
             elif isinstance(a, float):
                 add(_ZERO if a == 0.0 else _NONZERO)
-            elif isinstance(a, _HASHABLE):
-                add(a)
             elif isinstance(a, (list, tuple)):
                 add(_seq_key(a, groups))
+            elif isinstance(a, _HASHABLE):
+                add(a)
             else:
                 return _UNCACHEABLE
         if kwargs:
@@ -119,10 +122,10 @@ def _signature(func: Any, args: tuple, kwargs: dict | None, out: Any) -> Any:
                     add((k, a.shape, a.stride(), a.dtype, a.storage_offset(), g))
                 elif isinstance(a, float):
                     add((k, _ZERO if a == 0.0 else _NONZERO))
-                elif isinstance(a, _HASHABLE):
-                    add((k, a))
                 elif isinstance(a, (list, tuple)):
                     add((k, _seq_key(a, groups)))
+                elif isinstance(a, _HASHABLE):
+                    add((k, a))
                 else:
                     return _UNCACHEABLE
         if isinstance(out, T):
@@ -138,6 +141,8 @@ def _signature(func: Any, args: tuple, kwargs: dict | None, out: Any) -> Any:
 
 def _seq_key(seq: Any, groups: dict[int, int], outputs: bool = False) -> tuple:
     """Key of a list/tuple argument (tensor lists of foreach/cat ops, int lists, scalar lists) or of a tuple output."""
+    if _INTS.issuperset(map(type, seq)):  # sizes, strides, dims: the common case, one C-level pass
+        return tuple(seq)
     sub: list = []
     for x in seq:
         if isinstance(x, _Tensor):
