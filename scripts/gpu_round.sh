@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Every GPU figure of the README, on a lent GPU machine. Results go to benchmarks/results/ (commit them), logs to
+# $OUT (or ./gpu_logs). Uses the checkout as is. All steps take ~12 minutes: in two calls of the device tool's `run`
+# (10 minutes a call), e.g.
+#   bash scripts/gpu_round.sh gpu_check roofline capture
+#   bash scripts/gpu_round.sh compiled calibrate roofline_calibrated
+# (no argument: every step). Steps, each with its own time limit so that one slow step leaves the others' results:
+#   1. scripts/gpu_check.py: capture cost, headline MFU, per-layer memory vs hooks, tensor cores, kernel times, NaN
+#      guard syncs, compiled step after profiles;
+#   2. roofline accuracy with the packaged kernel tables (what a user gets without calibrating);
+#   3. capture cost per op; 4. the compiled step's profile (FLOPs eager vs compiled, attention calls listed);
+#   5. tscope calibrate --gemm --quick (GEMMs as CUDA-graph replays, SDPA as kernel time), then the roofline
+#      accuracy again with that calibration (log only: the committed table stays the packaged one's).
+set -u
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+LOG=${OUT:-./gpu_logs}
+mkdir -p "$LOG"
+export TSCOPE_CACHE_DIR=$(mktemp -d)
+step() {  # step NAME SECONDS COMMAND...
+    local name=$1 secs=$2; shift 2
+    timeout "$secs" "$@" > "$LOG/$name.log" 2>&1
+    echo "== $name rc=$?"; tail -n 20 "$LOG/$name.log"
+    tar czf "$LOG/results.tgz" benchmarks/results
+}
+declare -A CMD=(
+  [gpu_check]="230 python3 scripts/gpu_check.py"
+  [roofline]="80 python3 benchmarks/roofline_accuracy.py --gpu --write"
+  [capture]="90 python3 benchmarks/gpu_capture_overhead.py --runs 5 --write"
+  [compiled]="150 python3 benchmarks/gpu_compiled_profile.py --runs 10 --write"
+  [calibrate]="120 python3 -m tscope_callbacks.cli calibrate --gemm --quick"
+  [roofline_calibrated]="80 python3 benchmarks/roofline_accuracy.py --gpu"
+)
+STEPS=("$@")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(gpu_check roofline capture compiled calibrate roofline_calibrated)
+for s in "${STEPS[@]}"; do
+    if [ -z "${CMD[$s]:-}" ]; then echo "unknown step $s (one of: ${!CMD[*]})"; exit 2; fi
+    [ "$s" = roofline_calibrated ] && [ ! -s "$TSCOPE_CACHE_DIR/gemm_tables.json" ] && echo "(roofline_calibrated: run calibrate first, in the same call)"
+    step "$s" ${CMD[$s]}
+done
