@@ -15,7 +15,7 @@ import sys
 
 import torch
 from common import BareMode, count_ops, interleaved, write
-from gpu_workload import FULL, SMOKE, build, device_for, hand_count, train_step
+from gpu_workload import FULL, SMOKE, device_for, hand_count, ready
 
 import tscope_callbacks as ts
 
@@ -24,13 +24,7 @@ def measure(runs: int, smoke: bool) -> tuple[str, dict]:
     w = SMOKE if smoke else FULL
     device = device_for(smoke)
     cuda = device == "cuda"
-    model, opt, ids = build(w, device)
-
-    def step() -> None:
-        train_step(model, opt, ids, device)
-
-    for _ in range(3):
-        step()
+    model, step = ready(w, device)
     last: dict = {}
 
     def tscope(details: bool):

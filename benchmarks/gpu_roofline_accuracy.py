@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import gpt2, write
-from gpu_workload import FULL, SMOKE, build, device_for, train_step
+from gpu_workload import FULL, SMOKE, device_for, ready
 
 import tscope_callbacks as ts
 
@@ -35,13 +35,7 @@ def run(smoke: bool, write_out: bool) -> int:
     w = SMOKE if smoke else FULL
     device = device_for(smoke)
     cuda = device == "cuda"
-    model, opt, ids = build(w, device)
-
-    def step() -> None:
-        train_step(model, opt, ids, device)
-
-    for _ in range(3):
-        step()
+    model, step = ready(w, device)
     with ts.profile(model) as prof:
         step()
     spec = ts.get_device_spec("auto") if cuda else ts.get_device_spec("h100")  # smoke: any GPU spec

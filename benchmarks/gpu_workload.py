@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,20 @@ def train_step(model: Any, opt: Any, ids: torch.Tensor, device: str) -> None:
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+
+
+def ready(w: Workload, device: str, *, compile: bool = False, warmup: int = 3) -> tuple[Any, Callable[[], None]]:
+    """The workload built on ``device`` (``torch.compile``'d when asked) and its training step as a no-argument
+    callable, already run ``warmup`` times: ``(the module the step runs, step)``."""
+    model, opt, ids = build(w, device)
+    module = torch.compile(model) if compile else model
+
+    def step() -> None:
+        train_step(module, opt, ids, device)
+
+    for _ in range(warmup):
+        step()
+    return module, step
 
 
 def hand_count(model: Any, w: Workload, attention: str = "attended") -> float:

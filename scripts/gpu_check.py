@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from common import median_time
 from gpu_capture_overhead import measure
-from gpu_workload import FULL, SMOKE, build, device_for, train_step
+from gpu_workload import FULL, SMOKE, device_for, ready
 
 import tscope_callbacks as ts
 
@@ -81,13 +81,7 @@ def main() -> int:
     ok = fig["mfu"] is not None and abs(fig["mfu"] / fig["hand_mfu"] - 1) <= 0.05
     check("2. headline MFU within 5% of the hand count", ok, f"{fig['mfu']:.2%} vs {fig['hand_mfu']:.2%}")
 
-    model, opt, ids = build(w, device)
-
-    def step() -> None:
-        train_step(model, opt, ids, device)
-
-    for _ in range(3):
-        step()
+    model, step = ready(w, device)
     # 3. per-layer memory against hooks
     paths = ["transformer.h.0.mlp", "transformer.h.0.attn", f"transformer.h.{w.n_layer // 2}", "lm_head"]
     truth = memory_ground_truth(model, step, paths, cuda)
@@ -193,14 +187,7 @@ def compile_check(w, device: str, cuda: bool) -> None:
 
     torch._dynamo.reset()
     counters.clear()
-    model, opt, ids = build(w, device)
-    cmodel = torch.compile(model)
-
-    def step() -> None:
-        train_step(cmodel, opt, ids, device)
-
-    for _ in range(3):
-        step()
+    cmodel, step = ready(w, device, compile=True)
     graphs = dict(counters["stats"])
     before = median_time(step, 10, cuda=cuda)
     for _ in range(2):
