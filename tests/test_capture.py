@@ -314,3 +314,31 @@ def test_step_profile_round_trip():
     back = ts.StepProfile.from_dict(d)
     assert len(back.ops) == len(prof.ops) and back.total_flops == prof.result.total_flops
     assert back.layers["fc1"].output_shapes == [[4, 16]]
+
+
+def test_model_tree_walks_as_torch_does():
+    """``ModelTree`` (one stack walk per capture) lists what ``named_modules()``/``named_parameters()`` list, in their
+    order: a submodule and a parameter shared twice appear once, under their first path; a compile wrapper's path
+    names the wrapped module; a class overriding ``named_parameters`` gets torch's own walk."""
+    from tscope_callbacks.capture.paths import ModelTree
+
+    block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    model = torch.nn.Sequential(block, torch.nn.Linear(4, 4), block)
+    model[1].weight = model[0][0].weight  # a tied parameter
+    compiled = torch.compile(model)
+
+    class Renamed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Linear(2, 2)
+
+        def named_parameters(self, *a, **k):
+            return ((f"renamed.{n}", p) for n, p in super().named_parameters(*a, **k))
+
+    for m in (model, compiled, Renamed()):
+        tree = ModelTree(m)
+        assert [(p, id(x)) for p, x in tree.modules] == [(p, id(x)) for p, x in m.named_modules()]
+        assert [(n, id(x)) for n, x in tree.parameters] == [(n, id(x)) for n, x in m.named_parameters()]
+    assert [p for p, _ in ModelTree(compiled).clean_modules()] == ["", "0", "0.0", "0.1", "1"]
+    assert ModelTree(compiled).clean_modules()[0][1] is model  # the user's module, not the wrapper
+    assert ModelTree(Renamed()).parameters[0][0] == "renamed.inner.weight"

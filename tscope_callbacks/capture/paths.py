@@ -8,7 +8,7 @@ from fnmatch import fnmatchcase
 
 import torch
 
-__all__ = ["clean_path", "named_modules", "named_parameters", "ancestors", "Selection", "ModelTree"]
+__all__ = ["clean_path", "named_parameters", "ancestors", "Selection", "ModelTree"]
 
 _WRAPPER = "_orig_mod"  #: the attribute under which ``torch.compile``'s OptimizedModule keeps the user's module
 
@@ -18,17 +18,6 @@ def clean_path(path: str) -> str:
     if _WRAPPER not in path:
         return path
     return ".".join(p for p in path.split(".") if p != _WRAPPER)
-
-
-def named_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """``(clean path, module)`` for every module once; a compile wrapper and the module it wraps share a path, which
-    names the wrapped (the user's) module."""
-    seen: dict[str, torch.nn.Module] = {}
-    for path, mod in model.named_modules():
-        key = clean_path(path)
-        if key not in seen or type(seen[key]).__name__ == "OptimizedModule":
-            seen[key] = mod
-    return list(seen.items())
 
 
 def named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -86,7 +75,8 @@ class ModelTree:
         return True
 
     def clean_modules(self) -> list[tuple[str, torch.nn.Module]]:
-        """:func:`named_modules` (clean paths, the wrapped module for a compile wrapper's path) from this walk."""
+        """``(clean path, module)`` for every module once; a compile wrapper and the module it wraps share a path,
+        which names the wrapped (the user's) module."""
         seen: dict[str, torch.nn.Module] = {}
         for path, mod in self.modules:
             key = clean_path(path)
