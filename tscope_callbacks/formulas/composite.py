@@ -16,7 +16,7 @@ from math import prod
 import torch
 
 from tscope_callbacks.formulas.attention import _bhld
-from tscope_callbacks.formulas.bytes import tensor_bytes
+from tscope_callbacks.formulas.bytes import storage_id, tensor_bytes
 from tscope_callbacks.formulas.common import numel, out_numel, reg
 from tscope_callbacks.formulas.embedding import _embedding_bag, _embedding_bag_bytes
 from tscope_callbacks.formulas.losses import _nll, _nll_bytes, _red
@@ -31,7 +31,7 @@ def maybe_copy_bytes(args, kwargs, out):
     if not isinstance(out, torch.Tensor) or not isinstance(x, torch.Tensor) or out is x:
         return 0, 0
     try:
-        if out.untyped_storage()._cdata == x.untyped_storage()._cdata:
+        if storage_id(out) == storage_id(x):
             return 0, 0
     except (RuntimeError, NotImplementedError):
         pass

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from tscope_callbacks.formulas.apply import OpCount, count_op
+from tscope_callbacks.formulas.bytes import storage_id as _sid
 from tscope_callbacks.formulas.registry import DEFAULT_REGISTRY, FormulaRegistry
 
 __all__ = ["CountCache", "value_dependent", "VALUE_DEPENDENT"]
@@ -67,22 +68,6 @@ class CountCache:
         if key is not _UNCACHEABLE and len(self.memo) < self.max_entries:
             self.memo[key] = (func, c)
         return c
-
-
-def _storage_key_fn() -> Any:
-    """The fastest storage identity this torch offers: ``torch._C._storage_id(t)`` (the storage's address, as
-    ``t.untyped_storage()._cdata`` but without building a storage object), else the latter."""
-    sid = getattr(torch._C, "_storage_id", None)
-    try:
-        t = torch.empty(2)
-        if sid is not None and sid(t) == t.untyped_storage()._cdata == sid(t[1:]):
-            return sid
-    except Exception:
-        pass
-    return lambda t: t.untyped_storage()._cdata
-
-
-_sid = _storage_key_fn()
 
 
 _INTS = frozenset({int})
