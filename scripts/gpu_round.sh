@@ -21,6 +21,7 @@ step() {  # step NAME SECONDS COMMAND...
     timeout "$secs" "$@" > "$LOG/$name.log" 2>&1
     echo "== $name rc=$?"; tail -n 20 "$LOG/$name.log"
     tar czf "$LOG/results.tgz" benchmarks/results
+    [ -s "$TSCOPE_CACHE_DIR/gemm_tables.json" ] && cp "$TSCOPE_CACHE_DIR/gemm_tables.json" "$LOG/"
 }
 declare -A CMD=(
   [gpu_check]="230 python3 scripts/gpu_check.py"

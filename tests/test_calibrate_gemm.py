@@ -116,8 +116,8 @@ def kernel_sdpa(backend: str, b: int, h: int, t: int, d: int, causal: bool):
 
 def test_calibrated_sdpa_rows_are_kernel_time_and_replace_the_packaged_ones():
     """GPT-2's attention (B=8, H=12, T=1024, d=64, causal): forward hardware FLOPs 4 * 96 * 524,800 pairs * 64 =
-    12,897,484,800; the fake measures it at 12.9e9 / 400e12 = 32.2 µs. The packaged (event-timed) row predicts
-    84.1 µs - delta_s: mostly the call's host time."""
+    12,897,484,800; the fake measures it at 12.9e9 / 400e12 = 32.2 µs. The packaged (event-timed) rows predict
+    44 µs (from 4x16x2048x64, its nearest row above the host floor)."""
     packaged = efficiency.model_for(H100)
     table = gt.measure_gemm_table(H100, quick=True, timer=faster_gpu, sdpa_timer=kernel_sdpa)
     assert table["sdpa_timing"] == "kernels" and "SDPA" in table["source"]
@@ -131,7 +131,7 @@ def test_calibrated_sdpa_rows_are_kernel_time_and_replace_the_packaged_ones():
         fwd / 400e12, rel=0.02)
     assert calibrated.attention_s("CUDNN_ATTENTION", 96, 1024, 64, True, True, 2.5 * fwd) == pytest.approx(
         2.5 * fwd / 300e12, rel=0.02)
-    assert packaged.attention_s("CUDNN_ATTENTION", 96, 1024, 64, True, False, fwd) > 1.5 * fwd / 400e12
+    assert packaged.attention_s("CUDNN_ATTENTION", 96, 1024, 64, True, False, fwd) > 1.3 * fwd / 400e12
     # no SDPA measured with a fake GEMM timer alone: the packaged rows stay
     only_gemm = gt.measure_gemm_table(H100, quick=True, timer=faster_gpu)
     assert "sdpa" not in only_gemm and efficiency.model_for(H100).sdpa_source.startswith("one call")

@@ -11,10 +11,12 @@ at 50304 columns at ~680). A :class:`KernelModel` predicts the kernel time a sha
   alignment class (in log2 M, N, K), of measured / analytic. Leave-one-out on the H100 table: median error 9%, 87%
   of kernels over 20 µs within 1.3x.
 - **Attention** (``attention_s``): the measured efficiency of the backend (flash / cuDNN / mem-efficient), causal or
-  not, nearest in (batch x heads, length, head dim), times the op's FLOPs. ``tscope calibrate --gemm`` measures
-  the rows as kernel time (``devices.sdpa_table``), and those replace the packaged rows for that device: the
-  packaged sweeps time one call between events, and at GPT-2's size that is mostly host time (H100 GPT-2 step:
-  attention kernels at 0.75x the time the packaged rows predict).
+  not, per computed 128x128 block, nearest in (batch x heads, length) among rows of the same head dim, times the
+  op's FLOPs; the backward is the forward's time times the backend's measured backward / forward ratio. The
+  packaged sweeps time one call between CUDA events, which at GPT-2's size is mostly host time: rows within 3x of
+  the backend's fastest call are dropped (H100 GPT-2 step, cuDNN: the event-timed row predicts 0.29 ms a layer,
+  the rows kept 0.18 ms, the kernels took 0.21 ms). ``tscope calibrate --gemm`` measures the rows as kernel time
+  (``devices.sdpa_table``), and those replace the packaged rows for that device.
 - **Memory-bound** ops (``memory_s``): the measured bandwidth curve of the closest op kind (add, gelu, copy, sum,
   softmax, layer_norm) at the op's size.
 
@@ -41,6 +43,7 @@ __all__ = ["KernelModel", "model_for", "build_model", "forget", "fit_gemm", "MIN
 
 TABLE_DIR = Path(__file__).with_name("data")
 MIN_KERNEL_S = 2.5e-6  #: the shortest kernel in a training step: launch and ramp of a back-to-back kernel
+HOST_BOUND = 3.0  #: an event-timed SDPA row under this multiple of its backend's fastest call is host time
 ITEMSIZE = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4, "fp64": 8, "fp8": 1, "int8": 1}
 _SMS = 132  #: SMs of the table devices (H100 SXM, H200); other devices' counts are not in the spec rows
 #: memory-bound op kind -> bytes moved per element in the measured sweep (reads + writes), to turn times into GB/s
@@ -56,6 +59,14 @@ DEFAULT_PARAMS = {"bf16": [0.9, 0.9, 6e-6, 64, 128, 0.3], "fp16": [0.8, 0.9, 6e-
 def aligned(n: int, k: int, itemsize: int) -> bool:
     """Operand rows start on 16-byte boundaries (what cuBLAS's fast tensor-core paths need)."""
     return (n * itemsize) % 16 == 0 and (k * itemsize) % 16 == 0
+
+
+def _tile_waste(length: int, causal: bool, tile: int = 128) -> float:
+    """Pairs a fused attention kernel computes (whole ``tile`` x ``tile`` blocks) per pair it attends."""
+    n = math.ceil(length / tile)
+    if causal:
+        return n * (n + 1) // 2 * tile * tile / (length * (length + 1) // 2)
+    return (n * tile) ** 2 / length ** 2
 
 
 def _analytic(m: int, n: int, k: int, peak: float, bw: float, item: int, p: list, sms: int = _SMS) -> float:
@@ -135,15 +146,24 @@ class KernelModel:
         self.sdpa_source = "kernel-timed (tscope calibrate --gemm)" if kernels else "one call between CUDA events"
         if kernels:
             self.source += "; SDPA: kernel-timed"
-        self._sdpa = [(b, bk, h, t, d, c, self._eff_sdpa(bk, h, t, d, c, fs, False, sdpa_peak, sdpa_delta),
-                       self._eff_sdpa(bk, h, t, d, c, bs, True, sdpa_peak, sdpa_delta)) for b, bk, h, t, d, c, fs, bs
-                      in sdpa_rows]
-        # backward / forward kernel time where both are far above the sweep's per-call host cost (the backward call
-        # goes through autograd: ~0.17 ms on the H100 sweep, so small backward points are host-bound, not kernels);
-        # kernel-timed rows are all usable
-        ratios: dict[str, list[float]] = {}
+        # an event-timed row measures the call's host work plus the part of the kernel that outlasts it: the smallest
+        # configurations take the same time as each other (the host floor), so a row within HOST_BOUND x its
+        # backend's fastest call in that direction says nothing about the kernel and is not used (H100 cuDNN, GPT-2's
+        # 8x12x1024x64 causal: forward 84 µs and backward 235 µs between events, against a 35 µs / 178 µs floor, while
+        # the training step's kernels take 206 µs for both); kernel-timed rows are all used
+        fast_f: dict[str, float] = {}
+        fast_b: dict[str, float] = {}
         for b, _bk, _h, _t, _d, _c, fs, bs in sdpa_rows:
-            if kernels or fs > 3e-4:
+            fast_f[b], fast_b[b] = min(fs, fast_f.get(b, math.inf)), min(bs, fast_b.get(b, math.inf))
+        bound = 0.0 if kernels else HOST_BOUND
+        self._sdpa = []
+        ratios: dict[str, list[float]] = {}  # backward / forward kernel time where both rows say something
+        for b, bk, h, t, d, c, fs, bs in sdpa_rows:
+            use_f, use_b = fs >= bound * fast_f[b], bs >= bound * fast_b[b]
+            self._sdpa.append((b, bk, h, t, d, c,
+                               self._eff_sdpa(bk, h, t, d, c, fs, False, sdpa_peak, sdpa_delta) if use_f else None,
+                               self._eff_sdpa(bk, h, t, d, c, bs, True, sdpa_peak, sdpa_delta) if use_b else None))
+            if use_f and use_b:
                 ratios.setdefault(b, []).append(bs / fs)
         self._bwd_ratio = {b: float(np.median(r)) for b, r in ratios.items()}
         self._mem: dict[str, dict[str, list[tuple[float, float]]]] = {}  #: kind -> dtype -> (log2 bytes, bw share)
@@ -161,7 +181,9 @@ class KernelModel:
                   peak: dict[str, float], delta_s: float) -> float:
         pairs = t * (t + 1) // 2 if causal else t * t
         flops = b * h * pairs * 4 * d * (2.5 if backward else 1.0)  # the sweep's convention (hardware, 5 GEMMs)
-        return flops / max(MIN_KERNEL_S, seconds - delta_s) / peak.get("bf16", 1e15)
+        # per computed tile: a kernel computes whole 128x128 blocks, so its efficiency over attended pairs falls with
+        # the masked share of the diagonal blocks (causal 1024: 11% of computed pairs, 2048: 6%)
+        return flops / max(MIN_KERNEL_S, seconds - delta_s) / peak.get("bf16", 1e15) * _tile_waste(t, causal)
 
     # ---------------- predictions ----------------
     @functools.lru_cache(maxsize=8192)  # noqa: B019  (models live as long as the process; shapes repeat)
@@ -215,28 +237,34 @@ class KernelModel:
                     backward: bool, flops: float, precision: str = "bf16") -> float:
         """Kernel seconds of a fused attention op doing ``flops`` (hardware FLOPs), from the nearest measured
         configuration of its backend ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")."""
-        cands = [s for s in self._sdpa if s[0] == backend and s[5] == causal] or \
-            [s for s in self._sdpa if s[5] == causal] or self._sdpa
         peak = self.peak.get(precision) or self.peak.get("bf16", 1e15)
-        if not cands:
-            return max(MIN_KERNEL_S, flops / (0.3 * peak))
         q = (math.log2(max(batch_heads, 1)), math.log2(max(length, 1)), math.log2(max(head_dim, 1)))
 
         def dist(s: tuple) -> float:
             return abs(math.log2(s[1] * s[2]) - q[0]) + abs(math.log2(s[3]) - q[1]) + 2 * abs(math.log2(s[4]) - q[2])
 
-        best = sorted(cands, key=dist)[:2]
-        w = [1.0 / (dist(s) + 0.05) ** 2 for s in best]
+        def predict(bwd: bool, work: float) -> float | None:
+            col = 7 if bwd else 6
+            rows = [s for s in self._sdpa if s[col] is not None]
+            cands = [s for s in rows if s[0] == backend and s[5] == causal] or \
+                [s for s in rows if s[5] == causal] or rows
+            if not cands:
+                return None
+            # another head dim is another kernel (its tile shapes): rows of this one, where the backend has some
+            cands = [s for s in cands if s[4] == head_dim] or cands
+            best = sorted(cands, key=dist)[:2]
+            w = [1.0 / (dist(s) + 0.05) ** 2 for s in best]
+            eff = math.exp(sum(wi * math.log(s[col]) for wi, s in zip(w, best)) / sum(w))
+            return max(MIN_KERNEL_S, work * _tile_waste(length, causal) / (peak * eff))
 
-        def predict(bwd: bool, work: float) -> float:
-            eff = math.exp(sum(wi * math.log(s[7] if bwd else s[6]) for wi, s in zip(w, best)) / sum(w))
-            return max(MIN_KERNEL_S, work / (peak * eff))
-
+        fwd = predict(False, flops / 2.5 if backward else flops)
+        if fwd is None:
+            return max(MIN_KERNEL_S, flops / (0.3 * peak))
         if not backward:
-            return predict(False, flops)
-        ratio = self._bwd_ratio.get(backend)  # never more than the backend's large-shape backward/forward ratio
-        cap = ratio * predict(False, flops / 2.5) if ratio else math.inf
-        return min(predict(True, flops), cap)
+            return fwd
+        # the backward follows the forward's shape efficiency, times the backend's measured backward / forward ratio
+        ratio = self._bwd_ratio.get(backend)
+        return ratio * fwd if ratio else (predict(True, flops) or 2.5 * fwd)
 
     def memory_s(self, category: str, nbytes: float, dtype: str = "bf16") -> float:
         """Kernel seconds of a memory-bound op of class ``category`` moving ``nbytes``."""
