@@ -125,18 +125,27 @@ class ProfilingCallback(Callback):
         for m in members:
             labels.update(m._step_basis(trainer))
         prof = None
+        sig = batch_signature(batch) if stage == "train" else ()
+        details = any(o.get("layer_details") for o in opts)
+        check = any(o.get("check_finite") for o in opts)
+        compiled = "eager" if any(o.get("compiled") == "eager" for o in opts) else "auto"
+        # count once, time later (CUDA): a step of the shapes of an earlier full capture is timed from kernel records
+        # alone with that capture's counts, unless a member checks values or opted out
+        key = (stage, sig, details, compiled)
+        source = None if check or reason != "schedule" or not all(o.get("replay", True) for o in opts) else \
+            session.replay_source(trainer, key)
         try:
             from tscope_callbacks.capture.profile import profile
 
-            prof = profile(pl_module, layer_details=any(o.get("layer_details") for o in opts),
-                           check_finite=any(o.get("check_finite") for o in opts), labels=labels,
-                           compiled="eager" if any(o.get("compiled") == "eager" for o in opts) else "auto")
+            if source is not None:
+                prof = profile(pl_module, replay=source, labels=labels, raise_errors=self.raise_errors)
+            else:
+                prof = profile(pl_module, layer_details=details, check_finite=check, labels=labels, compiled=compiled)
             prof.start()
         except Exception as e:
             prof = None
             self._warn_once(f"starting the profile of {stage} step {step}", e)
-        sig = batch_signature(batch) if stage == "train" else ()
-        session.set_running(Capture(trainer, stage, step, members, prof, sig, reason, scheduled))
+        session.set_running(Capture(trainer, stage, step, members, prof, sig, reason, scheduled, key))
 
     def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Stop the running capture, gather per-rank step times (all ranks, same steps), hand out the records."""
@@ -145,10 +154,12 @@ class ProfilingCallback(Callback):
         if s is None:
             return
         result: StepProfile | None = None
+        prof = s.profile
         try:
             if s.profile is not None:
                 s.profile.label(micro_batches=max(s.micro_batches, 1))
             result = s.stop()
+            session.after_capture(trainer, s.key, prof, result)
         except Exception as e:
             self._warn_once("stopping the profile", e)
         step_s = float((result.meta.get("step_time_s") or 0.0) if result is not None else 0.0)

@@ -65,6 +65,10 @@ class RooflineCallback(ProfilingCallback):
             step after the first profile eagerly once and log ``tscope/roofline/compiled_vs_eager`` (per layer:
             compiled vs eager time, speedup, compiled % of roof) and ``tscope/roofline/compile_speedup``; later
             profiles repeat the comparison against that eager reference.
+        replay: on CUDA, time later profiles of the first profile's batch shapes from kernel records alone, with that
+            profile's counts (``ts.profile(replay=)``: no dispatch mode or hook in the step, so a profiled step costs
+            about what the profiler's kernel tracing costs); a step whose kernels do not match is reported untimed
+            and ends replays. False: every profile is a full capture.
         history: how many per-step summaries ``history`` keeps (records are never accumulated: only the last
             profile and report are kept).
         every_n_steps, start_step, max_profiles, profile_first, stages, raise_errors: see
@@ -100,7 +104,7 @@ class RooflineCallback(ProfilingCallback):
     def __init__(self, gpu: Any = "auto", precision: str | None = None, *, top: int = 20, plot: bool = True,
                  save_json: bool = True, save_trace: bool = False, auto_mfu: bool = True,
                  attention_flops: str = "attended",
-                 compare_eager: bool = True, history: int = 32, every_n_steps: int | None = 500, start_step: int = 10,
+                 compare_eager: bool = True, replay: bool = True, history: int = 32, every_n_steps: int | None = 500, start_step: int = 10,
                  max_profiles: int | None = None, profile_first: bool = True,
                  stages: str | list[str] | tuple[str, ...] = ("train",), raise_errors: bool = False) -> None:
         super().__init__(every_n_steps=every_n_steps, start_step=start_step, max_profiles=max_profiles,
@@ -115,7 +119,7 @@ class RooflineCallback(ProfilingCallback):
             precision = normalize_precision(precision)  # raises ValueError naming the accepted values
         for name, val in (("plot", plot), ("save_json", save_json), ("save_trace", save_trace),
                           ("auto_mfu", auto_mfu),
-                          ("compare_eager", compare_eager)):
+                          ("compare_eager", compare_eager), ("replay", replay)):
             if not isinstance(val, bool):
                 raise TypeError(f"{name} must be a bool, got {type(val).__name__}")
         for name, val in (("top", top), ("history", history)):
@@ -125,7 +129,7 @@ class RooflineCallback(ProfilingCallback):
             raise ValueError(f"attention_flops must be one of {ATTENTION_CONVENTIONS}, got {attention_flops!r}")
         self.gpu, self.precision, self.top, self.plot = gpu, precision, top, plot
         self.save_json, self.auto_mfu, self.attention_flops = save_json, auto_mfu, attention_flops
-        self.compare_eager, self.save_trace = compare_eager, save_trace
+        self.compare_eager, self.save_trace, self.replay = compare_eager, save_trace, replay
         self.eager_report: Any = None  #: the eager reference of a compiled model (``compare_eager``)
         self._eager_at: int | None = None
         self._eager_pending = False
@@ -250,7 +254,8 @@ class RooflineCallback(ProfilingCallback):
     # ------------------------------------------------------------------ profiled steps
     @override
     def _capture_options(self) -> dict[str, Any]:
-        return {**super()._capture_options(), **({"compiled": "eager"} if self._eager_pending else {})}
+        return {**super()._capture_options(), "replay": self.replay,
+                **({"compiled": "eager"} if self._eager_pending else {})}
 
     @override
     def _on_profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,

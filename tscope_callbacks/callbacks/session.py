@@ -18,7 +18,7 @@ from tscope_callbacks.callbacks.sinks import NULL_SINK, Sink, build_sinks
 from tscope_callbacks.records import StepProfile
 
 __all__ = ["ProfileContext", "Capture", "batch_signature", "gather_floats", "gather_objects", "running", "set_running", "abort",
-           "sinks_for", "forget_trainer", "dirty_clocks", "register_clock"]
+           "sinks_for", "forget_trainer", "dirty_clocks", "register_clock", "replay_source", "after_capture"]
 
 log = logging.getLogger("tscope_callbacks")
 
@@ -81,8 +81,9 @@ class Capture:
     """One capture shared by the callbacks due at the same step."""
 
     def __init__(self, trainer: Any, stage: str, step: int, members: list, profile: Any, signature: tuple,
-                 reason: str, scheduled: bool) -> None:
+                 reason: str, scheduled: bool, key: tuple = ()) -> None:
         self.trainer, self.stage, self.step, self.members = trainer, stage, step, members
+        self.key = key  #: what a replay of this capture must share with it (stage, batch shapes, options)
         self.profile, self.signature, self.reason, self.scheduled = profile, signature, reason, scheduled
         self.global_step = trainer.global_step
         self.epoch = trainer.current_epoch
@@ -129,6 +130,9 @@ class Capture:
 
 
 _RUNNING: Capture | None = None
+#: per trainer: capture key -> the full CUDA capture later steps of that key are replayed from (None: replay failed
+#: for that key once; every later profile of it is a full capture)
+_SOURCES: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
 _SINKS: weakref.WeakKeyDictionary[Any, dict[bool, Sink]] = weakref.WeakKeyDictionary()
 _CLOCKS: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 
@@ -176,6 +180,30 @@ def dirty_clocks(trainer: Any) -> None:
         c.mark_dirty()
 
 
+def replay_source(trainer: Any, key: tuple) -> Any:
+    """The full capture a step of ``key`` can be replayed from (``capture.replay``), or None."""
+    return _SOURCES.get(trainer, {}).get(key)
+
+
+def after_capture(trainer: Any, key: tuple, prof: Any, result: StepProfile | None) -> None:
+    """Keep a full capture with CUDA kernel records as the replay source of its key; a replay whose kernels did
+    not match its source ends replays of that key (said once in the log)."""
+    if prof is None or result is None or not key:
+        return
+    sources = _SOURCES.setdefault(trainer, {})
+    rep = result.meta.get("replay")
+    if rep is not None:
+        if rep.get("status") != "matched":
+            sources[key] = None
+            log.warning("tscope: a replayed step's kernels did not match its full capture (%s); later profiles of "
+                        "these batch shapes are full captures", rep.get("note", ""))
+        return
+    tl = getattr(prof, "timeline", None)
+    if key not in sources and tl is not None and any(k.op is not None for k in tl.kernels):
+        sources[key] = prof
+
+
 def forget_trainer(trainer: Any) -> None:
     _SINKS.pop(trainer, None)
     _CLOCKS.pop(trainer, None)
+    _SOURCES.pop(trainer, None)

@@ -68,6 +68,7 @@ class KernelRecord:
     stream: int  #: the device resource (CUDA stream) it ran on
     device: int
     op: int | None  #: index of the op whose range launched it; None: outside any op range (e.g. DDP's reducer)
+    corr: int = 0  #: the profiler's correlation id: increasing in launch order (0: unknown)
 
     @property
     def duration_s(self) -> float:
@@ -204,7 +205,8 @@ def assign_kernels(events: Sequence[Any], n_ops: int) -> Timeline:
         if idx == -1:
             continue
         start, end = _interval(e)
-        kernels.append(KernelRecord(e.name(), start, end, _resource(e), int(_call(e, "device_index", 0) or 0), idx))
+        kernels.append(KernelRecord(e.name(), start, end, _resource(e), int(_call(e, "device_index", 0) or 0), idx,
+                                    int(_call(e, "correlation_id", 0) or 0)))
         if idx is not None:
             times[idx] = (times[idx] or 0.0) + (end - start) * 1e-9
             tc[idx] = bool(tc[idx]) or is_tensor_core_kernel(e.name())

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -33,6 +32,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
 
 from tscope_callbacks.capture import region as _session
+from tscope_callbacks.capture.active import NestedProfileError, active_profile, claim, paused, release
 from tscope_callbacks.capture.attribute import attribute
 from tscope_callbacks.capture.masks import MaskCounts
 from tscope_callbacks.capture.paths import Selection
@@ -47,32 +47,6 @@ log = logging.getLogger("tscope_callbacks")
 
 _current_node = torch._C._current_autograd_node
 _perf_ns = time.perf_counter_ns
-_ACTIVE: Profile | None = None
-_ACTIVE_LOCK = threading.Lock()
-
-
-class NestedProfileError(RuntimeError):
-    """Raised when a profile is started while another one is running."""
-
-
-def active_profile() -> Profile | None:
-    """The profile currently capturing, if any."""
-    return _ACTIVE
-
-
-@contextlib.contextmanager
-def paused() -> Iterator[None]:
-    """Run tscope's own work (finite checks, the NaN guard's check and replay) inside a profiled region without
-    recording it: ops run untouched and no module is tracked. A no-op when nothing is being profiled."""
-    p = _ACTIVE
-    if p is None:
-        yield
-        return
-    p.pause()
-    try:
-        yield
-    finally:
-        p.resume()
 
 
 class Profile:
@@ -223,14 +197,7 @@ class Profile:
 
     # ---------------- lifecycle ----------------
     def start(self) -> Profile:
-        global _ACTIVE
-        with _ACTIVE_LOCK:
-            if _ACTIVE is not None:
-                raise NestedProfileError(
-                    "a tscope profile is already running; nested profile() calls are not supported "
-                    "(stop the outer one first, or profile the outer region only)"
-                )
-            _ACTIVE = self
+        claim(self)
         self._inputs = None
         try:
             self._session = _session.install(self)
@@ -238,13 +205,11 @@ class Profile:
             self._t0 = _perf_ns()
         except BaseException:
             self._uninstall()
-            with _ACTIVE_LOCK:
-                _ACTIVE = None
+            release(self)
             raise
         return self
 
     def stop(self) -> StepProfile:
-        global _ACTIVE
         if not self._running:
             return self.result
         wall = None
@@ -260,9 +225,7 @@ class Profile:
             self._internal_error(e)
         finally:
             self._uninstall()
-            with _ACTIVE_LOCK:
-                if _ACTIVE is self:
-                    _ACTIVE = None
+            release(self)
         self.timeline = timeline
         try:
             self.result = _session.build_result(self, wall, timeline)
@@ -384,11 +347,17 @@ class Profile:
         return None if seq in self._hooked else self._seq_layer.get(seq)
 
 
-def profile(model: torch.nn.Module, **kwargs: Any) -> Profile:
+def profile(model: torch.nn.Module, *, replay: Any = None, **kwargs: Any) -> Any:
     """Profile a region (forward, backward, optimizer step) of ``model``. See :class:`Profile` for options.
 
     >>> with profile(model) as prof:
     ...     model(x).sum().backward()
     >>> prof.ops[0].op, prof.layers[""].flops_fwd
-    """
-    return Profile(model, **kwargs)
+
+    ``replay=<a full profile of an earlier step, same shapes>`` (CUDA): time this step from kernel records alone
+    with that profile's counts (``capture.replay.ReplayProfile``; takes ``labels`` and ``raise_errors`` only)."""
+    if replay is None:
+        return Profile(model, **kwargs)
+    from tscope_callbacks.capture import replay as _replay
+
+    return _replay.ReplayProfile(model, replay, **kwargs)
