@@ -79,6 +79,8 @@ def timing_device_mismatch(meta: dict[str, Any], spec: Any) -> str | None:
         return None if getattr(spec, "vendor", "") == "cpu" and getattr(spec, "measured", False) else (
             "this machine's CPU")
     if dev == "cuda" and name:
+        if name == spec.name:  # a spec named as the device reports itself (before resolving to a table row)
+            return None
         try:
             return None if get_device_spec(name).name == spec.name else name
         except Exception:
