@@ -254,10 +254,13 @@ def test_align_resynchronises_after_inserts_and_drops():
     assert sum(x is not None for x in align(plan, [f"x{i}" for i in range(400)])) == 0
 
 
-def test_callbacks_replay_later_profiles_of_the_same_shapes(fake, monkeypatch, tmp_path):
+def fit_with(tmp_path, monkeypatch, callbacks_of):
+    """Fit the demo LM for 5 steps on fake CUDA timing; each replayed step runs the source's kernels 3x as long.
+    Returns the results the RooflineCallback got."""
     import lightning.pytorch as pl
 
     import tscope_callbacks.capture.region as region
+    from tscope_callbacks.callbacks import session
     from tscope_callbacks.demo.lightning import DemoLM, RandomTokenData
 
     monkeypatch.setattr(region, "resolve_timing", lambda model, timing: "cuda")
@@ -266,26 +269,33 @@ def test_callbacks_replay_later_profiles_of_the_same_shapes(fake, monkeypatch, t
     class Record(ts.RooflineCallback):
         def _on_profile(self, trainer, pl_module, result, ctx):
             seen.append(result)
-            # the replayed step runs the source's kernels, 3x as long
-            src = ts_sources(trainer)
-            if src is not None:
-                ReplayTimeline.script = plan_script(src, scale=3)
+            srcs = [v for v in session._SOURCES.get(trainer, {}).values() if v is not None]
+            if srcs:
+                ReplayTimeline.script = plan_script(srcs[0], scale=3)
             super()._on_profile(trainer, pl_module, result, ctx)
 
-    def ts_sources(trainer):
-        from tscope_callbacks.callbacks import session
-
-        vals = [v for v in session._SOURCES.get(trainer, {}).values() if v is not None]
-        return vals[0] if vals else None
-
-    cb = Record(gpu="h100", every_n_steps=2, start_step=0, plot=False, save_json=False)
-    trainer = pl.Trainer(max_steps=5, callbacks=[cb], logger=False, enable_checkpointing=False,
+    trainer = pl.Trainer(max_steps=5, callbacks=callbacks_of(Record), logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
     trainer.fit(DemoLM(vocab_size=64, seq_len=16, d_model=32, n_layer=1, n_head=2),
                 RandomTokenData(vocab_size=64, seq_len=16, batch_size=4, num_samples=64))
     assert len(seen) >= 3
+    return seen
+
+
+def test_callbacks_replay_later_profiles_of_the_same_shapes(fake, monkeypatch, tmp_path):
+    opts = {"gpu": "h100", "every_n_steps": 2, "start_step": 0, "plot": False, "save_json": False}
+    seen = fit_with(tmp_path, monkeypatch, lambda Record: [Record(**opts)])
     assert "replay" not in seen[0].meta  # the first profile is a full capture
     for r in seen[1:]:
         assert r.meta["replay"]["status"] == "matched"
         assert [o.time_s for o in r.ops] == [pytest.approx(3 * o.time_s) for o in seen[0].ops]
         assert r.meta["step"] != seen[0].meta["step"]
+
+
+def test_callbacks_profile_in_full_when_asked_or_when_values_are_checked(fake, monkeypatch, tmp_path):
+    opts = {"gpu": "h100", "every_n_steps": 2, "start_step": 0, "plot": False, "save_json": False}
+    seen = fit_with(tmp_path, monkeypatch, lambda Record: [Record(replay=False, **opts)])
+    assert not any("replay" in r.meta for r in seen)
+    layers = ts.LayerProfilerCallback(every_n_steps=2, start_step=0, save_json=False, plot=False)  # check_finite
+    seen = fit_with(tmp_path / "2", monkeypatch, lambda Record: [Record(**opts), layers])
+    assert not any("replay" in r.meta for r in seen)

@@ -129,11 +129,11 @@ class ProfilingCallback(Callback):
         details = any(o.get("layer_details") for o in opts)
         check = any(o.get("check_finite") for o in opts)
         compiled = "eager" if any(o.get("compiled") == "eager" for o in opts) else "auto"
-        # count once, time later (CUDA): a step of the shapes of an earlier full capture is timed from kernel records
-        # alone with that capture's counts, unless a member checks values or opted out
+        # count once, time later (CUDA): a training step of the batch shapes of an earlier full capture is timed from
+        # kernel records alone with that capture's counts, unless a member checks values or opted out
         key = (stage, sig, details, compiled)
-        source = None if check or reason != "schedule" or not all(o.get("replay", True) for o in opts) else \
-            session.replay_source(trainer, key)
+        replayable = stage == "train" and not check and reason == "schedule" and all(o.get("replay", True) for o in opts)
+        source = session.replay_source(trainer, key) if replayable else None
         try:
             from tscope_callbacks.capture.profile import profile
 
