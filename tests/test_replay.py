@@ -165,6 +165,7 @@ def test_a_replayed_step_times_every_op_from_its_own_kernels_with_the_source_cou
     assert rep.meta["step_time_s"] == pytest.approx(total) and rep.meta["step_time_basis"] == "device-busy"
     assert rep.meta["step"] == 9 and rep.meta["replay"]["source_step"] == 3
     assert len(rep.meta["kernels"]) == len(script)
+    assert rep.coverage() == src.coverage() and rep.uncounted_ops() == src.uncounted_ops()
     with warnings.catch_warnings():  # the fake step ran on the CPU: a what-if warning, once per process
         warnings.simplefilter("ignore")
         report = ts.roofline(rep.result, ts.get_device_spec("h100"))

@@ -149,6 +149,12 @@ class ReplayProfile:
     meta = property(lambda self: self.result.meta)
     wall_time_s = property(lambda self: self.result.wall_time_s)
 
+    def uncounted_ops(self) -> dict[str, int]:
+        return self.result.uncounted_ops()
+
+    def coverage(self) -> float:
+        return self.result.coverage()
+
     def __enter__(self) -> ReplayProfile:
         return self.start()
 
