@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cuda_timing import CPU, CUDA, Ev
+from test_cuda_timing import CPU, CUDA, Ev, FakeTimeline
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import tscope_callbacks as ts
@@ -27,19 +27,9 @@ def name_of(i: int) -> str:
     return GPT2_KERNELS[(i * 7) % len(GPT2_KERNELS)].strip()
 
 
-class SourceTimeline:
+class SourceTimeline(FakeTimeline):
     """The full capture's Kineto session: each op range launches one kernel named ``name_of(op)`` lasting
     (op + 1) µs, launched in op order (correlation ids 1000 + op)."""
-
-    def start(self) -> None:
-        self.names: list[str] = []
-
-    def enter(self, name):
-        self.names.append(name)
-        return name
-
-    def exit(self, handle) -> None:
-        pass
 
     def stop(self, n_ops):
         events = []
@@ -54,11 +44,8 @@ class SourceTimeline:
                              _end=10**6 * i + 1000 * (i + 1)))
         return assign_kernels(events, n_ops)
 
-    def abort(self) -> None:
-        pass
 
-
-class ReplayTimeline:
+class ReplayTimeline(FakeTimeline):
     """A replayed step's Kineto session: plays ``script`` -- (name, duration ns) in launch order -- as kernels
     launched by runtime calls on thread 1, and drops kernels launched inside a ``tscope#paused`` range."""
 
@@ -67,18 +54,8 @@ class ReplayTimeline:
     instances: list = []
 
     def __init__(self) -> None:
-        self.entered: list[str] = []
+        super().__init__()
         ReplayTimeline.instances.append(self)
-
-    def start(self) -> None:
-        pass
-
-    def enter(self, name):
-        self.entered.append(name)
-        return name
-
-    def exit(self, handle) -> None:
-        pass
 
     def stop(self, n_ops):
         assert n_ops == 0  # a replay records no op range
@@ -94,9 +71,6 @@ class ReplayTimeline:
             events.append(Ev("cudaLaunchKernel", CPU, _corr=corr, _start=10**7 + 50, _end=10**7 + 60, _stream=1))
             events.append(Ev("reduce_kernel_isfinite", CUDA, _corr=corr, _start=t, _end=t + 10**6))
         return assign_kernels(events, 0)
-
-    def abort(self) -> None:
-        pass
 
 
 @pytest.fixture
@@ -212,7 +186,7 @@ def test_tscope_own_kernels_in_a_replay_are_left_out(fake):
         step(model, opt)
         with paused():  # e.g. the NaN guard's check: its kernels run in the paused range
             pass
-    assert PAUSED_RANGE in ReplayTimeline.instances[-1].entered
+    assert PAUSED_RANGE in ReplayTimeline.instances[-1].names
     assert rep.meta["replay"]["kernels_run"] == len(src.ops)
     assert not any(k[0] == "reduce_kernel_isfinite" for k in rep.meta["kernels"])
 

@@ -190,6 +190,18 @@ def build_layers(
                 L.num_trainable_parameters += n if prm.requires_grad else 0
                 L.param_bytes += nb
                 L.grad_bytes += gb
+    add_op_totals(layers, ops)
+    for path, n in (calls or {}).items():
+        if path in layers:
+            layers[path].calls += n
+    if details is not None:
+        _apply_details(layers, details, ops)
+    return layers
+
+
+def add_op_totals(layers: dict[str, LayerRecord], ops: list[OpRecord], *, counts: bool = True) -> None:
+    """Add each op's time (and, with ``counts``, FLOPs and bytes) to its layer and that layer's ancestors, inclusive
+    and (for the layer itself) self totals: one pass sums per (layer, phase), then each sum goes up the tree."""
     sums: dict[tuple[str, str], list] = {}
     for r in ops:
         acc = sums.get((r.layer, r.phase))
@@ -201,6 +213,8 @@ def build_layers(
     for (layer, phase), (t, fl, by) in sums.items():
         anc = [a for a in ancestors(layer) if a in layers]
         own = bool(anc) and anc[0] == layer
+        if not counts:
+            fl = by = 0
         for i, a in enumerate(anc):
             L = layers[a]
             if phase == "forward":
@@ -222,12 +236,6 @@ def build_layers(
             elif phase == "recompute":
                 L.recompute_s += t
                 L.flops_recompute += fl
-    for path, n in (calls or {}).items():
-        if path in layers:
-            layers[path].calls += n
-    if details is not None:
-        _apply_details(layers, details, ops)
-    return layers
 
 
 def _apply_details(layers: dict[str, LayerRecord], details: LayerDetails, ops: list[OpRecord]) -> None:

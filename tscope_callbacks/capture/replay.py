@@ -40,7 +40,7 @@ from tscope_callbacks.capture.cuda_timing import (
     Timeline,
     is_tensor_core_kernel,
 )
-from tscope_callbacks.capture.paths import ancestors
+from tscope_callbacks.capture.layers import add_op_totals
 from tscope_callbacks.capture.region import step_time
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
@@ -296,8 +296,8 @@ _TIMES = ("forward_s", "backward_s", "self_forward_s", "self_backward_s", "recom
 
 
 def _retimed_layers(layers: dict[str, LayerRecord], ops: list[OpRecord]) -> dict[str, LayerRecord]:
-    """The source's layer records with this step's times (sums of their ops', as ``build_layers`` adds them) and
-    no per-step value flags (a replay checks no values)."""
+    """The source's layer records with this step's times (sums of their ops', as ``build_layers`` adds them; counts
+    stay the source's) and no per-step value flags (a replay checks no values)."""
     out = {}
     for path, L in layers.items():
         c = copy.copy(L)
@@ -305,23 +305,5 @@ def _retimed_layers(layers: dict[str, LayerRecord], ops: list[OpRecord]) -> dict
             setattr(c, f, 0.0)
         c.nonfinite_output = c.nonfinite_grad_input = c.nonfinite_grad_output = False
         out[path] = c
-    sums: dict[tuple[str, str], float] = {}
-    for r in ops:
-        sums[(r.layer, r.phase)] = sums.get((r.layer, r.phase), 0.0) + (r.time_s or 0.0)
-    for (layer, phase), t in sums.items():
-        anc = [a for a in ancestors(layer) if a in out]
-        own = bool(anc) and anc[0] == layer
-        for i, a in enumerate(anc):
-            L = out[a]
-            if phase == "forward":
-                L.forward_s += t
-                if i == 0 and own:
-                    L.self_forward_s += t
-            elif phase == "backward":
-                L.backward_s += t
-                if i == 0 and own:
-                    L.self_backward_s += t
-            elif phase == "recompute":
-                L.recompute_s += t
+    add_op_totals(out, ops, counts=False)
     return out
-
