@@ -198,8 +198,9 @@ def after_capture(trainer: Any, key: tuple, prof: Any, result: StepProfile | Non
             log.warning("tscope: a replayed step's kernels did not match its full capture (%s); later profiles of "
                         "these batch shapes are full captures", rep.get("note", ""))
         return
-    tl = getattr(prof, "timeline", None)
-    if key not in sources and tl is not None and any(k.op is not None for k in tl.kernels):
+    from tscope_callbacks.capture.replay import can_replay
+
+    if key not in sources and can_replay(prof):
         sources[key] = prof
 
 

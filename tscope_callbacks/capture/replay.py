@@ -44,13 +44,19 @@ from tscope_callbacks.capture.layers import add_op_totals
 from tscope_callbacks.capture.region import step_time
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
-__all__ = ["ReplayProfile", "kernel_plan", "align", "MIN_MATCH"]
+__all__ = ["ReplayProfile", "can_replay", "kernel_plan", "align", "MIN_MATCH"]
 
 log = logging.getLogger("tscope_callbacks")
 
 MIN_MATCH = 0.95  #: share of the plan's kernels and of the step's kernels that must match for the times to count
 _WINDOW = 64  #: how far ahead (kernels, on either side) a mismatch looks for the sequences to agree again
 _CONFIRM = 3  #: kernels that must agree after a resynchronisation point
+
+
+def can_replay(prof: Any) -> bool:
+    """Whether ``prof`` (a stopped capture) can be replayed from: it has CUDA kernel records attributed to its ops."""
+    tl = getattr(prof, "timeline", None)
+    return tl is not None and any(k.op is not None for k in tl.kernels)
 
 
 def kernel_plan(timeline: Timeline) -> list[tuple[str, int]]:
@@ -122,8 +128,7 @@ class ReplayProfile:
         if source.model is not model:
             raise ValueError("replay=: the source profile is of another model; replay needs a full profile of this "
                              "model's step (run ts.profile(model) once, then ts.profile(model, replay=that))")
-        tl = source.timeline
-        if tl is None or not any(k.op is not None for k in tl.kernels):
+        if not can_replay(source):
             raise ValueError("replay= needs a source profile timed on CUDA (it matches this step's kernels to that "
                              "profile's kernel records); on CPU, or with timing=None, profile every step in full")
         self.model, self.source = model, source
@@ -136,7 +141,7 @@ class ReplayProfile:
         self.errors: list[str] = []
         self.result = StepProfile()
         self.timeline: Timeline | None = None
-        self._plan = kernel_plan(tl)
+        self._plan = kernel_plan(source.timeline)
         self._kt: Any = None
         self._running = False
         self._paused = 0
