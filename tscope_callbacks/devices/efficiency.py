@@ -17,8 +17,11 @@ at 50304 columns at ~680). A :class:`KernelModel` predicts the kernel time a sha
   the backend's fastest call are dropped (H100 GPT-2 step, cuDNN: the event-timed row predicts 0.29 ms a layer,
   the rows kept 0.18 ms, the kernels took 0.21 ms). ``tscope calibrate --gemm`` measures the rows as kernel time
   (``devices.sdpa_table``), and those replace the packaged rows for that device.
-- **Memory-bound** ops (``memory_s``): the measured bandwidth curve of the closest op kind (add, gelu, copy, sum,
-  softmax, layer_norm) at the op's size.
+- **Memory-bound** ops (``memory_s``): a kernel's launch and ramp (:data:`MIN_KERNEL_S`) plus its bytes at the
+  bandwidth share the closest op kind (add, gelu, copy, sum, softmax, layer_norm) streams at for that size. Sweep
+  rows within 3x of the kind's fastest call time its host dispatch (add: 22 µs from 8 KB to 32 MB on the H100) and
+  are not used. The bytes are those the kernels move (``analysis.estimate.kernel_bytes``: softmax over long rows
+  and layer_norm's backward pass over their operands more than once).
 
 Measured tables time one call between CUDA events, which adds the host's dispatch time (~15-20 µs) to every kernel;
 the model subtracts it (``delta_s``: the table's fastest call minus :data:`MIN_KERNEL_S`), as kernels in a training
@@ -32,6 +35,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +47,7 @@ __all__ = ["KernelModel", "model_for", "build_model", "forget", "fit_gemm", "MIN
 
 TABLE_DIR = Path(__file__).with_name("data")
 MIN_KERNEL_S = 2.5e-6  #: the shortest kernel in a training step: launch and ramp of a back-to-back kernel
-HOST_BOUND = 3.0  #: an event-timed SDPA row under this multiple of its backend's fastest call is host time
+HOST_BOUND = 3.0  #: an event-timed sweep row under this multiple of its kind's fastest call is host time
 ITEMSIZE = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4, "fp64": 8, "fp8": 1, "int8": 1}
 _SMS = 132  #: SMs of the table devices (H100 SXM, H200); other devices' counts are not in the spec rows
 #: memory-bound op kind -> bytes moved per element in the measured sweep (reads + writes), to turn times into GB/s
@@ -166,14 +170,19 @@ class KernelModel:
             if use_f and use_b:
                 ratios.setdefault(b, []).append(bs / fs)
         self._bwd_ratio = {b: float(np.median(r)) for b, r in ratios.items()}
+        # memory-bound sweeps: an event-timed call is the op's host dispatch (the kind's fastest call, less the
+        # shortest kernel) plus its kernel, so rows within HOST_BOUND x that floor are host time (H100: add 22 µs and
+        # layer_norm 42 µs from 8 KB to 32 MB) and only the rest say what bandwidth the kernel streams at
         self._mem: dict[str, dict[str, list[tuple[float, float]]]] = {}  #: kind -> dtype -> (log2 bytes, bw share)
-        for kind, per in table.get("memory", {}).items():
+        for name, per in table.get("memory", {}).items():
+            kind = re.sub(r"_\d+$", "", name)  # "softmax_1024": the sweep's row length, not another op
             for dt, rows in per.items():
-                item = ITEMSIZE.get(dt, 4)
-                pts = []
-                for numel, t in rows:
-                    nbytes = numel * item * _SWEEP_BYTES_PER_ELEM.get(kind, 2)
-                    pts.append((math.log2(nbytes), nbytes / max(MIN_KERNEL_S, t - self.delta_s) / tbw))
+                if not rows:
+                    continue
+                fastest = min(t for _, t in rows)
+                per_elem = ITEMSIZE.get(dt, 4) * _SWEEP_BYTES_PER_ELEM.get(kind, 2)
+                kept = [(n, t) for n, t in rows if t >= HOST_BOUND * fastest] or [max(rows)]
+                pts = [(math.log2(n * per_elem), n * per_elem / max(t - fastest, MIN_KERNEL_S) / tbw) for n, t in kept]
                 self._mem.setdefault(kind, {})[dt] = sorted(pts)
 
     @staticmethod
@@ -267,24 +276,22 @@ class KernelModel:
         return ratio * fwd if ratio else (predict(True, flops) or 2.5 * fwd)
 
     def memory_s(self, category: str, nbytes: float, dtype: str = "bf16") -> float:
-        """Kernel seconds of a memory-bound op of class ``category`` moving ``nbytes``."""
+        """Kernel seconds of a memory-bound op of class ``category`` whose kernels move ``nbytes``: the shortest
+        kernel's launch and ramp plus the bytes at the bandwidth share its op kind streams at (measured curve,
+        interpolated in log bytes, its end values beyond its ends)."""
         if nbytes <= 0:
             return 0.0
         per = self._mem.get(KIND_OF_CATEGORY.get(category, "copy")) or self._mem.get("copy")
         if not per:
-            return max(MIN_KERNEL_S, nbytes / (0.8 * self.bandwidth))
+            return MIN_KERNEL_S + nbytes / (0.8 * self.bandwidth)
         pts = per.get(dtype) or per.get("bf16") or next(iter(per.values()))
         x = math.log2(nbytes)
-        if x <= pts[0][0]:
-            share = pts[0][1]
-        elif x >= pts[-1][0]:
-            share = pts[-1][1]
-        else:
-            for (x0, s0), (x1, s1) in zip(pts, pts[1:]):
-                if x0 <= x <= x1:
-                    share = math.exp(math.log(s0) + (math.log(s1) - math.log(s0)) * (x - x0) / (x1 - x0))
-                    break
-        return max(MIN_KERNEL_S, nbytes / (self.bandwidth * min(share, 1.0)))
+        share = pts[0][1] if x <= pts[0][0] else pts[-1][1]
+        for (x0, s0), (x1, s1) in zip(pts, pts[1:]):
+            if x0 <= x <= x1:
+                share = math.exp(math.log(s0) + (math.log(s1) - math.log(s0)) * (x - x0) / (x1 - x0))
+                break
+        return MIN_KERNEL_S + nbytes / (self.bandwidth * min(share, 1.0))
 
 
 @functools.lru_cache(maxsize=8)
