@@ -1,0 +1,97 @@
+"""Bytes PyTorch's CUDA kernels really move (``analysis.estimate.kernel_bytes``), on records captured for real, and
+the expected kernel time of the H100 GPT-2 step per op class against what that step measured."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tscope_callbacks as ts
+from tscope_callbacks.analysis.estimate import kernel_bytes
+
+
+def _captured(fn, *tensors):
+    """The records of one forward + backward of ``fn`` (CPU capture: the same aten ops and counts as on CUDA)."""
+    leaves = [t.requires_grad_() for t in tensors]
+    model = fn if isinstance(fn, torch.nn.Module) else torch.nn.Module()
+    with ts.profile(model) as prof:
+        out = fn(*leaves).float()
+        (out * out).sum().backward()  # a dense gradient, as a loss gives
+    return {r.op: r for r in prof.ops}
+
+
+def test_log_softmax_over_a_vocabulary_reads_its_input_three_times():
+    n, v = 64, 50257  # GPT-2's vocabulary: 50257 x 4 B = 196 KB a row, over the 48 KB shared-memory cache
+    ops = _captured(lambda x: F.log_softmax(x, dim=-1), torch.randn(n, v))
+    fwd, bwd = ops["aten._log_softmax"], ops["aten._log_softmax_backward_data"]
+    size = n * v * 4
+    assert fwd.bytes == 2 * size  # the roofline's count: read once, written once
+    # cunn_SoftMaxForward: max pass, sum-of-exp pass, write pass over the input (3 reads), one write
+    assert kernel_bytes(fwd) == 3 * size + size
+    # cunn_SoftMaxBackward: reads grad (its sum) then grad and output (the write pass), writes grad_input
+    assert bwd.bytes == 3 * size
+    assert kernel_bytes(bwd) == 2 * size + size + size
+
+
+def test_softmax_rows_that_a_single_pass_kernel_handles_are_counted_once():
+    # rows of 1024 fp32 (4 KB): the persistent warp softmax, one read and one write
+    ops = _captured(lambda x: F.softmax(x, dim=-1), torch.randn(32, 1024))
+    assert kernel_bytes(ops["aten._softmax"]) == ops["aten._softmax"].bytes
+    assert kernel_bytes(ops["aten._softmax_backward_data"]) == ops["aten._softmax_backward_data"].bytes
+    # rows of 4096 fp32 (16 KB) fit the shared-memory cache: read once into it
+    ops = _captured(lambda x: F.softmax(x, dim=-1), torch.randn(32, 4096))
+    assert kernel_bytes(ops["aten._softmax"]) == ops["aten._softmax"].bytes
+    # but softmax's backward over them forms grad * output in its own pass (2 reads + 1 write), then reads that
+    # product twice, the output once and writes grad_input: 7 tensors' bytes against the 3 counted
+    bwd = ops["aten._softmax_backward_data"]
+    assert kernel_bytes(bwd) == 7 * 32 * 4096 * 4
+
+
+def test_layer_norm_backward_reads_dy_and_x_again_for_its_parameter_gradients():
+    ln = torch.nn.LayerNorm(768)
+    ops = _captured(ln, torch.randn(8, 128, 768))
+    bwd = ops["aten.native_layer_norm_backward"]
+    act = 8 * 128 * 768 * 4
+    # grad-input kernel: dY, X (+ mean, rstd, gamma) -> dX; GammaBetaBackward kernel: dY and X again
+    assert kernel_bytes(bwd) == bwd.bytes + 2 * act
+    assert kernel_bytes(ops["aten.native_layer_norm"]) == ops["aten.native_layer_norm"].bytes
+    # without affine parameters there is no second kernel
+    ops = _captured(lambda x: F.layer_norm(x, (768,)), torch.randn(8, 128, 768))
+    bwd = ops["aten.native_layer_norm_backward"]
+    assert kernel_bytes(bwd) == bwd.bytes
+
+
+#: the H100 GPT-2 step (12 x 768, vocab 50257, batch 8 x 1024, bf16 autocast, fused AdamW), kernel time per op class
+#: from the profiler's kernel records (benchmarks/results/roofline_accuracy_gpu.md, NVIDIA H100 80GB HBM3)
+H100_GPT2_MS = {"matmul": 21.73, "attention": 2.47, "softmax": 4.35, "norm": 2.58, "pointwise": 18.34,
+                "memory": 10.24, "busy": 63.10, "optimizer": 1.33, "forward": 24.60}
+
+
+@pytest.fixture(scope="module")
+def gpt2_meta_expected() -> dict[str, float]:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)
+    with torch.device("meta"):
+        model = transformers.GPT2LMHeadModel(cfg)
+    rep = ts.analyze_model(model, input_shape=[(8, 1024)], gpu="h100", precision="bf16-mixed", backward=True)
+    out: dict[str, float] = {"forward": rep.expected_time_s("forward") * 1e3}
+    for o in rep.op_roofs:
+        out[o.record.category] = out.get(o.record.category, 0.0) + (o.expected or 0.0) * 1e3
+    return out
+
+
+@pytest.mark.parametrize("cls", ["matmul", "attention", "softmax", "norm", "pointwise", "memory", "forward"])
+def test_h100_gpt2_step_per_op_class_within_1_3x(gpt2_meta_expected, cls):
+    ratio = H100_GPT2_MS[cls] / gpt2_meta_expected[cls]
+    assert 1 / 1.3 <= ratio <= 1.3, f"{cls}: measured {H100_GPT2_MS[cls]} ms / expected " \
+                                    f"{gpt2_meta_expected[cls]:.2f} ms = {ratio:.2f}"
+
+
+def test_h100_gpt2_whole_step_within_1_3x(gpt2_meta_expected):
+    # the meta run has no optimizer step: the step's device-busy time less its measured fused-AdamW kernels
+    busy = H100_GPT2_MS["busy"] - H100_GPT2_MS["optimizer"]
+    ratio = busy / math.fsum(v for k, v in gpt2_meta_expected.items() if k != "forward")
+    assert 1 / 1.3 <= ratio <= 1.3
