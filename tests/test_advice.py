@@ -55,6 +55,23 @@ def test_misaligned_vocabulary_names_the_padding_and_its_saving():
     assert "Saves about" in o.reason and "% of the step" in o.reason
 
 
+def test_misalignment_is_read_from_the_stored_layout():
+    # 8191 tokens through Linear(4096 -> 4096), bf16, on meta: the weight gradient dW = dY.t() @ x has logical
+    # (M, N, K) = (4096, 4096, 8191), but its operands are stored with leading dimensions 4096 (dY.t() is dY
+    # [8191, 4096] row-major, read transposed), 4096 and 4096: every one 16-byte aligned, so no GEMM takes the slow
+    # path and there is nothing to pad (read as row-major operands, K = 8191 would be, and padding it would "save"
+    # several ms). The vocabulary case is the opposite: lm_head's dW reads dY [8192, 50257] transposed, at 50257.
+    import torch
+
+    with torch.device("meta"):
+        lin = torch.nn.Linear(4096, 4096)
+    rep = ts.analyze_model(lin, input_shape=[(8191, 4096)], gpu="h100", precision="bf16", backward=True)
+    mms = [o.record for o in rep.op_roofs if o.record.category == "matmul"]
+    assert any(8191 in (r.input_shapes[0] + r.input_shapes[-1]) for r in mms)
+    assert all(ld % 8 == 0 for r in mms for ld in r.leading_dims)
+    assert not [o for o in rep.opportunities(top=10) if o.kind == "misaligned"]
+
+
 def test_fp32_matmul_without_tf32():
     # fp32 4096^3 on the A100-like H100 spec at the fp32 roof; TF32 off (meta: highest) -> re-estimated at TF32
     ops = [_mm(4096, 4096, 4096, "fc", "forward", 2.6, dtype="float32")]

@@ -63,6 +63,7 @@ class OpRecord:
     fused_ops: list = field(default_factory=list)  #: an Inductor kernel's fused aten ops (compiled capture)
     comm: dict | None = None  #: a collective's group, size, bytes (nccl-tests S), busbw factor (formulas.comm)
     start_s: float | None = None  #: start, seconds after the region's first op/kernel (CPU: op; CUDA: first kernel)
+    leading_dims: list | None = None  #: matmuls: the operands' leading dimensions as stored (``formulas.apply``)
 
     @property
     def bytes(self) -> int:

@@ -27,7 +27,7 @@ from typing import Any
 from tscope_callbacks.analysis.estimate import MEMORY_BOUND, gemm_dims
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.rows import Opportunity, OpRoof
-from tscope_callbacks.devices.efficiency import ITEMSIZE, aligned
+from tscope_callbacks.devices.efficiency import ITEMSIZE
 
 __all__ = ["opportunities", "LAUNCH_BOUND_S", "MIN_SAVING_SHARE", "pad_to"]
 
@@ -60,10 +60,10 @@ def _misaligned(layer: str, ops: list[OpRoof], model: Any) -> list[tuple]:
     bad: dict[int, list] = {}
     for o, (m, n, k) in gemms:
         item = ITEMSIZE.get(o.roof_precision, 2)
-        if not aligned(n, k, item):
-            for v in (n, k):
-                if (v * item) % 16:
-                    bad.setdefault(v, []).append((o, (m, n, k)))
+        lds = o.record.leading_dims  # as stored (a transposed operand's is its logical M); else row-major: N, K
+        for v in dict.fromkeys(lds if lds else (n, k)):
+            if (v * item) % 16 and v in (m, n, k):
+                bad.setdefault(v, []).append((o, (m, n, k)))
     out = []
     for v, hits in bad.items():
         padded = pad_to(v)

@@ -18,6 +18,7 @@ __all__ = ["expected_s", "kernel_bytes", "gemm_dims", "attention_dims", "attenti
 MEMORY_BOUND = frozenset({"pointwise", "norm", "softmax", "loss", "reduction", "memory", "embedding", "optimizer"})
 _PREC = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 _ITEM = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+_ITEM_OF_PREC = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4, "fp64": 8, "fp8": 1, "int8": 1}
 _SMEM_PER_BLOCK = 48 * 1024  #: CUDA's default shared memory per block, what PyTorch's softmax sizes its cache by
 _SOFTMAX_FWD = frozenset({"aten._softmax", "aten._log_softmax"})
 _SOFTMAX_BWD = frozenset({"aten._softmax_backward_data", "aten._log_softmax_backward_data"})
@@ -111,6 +112,11 @@ def expected_s(rec: OpRecord, precision: str, model: Any) -> float | None:
         if dims is None:
             return None
         m, n, k = dims
+        lds = rec.leading_dims if cat == "matmul" else None
+        item = _ITEM_OF_PREC.get(precision, 2)
+        ok = all((ld * item) % 16 == 0 for ld in lds) if lds else None  # stored layout, where it was recorded
+        if ok is not None:
+            return model.gemm_s(m, n, k, precision, ok)
         if cat == "conv" and rec.flops:  # backward convolutions and grouped ones: same efficiency, their own FLOPs
             return model.gemm_s(m, n, k, precision) * rec.flops / max(2 * m * n * k, 1)
         return model.gemm_s(m, n, k, precision)

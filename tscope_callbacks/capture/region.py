@@ -363,7 +363,7 @@ def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> S
                c.input_shapes if shapes else [], times[i] if times is not None else dt, c.counted, c.category,
                names[1], c.output_shapes if shapes else [], i, tcs[i] if tcs is not None else None,
                c.flops_model, c.flops_dense, list(f) if f else [], comm.get(i) if comm else None,
-               starts[i] if starts is not None else cpu_starts.get(i)))
+               starts[i] if starts is not None else cpu_starts.get(i), c.leading_dims))
     if p._details is not None:
         p._details.finish()
     layers = build_layers(p.model, ops, p._details, p._collapse, p._calls, tree=p._tree)

@@ -73,14 +73,16 @@ def _tile_waste(length: int, causal: bool, tile: int = 128) -> float:
     return (n * tile) ** 2 / length ** 2
 
 
-def _analytic(m: int, n: int, k: int, peak: float, bw: float, item: int, p: list, sms: int = _SMS) -> float:
+def _analytic(m: int, n: int, k: int, peak: float, bw: float, item: int, p: list, sms: int = _SMS,
+              ok: bool | None = None) -> float:
     eta, eta_mem, ramp, tm, tn, mis = p
+    ok = aligned(n, k, item) if ok is None else ok
     flops, nbytes = 2.0 * m * n * k, item * (m * k + k * n + m * n)
     tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
     tiles = tiles_m * tiles_n
     waves = math.ceil(tiles / sms)
     q = tiles / (waves * sms) * (m * n) / (tiles_m * tm * tiles_n * tn)
-    e = eta * q * (1.0 if aligned(n, k, item) else mis)
+    e = eta * q * (1.0 if ok else mis)
     return ramp + max(flops / (peak * e), nbytes / (bw * eta_mem))
 
 
@@ -199,19 +201,23 @@ class KernelModel:
 
     # ---------------- predictions ----------------
     @functools.lru_cache(maxsize=8192)  # noqa: B019  (models live as long as the process; shapes repeat)
-    def gemm_s(self, m: int, n: int, k: int, precision: str = "bf16") -> float:
-        """Kernel seconds of an (M x K) @ (K x N) GEMM at ``precision``."""
+    def gemm_s(self, m: int, n: int, k: int, precision: str = "bf16", ok: bool | None = None) -> float:
+        """Kernel seconds of an (M x K) @ (K x N) GEMM at ``precision``. ``ok``: whether every operand's leading
+        dimension is 16-byte aligned, where the caller knows the storage (None: row-major operands, as measured:
+        N and K)."""
         if min(m, n, k) <= 0:
             return 0.0
         prec = precision if precision in self._gemm or precision in DEFAULT_PARAMS else "bf16"
         item = ITEMSIZE.get(prec, 2)
+        ok = aligned(n, k, item) if ok is None else ok
         peak = self.peak.get(prec) or self.peak.get("bf16", 1e15)
-        base = _analytic(m, n, k, peak, self.bandwidth, item, self.params.get(prec, DEFAULT_PARAMS["bf16"]), self.sms)
+        base = _analytic(m, n, k, peak, self.bandwidth, item, self.params.get(prec, DEFAULT_PARAMS["bf16"]), self.sms,
+                         ok)
         data = self._gemm.get(prec) or self._gemm.get("bf16")
         if data is None or not len(data[0]):
             return max(MIN_KERNEL_S, base)
         feats, resid, cls = data
-        same = cls == aligned(n, k, item)
+        same = cls == ok
         if not same.any():
             return max(MIN_KERNEL_S, base)
         f, r = feats[same], resid[same]

@@ -38,6 +38,27 @@ class OpCount:
     output_shapes: list = field(default_factory=list)  #: shapes of the returned tensors (lists flattened)
     flops_model: int | None = None  #: MFU's convention where it differs from ``flops`` (attention backward)
     flops_dense: int | None = None  #: the full-square convention for causal attention (None: same as model)
+    leading_dims: list | None = None  #: matmuls: each matrix operand's (inputs, then output) leading dimension
+
+
+def _leading_dims(args: tuple, out: Any) -> list | None:
+    """The leading dimension, in elements, of each matrix (>= 2-d tensor) a GEMM reads or writes, as BLAS sees its
+    storage: the row stride of a row-major matrix, the column stride of a transposed one (autograd's weight gradient
+    reads ``grad_output.t()``: its leading dimension is the layer's output width, whatever the logical shape says).
+    None where a matrix is neither (BLAS copies it first) or has a size-1 side."""
+    lds = []
+    for t in (*args, out):
+        if isinstance(t, _Tensor) and t.dim() >= 2:
+            (r, c), (sr, sc) = t.shape[-2:], t.stride()[-2:]
+            if r <= 1 or c <= 1:
+                continue
+            if sc == 1:
+                lds.append(sr)
+            elif sr == 1:
+                lds.append(sc)
+            else:
+                return None
+    return lds or None
 
 
 _MAX_ERRORS = 256
@@ -250,4 +271,5 @@ def count_op(
         _out_shapes(out, []) if want_shapes else [],
         fm if counted and fm != flops else None,
         fd if counted and fd not in (None, fm if fm is not None else flops) else None,
+        _leading_dims(args, out) if category == "matmul" else None,
     )
