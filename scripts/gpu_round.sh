@@ -9,8 +9,8 @@
 #      guard syncs, compiled step after profiles;
 #   2. roofline accuracy with the packaged kernel tables (what a user gets without calibrating);
 #   3. capture cost per op; 4. the compiled step's profile (FLOPs eager vs compiled, attention calls listed);
-#   5. tscope calibrate --gemm --quick (GEMMs as CUDA-graph replays, SDPA as kernel time), then the roofline
-#      accuracy again with that calibration (log only: the committed table stays the packaged one's).
+#   5. tscope calibrate --gemm --quick (GEMMs as CUDA-graph replays, SDPA and memory-bound ops as kernel time),
+#      then the roofline accuracy again with that calibration (log only: the committed table stays the packaged one's).
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 LOG=${OUT:-./gpu_logs}
@@ -28,7 +28,7 @@ declare -A CMD=(
   [roofline]="80 python3 benchmarks/roofline_accuracy.py --gpu --write"
   [capture]="90 python3 benchmarks/gpu_capture_overhead.py --runs 5 --write"
   [compiled]="150 python3 benchmarks/gpu_compiled_profile.py --runs 10 --write"
-  [calibrate]="120 python3 -m tscope_callbacks.cli calibrate --gemm --quick"
+  [calibrate]="200 python3 -m tscope_callbacks.cli calibrate --gemm --quick"
   [roofline_calibrated]="80 python3 benchmarks/roofline_accuracy.py --gpu"
 )
 STEPS=("$@")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tscope_callbacks.cli import main
-from tscope_callbacks.devices import efficiency
+from tscope_callbacks.devices import efficiency, memory_table
 from tscope_callbacks.devices import gemm_table as gt
 from tscope_callbacks.devices import sdpa_table as gt_sdpa
 from tscope_callbacks.devices.resolve import get_device_spec
@@ -25,6 +25,15 @@ def cache_in_tmp(tmp_path, monkeypatch):
     efficiency.forget(H100.name)
     yield tmp_path
     efficiency.forget(H100.name)
+
+
+def one_tb_per_s(case: str, numel: int, precision: str) -> list | None:
+    """A layer_norm backward streaming its kernel bytes (dY, X read twice, dX written: 5 tensors) at 1 TB/s after
+    a 2.5 µs launch; the other cases measure nothing."""
+    if case != "layer_norm":
+        return None
+    nbytes = 5 * numel * (2 if precision == "bf16" else 4)
+    return [("aten.native_layer_norm_backward", nbytes, 2.5e-6 + nbytes / 1e12)]
 
 
 def faster_gpu(m: int, n: int, k: int, precision: str) -> float:
@@ -85,8 +94,13 @@ def test_cli_gemm_on_a_fake_h100(monkeypatch, capsys, cache_in_tmp):
                                                                "tf32": 380e12, "bandwidth": 2.9e12})
     monkeypatch.setattr(gt, "cuda_graph_gemm_timer", lambda device=0: faster_gpu)
     monkeypatch.setattr(gt_sdpa, "kernel_sdpa_timer", lambda device=0: kernel_sdpa)
+    monkeypatch.setattr(memory_table, "kernel_memory_timer", lambda device=0: one_tb_per_s)
     assert main(["calibrate", "--gemm", "--quick"]) == 0
     out = capsys.readouterr().out
+    # the fake: 2.5 µs + bytes at 1 TB/s. Its largest layer_norm-backward row, 32M elements (quick), bf16:
+    # 5 x 2**25 x 2 B = 335.5 MB in 2.5 + 335.5 = 338 µs = 0.99 TB/s
+    assert "memory-bound: 1 ops timed as kernels" in out
+    assert "aten.native_layer_norm_backward: 336 MB in 338 us = 0.99 TB/s" in out
     assert "GEMM table of NVIDIA H100 80GB HBM3" in out and "leave-one-out median error" in out
     assert "SDPA CUDNN_ATTENTION: 8 configurations; (8, 12, 1024, 64) causal: forward 0.032 ms" in out
     assert "bf16 8192x768 @ 768x50257" in out and "cached in" in out

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import tscope_callbacks as ts
-from tscope_callbacks.analysis.estimate import kernel_bytes
+from tscope_callbacks.formulas.kernel_bytes import kernel_bytes
 
 
 def _captured(fn, *tensors):

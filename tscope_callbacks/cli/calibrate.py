@@ -78,5 +78,13 @@ def _gemm(args: argparse.Namespace, spec) -> int:
         print(f"  SDPA {backend}: {len(got)} configurations; ({', '.join(map(str, ref[1:5]))}) "
               f"{'causal' if ref[5] else 'full'}: forward {ref[6] * 1e3:.3f} ms, backward {ref[7] * 1e3:.3f} ms "
               f"(kernel time)")
+    mem = table.get("memory_ops", {})
+    if mem:
+        print(f"  memory-bound: {len(mem)} ops timed as kernels, e.g. (at the largest size measured):")
+        for op in ("aten.native_layer_norm_backward", "aten.sum", "aten.embedding_dense_backward", "aten.add"):
+            rows = mem.get(op, {}).get("bf16") or mem.get(op, {}).get("fp32")
+            if rows:
+                b, t = rows[-1]
+                print(f"    {op}: {b / 1e6:.0f} MB in {t * 1e6:.0f} us = {b / t / 1e12:.2f} TB/s")
     print(f"cached in {cache_dir() / GEMM_CACHE}; reports for {spec.name} now use it")
     return 0

@@ -189,6 +189,17 @@ class KernelModel:
                 # elements: 201 MB in 53.9 µs = 3.73 TB/s against 3.35); a training step's op does not
                 pts = [pt for pt in pts if pt[1] <= 1.0] or [min(pts or [(0.0, 0.8)], key=lambda pt: pt[1])]
                 self._mem.setdefault(kind, {})[dt] = sorted(pts)
+        # kernel-timed per-op curves of this very device (``devices.memory_table``): an op with rows follows its own
+        self._op_mem: dict[str, dict[str, list[tuple[float, float]]]] = {}
+        if gemm_table is not None and gemm_table.get("memory_timing") == "kernels":
+            for op, per in gemm_table.get("memory_ops", {}).items():
+                for dt, rows in per.items():
+                    pts = [(math.log2(b), b / max(t - MIN_KERNEL_S, 0.1 * MIN_KERNEL_S) / bandwidth)
+                           for b, t in rows if b > 0 and t > 0]
+                    if pts:
+                        self._op_mem.setdefault(op, {})[dt] = _curve(pts)
+            if self._op_mem:
+                self.source += f"; memory-bound: {len(self._op_mem)} ops kernel-timed"
 
     @staticmethod
     def _eff_sdpa(b: int, h: int, t: int, d: int, causal: bool, seconds: float, backward: bool,
@@ -284,13 +295,15 @@ class KernelModel:
         ratio = self._bwd_ratio.get(backend)
         return ratio * fwd if ratio else (predict(True, flops) or 2.5 * fwd)
 
-    def memory_s(self, category: str, nbytes: float, dtype: str = "bf16") -> float:
+    def memory_s(self, category: str, nbytes: float, dtype: str = "bf16", op: str | None = None) -> float:
         """Kernel seconds of a memory-bound op of class ``category`` whose kernels move ``nbytes``: the shortest
-        kernel's launch and ramp plus the bytes at the bandwidth share its op kind streams at (measured curve,
-        interpolated in log bytes, its end values beyond its ends)."""
+        kernel's launch and ramp plus the bytes at the bandwidth share its curve gives (log-bytes interpolation, the
+        end values beyond the ends). The curve: op ``op``'s own where this device was calibrated for it, else its
+        class's measured op kind."""
         if nbytes <= 0:
             return 0.0
-        per = self._mem.get(KIND_OF_CATEGORY.get(category, "copy")) or self._mem.get("copy")
+        per = (self._op_mem.get(op) if op else None) or self._mem.get(KIND_OF_CATEGORY.get(category, "copy")) \
+            or self._mem.get("copy")
         if not per:
             return MIN_KERNEL_S + nbytes / (0.8 * self.bandwidth)
         pts = per.get(dtype) or per.get("bf16") or next(iter(per.values()))
@@ -301,6 +314,14 @@ class KernelModel:
                 share = math.exp(math.log(s0) + (math.log(s1) - math.log(s0)) * (x - x0) / (x1 - x0))
                 break
         return MIN_KERNEL_S + nbytes / (self.bandwidth * min(share, 1.0))
+
+
+def _curve(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(log2 bytes, share) points sorted, those at one size merged (geometric mean): an interpolable curve."""
+    by: dict[float, list[float]] = {}
+    for x, sh in pts:
+        by.setdefault(round(x, 6), []).append(math.log(sh))
+    return [(x, math.exp(sum(v) / len(v))) for x, v in sorted(by.items())]
 
 
 @functools.lru_cache(maxsize=8)

@@ -89,11 +89,12 @@ def cuda_graph_gemm_timer(device: int = 0, calls: int = 20, reps: int = 5) -> Ca
 def measure_gemm_table(spec: Any, *, quick: bool = False, precisions: tuple[str, ...] = ("bf16",),
                        timer: Callable[[int, int, int, str], float] | None = None, device: int = 0,
                        cache: bool = True, progress: Callable[[str], None] | None = None, sdpa: bool = True,
-                       sdpa_timer: Any = None) -> dict[str, Any]:
+                       sdpa_timer: Any = None, memory: bool = True, memory_timer: Any = None) -> dict[str, Any]:
     """Measure the GEMM table of the GPU ``spec`` describes (``spec``: its resolved DeviceSpec), fit the analytic
-    parameters to it, and (``sdpa``) the fused-attention kernel times per backend (``devices.sdpa_table``); cache
-    it (``cache=True``) and return it (``efficiency`` table format). With a fake GEMM ``timer``, SDPA is measured
-    only through a fake ``sdpa_timer``."""
+    parameters to it, and (``sdpa``) the fused-attention kernel times per backend (``devices.sdpa_table``) and
+    (``memory``) the memory-bound ops' kernel times per size (``devices.memory_table``); cache it (``cache=True``)
+    and return it (``efficiency`` table format). With a fake GEMM ``timer``, SDPA and memory-bound ops are measured
+    only through fake ``sdpa_timer`` / ``memory_timer``."""
     real = timer is None
     if timer is None:
         if not torch.cuda.is_available():
@@ -129,6 +130,12 @@ def measure_gemm_table(spec: Any, *, quick: bool = False, precisions: tuple[str,
         table["sdpa"] = measure_sdpa_rows(quick=quick, timer=sdpa_timer, device=device, progress=progress)
         table["sdpa_timing"] = "kernels"
         table["source"] += f"; SDPA: {len(table['sdpa'])} backend configurations, kernel time from the profiler"
+    if memory and (real or memory_timer is not None):
+        from tscope_callbacks.devices.memory_table import measure_memory_rows
+
+        table["memory_ops"] = measure_memory_rows(quick=quick, timer=memory_timer, device=device, progress=progress)
+        table["memory_timing"] = "kernels"
+        table["source"] += f"; memory-bound: {len(table['memory_ops'])} ops, kernel time from the profiler"
     if cache:
         cache_put(cache_dir() / GEMM_CACHE, gemm_cache_key(spec.name), table)
         forget(spec.name)

@@ -1,0 +1,168 @@
+"""``tscope calibrate --gemm`` also measures memory-bound ops: per op, the bandwidth its kernels reach at each size,
+as a training step sees it.
+
+The packaged tables time one call between CUDA events. Up to 32 MB on an H100 that time is the op's host dispatch
+(add 22 µs, layer_norm 42 µs), so the kernel model can use only their largest rows; and they cover six op kinds,
+forward only. Here each case (a memory-bound pattern of a training step, forward and backward) runs under
+``ts.profile``, and every memory-bound op's **kernel time** from the profiler's kernel records is paired with the
+bytes its kernels move (``formulas.kernel_bytes``). That covers ops no sweep measured: layer_norm's backward, the
+bias gradient's column sum, the embedding's sort-based backward, log-softmax and nll_loss over a vocabulary, dtype
+casts.
+
+Rows: ``table["memory_ops"][op][dtype] = [[kernel bytes, seconds], ...]`` and ``"memory_timing": "kernels"``; the
+kernel model predicts an op that has rows from its own curve (``KernelModel.memory_s``). ``timer`` replaces the
+GPU timer (tests).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from tscope_callbacks.formulas.kernel_bytes import kernel_bytes
+
+__all__ = ["MEMORY_CASES", "memory_sizes", "kernel_memory_timer", "measure_memory_rows"]
+
+#: op classes whose rows are kept (``analysis.estimate.MEMORY_BOUND``; not imported: analysis is a higher layer)
+_MEMORY_BOUND = frozenset({"pointwise", "norm", "softmax", "loss", "reduction", "memory", "embedding", "optimizer"})
+_VOCAB, _WIDTH = 50257, 768  #: GPT-2's vocabulary and width: the shapes of its loss and embedding
+Run = Callable[[], None]
+
+
+def _leaf(shape: tuple[int, ...], dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+    return torch.randn(shape, device=dev, dtype=dtype, requires_grad=True)
+
+
+def _rows(numel: int, width: int) -> int:
+    return max(1, numel // width)
+
+
+def _add(n: int, dt: torch.dtype, dev: torch.device) -> Run:
+    a, b = (torch.randn(n, device=dev, dtype=dt) for _ in range(2))
+
+    def run() -> None:
+        a.add(b)
+
+    return run
+
+
+def _gelu(n: int, dt: torch.dtype, dev: torch.device) -> Run:
+    x, g = _leaf((n,), dt, dev), torch.randn(n, device=dev, dtype=dt)
+    return lambda: F.gelu(x).backward(g)
+
+
+def _layer_norm(n: int, dt: torch.dtype, dev: torch.device) -> Run:
+    m = _rows(n, _WIDTH)
+    x, g = _leaf((m, _WIDTH), dt, dev), torch.randn(m, _WIDTH, device=dev, dtype=dt)
+    w, b = _leaf((_WIDTH,), dt, dev), _leaf((_WIDTH,), dt, dev)
+    return lambda: F.layer_norm(x, (_WIDTH,), w, b).backward(g)
+
+
+def _softmax(n: int, dt: torch.dtype, dev: torch.device) -> Run:
+    m = _rows(n, 1024)
+    x, g = _leaf((m, 1024), dt, dev), torch.randn(m, 1024, device=dev, dtype=dt)
+    return lambda: F.softmax(x, dim=-1).backward(g)
+
+
+def _cross_entropy(n: int, dt: torch.dtype, dev: torch.device) -> Run:
+    m = _rows(n, _VOCAB)
+    x, t = _leaf((m, _VOCAB), dt, dev), torch.randint(0, _VOCAB, (m,), device=dev)
+    return lambda: F.cross_entropy(x, t).backward()
+
+
+def _bias_grad(n: int, dt: torch.dtype, dev: torch.device) -> Run:
+    x = torch.randn(_rows(n, _WIDTH), _WIDTH, device=dev, dtype=dt)
+
+    def run() -> None:
+        x.sum(0)
+
+    return run
+
+
+def _cast(n: int, dt: torch.dtype, dev: torch.device) -> Run:
+    x = torch.randn(n, device=dev, dtype=dt)
+    other = torch.float32 if dt != torch.float32 else torch.bfloat16
+
+    def run() -> None:
+        x.to(other)
+        x.clone()
+
+    return run
+
+
+def _embedding(n: int, dt: torch.dtype, dev: torch.device) -> Run:
+    w, ids = _leaf((_VOCAB, _WIDTH), dt, dev), torch.randint(0, _VOCAB, (_rows(n, _WIDTH),), device=dev)
+    g = torch.randn(ids.numel(), _WIDTH, device=dev, dtype=dt)
+    return lambda: F.embedding(ids, w).backward(g)
+
+
+#: case -> builder(numel, dtype, device) of one forward (+ backward) call
+MEMORY_CASES: dict[str, Callable[[int, torch.dtype, torch.device], Run]] = {
+    "add": _add, "gelu": _gelu, "layer_norm": _layer_norm, "softmax": _softmax, "cross_entropy": _cross_entropy,
+    "bias_grad": _bias_grad, "cast": _cast, "embedding": _embedding}
+_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+Timer = Callable[[str, int, str], "list[tuple[str, int, float]] | None"]
+
+
+def memory_sizes(quick: bool = False) -> list[int]:
+    """Elements per case: 1M to 128M (quick: 2M, 8M, 32M), training-step tensor sizes."""
+    return [1 << 21, 1 << 23, 1 << 25] if quick else [1 << e for e in range(20, 28, 2)] + [1 << 27]
+
+
+def kernel_memory_timer(device: int = 0, reps: int = 3, device_type: str = "cuda") -> Timer:
+    """``timer(case, numel, precision) -> [(op, kernel bytes, seconds), ...]``: every memory-bound op of one call of
+    the case under a capture, with its kernel time (median of ``reps``); None when it cannot run (out of memory, no
+    kernel for the dtype).
+    (``device_type="cpu"``: the same code on the CPU, op wall times, for tests.)"""
+    import tscope_callbacks as ts
+
+    cuda = device_type == "cuda"
+
+    def timer(case: str, numel: int, precision: str) -> list[tuple[str, int, float]] | None:
+        dev = torch.device("cuda", device) if cuda else torch.device("cpu")
+        anchor = torch.nn.Linear(1, 1).to(dev)  # a capture is timed on its module's device
+        try:
+            run = MEMORY_CASES[case](numel, _DTYPES[precision], dev)
+            for _ in range(2):
+                run()
+            if cuda:
+                torch.cuda.synchronize(dev)
+            samples: list[list[tuple[str, int, float]]] = []
+            for _ in range(reps):
+                with ts.profile(anchor) as prof:
+                    run()
+                samples.append([(r.op, kernel_bytes(r), r.time_s) for r in prof.ops
+                                if r.category in _MEMORY_BOUND and r.time_s and r.bytes])
+        except RuntimeError:  # out of memory, or no kernel for this dtype here: the case is left out
+            return None
+        finally:
+            if cuda:
+                torch.cuda.empty_cache()
+        if not samples or any(len(s) != len(samples[0]) for s in samples):
+            return None
+        return [(op, nbytes, statistics.median(s[i][2] for s in samples))
+                for i, (op, nbytes, _) in enumerate(samples[0])]
+
+    return timer
+
+
+def measure_memory_rows(*, quick: bool = False, timer: Timer | None = None, device: int = 0,
+                        progress: Callable[[str], None] | None = None) -> dict[str, dict[str, list[list[float]]]]:
+    """``{op: {precision: [[kernel bytes, seconds], ...]}}`` over every case, size and precision (bf16, fp32)."""
+    timer = timer or kernel_memory_timer(device)
+    out: dict[str, dict[str, list[list[float]]]] = {}
+    for case in MEMORY_CASES:
+        for prec in _DTYPES:
+            for numel in memory_sizes(quick):
+                for op, nbytes, seconds in timer(case, numel, prec) or []:
+                    if seconds > 0 and nbytes > 0:
+                        out.setdefault(op, {}).setdefault(prec, []).append([float(nbytes), float(seconds)])
+        if progress is not None:
+            progress(f"  memory-bound {case}: done")
+    for per in out.values():
+        for rows in per.values():
+            rows.sort()
+    return out
