@@ -33,7 +33,7 @@ def one_tb_per_s(case: str, numel: int, precision: str) -> list | None:
     if case != "layer_norm":
         return None
     nbytes = 5 * numel * (2 if precision == "bf16" else 4)
-    return [("aten.native_layer_norm_backward", nbytes, 2.5e-6 + nbytes / 1e12)]
+    return [("aten.native_layer_norm_backward", "norm", nbytes, 2.5e-6 + nbytes / 1e12)]
 
 
 def faster_gpu(m: int, n: int, k: int, precision: str) -> float:

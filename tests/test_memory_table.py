@@ -28,7 +28,7 @@ def cache_in_tmp(tmp_path, monkeypatch):
 
 def test_layer_norm_case_times_both_passes_with_their_kernel_bytes():
     timer = mt.kernel_memory_timer(reps=1, device_type="cpu")
-    got = {o: (b, t) for o, b, t in timer("layer_norm", 1 << 16, "fp32")}
+    got = {o: (b, t) for o, _, b, t in timer("layer_norm", 1 << 16, "fp32")}
     # 65536 elements at width 768: 85 rows; an activation is 85 x 768 x 4 B = 261,120 B
     act = 85 * 768 * 4
     # forward: reads x, gamma, beta (261,120 + 2 x 3,072), writes y and mean, rstd (261,120 + 2 x 340)
@@ -47,7 +47,8 @@ def test_every_case_runs_and_names_its_ops():
     assert set(want) | {"layer_norm"} == set(mt.MEMORY_CASES)
     for case, name in want.items():
         rows = timer(case, 1 << 16, "fp32")
-        assert rows and name in {o for o, _, _ in rows}, case
+        assert rows and name in {o for o, _, _, _ in rows}, case
+        assert all(c in efficiency.KIND_OF_CATEGORY for _, c, _, _ in rows), case  # memory-bound classes only
 
 
 def test_calibrated_ops_follow_their_own_curve(monkeypatch):
@@ -56,13 +57,14 @@ def test_calibrated_ops_follow_their_own_curve(monkeypatch):
         if case != "layer_norm":
             return None
         nbytes = 5 * numel * 4
-        return [("aten.native_layer_norm_backward", nbytes, MIN_KERNEL_S + nbytes / 1e12)]
+        return [("aten.native_layer_norm_backward", "norm", nbytes, MIN_KERNEL_S + nbytes / 1e12)]
 
     packaged = efficiency.model_for(H100)
     before = packaged.memory_s("norm", 126e6, "fp32", "aten.native_layer_norm_backward")
     table = gt.measure_gemm_table(H100, quick=True, timer=lambda m, n, k, p: 1e-4, memory_timer=timer)
     assert table["memory_timing"] == "kernels" and "memory-bound: 1 ops" in table["source"]
     assert set(table["memory_ops"]) == {"aten.native_layer_norm_backward"}
+    assert table["memory_op_class"] == {"aten.native_layer_norm_backward": "norm"}
     model = efficiency.model_for(H100)  # rebuilt from the cached calibration
     assert "memory-bound: 1 ops kernel-timed" in model.source
     # GPT-2's layer_norm backward (8 x 1024 x 768 fp32): 75.6 MB counted + 50.3 MB re-read = 126 MB, between the
@@ -70,8 +72,9 @@ def test_calibrated_ops_follow_their_own_curve(monkeypatch):
     t = model.memory_s("norm", 126e6, "fp32", "aten.native_layer_norm_backward")
     assert t == pytest.approx(MIN_KERNEL_S + 126e6 / 1e12, rel=1e-3)
     assert t != pytest.approx(before, rel=0.05)
-    # an op without rows keeps its class's packaged curve
-    assert model.memory_s("norm", 50e6, "fp32", "aten.native_layer_norm") == packaged.memory_s("norm", 50e6, "fp32")
+    # another op of the class follows the class's calibrated rows; an op of an unmeasured class, the packaged curve
+    assert model.memory_s("norm", 126e6, "fp32", "aten.native_group_norm") == pytest.approx(t, rel=1e-3)
+    assert model.memory_s("pointwise", 50e6, "fp32", "aten.mul") == packaged.memory_s("pointwise", 50e6, "fp32")
     # and the estimate of a recorded op asks for its own curve
     rec = op("aten.native_layer_norm_backward", phase="backward", read=75_000_000, written=1_000_000,
              category="norm", shapes=[[8192, 768], [8192, 768]])

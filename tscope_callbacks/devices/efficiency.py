@@ -190,14 +190,21 @@ class KernelModel:
                 pts = [pt for pt in pts if pt[1] <= 1.0] or [min(pts or [(0.0, 0.8)], key=lambda pt: pt[1])]
                 self._mem.setdefault(kind, {})[dt] = sorted(pts)
         # kernel-timed per-op curves of this very device (``devices.memory_table``): an op with rows follows its own
+        # and every other op of a measured class follows that class's rows (all its ops merged)
         self._op_mem: dict[str, dict[str, list[tuple[float, float]]]] = {}
+        self._cls_mem: dict[str, dict[str, list[tuple[float, float]]]] = {}
         if gemm_table is not None and gemm_table.get("memory_timing") == "kernels":
+            classes = gemm_table.get("memory_op_class", {})
+            merged: dict[str, dict[str, list[tuple[float, float]]]] = {}
             for op, per in gemm_table.get("memory_ops", {}).items():
                 for dt, rows in per.items():
                     pts = [(math.log2(b), b / max(t - MIN_KERNEL_S, 0.1 * MIN_KERNEL_S) / bandwidth)
                            for b, t in rows if b > 0 and t > 0]
                     if pts:
                         self._op_mem.setdefault(op, {})[dt] = _curve(pts)
+                        if op in classes:
+                            merged.setdefault(classes[op], {}).setdefault(dt, []).extend(pts)
+            self._cls_mem = {c: {dt: _curve(p) for dt, p in per.items()} for c, per in merged.items()}
             if self._op_mem:
                 self.source += f"; memory-bound: {len(self._op_mem)} ops kernel-timed"
 
@@ -298,12 +305,12 @@ class KernelModel:
     def memory_s(self, category: str, nbytes: float, dtype: str = "bf16", op: str | None = None) -> float:
         """Kernel seconds of a memory-bound op of class ``category`` whose kernels move ``nbytes``: the shortest
         kernel's launch and ramp plus the bytes at the bandwidth share its curve gives (log-bytes interpolation, the
-        end values beyond the ends). The curve: op ``op``'s own where this device was calibrated for it, else its
-        class's measured op kind."""
+        end values beyond the ends). The curve: op ``op``'s own where this device was calibrated for it, else the
+        calibrated ops of its class, else its class's packaged op kind."""
         if nbytes <= 0:
             return 0.0
-        per = (self._op_mem.get(op) if op else None) or self._mem.get(KIND_OF_CATEGORY.get(category, "copy")) \
-            or self._mem.get("copy")
+        per = (self._op_mem.get(op) if op else None) or self._cls_mem.get(category) \
+            or self._mem.get(KIND_OF_CATEGORY.get(category, "copy")) or self._mem.get("copy")
         if not per:
             return MIN_KERNEL_S + nbytes / (0.8 * self.bandwidth)
         pts = per.get(dtype) or per.get("bf16") or next(iter(per.values()))

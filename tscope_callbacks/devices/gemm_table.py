@@ -133,7 +133,8 @@ def measure_gemm_table(spec: Any, *, quick: bool = False, precisions: tuple[str,
     if memory and (real or memory_timer is not None):
         from tscope_callbacks.devices.memory_table import measure_memory_rows
 
-        table["memory_ops"] = measure_memory_rows(quick=quick, timer=memory_timer, device=device, progress=progress)
+        table["memory_ops"], table["memory_op_class"] = measure_memory_rows(quick=quick, timer=memory_timer,
+                                                                            device=device, progress=progress)
         table["memory_timing"] = "kernels"
         table["source"] += f"; memory-bound: {len(table['memory_ops'])} ops, kernel time from the profiler"
     if cache:

@@ -9,9 +9,11 @@ bytes its kernels move (``formulas.kernel_bytes``). That covers ops no sweep mea
 bias gradient's column sum, the embedding's sort-based backward, log-softmax and nll_loss over a vocabulary, dtype
 casts.
 
-Rows: ``table["memory_ops"][op][dtype] = [[kernel bytes, seconds], ...]`` and ``"memory_timing": "kernels"``; the
-kernel model predicts an op that has rows from its own curve (``KernelModel.memory_s``). ``timer`` replaces the
-GPU timer (tests).
+Rows: ``table["memory_ops"][op][dtype] = [[kernel bytes, seconds], ...]``, ``table["memory_op_class"][op]`` its op
+class, and ``"memory_timing": "kernels"``. The kernel model predicts an op that has rows from its own curve, and
+any other op of a measured class from that class's rows (``KernelModel.memory_s``): on a GPU without a packaged
+table, every memory-bound op then follows this GPU's measurements rather than the H100's scaled. ``timer``
+replaces the GPU timer (tests).
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ MEMORY_CASES: dict[str, Callable[[int, torch.dtype, torch.device], Run]] = {
     "add": _add, "gelu": _gelu, "layer_norm": _layer_norm, "softmax": _softmax, "cross_entropy": _cross_entropy,
     "bias_grad": _bias_grad, "cast": _cast, "embedding": _embedding}
 _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-Timer = Callable[[str, int, str], "list[tuple[str, int, float]] | None"]
+Timer = Callable[[str, int, str], "list[tuple[str, str, int, float]] | None"]
 
 
 def memory_sizes(quick: bool = False) -> list[int]:
@@ -113,15 +115,15 @@ def memory_sizes(quick: bool = False) -> list[int]:
 
 
 def kernel_memory_timer(device: int = 0, reps: int = 3, device_type: str = "cuda") -> Timer:
-    """``timer(case, numel, precision) -> [(op, kernel bytes, seconds), ...]``: every memory-bound op of one call of
-    the case under a capture, with its kernel time (median of ``reps``); None when it cannot run (out of memory, no
-    kernel for the dtype).
+    """``timer(case, numel, precision) -> [(op, op class, kernel bytes, seconds), ...]``: every memory-bound op of
+    one call of the case under a capture, with its kernel time (median of ``reps``); None when it cannot run (out of
+    memory, no kernel for the dtype).
     (``device_type="cpu"``: the same code on the CPU, op wall times, for tests.)"""
     import tscope_callbacks as ts
 
     cuda = device_type == "cuda"
 
-    def timer(case: str, numel: int, precision: str) -> list[tuple[str, int, float]] | None:
+    def timer(case: str, numel: int, precision: str) -> list[tuple[str, str, int, float]] | None:
         dev = torch.device("cuda", device) if cuda else torch.device("cpu")
         anchor = torch.nn.Linear(1, 1).to(dev)  # a capture is timed on its module's device
         try:
@@ -130,11 +132,11 @@ def kernel_memory_timer(device: int = 0, reps: int = 3, device_type: str = "cuda
                 run()
             if cuda:
                 torch.cuda.synchronize(dev)
-            samples: list[list[tuple[str, int, float]]] = []
+            samples: list[list[tuple[str, str, int, float]]] = []
             for _ in range(reps):
                 with ts.profile(anchor) as prof:
                     run()
-                samples.append([(r.op, kernel_bytes(r), r.time_s) for r in prof.ops
+                samples.append([(r.op, r.category, kernel_bytes(r), r.time_s) for r in prof.ops
                                 if r.category in _MEMORY_BOUND and r.time_s and r.bytes])
         except RuntimeError:  # out of memory, or no kernel for this dtype here: the case is left out
             return None
@@ -143,26 +145,30 @@ def kernel_memory_timer(device: int = 0, reps: int = 3, device_type: str = "cuda
                 torch.cuda.empty_cache()
         if not samples or any(len(s) != len(samples[0]) for s in samples):
             return None
-        return [(op, nbytes, statistics.median(s[i][2] for s in samples))
-                for i, (op, nbytes, _) in enumerate(samples[0])]
+        return [(op, cat, nbytes, statistics.median(s[i][3] for s in samples))
+                for i, (op, cat, nbytes, _) in enumerate(samples[0])]
 
     return timer
 
 
 def measure_memory_rows(*, quick: bool = False, timer: Timer | None = None, device: int = 0,
-                        progress: Callable[[str], None] | None = None) -> dict[str, dict[str, list[list[float]]]]:
-    """``{op: {precision: [[kernel bytes, seconds], ...]}}`` over every case, size and precision (bf16, fp32)."""
+                        progress: Callable[[str], None] | None = None
+                        ) -> tuple[dict[str, dict[str, list[list[float]]]], dict[str, str]]:
+    """``({op: {precision: [[kernel bytes, seconds], ...]}}, {op: op class})`` over every case, size and precision
+    (bf16, fp32)."""
     timer = timer or kernel_memory_timer(device)
     out: dict[str, dict[str, list[list[float]]]] = {}
+    classes: dict[str, str] = {}
     for case in MEMORY_CASES:
         for prec in _DTYPES:
             for numel in memory_sizes(quick):
-                for op, nbytes, seconds in timer(case, numel, prec) or []:
+                for op, cat, nbytes, seconds in timer(case, numel, prec) or []:
                     if seconds > 0 and nbytes > 0:
                         out.setdefault(op, {}).setdefault(prec, []).append([float(nbytes), float(seconds)])
+                        classes[op] = cat
         if progress is not None:
             progress(f"  memory-bound {case}: done")
     for per in out.values():
         for rows in per.values():
             rows.sort()
-    return out
+    return out, classes
