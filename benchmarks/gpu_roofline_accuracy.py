@@ -76,6 +76,15 @@ def run(smoke: bool, write_out: bool) -> int:
         ok &= good
         lines.append(f"- {label} = **{'n/a' if r is None else f'{r:.2f}'}** (target within {TARGET}x): "
                      f"{'PASS' if good else 'FAIL'}")
+    # per GEMM of the LM head (misaligned vocabulary: the weight gradient reads grad_output.t(), leading dim 50257)
+    lines += ["", "| lm_head GEMM | phase | leading dims | measured ms | expected ms | measured / expected |",
+              "|---|---|---|---:|---:|---:|"]
+    for o in rep.op_roofs:
+        r = o.record
+        if r.layer == "lm_head" and r.category == "matmul" and r.time_s and o.expected:
+            shapes = " @ ".join("x".join(map(str, sh)) for sh in r.input_shapes if len(sh) == 2)
+            lines.append(f"| {shapes} | {r.phase} | {r.leading_dims} | {r.time_s * 1e3:.3f} | "
+                         f"{o.expected * 1e3:.3f} | {r.time_s / o.expected:.2f} |")
     opps = rep.opportunities(top=3)
     lines += ["", "Top opportunities:", ""] + [f"{i}. `{o.layer or '(root)'}` {o.kind}: saves "
                                              f"{(o.saving_s or 0) * 1e3:.2f} ms" for i, o in enumerate(opps, 1)]
