@@ -59,13 +59,16 @@ def run(smoke: bool, write_out: bool) -> int:
     with torch.device("meta"):
         meta_model = gpt2(w.n_layer, w.d, w.heads, w.vocab, max(w.seq, 64), device="meta")
     est = ts.analyze_model(meta_model, input_shape=[(w.batch, w.seq)], gpu=spec, precision="bf16-mixed",
-                           backward=True)
+                           backward=True, optimizer="adamw-fused")  # the workload's update: fused AdamW
     fwd_est = est.expected_time_s("forward")
     fwd_ratio = fwd_meas / fwd_est if fwd_est else None
+    meta_step_ratio = busy / est.estimated_step_s if est.estimated_step_s else None
     checks = [("matmul measured / expected", ratios.get("matmul")),
               ("attention measured / expected", ratios.get("attention")),
               ("whole step: device-busy / sum of expected", step_ratio),
-              ("meta forward (analyze_model, bf16-mixed): measured / estimated", fwd_ratio)]
+              ("meta forward (analyze_model, bf16-mixed): measured / estimated", fwd_ratio),
+              ("meta whole step (analyze_model with optimizer=\"adamw-fused\"): device-busy / estimated",
+               meta_step_ratio)]
     lines += ["", f"- step: device busy {busy * 1e3:.2f} ms, sum of expected {rep.estimated_step_s * 1e3:.2f} ms, "
               f"roofline bound {rep.roof_step_s * 1e3:.2f} ms",
               f"- forward: measured {fwd_meas * 1e3:.2f} ms; analyze_model on meta {fwd_est * 1e3:.2f} ms "

@@ -151,6 +151,21 @@ def test_report_on_an_analyze_json_keeps_the_analysed_device(capsys: pytest.Capt
     assert any(o["category"] == "embedding" for o in data["profile"]["ops"])
 
 
+def test_analyze_a_whole_training_step(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_json = tmp_path / "step.json"
+    rc = main(["analyze", "tscope_callbacks.demo.model:TinyGPT", "--input-shape", "8,64", "--input-dtype", "long",
+               "--gpu", "h100", "--precision", "bf16-mixed", "--backward", "--optimizer", "adamw-fused",
+               "--json", str(out_json)])
+    assert rc == 0
+    ops = json.loads(out_json.read_text())["profile"]["ops"]
+    assert [o["op"] for o in ops if o["phase"] == "optimizer"] == ["aten._foreach_add_", "aten._fused_adamw_"]
+    capsys.readouterr()
+    # an update without gradients is a clear error, exit 2
+    assert main(["analyze", "tscope_callbacks.demo.model:TinyGPT", "--input-shape", "8,64", "--input-dtype", "long",
+                 "--gpu", "h100", "--optimizer", "adamw"]) == 2
+    assert "needs backward=True" in capsys.readouterr().err
+
+
 def test_analyze_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["analyze", "cli_models:SmallConvNet", "--input-shape", "2,3,8,8", "--gpu", "NVIDIA L40X"]) == 2
     assert "Closest known names" in capsys.readouterr().err

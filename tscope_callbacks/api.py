@@ -19,6 +19,7 @@ import torch
 
 from tscope_callbacks.analysis.roofline import build_roofline
 from tscope_callbacks.capture.meta_run import AutocastAs, SdpaAs, backend_for, backward_from, lm_labels, token_input
+from tscope_callbacks.capture.optim_step import optimizer_step
 from tscope_callbacks.capture.profile import profile
 from tscope_callbacks.devices.precision import TORCH_DTYPES, normalize_precision
 from tscope_callbacks.devices.resolve import get_device_spec
@@ -128,6 +129,7 @@ def analyze_model(
     print_report: bool = False,
     top: int = 20,
     attention_backend: str | None = None,
+    optimizer: Any = None,
 ):
     """Count FLOPs/bytes of ``model`` on ``input_shape`` and place every op on ``gpu``'s roofline.
 
@@ -142,13 +144,18 @@ def analyze_model(
     64)]`` on GPT-2 builds int64 ids); on meta, attention runs the fused op the target device would
     (``attention_backend``: "cudnn" on Hopper, "flash" on other GPUs, "cpu" for CPU roofs; "efficient" for fp32 or
     masked attention), never the math path.
+
+    ``optimizer`` (with ``backward=True``) adds one steady-state update, phase "optimizer", so the estimate is a whole
+    training step: "adamw", "adam", "sgd" (PyTorch's foreach path, its GPU default), "adamw-fused", "adam-fused",
+    "sgd-fused", or a factory ``lambda params: torch.optim.AdamW(params, ...)`` (run as given: on meta PyTorch's
+    defaults pick the per-tensor loop, so pass ``foreach=True`` for what a GPU runs).
     """
     prec = normalize_precision(precision)
     mixed = str(precision).strip().lower().endswith("-mixed")
     spec = get_device_spec(gpu)
     prof = profile_model(
         model, input_shape, precision=prec, inputs=inputs, input_dtypes=input_dtypes, backward=backward, device=device,
-        attention_backend=attention_backend or backend_for(spec), mixed=mixed,
+        attention_backend=attention_backend or backend_for(spec), mixed=mixed, optimizer=optimizer,
     )
     if str(device) == "meta":  # an estimate for the target: the profile says which device it is for
         prof.meta["device_name"] = spec.name
@@ -170,6 +177,7 @@ def profile_model(
     device: str = "meta",
     attention_backend: str = "flash",
     mixed: bool = False,
+    optimizer: Any = None,
 ) -> StepProfile:
     """Run ``model`` once under :func:`profile` on ``device`` at ``precision``; returns the StepProfile.
 
@@ -178,9 +186,11 @@ def profile_model(
     training does; otherwise the model is cast to ``precision``.
 
     ``attention_backend``: on meta, the fused SDPA op to count ("cudnn", "flash", "efficient"-only cases, "cpu"; see
-    ``capture.meta_run.SdpaAs``); real devices run their own dispatch."""
+    ``capture.meta_run.SdpaAs``); real devices run their own dispatch. ``optimizer``: see :func:`analyze_model`."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"analyze_model needs a torch.nn.Module, got {type(model).__name__}")
+    if optimizer is not None and not backward:
+        raise ValueError("optimizer= needs backward=True: an update needs the gradients")
     if inputs is None and input_shape is None:
         raise ValueError("give input_shape=[(batch, ...), ...] or inputs=[tensor, ...]")
     low = TORCH_DTYPES.get(precision, torch.float32)
@@ -214,9 +224,19 @@ def profile_model(
         amp: Any = contextlib.nullcontext()
         if mixed:  # entered after SdpaAs: casts first, so SDPA is routed on the low-precision inputs
             amp = AutocastAs(low) if meta else torch.autocast(torch.device(device).type, dtype=low)
-        with torch.set_grad_enabled(backward), sdpa, amp, profile(work, timing=timing) as prof:
-            out = work(*inputs, **extra)
-            how = backward_from(out) if backward else None
+        with profile(work, timing=timing) as prof:
+            with torch.set_grad_enabled(backward), sdpa, amp:
+                out = work(*inputs, **extra)
+                how = backward_from(out) if backward else None
+            if optimizer is not None:
+                step = optimizer_step([p for p in work.parameters() if p.grad is not None], optimizer, str(device))
+                prof.pause()  # the first step creates the optimizer's state: a one-time cost
+                try:
+                    step()
+                finally:
+                    prof.resume()
+                with prof.phase("optimizer"):
+                    step()
     finally:
         torch.set_float32_matmul_precision(prev)
     res = prof.result
@@ -224,6 +244,7 @@ def profile_model(
                      "backward": backward,
                      "backward_from": ("loss (labels = input ids)" if extra else how) if backward else None,
                      "attention_backend": attention_backend if str(device) == "meta" else "device dispatch",
+                     "optimizer": optimizer if optimizer is None or isinstance(optimizer, str) else "custom",
                      "attention_calls": dict(getattr(sdpa, "used", {}))})
     return res
 

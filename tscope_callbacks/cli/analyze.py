@@ -27,6 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "on other GPUs)")
     p.add_argument("--kwargs", default="{}", help="JSON keyword arguments for the model constructor")
     p.add_argument("--backward", action="store_true", help="also count the backward pass")
+    p.add_argument("--optimizer", default=None, choices=["adamw", "adam", "sgd", "adamw-fused", "adam-fused",
+                                                         "sgd-fused"],
+                   help="with --backward: add one optimizer update, so the estimate is a whole training step "
+                        "(foreach, PyTorch's GPU default; -fused: the fused kernel)")
     p.add_argument("--device", default="meta", help="meta (estimate only, default), cpu or cuda (also measure)")
     p.add_argument("--top", type=int, default=20, help="rows in the table (default 20)")
     p.add_argument("--plot", default=None, help="write the roofline plot PNG here")
@@ -47,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         dtypes = [None if d in (None, "float") else d for d in (args.input_dtype or [])]
         report = analyze_model(model, shapes, args.gpu, args.precision, input_dtypes=dtypes,
                                backward=args.backward, device=args.device,
-                               attention_backend=args.attention_backend)
+                               attention_backend=args.attention_backend, optimizer=args.optimizer)
     except UnknownDeviceError as e:
         print(f"tscope analyze: {e}", file=sys.stderr)
         return 2
