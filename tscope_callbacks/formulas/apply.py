@@ -47,17 +47,20 @@ def _leading_dims(args: tuple, out: Any) -> list | None:
     reads ``grad_output.t()``: its leading dimension is the layer's output width, whatever the logical shape says).
     None where a matrix is neither (BLAS copies it first) or has a size-1 side."""
     lds = []
-    for t in (*args, out):
-        if isinstance(t, _Tensor) and t.dim() >= 2:
-            (r, c), (sr, sc) = t.shape[-2:], t.stride()[-2:]
-            if r <= 1 or c <= 1:
-                continue
-            if sc == 1:
-                lds.append(sr)
-            elif sr == 1:
-                lds.append(sc)
-            else:
-                return None
+    try:
+        for t in (*args, out):
+            if isinstance(t, _Tensor) and t.dim() >= 2:
+                (r, c), (sr, sc) = t.shape[-2:], t.stride()[-2:]
+                if r <= 1 or c <= 1:
+                    continue
+                if sc == 1:
+                    lds.append(sr)
+                elif sr == 1:
+                    lds.append(sc)
+                else:
+                    return None
+    except (RuntimeError, NotImplementedError, TypeError):  # no strides (sparse, nested): layout unknown
+        return None
     return lds or None
 
 
