@@ -88,6 +88,22 @@ def run(smoke: bool, write_out: bool) -> int:
             shapes = " @ ".join("x".join(map(str, sh)) for sh in r.input_shapes if len(sh) == 2)
             lines.append(f"| {shapes} | {r.phase} | {r.leading_dims} | {r.time_s * 1e3:.3f} | "
                          f"{o.expected * 1e3:.3f} | {r.time_s / o.expected:.2f} |")
+    # per aten op of the memory-bound classes: the split the class totals hide (layer_norm forward vs backward, ...)
+    per: dict[tuple[str, str, str], list[float]] = {}
+    for o in rep.op_roofs:
+        r = o.record
+        if r.category in ("norm", "softmax", "reduction", "embedding", "loss", "memory", "pointwise", "optimizer") \
+                and r.time_s is not None and o.expected:
+            acc = per.setdefault((r.category, r.op, r.phase), [0, 0.0, 0.0, 0.0])
+            acc[0] += 1
+            acc[1] += r.time_s
+            acc[2] += o.expected
+            acc[3] += r.bytes
+    lines += ["", "| class | op | phase | ops | MB | measured ms | expected ms | measured / expected |",
+              "|---|---|---|---:|---:|---:|---:|---:|"]
+    for (cat, name, phase), (n, meas, exp, nbytes) in sorted(per.items(), key=lambda kv: -kv[1][1])[:25]:
+        lines.append(f"| {cat} | {name} | {phase} | {n} | {nbytes / 1e6:.0f} | {meas * 1e3:.3f} | {exp * 1e3:.3f} | "
+                     f"{meas / exp:.2f} |")
     opps = rep.opportunities(top=3)
     lines += ["", "Top opportunities:", ""] + [f"{i}. `{o.layer or '(root)'}` {o.kind}: saves "
                                              f"{(o.saving_s or 0) * 1e3:.2f} ms" for i, o in enumerate(opps, 1)]
