@@ -20,12 +20,14 @@ at 50304 columns at ~680). A :class:`KernelModel` predicts the kernel time a sha
 - **Memory-bound** ops (``memory_s``): a kernel's launch and ramp (:data:`MIN_KERNEL_S`) plus its bytes at the
   bandwidth share the closest op kind (add, gelu, copy, sum, softmax, layer_norm) streams at for that size. Sweep
   rows within 3x of the kind's fastest call time its host dispatch (add: 22 µs from 8 KB to 32 MB on the H100) and
-  are not used, nor are rows faster than DRAM (L2 hits between the sweep's repeated calls). The bytes are those the kernels move (``analysis.estimate.kernel_bytes``: softmax over long rows
-  and layer_norm's backward pass over their operands more than once).
+  are not used, nor are rows faster than DRAM (L2 hits between the sweep's repeated calls); the kind's fastest call
+  is its host time. The bytes are those the kernels move (``formulas.kernel_bytes``: softmax over long rows and
+  layer_norm's backward pass over their operands more than once). ``tscope calibrate --gemm`` measures per-op curves
+  as kernel time (``devices.memory_table``); an op follows its own, else its class's, else the packaged kind's.
 
-Measured tables time one call between CUDA events, which adds the host's dispatch time (~15-20 µs) to every kernel;
-the model subtracts it (``delta_s``: the table's fastest call minus :data:`MIN_KERNEL_S`), as kernels in a training
-step run back to back. Tables ship for the devices measured (``devices/data/<device>.json``: H100, H200); ``tscope
+Measured GEMM tables time one call between CUDA events, which adds the host's dispatch time (~15-20 µs) to every
+kernel; the model subtracts it (``delta_s``: the table's fastest call minus :data:`MIN_KERNEL_S`), as kernels in a
+training step run back to back. Tables ship for the devices measured (``devices/data/<device>.json``: H100, H200); ``tscope
 calibrate --gemm`` measures one for the current GPU. Other GPUs use the H100 model's efficiencies against their own
 datasheet roofs (``scaled=True``, said in the report).
 """
