@@ -93,7 +93,9 @@ def test_activation_checkpointing_counts_recompute_and_reports_hfu(tmp_path: Pat
     rec_flops = sum(r.flops for r in rec)
     assert rec_flops > 0 and prof.layers["block"].flops_recompute == rec_flops
     s = rep.summary
-    assert s["hardware_flops"] == rep.total_flops and s["model_flops"] == rep.total_flops - rec_flops
+    opt_flops = sum(r.flops for r in prof.ops if r.phase == "optimizer")  # the update: hardware work, not model
+    assert opt_flops > 0
+    assert s["hardware_flops"] == rep.total_flops and s["model_flops"] == rep.total_flops - rec_flops - opt_flops
     assert s["recompute_flops"] == rec_flops
     assert s["hfu"] > s["mfu"] > 0 and s["hfu"] / s["mfu"] == pytest.approx(rep.total_flops / s["model_flops"])
     assert "HFU" in rep.to_markdown()

@@ -153,13 +153,16 @@ def test_model_level_mfu_mbu_and_scalars():
     rep = roofline(prof, a100())
     assert rep.measured_step_s == 4e-3 and rep.step_time_source == "unprofiled-median"  # not the 9 ms wall
     assert rep.mfu_precision == "bf16" and rep.mfu_peak_flops == 312e12
-    assert rep.mfu == pytest.approx(prof.total_flops / 4e-3 / 312e12)
+    # MFU counts model FLOPs: forward and backward, not the optimizer update (the toy's _foreach_add_, 2**24 FLOPs)
+    assert prof.model_flops == prof.total_flops - (1 << 24) == rep.model_flops
+    assert rep.mfu == pytest.approx(prof.model_flops / 4e-3 / 312e12)
+    assert rep.hfu == pytest.approx(prof.total_flops / 4e-3 / 312e12)
     assert rep.mbu == pytest.approx(prof.total_bytes / 4e-3 / 2.039e12)
     assert rep.achieved_tflops == pytest.approx(prof.total_flops / 4e-3 / 1e12)
     assert rep.flop_coverage == pytest.approx(prof.coverage())
     assert rep.dominant_precision == "bf16"
     sc = rep.scalars()
-    assert set(sc) == {"mfu", "mbu", "achieved_tflops", "measured_step_ms", "estimated_step_ms",
+    assert set(sc) == {"mfu", "hfu", "mbu", "achieved_tflops", "measured_step_ms", "estimated_step_ms",
                        "compute_bound_time_frac", "memory_bound_time_frac", "flop_coverage"}  # bare keys
     assert sc["measured_step_ms"] == pytest.approx(4.0)
     assert sc["estimated_step_ms"] == pytest.approx(rep.estimated_step_s * 1e3)
@@ -176,7 +179,8 @@ def test_untimed_estimation_mode():
     assert rep.estimated_time_s("backward") == pytest.approx(bwd)
     assert rep.estimated_time_s() == pytest.approx(sum(rep.estimated_time_s(p) for p in PHASES))
     assert "mfu" not in rep.scalars() and "estimated_step_ms" in rep.scalars()
-    assert rep.estimated_mfu == pytest.approx(rep.total_flops / rep.estimated_step_s / 312e12)
+    # model FLOPs over the estimated step, which includes the update's time but not its FLOPs
+    assert rep.estimated_mfu == pytest.approx((rep.total_flops - (1 << 24)) / rep.estimated_step_s / 312e12)
     with pytest.raises(ValueError):
         rep.estimated_time_s("sideways")
 

@@ -10,11 +10,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OpRecord", "LayerRecord", "StepProfile", "PHASES", "CATEGORIES"]
+__all__ = ["OpRecord", "LayerRecord", "StepProfile", "PHASES", "CATEGORIES", "NON_MODEL_PHASES"]
 
 #: Phases an op can run in. ``recompute`` is a forward re-run inside backward (activation checkpointing);
 #: ``optimizer`` is set by the caller (e.g. the Lightning callback) around the optimizer step.
 PHASES = ("forward", "backward", "recompute", "optimizer")
+#: phases whose FLOPs are hardware work but not model FLOPs (MFU, PaLM's definition: the model's forward and
+#: backward): activation-checkpointing recompute and the optimizer update
+NON_MODEL_PHASES = frozenset({"recompute", "optimizer"})
 
 #: Op classes used for grouping and for picking the compute roof (matmul-class ops run on tensor cores).
 CATEGORIES = (
@@ -201,9 +204,9 @@ class StepProfile:
 
     @property
     def model_flops(self) -> int:
-        """Model FLOPs (what MFU counts): without the ``recompute`` phase, attention backward as 2x its forward
-        (the kernels' recomputed scores are hardware work, not model work)."""
-        return sum(r.model_flops for r in self.ops if r.phase != "recompute")
+        """Model FLOPs (what MFU counts): forward and backward only (no ``recompute`` or ``optimizer`` phase),
+        attention backward as 2x its forward (the kernels' recomputed scores are hardware work, not model work)."""
+        return sum(r.model_flops for r in self.ops if r.phase not in NON_MODEL_PHASES)
 
     @property
     def total_bytes(self) -> int:

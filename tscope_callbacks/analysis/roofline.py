@@ -26,7 +26,7 @@ from tscope_callbacks.analysis.summary import summary_dict
 from tscope_callbacks.capture.paths import ancestors
 from tscope_callbacks.devices.efficiency import model_for
 from tscope_callbacks.devices.precision import normalize_precision, precision_for_dtype, tf32_enabled
-from tscope_callbacks.records import MATRIX_CATEGORIES, PHASES, OpRecord, StepProfile
+from tscope_callbacks.records import MATRIX_CATEGORIES, NON_MODEL_PHASES, PHASES, OpRecord, StepProfile
 
 __all__ = ["build_roofline", "RooflineAnalysis", "OpRoof", "Row", "Opportunity", "layer_points"]
 
@@ -131,8 +131,9 @@ class RooflineAnalysis:
     self), ``inclusive`` (per layer including children; overlapping, never summed), ``category_rows`` (op class),
     ``op_rows`` (op name; view ops folded into one "(view ops)" row). ``totals`` is the whole region.
     ``table(kind, top)`` applies the grouping of small rows. Model-level figures are attributes and ``summary``:
-    ``mfu`` counts model FLOPs (``model_flops``: activation-checkpointing recompute excluded), ``hfu`` hardware FLOPs
-    (``hardware_flops``: everything that ran); ``scalars()`` has ``hfu`` only when something was recomputed.
+    ``mfu`` counts model FLOPs (``model_flops``: activation-checkpointing recompute and the optimizer update
+    excluded), ``hfu`` hardware FLOPs (``hardware_flops``: everything that ran); ``scalars()`` has ``hfu`` only when
+    they differ.
     """
 
     def __init__(self, ops: list[OpRoof], spec: Any, *, meta: dict[str, Any], layers: dict[str, Any],
@@ -194,8 +195,9 @@ class RooflineAnalysis:
         #: activation-checkpointing re-forward FLOPs; hardware FLOPs = all ops, model FLOPs = without the recompute
         self.recompute_flops = sum(o.flops for o in ops if o.record.phase == "recompute")
         self.hardware_flops = t.flops
-        #: MFU's FLOPs: no activation-checkpointing recompute, attention backward as 2x its forward
-        self.model_flops = sum(o.record.model_flops for o in ops if o.record.phase != "recompute")
+        #: MFU's FLOPs: forward and backward (no activation-checkpointing recompute, no optimizer update), attention
+        #: backward as 2x its forward
+        self.model_flops = sum(o.record.model_flops for o in ops if o.record.phase not in NON_MODEL_PHASES)
         self.mfu = _div(_div(self.model_flops, step), self.mfu_peak_flops)  #: model FLOPs utilization
         self.hfu = _div(_div(self.hardware_flops, step), self.mfu_peak_flops)  #: hardware FLOPs utilization
         self.mbu = _div(_div(t.bytes, step), self.bandwidth)

@@ -22,18 +22,21 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from tscope_callbacks.records import NON_MODEL_PHASES
+
 __all__ = ["Throughput", "Window", "ATTENTION_CONVENTIONS", "model_flops"]
 
 ATTENTION_CONVENTIONS = ("attended", "full")
 
 
 def model_flops(profile: Any, attention: str = "attended") -> int:
-    """Model FLOPs of a profiled step (recompute excluded) under an attention convention."""
+    """Model FLOPs of a profiled step (forward and backward: recompute and the optimizer update excluded) under an
+    attention convention."""
     if attention not in ATTENTION_CONVENTIONS:
         raise ValueError(f"attention must be one of {ATTENTION_CONVENTIONS}, got {attention!r}")
     total = 0
     for r in profile.ops:
-        if r.phase == "recompute":
+        if r.phase in NON_MODEL_PHASES:
             continue
         model = r.flops if getattr(r, "flops_model", None) is None else r.flops_model
         dense = getattr(r, "flops_dense", None)
