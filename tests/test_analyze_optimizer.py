@@ -77,3 +77,6 @@ def test_bad_optimizer_arguments_are_clear_errors():
         _update(lambda params: object())
     with pytest.raises(ValueError, match="no meta kernel for _fused_sgd_"):
         _update("sgd-fused")
+    # a fused optimizer from a factory cannot run on meta: the error names what can
+    with pytest.raises(ValueError, match="name the optimizer instead: .*adamw-fused"):
+        _update(lambda params: torch.optim.AdamW(params, fused=True))

@@ -36,10 +36,24 @@ def optimizer_step(params: list[torch.nn.Parameter], optimizer: Any, device: str
     ``params -> torch.optim.Optimizer``. The returned callable is called twice: once to create the state, then for
     the step that is captured."""
     if callable(optimizer) and not isinstance(optimizer, str):
-        opt = optimizer(params)
+        def failed(e: RuntimeError) -> ValueError:
+            return ValueError(f"optimizer= factory failed on the {device} parameters ({e}); on meta, name the "
+                              f"optimizer instead: one of {', '.join(OPTIMIZERS)}")
+
+        try:
+            opt = optimizer(params)
+        except RuntimeError as e:
+            raise failed(e) from e
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"optimizer= factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
-        return opt.step
+
+        def user_step() -> None:
+            try:
+                opt.step()
+            except RuntimeError as e:  # e.g. fused=True refuses meta tensors at its first step
+                raise failed(e) from e
+
+        return user_step
     name = str(optimizer).strip().lower()
     if name not in OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r}: give one of {', '.join(OPTIMIZERS)}, or a factory "
