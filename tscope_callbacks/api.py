@@ -229,10 +229,10 @@ def profile_model(
                 out = work(*inputs, **extra)
                 how = backward_from(out) if backward else None
             if optimizer is not None:
-                step = optimizer_step([p for p in work.parameters() if p.grad is not None], optimizer, str(device))
-                prof.pause()  # the first step creates the optimizer's state: a one-time cost
+                prof.pause()  # building the optimizer and its first, state-creating step: a one-time cost
                 try:
-                    step()
+                    step = optimizer_step([p for p in work.parameters() if p.grad is not None], optimizer,
+                                          str(device))
                 finally:
                     prof.resume()
                 with prof.phase("optimizer"):

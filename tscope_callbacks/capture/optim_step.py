@@ -32,28 +32,19 @@ _SGD = {"lr": 1e-3, "momentum": 0.9, "weight_decay": 0.0}  # momentum: what SGD 
 
 
 def optimizer_step(params: list[torch.nn.Parameter], optimizer: Any, device: str) -> Callable[[], None]:
-    """One update of ``params`` (their ``.grad`` set) by ``optimizer``: a name in :data:`OPTIMIZERS`, or a factory
-    ``params -> torch.optim.Optimizer``. The returned callable is called twice: once to create the state, then for
-    the step that is captured."""
+    """Build ``optimizer`` over ``params`` (their ``.grad`` set) and run its first, state-creating step (the caller
+    keeps that out of the capture); return the steady-state step to capture. ``optimizer``: a name in
+    :data:`OPTIMIZERS`, or a factory ``params -> torch.optim.Optimizer``."""
     if callable(optimizer) and not isinstance(optimizer, str):
-        def failed(e: RuntimeError) -> ValueError:
-            return ValueError(f"optimizer= factory failed on the {device} parameters ({e}); on meta, name the "
-                              f"optimizer instead: one of {', '.join(OPTIMIZERS)}")
-
         try:
             opt = optimizer(params)
-        except RuntimeError as e:
-            raise failed(e) from e
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise TypeError(f"optimizer= factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
-
-        def user_step() -> None:
-            try:
-                opt.step()
-            except RuntimeError as e:  # e.g. fused=True refuses meta tensors at its first step
-                raise failed(e) from e
-
-        return user_step
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise TypeError(f"optimizer= factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
+            opt.step()
+        except RuntimeError as e:  # e.g. fused=True refuses meta tensors at its first step
+            raise ValueError(f"optimizer= factory failed on the {device} parameters ({e}); on meta, name the "
+                             f"optimizer instead: one of {', '.join(OPTIMIZERS)}") from e
+        return opt.step
     name = str(optimizer).strip().lower()
     if name not in OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r}: give one of {', '.join(OPTIMIZERS)}, or a factory "
@@ -67,18 +58,15 @@ def optimizer_step(params: list[torch.nn.Parameter], optimizer: Any, device: str
         raise ValueError("optimizer='sgd-fused': this torch has no meta kernel for _fused_sgd_; analyse with "
                          "optimizer='sgd' (foreach), or on a real device (device='cuda')")
     opt = _CLASSES[base](params, **kw, **({"fused": True} if fused and not on_meta else {"foreach": True}))
+    opt.step()  # the state (on meta through the foreach path, whose state the fused kernels take as well)
     if not on_meta or (base == "sgd" and not fused):
         return opt.step
     if not fused:
         return _foreach_adam_on_meta(opt, decoupled=base == "adamw")
-    steps: list[torch.Tensor] = []  # the fused kernels' step counters, on the device (made with the state)
+    steps = [torch.zeros((), device=device) for g in opt.param_groups for _ in g["params"]]  # on the device here
 
     @torch.no_grad()
     def fused_step() -> None:
-        if not steps:  # the state, as the foreach step creates it
-            opt.step()
-            steps.extend(torch.zeros((), device=device) for g in opt.param_groups for _ in g["params"])
-            return
         i = 0
         for group in opt.param_groups:
             ps = [p for p in group["params"] if p.grad is not None]
@@ -101,15 +89,10 @@ def optimizer_step(params: list[torch.nn.Parameter], optimizer: Any, device: str
 
 
 def _foreach_adam_on_meta(opt: torch.optim.Optimizer, decoupled: bool) -> Callable[[], None]:
-    """The device ops of a foreach Adam(W) step (see the module doc); the first call is the real step (state)."""
-    made = [False]
+    """The device ops of a foreach Adam(W) step on ``opt``'s state (see the module doc)."""
 
     @torch.no_grad()
     def step() -> None:
-        if not made[0]:
-            made[0] = True
-            opt.step()
-            return
         for group in opt.param_groups:
             ps = [p for p in group["params"] if p.grad is not None]
             if not ps:
