@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tscope_callbacks.devices.efficiency import ITEMSIZE
 from tscope_callbacks.formulas.kernel_bytes import kernel_bytes
 from tscope_callbacks.records import OpRecord
 
@@ -18,7 +19,6 @@ __all__ = ["expected_s", "kernel_bytes", "gemm_dims", "attention_dims", "attenti
 #: op classes whose kernels are paced by memory traffic (their time follows the measured bandwidth curves)
 MEMORY_BOUND = frozenset({"pointwise", "norm", "softmax", "loss", "reduction", "memory", "embedding", "optimizer"})
 _PREC = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
-_ITEM_OF_PREC = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4, "fp64": 8, "fp8": 1, "int8": 1}
 
 
 def _mats(rec: OpRecord) -> list[list[int]]:
@@ -79,13 +79,12 @@ def expected_s(rec: OpRecord, precision: str, model: Any) -> float | None:
             return None
         m, n, k = dims
         lds = rec.leading_dims if cat == "matmul" else None
-        item = _ITEM_OF_PREC.get(precision, 2)
+        item = ITEMSIZE.get(precision, 2)
         ok = all((ld * item) % 16 == 0 for ld in lds) if lds else None  # stored layout, where it was recorded
-        if ok is not None:
-            return model.gemm_s(m, n, k, precision, ok)
+        t = model.gemm_s(m, n, k, precision, ok)
         if cat == "conv" and rec.flops:  # backward convolutions and grouped ones: same efficiency, their own FLOPs
-            return model.gemm_s(m, n, k, precision) * rec.flops / max(2 * m * n * k, 1)
-        return model.gemm_s(m, n, k, precision)
+            return t * rec.flops / max(2 * m * n * k, 1)
+        return t
     if cat == "attention":
         backend, dims = attention_backend(rec.op), attention_dims(rec)
         if backend is None or dims is None:
