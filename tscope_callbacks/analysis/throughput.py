@@ -38,9 +38,8 @@ def model_flops(profile: Any, attention: str = "attended") -> int:
     for r in profile.ops:
         if r.phase in NON_MODEL_PHASES:
             continue
-        model = r.flops if getattr(r, "flops_model", None) is None else r.flops_model
-        dense = getattr(r, "flops_dense", None)
-        total += dense if attention == "full" and dense is not None else model
+        dense = r.flops_dense
+        total += dense if attention == "full" and dense is not None else r.model_flops
     return total
 
 
