@@ -39,6 +39,9 @@ CATEGORIES = (
 
 # Categories whose FLOPs run on matrix units (tensor cores) when the dtype allows it.
 MATRIX_CATEGORIES = frozenset({"matmul", "conv", "attention"})
+#: op classes whose kernels are paced by memory traffic (their time follows the measured bandwidth curves)
+MEMORY_CATEGORIES = frozenset({"pointwise", "norm", "softmax", "loss", "reduction", "memory", "embedding",
+                               "optimizer"})
 
 
 @dataclass(slots=True)

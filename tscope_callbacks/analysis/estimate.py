@@ -12,12 +12,11 @@ from typing import Any
 
 from tscope_callbacks.devices.efficiency import ITEMSIZE
 from tscope_callbacks.formulas.kernel_bytes import kernel_bytes
-from tscope_callbacks.records import OpRecord
+from tscope_callbacks.records import MEMORY_CATEGORIES, OpRecord
 
 __all__ = ["expected_s", "kernel_bytes", "gemm_dims", "attention_dims", "attention_backend", "MEMORY_BOUND"]
 
-#: op classes whose kernels are paced by memory traffic (their time follows the measured bandwidth curves)
-MEMORY_BOUND = frozenset({"pointwise", "norm", "softmax", "loss", "reduction", "memory", "embedding", "optimizer"})
+MEMORY_BOUND = MEMORY_CATEGORIES  #: op classes whose kernels are paced by memory traffic (``records``)
 _PREC = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
 

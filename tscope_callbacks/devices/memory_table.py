@@ -24,12 +24,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from tscope_callbacks.devices.kernel_runs import captured_runs
 from tscope_callbacks.formulas.kernel_bytes import kernel_bytes
+from tscope_callbacks.records import MEMORY_CATEGORIES
 
 __all__ = ["MEMORY_CASES", "memory_sizes", "kernel_memory_timer", "measure_memory_rows"]
 
-#: op classes whose rows are kept (``analysis.estimate.MEMORY_BOUND``; not imported: analysis is a higher layer)
-_MEMORY_BOUND = frozenset({"pointwise", "norm", "softmax", "loss", "reduction", "memory", "embedding", "optimizer"})
 _VOCAB, _WIDTH = 50257, 768  #: GPT-2's vocabulary and width: the shapes of its loss and embedding
 Run = Callable[[], None]
 
@@ -119,30 +119,19 @@ def kernel_memory_timer(device: int = 0, reps: int = 3, device_type: str = "cuda
     one call of the case under a capture, with its kernel time (median of ``reps``); None when it cannot run (out of
     memory, no kernel for the dtype).
     (``device_type="cpu"``: the same code on the CPU, op wall times, for tests.)"""
-    import tscope_callbacks as ts
-
     cuda = device_type == "cuda"
 
     def timer(case: str, numel: int, precision: str) -> list[tuple[str, str, int, float]] | None:
         dev = torch.device("cuda", device) if cuda else torch.device("cpu")
-        anchor = torch.nn.Linear(1, 1).to(dev)  # a capture is timed on its module's device
         try:
-            run = MEMORY_CASES[case](numel, _DTYPES[precision], dev)
-            for _ in range(2):
-                run()
-            if cuda:
-                torch.cuda.synchronize(dev)
-            samples: list[list[tuple[str, str, int, float]]] = []
-            for _ in range(reps):
-                with ts.profile(anchor) as prof:
-                    run()
-                samples.append([(r.op, r.category, kernel_bytes(r), r.time_s) for r in prof.ops
-                                if r.category in _MEMORY_BOUND and r.time_s and r.bytes])
+            captures = captured_runs(MEMORY_CASES[case](numel, _DTYPES[precision], dev), dev, reps)
         except RuntimeError:  # out of memory, or no kernel for this dtype here: the case is left out
             return None
         finally:
             if cuda:
                 torch.cuda.empty_cache()
+        samples = [[(r.op, r.category, kernel_bytes(r), r.time_s) for r in ops
+                    if r.category in MEMORY_CATEGORIES and r.time_s and r.bytes] for ops in captures]
         if not samples or any(len(s) != len(samples[0]) for s in samples):
             return None
         return [(op, cat, nbytes, statistics.median(s[i][3] for s in samples))

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from tscope_callbacks.devices.kernel_runs import captured_runs
+
 __all__ = ["SDPA_BACKENDS", "sdpa_configs", "kernel_sdpa_timer", "measure_sdpa_rows"]
 
 SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
@@ -44,12 +46,9 @@ def kernel_sdpa_timer(device: int = 0, reps: int = 3, device_type: str = "cuda")
     cuda = device_type == "cuda"
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    import tscope_callbacks as ts
-
     def timer(backend: str, b: int, h: int, t: int, d: int, causal: bool) -> tuple[float, float] | None:
         dev = torch.device("cuda", device) if cuda else torch.device("cpu")
         dtype = torch.bfloat16 if cuda else torch.float32
-        anchor = torch.nn.Linear(1, 1).to(dev)  # a capture is timed on its module's device
         q, k, v = (torch.randn(b, h, t, d, device=dev, dtype=dtype, requires_grad=True) for _ in range(3))
         g = torch.randn(b, h, t, d, device=dev, dtype=dtype)
 
@@ -58,19 +57,14 @@ def kernel_sdpa_timer(device: int = 0, reps: int = 3, device_type: str = "cuda")
 
         try:
             with sdpa_kernel([getattr(SDPBackend, backend)]):
-                for _ in range(2):
-                    run()
-                if cuda:
-                    torch.cuda.synchronize()
-                fwd, bwd = [], []
-                for _ in range(reps):
-                    with ts.profile(anchor) as prof:
-                        run()
-                    ops = [r for r in prof.ops if r.category == "attention" and r.time_s]
-                    fwd.append(sum(r.time_s for r in ops if r.phase == "forward"))
-                    bwd.append(sum(r.time_s for r in ops if r.phase == "backward"))
+                captures = captured_runs(run, dev, reps)
         except RuntimeError:  # no kernel of this backend for the configuration (head dim, GPU generation, ...)
             return None
+        fwd, bwd = [], []
+        for ops in captures:
+            ops = [r for r in ops if r.category == "attention" and r.time_s]
+            fwd.append(sum(r.time_s for r in ops if r.phase == "forward"))
+            bwd.append(sum(r.time_s for r in ops if r.phase == "backward"))
         f, w = statistics.median(fwd), statistics.median(bwd)
         return (f, w) if f > 0 and w > 0 else None
 
