@@ -112,6 +112,16 @@ class Timeline:
     def kernel_names(self, op: int) -> list[str]:
         return [k.name for k in self.kernels if k.op == op]
 
+    def meta(self) -> dict[str, Any]:
+        """The device side as a profile's meta carries it (overlap analysis, traces): ``clock_origin_ns`` (the first
+        kernel's start) and ``kernels`` ([name, start after the origin, duration, stream, op] in ns); {} without
+        kernels."""
+        if not self.kernels:
+            return {}
+        t0 = min(k.start_ns for k in self.kernels)
+        return {"clock_origin_ns": t0,
+                "kernels": [[k.name, k.start_ns - t0, k.end_ns - k.start_ns, k.stream, k.op] for k in self.kernels]}
+
 
 def union_s(intervals: Iterable[tuple[int, int]]) -> float:
     """Length in seconds of the union of [start_ns, end_ns) intervals."""

@@ -373,9 +373,7 @@ def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> S
     if cats is not None:
         meta["memory_categories"] = cats
     if timeline is not None and timeline.kernels:  # the device side, for overlap analysis and traces
-        t0 = min(k.start_ns for k in timeline.kernels)
-        meta["clock_origin_ns"] = t0
-        meta["kernels"] = [[k.name, k.start_ns - t0, k.end_ns - k.start_ns, k.stream, k.op] for k in timeline.kernels]
+        meta.update(timeline.meta())
     elif p._timed:
         meta["clock_origin_ns"] = p._t0  # perf_counter_ns: one clock for every process of a host
     return StepProfile(ops=ops, layers=layers, wall_time_s=wall, meta=meta)

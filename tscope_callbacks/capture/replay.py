@@ -286,10 +286,7 @@ class ReplayProfile:
                     (f"this step's kernels do not follow the source step's ({n_match} of {len(self._plan)} planned "
                      f"and of {len(run)} run matched): op times unavailable; profile a step in full again"),
         }
-        if kernels:
-            t0 = min(k.start_ns for k in kernels)
-            meta["clock_origin_ns"] = t0
-            meta["kernels"] = [[k.name, k.start_ns - t0, k.end_ns - k.start_ns, k.stream, k.op] for k in kernels]
+        meta.update(timeline.meta())
         return StepProfile(ops=ops, layers=layers, wall_time_s=wall, meta=meta)
 
 
