@@ -260,7 +260,10 @@ def test_mask_is_read_when_the_call_runs_not_at_stop():
 
 
 def test_mask_fraction_reads_values_and_skips_meta():
-    from tscope_callbacks.formulas.attention import mask_fraction, masked_counts
+    from tscope_callbacks.formulas.attention import kept_share, mask_kept, masked_counts
+
+    def mask_fraction(mask):  # counted on the device, then read, as capture.masks does
+        return kept_share(mask_kept(mask), mask.numel())
 
     m = torch.ones(4, 4, dtype=torch.bool).tril()  # 10 of 16
     assert mask_fraction(m) == pytest.approx(10 / 16)

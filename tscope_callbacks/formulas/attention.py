@@ -8,9 +8,10 @@ summed over batch and *query* heads (GQA: key/value heads are broadcast, so the 
 
 Convention for P, the attended (query, key) pairs per (batch, head), exact rather than "half":
     no mask / arbitrary attn_mask      P = L_q * S_k for the hardware count (a dense mask does not skip work);
-                                         the model count (MFU) takes the pairs the mask lets through, read
-                                         from its values once per mask at the end of a capture (``mask_fraction``):
-                                         a causal mask passed as a tensor counts as ``is_causal`` does, so MFU
+                                         the model count (MFU) takes the pairs the mask lets through, counted
+                                         on the device when the call runs (``mask_kept``, once per mask) and
+                                         read at the end of a capture (``kept_share``; ``capture.masks``): a
+                                         causal mask passed as a tensor counts as ``is_causal`` does, so MFU
                                          does not depend on how a model spells its mask
     is_causal, top-left alignment      P = sum_{i<L_q} min(i + 1, S_k)        (PyTorch SDPA semantics: row i
                                          attends keys 0..i; = L(L+1)/2 when L_q == S_k == L)
@@ -40,7 +41,8 @@ import torch
 
 from tscope_callbacks.formulas.common import reg
 
-__all__ = ["AttentionFlops", "attended_pairs", "attention_flops", "mask_argument", "mask_fraction", "masked_counts"]
+__all__ = ["AttentionFlops", "attended_pairs", "attention_flops", "mask_argument", "mask_kept", "kept_share",
+           "masked_counts"]
 
 
 class AttentionFlops(int):
@@ -273,12 +275,6 @@ def kept_share(kept: torch.Tensor | None, numel: int) -> float | None:
         return float(kept.item()) / numel
     except (RuntimeError, TypeError, NotImplementedError):
         return None
-
-
-def mask_fraction(mask: torch.Tensor) -> float | None:
-    """Share of (query, key) pairs a mask lets through (:func:`mask_kept` read at once: a device sync on a GPU).
-    None for meta/fake tensors or an empty mask."""
-    return kept_share(mask_kept(mask), mask.numel())
 
 
 def masked_counts(flops_model: int, flops_dense: int | None, fraction: float | None) -> tuple[int, int | None]:
