@@ -175,6 +175,86 @@ def test_analyze_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "NoSuchModel" in capsys.readouterr().err
 
 
+_USER_MODELS = """
+import torch
+from user_blocks import Block  # a sibling module: imports resolve as `python models.py` would
+
+BUILT_ON = []
+
+
+def build(width=32):
+    m = torch.nn.Sequential(Block(width), torch.nn.Linear(width, 10))
+    BUILT_ON.append(next(m.parameters()).device.type)
+    return m
+
+
+class Zoo:
+    small = staticmethod(lambda: build(16))
+
+
+NOT_A_MODEL = 3
+"""
+
+
+@pytest.fixture()
+def user_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user's project directory: models.py (importing its sibling user_blocks.py), the working directory."""
+    (tmp_path / "user_blocks.py").write_text("import torch\n\n\nclass Block(torch.nn.Linear):\n"
+                                             "    def __init__(self, w):\n        super().__init__(w, w)\n")
+    (tmp_path / "models.py").write_text(_USER_MODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    for name in ("models", "user_blocks"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return tmp_path
+
+
+def test_analyze_imports_from_the_working_directory_and_builds_on_meta(capsys: pytest.CaptureFixture[str],
+                                                                        user_project: Path) -> None:
+    # a console script's sys.path lacks the working directory: `tscope analyze models:build` in one's project
+    # raised ModuleNotFoundError
+    assert main(["analyze", "models:build", "--input-shape", "4,32", "--gpu", "h100", "--kwargs", '{"width": 32}']) == 0
+    assert "NVIDIA H100 SXM" in capsys.readouterr().out
+    models = sys.modules["models"]
+    assert models.BUILT_ON == ["meta"]  # a meta analysis builds the model on meta: no memory, no init compute
+    # a dotted NAME
+    assert main(["analyze", "models:Zoo.small", "--input-shape", "4,16", "--gpu", "h100"]) == 0
+    assert models.BUILT_ON[-1] == "meta"
+    capsys.readouterr()
+    # measured on the CPU: built on the CPU
+    assert main(["analyze", "models:build", "--input-shape", "4,32", "--device", "cpu"]) == 0
+    assert models.BUILT_ON[-1] == "cpu"
+
+
+def test_analyze_a_model_file_by_path(capsys: pytest.CaptureFixture[str], user_project: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    elsewhere = user_project / "runs"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["analyze", str(user_project / "models.py") + ":build", "--input-shape", "4,32", "--gpu", "h100"]) == 0
+    out = capsys.readouterr().out
+    # Sequential(Block(32), Linear(32, 10)) on 4 rows, forward: 2*4*32*32 + 2*4*32*10 = 8192 + 2560 FLOPs
+    assert "NVIDIA H100 SXM · Sequential" in out
+    assert main(["analyze", "../models.py:build", "--input-shape", "4,32", "--gpu", "h100", "--json",
+                 "a.json"]) == 0
+    capsys.readouterr()
+    ops = json.loads((elsewhere / "a.json").read_text())["profile"]["ops"]
+    assert sum(o["flops"] for o in ops if o["category"] == "matmul") == 2 * 4 * 32 * 32 + 2 * 4 * 32 * 10
+
+
+@pytest.mark.parametrize("target, message", [
+    ("no_such_module:build", "searched the current directory and PYTHONPATH"),
+    ("missing.py:build", "no file 'missing.py'"),
+    ("models:nope", "'models' has no 'nope'"),
+    ("models:NOT_A_MODEL", "is not a model class or factory (it is of type int)"),
+])
+def test_analyze_target_errors_say_what_to_do(capsys: pytest.CaptureFixture[str], user_project: Path, target: str,
+                                              message: str) -> None:
+    assert main(["analyze", target, "--input-shape", "4,32"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
 # ---------------- tscope report ----------------
 def test_report_rerenders_an_analyze_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out_json = tmp_path / "conv.json"

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
+import os
 import sys
+from typing import Any
 
 from tscope_callbacks.api import analyze_model
 
@@ -13,7 +16,8 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", help="the model class or factory as MODULE:NAME (e.g. mypkg.models:ResNet18)")
+    p.add_argument("target", help="the model class or factory as MODULE:NAME (e.g. mypkg.models:ResNet18; the current "
+                                  "directory is importable) or FILE.py:NAME (e.g. models.py:build)")
     p.add_argument("--input-shape", action="append", required=True,
                    help="comma-separated shape of one input, e.g. 32,3,224,224 (repeat for several inputs)")
     p.add_argument("--input-dtype", action="append", default=None, help="per input, in order: float (default; the --precision dtype), long/int64 or int/int32 (token ids)")
@@ -37,16 +41,63 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="write the report JSON here")
 
 
+def load_target(target: str) -> Any:
+    """The object ``MODULE:NAME`` or ``path/to/file.py:NAME`` names (NAME may be dotted: ``Class.small``). The
+    current directory is importable, as with ``python -m``: a console script's ``sys.path`` lacks it."""
+    mod_name, _, attr = target.rpartition(":") if target.count(":") > 1 else target.partition(":")
+    if not mod_name or not attr:
+        raise ValueError(f"expected MODULE:NAME or FILE.py:NAME, got {target!r}")
+    if mod_name.endswith(".py") or os.sep in mod_name or "/" in mod_name:
+        path = os.path.abspath(mod_name)
+        if not os.path.isfile(path):
+            raise ImportError(f"no file {mod_name!r} (from {target!r})")
+        spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {mod_name!r} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, os.path.dirname(path))  # its sibling imports resolve, as `python FILE` would
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(os.path.dirname(path))
+    else:
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(mod_name)
+        except ModuleNotFoundError as e:
+            raise ImportError(f"{e} (searched the current directory and PYTHONPATH; a file can be given as "
+                              f"path/to/models.py:NAME)") from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise AttributeError(f"{mod_name!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"{target!r} is not a model class or factory (it is of type {type(obj).__name__})")
+    return obj
+
+
+def build_model(factory: Any, kwargs: dict, device: str) -> Any:
+    """``factory(**kwargs)``; for a meta analysis built on the meta device (no memory, no init compute: a 70B model
+    analyses on a laptop), else, or when the factory cannot build there (one that loads weights), as given."""
+    if device == "meta":
+        import torch
+
+        try:
+            with torch.device("meta"):
+                return factory(**kwargs)
+        except Exception:  # a factory that needs real tensors: built on the host, analysis still on meta
+            pass
+    return factory(**kwargs)
+
+
 def run(args: argparse.Namespace) -> int:
     from tscope_callbacks.devices.spec import UnknownDeviceError
 
-    mod_name, _, attr = args.target.partition(":")
-    if not attr:
-        print(f"tscope analyze: expected MODULE:NAME, got {args.target!r}", file=sys.stderr)
-        return 2
     try:
-        factory = getattr(importlib.import_module(mod_name), attr)
-        model = factory(**json.loads(args.kwargs))
+        factory = load_target(args.target)
+        model = build_model(factory, json.loads(args.kwargs), args.device)
         shapes = [[int(s) for s in shp.split(",")] for shp in args.input_shape]
         dtypes = [None if d in (None, "float") else d for d in (args.input_dtype or [])]
         report = analyze_model(model, shapes, args.gpu, args.precision, input_dtypes=dtypes,
