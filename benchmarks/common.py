@@ -45,6 +45,9 @@ def gpt2(n_layer: int = 12, n_embd: int = 768, n_head: int = 12, vocab: int = 50
     cfg = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab, n_positions=n_positions,
                      bos_token_id=0, eos_token_id=0, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
     torch.manual_seed(0)
+    if device == "meta":  # built there: .to("meta") would untie the embedding and the LM head
+        with torch.device("meta"):
+            return GPT2LMHeadModel(cfg)
     return GPT2LMHeadModel(cfg).to(device)
 
 

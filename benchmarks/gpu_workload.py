@@ -71,6 +71,7 @@ def ready(w: Workload, device: str, *, compile: bool = False, warmup: int = 3) -
     def step() -> None:
         train_step(module, opt, ids, device)
 
+    step.optimizer = opt  # type: ignore[attr-defined]  # its state: the step's memory (scripts/gpu_check.py)
     for _ in range(warmup):
         step()
     return module, step

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from common import median_time
 from gpu_capture_overhead import measure
-from gpu_workload import FULL, SMOKE, device_for, ready
+from gpu_workload import FULL, SMOKE, device_for, gpt2, ready
 
 import tscope_callbacks as ts
 
@@ -64,6 +64,38 @@ def memory_ground_truth(model, step, paths: list[str], cuda: bool) -> dict[str, 
     return out
 
 
+def step_peak_check(model, step, prof, w, cuda: bool) -> None:
+    """The profiled step's peak (``meta["memory_categories"]["step_peak"]``) and the meta analysis's estimate of the
+    same step against ground truth: ``torch.cuda.max_memory_allocated()`` over one plain step on CUDA (its peak
+    statistic reset first), torch's ``MemTracker`` on the CPU."""
+    got = (prof.meta.get("memory_categories") or {}).get("step_peak")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        truth, how = torch.cuda.max_memory_allocated(), "max_memory_allocated"
+    else:
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        mt = MemTracker()
+        mt.track_external(model, step.optimizer)
+        with mt:
+            step()
+        truth, how = mt.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"], "MemTracker"
+    ok = got is not None and abs(got / truth - 1) <= 0.05
+    check(f"3. step peak memory within 5% of {how}", ok,
+          f"{(got or 0) / 2**20:.1f} MiB vs {truth / 2**20:.1f} MiB")
+    meta_model = gpt2(w.n_layer, w.d, w.heads, w.vocab, max(w.seq, 64), device="meta")
+    rep = ts.analyze_model(meta_model, input_shape=[(w.batch, w.seq)], gpu="h100",
+                           precision="bf16-mixed" if cuda else "fp32", backward=True,
+                           optimizer="adamw-fused",  # the workload's fused AdamW
+                           attention_backend=None if cuda else "cpu")
+    est = rep.profile.meta["memory_categories"]["step_peak"]
+    check(f"3. meta analysis step peak within 10% of {how}", abs(est / truth - 1) <= 0.10,
+          f"{est / 2**20:.1f} MiB vs {truth / 2**20:.1f} MiB")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None)
@@ -95,6 +127,9 @@ def main() -> int:
                   f"{prof.layers[p].saved_bytes / 2**20:.1f} MiB, peak {prof.layers[p].peak_fwd_bytes / 2**20:.1f} MiB")
         else:
             check(f"3. memory of {p}", None, f"{got / 2**20:.2f} MiB (no CUDA allocator here)")
+
+    # 3b. the step's peak memory against the allocator's (CUDA) or torch's MemTracker (CPU smoke run)
+    step_peak_check(model, step, prof, w, cuda)
 
     # 4. tensor cores
     mm = [r for r in prof.ops if r.category == "matmul" and r.dtype == "bfloat16"]

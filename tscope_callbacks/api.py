@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from tscope_callbacks.analysis.roofline import build_roofline
-from tscope_callbacks.capture.meta_run import AutocastAs, SdpaAs, backend_for, backward_from, lm_labels, token_input
+from tscope_callbacks.capture.meta_run import AutocastAs, SdpaAs, backend_for, lm_labels, loss_from, token_input
 from tscope_callbacks.capture.optim_step import optimizer_step
 from tscope_callbacks.capture.profile import profile
 from tscope_callbacks.devices.precision import TORCH_DTYPES, normalize_precision
@@ -116,6 +116,28 @@ def build_inputs(
     return out
 
 
+def _moved(model: torch.nn.Module, device: str, dtype: torch.dtype | None) -> torch.nn.Module:
+    """``model.to(device).to(dtype)`` keeping shared parameters shared. A move across device types (CPU -> meta)
+    makes a new Parameter per module, so a tied embedding and LM head (GPT-2, T5, Llama 3.2) would become two
+    weights: their parameters, gradients and optimizer state counted twice, the gradient sum of the tie lost."""
+    shared: dict[int, list[tuple[torch.nn.Module, str, bool]]] = {}
+    for mod in model.modules():
+        for store, is_param in ((mod._parameters, True), (mod._buffers, False)):
+            for name, t in store.items():
+                if t is not None:
+                    shared.setdefault(id(t), []).append((mod, name, is_param))
+    model = model.to(device=device)
+    if dtype is not None:
+        model = model.to(dtype)
+    for refs in shared.values():
+        if len(refs) > 1:
+            mod0, name0, is_param0 = refs[0]
+            first = (mod0._parameters if is_param0 else mod0._buffers)[name0]
+            for mod, name, is_param in refs[1:]:
+                (mod._parameters if is_param else mod._buffers)[name] = first
+    return model
+
+
 def analyze_model(
     model: torch.nn.Module,
     input_shape: Sequence[Sequence[int]] | Sequence[int] | None = None,
@@ -200,9 +222,7 @@ def profile_model(
     work = model
     on_target = all(p.device.type == torch.device(device).type for p in model.parameters())
     if not on_target or dtype != torch.float32:
-        work = copy.deepcopy(model).to(device=device)
-        if dtype != torch.float32:
-            work = work.to(dtype)
+        work = _moved(copy.deepcopy(model), device, None if dtype == torch.float32 else dtype)
     work.train(backward)
     if inputs is None:
         vocab = token_input(model) if not input_dtypes else None
@@ -224,15 +244,23 @@ def profile_model(
         amp: Any = contextlib.nullcontext()
         if mixed:  # entered after SdpaAs: casts first, so SDPA is routed on the low-precision inputs
             amp = AutocastAs(low) if meta else torch.autocast(torch.device(device).type, dtype=low)
-        with profile(work, timing=timing) as prof:
+        # on meta, layer details: saved activations and the step's memory by category (nothing runs, so they cost
+        # little; on a real device they would slow the measured step, and compiled modules would run eagerly)
+        with profile(work, timing=timing, layer_details=meta) as prof:
             with torch.set_grad_enabled(backward), sdpa, amp:
                 out = work(*inputs, **extra)
-                how = backward_from(out) if backward else None
+                how = None
+                if backward:
+                    loss, how = loss_from(out)
+                    del out  # a training step keeps only its loss through the backward
+                    loss.backward()
+                    del loss
             if optimizer is not None:
                 prof.pause()  # building the optimizer and its first, state-creating step: a one-time cost
                 try:
-                    step = optimizer_step([p for p in work.parameters() if p.grad is not None], optimizer,
-                                          str(device))
+                    opt, step = optimizer_step([p for p in work.parameters() if p.grad is not None], optimizer,
+                                               str(device))
+                    prof.add_optimizer(opt)  # its state is part of the step's memory
                 finally:
                     prof.resume()
                 with prof.phase("optimizer"):

@@ -90,7 +90,8 @@ class RooflineCallback(ProfilingCallback):
       (per layer: intensity, achieved GFLOP/s, time, estimate, bound) and, on W&B, the scatter
       ``tscope/roofline/scatter``;
     - scalars ``tscope/model/*`` once per fit (parameters, size, activations, forward and step GFLOP, GMAC,
-      latency per batch, samples/s, tokens/s: ``analysis.model_summary``); ``tscope/comm/*`` and the text
+      latency per batch, samples/s, tokens/s; with layer details, e.g. beside a LayerProfilerCallback, the step's
+      peak memory and optimizer state: ``analysis.model_summary``); ``tscope/comm/*`` and the text
       ``tscope/comm/table`` when the step ran collectives; ``tscope/roofline/compiled_vs_eager`` and
       ``tscope/roofline/compile_speedup`` for compiled models;
     - file ``<log_dir>/tscope/step_<N>.json`` (other stages: ``<stage>_step_<N>.json``).

@@ -78,6 +78,19 @@ class MemoryTracker:
         self._open: list[tuple[str, int, int, int]] = []  #: (path, reading at start, live at start, op index)
         self.saved: dict[str, dict[int, int]] = {}  #: path -> {storage key: bytes} saved by that module's forward
         self._params: set[int] = set()
+        self._closed: set[int] = set()  #: the storages still alive when tracking stopped
+        self.at_start = self._reader() if self._reader is not None else None  #: allocator bytes at the start (CUDA)
+
+    def peak(self) -> int:
+        """The highest tracked live bytes of the region: what the step itself allocated, at its peak."""
+        return max(self.live_after, default=0)
+
+    def tracks(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s storage was created in the region (and is tracked)."""
+        try:
+            return t.untyped_storage()._cdata in (self._storages or self._closed)
+        except (RuntimeError, NotImplementedError, TypeError):
+            return False
 
     # ---------------- live bytes ----------------
     def _size(self, nbytes: int) -> int:
@@ -209,4 +222,5 @@ class MemoryTracker:
     def close(self) -> None:
         """Stop tracking: drop the weak references (their callbacks never run again) and any open span."""
         self._open.clear()
+        self._closed = set(self._storages)
         self._storages.clear()

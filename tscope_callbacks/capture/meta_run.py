@@ -19,7 +19,7 @@ theirs to fp32, and multi-input ops promote to the widest type. The casts are re
 ``_to_copy`` kernels of a real autocast step.
 
 Also here: which inputs are token ids (:func:`token_input`), the labels that give an HF causal LM its real loss
-(:func:`lm_labels`), and the loss a backward pass starts from (:func:`backward_from`).
+(:func:`lm_labels`), and the loss a backward pass starts from (:func:`loss_from`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SdpaAs", "AutocastAs", "AUTOCAST_LOW", "AUTOCAST_FP32", "BACKENDS", "backend_for", "token_input", "lm_labels", "backward_from"]
+__all__ = ["SdpaAs", "AutocastAs", "AUTOCAST_LOW", "AUTOCAST_FP32", "BACKENDS", "backend_for", "token_input", "lm_labels", "loss_from"]
 
 BACKENDS = ("cudnn", "flash", "efficient", "cpu")
 _HOPPER = re.compile(r"\b(h100|h200|h800|h20|gh200)\b", re.I)
@@ -203,21 +203,19 @@ def lm_labels(model: torch.nn.Module, inputs: list[Any]) -> dict[str, Any]:
     return {}
 
 
-def backward_from(out: Any) -> str:
-    """Run backward from the output's ``loss`` (HF outputs, dicts), else the float sum of the first tensor output;
-    returns which ("loss" or "sum")."""
+def loss_from(out: Any) -> tuple[torch.Tensor, str]:
+    """The loss a backward pass starts from: the output's ``loss`` (HF outputs, dicts), else the float sum of the
+    first tensor output; and which ("loss" or "sum"). The caller drops ``out`` before the backward, as a training
+    step keeps only its loss (HF logits held through the backward would count in the step's memory)."""
     loss = getattr(out, "loss", None)
     if loss is None and isinstance(out, dict):
         loss = out.get("loss")
-    how = "loss"
-    if loss is None:
-        how = "sum"
-        if isinstance(out, dict):
-            out = next(v for v in out.values() if isinstance(v, torch.Tensor))
-        elif isinstance(out, (tuple, list)):
-            out = out[0]
-        elif hasattr(out, "logits"):
-            out = out.logits
-        loss = out.float().sum()
-    loss.backward()
-    return how
+    if loss is not None:
+        return loss, "loss"
+    if isinstance(out, dict):
+        out = next(v for v in out.values() if isinstance(v, torch.Tensor))
+    elif isinstance(out, (tuple, list)):
+        out = out[0]
+    elif hasattr(out, "logits"):
+        out = out.logits
+    return out.float().sum(), "sum"

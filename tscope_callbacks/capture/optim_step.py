@@ -31,10 +31,11 @@ _ADAM = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 _SGD = {"lr": 1e-3, "momentum": 0.9, "weight_decay": 0.0}  # momentum: what SGD training uses
 
 
-def optimizer_step(params: list[torch.nn.Parameter], optimizer: Any, device: str) -> Callable[[], None]:
+def optimizer_step(params: list[torch.nn.Parameter], optimizer: Any,
+                   device: str) -> tuple[torch.optim.Optimizer, Callable[[], None]]:
     """Build ``optimizer`` over ``params`` (their ``.grad`` set) and run its first, state-creating step (the caller
-    keeps that out of the capture); return the steady-state step to capture. ``optimizer``: a name in
-    :data:`OPTIMIZERS`, or a factory ``params -> torch.optim.Optimizer``."""
+    keeps that out of the capture); return the optimizer (its state: the step's memory) and the steady-state step
+    to capture. ``optimizer``: a name in :data:`OPTIMIZERS`, or a factory ``params -> torch.optim.Optimizer``."""
     if callable(optimizer) and not isinstance(optimizer, str):
         try:
             opt = optimizer(params)
@@ -44,7 +45,7 @@ def optimizer_step(params: list[torch.nn.Parameter], optimizer: Any, device: str
         except RuntimeError as e:  # e.g. fused=True refuses meta tensors at its first step
             raise ValueError(f"optimizer= factory failed on the {device} parameters ({e}); on meta, name the "
                              f"optimizer instead: one of {', '.join(OPTIMIZERS)}") from e
-        return opt.step
+        return opt, opt.step
     name = str(optimizer).strip().lower()
     if name not in OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r}: give one of {', '.join(OPTIMIZERS)}, or a factory "
@@ -60,9 +61,9 @@ def optimizer_step(params: list[torch.nn.Parameter], optimizer: Any, device: str
     opt = _CLASSES[base](params, **kw, **({"fused": True} if fused and not on_meta else {"foreach": True}))
     opt.step()  # the state (on meta through the foreach path, whose state the fused kernels take as well)
     if not on_meta or (base == "sgd" and not fused):
-        return opt.step
+        return opt, opt.step
     if not fused:
-        return _foreach_adam_on_meta(opt, decoupled=base == "adamw")
+        return opt, _foreach_adam_on_meta(opt, decoupled=base == "adamw")
     steps = [torch.zeros((), device=device) for g in opt.param_groups for _ in g["params"]]  # on the device here
 
     @torch.no_grad()
@@ -85,7 +86,7 @@ def optimizer_step(params: list[torch.nn.Parameter], optimizer: Any, device: str
                amsgrad=False, maximize=False)
             i += len(ps)
 
-    return fused_step
+    return opt, fused_step
 
 
 def _foreach_adam_on_meta(opt: torch.optim.Optimizer, decoupled: bool) -> Callable[[], None]:

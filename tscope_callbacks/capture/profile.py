@@ -129,6 +129,8 @@ class Profile:
         self._t0 = 0
         self._in_backward = False
         self._in_opt_step = 0  #: inside optimizer.step() (global optimizer hooks)
+        self._optimizers: dict[int, Any] = {}  #: optimizers that stepped in the region (their state: step memory)
+        self._grads_at_start = 0  #: bytes of the gradients that existed when the region started
 
     # ---------------- public surface ----------------
     @property
@@ -175,6 +177,11 @@ class Profile:
     def label(self, **labels: Any) -> None:
         """Add labels copied into ``meta`` at stop."""
         self.labels.update(labels)
+
+    def add_optimizer(self, optimizer: Any) -> None:
+        """Count ``optimizer``'s state in the step's memory (an optimizer whose ``step()`` runs in the region is
+        added by itself)."""
+        self._optimizers.setdefault(id(optimizer), optimizer)
 
     def pause(self) -> None:
         """Stop recording until :meth:`resume` (nestable): ops run untouched, modules are not tracked, and the

@@ -30,7 +30,7 @@ from tscope_callbacks.capture.eager import EagerStance
 from tscope_callbacks.capture.layers import LayerDetails, build_layers
 from tscope_callbacks.capture.memory import MemoryTracker
 from tscope_callbacks.capture.paths import ModelTree, clean_path
-from tscope_callbacks.capture.sharding import memory_categories
+from tscope_callbacks.capture.step_memory import grad_bytes, memory_categories
 from tscope_callbacks.formulas.apply import count_op
 from tscope_callbacks.formulas.bytes import fresh_outputs, op_plan
 from tscope_callbacks.formulas.memo import CountCache
@@ -151,6 +151,7 @@ def install(p: Profile) -> Installed:
         for prm in mod._parameters.values():
             if prm is not None:
                 p._param_owner.setdefault(id(prm), p._collapse(clean_path(mpath)))
+    p._grads_at_start = grad_bytes([prm for _, prm in tree.parameters])
     if p.layer_details:
         p._memory = MemoryTracker(tree.device())
         p._memory.set_parameters([prm for _, prm in tree.parameters])
@@ -291,6 +292,7 @@ def _optimizer_hooks(p: Profile) -> list[Any]:
 
     def pre(opt: Any, args: Any, kwargs: Any) -> None:
         p._in_opt_step += 1
+        p.add_optimizer(opt)
 
     def post(opt: Any, args: Any, kwargs: Any) -> None:
         p._in_opt_step = max(0, p._in_opt_step - 1)
@@ -369,7 +371,10 @@ def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> S
     layers = build_layers(p.model, ops, p._details, p._collapse, p._calls, tree=p._tree)
     meta = {**base_meta(p), **step_time(ops, wall, timeline, p.timing), **p.labels}
     cats = memory_categories(p.model, ops, layers,
-                             params=[prm for _, prm in p._tree.parameters] if p._tree is not None else None)
+                             params=[prm for _, prm in p._tree.parameters] if p._tree is not None else None,
+                             tracker=p._memory, optimizers=list(p._optimizers.values()),
+                             grads_at_start=p._grads_at_start)
+    p._optimizers.clear()
     if cats is not None:
         meta["memory_categories"] = cats
     if timeline is not None and timeline.kernels:  # the device side, for overlap analysis and traces

@@ -6,6 +6,7 @@ CPU roof, cached per machine); analysis never resolves: its callers pass a ``Dev
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -63,6 +64,10 @@ def _cuda_spec(index: int, *, table: Any) -> DeviceSpec:
     hint = (f"{name!r} is the current GPU (cuda:{index}); `tscope calibrate` measures its achievable roofs, "
             "but roofline reports need a datasheet row.")
     spec = spec_table.resolve(name, extra_table=table, hint=hint)
+    try:  # this GPU's own memory, not the row's (a row may stand for several capacities)
+        spec = dataclasses.replace(spec, memory_bytes=int(torch.cuda.get_device_properties(index).total_memory))
+    except Exception:
+        pass
     try:
         from tscope_callbacks.devices.calibrate import cached_achievable
 

@@ -50,6 +50,7 @@ class DeviceSpec:
     patterns: tuple[str, ...] = ()  #: regexes (whole name, case-insensitive) this row stands for
     #: link -> bidirectional bytes/s per GPU ("nvlink", "infinity_fabric", "pcie"), as datasheets state it
     interconnect: dict[str, float] = field(default_factory=dict)
+    memory_bytes: int | None = None  #: device memory (datasheet; a real GPU's own total), for the step-memory check
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -64,6 +65,9 @@ class DeviceSpec:
         self.bandwidth = float(self.bandwidth)
         if self.l2_bytes is not None and not _positive(self.l2_bytes):
             raise ValueError(f"DeviceSpec({self.name!r}).l2_bytes must be positive or None, got {self.l2_bytes!r}")
+        if self.memory_bytes is not None and not _positive(self.memory_bytes):
+            raise ValueError(f"DeviceSpec({self.name!r}).memory_bytes must be positive or None, "
+                             f"got {self.memory_bytes!r}")
         self.aliases, self.match, self.patterns = tuple(self.aliases), tuple(self.match), tuple(self.patterns)
 
     # ---------------- rates ----------------
@@ -117,6 +121,8 @@ class DeviceSpec:
                              "patterns": list(self.patterns), "aliases": list(self.aliases), "flops": dict(self.flops),
                              "vector_flops": dict(self.vector_flops), "bandwidth": self.bandwidth,
                              "l2_bytes": self.l2_bytes, "source": self.source, "measured": self.measured}
+        if self.memory_bytes is not None:
+            d["memory_bytes"] = self.memory_bytes
         if self.extra:
             d["extra"] = dict(self.extra)
         if self.interconnect:
@@ -187,7 +193,7 @@ class AmbiguousDeviceError(UnknownDeviceError):
 
 MINIMAL_ROW = '{"name": "My GPU", "flops": {"bf16": 1.0e14, "fp32": 2.0e13}, "bandwidth": 1.0e12}'
 REQUIRED_FIELDS = ("name", "flops", "bandwidth")
-ROW_FIELDS = frozenset({*REQUIRED_FIELDS, "vendor", "match", "patterns", "aliases", "vector_flops", "l2_bytes",
+ROW_FIELDS = frozenset({*REQUIRED_FIELDS, "vendor", "match", "patterns", "aliases", "vector_flops", "l2_bytes", "memory_bytes",
                         "source", "notes", "measured", "extra", "achievable", "interconnect"})
 
 
@@ -254,6 +260,9 @@ def row_to_spec(row: dict[str, Any], *, where: str, index: int) -> DeviceSpec:
     l2 = row.get("l2_bytes")
     if l2 is not None and (isinstance(l2, bool) or not isinstance(l2, (int, float)) or not l2 > 0):
         raise err("l2_bytes", f"must be a positive number of bytes or null, got {l2!r}")
+    mem = row.get("memory_bytes")
+    if mem is not None and (isinstance(mem, bool) or not isinstance(mem, (int, float)) or not mem > 0):
+        raise err("memory_bytes", f"must be a positive number of bytes or null, got {mem!r}")
     for fld in ("vendor", "source", "notes"):
         if not isinstance(row.get(fld, ""), str):
             raise err(fld, "must be a string")
@@ -285,6 +294,7 @@ def row_to_spec(row: dict[str, Any], *, where: str, index: int) -> DeviceSpec:
                           measured=bool(row.get("measured", False)), aliases=_str_list(row, "aliases", err),
                           vendor=row.get("vendor", ""), vector_flops=row.get("vector_flops", {}),
                           achievable=achievable, extra=extra, match=_str_list(row, "match", err), patterns=patterns,
-                          interconnect={str(k): float(v) for k, v in links.items()})
+                          interconnect={str(k): float(v) for k, v in links.items()},
+                          memory_bytes=int(mem) if mem is not None else None)
     except ValueError as e:  # e.g. an unknown precision key
         raise SpecFileError(f"{where}: {label}: {e}; a minimal row is {MINIMAL_ROW}") from None

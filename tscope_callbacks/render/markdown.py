@@ -13,6 +13,7 @@ from typing import Any
 from tscope_callbacks.analysis.comm import comm_rows
 from tscope_callbacks.analysis.fmt import g as _g
 from tscope_callbacks.analysis.fmt import pct as _pct
+from tscope_callbacks.analysis.memory_fit import memory_fit
 from tscope_callbacks.analysis.model_summary import model_summary
 from tscope_callbacks.analysis.rows import Row
 from tscope_callbacks.analysis.summary import roofs_used
@@ -107,18 +108,48 @@ def header_lines(report: Any) -> list[str]:
     elif report.meta.get("compiled_modules_run_eagerly"):
         lines += ["- **Compiled**: " + ", ".join(f"`{m or '(root)'}`" for m in report.meta[
             "compiled_modules_run_eagerly"]) + " ran eagerly under this profile (times are eager times)"]
-    mc = report.meta.get("memory_categories")
-    if mc:
-        mb = lambda k: _n((mc.get(k) or 0) / 2**20)  # noqa: E731
-        lines += [f"- **Memory by category** (this rank, MiB): params {mb('sharded_params')} sharded / "
-                  f"{mb('unsharded_params')} unsharded; grads {mb('sharded_grads')} sharded / {mb('unsharded_grads')} "
-                  f"unsharded; all-gather buffer {mb('all_gather_buffer_max')} (largest); reduce-scatter buffer "
-                  f"{mb('reduce_scatter_buffer_max')}; saved activations "
-                  + (mb("activations_saved") if mc.get("activations_saved") else "n/a (layer details off)")]
+    lines += memory_lines(report)
     lines += [f"- **Totals**: {_n(s['total_flops'] / 1e9)} GFLOP, {_n(s['total_bytes'] / 1e6)} MB, {s['n_ops']} ops; "
               f"FLOP coverage {_p(s['flop_coverage'])}"
               + (" (no formula: " + ", ".join(f"{k} ×{v}" for k, v in list(s["uncounted_ops"].items())[:5]) + ")"
                  if s["uncounted_ops"] else "")]
+    return lines
+
+
+def memory_lines(report: Any) -> list[str]:
+    """The step's memory by category, its peak against the device's memory, and under sharding FSDPMemTracker's
+    split (``capture.step_memory``, ``analysis.memory_fit``)."""
+    mc = report.meta.get("memory_categories")
+    if not mc:
+        return []
+    mib = lambda k: _n((mc.get(k) or 0) / 2**20)  # noqa: E731
+    lines = []
+    if mc.get("step_peak"):
+        opt = mib("optimizer_state") if mc.get("optimizer_state") is not None else "n/a (no optimizer step captured)"
+        saved = mib("activations_saved") if mc.get("activations_saved") else "n/a"
+        line = (f"- **Memory** (this rank, MiB): weights {mib('params')} · gradients {mib('grads')} · optimizer state "
+                f"{opt} · saved activations {saved}; step peak about **{mib('step_peak')}** "
+                f"({mc.get('step_peak_basis')})")
+        what_if = report.meta.get("what_if")
+        fit = memory_fit(mc, None if what_if else getattr(report.spec, "memory_bytes", None))
+        if fit and fit["verdict"]:
+            cap = f"{_n(fit['capacity'] / 2**20)} MiB of {report.summary['device']}"
+            line += f": {_p(fit['share'])} of the {cap}"
+            if fit["verdict"] != "fits":
+                shard = (f"shard weights, gradients and optimizer state ({_n(fit['states'] / 2**20)} MiB: FSDP / "
+                         f"ZeRO-3 over {fit['shard_over']} or more GPUs), " if fit["shard_over"] else "")
+                line += (f" -- **{fit['verdict']}**" + (" (the allocator needs headroom)" if fit["verdict"] == "tight"
+                                                        else "")
+                         + f". Fix: {shard}checkpoint activations (the step's own allocations peak at "
+                           f"{_n(fit['rest'] / 2**20)} MiB: activations, temporaries, new gradients), or a smaller "
+                           "micro-batch")
+        lines.append(line)
+    if "sharded_params" in mc:
+        lines.append(f"- **Memory by category** (this rank, MiB): params {mib('sharded_params')} sharded / "
+                     f"{mib('unsharded_params')} unsharded; grads {mib('sharded_grads')} sharded / "
+                     f"{mib('unsharded_grads')} unsharded; all-gather buffer {mib('all_gather_buffer_max')} (largest); "
+                     f"reduce-scatter buffer {mib('reduce_scatter_buffer_max')}; saved activations "
+                     + (mib("activations_saved") if mc.get("activations_saved") else "n/a (layer details off)"))
     return lines
 
 

@@ -1,0 +1,104 @@
+"""Memory of a captured step by category, the way torch's ``MemTracker`` splits it (parameters, buffers, gradients,
+optimizer state, activations), and under sharding the way ``FSDPMemTracker`` does (parameters and gradients as this
+rank holds them and as compute needs them, the all-gather and reduce-scatter buffers). Bytes, per rank.
+
+- ``params``, ``buffers``: the module's, at their dtype (local shards under FSDP/TP).
+- ``grads``: the gradients present when the capture stops.
+- ``optimizer_state``: the state tensors of the optimizers that stepped in the region (``Profile.add_optimizer``
+  adds others), each storage once; None when no optimizer stepped.
+- ``activations_saved``: what the forward saved for backward (the root's ``saved_bytes``; layer details).
+- ``step_tracked_peak``: the peak of the bytes the step itself allocated (activations, temporaries, gradients it
+  created; the capture's tracked live bytes, layer details).
+- ``step_peak``: the step's peak, steady state. On CUDA the allocator's bytes when the region started plus the
+  tracked peak. Elsewhere (meta, CPU: no allocator statistics) what lives across steps -- parameters, buffers,
+  optimizer state created before the step, gradients held from before it -- plus the tracked peak; inputs and
+  allocator overhead (fragmentation, cached blocks) are not in it. ``step_peak_basis`` says which.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["memory_categories", "grad_bytes"]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    lt = getattr(t, "_local_tensor", None)
+    return lt if isinstance(lt, torch.Tensor) else t
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    t = _local(t)
+    return t.numel() * t.element_size()
+
+
+def grad_bytes(params: list[torch.Tensor]) -> int:
+    """Bytes of the gradients ``params`` hold now (local shards)."""
+    return sum(_nbytes(p.grad) for p in params if isinstance(p.grad, torch.Tensor))
+
+
+def _optimizer_state(optimizers: list[Any], tracker: Any) -> tuple[int, int]:
+    """(all state bytes, the part that existed before the region) of ``optimizers``, each storage once."""
+    seen: set[int] = set()
+    total = before = 0
+    for opt in optimizers:
+        for state in getattr(opt, "state", {}).values():
+            for v in state.values() if isinstance(state, dict) else ():
+                if not isinstance(v, torch.Tensor):
+                    continue
+                lt = _local(v)
+                try:
+                    key = lt.untyped_storage()._cdata
+                except (RuntimeError, NotImplementedError, TypeError):
+                    key = id(lt)
+                if key in seen:
+                    continue
+                seen.add(key)
+                n = _nbytes(v)
+                total += n
+                if tracker is None or not tracker.tracks(lt):
+                    before += n
+    return total, before
+
+
+def memory_categories(model: torch.nn.Module, ops: list[Any], layers: dict[str, Any],
+                      params: list[torch.Tensor] | None = None, *, tracker: Any = None,
+                      optimizers: list[Any] | None = None, grads_at_start: int = 0) -> dict[str, Any]:
+    params = list(model.parameters()) if params is None else params
+    optimizers = optimizers or []
+    out: dict[str, Any] = {
+        "params": sum(_nbytes(p) for p in params),
+        "buffers": sum(_nbytes(b) for b in model.buffers()),
+        "grads": grad_bytes(params),
+    }
+    opt_total, opt_before = _optimizer_state(optimizers, tracker)
+    out["optimizer_state"] = opt_total if optimizers else None
+    root = layers.get("")
+    out["activations_saved"] = (getattr(root, "saved_bytes", 0) or None) if root is not None else None
+    out["step_tracked_peak"] = out["step_peak"] = out["step_peak_basis"] = None
+    if tracker is not None:
+        peak = tracker.peak()
+        out["step_tracked_peak"] = peak
+        if tracker.at_start is not None:
+            out["step_peak"] = tracker.at_start + peak
+            out["step_peak_basis"] = "the allocator's bytes at the step's start + the step's tracked peak"
+        else:
+            out["step_peak"] = out["params"] + out["buffers"] + opt_before + grads_at_start + peak
+            out["step_peak_basis"] = ("weights, buffers, optimizer state and earlier gradients + the step's tracked "
+                                      "peak; inputs and allocator overhead not included")
+    sharded = any(hasattr(p, "_local_tensor") for p in params)
+    gathers = [r.comm["bytes"] for r in ops if r.comm and r.comm.get("collective") == "all_gather"]
+    scatters = [r.comm["bytes"] for r in ops if r.comm and r.comm.get("collective") == "reduce_scatter"]
+    if sharded or gathers or scatters:
+        item = lambda t: _local(t).element_size()  # noqa: E731
+        out.update({
+            "sharded_params": out["params"],
+            "unsharded_params": sum(p.numel() * item(p) for p in params),  # DTensor numel: the global one
+            "sharded_grads": out["grads"],
+            "unsharded_grads": sum(p.numel() * item(p) for p in params if p.requires_grad),
+            "all_gather_buffer_max": max(gathers, default=0), "all_gather_total": sum(gathers),
+            "reduce_scatter_buffer_max": max(scatters, default=0), "reduce_scatter_total": sum(scatters),
+        })
+    return out
