@@ -5,6 +5,7 @@ computed by re-estimating the ops after the fix with the device's kernel model. 
 from __future__ import annotations
 
 import pytest
+import torch
 from profiles import make_profile, matmul, op, pointwise
 
 import tscope_callbacks as ts
@@ -168,3 +169,63 @@ def test_an_unfused_optimizer_update_is_its_own_finding():
     # fused: params, grads and both moments read, params and moments written = 7 x 8 MiB
     assert o.evidence["mb_after"] == pytest.approx(7 * 2 * n * 4 / 1e6)
     assert o.saving_s == pytest.approx(14 * 400e-6 - model_for(H100).memory_s("pointwise", 7 * 2 * n * 4))
+
+
+class _RMSNorm(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        var = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(var + 1e-6))
+
+
+class _Rotary(torch.nn.Module):
+    def forward(self, q, cos, sin):
+        half = q.shape[-1] // 2
+        rot = torch.cat((-q[..., half:], q[..., :half]), dim=-1)
+        return q * cos + rot * sin
+
+
+class _SwiGLU(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.gate, self.up = torch.nn.Linear(d, 4 * d, bias=False), torch.nn.Linear(d, 4 * d, bias=False)
+        self.down = torch.nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+class _LlamaStyleBlock(torch.nn.Module):
+    """A Llama block's memory-bound parts as Hugging Face writes them out: RMSNorm (pow/mean/rsqrt/mul), rotary
+    embedding (rotate_half: neg/cat, then mul/add) and the SwiGLU MLP (silu * up)."""
+
+    def __init__(self, d=256):
+        super().__init__()
+        self.norm, self.rotary, self.mlp = _RMSNorm(d), _Rotary(), _SwiGLU(d)
+
+    def forward(self, x):
+        h = self.norm(x)
+        cos, sin = torch.cos(h), torch.sin(h)
+        return self.mlp(self.rotary(h, cos, sin))
+
+
+def test_llama_style_chains_name_their_fused_kernel():
+    with torch.device("meta"):
+        block = _LlamaStyleBlock()
+    rep = ts.analyze_model(block, input_shape=[(8, 2048, 256)], gpu="h100", precision="bf16", backward=True)
+    fusions = [o for o in rep.opportunities(top=50) if o.kind == "fusion"]
+    found = {o.evidence.get("chain"): o for o in fusions}
+    assert found["rmsnorm"].layer == "norm" and "`LigerRMSNorm`" in found["rmsnorm"].fix
+    assert "of the RMSNorm" in found["rmsnorm"].reason
+    assert found["rope"].layer == "rotary" and "`liger_rotary_pos_emb`" in found["rope"].fix
+    # SwiGLU: silu, the gating product, and in backward silu_backward and two products, apart from one another by
+    # the GEMMs (no consecutive chain). One activation n = 8 x 2048 x 1024 bf16 = 33.55 MB: forward silu (n in, n
+    # out) + mul (2n in, n out) = 5n, fused 3n; backward 2 muls (6n) + silu_backward (3n) = 9n, fused 5n
+    sw = found["swiglu"]
+    n = 8 * 2048 * 1024 * 2
+    assert sw.layer == "mlp" and "`LigerSwiGLUMLP`" in sw.fix and sw.evidence["ops"] == 5
+    assert sw.evidence["mb_before"] == pytest.approx(14 * n / 1e6) and sw.evidence["mb_after"] == pytest.approx(8 * n / 1e6)
+    assert [o.layer for o in fusions].count("mlp") == 1  # its ops are not found again as a generic chain

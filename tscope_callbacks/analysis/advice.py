@@ -148,12 +148,21 @@ _FIXES = {
              "`LigerFusedLinearCrossEntropyLoss`, or a chunked loss), or `torch.compile` the loss"),
     "gelu": ("the tanh-approximate GELU written out as pow/tanh/mul/add runs as separate kernels: use "
              "`torch.nn.functional.gelu(x, approximate=\"tanh\")` (one kernel each way), or `torch.compile`"),
+    "rmsnorm": ("the RMSNorm written out as pow/mean/rsqrt/mul runs as separate kernels, forward and backward: use a "
+                "fused RMSNorm (Liger Kernel's `LigerRMSNorm`; for Hugging Face Llama, Mistral, Qwen, ...: "
+                "`liger_kernel.transformers.apply_liger_kernel_to_llama()` and its siblings), or `torch.compile`"),
+    "rope": ("the rotary embedding written out as rotate_half (neg/cat/mul/add) runs as separate kernels: use a fused "
+             "RoPE (Liger Kernel's `liger_rotary_pos_emb`; Hugging Face models: "
+             "`apply_liger_kernel_to_<model>(rope=True)`), or `torch.compile`"),
+    "swiglu": ("the SwiGLU MLP's SiLU and gating product run as separate kernels: use a fused SwiGLU (Liger Kernel's "
+               "`LigerSwiGLUMLP`; Hugging Face models: `apply_liger_kernel_to_<model>(swiglu=True)`), or "
+               "`torch.compile`"),
     "other": ("`torch.compile` the model (Inductor fuses element-wise chains), or use fused kernels "
               "(fused LayerNorm, fused bias + activation, fused dropout + residual add)"),
 }
 
 
-def _chain_kind(run: list[OpRoof]) -> str:
+def _chain_kind(run: list[OpRoof], layer_type: str = "") -> str:
     names = {o.record.op.split(".")[1] if "." in o.record.op else o.record.op for o in run}
     if run[0].record.phase == "optimizer":
         return "optimizer"
@@ -162,6 +171,12 @@ def _chain_kind(run: list[OpRoof]) -> str:
         return "loss"
     if {"tanh", "pow"} <= names or {"tanh_backward", "pow"} <= names:
         return "gelu"
+    if "rmsnorm" in layer_type.lower() or {"rsqrt", "mean", "pow"} <= names:
+        return "rmsnorm"
+    if "neg" in names and names & {"cat", "slice_backward"}:
+        return "rope"
+    if names & {"silu", "silu_backward"}:
+        return "swiglu"
     return "other"
 
 
@@ -173,13 +188,14 @@ def _fused_optimizer_bytes(runs: list[list[OpRoof]], param_bytes: int) -> int:
     return per * param_bytes
 
 
-def _fusion(ops: list[OpRoof], model: Any, compiled: bool, param_bytes: int = 0) -> list[tuple]:
-    """One finding per kind of chain (optimizer update, loss, written-out GELU, other), each with its own fix."""
+def _fusion(ops: list[OpRoof], model: Any, compiled: bool, param_bytes: int = 0, layer_type: str = "") -> list[tuple]:
+    """One finding per kind of chain (optimizer update, loss, written-out GELU, RMSNorm, rotary embedding, SwiGLU,
+    other), each with its own fix."""
     if compiled:
         return []
     kinds: dict[str, list[list[OpRoof]]] = {}
     for run in _runs(ops):
-        kinds.setdefault(_chain_kind(run), []).append(run)
+        kinds.setdefault(_chain_kind(run, layer_type), []).append(run)
     out = []
     for kind, runs in kinds.items():
         now = sum(_time(o) for run in runs for o in run)
@@ -191,7 +207,8 @@ def _fusion(ops: list[OpRoof], model: Any, compiled: bool, param_bytes: int = 0)
         bw = runs[0][0].bandwidth
         after = sum(model.memory_s("pointwise", b) if model is not None else b / bw for b in ends)
         n = sum(len(run) for run in runs)
-        what = {"optimizer": " of the optimizer update", "loss": " of the loss", "gelu": " of the GELU"}.get(kind, "")
+        what = {"optimizer": " of the optimizer update", "loss": " of the loss", "gelu": " of the GELU",
+                "rmsnorm": " of the RMSNorm", "rope": " of the rotary embedding", "swiglu": " of the SwiGLU"}.get(kind, "")
         out.append(("fusion", now - after,
                     f"{n} memory-bound ops{what} in {len(runs)} chain(s) move "
                     f"{before_b / 1e6:.4g} MB, each writing what the next reads back; fused, about "
@@ -199,6 +216,50 @@ def _fusion(ops: list[OpRoof], model: Any, compiled: bool, param_bytes: int = 0)
                     _FIXES[kind], {"ops": n, "mb_before": before_b / 1e6, "mb_after": fused_b / 1e6,
                                    "chain": kind}))
     return out
+
+
+def _swiglu(by_layer: dict[str, list[OpRoof]], model: Any, compiled: bool) -> tuple[dict[str, list[tuple]], set[int]]:
+    """SwiGLU MLPs written out (``down(silu(gate(x)) * up(x))``, HF's ``act_fn`` a child module): the SiLU, the gating
+    product and their backward are memory-bound kernels separated by the GEMMs, so no chain of consecutive ops shows
+    them. Per MLP layer (the gating product's): forward silu + mul move 5 activations (fused: gate and up read, the
+    product written: 3); backward silu_backward + two muls move 9 (fused: the product's gradient, gate and up read,
+    their gradients written: 5). Returns the findings per layer and the op indices they claim (kept out of the
+    chain findings, which would count them again)."""
+    if compiled:
+        return {}, set()
+    out: dict[str, list[tuple]] = {}
+    claimed: set[int] = set()
+    for layer, ops in by_layer.items():
+        kids = [o for k, v in by_layer.items() if k == layer or k.startswith(layer + ".") and "." not in
+                k[len(layer) + 1:] for o in v]
+        found, now, after, before_b, after_b = [], 0.0, 0.0, 0, 0
+        for phase, act, muls_n, before_n, after_n in (("forward", "silu", 1, 5, 3), ("backward", "silu_backward", 2,
+                                                                                     9, 5)):
+            acts = [o for o in kids if o.record.phase == phase and o.record.op == f"aten.{act}"]
+            if len(acts) != 1:
+                continue
+            a = acts[0]
+            shape = a.record.output_shapes[:1]
+            muls = [o for o in ops if o.record.phase == phase and o.record.op == "aten.mul"
+                    and o.record.output_shapes[:1] == shape]
+            if len(muls) < muls_n:
+                continue
+            group = [a, *muls[:muls_n]]
+            n = a.record.bytes_written  # one activation
+            found += group
+            now += sum(_time(o) for o in group)
+            after += model.memory_s("pointwise", after_n * n) if model is not None else after_n * n / a.bandwidth
+            before_b, after_b = before_b + before_n * n, after_b + after_n * n
+        if not found:
+            continue
+        claimed.update(o.record.index for o in found)
+        out[layer] = [("fusion", now - after,
+                       f"{len(found)} memory-bound ops of the SwiGLU (SiLU, gating product and their backward) move "
+                       f"{before_b / 1e6:.4g} MB between the GEMMs; fused, about {after_b / 1e6:.4g} MB: expected "
+                       f"{_ms(after)} instead of {_ms(now)}", _FIXES["swiglu"],
+                       {"ops": len(found), "mb_before": before_b / 1e6, "mb_after": after_b / 1e6,
+                        "chain": "swiglu"})]
+    return out, claimed
 
 
 def _launch(ops: list[OpRoof]) -> list[tuple]:
@@ -265,9 +326,12 @@ def opportunities(report: Any, top: int = 5) -> list[Opportunity]:
     root = report.layer_records.get("") if report.layer_records else None
     param_bytes = int(getattr(root, "param_bytes", 0) or 0)
     groups: dict[tuple[str, str, str], list[tuple[str, tuple, float | None, float]]] = {}
+    swiglu, claimed = _swiglu(by_layer, model, compiled)
     for layer, ops in by_layer.items():
+        free = [o for o in ops if o.record.index not in claimed]
         findings = (_misaligned(layer, ops, model) + _small_m(ops, model) + _fp32(ops, model, tf32) + _cuda_cores(ops)
-                    + _fusion(ops, model, compiled, param_bytes) + _launch(ops) + _slow(ops) + _uncounted(ops))
+                    + swiglu.get(layer, []) + _fusion(free, model, compiled, param_bytes, typ.get(layer, ""))
+                    + _launch(ops) + _slow(ops) + _uncounted(ops))
         measured = sum(o.measured_s for o in ops if o.measured_s is not None) if report.timed else None
         expected = sum(o.expected_s for o in ops)
         for f in findings:
