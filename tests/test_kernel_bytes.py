@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import tscope_callbacks as ts
-from tscope_callbacks.formulas.kernel_bytes import kernel_bytes
+from tscope_callbacks.formulas.kernel_bytes import kernel_bytes, kernel_launches
 
 
 def _captured(fn, *tensors):
@@ -64,9 +64,41 @@ def test_layer_norm_backward_reads_dy_and_x_again_for_its_parameter_gradients():
     assert kernel_bytes(bwd) == bwd.bytes
 
 
+def test_embedding_backward_kernels_and_bytes_follow_the_cuda_path_for_its_index_count():
+    v, d = 5000, 64
+    for n, path in ((4096, "sort"), (1024, "feature")):
+        emb = torch.nn.Embedding(v, d)
+        with ts.profile(emb) as prof:
+            emb(torch.randint(0, v, (4, n // 4))).pow(2).sum().backward()
+        bwd = next(r for r in prof.ops if r.op == "aten.embedding_dense_backward")
+        table, rows = v * d * 4, n * d * 4  # fp32
+        if path == "sort":
+            # over 3072 indices: arange, radix sort of the int64 indices over 64 bits (histogram, exclusive sum, 8
+            # onesweep passes), then zero fill, unique_by_key (2), partials per segment, exclusive sum (2), partial
+            # count, partial offsets, compute_grad_weight, sum_and_scatter: 1 + 10 + 10 = 21 kernels
+            assert kernel_launches(bwd) == 21
+            # zero-filled table; gradient rows read; fp32 partials written and read back; table rows written;
+            # the sort and scans over the n int64 indices (24 passes)
+            assert kernel_bytes(bwd) == table + rows + 2 * n * d * 4 + rows + 24 * n * 8
+        else:
+            assert kernel_launches(bwd) == 2  # zero fill + embedding_backward_feature_kernel
+            assert kernel_bytes(bwd) == table + rows + 2 * rows  # rows read, then table rows read and written
+
+
+def test_launch_counts_of_multi_kernel_ops():
+    ln = torch.nn.LayerNorm(768)
+    ops = _captured(ln, torch.randn(4, 768))
+    assert kernel_launches(ops["aten.native_layer_norm_backward"]) == 2  # grad input, then gamma/beta
+    assert kernel_launches(ops["aten.native_layer_norm"]) == 1
+    ops = _captured(lambda x: F.softmax(x, dim=-1), torch.randn(4, 50257))
+    assert kernel_launches(ops["aten._softmax_backward_data"]) == 2  # grad * output, then the backward
+    ops = _captured(lambda x: F.softmax(x, dim=-1), torch.randn(4, 512))
+    assert kernel_launches(ops["aten._softmax_backward_data"]) == 1  # the persistent warp softmax
+
+
 #: the H100 GPT-2 step (12 x 768, vocab 50257, batch 8 x 1024, bf16 autocast, fused AdamW), kernel time per op class
 #: from the profiler's kernel records (benchmarks/results/roofline_accuracy_gpu.md, NVIDIA H100 80GB HBM3)
-H100_GPT2_MS = {"matmul": 21.73, "attention": 2.47, "softmax": 4.35, "norm": 2.58, "pointwise": 18.34,
+H100_GPT2_MS = {"embedding": 0.30, "matmul": 21.73, "attention": 2.47, "softmax": 4.35, "norm": 2.58, "pointwise": 18.34,
                 "memory": 10.24, "busy": 63.10, "optimizer": 1.33, "forward": 24.60,
                 # its three lm_head GEMMs (issue "Estimates and advice"): forward 6.651 ms, backward 8.585 ms; the
                 # weight gradient reads grad_output.t(), leading dimension 50257, and is as slow as the other two
@@ -95,6 +127,13 @@ def test_h100_gpt2_step_per_op_class_within_1_3x(gpt2_meta_expected, cls):
     ratio = H100_GPT2_MS[cls] / gpt2_meta_expected[cls]
     assert 1 / 1.3 <= ratio <= 1.3, f"{cls}: measured {H100_GPT2_MS[cls]} ms / expected " \
                                     f"{gpt2_meta_expected[cls]:.2f} ms = {ratio:.2f}"
+
+
+def test_h100_gpt2_embedding_class_within_2x(gpt2_meta_expected):
+    # the sort-based backward of the 8192-index lookup is 21 kernels: 0.09 ms expected as one copy (3.5x under the
+    # measured 0.30 ms), 0.17 ms now; still under: the onesweep sort kernels are likely slower than a launch each
+    ratio = H100_GPT2_MS["embedding"] / gpt2_meta_expected["embedding"]
+    assert 1.0 <= ratio <= 2.0, ratio
 
 
 def test_h100_gpt2_whole_step_within_1_3x(gpt2_meta_expected):

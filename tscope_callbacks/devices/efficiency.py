@@ -304,17 +304,21 @@ class KernelModel:
         ratio = self._bwd_ratio.get(backend)
         return ratio * fwd if ratio else (predict(True, flops) or 2.5 * fwd)
 
-    def memory_s(self, category: str, nbytes: float, dtype: str = "bf16", op: str | None = None) -> float:
-        """Kernel seconds of a memory-bound op of class ``category`` whose kernels move ``nbytes``: the shortest
-        kernel's launch and ramp plus the bytes at the bandwidth share its curve gives (log-bytes interpolation, the
-        end values beyond the ends). The curve: op ``op``'s own where this device was calibrated for it, else the
-        calibrated ops of its class, else its class's packaged op kind."""
+    def memory_s(self, category: str, nbytes: float, dtype: str = "bf16", op: str | None = None,
+                 launches: int = 1) -> float:
+        """Kernel seconds of a memory-bound op of class ``category`` whose ``launches`` kernels move ``nbytes``:
+        each kernel's launch and ramp plus the bytes at the bandwidth share its curve gives (log-bytes
+        interpolation, the end values beyond the ends). The curve: op ``op``'s own where this device was calibrated
+        for it (its launches are in the measurement), else the calibrated ops of its class, else its class's
+        packaged op kind."""
         if nbytes <= 0:
             return 0.0
-        per = (self._op_mem.get(op) if op else None) or self._cls_mem.get(category) \
+        own = self._op_mem.get(op) if op else None
+        extra = 0.0 if own else max(launches - 1, 0) * MIN_KERNEL_S
+        per = own or self._cls_mem.get(category) \
             or self._mem.get(KIND_OF_CATEGORY.get(category, "copy")) or self._mem.get("copy")
         if not per:
-            return MIN_KERNEL_S + nbytes / (0.8 * self.bandwidth)
+            return extra + MIN_KERNEL_S + nbytes / (0.8 * self.bandwidth)
         pts = per.get(dtype) or per.get("bf16") or next(iter(per.values()))
         x = math.log2(nbytes)
         share = pts[0][1] if x <= pts[0][0] else pts[-1][1]
@@ -322,7 +326,7 @@ class KernelModel:
             if x0 <= x <= x1:
                 share = math.exp(math.log(s0) + (math.log(s1) - math.log(s0)) * (x - x0) / (x1 - x0))
                 break
-        return MIN_KERNEL_S + nbytes / (self.bandwidth * min(share, 1.0))
+        return extra + MIN_KERNEL_S + nbytes / (self.bandwidth * min(share, 1.0))
 
 
 def _curve(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:

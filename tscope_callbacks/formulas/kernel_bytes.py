@@ -9,12 +9,50 @@ import math
 
 from tscope_callbacks.records import OpRecord
 
-__all__ = ["kernel_bytes"]
+__all__ = ["kernel_bytes", "kernel_launches"]
 
 _ITEM = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
 _SMEM_PER_BLOCK = 48 * 1024  #: CUDA's default shared memory per block, what PyTorch's softmax sizes its cache by
 _SOFTMAX_FWD = frozenset({"aten._softmax", "aten._log_softmax"})
 _SOFTMAX_BWD = frozenset({"aten._softmax_backward_data", "aten._log_softmax_backward_data"})
+#: embedding_dense_backward_cuda: at most this many indices take the one-kernel path (an atomic add per row)
+_EMBEDDING_FEATURE_MAX = 3072
+#: its sort path: arange, CUB's onesweep radix sort of the int64 indices over all 64 bits (histogram, exclusive
+#: sum, 8 passes of 8 bits), then embedding_backward_cuda_kernel: zero fill, unique_by_key (2), partials per segment,
+#: exclusive sum (2), partial-segment count, partial-segment offsets, compute_grad_weight, sum_and_scatter
+_EMBEDDING_SORT_KERNELS = 1 + (2 + 8) + (1 + 2 + 1 + 2 + 1 + 1 + 1 + 1)
+
+
+def _embedding_backward(rec: OpRecord) -> tuple[int, int] | None:
+    """(kernels, bytes) of embedding_dense_backward on CUDA, or None when the record lacks its shapes."""
+    shapes = [s for s in rec.input_shapes if isinstance(s, (list, tuple)) and s]
+    if len(shapes) < 2 or not rec.output_shapes or len(rec.output_shapes[0]) != 2:
+        return None
+    item = _ITEM.get(rec.dtype, 4)
+    n, d = math.prod(shapes[1]), shapes[0][-1]
+    table = math.prod(rec.output_shapes[0]) * item  # zero-filled, then written where indexed
+    rows = n * d * item
+    if n <= _EMBEDDING_FEATURE_MAX:
+        return 2, table + rows + 2 * rows  # fill; grad rows read, table rows read and written back
+    # compute_grad_weight reads the gradient rows and writes fp32 partial sums; sum_and_scatter reads them back
+    # and writes the table rows; the sort and the segment scans move the int64 indices (about 24 passes of n x 8)
+    return _EMBEDDING_SORT_KERNELS, table + rows + 2 * n * d * 4 + rows + 24 * n * 8
+
+
+def kernel_launches(rec: OpRecord) -> int:
+    """How many CUDA kernels ``rec`` launches where PyTorch runs it as several (each pays a launch, see
+    ``devices.efficiency.MIN_KERNEL_S``): embedding_dense_backward (2 up to 3072 indices, else a sort-based
+    pipeline of 21); layer_norm backward with affine parameters (grad input, then gamma/beta: 2); softmax's backward
+    over rows the persistent kernel cannot hold (grad * output first: 2). Else 1."""
+    op = rec.op
+    if op == "aten.embedding_dense_backward":
+        eb = _embedding_backward(rec)
+        return eb[0] if eb else 1
+    if op == "aten.native_layer_norm_backward" and len(rec.output_shapes) >= 2 and rec.output_shapes[1]:
+        return 2
+    if op == "aten._softmax_backward_data" and kernel_bytes(rec) != rec.bytes:
+        return 2
+    return 1
 
 
 def kernel_bytes(rec: OpRecord) -> int:
@@ -29,8 +67,13 @@ def kernel_bytes(rec: OpRecord) -> int:
       own pass (2 reads, 1 write). The row is the last dim.
     - layer_norm backward with affine parameters: ``layer_norm_grad_input_kernel`` reads dY and X for dX, then
       ``GammaBetaBackwardCUDAKernel`` reads dY and X again for dgamma and dbeta.
+    - embedding_dense_backward (``Embedding.cu``, ``EmbeddingBackwardKernel.cu``): the zero-filled table, the
+      gradient rows, and on the sort path (over 3072 indices) the fp32 partial sums written and read back.
     """
     op, base = rec.op, rec.bytes
+    if op == "aten.embedding_dense_backward":
+        eb = _embedding_backward(rec)
+        return eb[1] if eb else base
     shapes = [s for s in rec.input_shapes if isinstance(s, (list, tuple)) and s]
     if (op in _SOFTMAX_FWD or op in _SOFTMAX_BWD) and shapes:
         row, item = shapes[0][-1], _ITEM.get(rec.dtype, 4)
