@@ -3,6 +3,8 @@ device-memory check (``analysis.memory_fit``) and its report line."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -154,6 +156,8 @@ def test_device_memory_in_the_spec_table():
     assert ts.get_device_spec("h200").memory_bytes == 141 * 2**30
     assert ts.get_device_spec("a100-40gb").memory_bytes == 40 * 2**30
     assert ts.get_device_spec("v100").memory_bytes is None  # the row stands for 16 and 32 GB cards
+    if hasattr(os, "sysconf") and not torch.cuda.is_available():  # the host's RAM for a CPU roof
+        assert ts.get_device_spec("auto").memory_bytes == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     spec = ts.get_device_spec("h100")
     assert ts.DeviceSpec.from_dict(spec.to_dict()).memory_bytes == spec.memory_bytes
     from tscope_callbacks.devices.spec import SpecFileError
@@ -184,3 +188,19 @@ def test_a_model_analysed_from_the_cpu_keeps_its_tied_weights():
     # backward: the embedding's and the head's weight gradients are summed into the one weight's gradient
     bwd = [r.op for r in rep.profile.ops if r.phase == "backward"]
     assert "aten.embedding_dense_backward" in bwd and "aten.add" in bwd[bwd.index("aten.embedding_dense_backward"):]
+
+
+def test_on_cuda_the_peak_starts_from_the_allocators_reading(monkeypatch):
+    # the CUDA basis without a GPU: an allocator that reads 1 GiB already allocated (weights, optimizer state,
+    # cached workspaces, other models) when the step starts; the peak adds what the step allocates on top
+    import tscope_callbacks.capture.memory as memory
+
+    monkeypatch.setattr(memory, "allocator_reader", lambda device: (lambda: 2**30))
+    m = _mlp()
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    with ts.profile(m, layer_details=True) as p:
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+    c = p.meta["memory_categories"]
+    assert c["step_peak"] == 2**30 + c["step_tracked_peak"] and c["step_tracked_peak"] > 0
+    assert c["step_peak_basis"].startswith("the allocator's bytes at the step's start")
+    assert c["optimizer_state"] is None  # no optimizer stepped in the region

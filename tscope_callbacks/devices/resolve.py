@@ -80,7 +80,12 @@ def _cuda_spec(index: int, *, table: Any) -> DeviceSpec:
 def _cpu_spec(*, cache: bool, budget_s: float | None) -> DeviceSpec:
     from tscope_callbacks.devices.calibrate import DEFAULT_CPU_BUDGET_S, cpu_spec
 
-    return cpu_spec(cache=cache, budget_s=DEFAULT_CPU_BUDGET_S if budget_s is None else budget_s)
+    spec = cpu_spec(cache=cache, budget_s=DEFAULT_CPU_BUDGET_S if budget_s is None else budget_s)
+    try:  # the host's memory: what a CPU step's memory is compared with
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return dataclasses.replace(spec, memory_bytes=int(ram)) if ram > 0 else spec
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
+        return spec
 
 
 def list_specs(*, table: str | os.PathLike[str] | None = None) -> list[DeviceSpec]:
