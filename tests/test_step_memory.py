@@ -204,3 +204,15 @@ def test_on_cuda_the_peak_starts_from_the_allocators_reading(monkeypatch):
     assert c["step_peak"] == 2**30 + c["step_tracked_peak"] and c["step_tracked_peak"] > 0
     assert c["step_peak_basis"].startswith("the allocator's bytes at the step's start")
     assert c["optimizer_state"] is None  # no optimizer stepped in the region
+
+
+def test_optimizer_state_offloaded_to_another_device_is_not_this_devices_memory():
+    with torch.device("meta"):
+        m = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    for p in m.parameters():
+        opt.state[p]["momentum_buffer"] = torch.zeros(p.shape)  # on the host, as an offloading optimizer keeps it
+    with ts.profile(m, layer_details=True) as prof:
+        prof.add_optimizer(opt)
+        m(torch.randn(4, 64, device="meta")).sum().backward()
+    assert prof.meta["memory_categories"]["optimizer_state"] == 0

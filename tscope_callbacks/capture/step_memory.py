@@ -5,7 +5,8 @@ rank holds them and as compute needs them, the all-gather and reduce-scatter buf
 - ``params``, ``buffers``: the module's, at their dtype (local shards under FSDP/TP).
 - ``grads``: the gradients present when the capture stops.
 - ``optimizer_state``: the state tensors of the optimizers that stepped in the region (``Profile.add_optimizer``
-  adds others), each storage once; None when no optimizer stepped.
+  adds others) on the parameters' device (host-offloaded state left out), each storage once; None when no
+  optimizer stepped.
 - ``activations_saved``: what the forward saved for backward (the root's ``saved_bytes``; layer details).
 - ``step_tracked_peak``: the peak of the bytes the step itself allocated (activations, temporaries, gradients it
   created; the capture's tracked live bytes, layer details).
@@ -39,8 +40,9 @@ def grad_bytes(params: list[torch.Tensor]) -> int:
     return sum(_nbytes(p.grad) for p in params if isinstance(p.grad, torch.Tensor))
 
 
-def _optimizer_state(optimizers: list[Any], tracker: Any) -> tuple[int, int]:
-    """(all state bytes, the part that existed before the region) of ``optimizers``, each storage once."""
+def _optimizer_state(optimizers: list[Any], tracker: Any, device_type: str | None) -> tuple[int, int]:
+    """(all state bytes, the part that existed before the region) of ``optimizers`` on the parameters' device type
+    (state offloaded to the host is not this device's memory), each storage once."""
     seen: set[int] = set()
     total = before = 0
     for opt in optimizers:
@@ -49,6 +51,8 @@ def _optimizer_state(optimizers: list[Any], tracker: Any) -> tuple[int, int]:
                 if not isinstance(v, torch.Tensor):
                     continue
                 lt = _local(v)
+                if device_type is not None and lt.device.type != device_type and lt.dim() > 0:
+                    continue  # offloaded (scalar step counters may live on the host either way: kept, 4 B each)
                 try:
                     key = lt.untyped_storage()._cdata
                 except (RuntimeError, NotImplementedError, TypeError):
@@ -73,7 +77,8 @@ def memory_categories(model: torch.nn.Module, ops: list[Any], layers: dict[str, 
         "buffers": sum(_nbytes(b) for b in model.buffers()),
         "grads": grad_bytes(params),
     }
-    opt_total, opt_before = _optimizer_state(optimizers, tracker)
+    device_type = _local(params[0]).device.type if params else None
+    opt_total, opt_before = _optimizer_state(optimizers, tracker, device_type)
     out["optimizer_state"] = opt_total if optimizers else None
     root = layers.get("")
     out["activations_saved"] = (getattr(root, "saved_bytes", 0) or None) if root is not None else None
