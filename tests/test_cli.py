@@ -193,6 +193,15 @@ class Zoo:
 
 
 NOT_A_MODEL = 3
+
+
+class Broken(torch.nn.Linear):
+    def forward(self, x):
+        raise RuntimeError("Expected inputs of BF16 type but got float32\\n  (a long C++ trace)")
+
+
+def broken():
+    return Broken(32, 32)
 """
 
 
@@ -247,6 +256,9 @@ def test_analyze_a_model_file_by_path(capsys: pytest.CaptureFixture[str], user_p
     ("missing.py:build", "no file 'missing.py'"),
     ("models:nope", "'models' has no 'nope'"),
     ("models:NOT_A_MODEL", "is not a model class or factory (it is of type int)"),
+    # the model's own forward fails (an op that autocast does not cast, no meta kernel): one line and what to try
+    ("models:broken", "the model failed to run on meta at --precision fp32: RuntimeError: Expected inputs of BF16 "
+                      "type but got float32\n  Try another --precision"),
 ])
 def test_analyze_target_errors_say_what_to_do(capsys: pytest.CaptureFixture[str], user_project: Path, target: str,
                                               message: str) -> None:

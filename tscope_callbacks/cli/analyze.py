@@ -109,6 +109,13 @@ def run(args: argparse.Namespace) -> int:
     except (ImportError, AttributeError, ValueError, TypeError) as e:
         print(f"tscope analyze: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    except (RuntimeError, NotImplementedError) as e:  # raised inside the model's own forward/backward
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"tscope analyze: the model failed to run on {args.device} at --precision {args.precision}: "
+              f"{type(e).__name__}: {first}\n  Try another --precision (e.g. bf16: weights cast, for ops that "
+              "autocast does not cast), --device cpu (runs it for real), or a smaller --input-shape.",
+              file=sys.stderr)
+        return 2
     print(report.to_markdown(top=args.top))
     if args.plot:
         report.plot(args.plot)
