@@ -143,3 +143,19 @@ def test_autocast_mode_caches_weight_casts():
 def test_mixed_needs_a_16_bit_precision():
     with pytest.raises(ValueError, match="bf16 or fp16"):
         api.profile_model(_Mlp(), [(2, 64)], precision="fp32", mixed=True)
+
+
+def test_a_tied_gpt2_from_the_cpu_counts_on_meta_as_it_runs():
+    # moving to meta used to untie wte and lm_head: two weights, no gradient sum for the tie
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, bos_token_id=0, eos_token_id=0,
+                                  attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)  # CPU SDPA with dropout: math path
+    g = transformers.GPT2LMHeadModel(cfg)
+    ids = torch.randint(0, 1000, (2, 64))
+    meta = ts.analyze_model(g, inputs=[ids], gpu="h100", backward=True, attention_backend="cpu")
+    real = ts.analyze_model(g, inputs=[ids], gpu="h100", backward=True, device="cpu")
+    n = sum(p.numel() for p in g.parameters())  # wte counted once
+    assert meta.layer_records[""].num_parameters == real.layer_records[""].num_parameters == n
+    assert meta.total_flops == real.total_flops
+    assert [o.record.op for o in meta.op_roofs if o.record.category != "view"] == [
+        o.record.op for o in real.op_roofs if o.record.category != "view"]
