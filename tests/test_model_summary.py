@@ -69,6 +69,15 @@ def test_callback_logs_the_model_once(tmp_path: Path):
     n = sum(p.numel() for p in trainer.lightning_module.parameters())
     assert acc.Scalars("tscope/model/params_m")[0].value == pytest.approx(n / 1e6, rel=1e-5)
     assert "tscope/layers/bars" in acc.Tags()["images"]
+    # the step's memory at each profile (layer details from the LayerProfilerCallback)
+    mem = {t: acc.Scalars(t) for t in acc.Tags()["scalars"] if t.startswith("tscope/memory/")}
+    assert {"tscope/memory/step_peak_mb", "tscope/memory/weights_mb", "tscope/memory/optimizer_state_mb",
+            "tscope/memory/activations_saved_mb"} <= set(mem)
+    profiles = len(list((Path(trainer.logger.log_dir) / "tscope").glob("step_*.json")))
+    assert profiles >= 2 and {t: len(v) for t, v in mem.items()} == {t: profiles for t in mem}
+    assert mem["tscope/memory/weights_mb"][0].value == pytest.approx(n * 4 / 2**20, rel=1e-5)  # fp32 weights
+    peak = mem["tscope/memory/step_peak_mb"][-1].value
+    assert peak > mem["tscope/memory/weights_mb"][-1].value + mem["tscope/memory/optimizer_state_mb"][-1].value
 
 
 def test_layer_bars_largest_first():

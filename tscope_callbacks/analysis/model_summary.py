@@ -4,8 +4,7 @@ latency per batch and throughput (samples/s, tokens/s).
 
 Sources, each stated in the result (``*_source`` keys): parameters and size from the module (``LayerRecord`` of the
 root); activations from the peak of the forward above its start (layer details; the allocator's on CUDA, the tracked
-tensors' elsewhere), else the bytes the forward saved for backward (layer details), else unknown; the step's peak
-memory and the optimizer state from ``capture.step_memory`` (layer details); MACs = FLOPs / 2 of the matrix classes
+tensors' elsewhere), else the bytes the forward saved for backward (layer details), else unknown; MACs = FLOPs / 2 of the matrix classes
 (matmul, conv, attention: one multiply-add is 2 FLOPs); latency = the step-time basis of the report (measured or,
 untimed, the sum of expected kernel times) and the forward's share of it; samples = the first input's batch
 dimension, tokens = batch x sequence when the first input is 2-D integer ids.
@@ -43,9 +42,6 @@ def model_summary(report: Any) -> dict[str, Any]:
         out["activations_mb"], out["activations_source"] = saved / 2**20, "bytes saved for backward"
     else:
         out["activations_mb"], out["activations_source"] = None, "needs layer details"
-    mc = report.meta.get("memory_categories") or {}
-    out["step_peak_mb"] = mc["step_peak"] / 2**20 if mc.get("step_peak") else None  # capture.step_memory
-    out["optimizer_state_mb"] = mc["optimizer_state"] / 2**20 if mc.get("optimizer_state") is not None else None
     step = report.measured_step_s if report.measured_step_s is not None else report.estimated_step_s
     out["latency_ms"] = step * 1e3 if step else None
     out["latency_source"] = report.step_time_source or ("estimated" if not report.timed else None)
@@ -70,8 +66,7 @@ def model_summary(report: Any) -> dict[str, Any]:
 def summary_scalars(s: dict[str, Any]) -> dict[str, float]:
     """The summary as bare scalar names (the callbacks log them as ``tscope/model/*``)."""
     keys = {"params": ("params_m", 1e-6), "params_trainable": ("params_trainable_m", 1e-6), "size_mb": ("size_mb", 1),
-            "activations_mb": ("activations_mb", 1), "step_peak_mb": ("step_peak_mb", 1),
-            "optimizer_state_mb": ("optimizer_state_mb", 1), "flops_forward": ("gflops_forward", 1e-9),
+            "activations_mb": ("activations_mb", 1), "flops_forward": ("gflops_forward", 1e-9),
             "flops_step": ("gflops_step", 1e-9), "macs_step": ("gmacs_step", 1e-9), "latency_ms": ("latency_ms", 1),
             "samples_per_s": ("samples_per_s", 1), "tokens_per_s": ("tokens_per_s", 1)}
     return {name: float(s[k]) * scale for k, (name, scale) in keys.items() if s.get(k) is not None}

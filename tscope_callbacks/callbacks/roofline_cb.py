@@ -90,8 +90,10 @@ class RooflineCallback(ProfilingCallback):
       (per layer: intensity, achieved GFLOP/s, time, estimate, bound) and, on W&B, the scatter
       ``tscope/roofline/scatter``;
     - scalars ``tscope/model/*`` once per fit (parameters, size, activations, forward and step GFLOP, GMAC,
-      latency per batch, samples/s, tokens/s; with layer details, e.g. beside a LayerProfilerCallback, the step's
-      peak memory and optimizer state: ``analysis.model_summary``); ``tscope/comm/*`` and the text
+      latency per batch, samples/s, tokens/s: ``analysis.model_summary``);
+    - scalars ``tscope/memory/{step_peak_mb, weights_mb, grads_mb, optimizer_state_mb, activations_saved_mb,
+      device_share}`` at each profiled step with layer details (e.g. beside a ``LayerProfilerCallback``): the step's
+      memory by category and its peak's share of the device (``capture.step_memory``); ``tscope/comm/*`` and the text
       ``tscope/comm/table`` when the step ran collectives; ``tscope/roofline/compiled_vs_eager`` and
       ``tscope/roofline/compile_speedup`` for compiled models;
     - file ``<log_dir>/tscope/step_<N>.json`` (other stages: ``<stage>_step_<N>.json``).
@@ -311,6 +313,7 @@ class RooflineCallback(ProfilingCallback):
         if report is not None:
             io.write_comm(sinks, report, ctx)
             io.write_model(self, sinks, report, ctx)
+            io.write_memory(sinks, report, ctx)
             rows = layer_points(report)
             sinks.log_table(key("layers"), rows, step)
             sinks.log_scatter(key("scatter"), rows, "intensity", "achieved_gflops_per_s", step,

@@ -8,7 +8,8 @@ from typing import Any
 from tscope_callbacks.callbacks import session
 from tscope_callbacks.callbacks.sinks import metric_key
 
-__all__ = ["compare", "on_eager_reference", "write_comm", "gather_trace", "write_trace", "write_model"]
+__all__ = ["compare", "on_eager_reference", "write_comm", "gather_trace", "write_trace", "write_model",
+           "write_memory", "memory_scalars"]
 
 
 def compare(cb: Any, trainer: Any, ctx: Any, compiled: Any) -> None:
@@ -49,6 +50,30 @@ def write_comm(sinks: Any, report: Any, ctx: Any) -> None:
         return
     sinks.log_scalars({metric_key("comm", k, ctx.stage): v for k, v in vals.items()}, ctx.log_step)
     sinks.log_text(metric_key("comm", "table", ctx.stage), "\n".join(comm_lines(report)).strip(), ctx.log_step)
+
+
+def memory_scalars(report: Any) -> dict[str, float]:
+    """The step's memory by category in MiB (``capture.step_memory``; layer details) and, where the device's memory is
+    known, the peak's share of it."""
+    from tscope_callbacks.analysis.memory_fit import memory_fit
+
+    mc = report.meta.get("memory_categories") or {}
+    if not mc.get("step_peak"):
+        return {}
+    keys = {"step_peak": "step_peak_mb", "params": "weights_mb", "grads": "grads_mb",
+            "optimizer_state": "optimizer_state_mb", "activations_saved": "activations_saved_mb"}
+    out = {name: mc[k] / 2**20 for k, name in keys.items() if mc.get(k) is not None}
+    fit = memory_fit(mc, None if report.meta.get("what_if") else getattr(report.spec, "memory_bytes", None))
+    if fit and fit["share"] is not None:
+        out["device_share"] = fit["share"]
+    return out
+
+
+def write_memory(sinks: Any, report: Any, ctx: Any) -> None:
+    """``tscope/memory/*`` scalars at each profiled step with layer details."""
+    vals = memory_scalars(report)
+    if vals:
+        sinks.log_scalars({metric_key("memory", k, ctx.stage): v for k, v in vals.items()}, ctx.log_step)
 
 
 def gather_trace(cb: Any, trainer: Any, result: Any, ctx: Any) -> list[Any] | None:
