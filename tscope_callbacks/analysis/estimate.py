@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from tscope_callbacks.devices.efficiency import ITEMSIZE
-from tscope_callbacks.formulas.kernel_bytes import kernel_bytes, kernel_launches
+from tscope_callbacks.formulas.kernel_bytes import kernel_bytes, kernel_work
 from tscope_callbacks.records import MEMORY_CATEGORIES, OpRecord
 
 __all__ = ["expected_s", "kernel_bytes", "gemm_dims", "attention_dims", "attention_backend", "MEMORY_BOUND"]
@@ -92,5 +92,6 @@ def expected_s(rec: OpRecord, precision: str, model: Any) -> float | None:
         causal = rec.flops_dense is not None
         return model.attention_s(backend, bh, length, d, causal, "backward" in rec.op, rec.flops, precision)
     if cat in MEMORY_BOUND and rec.bytes:
-        return model.memory_s(cat, kernel_bytes(rec), _PREC.get(rec.dtype, "fp32"), rec.op, kernel_launches(rec))
+        nbytes, launches = kernel_work(rec)
+        return model.memory_s(cat, nbytes, _PREC.get(rec.dtype, "fp32"), rec.op, launches)
     return None

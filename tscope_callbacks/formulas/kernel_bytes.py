@@ -9,7 +9,7 @@ import math
 
 from tscope_callbacks.records import OpRecord
 
-__all__ = ["kernel_bytes", "kernel_launches"]
+__all__ = ["kernel_bytes", "kernel_launches", "kernel_work"]
 
 _ITEM = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
 _SMEM_PER_BLOCK = 48 * 1024  #: CUDA's default shared memory per block, what PyTorch's softmax sizes its cache by
@@ -43,49 +43,47 @@ def kernel_launches(rec: OpRecord) -> int:
     """How many CUDA kernels ``rec`` launches where PyTorch runs it as several (each pays a launch, see
     ``devices.efficiency.MIN_KERNEL_S``): embedding_dense_backward (2 up to 3072 indices, else a sort-based
     pipeline of 21); layer_norm backward with affine parameters (grad input, then gamma/beta: 2); softmax's backward
-    over rows the persistent kernel cannot hold (grad * output first: 2). Else 1."""
-    op = rec.op
-    if op == "aten.embedding_dense_backward":
-        eb = _embedding_backward(rec)
-        return eb[0] if eb else 1
-    if op == "aten.native_layer_norm_backward" and len(rec.output_shapes) >= 2 and rec.output_shapes[1]:
-        return 2
-    if op == "aten._softmax_backward_data" and kernel_bytes(rec) != rec.bytes:
-        return 2
-    return 1
+    over rows the persistent kernel cannot hold (grad * output first: 2). Else 1. See :func:`kernel_work`."""
+    return kernel_work(rec)[1]
 
 
 def kernel_bytes(rec: OpRecord) -> int:
-    """Bytes the CUDA kernels of ``rec`` move, where PyTorch's kernels pass over an operand more than once (the
-    record's ``bytes`` count each operand once: the roofline's minimum). From the kernels' sources, for the ops whose
-    kernels the H100 GPT-2 step runs (``../shared/gpu/h100/kernel_names.txt``):
+    """Bytes the CUDA kernels of ``rec`` move (see :func:`kernel_work`)."""
+    return kernel_work(rec)[0]
+
+
+def kernel_work(rec: OpRecord) -> tuple[int, int]:
+    """(bytes, kernels) of ``rec``'s CUDA kernels, where PyTorch's kernels pass over an operand more than once (the
+    record's ``bytes`` count each operand once: the roofline's minimum) or run as several kernels. From the kernels'
+    sources, for the ops whose kernels the H100 GPT-2 step runs (``../shared/gpu/h100/kernel_names.txt``):
 
     - softmax / log_softmax over rows longer than 1024 (or 4 KB) whose row does not fit the 48 KB shared-memory cache
       (``cunn_SoftMaxForward``): the input is read three times (max, sum of exponentials, write), the output written
       once; the backward (``cunn_SoftMaxBackward``) reads the gradient twice (its sum, then the write pass) and the
       output once, and writes grad_input; softmax's (not log-softmax's) backward first forms ``grad * output`` in its
-      own pass (2 reads, 1 write). The row is the last dim.
+      own pass (2 reads, 1 write; a second kernel). The row is the last dim.
     - layer_norm backward with affine parameters: ``layer_norm_grad_input_kernel`` reads dY and X for dX, then
-      ``GammaBetaBackwardCUDAKernel`` reads dY and X again for dgamma and dbeta.
+      ``GammaBetaBackwardCUDAKernel`` (a second kernel) reads dY and X again for dgamma and dbeta.
     - embedding_dense_backward (``Embedding.cu``, ``EmbeddingBackwardKernel.cu``): the zero-filled table, the
-      gradient rows, and on the sort path (over 3072 indices) the fp32 partial sums written and read back.
+      gradient rows, and on the sort path (over 3072 indices, 21 kernels) the fp32 partial sums written and read
+      back.
     """
     op, base = rec.op, rec.bytes
     if op == "aten.embedding_dense_backward":
         eb = _embedding_backward(rec)
-        return eb[1] if eb else base
+        return (eb[1], eb[0]) if eb else (base, 1)
     shapes = [s for s in rec.input_shapes if isinstance(s, (list, tuple)) and s]
     if (op in _SOFTMAX_FWD or op in _SOFTMAX_BWD) and shapes:
         row, item = shapes[0][-1], _ITEM.get(rec.dtype, 4)
         if row <= 1024 and row * item <= 4096:
-            return base  # the persistent warp softmax: one read, one write
+            return base, 1  # the persistent warp softmax: one read, one write
         if op in _SOFTMAX_FWD:
             smem = row < _SMEM_PER_BLOCK // item and row % (16 // item) == 0
-            return base if smem else 3 * rec.bytes_read + rec.bytes_written
+            return (base if smem else 3 * rec.bytes_read + rec.bytes_written), 1
         n = math.prod(shapes[0]) * item  # grad, output and grad_input: one shape, dense in the kernel
-        return (7 if op == "aten._softmax_backward_data" else 4) * n
+        return (7 * n, 2) if op == "aten._softmax_backward_data" else (4 * n, 1)
     if op == "aten.native_layer_norm_backward" and len(shapes) >= 2 and len(rec.output_shapes) >= 2 \
             and rec.output_shapes[1]:
         item = _ITEM.get(rec.dtype, 4)
-        return base + (math.prod(shapes[0]) + math.prod(shapes[1])) * item
-    return base
+        return base + (math.prod(shapes[0]) + math.prod(shapes[1])) * item, 2
+    return base, 1
