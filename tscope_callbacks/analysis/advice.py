@@ -229,9 +229,12 @@ def _swiglu(by_layer: dict[str, list[OpRoof]], model: Any, compiled: bool) -> tu
         return {}, set()
     out: dict[str, list[tuple]] = {}
     claimed: set[int] = set()
+    children: dict[str, list[str]] = {}  #: layer -> its direct children (the root's are not looked at)
+    for k in by_layer:
+        if "." in k:
+            children.setdefault(k.rpartition(".")[0], []).append(k)
     for layer, ops in by_layer.items():
-        kids = [o for k, v in by_layer.items() if k == layer or k.startswith(layer + ".") and "." not in
-                k[len(layer) + 1:] for o in v]
+        kids = ops + [o for k in children.get(layer, ()) for o in by_layer[k]]
         found, now, after, before_b, after_b = [], 0.0, 0.0, 0, 0
         for phase, act, muls_n, before_n, after_n in (("forward", "silu", 1, 5, 3), ("backward", "silu_backward", 2,
                                                                                      9, 5)):
