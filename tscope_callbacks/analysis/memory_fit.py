@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["memory_fit", "TIGHT"]
+__all__ = ["memory_fit", "report_memory_fit", "TIGHT"]
 
 TIGHT = 0.9  #: a peak above this share of the device leaves the allocator little room
 
@@ -39,3 +39,10 @@ def memory_fit(mc: dict[str, Any] | None, capacity: int | None) -> dict[str, Any
     if out["verdict"] != "fits" and room > 0 and states:
         out["shard_over"] = max(2, math.ceil(states / room))
     return out
+
+
+def report_memory_fit(report: Any) -> dict[str, Any] | None:
+    """:func:`memory_fit` of a report's step against its device's memory; no capacity for a what-if (the step ran on
+    another device than the roofs')."""
+    capacity = None if report.meta.get("what_if") else getattr(report.spec, "memory_bytes", None)
+    return memory_fit(report.meta.get("memory_categories"), capacity)

@@ -55,7 +55,7 @@ def write_comm(sinks: Any, report: Any, ctx: Any) -> None:
 def memory_scalars(report: Any) -> dict[str, float]:
     """The step's memory by category in MiB (``capture.step_memory``; layer details) and, where the device's memory is
     known, the peak's share of it."""
-    from tscope_callbacks.analysis.memory_fit import memory_fit
+    from tscope_callbacks.analysis.memory_fit import report_memory_fit
 
     mc = report.meta.get("memory_categories") or {}
     if not mc.get("step_peak"):
@@ -63,7 +63,7 @@ def memory_scalars(report: Any) -> dict[str, float]:
     keys = {"step_peak": "step_peak_mb", "params": "weights_mb", "grads": "grads_mb",
             "optimizer_state": "optimizer_state_mb", "activations_saved": "activations_saved_mb"}
     out = {name: mc[k] / 2**20 for k, name in keys.items() if mc.get(k) is not None}
-    fit = memory_fit(mc, None if report.meta.get("what_if") else getattr(report.spec, "memory_bytes", None))
+    fit = report_memory_fit(report)
     if fit and fit["share"] is not None:
         out["device_share"] = fit["share"]
     return out

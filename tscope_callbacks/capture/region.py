@@ -151,8 +151,8 @@ def install(p: Profile) -> Installed:
         for prm in mod._parameters.values():
             if prm is not None:
                 p._param_owner.setdefault(id(prm), p._collapse(clean_path(mpath)))
-    p._grads_at_start = grad_bytes([prm for _, prm in tree.parameters])
     if p.layer_details:
+        p._grads_at_start = grad_bytes([prm for _, prm in tree.parameters])  # the step peak's (tracker only)
         p._memory = MemoryTracker(tree.device())
         p._memory.set_parameters([prm for _, prm in tree.parameters])
         p._details = LayerDetails(p.check_finite, mute=p._mute, memory=p._memory)

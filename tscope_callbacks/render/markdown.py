@@ -13,7 +13,7 @@ from typing import Any
 from tscope_callbacks.analysis.comm import comm_rows
 from tscope_callbacks.analysis.fmt import g as _g
 from tscope_callbacks.analysis.fmt import pct as _pct
-from tscope_callbacks.analysis.memory_fit import memory_fit
+from tscope_callbacks.analysis.memory_fit import report_memory_fit
 from tscope_callbacks.analysis.model_summary import model_summary
 from tscope_callbacks.analysis.rows import Row
 from tscope_callbacks.analysis.summary import roofs_used
@@ -130,8 +130,7 @@ def memory_lines(report: Any) -> list[str]:
         line = (f"- **Memory** (this rank, MiB): weights {mib('params')} · gradients {mib('grads')} · optimizer state "
                 f"{opt} · saved activations {saved}; step peak about **{mib('step_peak')}** "
                 f"({mc.get('step_peak_basis')})")
-        what_if = report.meta.get("what_if")
-        fit = memory_fit(mc, None if what_if else getattr(report.spec, "memory_bytes", None))
+        fit = report_memory_fit(report)
         if fit and fit["verdict"]:
             cap = f"{_n(fit['capacity'] / 2**20)} MiB of {report.summary['device']}"
             line += f": {_p(fit['share'])} of the {cap}"
