@@ -15,7 +15,7 @@ import argparse
 import sys
 
 import torch
-from common import BareMode, count_ops, gpt2, interleaved, write
+from common import BareMode, cost_lines, count_ops, gpt2, interleaved, write
 from torch.utils.flop_counter import FlopCounterMode
 
 import tscope_callbacks as ts
@@ -52,7 +52,7 @@ def _contenders(model, run) -> tuple[dict, dict]:
         def f():
             with ts.profile(model, layer_details=details, check_finite=details) as prof:
                 run()
-            last["prof"] = prof
+            last["prof"] = last[details] = prof
 
         return f
 
@@ -114,7 +114,7 @@ def main() -> int:
 
     for _ in range(3):
         small_step()
-    s_contenders, _ = _contenders(small, small_step)
+    s_contenders, s_last = _contenders(small, small_step)
     s_med = interleaved(s_contenders, args.runs)
     s_ops = count_ops(small_step)
     s_bare = s_med["bare dispatch mode"] - s_med["plain step"]
@@ -131,6 +131,8 @@ def main() -> int:
     lines += _table(s_med, s_ops)
     lines += ["", f"**tscope's cost per op = {s_rel:.2f}x a bare dispatch mode's** (target <= 2.0): "
               f"{'PASS' if s_rel <= 2.0 else 'FAIL'}"]
+    lines += cost_lines({"tscope profile": s_last[False], "layer details + finite checks": s_last[True]},
+                        s_med["plain step"])
     text = "\n".join(lines)
     print(text)
     if args.write:

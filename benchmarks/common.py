@@ -102,3 +102,36 @@ def write(name: str, text: str, reproduce: str) -> Path:
     out.write_text(text + f"\n\nReproduce: `{reproduce}`\n")
     print(f"written {out}")
     return out
+
+
+def cost_lines(profiles: dict[str, Any], plain_s: float) -> list[str]:
+    """Where a profiled step's extra time went: each capture's ``meta["capture_cost"]`` (tscope's own host seconds
+    per part) as a table, with the region's excess over a plain step per op -- the per-op hot path."""
+    keys = [("start_s", "start"), ("region_s", "region"), ("sync_s", "device sync"), ("kineto_s", "Kineto read-out"),
+            ("assign_s", "kernels to ops"), ("build_s", "records")]
+    rows = {name: p.meta.get("capture_cost") or {} for name, p in profiles.items()}
+    if not any(rows.values()):
+        return []
+    out = ["", "Where the time went (host ms, last run of each; `meta[\"capture_cost\"]`):", "",
+           "| capture | " + " | ".join(k for _, k in keys) + " | region - plain, µs per op |",
+           "|---|" + "---:|" * (len(keys) + 1)]
+    for name, c in rows.items():
+        cells = [f"{c[k] * 1e3:.1f}" if c.get(k) is not None else "" for k, _ in keys]
+        per_op = ((c["region_s"] - plain_s) / c["ops"] * 1e6) if c.get("region_s") and c.get("ops") else None
+        out.append(f"| {name} | " + " | ".join(cells) + f" | {'' if per_op is None else f'{per_op:.1f}'} |")
+    return out
+
+
+def cprofile_top(fn: Callable[[], None], path: str, top: int = 40) -> None:
+    """Run ``fn`` once under cProfile and write the ``top`` functions by own time to ``path``."""
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    fn()
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(top)
+    Path(path).write_text(buf.getvalue())

@@ -14,13 +14,13 @@ import argparse
 import sys
 
 import torch
-from common import BareMode, count_ops, interleaved, write
+from common import BareMode, cost_lines, count_ops, cprofile_top, interleaved, write
 from gpu_workload import FULL, SMOKE, device_for, hand_count, ready
 
 import tscope_callbacks as ts
 
 
-def measure(runs: int, smoke: bool) -> tuple[str, dict]:
+def measure(runs: int, smoke: bool, cprofile: str | None = None) -> tuple[str, dict]:
     w = SMOKE if smoke else FULL
     device = device_for(smoke)
     cuda = device == "cuda"
@@ -81,6 +81,13 @@ def measure(runs: int, smoke: bool) -> tuple[str, dict]:
               f"vs hand count over the plain step {hand:.2%}: {'PASS' if mfu_ok else 'FAIL'} (target within 5%)",
               f"- GPU idle during the capture: {(rep.meta.get('device_idle_s') or 0) * 1e3:.1f} ms; captured region "
               f"{(rep.wall_time_s or 0) * 1e3:.1f} ms wall (not used as a step time)"]
+    named = {"layer_details=False": last[False], "layer_details=True": last[True]}
+    if "replay" in last:
+        named["replay"] = last["replay"]
+    lines += cost_lines(named, plain)
+    if cprofile:  # one more profiled step (layer details) under cProfile: the per-op hot path by function
+        cprofile_top(tscope(True), cprofile)
+        lines.append(f"\ncProfile of one profiled step (layer details): `{cprofile}`")
     out = {"ratio": ratio, "mfu": rep.mfu, "hand_mfu": hand}
     if "replay" in last:
         rp = last["replay"]
@@ -103,8 +110,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model: exercise the script only")
     ap.add_argument("--write", action="store_true")
+    ap.add_argument("--cprofile", default=None, help="also write a cProfile (top functions) of one profiled step here")
     args = ap.parse_args()
-    text, _ = measure(args.runs, args.smoke)
+    text, _ = measure(args.runs, args.smoke, args.cprofile)
     print(text)
     if args.write and not args.smoke:
         write("gpu_capture_overhead.md", text, "python benchmarks/gpu_capture_overhead.py --write")

@@ -26,7 +26,7 @@ step() {  # step NAME SECONDS COMMAND...
 declare -A CMD=(
   [gpu_check]="230 python3 scripts/gpu_check.py"
   [roofline]="80 python3 benchmarks/roofline_accuracy.py --gpu --write"
-  [capture]="90 python3 benchmarks/gpu_capture_overhead.py --runs 5 --write"
+  [capture]="100 python3 benchmarks/gpu_capture_overhead.py --runs 5 --write --cprofile $LOG/capture_cprofile.txt"
   [compiled]="150 python3 benchmarks/gpu_compiled_profile.py --runs 10 --write"
   [calibrate]="200 python3 -m tscope_callbacks.cli calibrate --gemm --quick"
   [roofline_calibrated]="80 python3 benchmarks/roofline_accuracy.py --gpu"

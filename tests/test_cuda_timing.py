@@ -189,6 +189,9 @@ class FakeTimeline:
     """Stands for the capture's Kineto session: records the ranges entered, gives each op one tensor-core kernel
     of 10 us x (its index + 1) at stop."""
 
+    synced_ns = None  #: as KernelTimeline's: the fakes' device is done when stop() is called
+    cost: dict = {}
+
     def __init__(self) -> None:
         self.names: list[str] = []
 
@@ -267,3 +270,65 @@ def test_cupti_note_is_given_once_and_only_when_teardown_is_unset(monkeypatch):
     note = ct.cupti_teardown_note()
     assert note is not None and "TEARDOWN_CUPTI=1" in note and "1.27" in note
     assert ct.cupti_teardown_note() is None  # once per process
+
+
+def test_region_ends_when_the_device_is_done_not_after_tscope_reads_the_kernels(monkeypatch):
+    """The real ``KernelTimeline.stop`` with Kineto faked: the device needs 30 ms more at stop (the sync), and reading
+    the events back takes 60 ms (tscope's own work). The region's wall time, and the GPU idle derived from it, end at
+    the sync; the read-out is reported apart in ``meta["capture_cost"]``, never as GPU idle."""
+    import time
+
+    import torch.autograd.profiler as tap
+
+    import tscope_callbacks.capture.cuda_timing as ct
+    import tscope_callbacks.capture.region as region
+
+    class Kineto(ct.KernelTimeline):
+        def start(self):
+            self.names = []
+
+        def enter(self, name):
+            self.names.append(name)
+            return name
+
+        def exit(self, handle):
+            pass
+
+    made: list = []
+    monkeypatch.setattr(region, "KernelTimeline", lambda: made.append(Kineto()) or made[-1])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: time.sleep(0.03))
+
+    class Result:
+        def events(self):
+            time.sleep(0.06)
+            names = made[-1].names
+            return ([Ev(n, CPU, _corr=i + 1) for i, n in enumerate(names)]
+                    + [_kernel("nvjet_gemm", i + 1, 10**6 * i, 10**6 * i + 10_000) for i in range(len(names))])
+
+    monkeypatch.setattr(tap, "_disable_profiler", lambda: Result())
+    model = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    t0 = time.perf_counter()
+    with ts.profile(model, timing="cuda") as prof:
+        model(x).sum().backward()
+    total = time.perf_counter() - t0
+    cost = prof.meta["capture_cost"]
+    assert cost["sync_s"] >= 0.03 and cost["kineto_s"] >= 0.06
+    assert prof.wall_time_s == cost["region_s"] >= 0.03  # up to the device done, the sync included
+    assert prof.wall_time_s <= total - 0.06  # the read-out left out
+    busy = prof.meta["device_busy_s"]
+    assert prof.meta["device_idle_s"] == pytest.approx(prof.wall_time_s - busy)
+    assert cost["ops"] == len(prof.ops) and cost["build_s"] > 0 and cost["start_s"] >= 0
+    from tscope_callbacks.render.markdown import _cost_text
+
+    assert "device read-out 6" in _cost_text(cost)  # 60-odd ms of Kineto read-out, then the assignment
+
+
+def test_the_report_gives_tscope_own_time_beside_the_region():
+    model = torch.nn.Linear(4, 4)
+    with ts.profile(model) as prof:
+        model(torch.randn(2, 4)).sum().backward()
+    rep = ts.roofline(prof.result, ts.DeviceSpec(name="this CPU", flops={"fp32": 1e11}, bandwidth=1e10))
+    step = next(line for line in rep.to_markdown().splitlines() if line.startswith("- **Step**"))
+    assert "tscope's own host time outside it: start" in step and "records" in step
+    assert "device read-out" not in step  # no Kineto on CPU

@@ -36,7 +36,7 @@ def summary_dict(r: Any) -> dict[str, Any]:
         "measured_step_s": r.measured_step_s, "step_time_source": r.step_time_source,
         "step_time_basis_text": step_basis_text(r.step_time_source, r.meta),
         "device_idle_s": r.meta.get("device_idle_s"), "device_busy_s": r.meta.get("device_busy_s"),
-        "wall_time_s": r.wall_time_s, "op_time_s": r.op_time_s, "estimated_step_s": r.estimated_step_s,
+        "wall_time_s": r.wall_time_s, "capture_cost": r.meta.get("capture_cost"), "op_time_s": r.op_time_s, "estimated_step_s": r.estimated_step_s,
         "roof_step_s": r.roof_step_s,
         "kernel_model": r.kernel_model.source if getattr(r, "kernel_model", None) is not None else None,
         "achievable_estimated_step_s": r.totals.achievable_estimate_s,

@@ -287,6 +287,8 @@ class KernelTimeline:
         self._config = prof.config
         self._activities = prof.kineto_activities
         self._running = False
+        self.synced_ns: int | None = None  #: perf_counter_ns when the device had finished the region's work
+        self.cost: dict[str, float] = {}  #: host seconds of stop: sync (waiting for the device), kineto, assign
 
     def start(self) -> None:
         from torch._C._profiler import RecordScope
@@ -297,13 +299,21 @@ class KernelTimeline:
         self._running = True
 
     def stop(self, n_ops: int) -> Timeline:
-        """Synchronize once, end the Kineto session and assign every device activity to its op."""
+        """Synchronize once, end the Kineto session and assign every device activity to its op. Keeps when the
+        device was done (``synced_ns``: the region's end; Kineto's teardown and the pass below are tscope's own
+        work) and the host time of each part (``cost``)."""
         from torch.autograd.profiler import _disable_profiler
 
+        t0 = time.perf_counter_ns()
         torch.cuda.synchronize()
+        self.synced_ns = t1 = time.perf_counter_ns()
         self._running = False
-        result = _disable_profiler()
-        return assign_kernels(result.events(), n_ops)
+        events = _disable_profiler().events()
+        t2 = time.perf_counter_ns()
+        timeline = assign_kernels(events, n_ops)
+        self.cost = {"sync_s": (t1 - t0) * 1e-9, "kineto_s": (t2 - t1) * 1e-9,
+                     "assign_s": (time.perf_counter_ns() - t2) * 1e-9}
+        return timeline
 
     def abort(self) -> None:
         if self._running:

@@ -55,6 +55,11 @@ class Profile:
     After stop: ``ops``, ``layers``, ``wall_time_s``, ``meta`` and ``result`` (a :class:`StepProfile`);
     ``timeline`` holds the CUDA kernel timeline (None off CUDA). ``labels`` (and :meth:`label`) are copied into
     ``meta`` at stop (e.g. the step number, or a ``step_time_s`` measured on unprofiled steps by the caller).
+
+    ``meta["capture_cost"]``: tscope's own host seconds -- ``start_s`` (hooks, dispatch mode, Kineto's prepare and
+    enable), ``region_s`` (start to the device done: the step with the per-op work; ``wall_time_s``), on CUDA
+    ``sync_s`` (waiting for the device at stop), ``kineto_s`` (Kineto's teardown and event read-out) and
+    ``assign_s`` (kernels to ops), then ``build_s`` (records, layers, memory), and ``ops``.
     """
 
     def __init__(
@@ -127,6 +132,7 @@ class Profile:
         self._paused_ns = 0
         self._pause_range: Any = None
         self._t0 = 0
+        self._start_s = 0.0  #: host seconds start() took (hooks, dispatch mode, Kineto's prepare and enable)
         self._in_backward = False
         self._in_opt_step = 0  #: inside optimizer.step() (global optimizer hooks)
         self._optimizers: dict[int, Any] = {}  #: optimizers that stepped in the region (their state: step memory)
@@ -206,10 +212,12 @@ class Profile:
     def start(self) -> Profile:
         claim(self)
         self._inputs = None
+        t = _perf_ns()
         try:
             self._session = _session.install(self)
             self._running = True
             self._t0 = _perf_ns()
+            self._start_s = (self._t0 - t) * 1e-9
         except BaseException:
             self._uninstall()
             release(self)
@@ -221,24 +229,32 @@ class Profile:
             return self.result
         wall = None
         timeline = None
+        cost: dict[str, Any] = {"start_s": self._start_s}  #: tscope's own host time, per part (see meta doc)
         try:
             if self._paused:  # stopped while paused (e.g. an exception inside a paused block)
                 self._paused = 1
                 self.resume()
-            if self._timeline is not None:
-                timeline = self._timeline.stop(len(self._pending))
-            wall = (_perf_ns() - self._t0 - self._paused_ns) * 1e-9
+            end = _perf_ns()
+            kt = self._timeline
+            if kt is not None:
+                timeline = kt.stop(len(self._pending))
+                end = kt.synced_ns or end  # the device done: Kineto's teardown and read-out are tscope's work
+                cost.update(kt.cost)
+            wall = (end - self._t0 - self._paused_ns) * 1e-9
         except Exception as e:
             self._internal_error(e)
         finally:
             self._uninstall()
             release(self)
         self.timeline = timeline
+        t = _perf_ns()
         try:
             self.result = _session.build_result(self, wall, timeline)
         except Exception as e:
             self._internal_error(e)
             self.result = StepProfile(wall_time_s=wall, meta={**_session.base_meta(self), **self.labels})
+        cost.update(region_s=wall, build_s=(_perf_ns() - t) * 1e-9, ops=len(self.result.ops))
+        self.result.meta["capture_cost"] = cost
         self._pending = []
         self._fused = {}
         self._comm = {}

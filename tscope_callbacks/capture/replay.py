@@ -194,6 +194,7 @@ class ReplayProfile:
 
     def start(self) -> ReplayProfile:
         claim(self)  # paused() and the nesting check see it
+        t = time.perf_counter_ns()
         try:
             self._kt = KernelTimeline()
             self._kt.start()
@@ -203,6 +204,7 @@ class ReplayProfile:
         self._running = True
         self._paused_ns = 0
         self._t0 = time.perf_counter_ns()
+        self._start_s = (self._t0 - t) * 1e-9
         return self
 
     def stop(self) -> StepProfile:
@@ -215,7 +217,8 @@ class ReplayProfile:
                 self._paused = 1
                 self.resume()
             tl = self._kt.stop(0)  # no op ranges: every kernel unattributed, tscope's paused ones dropped
-            wall = (time.perf_counter_ns() - self._t0 - self._paused_ns) * 1e-9
+            end = self._kt.synced_ns or time.perf_counter_ns()  # the device done; Kineto's read-out is tscope's
+            wall = (end - self._t0 - self._paused_ns) * 1e-9
         except Exception as e:
             self._internal_error(e)
             with contextlib.suppress(Exception):
@@ -223,11 +226,15 @@ class ReplayProfile:
         finally:
             self._running = False
             release(self)
+        t = time.perf_counter_ns()
         try:
             self.result = self._build(tl, wall)
         except Exception as e:
             self._internal_error(e)
             self.result = StepProfile(wall_time_s=wall, meta={**self.labels, "internal_errors": list(self.errors)})
+        self.result.meta["capture_cost"] = {  # as Profile's (see its doc); the records are the source's copies
+            "start_s": getattr(self, "_start_s", 0.0), "region_s": wall, **(self._kt.cost if self._kt else {}),
+            "build_s": (time.perf_counter_ns() - t) * 1e-9, "ops": len(self.result.ops)}
         return self.result
 
     def _internal_error(self, e: BaseException) -> None:
@@ -293,7 +300,7 @@ class ReplayProfile:
 #: meta keys of the source capture that describe its own step, not this one
 _PER_STEP = frozenset({"kernels", "clock_origin_ns", "step_time_s", "step_time_basis", "device_busy_s",
                        "device_idle_s", "outside_ops_s", "internal_errors", "paused_s", "step", "global_step", "epoch",
-                       "reason", "micro_batches", "rank_step_times_s", "skew"})
+                       "reason", "micro_batches", "rank_step_times_s", "skew", "capture_cost"})
 _TIMES = ("forward_s", "backward_s", "self_forward_s", "self_backward_s", "recompute_s")
 
 

@@ -75,6 +75,7 @@ def header_lines(report: Any) -> list[str]:
             extra += f"; GPU idle {_f(s['device_idle_s'], '.4g', 1e3)} ms during the capture"
         if s["wall_time_s"]:
             extra += f"; captured region {_f(s['wall_time_s'], '.4g', 1e3)} ms wall (slowed by the capture; not used)"
+        extra += _cost_text(s.get("capture_cost"))
         lines += [f"- **Step**: measured {_f(s['measured_step_s'], '.4g', 1e3)} ms ({s['step_time_basis_text']}) -- "
                   f"the basis of MFU/MBU; {ops}; {est}{extra}",
                   f"- **MFU** {_p(s['mfu'])} · **MBU** {_p(s['mbu'])} · {_f(s['achieved_tflops'], '.4g')} TFLOP/s · "
@@ -114,6 +115,15 @@ def header_lines(report: Any) -> list[str]:
               + (" (no formula: " + ", ".join(f"{k} ×{v}" for k, v in list(s["uncounted_ops"].items())[:5]) + ")"
                  if s["uncounted_ops"] else "")]
     return lines
+
+
+def _cost_text(cost: dict[str, Any] | None) -> str:
+    """tscope's own host time around the region (``meta["capture_cost"]``), so a slow profiled step is explained."""
+    if not cost:
+        return ""
+    ms = lambda k: _f(cost.get(k) or 0.0, ".3g", 1e3)  # noqa: E731
+    dev = f", device read-out {ms('kineto_s')} + {ms('assign_s')} ms" if "kineto_s" in cost else ""
+    return f"; tscope's own host time outside it: start {ms('start_s')} ms{dev}, records {ms('build_s')} ms"
 
 
 def memory_lines(report: Any) -> list[str]:
