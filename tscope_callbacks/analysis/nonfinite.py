@@ -87,6 +87,10 @@ def per_tensor_norms(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     for i, t in enumerate(tensors):
         t = torch.view_as_real(t) if t.is_complex() else t
         groups.setdefault((t.device, t.dtype), []).append(i)
+    if len(groups) == 1:  # the common case: one fused call, stacked in order, no per-tensor casts
+        ((_, dtype),) = groups
+        ts = [torch.view_as_real(t) if t.is_complex() else t for t in tensors]
+        return torch.stack(torch._foreach_norm(ts, 2, dtype=torch.float32 if dtype.itemsize <= 4 else None)).float()
     out: list[torch.Tensor | None] = [None] * len(tensors)
     for (_, dtype), idx in groups.items():
         ts = [torch.view_as_real(tensors[i]) if tensors[i].is_complex() else tensors[i] for i in idx]
@@ -197,6 +201,8 @@ class NonFiniteEvent:
     ranks: list[int] = field(default_factory=list)
     action: str = ""
     note: str = ""
+    #: what the gradient norms of the checked steps before it said (``analysis.grad_history``); "" without history
+    trend: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -220,7 +226,8 @@ class NonFiniteEvent:
         if self.max_abs_grad is not None:
             parts.append("Every finite value is 0." if self.max_abs_grad == 0 else
                          f"Largest finite |value| {self.max_abs_grad:.4g}.")
-        parts += [f"Action: {self.action}." if self.action else "", f"Note: {self.note}" if self.note else ""]
+        parts += [f"Before it: {self.trend}" if self.trend else "",
+                  f"Action: {self.action}." if self.action else "", f"Note: {self.note}" if self.note else ""]
         return " ".join(p for p in parts if p)
 
 

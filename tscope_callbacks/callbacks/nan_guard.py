@@ -51,6 +51,7 @@ from typing_extensions import override
 
 from tscope_callbacks.analysis import locate as nl_locate
 from tscope_callbacks.analysis import nonfinite as nl
+from tscope_callbacks.analysis.grad_history import GradHistory
 from tscope_callbacks.analysis.nonfinite import NonFiniteError, NonFiniteEvent
 from tscope_callbacks.callbacks import nan_steps
 from tscope_callbacks.callbacks.session import sinks_for
@@ -88,19 +89,30 @@ class NaNGuardCallback(Callback):
         sync: None (default): flags are read without a host sync on a GPU (``lag`` steps late, bad updates masked on
             the device), immediately on CPU; True: read at each checked step (one host sync per step); False: deferred
             everywhere.
+        grad_norms: keep the checked steps' gradient norms (the per-tensor norms the check computes anyway: no extra
+            device work, no sync): scalars ``tscope/grad_norm/total`` (global L2 norm) and one per layer
+            (``tscope/grad_norm/<module path>``) at Lightning's ``log_every_n_steps``; every checked step enters the
+            history, and a non-finite event says how the norms moved before it (``event.trend``). Off with a
+            GradScaler (scaled gradients).
+        spike_factor: alert when a healthy step's global norm exceeds this many times the median of the checked
+            steps before it (at least 10 of them; None: no spike alerts). Alerts only; ``spikes`` keeps them.
+        history: how many checked steps the norms' history keeps.
 
     Attributes: ``events`` (list[NonFiniteEvent]), ``num_events``, ``skipped_steps``, ``alerts`` (alerts emitted on
     this rank), ``replays`` (replays run), ``mode`` ("deferred"/"immediate", decided at fit start), ``host_syncs``
-    (flag reads that synchronized the host). Keys: text ``tscope/nan``, scalar ``tscope/nan/events``.
+    (flag reads that synchronized the host), ``spikes`` (gradient spikes: step, norm, median, ratio, layer). Keys:
+    text ``tscope/nan``, scalars ``tscope/nan/events``, ``tscope/grad_norm/*``.
     """
 
     def __init__(self, *, action: str = "stop", every_n_steps: int = 1, check_loss: bool = True,
                  check_params: bool = False, locate: bool = True, max_skips: int = 10, alert_every_s: float = 300.0,
                  alert_every_n: int = 100, amp_min_scale: float = 1e-4, amp_max_overflows: int = 16,
-                 max_events: int = 1000, sync: bool | None = None) -> None:
+                 max_events: int = 1000, sync: bool | None = None, grad_norms: bool = True,
+                 spike_factor: float | None = 10.0, history: int = 64) -> None:
         if action not in ACTIONS:
             raise ValueError(f"NaNGuardCallback: action must be one of {ACTIONS}, got {action!r}")
-        for name, v in (("check_loss", check_loss), ("check_params", check_params), ("locate", locate)):
+        for name, v in (("check_loss", check_loss), ("check_params", check_params), ("locate", locate),
+                        ("grad_norms", grad_norms)):
             if not isinstance(v, bool):
                 raise TypeError(f"NaNGuardCallback: {name} must be a bool, got {v!r}")
         if sync is not None and not isinstance(sync, bool):
@@ -114,6 +126,9 @@ class NaNGuardCallback(Callback):
         self.amp_min_scale = _checked("amp_min_scale", amp_min_scale, 0.0, float)
         self.amp_max_overflows = _checked("amp_max_overflows", amp_max_overflows, 1)
         self.max_events = _checked("max_events", max_events, 0)
+        self.grad_norms = grad_norms
+        self.spike_factor = None if spike_factor is None else _checked("spike_factor", spike_factor, 1.0, float)
+        self.history = _checked("history", history, 2)
         self._reset()
 
     def _reset(self) -> None:
@@ -128,6 +143,10 @@ class NaNGuardCallback(Callback):
         self._replay_blocker: str | None = None
         self._channel = nl.FlagChannel(lag=2)
         self._sticky: torch.Tensor | None = None
+        self._history = GradHistory(self.history, self.spike_factor)
+        self.spikes: list[dict[str, Any]] = []
+        self._names: tuple[tuple[int, ...], list[str]] | None = None  #: parameter ids -> names (nan_steps)
+        self._spike_limiter = nl.AlertLimiter(self.alert_every_s, self.alert_every_n)
 
     # ---------------------------------------------------------------- hooks (each delegates, never raises)
     @override
@@ -232,6 +251,9 @@ class NaNGuardCallback(Callback):
             try:
                 if values[0] == 0.0:
                     self._streak = self._skips_in_row = 0
+                    if self.grad_norms:
+                        names = payload["grad_names"]
+                        self._healthy(trainer, s, names, values[2:2 + len(names)])
                     continue
                 event = nan_steps.deferred_event(self, trainer, pl_module, s, values, payload)
                 if event is not None:
@@ -271,7 +293,40 @@ class NaNGuardCallback(Callback):
         if action == "raise":
             raise NonFiniteError(event)
 
+    def _healthy(self, trainer: pl.Trainer, step: int, names: list[str], norms: list[float]) -> None:
+        """A healthy checked step's gradient norms: into the history, logged (rank zero), a spike alerted."""
+        try:
+            spike = self._history.add(step, names, norms)
+            every = max(1, int(getattr(trainer, "log_every_n_steps", 50) or 1))
+            # Lightning's log cadence, to the run's loggers only (none: no metrics file of ours either)
+            if trainer.is_global_zero and trainer.loggers and step % every == 0 and self._history.steps:
+                s, total, layers = self._history.steps[-1]
+                if s == step:
+                    scalars = {metric_key("grad_norm", "total"): total}
+                    scalars.update({metric_key("grad_norm", k or "root"): v for k, v in layers.items()})
+                    sinks_for(trainer, False).log_scalars(scalars, step)
+            if spike is None:
+                return
+            self.spikes.append(spike)
+            del self.spikes[:-self.max_events or None]
+            if not self._spike_limiter.admit()[0]:
+                return
+            where = (f"; the layer that grew most: '{spike['layer'] or '<root>'}' ({spike['layer_ratio']:.3g}x its "
+                     "median)") if spike["layer"] is not None else ""
+            self._alert(trainer, f"Gradient spike at step {step}",
+                        f"NaN guard: gradient spike at step {step}: global norm {spike['norm']:.4g} = "
+                        f"{spike['ratio']:.3g}x the median of the last {len(self._history.steps) - 1} checked steps "
+                        f"({spike['median']:.4g}){where}. Training goes on (values are finite); a lower learning rate, "
+                        "gradient clipping or a look at that layer's inputs often prevents the divergence that follows.")
+        except Exception as e:
+            self._internal_error("gradient norms", e)
+
     def _record(self, trainer: pl.Trainer, event: NonFiniteEvent) -> None:
+        if not event.trend:
+            try:
+                event.trend = self._history.trend()
+            except Exception as e:
+                self._internal_error("gradient trend", e)
         self.num_events += 1
         if len(self.events) < self.max_events:
             self.events.append(event)

@@ -48,11 +48,21 @@ def push_deferred(guard: NaNGuardCallback, trainer: Any, optimizer: Any, params:
         else:
             optimizer.found_inf = bad.reshape(())
     vec = torch.cat([bad, local] + parts)
-    names = {id(p): n for n, p in named_parameters(trainer.lightning_module)}
-    payload = {"snaps": snaps, "grad_names": [names.get(id(p), "?") for p in params if p.grad is not None],
+    payload = {"snaps": snaps, "grad_names": _grad_names(guard, trainer.lightning_module, params),
                "n_losses": len(losses), "epoch": trainer.current_epoch,
                "batch_idx": trainer.fit_loop.epoch_loop.batch_idx}
     guard._channel.push(trainer.global_step, vec, payload)
+
+
+def _grad_names(guard: NaNGuardCallback, module: Any, params: list) -> list[str]:
+    """Names of the parameters that have a gradient, in ``params`` order (the order of ``grads_of``); the name map
+    is rebuilt only when the parameters change."""
+    key = tuple(map(id, params))
+    cached = guard._names
+    if cached is None or cached[0] != key:
+        names = {id(p): n for n, p in named_parameters(module)}
+        cached = guard._names = (key, [names.get(id(p), "?") for p in params])
+    return [n for n, p in zip(cached[1], params) if p.grad is not None]
 
 
 def _locate(guard: NaNGuardCallback, trainer: Any, pl_module: Any, snaps: list, scaler: Any) -> tuple[Any, str]:
@@ -122,16 +132,26 @@ def deferred_event(guard: NaNGuardCallback, trainer: Any, pl_module: Any, step: 
 def check_now(guard: NaNGuardCallback, trainer: Any, pl_module: Any, params: list, losses: list, snaps: list,
               scaler: Any) -> None:
     """The immediate path: read the flag at the step (one host sync) and act on it."""
-    total = None
+    vec = norms = None
     try:
-        total = nl.nonfinite_total(nl.grads_of(params) + [nl.local(x) for x in losses])
+        grads = nl.grads_of(params)
+        loss_ts = [nl.local(x) for x in losses]
+        if guard.grad_norms and scaler is None and grads:  # per-gradient norms, their sum the flag: one pass
+            norms = nl.per_tensor_norms(grads)
+            total = norms.sum().reshape(1)
+            extra = nl.nonfinite_total(loss_ts)
+            vec = torch.cat([total if extra is None else total + extra.to(total.device), norms])
+        else:
+            vec = nl.nonfinite_total(grads + loss_ts)
     except Exception as e:
         guard._internal_error("check", e)
-    value = nl.read_now(total)[0] if total is not None else 0.0
+    values = nl.read_now(vec) if vec is not None else [0.0]  # the one read of this step, norms included
     guard.host_syncs += 1
-    flags = [row[0] for row in gather_floats(trainer, [value])]
+    flags = [row[0] for row in gather_floats(trainer, [values[0]])]
     if all(math.isfinite(v) for v in flags):
         guard._streak = guard._skips_in_row = guard._amp_streak = 0
+        if norms is not None:
+            guard._healthy(trainer, trainer.global_step, _grad_names(guard, pl_module, params), values[1:])
         return
     try:
         event = _bad_step(guard, trainer, pl_module, params, flags, losses, snaps, scaler)
