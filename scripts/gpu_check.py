@@ -204,10 +204,27 @@ def nan_guard_check(w, device: str, cuda: bool) -> None:
     steps, under ``torch.cuda.set_sync_debug_mode("warn")``."""
     from gpu_nan_guard_overhead import SyncWatch
     from gpu_workload import fit_window
+    from lightning.pytorch.callbacks import Callback
+
+    class NormProbe(Callback):  # each step's gradient norms in float64, kept on the device (no sync here)
+        def __init__(self) -> None:
+            self.norms: dict[int, torch.Tensor] = {}
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            grads = [p.grad.detach().double() for p in pl_module.parameters() if p.grad is not None]
+            self.norms[trainer.global_step] = torch.stack([g.norm() for g in grads])
 
     guard = ts.NaNGuardCallback()
     watch = SyncWatch(4, 12)
-    fit_window(w, device, [guard, watch], first=4, last=12)
+    probe = NormProbe()
+    fit_window(w, device, [guard, watch, probe], first=4, last=12)
+    worst = 0.0
+    for step, total, _ in guard._history.steps:
+        want = float(probe.norms[step].square().sum().sqrt())
+        worst = max(worst, abs(total / want - 1))
+    check("6. NaN guard: global gradient norm per checked step equals float64 norms (rel 1e-4)",
+          bool(guard._history.steps) and worst <= 1e-4,
+          f"{len(guard._history.steps)} steps, worst relative error {worst:.2e}")
     if not cuda:
         check("6. NaN guard: no host sync on healthy steps", None, f"mode {guard.mode} on CPU (reads are free)")
         return
