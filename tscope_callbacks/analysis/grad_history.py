@@ -45,8 +45,8 @@ class GradHistory:
     """The last ``window`` healthy checked steps' gradient norms (see the module doc)."""
 
     def __init__(self, window: int = 64, spike_factor: float | None = 10.0, min_steps: int = 10) -> None:
-        self.window, self.spike_factor, self.min_steps = window, spike_factor, min_steps
-        self.steps: deque[tuple[int, float, dict[str, float]]] = deque(maxlen=window)
+        self.spike_factor, self.min_steps = spike_factor, min_steps
+        self.steps: deque[tuple[int, float, dict[str, float]]] = deque(maxlen=window)  #: (step, global, per layer)
 
     def add(self, step: int, names: Sequence[str], norms: Sequence[float]) -> dict[str, Any] | None:
         """Record a healthy step; returns its spike (``{"step", "norm", "median", "ratio", "layer",

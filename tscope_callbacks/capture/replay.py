@@ -143,6 +143,7 @@ class ReplayProfile:
         self.timeline: Timeline | None = None
         self._plan = kernel_plan(source.timeline)
         self._kt: Any = None
+        self._start_s = 0.0  #: host seconds start() took (the Kineto session's prepare and enable)
         self._running = False
         self._paused = 0
         self._pause_range: Any = None
@@ -233,7 +234,7 @@ class ReplayProfile:
             self._internal_error(e)
             self.result = StepProfile(wall_time_s=wall, meta={**self.labels, "internal_errors": list(self.errors)})
         self.result.meta["capture_cost"] = {  # as Profile's (see its doc); the records are the source's copies
-            "start_s": getattr(self, "_start_s", 0.0), "region_s": wall, **(self._kt.cost if self._kt else {}),
+            "start_s": self._start_s, "region_s": wall, **(self._kt.cost if self._kt else {}),
             "build_s": (time.perf_counter_ns() - t) * 1e-9, "ops": len(self.result.ops)}
         return self.result
 
