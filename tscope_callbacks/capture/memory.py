@@ -80,10 +80,75 @@ class MemoryTracker:
         self._params: set[int] = set()
         self._closed: set[int] = set()  #: the storages still alive when tracking stopped
         self.at_start = self._reader() if self._reader is not None else None  #: allocator bytes at the start (CUDA)
+        self._grads: dict[int, tuple[int, str]] = {}  #: storage key -> (bytes, parameter) of the step's gradients
+        #: (op index from which it applies, +bytes when a gradient the step created was stored / -bytes when freed,
+        #: the parameter's name)
+        self.grad_events: list[tuple[int, int, str]] = []
+        self._casts: dict[int, int] = {}  #: storage key -> bytes of a parameter's dtype cast (autocast's weight copies)
+        self.cast_events: list[tuple[int, int]] = []  #: (op index, +bytes made / -bytes freed) of those casts
 
     def peak(self) -> int:
         """The highest tracked live bytes of the region: what the step itself allocated, at its peak."""
         return max(self.live_after, default=0)
+
+    def live_without_grads(self) -> list[int]:
+        """Per recorded op, the tracked live bytes after it without the gradients the step created: activations and
+        temporaries, what data-parallel sharding (FSDP / ZeRO) does not divide (gradients noted by ``on_grad``;
+        ``live_after`` holds them from the op that produced them to their release)."""
+        if not self.grad_events:
+            return list(self.live_after)
+        events = sorted(self.grad_events, key=lambda e: e[0])
+        g = j = 0
+        out = []
+        for i, v in enumerate(self.live_after):
+            while j < len(events) and events[j][0] <= i:
+                g += events[j][1]
+                j += 1
+            out.append(v - g)
+        return out
+
+    def grads_created(self) -> int:
+        """Bytes of the gradients the step created (first accumulation into an empty ``.grad``)."""
+        return sum(n for _, n, _ in self.grad_events if n > 0)
+
+    def on_grad(self, prm: torch.Tensor, name: str = "") -> None:
+        """A parameter's post-accumulate-grad hook: its ``.grad`` is a storage this step created (not an in-place
+        accumulation into one held from before): note it from the op that produced it."""
+        g = prm.grad
+        try:
+            key = g.untyped_storage()._cdata if isinstance(g, torch.Tensor) else None
+        except (RuntimeError, NotImplementedError, TypeError):
+            return
+        if key is None or key in self._grads or key not in self._storages:
+            return
+        n = self._size(g.untyped_storage().nbytes())
+        self._grads[key] = (n, name)
+        self.grad_events.append((max(0, len(self.live_after) - 1), n, name))
+
+    def on_cast(self, out: Any) -> None:
+        """``out`` is a parameter cast to another dtype (autocast's weight copy, kept for the backward): noted from
+        the op about to be recorded, so a what-if where the parameters already have that dtype can leave it out."""
+        try:
+            key = out.untyped_storage()._cdata
+        except (AttributeError, RuntimeError, NotImplementedError, TypeError):
+            return
+        n = self._size(out.untyped_storage().nbytes())
+        if key in self._storages and key not in self._casts:
+            self._casts[key] = n
+            self.cast_events.append((len(self.live_after), n))
+
+    def watch_grads(self, named: list[tuple[str, torch.Tensor]]) -> list[Any]:
+        """Post-accumulate-grad hooks on the trainable leaf parameters of ``named`` ((name, parameter) pairs); their
+        handles, to remove at the end."""
+        handles = []
+        for name, p in named:
+            if p.requires_grad and p.is_leaf and hasattr(p, "register_post_accumulate_grad_hook"):
+                try:
+                    handles.append(p.register_post_accumulate_grad_hook(
+                        lambda prm, name=name: self.on_grad(prm, name)))
+                except RuntimeError:  # e.g. a tensor subclass that refuses hooks: its gradients stay in the peak
+                    pass
+        return handles
 
     def tracks(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s storage was created in the region (and is tracked)."""
@@ -100,6 +165,11 @@ class MemoryTracker:
         def cb(_: Any) -> None:
             self.live -= nbytes
             self._storages.pop(key, None)
+            gone = self._grads.pop(key, None)
+            if gone is not None:
+                self.grad_events.append((len(self.live_after), -nbytes, gone[1]))
+            elif self._casts.pop(key, None) is not None:
+                self.cast_events.append((len(self.live_after), -nbytes))
 
         return cb
 

@@ -47,6 +47,7 @@ log = logging.getLogger("tscope_callbacks")
 
 _current_node = torch._C._current_autograd_node
 _perf_ns = time.perf_counter_ns
+_TO_COPY = torch.ops.aten._to_copy.default
 
 
 class Profile:
@@ -360,6 +361,8 @@ class Profile:
         mem = self._memory
         if mem is not None:
             mem.add_outputs(_session.fresh(func, out))
+            if func is _TO_COPY and args and id(args[0]) in self._param_owner:  # a weight cast (autocast)
+                mem.on_cast(out)
             mem.op_done()
 
     def _layer_of_node(self, node: Any) -> str | None:

@@ -155,6 +155,7 @@ def install(p: Profile) -> Installed:
         p._grads_at_start = grad_bytes([prm for _, prm in tree.parameters])  # the step peak's (tracker only)
         p._memory = MemoryTracker(tree.device())
         p._memory.set_parameters([prm for _, prm in tree.parameters])
+        s.handles += p._memory.watch_grads(tree.parameters)
         p._details = LayerDetails(p.check_finite, mute=p._mute, memory=p._memory)
     # Per-module hooks: ours run first before the module and last after it (after any user hook that replaces the
     # output), so shapes and finite-checks see what the module really hands downstream.

@@ -7,9 +7,15 @@ rank holds them and as compute needs them, the all-gather and reduce-scatter buf
 - ``optimizer_state``: the state tensors of the optimizers that stepped in the region (``Profile.add_optimizer``
   adds others) on the parameters' device (host-offloaded state left out), each storage once; None when no
   optimizer stepped.
+- ``optimizer_state_scalars``: the part of it in 0-dim tensors (step counters), which sharding does not divide.
 - ``activations_saved``: what the forward saved for backward (the root's ``saved_bytes``; layer details).
 - ``step_tracked_peak``: the peak of the bytes the step itself allocated (activations, temporaries, gradients it
   created; the capture's tracked live bytes, layer details).
+- ``step_tracked_peak_no_grads``: the same peak without the gradients the step created (activations and
+  temporaries: what FSDP / ZeRO sharding leaves whole, ``analysis.fsdp``); ``live_no_grads``: the same after each op
+  (None when the tracker's ops and the records differ); ``grads_created``: those gradients' bytes; ``grad_events``:
+  ``[op index, +bytes stored / -bytes freed, parameter name]`` of each; ``cast_events``: ``[op index, +bytes / -bytes]``
+  of the parameters' dtype casts (autocast's weight copies, saved for the backward).
 - ``step_peak``: the step's peak, steady state. On CUDA the allocator's bytes when the region started plus the
   tracked peak. Elsewhere (meta, CPU: no allocator statistics) what lives across steps -- parameters, buffers,
   optimizer state created before the step, gradients held from before it -- plus the tracked peak; inputs and
@@ -40,11 +46,12 @@ def grad_bytes(params: list[torch.Tensor]) -> int:
     return sum(_nbytes(p.grad) for p in params if isinstance(p.grad, torch.Tensor))
 
 
-def _optimizer_state(optimizers: list[Any], tracker: Any, device_type: str | None) -> tuple[int, int]:
-    """(all state bytes, the part that existed before the region) of ``optimizers`` on the parameters' device type
-    (state offloaded to the host is not this device's memory), each storage once."""
+def _optimizer_state(optimizers: list[Any], tracker: Any, device_type: str | None) -> tuple[int, int, int]:
+    """(all state bytes, the part that existed before the region, the part in scalars such as step counters) of
+    ``optimizers`` on the parameters' device type (state offloaded to the host is not this device's memory), each
+    storage once."""
     seen: set[int] = set()
-    total = before = 0
+    total = before = scalars = 0
     for opt in optimizers:
         for state in getattr(opt, "state", {}).values():
             for v in state.values() if isinstance(state, dict) else ():
@@ -62,9 +69,10 @@ def _optimizer_state(optimizers: list[Any], tracker: Any, device_type: str | Non
                 seen.add(key)
                 n = _nbytes(v)
                 total += n
+                scalars += n if lt.dim() == 0 else 0
                 if tracker is None or not tracker.tracks(lt):
                     before += n
-    return total, before
+    return total, before, scalars
 
 
 def memory_categories(model: torch.nn.Module, ops: list[Any], layers: dict[str, Any],
@@ -78,14 +86,21 @@ def memory_categories(model: torch.nn.Module, ops: list[Any], layers: dict[str, 
         "grads": grad_bytes(params),
     }
     device_type = _local(params[0]).device.type if params else None
-    opt_total, opt_before = _optimizer_state(optimizers, tracker, device_type)
+    opt_total, opt_before, opt_scalars = _optimizer_state(optimizers, tracker, device_type)
     out["optimizer_state"] = opt_total if optimizers else None
+    out["optimizer_state_scalars"] = opt_scalars if optimizers else None  # not divided by sharding
     root = layers.get("")
     out["activations_saved"] = (getattr(root, "saved_bytes", 0) or None) if root is not None else None
     out["step_tracked_peak"] = out["step_peak"] = out["step_peak_basis"] = None
     if tracker is not None:
         peak = tracker.peak()
         out["step_tracked_peak"] = peak
+        live = tracker.live_without_grads()
+        out["step_tracked_peak_no_grads"] = max(live, default=0)
+        out["live_no_grads"] = live if len(live) == len(ops) else None  # per op (``analysis.fsdp``'s timeline)
+        out["grads_created"] = tracker.grads_created()
+        out["grad_events"] = [list(e) for e in tracker.grad_events] if out["live_no_grads"] is not None else None
+        out["cast_events"] = [list(e) for e in tracker.cast_events] if out["live_no_grads"] is not None else None
         if tracker.at_start is not None:
             out["step_peak"] = tracker.at_start + peak
             out["step_peak_basis"] = "the allocator's bytes at the step's start + the step's tracked peak"
