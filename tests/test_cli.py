@@ -166,6 +166,24 @@ def test_analyze_a_whole_training_step(capsys: pytest.CaptureFixture[str], tmp_p
     assert "needs backward=True" in capsys.readouterr().err
 
 
+def test_analyze_fsdp_what_if_and_its_report(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_json = tmp_path / "fsdp.json"
+    assert main(["analyze", "tscope_callbacks.demo.model:TinyGPT", "--input-shape", "8,64", "--gpu", "h100",
+                 "--precision", "bf16-mixed", "--backward", "--optimizer", "adamw", "--fsdp", "4",
+                 "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    # demo TinyGPT (vocab 512, d 128, seq 64, 2 blocks): 2 blocks + the root gathered forward, the blocks again in
+    # backward: 5 all-gathers; 3 reduce-scatters
+    assert "### FSDP over 4 GPUs (what-if, per GPU)" in out and "2 x Block + the root" in out
+    assert "all-gather ×5" in out and "reduce-scatter ×3" in out and "gathered in bfloat16" in out
+    # the what-if travels with the profile: `tscope report` shows it again
+    assert main(["report", str(out_json)]) == 0
+    assert "### FSDP over 4 GPUs" in capsys.readouterr().out
+    assert main(["analyze", "tscope_callbacks.demo.model:TinyGPT", "--input-shape", "8,64", "--gpu", "h100",
+                 "--backward", "--fsdp", "4", "--fsdp-units", "NoSuchBlock"]) == 2
+    assert "no module of class 'NoSuchBlock'" in capsys.readouterr().err
+
+
 def test_analyze_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["analyze", "cli_models:SmallConvNet", "--input-shape", "2,3,8,8", "--gpu", "NVIDIA L40X"]) == 2
     assert "Closest known names" in capsys.readouterr().err

@@ -40,6 +40,7 @@ _EXPORTS = {
     "roofline": "api",
     "RooflineReport": "render.report",
     "analyze_model": "api",
+    "fsdp_whatif": "analysis.fsdp",
     "ElemCountAnalysis": "compat.elemcount",
     # callbacks (import Lightning)
     "RooflineCallback": "callbacks.roofline_cb",

@@ -152,6 +152,8 @@ def analyze_model(
     top: int = 20,
     attention_backend: str | None = None,
     optimizer: Any = None,
+    fsdp: int | None = None,
+    fsdp_units: Any = None,
 ):
     """Count FLOPs/bytes of ``model`` on ``input_shape`` and place every op on ``gpu``'s roofline.
 
@@ -171,7 +173,16 @@ def analyze_model(
     training step: "adamw", "adam", "sgd" (PyTorch's foreach path, its GPU default), "adamw-fused", "adam-fused",
     "sgd-fused", or a factory ``lambda params: torch.optim.AdamW(params, ...)`` (run as given: on meta PyTorch's
     defaults pick the per-tensor loop, so pass ``foreach=True`` for what a GPU runs).
+
+    ``fsdp=N``: also what FSDP2 over N GPUs would do to this step, per GPU (``analysis.fsdp.fsdp_whatif``: memory,
+    collectives, exposed communication, step time), in ``report.meta["fsdp_whatif"]`` and the report's FSDP section.
+    Units: ``fsdp_units`` (module paths or a class name; default the repeated blocks). Under "-mixed" precision the
+    parameters are gathered at the low dtype and gradients reduced in fp32 (torchtitan's policy).
     """
+    if fsdp is not None and (not isinstance(fsdp, int) or isinstance(fsdp, bool) or fsdp < 2):
+        raise ValueError(f"fsdp= is the number of GPUs to shard over (2 or more), got {fsdp!r}")
+    if fsdp is not None and not backward:
+        raise ValueError("fsdp= needs backward=True: the what-if is a training step (gradients are reduce-scattered)")
     prec = normalize_precision(precision)
     mixed = str(precision).strip().lower().endswith("-mixed")
     spec = get_device_spec(gpu)
@@ -183,6 +194,13 @@ def analyze_model(
         prof.meta["device_name"] = spec.name
     report = roofline(prof, spec, precision=prec)
     report.profile = prof
+    if fsdp is not None:
+        from tscope_callbacks.analysis.fsdp import fsdp_whatif
+
+        low = TORCH_DTYPES.get(prec) if mixed else None
+        w = fsdp_whatif(report, model, fsdp, units=fsdp_units, param_dtype=low,
+                        reduce_dtype=torch.float32 if mixed else None)
+        report.meta["fsdp_whatif"] = prof.meta["fsdp_whatif"] = w  # the profile carries it into saved files
     if print_report:
         print(report.to_markdown(top=top))
     return report

@@ -35,6 +35,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                          "sgd-fused"],
                    help="with --backward: add one optimizer update, so the estimate is a whole training step "
                         "(foreach, PyTorch's GPU default; -fused: the fused kernel)")
+    p.add_argument("--fsdp", type=int, default=None, metavar="N",
+                   help="with --backward: also what FSDP2 over N GPUs would do to this step, per GPU (memory, "
+                        "collectives, exposed communication, step time)")
+    p.add_argument("--fsdp-units", default=None,
+                   help="the modules fully_shard wraps: a class name (e.g. GPT2Block) or comma-separated module paths "
+                        "(default: the repeated blocks)")
     p.add_argument("--device", default="meta", help="meta (estimate only, default), cpu or cuda (also measure)")
     p.add_argument("--top", type=int, default=20, help="rows in the table (default 20)")
     p.add_argument("--plot", default=None, help="write the roofline plot PNG here")
@@ -92,6 +98,14 @@ def build_model(factory: Any, kwargs: dict, device: str) -> Any:
     return factory(**kwargs)
 
 
+def _units(text: str | None) -> Any:
+    """``--fsdp-units``: a class name, or comma-separated module paths."""
+    if not text:
+        return None
+    parts = [t.strip() for t in text.split(",") if t.strip()]
+    return parts[0] if len(parts) == 1 and "." not in parts[0] and not parts[0].isdigit() else parts
+
+
 def run(args: argparse.Namespace) -> int:
     from tscope_callbacks.devices.spec import UnknownDeviceError
 
@@ -102,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         dtypes = [None if d in (None, "float") else d for d in (args.input_dtype or [])]
         report = analyze_model(model, shapes, args.gpu, args.precision, input_dtypes=dtypes,
                                backward=args.backward, device=args.device,
-                               attention_backend=args.attention_backend, optimizer=args.optimizer)
+                               attention_backend=args.attention_backend, optimizer=args.optimizer,
+                               fsdp=args.fsdp, fsdp_units=_units(args.fsdp_units))
     except UnknownDeviceError as e:
         print(f"tscope analyze: {e}", file=sys.stderr)
         return 2

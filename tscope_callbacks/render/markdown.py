@@ -17,6 +17,7 @@ from tscope_callbacks.analysis.memory_fit import report_memory_fit
 from tscope_callbacks.analysis.model_summary import model_summary
 from tscope_callbacks.analysis.rows import Row
 from tscope_callbacks.analysis.summary import roofs_used
+from tscope_callbacks.render.fsdp import fsdp_lines
 
 __all__ = ["header_lines", "to_markdown", "to_csv", "to_dict", "to_console", "json_safe", "op_table", "COLUMNS", "columns", "compare_table",
            "opportunity_line"]
@@ -146,7 +147,8 @@ def memory_lines(report: Any) -> list[str]:
             line += f": {_p(fit['share'])} of the {cap}"
             if fit["verdict"] != "fits":
                 shard = (f"shard weights, gradients and optimizer state ({_n(fit['states'] / 2**20)} MiB: FSDP / "
-                         f"ZeRO-3 over {fit['shard_over']} or more GPUs), " if fit["shard_over"] else "")
+                         f"ZeRO-3 over {fit['shard_over']} or more GPUs; `fsdp={fit['shard_over']}` shows that step "
+                         "per GPU), " if fit["shard_over"] else "")
                 line += (f" -- **{fit['verdict']}**" + (" (the allocator needs headroom)" if fit["verdict"] == "tight"
                                                         else "")
                          + f". Fix: {shard}checkpoint activations (the step's own allocations peak at "
@@ -267,7 +269,7 @@ def to_markdown(report: Any, top: int = 20) -> str:
     lines += _md_table(["class", "ops", "GFLOPs", "MB", "roof ms"] + (["expected ms"] if exp else [])
                        + ["measured ms", "measured/roof"] + (["measured/expected"] if exp else []) + ["% of roof"],
                        cat_rows)
-    lines += comm_lines(report)
+    lines += comm_lines(report) + fsdp_lines(report)
     opps = report.opportunities(top=5)
     lines += ["", "### Opportunities" + (" (by predicted saving)" if report.timed or exp else " (by expected time)"),
               ""]
