@@ -56,6 +56,28 @@ def test_a_training_step_by_category_equals_memtracker(foreach):
     assert c["step_peak"] == ref  # torch's MemTracker, an independent accounting of the same step
 
 
+def test_gradients_freed_inside_the_step_leave_its_peak():
+    # Lightning's order: forward, zero_grad(set_to_none=True), backward, step. Last step's gradients count until
+    # zero_grad frees them; the peak (in the backward) comes after, so they are not in it, as MemTracker finds.
+    m = TinyGPT()
+    x, y = random_tokens(m.cfg, batch=4)
+    opt = torch.optim.AdamW(m.parameters(), foreach=True)
+
+    def step():
+        loss = m.loss(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    step()  # gradients and optimizer state exist when the measured step starts
+    ref = _memtracker_peak(m, opt, step)
+    with ts.profile(m, layer_details=True) as p:
+        step()
+    c = p.meta["memory_categories"]
+    assert c["grads"] == sum(q.numel() for q in m.parameters()) * 4
+    assert c["step_peak"] == ref
+
+
 def test_gradients_held_from_before_the_step_count_in_its_peak():
     m = TinyGPT()
     x, y = random_tokens(m.cfg, batch=4)

@@ -84,6 +84,9 @@ class MemoryTracker:
         #: (op index from which it applies, +bytes when a gradient the step created was stored / -bytes when freed,
         #: the parameter's name)
         self.grad_events: list[tuple[int, int, str]] = []
+        self._resized: dict[int, int] = {}  #: storage key -> bytes a tracked storage grew (+) or shrank (-) by resize_
+        self._held: dict[int, Any] = {}  #: weak references to storages that lived before the region (old gradients)
+        self.held_freed: list[tuple[int, int]] = []  #: (op index, bytes) when one of those was freed in the region
         self._casts: dict[int, int] = {}  #: storage key -> bytes of a parameter's dtype cast (autocast's weight copies)
         self.cast_events: list[tuple[int, int]] = []  #: (op index, +bytes made / -bytes freed) of those casts
 
@@ -92,12 +95,12 @@ class MemoryTracker:
         return max(self.live_after, default=0)
 
     def live_without_grads(self) -> list[int]:
-        """Per recorded op, the tracked live bytes after it without the gradients the step created: activations and
-        temporaries, what data-parallel sharding (FSDP / ZeRO) does not divide (gradients noted by ``on_grad``;
-        ``live_after`` holds them from the op that produced them to their release)."""
-        if not self.grad_events:
+        """Per recorded op, the tracked live bytes after it without the gradients: those the step created (noted by
+        ``on_grad``, from the op that produced them to their release) and those it freed from before (``watch_held``):
+        activations and temporaries, what data-parallel sharding (FSDP / ZeRO) does not divide."""
+        events = sorted([(i, n) for i, n, _ in self.grad_events] + [(i, -n) for i, n in self.held_freed])
+        if not events:
             return list(self.live_after)
-        events = sorted(self.grad_events, key=lambda e: e[0])
         g = j = 0
         out = []
         for i, v in enumerate(self.live_after):
@@ -124,6 +127,57 @@ class MemoryTracker:
         n = self._size(g.untyped_storage().nbytes())
         self._grads[key] = (n, name)
         self.grad_events.append((max(0, len(self.live_after) - 1), n, name))
+
+    def watch_held(self, tensors: list[torch.Tensor]) -> None:
+        """Storages that exist when the region starts and count in its baseline (gradients kept from the last step):
+        when one is freed inside the region (``zero_grad(set_to_none=True)`` after the forward, as Lightning runs
+        it) the live bytes drop by its size, so a peak after that point does not count it."""
+        for t in tensors:
+            try:
+                st = t.untyped_storage()
+                key = st._cdata
+                if key in self._held:
+                    continue
+                n = self._size(st.nbytes())
+
+                def cb(_: Any, n: int = n, key: int = key) -> None:
+                    self.live -= n
+                    self._held.pop(key, None)
+                    self.held_freed.append((len(self.live_after), n))
+
+                self._held[key] = weakref.ref(st, cb)
+            except (RuntimeError, NotImplementedError, TypeError):
+                pass
+
+    def watch_resizes(self) -> Any:
+        """Count in-place storage resizes (``UntypedStorage.resize_``, which no dispatch mode sees: FSDP2 frees and
+        re-allocates its unsharded parameters that way, as torch's ``MemTracker`` also patches) until the returned
+        handle's ``remove()``."""
+        orig = torch.UntypedStorage.resize_
+        tracker = self
+
+        def resize_(st: Any, size: int) -> Any:
+            old = st.nbytes()
+            out = orig(st, size)
+            try:
+                delta = tracker._size(st.nbytes()) - tracker._size(old)
+                if delta:
+                    tracker.live += delta
+                    key = st._cdata
+                    if key in tracker._storages:  # freed later at its new size
+                        tracker._resized[key] = tracker._resized.get(key, 0) + delta
+            except Exception:  # never let accounting break the user's resize
+                pass
+            return out
+
+        torch.UntypedStorage.resize_ = resize_
+
+        class _Restore:
+            def remove(self) -> None:
+                if torch.UntypedStorage.resize_ is resize_:  # restore only our own patch (another may wrap it)
+                    torch.UntypedStorage.resize_ = orig
+
+        return _Restore()
 
     def on_cast(self, out: Any) -> None:
         """``out`` is a parameter cast to another dtype (autocast's weight copy, kept for the backward): noted from
@@ -163,7 +217,7 @@ class MemoryTracker:
 
     def _freed(self, key: int, nbytes: int) -> Callable[[Any], None]:
         def cb(_: Any) -> None:
-            self.live -= nbytes
+            self.live -= nbytes + self._resized.pop(key, 0)
             self._storages.pop(key, None)
             gone = self._grads.pop(key, None)
             if gone is not None:
@@ -292,5 +346,6 @@ class MemoryTracker:
     def close(self) -> None:
         """Stop tracking: drop the weak references (their callbacks never run again) and any open span."""
         self._open.clear()
+        self._held.clear()
         self._closed = set(self._storages)
         self._storages.clear()

@@ -156,6 +156,9 @@ def install(p: Profile) -> Installed:
         p._memory = MemoryTracker(tree.device())
         p._memory.set_parameters([prm for _, prm in tree.parameters])
         s.handles += p._memory.watch_grads(tree.parameters)
+        s.handles.append(p._memory.watch_resizes())
+        p._memory.watch_held([getattr(prm.grad, "_local_tensor", prm.grad) for _, prm in tree.parameters
+                              if isinstance(prm.grad, torch.Tensor)])
         p._details = LayerDetails(p.check_finite, mute=p._mute, memory=p._memory)
     # Per-module hooks: ours run first before the module and last after it (after any user hook that replaces the
     # output), so shapes and finite-checks see what the module really hands downstream.
