@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["div", "pct", "g"]
+__all__ = ["div", "pct", "g", "n"]
 
 
 def div(a: float | None, b: float | None) -> float | None:
@@ -23,3 +23,10 @@ def g(x: float | None) -> str:
     if x is None or not math.isfinite(x):
         return ""
     return f"{x:.0f}" if 1000 <= abs(x) < 1e5 else f"{x:.3g}"
+
+
+def n(x: float | None) -> str:
+    """4 significant figures; thousands without exponent ("70,540", "446.7", "0.01678"); "" when missing."""
+    if x is None or not math.isfinite(x):
+        return ""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"

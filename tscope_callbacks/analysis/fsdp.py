@@ -115,27 +115,22 @@ def fsdp_units(model: torch.nn.Module, n: int, *, units: Sequence[str] | str | N
         ps = groups[path]
         if not ps and path == "":
             continue
-        padded = local = padded_tr = local_b = local_g = gather = reduce = grad = own = 0
+        padded = padded_tr = local_b = local_g = gather = reduce = grad = own = 0
         for p in ps:
             pad, loc = _padded_rows(p, n)
             gdt = param_dtype or p.dtype
             padded += pad
-            local += loc
             local_b += loc * p.element_size()
-            gather += pad * _itemsize(gdt)
+            gather += pad * gdt.itemsize
             if p.requires_grad:
                 padded_tr += pad
                 local_g += loc * p.element_size()
-                reduce += pad * _itemsize(reduce_dtype or gdt)
-                grad += p.numel() * _itemsize(gdt)
+                reduce += pad * (reduce_dtype or gdt).itemsize
+                grad += p.numel() * gdt.itemsize
                 own += p.numel() * p.element_size()
         out.append(FsdpUnit(clean_path(path), type(mods[path]).__name__, sum(p.numel() for p in ps), padded,
                             padded_tr, local_b, local_g, gather, reduce, grad, own))
     return out
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype, device="meta").element_size()
 
 
 def simulate_step(fwd: Sequence[float], bwd: Sequence[float], ag: Sequence[float], rs: Sequence[float], *,
@@ -229,8 +224,8 @@ def fsdp_whatif(report: Any, model: torch.nn.Module, n: int, *, units: Sequence[
     for o in report.op_roofs:
         r = o.record
         s = (o.measured_s or 0.0) if measured else o.expected_s
-        phase = "backward" if r.phase == "recompute" else r.phase
-        per[(unit_of(r.layer, paths), phase)] = per.get((unit_of(r.layer, paths), phase), 0.0) + s
+        key = (unit_of(r.layer, paths), "backward" if r.phase == "recompute" else r.phase)
+        per[key] = per.get(key, 0.0) + s
     opt_s = per.get(("", "optimizer"), 0.0) + sum(per.get((p, "optimizer"), 0.0) for p in paths)
     sim = simulate_step([per.get((p, "forward"), 0.0) for p in paths], [per.get((p, "backward"), 0.0) for p in paths],
                         [t(u.gather_bytes) for u in blocks], [t(u.reduce_bytes) for u in blocks],

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tscope_callbacks.analysis.memory_fit import report_capacity, verdict
+
 __all__ = ["FsdpUnit", "fsdp_memory", "unit_of"]
 
 
@@ -64,10 +66,10 @@ def fsdp_memory(report: Any, us: list[FsdpUnit], share: float, reshard: bool, tw
     }
     live = mc.get("live_no_grads")
     ops = report.op_roofs
-    acts = mc.get("step_tracked_peak_no_grads", mc.get("step_tracked_peak"))
     if live and len(live) == len(ops):
         mem.update(_peak_walk(ops, live, mc, us, share, reshard, drop_casts))
     else:
+        acts = mc.get("step_tracked_peak_no_grads", mc.get("step_tracked_peak"))
         gmax = max((u.gather_bytes for u in blocks), default=0)
         mem.update(activations=None if acts is None else int(acts),
                    gathered_params=r_gather + (sum(u.gather_bytes for u in blocks) if not reshard
@@ -77,11 +79,9 @@ def fsdp_memory(report: Any, us: list[FsdpUnit], share: float, reshard: bool, tw
     mem["peak"] = (sum(int(mem[k] or 0) for k in ("params", "grads", "optimizer_state", "buffers", "activations",
                                                   "gathered_params", "unsharded_grads"))
                    if mem["activations"] is not None else None)
-    cap = None if report.meta.get("what_if") else getattr(report.spec, "memory_bytes", None)
-    mem["capacity"] = cap
+    cap = mem["capacity"] = report_capacity(report)
     mem["share"] = mem["peak"] / cap if cap and mem["peak"] else None
-    mem["verdict"] = (None if mem["share"] is None else "fits" if mem["share"] <= 0.9 else "tight"
-                      if mem["share"] <= 1.0 else "does not fit")
+    mem["verdict"] = verdict(mem["peak"], cap) if mem["share"] is not None else None
     return mem
 
 

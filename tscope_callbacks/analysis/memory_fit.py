@@ -11,9 +11,20 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["memory_fit", "report_memory_fit", "TIGHT"]
+__all__ = ["memory_fit", "report_memory_fit", "report_capacity", "verdict", "TIGHT"]
 
 TIGHT = 0.9  #: a peak above this share of the device leaves the allocator little room
+
+
+def verdict(peak: int, capacity: int) -> str:
+    """"fits" (within ``TIGHT`` of the device), "tight" (within the device) or "does not fit"."""
+    return "fits" if peak <= TIGHT * capacity else "tight" if peak <= capacity else "does not fit"
+
+
+def report_capacity(report: Any) -> int | None:
+    """The memory a report's step is checked against: its device's; None for a what-if (the step ran on another
+    device than the roofs')."""
+    return None if report.meta.get("what_if") else getattr(report.spec, "memory_bytes", None)
 
 
 def memory_fit(mc: dict[str, Any] | None, capacity: int | None) -> dict[str, Any] | None:
@@ -34,7 +45,7 @@ def memory_fit(mc: dict[str, Any] | None, capacity: int | None) -> dict[str, Any
     if not capacity:
         return out
     out["share"] = peak / capacity
-    out["verdict"] = "fits" if peak <= TIGHT * capacity else "tight" if peak <= capacity else "does not fit"
+    out["verdict"] = verdict(peak, capacity)
     room = TIGHT * capacity - out["rest"]
     if out["verdict"] != "fits" and room > 0 and states:
         out["shard_over"] = max(2, math.ceil(states / room))
@@ -42,7 +53,5 @@ def memory_fit(mc: dict[str, Any] | None, capacity: int | None) -> dict[str, Any
 
 
 def report_memory_fit(report: Any) -> dict[str, Any] | None:
-    """:func:`memory_fit` of a report's step against its device's memory; no capacity for a what-if (the step ran on
-    another device than the roofs')."""
-    capacity = None if report.meta.get("what_if") else getattr(report.spec, "memory_bytes", None)
-    return memory_fit(report.meta.get("memory_categories"), capacity)
+    """:func:`memory_fit` of a report's step against :func:`report_capacity`."""
+    return memory_fit(report.meta.get("memory_categories"), report_capacity(report))

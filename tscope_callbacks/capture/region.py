@@ -30,7 +30,7 @@ from tscope_callbacks.capture.eager import EagerStance
 from tscope_callbacks.capture.layers import LayerDetails, build_layers
 from tscope_callbacks.capture.memory import MemoryTracker
 from tscope_callbacks.capture.paths import ModelTree, clean_path
-from tscope_callbacks.capture.step_memory import grad_bytes, memory_categories
+from tscope_callbacks.capture.step_memory import grad_bytes, local_tensor, memory_categories
 from tscope_callbacks.formulas.apply import count_op
 from tscope_callbacks.formulas.bytes import fresh_outputs, op_plan
 from tscope_callbacks.formulas.memo import CountCache
@@ -157,7 +157,7 @@ def install(p: Profile) -> Installed:
         p._memory.set_parameters([prm for _, prm in tree.parameters])
         s.handles += p._memory.watch_grads(tree.parameters)
         s.handles.append(p._memory.watch_resizes())
-        p._memory.watch_held([getattr(prm.grad, "_local_tensor", prm.grad) for _, prm in tree.parameters
+        p._memory.watch_held([local_tensor(prm.grad) for _, prm in tree.parameters
                               if isinstance(prm.grad, torch.Tensor)])
         p._details = LayerDetails(p.check_finite, mute=p._mute, memory=p._memory)
     # Per-module hooks: ours run first before the module and last after it (after any user hook that replaces the

@@ -28,16 +28,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["memory_categories", "grad_bytes"]
+__all__ = ["memory_categories", "grad_bytes", "local_tensor"]
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
     lt = getattr(t, "_local_tensor", None)
     return lt if isinstance(lt, torch.Tensor) else t
 
 
 def _nbytes(t: torch.Tensor) -> int:
-    t = _local(t)
+    t = local_tensor(t)
     return t.numel() * t.element_size()
 
 
@@ -57,7 +57,7 @@ def _optimizer_state(optimizers: list[Any], tracker: Any, device_type: str | Non
             for v in state.values() if isinstance(state, dict) else ():
                 if not isinstance(v, torch.Tensor):
                     continue
-                lt = _local(v)
+                lt = local_tensor(v)
                 if device_type is not None and lt.device.type != device_type and lt.dim() > 0:
                     continue  # offloaded (scalar step counters may live on the host either way: kept, 4 B each)
                 try:
@@ -85,7 +85,7 @@ def memory_categories(model: torch.nn.Module, ops: list[Any], layers: dict[str, 
         "buffers": sum(_nbytes(b) for b in model.buffers()),
         "grads": grad_bytes(params),
     }
-    device_type = _local(params[0]).device.type if params else None
+    device_type = local_tensor(params[0]).device.type if params else None
     opt_total, opt_before, opt_scalars = _optimizer_state(optimizers, tracker, device_type)
     out["optimizer_state"] = opt_total if optimizers else None
     out["optimizer_state_scalars"] = opt_scalars if optimizers else None  # not divided by sharding
@@ -112,7 +112,7 @@ def memory_categories(model: torch.nn.Module, ops: list[Any], layers: dict[str, 
     gathers = [r.comm["bytes"] for r in ops if r.comm and r.comm.get("collective") == "all_gather"]
     scatters = [r.comm["bytes"] for r in ops if r.comm and r.comm.get("collective") == "reduce_scatter"]
     if sharded or gathers or scatters:
-        item = lambda t: _local(t).element_size()  # noqa: E731
+        item = lambda t: local_tensor(t).element_size()  # noqa: E731
         out.update({
             "sharded_params": out["params"],
             "unsharded_params": sum(p.numel() * item(p) for p in params),  # DTensor numel: the global one

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+from tscope_callbacks.analysis.fmt import n
 
 __all__ = ["fsdp_lines"]
 
 
 def _mib(x: float | None) -> str:
-    if x is None or not math.isfinite(x):
-        return "n/a"
-    v = x / 2**20
-    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+    return "n/a" if x is None else n(x / 2**20)
 
 
 def _mb(x: float) -> str:
-    v = x / 1e6
-    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+    return n(x / 1e6)
 
 
 def _ms(x: float | None) -> str:

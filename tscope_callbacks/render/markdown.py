@@ -12,6 +12,7 @@ from typing import Any
 
 from tscope_callbacks.analysis.comm import comm_rows
 from tscope_callbacks.analysis.fmt import g as _g
+from tscope_callbacks.analysis.fmt import n as _n
 from tscope_callbacks.analysis.fmt import pct as _pct
 from tscope_callbacks.analysis.memory_fit import report_memory_fit
 from tscope_callbacks.analysis.model_summary import model_summary
@@ -27,13 +28,6 @@ def _f(x: float | None, spec: str = ".4g", scale: float = 1.0) -> str:
     if x is None or not math.isfinite(x):
         return ""
     return format(x * scale, spec)
-
-
-def _n(x: float | None) -> str:
-    """4 significant figures; thousands without exponent ("70,540", "446.7", "0.01678")."""
-    if x is None or not math.isfinite(x):
-        return ""
-    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
 
 
 def _p(x: float | None) -> str:
