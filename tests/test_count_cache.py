@@ -112,3 +112,34 @@ def test_profiles_share_the_cache_per_registry() -> None:
         model(x).sum().backward()
     assert count_cache(DEFAULT_REGISTRY).hits - hits == len(p2.ops)  # the second step: every op a hit
     assert [(r.op, r.flops, r.bytes) for r in p1.ops] == [(r.op, r.flops, r.bytes) for r in p2.ops]
+
+
+def test_views_are_keyed_by_shapes_and_dtypes_only() -> None:
+    # a view's count is its shapes, dtype and category: the cheap key must still tell dtypes and shapes apart
+    cache = CountCache()
+    f = torch.ops.aten.view.default
+    x32, x64 = torch.randn(4, 6), torch.randn(4, 6, dtype=torch.float64)
+    a = cache.count(f, (x32, [24]), {}, f(x32, [24]))
+    b = cache.count(f, (x64, [24]), {}, f(x64, [24]))
+    c = cache.count(f, (x32, [6, 4]), {}, f(x32, [6, 4]))
+    assert (a.dtype, b.dtype) == ("float32", "float64") and c.output_shapes == [[6, 4]]
+    assert cache.misses == 3 and cache.hits == 0
+    y = torch.randn(4, 6)  # another tensor of the same shape and dtype: a hit, the same count
+    assert cache.count(f, (y, [24]), {}, f(y, [24])) is a and cache.hits == 1
+    assert a.flops == a.bytes_read == a.bytes_written == 0 and a.category == "view"
+
+
+def test_a_formula_added_later_is_not_hidden_by_the_memo() -> None:
+    # counts memoized before a registry change are dropped: the new formula applies to the next call
+    from tscope_callbacks.formulas import FormulaRegistry
+    from tscope_callbacks.formulas.registry import Formula
+
+    reg = FormulaRegistry()
+    cache = CountCache(reg)
+    f = torch.ops.aten.mul.Tensor
+    x = torch.randn(8)
+    before = cache.count(f, (x, x), {}, f(x, x))
+    assert before.counted is False  # an empty registry: no formula
+    reg.register("aten.mul", Formula(category="pointwise", flops=lambda *a, **k: 8))
+    after = cache.count(f, (x, x), {}, f(x, x))
+    assert after.counted is True and after.flops == 8 and after.category == "pointwise"

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from tscope_callbacks.formulas.apply import OpCount, count_op
+from tscope_callbacks.formulas.bytes import op_plan
 from tscope_callbacks.formulas.bytes import storage_id as _sid
 from tscope_callbacks.formulas.registry import DEFAULT_REGISTRY, FormulaRegistry
 
@@ -16,6 +17,7 @@ __all__ = ["CountCache", "value_dependent", "VALUE_DEPENDENT"]
 _Tensor = torch.Tensor
 _HASHABLE = (int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 _UNCACHEABLE = object()
+_SHAPES = object()
 #: float arguments enter the key only as zero / non-zero: formulas depend on no more (a weight decay, momentum or
 #: dropout probability that is 0 changes the count), while learning rates and bias corrections change every step
 _ZERO, _NONZERO = ("float", 0), ("float", 1)
@@ -48,16 +50,42 @@ class CountCache:
     identical calls: treat records as read-only.
     """
 
-    __slots__ = ("registry", "memo", "max_entries", "hits", "misses")
+    __slots__ = ("registry", "memo", "max_entries", "hits", "misses", "_kinds", "_version")
 
     def __init__(self, registry: FormulaRegistry = DEFAULT_REGISTRY, *, max_entries: int = 100_000) -> None:
         self.registry = registry
         self.memo: dict[Any, tuple[Any, OpCount]] = {}  #: signature -> (op, count)
         self.max_entries = max_entries
         self.hits = self.misses = 0
+        #: id(op) -> (op, registry version, key function or None when value-dependent)
+        self._kinds: dict[int, tuple[Any, int, Any]] = {}
+        self._version = getattr(registry, "_version", 0)
+
+    def _kind(self, func: Any) -> tuple[Any, int, Any]:
+        """How ``func``'s calls are keyed: not at all (value-dependent), by shapes and dtypes alone (a formula with
+        no FLOPs and zero bytes: views, metadata, uninitialised allocations; their count is shapes, dtype and
+        category), or by the full signature."""
+        version = getattr(self.registry, "_version", 0)
+        if version != self._version:  # a formula was added or replaced: counts memoized before may be stale
+            self.memo.clear()
+            self._kinds.clear()
+            self._version = version
+        if value_dependent(func):
+            keyer = None
+        else:
+            f = self.registry.lookup(func)
+            shapes_only = (f is not None and f.flops is None and f.bytes is None and f.category != "matmul"
+                           and (f.zero_bytes or op_plan(func).view))
+            keyer = _shape_key if shapes_only else _signature
+        k = self._kinds[id(func)] = (func, version, keyer)
+        return k
 
     def count(self, func: Any, args: tuple, kwargs: dict | None, out: Any) -> OpCount:
-        key = _UNCACHEABLE if value_dependent(func) else _signature(func, args, kwargs, out)
+        k = self._kinds.get(id(func))
+        if k is None or k[0] is not func or k[1] != self.registry._version:
+            k = self._kind(func)
+        keyer = k[2]
+        key = _UNCACHEABLE if keyer is None else keyer(func, args, kwargs, out)
         if key is not _UNCACHEABLE:
             hit = self.memo.get(key)
             if hit is not None and hit[0] is func:
@@ -117,6 +145,54 @@ def _signature(func: Any, args: tuple, kwargs: dict | None, out: Any) -> Any:
             add((out.shape, out.stride(), out.dtype, groups.get(sid(out), -1)))
         elif isinstance(out, (tuple, list)):
             add(_seq_key(out, groups, outputs=True))
+        else:
+            add(type(out))
+        return tuple(parts)
+    except (TypeError, RuntimeError, NotImplementedError, AttributeError):
+        return _UNCACHEABLE
+
+
+def _shape_key(func: Any, args: tuple, kwargs: dict | None, out: Any) -> Any:
+    """The memo key of a call whose count is its shapes, dtypes and category alone (see ``CountCache._kind``): the
+    op, then every tensor's shape and dtype in argument order, then the outputs'. A third of a transformer step's
+    ops (views, detach, transposes) take this path: two attribute reads per tensor instead of five."""
+    parts: list = [id(func), _SHAPES]  # the marker: never equal to a full signature of the same op
+    add = parts.append
+    T = _Tensor
+    try:
+        for a in args:
+            if isinstance(a, T):
+                add(a.shape)
+                add(a.dtype)
+            elif isinstance(a, (list, tuple)):
+                for t in a:
+                    if isinstance(t, T):
+                        add(t.shape)
+                        add(t.dtype)
+                    elif isinstance(t, (list, tuple)):
+                        return _signature(func, args, kwargs, out)
+                add(None)  # a list's end (its tensors are not the next arguments)
+        if kwargs:
+            for k, a in kwargs.items():
+                if isinstance(a, T):
+                    add(k)
+                    add(a.shape)
+                    add(a.dtype)
+                elif isinstance(a, (list, tuple)):
+                    return _signature(func, args, kwargs, out)
+        if isinstance(out, T):
+            add(out.shape)
+            add(out.dtype)
+        elif isinstance(out, (tuple, list)):
+            add(len(out))
+            for o in out:
+                if isinstance(o, T):
+                    add(o.shape)
+                    add(o.dtype)
+                elif isinstance(o, (list, tuple)):
+                    return _signature(func, args, kwargs, out)
+                else:
+                    add(None)
         else:
             add(type(out))
         return tuple(parts)
