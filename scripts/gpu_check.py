@@ -217,7 +217,8 @@ def nan_guard_check(w, device: str, cuda: bool) -> None:
     guard = ts.NaNGuardCallback()
     watch = SyncWatch(4, 12)
     probe = NormProbe()
-    fit_window(w, device, [guard, watch, probe], first=4, last=12)
+    hist = ts.WatchCallback("all", every_n_steps=4, update_ratio=True)
+    fit_window(w, device, [guard, watch, probe, hist], first=4, last=12)
     worst = 0.0
     for step, total, _ in guard._history.steps:
         want = float(probe.norms[step].square().sum().sqrt())
@@ -225,6 +226,14 @@ def nan_guard_check(w, device: str, cuda: bool) -> None:
     check("6. NaN guard: global gradient norm per checked step equals float64 norms (rel 1e-4)",
           bool(guard._history.steps) and worst <= 1e-4,
           f"{len(guard._history.steps)} steps, worst relative error {worst:.2e}")
+    grads = (hist.last or {}).get("gradients") or []
+    n = sum(1 for _ in probe.norms)
+    check("8. WatchCallback: every gradient histogrammed (all values binned), read without waiting, update ratios",
+          bool(grads) and all(sum(h.counts) == h.num and h.nonfinite == 0 for h in grads) and hist.host_waits <= 1
+          and bool((hist.last or {}).get("update_ratio")),
+          f"step {(hist.last or {}).get('step')}, {len(grads)} gradients, reads that waited {hist.host_waits} (the "
+          f"last one at the end of training may), update ratio total "
+          f"{(hist.last or {}).get('update_ratio', {}).get('total')}, {n} probed steps")
     if not cuda:
         check("6. NaN guard: no host sync on healthy steps", None, f"mode {guard.mode} on CPU (reads are free)")
         return

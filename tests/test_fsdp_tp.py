@@ -190,3 +190,65 @@ def test_callbacks_in_a_model_parallel_fit_and_nan_on_one_rank(tmp_path: Path):
     assert {e["pid"] for e in trace["traceEvents"]} == {0, 1}  # one process per rank
     ops = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op"]
     assert ops and {"External id", "Input Dims", "layer", "flops", "bytes", "bound"} <= set(ops[0]["args"])
+
+
+WATCH = """
+    import json, os, sys
+    import numpy as np
+    import torch
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.distributed.fsdp import fully_shard
+    from cb_utils import FAST
+    from models import TinyLM
+    import tscope_callbacks as ts
+
+    torch.set_num_threads(1)
+    out = sys.argv[1]
+
+    class Sharded(TinyLM):
+        def configure_model(self):
+            for b in self.model.blocks:
+                fully_shard(b, mesh=self.device_mesh["data_parallel"])
+            fully_shard(self.model, mesh=self.device_mesh["data_parallel"])
+
+    class Probe(Callback):  # the whole gradients and weights (all-gathered) at the watched step, and after it
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            if trainer.global_step == 2:
+                self.grads = {n: p.grad.full_tensor().double().numpy() for n, p in pl_module.named_parameters()}
+                self.before = {n: p.full_tensor().double() for n, p in pl_module.named_parameters()}
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == 3:
+                self.after = {n: p.full_tensor().double() for n, p in pl_module.named_parameters()}
+
+    probe, watch = Probe(), ts.WatchCallback(every_n_steps=2, bins=16, update_ratio=True, raise_errors=True)
+    trainer = pl.Trainer(strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), max_steps=3,
+                         default_root_dir=out, callbacks=[probe, watch], logger=False, **{**FAST, "devices": 2})
+    trainer.fit(Sharded(n_batches=8))
+    res = {"step": watch.last["step"], "bad": [], "ratios": {}}
+    for h in watch.last["gradients"]:
+        v = probe.grads[h.name].reshape(-1)
+        counts, edges = np.histogram(v, bins=16, range=(v.min(), v.max()))
+        if h.counts != counts.tolist() or h.num != v.size or not np.allclose(h.edges, edges, atol=1e-12):
+            res["bad"].append(h.name)
+    d, w = {}, {}
+    for n in probe.before:
+        layer = n.rpartition(".")[0]
+        d[layer] = d.get(layer, 0.0) + float((probe.after[n] - probe.before[n]).norm()) ** 2
+        w[layer] = w.get(layer, 0.0) + float(probe.after[n].norm()) ** 2
+    res["ratios"] = {k: [watch.last["update_ratio"][k], (d[k] / w[k]) ** 0.5] for k in d}
+    with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
+        json.dump(res, f)
+"""
+
+
+def test_watch_histograms_of_fsdp2_shards_are_the_whole_tensors(tmp_path: Path):
+    # each rank bins its shard over the range reduced across ranks; the summed counts equal numpy's histogram of
+    # the all-gathered gradient, and the update ratio equals the one computed from the all-gathered weights
+    import math
+
+    for res in run_ddp(tmp_path, WATCH, name="watch.py", timeout=240):
+        assert res["step"] == 2 and res["bad"] == []
+        assert res["ratios"] and all(math.isclose(a, b, rel_tol=1e-4) for a, b in res["ratios"].values())

@@ -15,6 +15,7 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tscope_callbacks.callbacks.sink_setup import build_sinks, resolve_log_dir
 from tscope_callbacks.callbacks.sinks import (
     CSVSink,
     FileSink,
@@ -22,8 +23,6 @@ from tscope_callbacks.callbacks.sinks import (
     Sink,
     SinkGroup,
     TensorBoardSink,
-    build_sinks,
-    resolve_log_dir,
     rows_to_markdown,
 )
 

@@ -46,6 +46,7 @@ _EXPORTS = {
     "RooflineCallback": "callbacks.roofline_cb",
     "LayerProfilerCallback": "callbacks.layers_cb",
     "NaNGuardCallback": "callbacks.nan_guard",
+    "WatchCallback": "callbacks.watch",
     "NonFiniteEvent": "analysis.nonfinite",
     "NonFiniteError": "analysis.nonfinite",
 }

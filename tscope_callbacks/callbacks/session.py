@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from tscope_callbacks.callbacks.sinks import NULL_SINK, Sink, build_sinks
+from tscope_callbacks.callbacks.sink_setup import build_sinks
+from tscope_callbacks.callbacks.sinks import NULL_SINK, Sink
 from tscope_callbacks.records import StepProfile
 
 __all__ = ["ProfileContext", "Capture", "batch_signature", "gather_floats", "gather_objects", "running", "set_running", "abort",

@@ -3,11 +3,13 @@
 ==================  =====================================================================================
 logger              what each call does
 ==================  =====================================================================================
-TensorBoardLogger   ``experiment.add_scalar`` / ``add_text`` (markdown; tables as markdown) / ``add_figure``
-WandbLogger         ``log_metrics``; text as ``wandb.Html`` (markdown rendered to HTML); ``log_table`` (a
+TensorBoardLogger   ``experiment.add_scalar`` / ``add_text`` (markdown; tables as markdown) / ``add_figure`` /
+                    ``add_histogram_raw`` (histograms computed on the device)
+WandbLogger         ``log_metrics``; text as ``wandb.Html`` (markdown rendered to HTML); histograms as
+                    ``wandb.Histogram(np_histogram=...)``; ``log_table`` (a
                     ``wandb.Table``); figures as ``wandb.Image``; scatter plots with ``wandb.plot.scatter``;
                     files (step JSON) in the run's own folder, uploaded with the run
-CSVLogger           ``log_metrics``; text (``.md``), tables (``.csv``) and figures (``.png``) as files in
+CSVLogger           ``log_metrics``; text (``.md``), tables and histograms (``.csv``) and figures (``.png``) in
                     ``<its log_dir>/tscope/``
 other loggers       ``log_metrics`` only (plus the file sink below for the rest)
 no logger           files under ``<default_root_dir>/tscope/``: ``metrics.csv``, ``.md``, ``.csv``, ``.png``
@@ -40,8 +42,6 @@ __all__ = [
     "FileSink",
     "MetricsSink",
     "SinkGroup",
-    "build_sinks",
-    "resolve_log_dir",
     "rows_to_markdown",
 ]
 
@@ -94,6 +94,9 @@ class Sink:
 
     def alert(self, key: str, title: str, text: str, step: int, wait_s: float = 0.0) -> None:
         """An alert: a text entry under ``key`` (TensorBoard, files) or a W&B ``run.alert``."""
+
+    def log_histograms(self, key: str, hists: Sequence[Any], step: int) -> None:
+        """Histograms (``analysis.histograms.Histogram``), each under ``<key>/<its name>``."""
 
     def write_json(self, name: str, obj: Any) -> Path | None:
         """A JSON file next to the run's logs (see :class:`SinkGroup`); None when nothing is written."""
@@ -150,6 +153,9 @@ class FileSink(Sink):
         with (self.directory / f"{_slug(key)}_alerts.md").open("a") as f:
             f.write(f"## step {step}: {title}\n\n{text}\n\n")
 
+    def log_histograms(self, key: str, hists: Sequence[Any], step: int) -> None:
+        self.log_table(key, [h.to_dict() for h in hists], step)  # one CSV per step: a row per tensor
+
     def log_table(self, key: str, rows: Sequence[Row], step: int) -> None:
         if not rows:
             return
@@ -195,6 +201,9 @@ class CSVSink(MetricsSink):
     def alert(self, key: str, title: str, text: str, step: int, wait_s: float = 0.0) -> None:
         self.files.alert(key, title, text, step)
 
+    def log_histograms(self, key: str, hists: Sequence[Any], step: int) -> None:
+        self.files.log_histograms(key, hists, step)
+
 
 class TensorBoardSink(Sink):
     """TensorBoardLogger: scalars, markdown text (tables rendered as markdown) and figures as images."""
@@ -219,6 +228,13 @@ class TensorBoardSink(Sink):
 
     def alert(self, key: str, title: str, text: str, step: int, wait_s: float = 0.0) -> None:
         self.logger.experiment.add_text(key, text, global_step=step)
+
+    def log_histograms(self, key: str, hists: Sequence[Any], step: int) -> None:
+        exp = self.logger.experiment
+        for h in hists:  # bucket limits are right edges; the first bucket starts at min
+            if h.num:
+                exp.add_histogram_raw(f"{key}/{h.name}", h.min, h.max, h.num, h.sum, h.sum_squares, h.edges[1:],
+                                      h.counts, global_step=step)
 
 
 class WandbSink(MetricsSink):
@@ -246,6 +262,13 @@ class WandbSink(MetricsSink):
         import wandb
 
         self.logger.experiment.alert(title=title, text=text, level=wandb.AlertLevel.WARN, wait_duration=wait_s)
+
+    def log_histograms(self, key: str, hists: Sequence[Any], step: int) -> None:
+        import wandb
+
+        data = {f"{key}/{h.name}": wandb.Histogram(np_histogram=(h.counts, h.edges)) for h in hists if h.num}
+        if data:
+            self.logger.log_metrics(data, step=step)
 
     def log_scatter(self, key: str, rows: Sequence[Row], x: str, y: str, step: int, title: str = "") -> None:
         import wandb
@@ -305,6 +328,9 @@ class SinkGroup(Sink):
     def log_scatter(self, key: str, rows: Sequence[Row], x: str, y: str, step: int, title: str = "") -> None:
         self._each("log_scatter", key, rows, x, y, step, title)
 
+    def log_histograms(self, key: str, hists: Sequence[Any], step: int) -> None:
+        self._each("log_histograms", key, hists, step)
+
     def alert(self, key: str, title: str, text: str, step: int, wait_s: float = 0.0) -> None:
         """Log a warning on logger ``tscope_callbacks`` and alert through every backend that has alerts."""
         log.warning("%s", text)
@@ -332,59 +358,3 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, (set, tuple)):
         return list(o)
     return str(o)
-
-
-def resolve_log_dir(trainer: Any) -> Path:
-    """Where this run's files go, without ``trainer.log_dir``'s collective ``broadcast`` (safe on one rank only):
-    TensorBoard/CSV: their versioned ``log_dir``; W&B: the run's own files folder (``run.dir``), so two runs never
-    share a folder and W&B uploads the files with the run; else the first logger's ``save_dir`` or the trainer's
-    ``default_root_dir``. The files land in ``<that>/tscope/``."""
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
-
-    loggers = list(getattr(trainer, "loggers", []) or [])
-    d: Any = None
-    if loggers:
-        first = loggers[0]
-        if isinstance(first, (TensorBoardLogger, CSVLogger)):
-            d = first.log_dir
-        elif isinstance(first, WandbLogger):
-            d = getattr(first.experiment, "dir", None) or first.save_dir
-        else:
-            d = getattr(first, "save_dir", None)
-    return Path(d if d is not None else trainer.default_root_dir)
-
-
-def build_sinks(trainer: Any, *, raise_errors: bool = False) -> SinkGroup:
-    """A :class:`SinkGroup` for ``trainer.loggers`` (call on rank zero only)."""
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
-
-    sinks: list[Sink] = []
-    has_files = False
-    for lg in getattr(trainer, "loggers", []) or []:
-        try:
-            if isinstance(lg, TensorBoardLogger):
-                sinks.append(TensorBoardSink(lg))
-                has_files = True
-            elif isinstance(lg, WandbLogger):
-                sinks.append(WandbSink(lg))
-                has_files = True
-            elif isinstance(lg, CSVLogger):
-                sinks.append(CSVSink(lg))
-                has_files = True
-            else:
-                sinks.append(MetricsSink(lg))
-        except Exception as e:
-            if raise_errors:
-                raise
-            log.warning("tscope: cannot log to %s (%s: %s); it is skipped", type(lg).__name__, type(e).__name__, e)
-    try:
-        log_dir = resolve_log_dir(trainer)
-    except Exception as e:
-        if raise_errors:
-            raise
-        log.warning("tscope: cannot resolve the log directory (%s); using default_root_dir", e)
-        log_dir = Path(trainer.default_root_dir)
-    if not has_files:
-        # no logger (or only ones without text/figure support): scalars too when no logger at all
-        sinks.append(FileSink(log_dir / "tscope", scalars=not sinks))
-    return SinkGroup(sinks, log_dir, raise_errors=raise_errors)
