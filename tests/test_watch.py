@@ -33,8 +33,16 @@ def _numpy_hist(t: torch.Tensor, bins: int) -> tuple[list[int], np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------------- histograms
-def test_histograms_equal_numpy_and_count_what_it_drops(monkeypatch):
+@pytest.mark.parametrize("device_path", [False, True])
+def test_histograms_equal_numpy_and_count_what_it_drops(monkeypatch, device_path):
+    # device_path: the GPU's sync-free masked passes on every chunk (on CPU clean chunks take a shorter path)
+    if device_path:
+        monkeypatch.setattr(H, "_reads_are_free", lambda device: False)
     torch.manual_seed(0)
+    clean = torch.randn(10_000)
+    (hc,) = H.histograms([("clean", clean)], bins=32)
+    assert hc.counts == _numpy_hist(clean, 32)[0] and (hc.num, hc.nan, hc.inf) == (10_000, 0, 0)
+    assert math.isclose(hc.std, clean.double().std(unbiased=False).item(), rel_tol=1e-9)
     x = torch.randn(10_000)
     x[[3, 50, 700]] = torch.tensor([NAN, INF, -INF])
     for chunk in (H.CHUNK, 1000, 333):  # one pass, and chunked passes with a ragged last chunk: the same counts
