@@ -108,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
         roof = ts.RooflineCallback(gpu="auto", start_step=10, every_n_steps=args.every)
         layers = ts.LayerProfilerCallback(start_step=10, every_n_steps=max(args.every, args.steps), depth=3)
         guard = ts.NaNGuardCallback(action="stop" if args.nan_at is not None else "warn")
-        callbacks: list[pl.Callback] = [roof, layers, guard]
+        watch = ts.WatchCallback("all", every_n_steps=50, update_ratio=True)  # histograms in TensorBoard
+        callbacks: list[pl.Callback] = [roof, layers, guard, watch]
         if args.nan_at is not None:
             callbacks.append(NaNInjector(args.nan_at))
         logger = _logger(args.logger, args.out)
