@@ -305,3 +305,31 @@ def test_test_and_predict_stages_by_batch_index(tmp_path: Path) -> None:
     assert_clean(model)
     files = {p.name for p in (tmp_path / "tscope").iterdir()}
     assert {"test_step_4.json", "predict_step_2.json", "roofline_test_table_step_2.md"} <= files
+
+
+def test_fsdp_whatif_option_adds_the_section_and_scalars(tmp_path: Path) -> None:
+    import csv
+
+    from tscope_callbacks.analysis.fsdp import fsdp_whatif
+
+    with pytest.raises(ValueError, match="fsdp_whatif must be a number of GPUs >= 2"):
+        ts.RooflineCallback(gpu=test_spec(), fsdp_whatif=1)
+    # a 600 GB/s (bidirectional) link, so the what-if also times the step (test_spec has none)
+    import dataclasses
+
+    spec = dataclasses.replace(test_spec(), interconnect={"nvlink": 6e11})
+    cb = ts.RooflineCallback(gpu=spec, plot=False, fsdp_whatif=4, **SCHED)
+    model = TinyLM()
+    trainer = _fit(tmp_path, [cb], max_steps=3, model=model, logger=CSVLogger(tmp_path, name="csv"))
+    w = cb.last_report.meta["fsdp_whatif"]
+    assert w["n"] == 4 and w["memory"]["peak"] and w["time"]["step_s"] > 0
+    # the callback's profile had the memory timeline (layer details): the same what-if recomputed agrees
+    again = fsdp_whatif(cb.last_report, model, 4)
+    assert again["memory"]["peak"] == w["memory"]["peak"]
+    assert 0 < w["memory"]["peak"] < cb.last_report.meta["memory_categories"]["step_peak"]  # sharding saves memory
+    log_dir = Path(trainer.logger.log_dir)
+    rows = list(csv.DictReader((log_dir / "metrics.csv").open()))
+    peak = [float(r["tscope/fsdp_whatif/peak_mb"]) for r in rows if r.get("tscope/fsdp_whatif/peak_mb")]
+    step_ms = [float(r["tscope/fsdp_whatif/step_ms"]) for r in rows if r.get("tscope/fsdp_whatif/step_ms")]
+    assert peak == [w["memory"]["peak"] / 2**20] and step_ms == [pytest.approx(w["time"]["step_s"] * 1e3)]
+    assert "### FSDP over 4 GPUs (what-if, per GPU)" in (log_dir / "tscope" / "roofline_table_step_1.md").read_text()

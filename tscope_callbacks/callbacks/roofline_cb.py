@@ -69,6 +69,10 @@ class RooflineCallback(ProfilingCallback):
             profile's counts (``ts.profile(replay=)``: no dispatch mode or hook in the step, so a profiled step costs
             about what the profiler's kernel tracing costs); a step whose kernels do not match is reported untimed
             and ends replays. False: every profile is a full capture.
+        fsdp_whatif: N (>= 2): predict each profiled step under FSDP2 over N GPUs (``ts.fsdp_whatif``: per-GPU
+            memory op by op, collectives, exposed communication, step time) into the report and as scalars
+            ``tscope/fsdp_whatif/{peak_mb, device_share, step_ms, exposed_comm_ms, mfu}``. Profiles then take layer
+            details (the memory timeline). For a model trained on one device; None: off.
         history: how many per-step summaries ``history`` keeps (records are never accumulated: only the last
             profile and report are kept).
         every_n_steps, start_step, max_profiles, profile_first, stages, raise_errors: see
@@ -107,7 +111,8 @@ class RooflineCallback(ProfilingCallback):
     def __init__(self, gpu: Any = "auto", precision: str | None = None, *, top: int = 20, plot: bool = True,
                  save_json: bool = True, save_trace: bool = False, auto_mfu: bool = True,
                  attention_flops: str = "attended",
-                 compare_eager: bool = True, replay: bool = True, history: int = 32, every_n_steps: int | None = 500, start_step: int = 10,
+                 compare_eager: bool = True, replay: bool = True, fsdp_whatif: int | None = None, history: int = 32,
+                 every_n_steps: int | None = 500, start_step: int = 10,
                  max_profiles: int | None = None, profile_first: bool = True,
                  stages: str | list[str] | tuple[str, ...] = ("train",), raise_errors: bool = False) -> None:
         super().__init__(every_n_steps=every_n_steps, start_step=start_step, max_profiles=max_profiles,
@@ -128,6 +133,10 @@ class RooflineCallback(ProfilingCallback):
         for name, val in (("top", top), ("history", history)):
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {val!r}")
+        if fsdp_whatif is not None and (isinstance(fsdp_whatif, bool) or not isinstance(fsdp_whatif, int)
+                                        or fsdp_whatif < 2):
+            raise ValueError(f"fsdp_whatif must be a number of GPUs >= 2, or None, got {fsdp_whatif!r}")
+        self.fsdp_whatif = fsdp_whatif
         if attention_flops not in ATTENTION_CONVENTIONS:
             raise ValueError(f"attention_flops must be one of {ATTENTION_CONVENTIONS}, got {attention_flops!r}")
         self.gpu, self.precision, self.top, self.plot = gpu, precision, top, plot
@@ -258,6 +267,7 @@ class RooflineCallback(ProfilingCallback):
     @override
     def _capture_options(self) -> dict[str, Any]:
         return {**super()._capture_options(), "replay": self.replay,
+                **({"layer_details": True} if self.fsdp_whatif else {}),
                 **({"compiled": "eager"} if self._eager_pending else {})}
 
     @override
@@ -277,6 +287,8 @@ class RooflineCallback(ProfilingCallback):
             except Exception as e:  # counts and times are still logged below
                 self._warn_once("the roofline analysis", e)
         self.last_profile, self.last_report = result, report
+        if report is not None and self.fsdp_whatif and ctx.stage == "train":  # before the table: it has a section
+            io.write_fsdp_whatif(self, trainer, pl_module, result, report, ctx)
         if ctx.stage == "train":
             self._count_flops(result, report, ctx)
         scalars = {metric_key("roofline", k, ctx.stage): v for k, v in self._scalars(result, report, ctx).items()}

@@ -76,6 +76,32 @@ def write_memory(sinks: Any, report: Any, ctx: Any) -> None:
         sinks.log_scalars({metric_key("memory", k, ctx.stage): v for k, v in vals.items()}, ctx.log_step)
 
 
+def write_fsdp_whatif(cb: Any, trainer: Any, pl_module: Any, result: Any, report: Any, ctx: Any) -> None:
+    """``fsdp_whatif=N``: the profiled step predicted under FSDP2 over N GPUs (``analysis.fsdp``), into the report
+    (its markdown section; the profile carries it into the step JSON) and as ``tscope/fsdp_whatif/*`` scalars. Under
+    "-mixed" precision parameters are gathered at the low dtype and gradients reduced in fp32 (as ``analyze_model``)."""
+    import torch
+
+    from tscope_callbacks.analysis.fsdp import fsdp_whatif
+
+    prec = str(getattr(trainer, "precision", ""))
+    low = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(prec)
+    try:
+        w = fsdp_whatif(report, pl_module, cb.fsdp_whatif, param_dtype=low,
+                        reduce_dtype=torch.float32 if low is not None else None)
+    except Exception as e:  # e.g. an already sharded model: said once, the rest of the report stands
+        cb._warn_once(f"the FSDP what-if over {cb.fsdp_whatif} GPUs", e)
+        return
+    report.meta["fsdp_whatif"] = result.meta["fsdp_whatif"] = w
+    mem, sim = w["memory"], w.get("time") or {}
+    vals = {"peak_mb": mem["peak"] / 2**20 if mem.get("peak") else None, "device_share": mem.get("share"),
+            "step_ms": sim["step_s"] * 1e3 if sim.get("step_s") else None,
+            "exposed_comm_ms": sim["exposed_s"] * 1e3 if sim.get("exposed_s") is not None else None,
+            "mfu": sim.get("mfu")}
+    cb.sinks(trainer).log_scalars({metric_key("fsdp_whatif", k, ctx.stage): v for k, v in vals.items()
+                                   if v is not None}, ctx.log_step)
+
+
 def gather_trace(cb: Any, trainer: Any, result: Any, ctx: Any) -> list[Any] | None:
     """Every rank's profile of this step (all ranks call this; scheduled steps only under several ranks)."""
     if trainer.world_size <= 1 or ctx.reason == "recount":
