@@ -126,9 +126,11 @@ def main() -> int:
                          f"{sum(h.nonfinite for h in hists):,} of {nonfinite:,} | {rt.total} | "
                          f"{statistics.median(times['tscope']) * 1e3:.2f} |")
         run.finish()
-    lines += ["", "Host reads: `.item()`, `bool()` of a tensor, `.tolist()` and `.cpu()` calls while the histograms "
-              "are built and read. Each waits for the device on a GPU; tscope's one read is the copy of the whole "
-              "batch, which `WatchCallback` issues non-blocking and reads when it has landed."]
+    lines += ["", "Host reads: `.item()`, `bool()` and `float()` of a tensor, `.tolist()` and `.cpu()` calls while the "
+              "histograms are built, counted on the path a GPU takes. Each waits for the device on a GPU; tscope's "
+              "one read is the copy of the whole batch, which `WatchCallback` issues non-blocking and reads when it "
+              "has landed. Times are CPU times of the histograms alone (median of alternating runs): for scale, not "
+              "the GPU cost, which is not measured yet."]
     text = "\n".join(lines)
     print(text)
     if args.write:
