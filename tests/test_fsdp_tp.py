@@ -125,7 +125,8 @@ def test_fsdp2_with_tensor_parallel(tmp_path: Path):
         assert not any("fsdp" in name.lower() for name in res["layers"])
 
 
-LIGHTNING = """
+#: a Lightning ModelParallelStrategy script's start: imports and TinyLM with FSDP2 on its blocks and root
+SHARDED_LM = """
     import json, os, sys
     import torch
     import lightning.pytorch as pl
@@ -143,6 +144,9 @@ LIGHTNING = """
             for b in self.model.blocks:
                 fully_shard(b, mesh=self.device_mesh["data_parallel"])
             fully_shard(self.model, mesh=self.device_mesh["data_parallel"])
+"""
+
+LIGHTNING = SHARDED_LM + """
 
     model = Sharded(n_batches=16)
     seen = {{}}
@@ -192,26 +196,9 @@ def test_callbacks_in_a_model_parallel_fit_and_nan_on_one_rank(tmp_path: Path):
     assert ops and {"External id", "Input Dims", "layer", "flops", "bytes", "bound"} <= set(ops[0]["args"])
 
 
-WATCH = """
-    import json, os, sys
+WATCH = SHARDED_LM + """
     import numpy as np
-    import torch
-    import lightning.pytorch as pl
     from lightning.pytorch.callbacks import Callback
-    from lightning.pytorch.strategies import ModelParallelStrategy
-    from torch.distributed.fsdp import fully_shard
-    from cb_utils import FAST
-    from models import TinyLM
-    import tscope_callbacks as ts
-
-    torch.set_num_threads(1)
-    out = sys.argv[1]
-
-    class Sharded(TinyLM):
-        def configure_model(self):
-            for b in self.model.blocks:
-                fully_shard(b, mesh=self.device_mesh["data_parallel"])
-            fully_shard(self.model, mesh=self.device_mesh["data_parallel"])
 
     class Probe(Callback):  # the whole gradients and weights (all-gathered) at the watched step, and after it
         def on_before_optimizer_step(self, trainer, pl_module, optimizer):

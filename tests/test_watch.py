@@ -67,6 +67,15 @@ def test_histograms_edge_cases():
     assert bf.counts == _numpy_hist(b16.float(), 4)[0] and sum(bf.counts) == 999  # bf16: binned as its fp32 values
 
 
+@pytest.mark.parametrize("device_path", [False, True])
+def test_float64_values_closer_than_float32_resolution_are_binned_exactly(monkeypatch, device_path):
+    if device_path:
+        monkeypatch.setattr(H, "_reads_are_free", lambda device: False)
+    x = 1.0 + torch.arange(16, dtype=torch.float64) * 1e-12  # all the same number in fp32
+    (h,) = H.histograms([("x", x)], bins=4)
+    assert h.min == 1.0 and h.max == x[-1].item() and h.counts == _numpy_hist(x, 4)[0] == [4, 4, 4, 4]
+
+
 def test_counts_past_float32_precision_are_exact(monkeypatch):
     # each chunk's fp32 counts are exact below 2**24; the sum is float64: a bin of 2**24 + 3 values is exact
     monkeypatch.setattr(H, "CHUNK", 1 << 22)

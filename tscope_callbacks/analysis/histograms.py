@@ -78,6 +78,11 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1)
 
 
+def _work(c: torch.Tensor) -> torch.Tensor:
+    """The dtype values are compared and binned in: float64 stays float64 (its min and max exact), the rest fp32."""
+    return c if c.dtype == torch.float64 else c.float()
+
+
 def _chunks(x: torch.Tensor) -> list[torch.Tensor]:
     n = x.numel()
     return [x] if n <= CHUNK else [x[i:i + CHUNK] for i in range(0, n, CHUNK)]
@@ -99,7 +104,7 @@ def device_stats(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         hi = torch.full((), -math.inf, dtype=torch.float64, device=x.device)
         acc = torch.zeros(5, dtype=torch.float64, device=x.device)  # finite, nan, inf, sum, sum of squares
         for c in _chunks(x):
-            c = c.float()
+            c = _work(c)
             if c.numel() and _reads_are_free(c.device):  # CPU: a clean chunk takes 4 passes, not 11
                 cl, ch = torch.aminmax(c)
                 if math.isfinite(cl) and math.isfinite(ch):
@@ -145,13 +150,13 @@ def device_counts(tensors: Sequence[torch.Tensor], stats: torch.Tensor, bins: in
         if _reads_are_free(x.device) and x.numel() and not stats[i, 3:5].any():  # CPU, all finite: histc alone
             lo, w = float(base[i]), float(span[i])
             for c in _chunks(x):
-                h += torch.histc(c.float(), bins=bins, min=lo, max=lo + w).double()
+                h += torch.histc(_work(c), bins=bins, min=lo, max=lo + w).double()
             rows.append(h.to(stats.device))
             continue
         for c in _chunks(x):
             # finite values map into [0, bins] (the min to exactly 0; the max to `bins`, clamped where rounding
             # overshoots: histc puts it in the last bin); NaN and Inf to -1, outside the range: histc skips them
-            u = ((c.float() - b) * scale).nan_to_num_(nan=-1.0, posinf=-1.0, neginf=-1.0).clamp_(max=bins)
+            u = ((_work(c) - b) * scale).nan_to_num_(nan=-1.0, posinf=-1.0, neginf=-1.0).clamp_(max=bins)
             h += torch.histc(u, bins=bins, min=0, max=bins).double()
         rows.append(h.to(stats.device))
     return torch.stack(rows) if rows else torch.zeros(0, bins, dtype=torch.float64, device=stats.device)

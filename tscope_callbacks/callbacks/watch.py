@@ -164,6 +164,9 @@ class WatchCallback(Callback):
         for kind in kinds:
             sel = [(n, p.grad if kind == "gradients" else p) for n, p in named]
             sel = [(n, t) for n, t in sel if t is not None]
+            if any(t.layout != torch.strided for _, t in sel):  # sparse gradients (sparse embeddings): left out
+                self._warn_once(f"{kind} histograms of sparse tensors", "not strided: left out")
+                sel = [(n, t) for n, t in sel if t.layout == torch.strided]
             if not sel:
                 continue
             ts = [t.detach() for _, t in sel]
