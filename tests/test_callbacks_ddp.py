@@ -23,14 +23,17 @@ SCRIPT = """
     out = sys.argv[1]
     roof = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=1, every_n_steps=2)
     lay = ts.LayerProfilerCallback(depth=2, start_step=1, every_n_steps=2)
+    watch = ts.WatchCallback(every_n_steps=2, update_ratio=True)
     flags = {**FAST, "devices": 2}
-    trainer = pl.Trainer(strategy="ddp", max_steps=4, default_root_dir=out, callbacks=[roof, lay],
+    trainer = pl.Trainer(strategy="ddp", max_steps=4, default_root_dir=out, callbacks=[roof, lay, watch],
                          logger=TensorBoardLogger(out, name="tb"), **flags)
     trainer.fit(TinyLM())
     rank = trainer.global_rank
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"steps": [h["step"] for h in roof.history],
-                   "times": roof.last_profile.meta["rank_step_times_s"], "layers": sorted(lay.last_layers)}, f)
+                   "times": roof.last_profile.meta["rank_step_times_s"], "layers": sorted(lay.last_layers),
+                   "watched": watch.last and [watch.last["step"], len(watch.last["gradients"]),
+                                              sorted(watch.last["update_ratio"])[:1]]}, f)
 """
 
 
@@ -41,6 +44,8 @@ def test_ddp_two_processes(tmp_path: Path) -> None:
     assert ranks[0]["steps"] == ranks[1]["steps"] == [1, 2]  # every rank profiled the same steps
     assert ranks[0]["times"] == ranks[1]["times"] and len(ranks[0]["times"]) == 2  # gathered from both ranks
     assert ranks[0]["layers"] == ranks[1]["layers"]
+    # replicated gradients: rank zero's histograms are every rank's; the other rank does no histogram work
+    assert ranks[0]["watched"][:2] == [2, 29] and ranks[1]["watched"] is None
 
     versions = sorted(p.name for p in (tmp_path / "tb").iterdir())
     assert versions == ["version_0"]  # one set of logs
@@ -50,6 +55,7 @@ def test_ddp_two_processes(tmp_path: Path) -> None:
     acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     scalars = acc.Tags()["scalars"]
+    assert len(acc.Tags()["histograms"]) == 29 and "tscope/update_ratio/total" in scalars  # one set of histograms
     assert {"tscope/roofline/step_ms_min", "tscope/roofline/step_ms_max", "tscope/roofline/mfu"} <= set(scalars)
     mins, maxs = acc.Scalars("tscope/roofline/step_ms_min"), acc.Scalars("tscope/roofline/step_ms_max")
     assert [e.step for e in mins] == [1, 2] and all(a.value <= b.value for a, b in zip(mins, maxs))

@@ -59,7 +59,8 @@ class WatchCallback(Callback):
     ``tscope/watch/nonfinite_grads`` (NaN + Inf gradient elements), ``tscope/watch/nonfinite/<parameter>`` (only for
     gradients that hold any: a histogram of nothing finite cannot be drawn), ``tscope/update_ratio/<layer>`` and
     ``tscope/update_ratio/total``. Attributes: ``last`` (the last logged step: ``{"step", "gradients",
-    "parameters", "update_ratio"}`` with lists of ``Histogram``), ``host_waits`` (reads that had to wait for the
+    "parameters", "update_ratio"}`` with lists of ``Histogram``; on rank zero only, unless parameters are sharded:
+    then every rank takes part), ``host_waits`` (reads that had to wait for the
     device: only at the end of training).
     """
 
@@ -156,6 +157,8 @@ class WatchCallback(Callback):
 
     def _launch(self, trainer: Any, optimizer: Any) -> None:
         named = self._params(trainer, optimizer)
+        if not trainer.is_global_zero and all(local_tensor(p) is p for _, p in named):
+            return  # replicated (DDP): rank zero's histograms are every rank's; no work, no copy elsewhere
         if self.update_ratio:
             self._snap = ([p for _, p in named], [local_tensor(p).detach().clone() for _, p in named],
                           [n for n, _ in named], trainer.global_step)
