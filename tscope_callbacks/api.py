@@ -195,11 +195,10 @@ def analyze_model(
     report = roofline(prof, spec, precision=prec)
     report.profile = prof
     if fsdp is not None:
-        from tscope_callbacks.analysis.fsdp import fsdp_whatif
+        from tscope_callbacks.analysis.fsdp import fsdp_whatif, mixed_policy
 
-        low = TORCH_DTYPES.get(prec) if mixed else None
-        w = fsdp_whatif(report, model, fsdp, units=fsdp_units, param_dtype=low,
-                        reduce_dtype=torch.float32 if mixed else None)
+        low, reduce = mixed_policy(precision)
+        w = fsdp_whatif(report, model, fsdp, units=fsdp_units, param_dtype=low, reduce_dtype=reduce)
         report.meta["fsdp_whatif"] = prof.meta["fsdp_whatif"] = w  # the profile carries it into saved files
     if print_report:
         print(report.to_markdown(top=top))

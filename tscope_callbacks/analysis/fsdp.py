@@ -42,8 +42,9 @@ import torch
 
 from tscope_callbacks.analysis.fsdp_memory import FsdpUnit, fsdp_memory, unit_of
 from tscope_callbacks.capture.paths import clean_path
+from tscope_callbacks.devices.precision import TORCH_DTYPES, normalize_precision
 
-__all__ = ["FsdpUnit", "auto_units", "fsdp_units", "fsdp_whatif", "simulate_step"]
+__all__ = ["FsdpUnit", "auto_units", "fsdp_units", "fsdp_whatif", "mixed_policy", "simulate_step"]
 
 LINK_EFFICIENCY = 0.8
 LATENCY_S = 20e-6
@@ -166,6 +167,15 @@ def simulate_step(fwd: Sequence[float], bwd: Sequence[float], ag: Sequence[float
     end = max(comm(comp, root_rs), comp) + after
     compute = sum(fwd) + sum(bwd) + root_fwd + root_bwd + after
     return {"step_s": end, "compute_s": compute, "exposed_s": max(0.0, end - compute)}
+
+
+def mixed_policy(precision: str) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """``(param_dtype, reduce_dtype)`` of the what-if for a precision: under "-mixed" (autocast over fp32 weights)
+    parameters are gathered at the low dtype and gradients reduced in fp32 (torchtitan's policy); otherwise
+    ``(None, None)``: every parameter at its own dtype."""
+    if not str(precision).strip().lower().endswith("-mixed"):
+        return None, None
+    return TORCH_DTYPES.get(normalize_precision(precision)), torch.float32
 
 
 def fsdp_whatif(report: Any, model: torch.nn.Module, n: int, *, units: Sequence[str] | str | None = None,

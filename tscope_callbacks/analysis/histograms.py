@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["Histogram", "CHUNK", "device_stats", "device_counts", "reduce_stats", "read_histograms",
+__all__ = ["Histogram", "CHUNK", "NSTAT", "device_stats", "device_counts", "reduce_stats", "read_histograms",
            "histograms"]
 
 CHUNK = 1 << 22  #: elements per pass: fp32 temporaries of 16 MiB, exact fp32 counts
-_NSTAT = 7  #: lo, hi, finite, nan, inf, sum, sum of squares
+NSTAT = 7  #: stats per tensor: lo, hi, finite, nan, inf, sum, sum of squares
 
 
 @dataclass
@@ -127,7 +127,7 @@ def device_stats(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def _range(stats: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _range(stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(left edge, width of the whole range) per row of ``stats``, on its device: [min, max] of the finite values; a
     constant tensor gets [v - 0.5, v + 0.5], one without finite values [-0.5, 0.5]."""
     lo, hi = stats[:, 0], stats[:, 1]
@@ -140,7 +140,7 @@ def _range(stats: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def device_counts(tensors: Sequence[torch.Tensor], stats: torch.Tensor, bins: int) -> torch.Tensor:
     """float64 [len(tensors), bins] on ``stats``' device: finite values per bin over each row's range."""
-    base, span = _range(stats, bins)
+    base, span = _range(stats)
     rows = []
     for i, t in enumerate(tensors):
         x = _flat(t)
@@ -174,9 +174,9 @@ def reduce_stats(stats: torch.Tensor, all_reduce: Any) -> torch.Tensor:
 
 def read_histograms(names: Sequence[str], stats: Any, counts: Any, bins: int) -> list[Histogram]:
     """Histograms from host copies (tensors or nested lists) of :func:`device_stats` and :func:`device_counts`."""
-    st = torch.as_tensor(stats, dtype=torch.float64).reshape(len(names), _NSTAT)
+    st = torch.as_tensor(stats, dtype=torch.float64).reshape(len(names), NSTAT)
     ct = torch.as_tensor(counts, dtype=torch.float64).reshape(len(names), bins)
-    base, span = _range(st, bins)
+    base, span = _range(st)
     out = []
     for i, name in enumerate(names):
         lo, hi, nf, nn, ni, s, ss = st[i].tolist()

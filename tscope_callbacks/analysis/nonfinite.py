@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from tscope_callbacks.capture.step_memory import local_tensor
+
 __all__ = ["NonFiniteEvent", "NonFiniteError", "LocateResult", "RankInfo", "FlagChannel", "count_nonfinite",
            "iter_tensors", "max_abs_finite", "merge_infos", "nonfinite_total", "per_tensor_norms", "rank_info",
            "read_now", "sync_points", "AlertLimiter"]
@@ -26,10 +28,7 @@ __all__ = ["NonFiniteEvent", "NonFiniteError", "LocateResult", "RankInfo", "Flag
 def local(t: Any) -> Any:
     """The rank's own shard of a distributed tensor (DTensor under FSDP2/TP: its local tensor), else ``t``: checks
     read local data only (no collective inside a check; the flag is all-reduced once by the caller)."""
-    if t is None:
-        return None
-    lt = getattr(t, "_local_tensor", None)
-    return lt if isinstance(lt, torch.Tensor) else t
+    return None if t is None else local_tensor(t)
 
 
 def grads_of(params: list) -> list:

@@ -80,15 +80,11 @@ def write_fsdp_whatif(cb: Any, trainer: Any, pl_module: Any, result: Any, report
     """``fsdp_whatif=N``: the profiled step predicted under FSDP2 over N GPUs (``analysis.fsdp``), into the report
     (its markdown section; the profile carries it into the step JSON) and as ``tscope/fsdp_whatif/*`` scalars. Under
     "-mixed" precision parameters are gathered at the low dtype and gradients reduced in fp32 (as ``analyze_model``)."""
-    import torch
+    from tscope_callbacks.analysis.fsdp import fsdp_whatif, mixed_policy
 
-    from tscope_callbacks.analysis.fsdp import fsdp_whatif
-
-    prec = str(getattr(trainer, "precision", ""))
-    low = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(prec)
     try:
-        w = fsdp_whatif(report, pl_module, cb.fsdp_whatif, param_dtype=low,
-                        reduce_dtype=torch.float32 if low is not None else None)
+        low, reduce = mixed_policy(str(getattr(trainer, "precision", "")))
+        w = fsdp_whatif(report, pl_module, cb.fsdp_whatif, param_dtype=low, reduce_dtype=reduce)
     except Exception as e:  # e.g. an already sharded model: said once, the rest of the report stands
         cb._warn_once(f"the FSDP what-if over {cb.fsdp_whatif} GPUs", e)
         return

@@ -30,8 +30,9 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from tscope_callbacks.analysis import histograms as H
+from tscope_callbacks.analysis.grad_history import global_norm, layer_norms
 from tscope_callbacks.callbacks.session import sinks_for
-from tscope_callbacks.callbacks.sinks import metric_key
+from tscope_callbacks.callbacks.sinks import METRIC_ROOT, metric_key
 from tscope_callbacks.capture.profile import paused
 from tscope_callbacks.capture.step_memory import local_tensor
 
@@ -159,9 +160,11 @@ class WatchCallback(Callback):
         named = self._params(trainer, optimizer)
         if not trainer.is_global_zero and all(local_tensor(p) is p for _, p in named):
             return  # replicated (DDP): rank zero's histograms are every rank's; no work, no copy elsewhere
+        # gradients and optimizer state are laid out as their parameters: one reduction rule for all of them
+        reduce = self._reducer(trainer, [p for _, p in named])
         if self.update_ratio:
             self._snap = ([p for _, p in named], [local_tensor(p).detach().clone() for _, p in named],
-                          [n for n, _ in named], trainer.global_step)
+                          [n for n, _ in named], trainer.global_step, reduce)
         kinds = ["gradients", "parameters"] if self.log_kind == "all" else [self.log_kind]
         parts, layout = [], []
         for kind in kinds:
@@ -175,7 +178,6 @@ class WatchCallback(Callback):
             ts = [t.detach() for _, t in sel]
             local = [local_tensor(t) for t in ts]
             stats = H.device_stats(local)
-            reduce = self._reducer(trainer, ts)
             if reduce is not None:
                 stats = H.reduce_stats(stats, reduce)
             counts = H.device_counts(local, stats, self.bins)
@@ -198,13 +200,12 @@ class WatchCallback(Callback):
         return {"host": host, "event": ev, "device": vec}  # the device copy lives until the copy is done
 
     def _ratios(self, trainer: Any) -> None:
-        params, before, names, step = self._snap  # type: ignore[misc]
+        params, before, names, step, reduce = self._snap  # type: ignore[misc]
         self._snap = None
         after = [local_tensor(p).detach() for p in params]
         diff = torch.stack(torch._foreach_norm(torch._foreach_sub(after, before), 2)).double().square()
         wsq = torch.stack(torch._foreach_norm(after, 2)).double().square()
         vec = torch.cat([diff, wsq])
-        reduce = self._reducer(trainer, list(params))
         if reduce is not None:
             reduce(vec, "sum")
         del before
@@ -237,8 +238,8 @@ class WatchCallback(Callback):
                 last["update_ratio"] = ratios
                 scalars.update({metric_key("update_ratio", k or "root"): v for k, v in ratios.items()})
                 continue
-            stats, counts = host[off:off + n * 7], host[off + n * 7:off + n * (7 + self.bins)]
-            off += n * (7 + self.bins)
+            stats, counts = host[off:off + n * H.NSTAT], host[off + n * H.NSTAT:off + n * (H.NSTAT + self.bins)]
+            off += n * (H.NSTAT + self.bins)
             hists = H.read_histograms(names, stats, counts, self.bins)
             last[kind] = hists
             if kind == "gradients":  # the total, and which tensors hold them (only those: bad steps only)
@@ -246,22 +247,18 @@ class WatchCallback(Callback):
                 scalars.update({metric_key("watch", f"nonfinite/{h.name}"): float(h.nonfinite) for h in hists
                                 if h.nonfinite})
             if trainer.is_global_zero:
-                sinks_for(trainer, self.raise_errors).log_histograms(f"tscope/{_AREA[kind]}", hists, step)
+                sinks_for(trainer, self.raise_errors).log_histograms(f"{METRIC_ROOT}/{_AREA[kind]}", hists, step)
         self.last = last
         if scalars and trainer.is_global_zero:
             sinks_for(trainer, self.raise_errors).log_scalars(scalars, step)
 
 
 def _layer_ratios(names: list[str], diff_sq: list[float], w_sq: list[float]) -> dict[str, float]:
-    """``||update|| / ||weights||`` per layer (the module path: a parameter's name without its last part), and over
+    """``||update|| / ||weights||`` per layer (the NaN guard's grouping: the module owning the parameters), and over
     all parameters as ``total``."""
-    d: dict[str, float] = {}
-    w: dict[str, float] = {}
-    for n, a, b in zip(names, diff_sq, w_sq):
-        layer = n.rpartition(".")[0]
-        d[layer] = d.get(layer, 0.0) + a
-        w[layer] = w.get(layer, 0.0) + b
-    out = {k: math.sqrt(d[k] / w[k]) if w[k] > 0 else math.inf for k in d}
-    tw = sum(w.values())
-    out["total"] = math.sqrt(sum(d.values()) / tw) if tw > 0 else math.inf
+    d_norms, w_norms = [math.sqrt(v) for v in diff_sq], [math.sqrt(v) for v in w_sq]
+    d, w = layer_norms(names, d_norms), layer_norms(names, w_norms)
+    out = {k: d[k] / w[k] if w[k] > 0 else math.inf for k in d}
+    tw = global_norm(w_norms)
+    out["total"] = global_norm(d_norms) / tw if tw > 0 else math.inf
     return out

@@ -10,7 +10,6 @@ times, builds the layer records and the metadata, including the step-time basis 
 from __future__ import annotations
 
 import logging
-import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +44,6 @@ __all__ = ["Installed", "install", "build_result", "base_meta", "count_cache", "
            "PAUSED_RANGE", "step_time"]
 
 log = logging.getLogger("tscope_callbacks")
-_perf_ns = time.perf_counter_ns
 
 _WARNED_COMPILED: set[tuple[str, tuple[str, ...]]] = set()
 _CACHES: weakref.WeakKeyDictionary[FormulaRegistry, CountCache] = weakref.WeakKeyDictionary()
@@ -267,12 +265,7 @@ class _Mode(TorchDispatchMode):
             return func(*args, **kwargs)
         seq = _get_sequence_nr()
         node = _current_node()
-        if p._timeline is None and p._timed:  # CPU timing, inlined (timed_call's CPU branch): the common case
-            t0 = p._op_t0 = _perf_ns()
-            out = func(*args, **kwargs)
-            dt = (_perf_ns() - t0) * 1e-9
-        else:
-            out, dt = timed_call(p, func, args, kwargs)
+        out, dt = timed_call(p, func, args, kwargs)
         try:
             p._record(func, args, kwargs, out, dt, seq, node)
         except Exception as e:  # our bookkeeping must never break the user's op
