@@ -266,3 +266,17 @@ def test_inside_a_profiled_step_the_watch_ops_are_not_the_users():
     assert captured and watch.last["step"] == 2
     ops = {r.op for r in captured[0].ops}
     assert "aten.histc" not in ops and "aten.linalg_vector_norm" not in ops
+
+
+def test_names_are_the_users_under_torch_compile():
+    # a compiled submodule's parameters are named without torch.compile's `_orig_mod` segment, as the NaN guard
+    # and the reports name them (the wrapper is not called here: nothing is compiled)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    module = torch.nn.Module()
+    module.net = torch.compile(net)
+    assert [n for n, _ in module.named_parameters()] == ["net._orig_mod.0.weight", "net._orig_mod.0.bias"]
+    watch = WatchCallback()
+    watch.on_fit_start(None, module)
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    assert [n for n, _ in watch._params(SimpleNamespace(lightning_module=module), opt)] == ["net.0.weight",
+                                                                                            "net.0.bias"]

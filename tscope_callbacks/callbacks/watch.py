@@ -33,6 +33,7 @@ from tscope_callbacks.analysis import histograms as H
 from tscope_callbacks.analysis.grad_history import global_norm, layer_norms
 from tscope_callbacks.callbacks.session import sinks_for
 from tscope_callbacks.callbacks.sinks import METRIC_ROOT, metric_key
+from tscope_callbacks.capture.paths import named_parameters
 from tscope_callbacks.capture.profile import paused
 from tscope_callbacks.capture.step_memory import local_tensor
 
@@ -87,7 +88,7 @@ class WatchCallback(Callback):
     # ---------------------------------------------------------------- hooks (never raise unless asked)
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._names = {id(p): n for n, p in pl_module.named_parameters()}
+        self._names = {id(p): n for n, p in named_parameters(pl_module)}
         self._pending, self._snap, self.last = [], None, None
 
     @override
@@ -133,7 +134,7 @@ class WatchCallback(Callback):
     def _params(self, trainer: Any, optimizer: Any) -> list[tuple[str, torch.Tensor]]:
         if any(id(p) not in self._names for g in optimizer.param_groups for p in g["params"]):
             module = trainer.lightning_module  # parameters replaced after fit start (sharding): read the names again
-            self._names = {id(p): n for n, p in module.named_parameters()} if module is not None else self._names
+            self._names = {id(p): n for n, p in named_parameters(module)} if module is not None else self._names
         out = []
         for g in optimizer.param_groups:
             for p in g["params"]:
