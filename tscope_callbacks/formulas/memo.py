@@ -57,19 +57,14 @@ class CountCache:
         self.memo: dict[Any, tuple[Any, OpCount]] = {}  #: signature -> (op, count)
         self.max_entries = max_entries
         self.hits = self.misses = 0
-        #: id(op) -> (op, registry version, key function or None when value-dependent)
-        self._kinds: dict[int, tuple[Any, int, Any]] = {}
-        self._version = getattr(registry, "_version", 0)
+        #: id(op) -> (op, key function or None when value-dependent), for the registry at version ``_version``
+        self._kinds: dict[int, tuple[Any, Any]] = {}
+        self._version = registry._version
 
-    def _kind(self, func: Any) -> tuple[Any, int, Any]:
+    def _kind(self, func: Any) -> tuple[Any, Any]:
         """How ``func``'s calls are keyed: not at all (value-dependent), by shapes and dtypes alone (a formula with
         no FLOPs and zero bytes: views, metadata, uninitialised allocations; their count is shapes, dtype and
         category), or by the full signature."""
-        version = getattr(self.registry, "_version", 0)
-        if version != self._version:  # a formula was added or replaced: counts memoized before may be stale
-            self.memo.clear()
-            self._kinds.clear()
-            self._version = version
         if value_dependent(func):
             keyer = None
         else:
@@ -77,14 +72,18 @@ class CountCache:
             shapes_only = (f is not None and f.flops is None and f.bytes is None and f.category != "matmul"
                            and (f.zero_bytes or op_plan(func).view))
             keyer = _shape_key if shapes_only else _signature
-        k = self._kinds[id(func)] = (func, version, keyer)
+        k = self._kinds[id(func)] = (func, keyer)
         return k
 
     def count(self, func: Any, args: tuple, kwargs: dict | None, out: Any) -> OpCount:
+        if self._version != self.registry._version:  # a formula was added or replaced: memoized counts may be stale
+            self.memo.clear()
+            self._kinds.clear()
+            self._version = self.registry._version
         k = self._kinds.get(id(func))
-        if k is None or k[0] is not func or k[1] != self.registry._version:
+        if k is None or k[0] is not func:
             k = self._kind(func)
-        keyer = k[2]
+        keyer = k[1]
         key = _UNCACHEABLE if keyer is None else keyer(func, args, kwargs, out)
         if key is not _UNCACHEABLE:
             hit = self.memo.get(key)
