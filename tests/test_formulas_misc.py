@@ -294,3 +294,24 @@ def test_sort_topk_median_glu():
     assert one(rec, "aten.topk").flops == 64 * 2  # ceil(log2(3 + 1)) = 2
     assert one(rec, "aten.median").flops == 64
     assert one(rec, "aten.glu").flops == 4 * 32  # a * sigmoid(b) per output element (4x8)
+
+
+def test_histograms_count_their_input_once():
+    """MoE routers count tokens per expert with ``histc`` (HF Mixtral, Qwen-MoE, OLMoE, GraniteMoE): it was the only
+    uncounted op of those models' steps."""
+    x = torch.rand(1000)
+    edges = torch.linspace(0, 1, 9)
+    ids = (x * 10).long()
+    rec = count(lambda: (torch.histc(x, bins=10), torch.histc(x, bins=10, min=0, max=1),
+                         torch.histogram(x, bins=5), torch.histogram(x, bins=5, range=(0.0, 1.0)),
+                         torch.histogram(x, edges), torch.bincount(ids)))
+    auto, fixed = only(rec, "aten.histc")
+    assert auto.flops == 1000 * 4  # min = max = 0: a min and a max per element for the range, then subtract, scale
+    assert fixed.flops == 1000 * 2  # subtract, scale
+    assert (fixed.bytes_read, fixed.bytes_written, fixed.category) == (1000 * 4, 10 * 4, "reduction")
+    h_auto, h_range, h_edges = only(rec, "aten.histogram")
+    assert (h_auto.flops, h_range.flops) == (1000 * 4, 1000 * 2)
+    assert h_edges.flops == 1000 * 4  # binary search over 9 edges: ceil(log2 9) = 4 comparisons per element
+    assert h_range.bytes_written == 5 * 4 + 6 * 4  # the counts and the 6 edges
+    b = one(rec, "aten.bincount")
+    assert (b.flops, b.bytes_read, b.counted) == (1000, 1000 * 8, True)  # one increment per int64 index

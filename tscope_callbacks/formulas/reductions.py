@@ -16,6 +16,13 @@
     sort argsort msort                                       ceil(log2 s)   (comparisons; s = size along dim)
     topk                                                     ceil(log2(k + 1))   (a k-heap per slice)
     median nanmedian kthvalue mode                           1           0   (selection)
+    histc histogram (bin count)                              2           0   (the bin: subtract, scale; +2 for the
+                                                                              data range when min = max = 0)
+    histogram (bin edges)                                    ceil(log2 e)   (binary search; e = number of edges)
+    bincount                                                 1           0   (the increment or weight add)
+
+Histograms are counted as reductions: each reads its input once and writes only the bins (MoE routers count tokens
+per expert with ``histc``).
 
 The binary ``max.other``/``min.other`` overloads are pointwise (pointwise.py).
 """
@@ -72,3 +79,25 @@ reg(["sort.default", "sort.stable", "sort.values", "sort.values_stable", "argsor
 reg(["msort"], "reduction", _msort)
 reg(["topk"], "reduction", _topk)
 reg(["median", "nanmedian", "kthvalue", "mode"], "reduction", reduction_flops(1))
+
+
+def _histc(x, bins=100, lo=0, hi=0, *args, out=None, **kwargs) -> int:
+    lo, hi = kwargs.get("min", lo), kwargs.get("max", hi)
+    auto = not lo and not hi  # min = max = 0: the range is the data's (one more pass: a min and a max per element)
+    return first_numel(x) * (4 if auto else 2)
+
+
+def _histogram_edges(x, edges, *args, out=None, **kwargs) -> int:
+    e = first_numel(edges)
+    return first_numel(x) * (ceil(log2(e)) if e > 1 else 1)
+
+
+def _histogram_bins(x, bins=100, *args, out=None, **kwargs) -> int:
+    rng = kwargs.get("range", args[0] if args else None)
+    return first_numel(x) * (2 if rng else 4)
+
+
+reg(["histc"], "reduction", _histc)
+reg(["histogram.bin_ct", "histogram.bin_ct_out"], "reduction", _histogram_bins)
+reg(["histogram.bins_tensor", "histogram.bins_tensor_out"], "reduction", _histogram_edges)
+reg(["bincount"], "reduction", reduction_flops(1))
