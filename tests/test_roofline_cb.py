@@ -17,6 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader
 
 import tscope_callbacks as ts
+from tscope_callbacks.analysis.model_summary import model_summary
 
 KEYS = ["mfu", "mbu", "achieved_tflops", "measured_step_ms", "estimated_step_ms", "compute_bound_time_frac",
         "memory_bound_time_frac", "flop_coverage"]
@@ -49,6 +50,13 @@ def test_tensorboard_outputs_schedule_and_auto_mfu(tmp_path: Path) -> None:
     assert mfu_steps == [1, 2, 3, 4, 5, 6, 7]
     assert all(e.value > 0 for e in acc.Scalars("tscope/roofline/mfu"))
     assert cb.last_mfu is not None and cb.last_mfu > 0
+    # throughput between profiles (Lightning's ThroughputMonitor's samples/s, plus tokens/s): the windows of the
+    # automatic MFU (the steps not profiled), 4 samples of 2-D int64 ids (4 x seq tokens) per step
+    ms = {e.step: e.value for e in acc.Scalars("tscope/roofline/step_ms")}
+    assert sorted(ms) == [2, 4, 5, 7]
+    for name, per_step in (("samples_per_s", 4), ("tokens_per_s", 4 * TINY_CFG.seq_len)):
+        got = {e.step: e.value for e in acc.Scalars(f"tscope/roofline/{name}")}
+        assert got == pytest.approx({k: per_step / (t / 1e3) for k, t in ms.items()}, rel=1e-6)
     assert any(t.startswith("tscope/roofline/table") for t in tags["tensors"])
     assert "tscope/roofline/plot" in tags["images"]
     assert [e.step for e in acc.Images("tscope/roofline/plot")] == [1, 3, 6]
@@ -72,6 +80,33 @@ def test_accumulation_covers_both_micro_batches_and_the_optimizer(tmp_path: Path
     assert all(r.layer.startswith("model") or r.layer == "" for r in prof.ops if r.phase == "optimizer")
     opt_ops = [r for r in prof.ops if r.phase == "optimizer"]
     assert opt_ops and opt_ops[-1].index > max(r.index for r in prof.ops if r.phase == "backward")
+
+
+class _SubmoduleLM(TinyLM):
+    """Calls ``self.model`` directly, as most LightningModules do: the LightningModule's own forward never runs."""
+
+    def compute_loss(self, batch) -> torch.Tensor:
+        x, y = batch
+        logits = self.model(x)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def test_throughput_from_the_batch_when_the_module_itself_is_never_called(tmp_path: Path) -> None:
+    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=1, every_n_steps=10)
+    layers = ts.LayerProfilerCallback(start_step=1, every_n_steps=10)  # layer details: the saved activations
+    _fit(tmp_path, [cb, layers], max_steps=4, accumulate_grad_batches=2, model=_SubmoduleLM())
+    prof, rep = cb.last_profile, cb.last_report
+    assert prof.meta["inputs"] == [[[4, TINY_CFG.seq_len], "int64"], [[4, TINY_CFG.seq_len], "int64"]]  # (x, y)
+    m = model_summary(rep)
+    step = rep.measured_step_s
+    assert m["batch"] == 8 and m["samples_per_s"] == pytest.approx(8 / step)  # 2 micro-batches of 4
+    assert m["tokens_per_s"] == pytest.approx(8 * TINY_CFG.seq_len / step)
+    root = prof.layers[""]
+    assert root.peak_fwd_bytes == 0 and root.saved_bytes > 0  # no forward of its own: what its children saved
+    assert m["activations_mb"] == pytest.approx(root.saved_bytes / 2 / 2**20)  # one micro-batch's: each backward
+    assert m["activations_source"] == "bytes saved for backward, mean of 2 micro-batches"  # frees its own
+    text = rep.to_markdown()
+    assert "per step of 2 micro-batches" in text and "tokens/s" in text
 
 
 class _ManualLM(TinyLM):

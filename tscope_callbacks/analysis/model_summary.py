@@ -7,7 +7,9 @@ root); activations from the peak of the forward above its start (layer details; 
 tensors' elsewhere), else the bytes the forward saved for backward (layer details), else unknown; MACs = FLOPs / 2 of the matrix classes
 (matmul, conv, attention: one multiply-add is 2 FLOPs); latency = the step-time basis of the report (measured or,
 untimed, the sum of expected kernel times) and the forward's share of it; samples = the first input's batch
-dimension, tokens = batch x sequence when the first input is 2-D integer ids.
+dimension, tokens = batch x sequence when the first input is 2-D integer ids (the model's inputs at its first call;
+in Lightning, whose training step rarely calls the LightningModule itself, the batch's tensors). Under gradient
+accumulation the latency and the samples are those of one optimizer step of all its micro-batches.
 """
 
 from __future__ import annotations
@@ -34,12 +36,16 @@ def model_summary(report: Any) -> dict[str, Any]:
         "macs_step": sum(r.model_flops for r in ops if r.category in MATRIX_CATEGORIES) // 2,
     }
     peak, saved = getattr(root, "peak_fwd_bytes", 0) or 0, getattr(root, "saved_bytes", 0) or 0
+    micro = int(report.meta.get("micro_batches") or 1)  # a step of gradient accumulation: each backward frees its own
+    out["micro_batches"] = micro
     if peak:
         src = ("allocator peak of the forward" if report.meta.get("device") == "cuda"
                else "peak of the forward's tensors")  # tracked live bytes: no allocator statistics off CUDA
         out["activations_mb"], out["activations_source"] = peak / 2**20, src
     elif saved:
-        out["activations_mb"], out["activations_source"] = saved / 2**20, "bytes saved for backward"
+        out["activations_mb"] = saved / micro / 2**20
+        out["activations_source"] = "bytes saved for backward" + (f", mean of {micro} micro-batches"
+                                                                  if micro > 1 else "")
     else:
         out["activations_mb"], out["activations_source"] = None, "needs layer details"
     step = report.measured_step_s if report.measured_step_s is not None else report.estimated_step_s
@@ -56,7 +62,6 @@ def model_summary(report: Any) -> dict[str, Any]:
         batch = shape[0]
         if len(shape) == 2 and "int" in str(dtype):
             seq = shape[1]
-    micro = int(report.meta.get("micro_batches") or 1)
     out["batch"] = batch * micro if batch else None
     out["samples_per_s"] = _div(out["batch"], step)
     out["tokens_per_s"] = _div(out["batch"] * seq, step) if out["batch"] and seq else None

@@ -51,7 +51,8 @@ class Window:
     time_s: float  #: device (CUDA events) or wall time of the window
     steps: int
     flops: float  #: model FLOPs of its steps
-    samples: int = 0
+    samples: int = 0  #: samples of its micro-batches (0: not counted)
+    tokens: int = 0  #: tokens of its micro-batches (0: not counted)
 
 
 class Throughput:
@@ -72,8 +73,8 @@ class Throughput:
         self.windows.clear()
 
     def compute(self) -> dict[str, float]:
-        """Bare keys: ``achieved_tflops``, ``step_ms``, ``mfu`` (with a peak), ``samples_per_s`` (when counted), for
-        the last window; ``*_avg`` over the kept windows."""
+        """Bare keys: ``achieved_tflops``, ``step_ms``, ``mfu`` (with a peak), ``samples_per_s`` and ``tokens_per_s``
+        (when counted), for the last window; ``*_avg`` over the kept windows."""
         if not self.windows:
             return {}
         out: dict[str, float] = {}
@@ -87,4 +88,7 @@ class Throughput:
             samples = sum(w.samples for w in ws)
             if samples:
                 out["samples_per_s" + suffix] = samples / t
+            tokens = sum(w.tokens for w in ws)
+            if tokens:
+                out["tokens_per_s" + suffix] = tokens / t
         return out

@@ -145,7 +145,9 @@ class ProfilingCallback(Callback):
         except Exception as e:
             prof = None
             self._warn_once(f"starting the profile of {stage} step {step}", e)
-        session.set_running(Capture(trainer, stage, step, members, prof, sig, reason, scheduled, key))
+        cap = Capture(trainer, stage, step, members, prof, sig, reason, scheduled, key)
+        cap.inputs = session.signature_inputs(sig or batch_signature(batch))
+        session.set_running(cap)
 
     def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Stop the running capture, gather per-rank step times (all ranks, same steps), hand out the records."""
@@ -173,6 +175,8 @@ class ProfilingCallback(Callback):
                 self._warn_once("gathering step times across ranks", e)
         if result is None:
             return
+        if not result.meta.get("inputs") and s.inputs:  # the LightningModule itself was never called: the batch's
+            result.meta["inputs"] = s.inputs
         result.meta["rank_step_times_s"] = times
         if s.scheduled and trainer.world_size > 1:
             self._gather_comm(trainer, result)

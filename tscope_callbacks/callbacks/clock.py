@@ -95,6 +95,7 @@ class PendingWindow:
     flops: float = 0.0
     steps: int = 0
     samples: int = 0
+    tokens: int = 0
     dirty: bool = False
     end_step: int = -1
     end: Stamp | None = field(default=None)
@@ -116,11 +117,17 @@ class WindowTimer:
             self.closed.append(self.current)
         self.current = PendingWindow(step, stamp)
 
-    def add(self, flops: float, samples: int = 0) -> None:
+    def add(self, flops: float) -> None:
+        """One optimizer step of ``flops`` model FLOPs in the running window."""
         if self.current is not None:
             self.current.flops += flops
             self.current.steps += 1
+
+    def add_samples(self, samples: int, tokens: int = 0) -> None:
+        """One micro-batch of ``samples`` (and ``tokens``) in the running window."""
+        if self.current is not None:
             self.current.samples += samples
+            self.current.tokens += tokens
 
     def mark_dirty(self) -> None:
         if self.current is not None:

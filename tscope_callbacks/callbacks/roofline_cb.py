@@ -14,7 +14,7 @@ from tscope_callbacks.callbacks import roofline_io as io
 from tscope_callbacks.callbacks import session
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
 from tscope_callbacks.callbacks.clock import StepClock, WindowTimer
-from tscope_callbacks.callbacks.session import batch_signature
+from tscope_callbacks.callbacks.session import batch_signature, batch_size
 from tscope_callbacks.callbacks.sinks import metric_key
 from tscope_callbacks.devices.spec import DeviceSpec
 from tscope_callbacks.records import StepProfile
@@ -73,8 +73,7 @@ class RooflineCallback(ProfilingCallback):
             memory op by op, collectives, exposed communication, step time) into the report and as scalars
             ``tscope/fsdp_whatif/{peak_mb, device_share, step_ms, exposed_comm_ms, mfu}``. Profiles then take layer
             details (the memory timeline). For a model trained on one device; None: off.
-        history: how many per-step summaries ``history`` keeps (records are never accumulated: only the last
-            profile and report are kept).
+        history: how many per-step summaries ``history`` keeps (only the last profile and report are kept whole).
         every_n_steps, start_step, max_profiles, profile_first, stages, raise_errors: see
             :class:`~tscope_callbacks.callbacks.base.ProfilingCallback`.
 
@@ -87,9 +86,9 @@ class RooflineCallback(ProfilingCallback):
       ``mfu`` excludes both) when it differs from ``mfu``;
       with several ranks also ``tscope/roofline/step_ms_min``, ``tscope/roofline/step_ms_max`` (the step time
       basis across ranks);
-    - scalars ``tscope/roofline/mfu``, ``tscope/roofline/achieved_tflops`` and ``tscope/roofline/step_ms`` on logging
-      steps between profiles (automatic MFU; ``mfu`` only with a device roof). ``mfu`` has one meaning in both:
-      model FLOPs over the real step time;
+    - scalars ``tscope/roofline/{mfu, achieved_tflops, step_ms, samples_per_s, tokens_per_s}`` on logging steps
+      between profiles (automatic MFU, per rank; ``mfu`` only with a device roof, ``tokens_per_s`` when the batch's
+      first tensor is 2-D integer ids). ``mfu`` has one meaning in both: model FLOPs over the real step time;
     - text ``tscope/roofline/table`` (markdown), image ``tscope/roofline/plot``, table ``tscope/roofline/layers``
       (per layer: intensity, achieved GFLOP/s, time, estimate, bound) and, on W&B, the scatter
       ``tscope/roofline/scatter``;
@@ -159,9 +158,8 @@ class RooflineCallback(ProfilingCallback):
         self._flops: dict[tuple, int] = {}  #: model FLOPs per batch signature (from profiles)
         self._clock: StepClock | None = None
         self._timer: WindowTimer | None = None
-        self._last_gs = -1
+        self._last_gs, self._shape_warned = -1, False
         self._recount_at: int | None = None
-        self._shape_warned = False
 
     # ------------------------------------------------------------------ setup
     @override
@@ -204,11 +202,14 @@ class RooflineCallback(ProfilingCallback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if self._timer is not None and self._timer.current is not None and trainer.global_step != self._last_gs:
-            self._count_step(trainer, batch)
+        if (timer := self._timer) is not None and timer.current is not None:
+            sig = batch_signature(batch)
+            timer.add_samples(*batch_size(sig))  # every micro-batch
+            if trainer.global_step != self._last_gs:  # the optimizer stepped: count its FLOPs once
+                self._count_step(trainer, sig)
 
-    def _count_step(self, trainer: pl.Trainer, batch: Any) -> None:
-        flops = self._flops.get(batch_signature(batch))
+    def _count_step(self, trainer: pl.Trainer, sig: tuple) -> None:
+        flops = self._flops.get(sig)
         if flops is not None:
             self._timer.add(flops)  # type: ignore[union-attr]
             return
@@ -226,9 +227,10 @@ class RooflineCallback(ProfilingCallback):
             if not final or self._timer.current is not None and self._timer.current.steps:  # type: ignore[union-attr]
                 self._timer.boundary(gs)  # type: ignore[union-attr]  # (at the end: closes the last window)
             for w, seconds in self._timer.ready(wait=final):  # type: ignore[union-attr]
-                self.throughput.update(Window(w.end_step - 1, seconds, w.steps, w.flops))
+                self.throughput.update(Window(w.end_step - 1, seconds, w.steps, w.flops, w.samples, w.tokens))
                 vals = self.throughput.compute()
-                out = {k: vals[k] for k in ("achieved_tflops", "mfu", "step_ms") if k in vals}
+                out = {k: vals[k] for k in ("achieved_tflops", "mfu", "step_ms", "samples_per_s", "tokens_per_s")
+                       if k in vals}
                 self.last_mfu = vals.get("mfu", self.last_mfu)
                 self.sinks(trainer).log_scalars({metric_key("roofline", k): v for k, v in out.items()}, w.end_step - 1)
         except Exception as e:

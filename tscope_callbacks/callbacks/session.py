@@ -18,7 +18,7 @@ from tscope_callbacks.callbacks.sink_setup import build_sinks
 from tscope_callbacks.callbacks.sinks import NULL_SINK, Sink
 from tscope_callbacks.records import StepProfile
 
-__all__ = ["ProfileContext", "Capture", "batch_signature", "gather_floats", "gather_objects", "running", "set_running", "abort",
+__all__ = ["ProfileContext", "Capture", "batch_signature", "signature_inputs", "batch_size", "gather_floats", "gather_objects", "running", "set_running", "abort",
            "sinks_for", "forget_trainer", "dirty_clocks", "register_clock", "replay_source", "after_capture"]
 
 log = logging.getLogger("tscope_callbacks")
@@ -59,6 +59,36 @@ def batch_signature(batch: Any, _depth: int = 0) -> tuple:
     return ()
 
 
+def signature_inputs(sig: tuple) -> list[list]:
+    """``[[shape, dtype name], ...]`` of a batch's tensors in batch order, from its :func:`batch_signature` (the
+    shape a profile records for a model's inputs when the LightningModule's own forward is never called)."""
+    out: list[list] = []
+
+    def walk(s: Any) -> None:
+        if len(s) == 2 and isinstance(s[1], torch.dtype):
+            out.append([list(s[0]), str(s[1]).removeprefix("torch.")])
+        elif len(s) == 2 and isinstance(s[0], str) and isinstance(s[1], tuple):  # a dict entry
+            walk(s[1])
+        else:
+            for x in s:
+                if isinstance(x, tuple):
+                    walk(x)
+
+    walk(sig)
+    return out
+
+
+def batch_size(sig: tuple) -> tuple[int, int]:
+    """(samples, tokens) of one batch from its :func:`batch_signature`: the first tensor's first dimension, and
+    batch x sequence when that tensor is 2-D integer ids (0 when not); (0, 0) without a tensor."""
+    ins = signature_inputs(sig)
+    if not ins or not ins[0][0]:
+        return 0, 0
+    shape, dtype = ins[0]
+    tokens = shape[0] * shape[1] if len(shape) == 2 and "int" in dtype else 0
+    return shape[0], tokens
+
+
 def gather_floats(trainer: Any, values: list[float], device: Any = None) -> list[list[float]]:
     """One float list per rank (the one all-gather of the callbacks; every rank must call it at the same point).
     A single process returns ``[values]`` without any collective."""
@@ -89,6 +119,7 @@ class Capture:
         self.global_step = trainer.global_step
         self.epoch = trainer.current_epoch
         self.micro_batches = 0
+        self.inputs: list[list] = []  #: [shape, dtype] of the first batch's tensors (``signature_inputs``)
         self._last_batch: int | None = None  #: batch_idx last counted (each member's batch-end hook sees it)
         self.paused = False
         self._handles: list[Any] = []

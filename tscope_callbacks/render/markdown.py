@@ -171,7 +171,8 @@ def model_line(report: Any) -> str:
         parts.append(f"activations {_n(m['activations_mb'])} MiB ({m['activations_source']})")
     if m["latency_ms"] is not None:
         fwd = f", forward {_f(m['forward_ms'], '.4g')} ms" if m["forward_ms"] else ""
-        parts.append(f"{_f(m['latency_ms'], '.4g')} ms per batch ({m['latency_source']}{fwd})")
+        per = "per batch" if m["micro_batches"] == 1 else f"per step of {m['micro_batches']} micro-batches"
+        parts.append(f"{_f(m['latency_ms'], '.4g')} ms {per} ({m['latency_source']}{fwd})")
     if m["samples_per_s"] is not None:
         parts.append(f"{_n(m['samples_per_s'])} samples/s" + (f", {_n(m['tokens_per_s'])} tokens/s"
                                                                if m["tokens_per_s"] else ""))
