@@ -224,7 +224,8 @@ def test_parameter_check_after_update():
     trainer.fit(TinyLM())
     (ev,) = guard.events
     assert (ev.kind, ev.step, ev.layer) == ("parameter", 2, "model.blocks.1.attn.proj")
-    assert ev.parameters == {"model.blocks.1.attn.proj.weight": 1}
+    assert ev.parameters == {"model.blocks.1.attn.proj.weight": 1} and ev.counts == "parameters"
+    assert "Non-finite parameters: model.blocks.1.attn.proj.weight (1)" in str(ev)
     assert trainer.global_step == 3 and "cannot be skipped" in ev.note  # skip cannot undo an update: stop
 
 
@@ -237,6 +238,12 @@ def test_every_n_steps_and_corrupted_weights_found_by_replay():
     (ev,) = guard.events
     assert (ev.step, ev.kind, ev.layer) == (4, "parameter", "model.blocks.0.mlp.fc")
     assert "already non-finite" in ev.note
+    # the counts are this step's gradients (what the corrupted weights reached), and they are called that; the note
+    # counts the weights' own non-finite elements
+    fc = model.model.blocks[0].mlp.fc.weight
+    assert ev.counts == "gradients" and "Non-finite gradients:" in str(ev) and "Non-finite parameters" not in str(ev)
+    bad = int((~torch.isfinite(fc)).sum())
+    assert f"model.blocks.0.mlp.fc.weight ({bad} of {fc.numel()} elements)" in ev.note
 
 
 # ---------------------------------------------------------------------------------------------------- actions

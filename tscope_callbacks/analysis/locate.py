@@ -209,7 +209,10 @@ def replay_locate(module: nn.Module, step_fn: Callable[[Any, int], Any], snap: S
             bad_own = count_nonfinite([(names[id(p)], p.detach()) for p in own])
             if bad_own:
                 res.kind = "parameter"
-                res.note = f"the layer's own parameters are already non-finite: {sorted(bad_own)}"
+                own_n = {names[id(p)]: p.numel() for p in own}
+                res.note = ("the layer's own parameters were already non-finite before this step's forward: " + ", ".join(
+                    f"{n} ({c} of {own_n[n]} elements)" for n, c in sorted(bad_own.items())) + ". Something outside "
+                    "the optimizer update wrote them, or an earlier update that was not checked.")
             elif how != "output":
                 res.note = (f"first non-finite value seen at the {how}: produced by the code of "
                             f"{'the layer' if layer is not None else 'training_step before the model call'}")

@@ -191,17 +191,21 @@ class NonFiniteEvent:
     batch_idx: int
     kind: str  # "loss" | "gradient" | "activation" | "parameter"
     layer: str | None = None  # module path ("" is the root module); None when not located
-    #: name -> non-finite elements (grads; params for kind "parameter"); -1: non-finite, element count not read
+    #: parameter name -> non-finite elements of what ``counts`` names; -1: non-finite, element count not read
     #: (a flag read late, without a host sync, after the step's gradients were gone)
     parameters: dict[str, int] = field(default_factory=dict)
     loss: float | None = None  # as passed to backward (divided by accumulate_grad_batches; AMP-unscaled)
     num_nonfinite: int = 0  # total non-finite elements over ``parameters``
-    max_abs_grad: float | None = None  # largest finite |gradient| (|parameter| for kind "parameter")
+    max_abs_grad: float | None = None  # largest finite |value| of what ``counts`` names
     ranks: list[int] = field(default_factory=list)
     action: str = ""
     note: str = ""
     #: what the gradient norms of the checked steps before it said (``analysis.grad_history``); "" without history
     trend: str = ""
+    #: what ``parameters``, ``num_nonfinite`` and ``max_abs_grad`` count: the step's "gradients" (also when a layer's
+    #: weights were found non-finite by the replay: kind "parameter"), or the "parameters" after the update
+    #: (``check_params``)
+    counts: str = "gradients"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -216,15 +220,16 @@ class NonFiniteEvent:
         if self.parameters:
             shown = ", ".join(n if c < 0 else f"{n} ({c})" for n, c in list(self.parameters.items())[:5])
             more = len(self.parameters) - 5
-            label = "parameters" if self.kind == "parameter" else "gradients"
+            label = self.counts
             count = (f"; {self.num_nonfinite} non-finite elements" if all(c >= 0 for c in self.parameters.values())
                      else "")
             parts.append(f"Non-finite {label}: {shown}{f' and {more} more' if more > 0 else ''}{count}.")
         if self.loss is not None:
             parts.append(f"Loss {self.loss:.6g}.")
         if self.max_abs_grad is not None:
-            parts.append("Every finite value is 0." if self.max_abs_grad == 0 else
-                         f"Largest finite |value| {self.max_abs_grad:.4g}.")
+            one = self.counts.removesuffix("s")
+            parts.append(f"Every finite {one} is 0." if self.max_abs_grad == 0 else
+                         f"Largest finite |{one}| {self.max_abs_grad:.4g}.")
         parts += [f"Before it: {self.trend}" if self.trend else "",
                   f"Action: {self.action}." if self.action else "", f"Note: {self.note}" if self.note else ""]
         return " ".join(p for p in parts if p)

@@ -225,7 +225,7 @@ def check_params(guard: NaNGuardCallback, trainer: Any, pl_module: Any, batch_id
         event = NonFiniteEvent(step=step, epoch=trainer.current_epoch, batch_idx=batch_idx, kind="parameter",
                                layer=first.rsplit(".", 1)[0] if "." in first else "", parameters=counts,
                                num_nonfinite=sum(counts.values()), ranks=list(range(trainer.world_size)),
-                               max_abs_grad=nl.max_abs_finite([p for _, p in named]),
+                               max_abs_grad=nl.max_abs_finite([p for _, p in named]), counts="parameters",
                                note="found after the optimizer step (check_params); layer owns the first "
                                     "non-finite parameter in definition order")
         guard._act(trainer, [], event, after_update=True)
