@@ -117,6 +117,21 @@ def test_activation_nan_located_and_stop(caplog):
     assert any("model.blocks.1.mlp" in m for m in nan_alerts(caplog))
 
 
+def test_overflow_from_a_huge_finite_weight_names_the_weight():
+    class Blowup(Callback):  # a finite weight so large that the layer's output overflows (fp32 max 3.4e38)
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step == 3:
+                with torch.no_grad():
+                    pl_module.model.blocks[1].mlp.fc.weight[0] = 3e38
+
+    guard = NaNGuardCallback(action="stop")
+    trainer = make_trainer(Blowup(), guard, max_steps=10)
+    trainer.fit(TinyLM())
+    (ev,) = guard.events
+    assert (ev.kind, ev.layer, ev.step) == ("activation", "model.blocks.1.mlp.fc", 3)
+    assert "The layer's weights are finite; the largest |value| is 3e+38 (model.blocks.1.mlp.fc.weight)." in ev.note
+
+
 def test_gradient_nan_in_one_parameter_is_named():
     model = TinyLM()
     w = inject_gradient(model, steps=(2,))
