@@ -144,7 +144,7 @@ def install(p: Profile) -> Installed:
         if s.compiled and warn_key not in _WARNED_COMPILED:  # once per model and process, not per profile
             _WARNED_COMPILED.add(warn_key)
             why = ("compiled in place (module.compile())" if inplace else "layer details need the eager modules"
-                   if p.layer_details else "compiled='eager'")
+                   if p.layer_details else "compiled='eager', e.g. RooflineCallback's compare_eager reference")
             log.warning("tscope: %s is torch.compile'd and runs eagerly under this profile (%s): op counts are exact, "
                         "times are eager-mode times", s.compiled[0] or "model", why)
     for mpath, mod in tree.modules:
