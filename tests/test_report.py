@@ -92,7 +92,10 @@ def test_markdown_has_columns_header_and_opportunities():
                        "measured ms", "% of roof"]
     for s in ("NVIDIA A100-SXM4-80GB", "**MFU**", "**MBU**", "datasheet", "bf16 matrix 312 TFLOP/s",
               "measured 4 ms (median of 8 unprofiled steps, wall clock)", "captured region 9 ms wall", "FLOP coverage", "### Opportunities", "`blocks.0.fc` | Linear | backward",
-              "| **total** |", "### By op class", "aten.nonzero ×1"):
+              "| **total** |", "### By op class", "aten.nonzero ×1",
+              # the time split is of the ops' own time (0.8 + 0.001 + 0.1 + 0.3 + 0.05 + 0.04 + 1.2 + 1.0 + 0.2 +
+              # 0.003 + 0.003 + 0.15 = 3.847 ms); the unprofiled 4 ms step's remaining 0.153 ms is outside ops
+              "**Time** (measured op time 3.847 ms)", "outside ops: 0.153 ms of the 4 ms step (4%): host time"):
         assert s in md, s
     assert "% of achievable" not in md
     ach = DeviceSpec(name="measured", flops={"bf16": 250e12}, bandwidth=1.7e12, vector_flops={"bf16": 30e12,
@@ -103,6 +106,7 @@ def test_markdown_has_columns_header_and_opportunities():
 def test_markdown_untimed_leaves_measured_blank():
     md = roofline(toy_profile(timed=False), a100()).to_markdown()
     assert "not timed" in md and "estimated 1.605 ms" in md
+    assert "**Time** (estimated)" in md and "outside ops" not in md
     line = next(ln for ln in md.splitlines() if ln.startswith("| `blocks.0.fc` | Linear | forward"))
     assert line.endswith("| compute | 0.4405 |  |  |")
 

@@ -34,6 +34,23 @@ def _p(x: float | None) -> str:
     return "" if x is None else _pct(x)
 
 
+def _time_basis(s: dict[str, Any]) -> str:
+    return "estimated" if not s["timed"] else f"measured op time {_f(s['op_time_s'], '.4g', 1e3)} ms" \
+        if s["op_time_s"] else "measured"
+
+
+def _outside_ops(s: dict[str, Any]) -> str:
+    """The part of the (unprofiled) step the ops do not account for, when the step basis is not the op time itself:
+    host time between ops on CPU (Python, hooks, data loading), the device waiting for work on CUDA."""
+    step, ops = s["measured_step_s"], s["op_time_s"] if s["timed"] else None
+    if not step or not ops or s["step_time_source"] == "op-time" or step - ops < 0.01 * step:
+        return ""
+    where = ("the device did no op work (launch- or host-bound)" if str(s["timing"]).startswith("cuda")
+             else "host time between ops: Python, hooks, data loading")
+    return f"; outside ops: {_f(step - ops, '.4g', 1e3)} ms of the {_f(step, '.4g', 1e3)} ms step " \
+           f"({_pct((step - ops) / step)}): {where}"
+
+
 def _roof_line(r: dict[str, Any]) -> str:
     kind = "matrix" if r["matrix"] else "vector"
     s = f"{r['precision']} {kind} {r['peak_flops'] / 1e12:.4g} TFLOP/s (ridge {_g(r['ridge'])} FLOP/B)"
@@ -85,10 +102,11 @@ def header_lines(report: Any) -> list[str]:
         lines += [f"- **Step**: not timed; {est}"
                   + (f"; MFU at the estimate {_p(s['estimated_mfu'])}" if s["estimated_mfu"] is not None else "")]
     if s["compute_bound_time_frac"] is not None:
-        lines += [f"- **Time** ({s['time_basis']}): {_p(s['compute_bound_time_frac'])} compute-bound · "
+        lines += [f"- **Time** ({_time_basis(s)}): {_p(s['compute_bound_time_frac'])} compute-bound · "
                   f"{_p(s['memory_bound_time_frac'])} memory-bound · {_p(s['uncounted_time_frac'])} uncounted · "
-                  f"{_p(s['overhead_time_frac'])} overhead"
-                  + (f" · {_p(s['comm_time_frac'])} communication" if s.get("comm_time_frac") else "")]
+                  f"{_p(s['overhead_time_frac'])} overhead (views, zero-work ops)"
+                  + (f" · {_p(s['comm_time_frac'])} communication" if s.get("comm_time_frac") else "")
+                  + _outside_ops(s)]
     if report.meta.get("what_if"):
         lines += [f"- **What-if**: times were measured on {report.meta['what_if']}, roofs are {s['device']}'s: "
                   "% of roof, MFU and recoverable time compare two devices (an estimate, not a measurement)"]
