@@ -159,3 +159,46 @@ def test_a_tied_gpt2_from_the_cpu_counts_on_meta_as_it_runs():
     assert meta.total_flops == real.total_flops
     assert [o.record.op for o in meta.op_roofs if o.record.category != "view"] == [
         o.record.op for o in real.op_roofs if o.record.category != "view"]
+
+
+def _mixtral():
+    cfg = transformers.MixtralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2)
+    torch.manual_seed(0)
+    return transformers.MixtralForCausalLM(cfg)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_moe_grouped_gemms_in_fp32_run_on_meta_and_match_a_real_run(precision):
+    """torch's meta kernel of _grouped_mm takes bf16 only; HF's MoE experts call it in fp32 (and under bf16-mixed,
+    where HF casts the tokens to the fp32 weights). Both raised a RuntimeError from torch's meta registrations."""
+    lm = _mixtral()
+    ids = torch.randint(0, 256, (2, 16))
+    meta = ts.analyze_model(lm, inputs=[ids], gpu="h100", precision=precision, backward=True)
+    real = ts.analyze_model(lm, inputs=[ids], gpu="h100", precision="fp32", backward=True, device="cpu")
+    grouped = [o.record for o in meta.op_roofs if o.record.op == "aten._grouped_mm"]
+    # 2 layers x (gate_up, down) forward, and each one's input and weight gradients backward
+    assert len(grouped) == 2 * 2 * 3 and all(r.dtype == "float32" for r in grouped)
+    mm = lambda rep: sum(o.record.flops for o in rep.op_roofs if o.record.category == "matmul")  # noqa: E731
+    assert mm(meta) == mm(real)  # every matmul FLOP, experts included (same routing-independent shapes)
+    assert meta.total_flops == pytest.approx(real.total_flops, rel=0.01) and not meta.summary["uncounted_ops"]
+
+
+def test_a_model_analysed_in_place_is_left_as_it_was():
+    """On its own device at its own dtype, the model itself runs the analysis: its mode, gradients, buffers and (after
+    optimizer=) its weights are restored. Before, a second analysis counted the first one's gradients (each backward
+    accumulated into them) and optimizer= changed the user's weights."""
+    net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    kw = dict(input_shape=[(32, 8)], gpu="h100", precision="fp32", backward=True, device="cpu")
+    first = ts.analyze_model(net, optimizer="adamw", **kw)
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())  # weights and BN statistics
+    assert all(p.grad is None for p in net.parameters()) and not net.training
+    again = ts.analyze_model(net, optimizer="adamw", **kw)
+    assert again.total_flops == first.total_flops and len(again.op_roofs) == len(first.op_roofs)
+    g = [torch.ones_like(p) for p in net.parameters()]
+    for p, gi in zip(net.parameters(), g):
+        p.grad = gi
+    ts.analyze_model(net, **kw)
+    assert all(p.grad is gi for p, gi in zip(net.parameters(), g))  # the user's own gradients, untouched

@@ -18,22 +18,32 @@ as autocast caches them), the ops CUDA autocast runs in fp32 (``pow``, ``layer_n
 theirs to fp32, and multi-input ops promote to the widest type. The casts are real ops, counted like the
 ``_to_copy`` kernels of a real autocast step.
 
+:class:`GroupedMmAs` lets fp32 and fp16 grouped GEMMs (MoE experts) run on meta, as eager CUDA runs them.
+
+:func:`preserved` undoes what the run did to a model that is analysed in place: modes, gradients, buffers and, after
+an optimizer step, the weights.
+
 Also here: which inputs are token ids (:func:`token_input`), the labels that give an HF causal LM its real loss
 (:func:`lm_labels`), and the loss a backward pass starts from (:func:`loss_from`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["SdpaAs", "AutocastAs", "AUTOCAST_LOW", "AUTOCAST_FP32", "BACKENDS", "backend_for", "token_input", "lm_labels", "loss_from"]
+__all__ = ["SdpaAs", "AutocastAs", "GroupedMmAs", "preserved", "AUTOCAST_LOW", "AUTOCAST_FP32", "BACKENDS", "backend_for", "token_input", "lm_labels", "loss_from"]
 
 BACKENDS = ("cudnn", "flash", "efficient", "cpu")
 _HOPPER = re.compile(r"\b(h100|h200|h800|h20|gh200)\b", re.I)
+_GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
+_GROUPED_MM = getattr(_GROUPED_MM, "default", None)
 _TOKEN_ARGS = ("input_ids", "idx", "ids", "tokens", "token_ids", "input_tokens")
 
 
@@ -171,6 +181,49 @@ class AutocastAs(torch.overrides.TorchFunctionMode):
             args = tuple(self._cast(a, to) for a in args)
             kwargs = {k: self._cast(v, to) for k, v in kwargs.items()}
         return func(*args, **kwargs)
+
+
+class GroupedMmAs(TorchDispatchMode):
+    """torch's meta kernel of ``aten._grouped_mm`` takes bf16 only (what Inductor supports), while eager CUDA also
+    runs fp32 and fp16 grouped GEMMs (HF's MoE experts in fp32, or under bf16-mixed, where HF casts the tokens to
+    the fp32 weights): on meta those would raise. Here the output's shape comes from the meta kernel on bf16
+    stand-ins and takes the inputs' dtype (or ``out_dtype``); the op itself is recorded above this mode, as called."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        a = args[0] if args else None
+        if (func is not _GROUPED_MM or not isinstance(a, torch.Tensor) or a.device.type != "meta"
+                or a.dtype == torch.bfloat16):
+            return func(*args, **kwargs)
+        args, kwargs = list(args), dict(kwargs)
+        want = (args.pop(4) if len(args) > 4 else kwargs.pop("out_dtype", None)) or a.dtype
+        bf = lambda t: t.to(torch.bfloat16) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+        out = func(*[bf(x) for x in args], **{k: bf(v) for k, v in kwargs.items()})
+        return torch.empty(out.shape, dtype=want, device="meta")
+
+
+@contextlib.contextmanager
+def preserved(model: torch.nn.Module, *, weights: bool) -> Iterator[None]:
+    """Run an analysis on ``model`` itself and leave it as it was: each module's train/eval mode, each parameter's
+    ``.grad`` (the analysis's backward would otherwise leave or add to them, and the next analysis or training step
+    would count or apply them), buffers (a train-mode forward moves BatchNorm's running statistics) and, with
+    ``weights`` (an optimizer step ran), the parameters' values. Real tensors are copied; meta ones hold no values."""
+    modes = [(m, m.training) for m in model.modules()]
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    real = lambda t: t.device.type != "meta"  # noqa: E731
+    bufs = [(b, b.detach().clone()) for b in model.buffers() if real(b)]
+    vals = [(p, p.detach().clone()) for p in params if real(p)] if weights else []
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, saved in bufs + vals:
+                t.copy_(saved)
+        for p, g in zip(params, grads):
+            p.grad = g
+        for m, mode in modes:
+            m.training = mode
 
 
 def _forward_params(model: torch.nn.Module) -> list[str]:
