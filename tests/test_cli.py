@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from cli_models import SmallConvNet
 
 import tscope_callbacks as ts
@@ -118,6 +119,32 @@ def test_analyze_tinygpt(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     assert linears == matmul_flops(GPTConfig(), 8)["total"]  # forward only: the default config's Linear layers
     assert any(o["category"] == "attention" and o["flops"] > 0 for o in prof["ops"])  # SDPA counted too
     assert {o["dtype"] for o in prof["ops"] if o["category"] == "matmul"} == {"bfloat16"}
+
+
+def test_analyze_a_hugging_face_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """hf:MODEL_TYPE with config overrides, and hf:DIR (a saved config): the same counts as analyze_model on the
+    model built from that config; a misspelt type is one line naming close ones (no Hub request)."""
+    transformers = pytest.importorskip("transformers")
+    small = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 256}
+    common = ["--input-shape", "2,16", "--gpu", "h100", "--precision", "bf16", "--backward"]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["analyze", "hf:llama", "--kwargs", json.dumps(small), "--json", str(a), *common]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## Roofline — NVIDIA H100 SXM · LlamaForCausalLM") and "FLOP coverage 100%" in out
+    cfg = transformers.LlamaConfig(**small)
+    cfg.save_pretrained(tmp_path / "cfg")
+    assert main(["analyze", f"hf:{tmp_path / 'cfg'}", "--json", str(b), *common]) == 0
+    capsys.readouterr()
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+    direct = ts.analyze_model(model, input_shape=[(2, 16)], gpu="h100", precision="bf16", backward=True)
+    for path in (a, b):
+        ops = json.loads(path.read_text())["profile"]["ops"]
+        assert sum(o["flops"] for o in ops) == direct.total_flops > 0
+    assert main(["analyze", "hf:lama", "--input-shape", "2,16"]) == 2
+    err = capsys.readouterr().err
+    assert "'lama' is not a transformers model type (close: llama" in err and len(err.strip().splitlines()) == 1
 
 
 def test_analyze_helper_model_resnet_shape(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -17,7 +17,10 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", help="the model class or factory as MODULE:NAME (e.g. mypkg.models:ResNet18; the current "
-                                  "directory is importable) or FILE.py:NAME (e.g. models.py:build)")
+                                  "directory is importable) or FILE.py:NAME (e.g. models.py:build); or a Hugging Face "
+                                  "config: hf:MODEL_TYPE (hf:llama, its default config), hf:DIR or hf:config.json "
+                                  "(local), hf:ORG/NAME (the Hub's config.json only, never weights); --kwargs then "
+                                  "override config fields")
     p.add_argument("--input-shape", action="append", required=True,
                    help="comma-separated shape of one input, e.g. 32,3,224,224 (repeat for several inputs)")
     p.add_argument("--input-dtype", action="append", default=None, help="per input, in order: float (default; the --precision dtype), long/int64 or int/int32 (token ids)")
@@ -29,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-backend", default=None, choices=["cudnn", "flash", "efficient", "cpu"],
                    help="on meta, the fused SDPA op to count (default: what the --gpu runs: cudnn on Hopper, flash "
                         "on other GPUs)")
-    p.add_argument("--kwargs", default="{}", help="JSON keyword arguments for the model constructor")
+    p.add_argument("--kwargs", default="{}", help="JSON keyword arguments for the model constructor (hf: targets: "
+                                                  "config fields, e.g. '{\"num_hidden_layers\": 32}')")
     p.add_argument("--backward", action="store_true", help="also count the backward pass")
     p.add_argument("--optimizer", default=None, choices=["adamw", "adam", "sgd", "adamw-fused", "adam-fused",
                                                          "sgd-fused"],
@@ -84,6 +88,44 @@ def load_target(target: str) -> Any:
     return obj
 
 
+def hf_factory(ref: str) -> Any:
+    """A factory for ``hf:REF`` (see the ``target`` help): ``factory(**config_overrides)`` builds the model from its
+    config alone, as a causal LM (or seq2seq LM for encoder-decoder configs, masked LM, bare model: the first head
+    transformers has for the config)."""
+    try:
+        import transformers as tf
+    except ImportError:
+        raise ImportError("hf: targets need transformers (pip install transformers)") from None
+    if not ref:
+        raise ValueError("hf: needs a model type (hf:llama), a local config (hf:path/to/config.json) or a Hub id")
+    local = os.path.exists(ref)
+    if not local and ref not in tf.CONFIG_MAPPING and "/" not in ref:
+        import difflib
+
+        close = difflib.get_close_matches(ref, list(tf.CONFIG_MAPPING.keys()), n=4)
+        raise ValueError(f"{ref!r} is not a transformers model type" + (f" (close: {', '.join(close)})" if close else "")
+                         + ", nor a local path; a Hub config is hf:ORG/NAME")
+
+    def factory(**overrides: Any) -> Any:
+        try:
+            cfg = (tf.AutoConfig.from_pretrained(ref, **overrides) if local or ref not in tf.CONFIG_MAPPING
+                   else tf.AutoConfig.for_model(ref, **overrides))
+        except OSError as e:  # no such Hub repo, or no network
+            raise ImportError(f"no config for hf:{ref}: {str(e).strip().splitlines()[0]}") from None
+        heads = [tf.AutoModelForCausalLM, tf.AutoModelForMaskedLM, tf.AutoModel]
+        if getattr(cfg, "is_encoder_decoder", False):
+            heads.insert(0, tf.AutoModelForSeq2SeqLM)
+        for head in heads:
+            try:
+                return head.from_config(cfg)
+            except ValueError:  # "Unrecognized configuration class ... for this kind of AutoModel"
+                continue
+        raise ValueError(f"transformers has no model class for {type(cfg).__name__}")
+
+    factory.__name__ = f"hf:{ref}"
+    return factory
+
+
 def build_model(factory: Any, kwargs: dict, device: str) -> Any:
     """``factory(**kwargs)``; for a meta analysis built on the meta device (no memory, no init compute: a 70B model
     analyses on a laptop), else, or when the factory cannot build there (one that loads weights), as given."""
@@ -110,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     from tscope_callbacks.devices.spec import UnknownDeviceError
 
     try:
-        factory = load_target(args.target)
+        factory = hf_factory(args.target[3:]) if args.target.startswith("hf:") else load_target(args.target)
         model = build_model(factory, json.loads(args.kwargs), args.device)
         shapes = [[int(s) for s in shp.split(",")] for shp in args.input_shape]
         dtypes = [None if d in (None, "float") else d for d in (args.input_dtype or [])]
