@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from tscope_callbacks.analysis.nonfinite import LocateResult, count_nonfinite, floating, iter_tensors
+from tscope_callbacks.analysis.op_origin import OpOrigin
 from tscope_callbacks.capture.eager import EagerStance
 from tscope_callbacks.capture.paths import clean_path, named_parameters
 
@@ -193,12 +194,14 @@ def replay_locate(module: nn.Module, step_fn: Callable[[Any, int], Any], snap: S
     stance = EagerStance()  # a compiled model replays eagerly: the tracer's hooks are never compiled into its graphs
     stance.enter()
     tracer = _Tracer(module)
+    origin = OpOrigin()  # the op (and line) that made the first non-finite value, forward or backward
     try:
         _rng_restore(snap.rng)
         with ExitStack() as stack:
             stack.enter_context(torch.enable_grad())
             stack.enter_context(autocast() if autocast is not None else nullcontext())
             stack.enter_context(_NoLog(module))
+            stack.enter_context(origin)
             loss = _loss_of(step_fn(snap.batch, snap.batch_idx))
         if loss is not None:
             res.loss = float(loss.detach().float().sum())
@@ -225,6 +228,7 @@ def replay_locate(module: nn.Module, step_fn: Callable[[Any, int], Any], snap: S
             if loss is not None and loss.requires_grad and params:  # which gradients it reached (exact counts)
                 grads = torch.autograd.grad(scale(loss) if scale else loss, params, allow_unused=True)
                 res.parameters = count_nonfinite([(names[id(p)], g) for p, g in zip(params, grads)])
+            res.origin = str(origin.origin) if origin.origin is not None else ""
             return res
         if loss is None or not loss.requires_grad:
             res.note = "training_step returned no differentiable loss during the replay"
@@ -232,12 +236,15 @@ def replay_locate(module: nn.Module, step_fn: Callable[[Any, int], Any], snap: S
         if not torch.isfinite(loss.detach()).all():
             res.kind, res.reproduced = "loss", True
             res.note = "every module output was finite: the loss computation in training_step made it non-finite"
+            res.origin = str(origin.origin) if origin.origin is not None else ""
             return res
         if not params:
             res.note = "the module has no trainable parameters"
             return res
-        grads = torch.autograd.grad(scale(loss) if scale else loss, params, allow_unused=True)
+        with origin:
+            grads = torch.autograd.grad(scale(loss) if scale else loss, params, allow_unused=True)
         res.parameters = count_nonfinite([(names[id(p)], g) for p, g in zip(params, grads)])
+        res.origin = str(origin.origin) if origin.origin is not None else ""
         if tracer.bwd is not None:
             how, layer, pname = tracer.bwd
             res.kind, res.layer, res.reproduced = "gradient", layer, True

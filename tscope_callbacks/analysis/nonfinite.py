@@ -255,6 +255,7 @@ class LocateResult:
     reproduced: bool = False
     batch_idx: int | None = None  # the micro-batch replayed
     note: str = ""
+    origin: str = ""  # the op that made the first non-finite value, and its line (``analysis.op_origin``)
 
 
 @dataclass
@@ -297,13 +298,15 @@ def merge_infos(bad: list[RankInfo], world_size: int) -> dict[str, Any]:
     notes = [loc.note if loc is not None else (src.located.note if src.located is not None else src.note)]
     if loc is not None and loc.parameter:
         notes.append(f"First non-finite gradient in backward order: {loc.parameter}.")
+    if loc is not None and loc.origin:
+        notes.append(f"Origin: {loc.origin}.")
     if world_size > 1 and len(origin) < world_size:
         notes.append("Other ranks saw it only through the DDP gradient all-reduce.")
     return dict(batch_idx=loc.batch_idx if loc is not None else None, kind=loc.kind if loc is not None else ("loss" if src.loss_bad else "gradient"),
                 layer=loc.layer if loc is not None else None, parameters=params,
                 loss=src.loss if src.loss is not None else (loc.loss if loc is not None else None),
                 num_nonfinite=sum(params.values()), max_abs_grad=src.max_abs, ranks=origin,
-                note=" ".join(n for n in notes if n))
+                note=" ".join(n if n.endswith(".") else n + "." for n in notes if n))
 
 
 class AlertLimiter:
