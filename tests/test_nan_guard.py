@@ -113,6 +113,9 @@ def test_activation_nan_located_and_stop(caplog):
     assert all(torch.equal(probe.before[n], probe.after[n]) for n in probe.before)  # stop drops the bad update
     text = str(ev)
     assert "activation" in text and "'model.blocks.1.mlp'" in text and "step 3" in text
+    # the op and line: the injecting hook's multiply by a NaN scalar (an explicit NaN is never intended)
+    hook = next(i for i, ln in enumerate(open(__file__).read().splitlines(), 1) if "return out * NAN" in ln)
+    assert f"Origin: first NaN made by aten.mul in the forward, called at test_nan_guard.py:{hook} in hook" in ev.note
     json.dumps(ev.to_dict())
     assert any("model.blocks.1.mlp" in m for m in nan_alerts(caplog))
 

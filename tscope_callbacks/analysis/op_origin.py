@@ -11,8 +11,9 @@ inputs into a non-finite output:
 - in the backward: the aten op of the gradient formula, the autograd node running it (``SqrtBackward0``) and the line
   of the forward op that created that node (recorded by sequence number during the replay's forward).
 
-An op whose non-finite output comes from an explicit non-finite scalar argument (``masked_fill(mask, -inf)``,
-``full(..., -inf)``: attention masks) is intentional and skipped. Each op's check reads its outputs on the host
+An op given an explicit infinite scalar whose output has infinities but no NaN (``masked_fill(mask, -inf)``,
+``full(..., -inf)``: attention masks) is intentional and skipped; a NaN scalar, or an infinity that made a NaN
+(``0 * inf``), is an origin. Each op's check reads its outputs on the host
 (one sync per op): acceptable in the replay of a bad step, never run on healthy steps.
 """
 
@@ -38,8 +39,11 @@ _SKIP_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.mod
                    if getattr(m, "__file__", None))
 
 
+_DEMO = os.path.join(_SKIP_DIRS[-1], "demo", "")  # the demo's model and module are user code
+
+
 def _skipped(filename: str) -> bool:
-    if filename.startswith(_SKIP_DIRS) or filename.startswith("<"):
+    if filename.startswith(_SKIP_DIRS) and not filename.startswith(_DEMO) or filename.startswith("<"):
         return True
     return f"{os.sep}lightning{os.sep}" in filename or f"{os.sep}pytorch_lightning{os.sep}" in filename
 
@@ -97,9 +101,9 @@ def _describe(t: torch.Tensor) -> str:
     return ", ".join(parts)
 
 
-def _nonfinite_scalar(args: Any, kwargs: dict) -> bool:
+def _inf_scalar(args: Any, kwargs: dict) -> bool:
     vals = list(args) + list(kwargs.values())
-    return any(isinstance(v, float) and not math.isfinite(v) for v in vals)
+    return any(isinstance(v, float) and math.isinf(v) for v in vals)
 
 
 class OpOrigin(TorchDispatchMode):
@@ -129,13 +133,15 @@ class OpOrigin(TorchDispatchMode):
     def _check(self, func: Any, args: tuple, kwargs: dict, out: Any, node: Any) -> None:
         outs = [t for t in iter_tensors(out) if floating(t) and t.numel()]
         bad = [t for t in outs if not bool(torch.isfinite(t).all())]
-        if not bad or _nonfinite_scalar(args, kwargs):
+        if not bad:
             return
+        nan = any(bool(torch.isnan(t).any()) for t in bad)
+        if not nan and _inf_scalar(args, kwargs):
+            return  # an explicit infinity that stays one (a -inf mask fill): intended
         ins = [t for t in iter_tensors((args, kwargs)) if floating(t) and t.numel()]
         if any(not bool(torch.isfinite(t).all()) for t in ins):
             return  # carried, not made here
         name = f"{func.namespace}.{func._opname}" if hasattr(func, "_opname") else str(func)
-        nan = any(bool(torch.isnan(t).any()) for t in bad)
         if node is None:
             self.origin = Origin(name, "forward", [_describe(t) for t in ins[:4]], user_frame(), nan=nan)
         else:
