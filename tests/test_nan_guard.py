@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import lightning.pytorch as pl
 import pytest
@@ -132,7 +133,9 @@ def test_overflow_from_a_huge_finite_weight_names_the_weight():
     trainer.fit(TinyLM())
     (ev,) = guard.events
     assert (ev.kind, ev.layer, ev.step) == ("activation", "model.blocks.1.mlp.fc", 3)
-    assert "The layer's weights are finite; the largest |value| is 3e+38 (model.blocks.1.mlp.fc.weight)." in ev.note
+    # the op that overflowed and its inputs: the weight's 3e38 among them
+    assert "Origin: first inf made by aten.addmm in the forward, called at model.py:" in ev.note
+    assert re.search(r"float32\[32x128\] min -0\.\d+ max 3e\+38", ev.note)  # fc.weight transposed
 
 
 class _OpLM(pl.LightningModule):

@@ -219,12 +219,6 @@ def replay_locate(module: nn.Module, step_fn: Callable[[Any, int], Any], snap: S
             elif how != "output":
                 res.note = (f"first non-finite value seen at the {how}: produced by the code of "
                             f"{'the layer' if layer is not None else 'training_step before the model call'}")
-            if own and not bad_own:  # finite weights, non-finite output: how large are they (an overflow's cause)?
-                big = max(own, key=lambda p: float(p.detach().abs().max()) if p.numel() else 0.0)
-                if big.numel():
-                    res.note = " ".join(x for x in (res.note and res.note + ".", (
-                        f"The layer's weights are finite; the largest |value| is "
-                        f"{float(big.detach().abs().max()):.4g} ({names[id(big)]}).")) if x)
             if loss is not None and loss.requires_grad and params:  # which gradients it reached (exact counts)
                 grads = torch.autograd.grad(scale(loss) if scale else loss, params, allow_unused=True)
                 res.parameters = count_nonfinite([(names[id(p)], g) for p, g in zip(params, grads)])
