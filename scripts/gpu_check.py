@@ -11,7 +11,10 @@ Workload: HF GPT-2 124M from a config, batch 8x1024, bf16 autocast, fused AdamW.
 5. op kernel time vs torch.profiler's kernel total on the same step (0.97-1.03), forward matmul FLOPs and causal
    attention pairs against hand arithmetic (exact);
 6. the NaN guard's healthy steps make no synchronizing call from tscope code (``set_sync_debug_mode("warn")``);
-7. a compiled model's steps after two profiles as fast as before (within 2%) and Dynamo's counters unchanged.
+7. a compiled model's steps after two profiles as fast as before (within 2%) and Dynamo's counters unchanged;
+8. WatchCallback: every gradient histogrammed, read without waiting, update ratios;
+9. a matmul overflowing from a huge finite weight: the NaN guard's replay names the layer, and the op and line that
+   made the first inf (``analysis.op_origin``).
 
     python scripts/gpu_check.py [--out benchmarks/results/gpu_check_<device>.md]
     python scripts/gpu_check.py --smoke      # CPU, tiny model: exercises the script (CUDA-only lines say SKIP)
@@ -188,6 +191,8 @@ def main() -> int:
     nan_guard_check(w, device, cuda)
     # 7. compile
     compile_check(w, device, cuda)
+    # 9. the op origin of a NaN event
+    nan_origin_check(w, device)
     lines = [f"# GPU check: {name}", "", f"torch {torch.__version__}, CUDA {torch.version.cuda}", "",
              "| | check | result |", "|---|---|---|"] + [f"| {s} | {n} | {d_} |" for s, n, d_ in RESULTS]
     lines += ["", "## Capture cost", "", text]
@@ -240,6 +245,35 @@ def nan_guard_check(w, device: str, cuda: bool) -> None:
     check("6. NaN guard: no host sync on healthy steps", not watch.ours and guard.host_syncs == 0,
           f"mode {guard.mode}, flag reads that synced {guard.host_syncs}, sync warnings from tscope {watch.ours[:3]}; "
           f"from anything {watch.all}")
+
+
+def nan_origin_check(w, device: str) -> None:
+    """A finite weight so large that a matmul overflows (bf16-mixed on CUDA): the guard's replay must name the layer,
+    and the op that made the first inf with the line that called it (HF GPT-2's Conv1D: an addmm)."""
+    import lightning.pytorch as pl
+    from gpu_workload import LM, loader
+    from lightning.pytorch.callbacks import Callback
+
+    class Blowup(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step == 3:
+                with torch.no_grad():
+                    pl_module.model.transformer.h[1].mlp.c_fc.weight[:, 0] = 3e38
+
+    guard = ts.NaNGuardCallback(action="stop")
+    torch.manual_seed(0)
+    trainer = pl.Trainer(max_steps=6, accelerator="gpu" if device == "cuda" else "cpu", devices=1,
+                         precision="bf16-mixed" if device == "cuda" else "32-true", callbacks=[Blowup(), guard],
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(LM(w), loader(w, 6))
+    ev = guard.events[0] if guard.events else None
+    note = ev.note if ev is not None else ""
+    origin = note[note.find("Origin:"):] if "Origin:" in note else ""
+    check("9. NaN guard: the replay names the layer and the op + line that made the first inf",
+          ev is not None and ev.step == 3 and (ev.layer or "").endswith("h.1.mlp.c_fc")
+          and "made by aten.addmm in the forward, called at" in origin,
+          f"step {ev.step if ev else None}, layer {ev.layer if ev else None}: {origin[:240]}")
 
 
 def compile_check(w, device: str, cuda: bool) -> None:

@@ -23,6 +23,7 @@ def test_gpu_check_smoke() -> None:
     assert "[PASS] 5. forward matmul FLOPs" in out and "[PASS] 5. causal attention forward FLOPs" in out
     assert "[PASS] 7. Dynamo graphs unchanged by profiling" in out
     assert "[SKIP] 6. NaN guard" in out
+    assert "[PASS] 9. NaN guard: the replay names the layer and the op + line" in out
 
 
 def test_gpu_benchmarks_smoke() -> None:
