@@ -226,6 +226,8 @@ WATCH = SHARDED_LM + """
         d[layer] = d.get(layer, 0.0) + float((probe.after[n] - probe.before[n]).norm()) ** 2
         w[layer] = w.get(layer, 0.0) + float(probe.after[n].norm()) ** 2
     res["ratios"] = {k: [watch.last["update_ratio"][k], (d[k] / w[k]) ** 0.5] for k in d}
+    same = sum(int((probe.after[n] == probe.before[n]).sum()) for n in probe.before)
+    res["unchanged"] = [watch.last["update_unchanged"]["total"], same / sum(v.numel() for v in probe.before.values())]
     with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
         json.dump(res, f)
 """
@@ -239,3 +241,4 @@ def test_watch_histograms_of_fsdp2_shards_are_the_whole_tensors(tmp_path: Path):
     for res in run_ddp(tmp_path, WATCH, name="watch.py", timeout=240):
         assert res["step"] == 2 and res["bad"] == []
         assert res["ratios"] and all(math.isclose(a, b, rel_tol=1e-4) for a, b in res["ratios"].values())
+        assert res["unchanged"][0] == res["unchanged"][1]  # shards' counts summed over the whole tensors' elements

@@ -183,6 +183,34 @@ def test_update_ratio_equals_the_hand_computation():
         assert math.isclose(r[layer], math.sqrt(d[layer] / w[layer]), rel_tol=1e-4), layer
     assert math.isclose(r["total"], math.sqrt(sum(d.values()) / sum(w.values())), rel_tol=1e-4)
     assert 1e-5 < r["total"] < 1  # AdamW at lr 1e-2 on a freshly initialised model
+    _check_unchanged(model, watch, probe)
+
+
+def _check_unchanged(model, watch, probe) -> dict:
+    """``update_unchanged`` per layer equals (after == before) counted by hand, over the layer's elements."""
+    got = watch.last["update_unchanged"]
+    step = watch.last["step"]
+    same, numel = {}, {}
+    for n, prm in model.named_parameters():
+        layer = n.rpartition(".")[0]
+        same[layer] = same.get(layer, 0) + int((probe.after[step][n] == probe.params[step][n]).sum())
+        numel[layer] = numel.get(layer, 0) + prm.numel()
+    assert got == {**{k: same[k] / numel[k] for k in same}, "total": sum(same.values()) / sum(numel.values())}
+    return got
+
+
+def test_weights_an_update_did_not_change_bf16_true_against_fp32():
+    """Weights stored in bf16 round away an update smaller than half their bf16 step: with SGD at lr 1e-4 nearly
+    every weight stays as it was, and the share says so; the same run in fp32 changes nearly every weight."""
+    shares = {}
+    for precision in ("bf16-true", "32-true"):
+        probe, watch = GradProbe(), WatchCallback(every_n_steps=2, update_ratio=True)
+        kw = {**FAST, "logger": False}
+        model = TinyLM(optimizer="sgd", lr=1e-4)
+        pl.Trainer(max_steps=3, callbacks=[probe, watch], precision=precision, **kw).fit(model)
+        shares[precision] = _check_unchanged(model, watch, probe)["total"]
+    # fp32: only what had no gradient stays (embedding rows of tokens absent from the batches: 2.9% here)
+    assert shares["bf16-true"] > 0.9 and shares["32-true"] < 0.05, shares
 
 
 def test_tensorboard_and_csv_backends(tmp_path):

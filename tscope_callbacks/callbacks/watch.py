@@ -15,7 +15,10 @@ What ``wandb.watch(model, log="gradients")`` does, and where this differs:
   histogram is the whole parameter's (a replicated or partial layout is histogrammed per rank, said once);
 - ``update_ratio=True`` adds what divergence hunts look at first: per layer, the size of the optimizer's update
   relative to the weights, ``||w_after - w_before|| / ||w_after||`` (healthy training sits around 1e-3; far above,
-  the learning rate is too high for that layer). It costs one copy of the parameters on the logged steps only.
+  the learning rate is too high for that layer), and the share of each layer's weights the update left exactly as
+  they were. That share is ~0 in fp32; with weights stored in bf16 (``precision="bf16-true"``), an update smaller
+  than half a bf16 step of the weight is rounded away, and a layer whose share nears 1 has stopped learning. A
+  step the GradScaler skipped reads 1 everywhere. It costs one copy of the parameters on the logged steps only.
 """
 
 from __future__ import annotations
@@ -60,8 +63,9 @@ class WatchCallback(Callback):
     optimizer sees them, after AMP unscaling; parameters before the update); scalars
     ``tscope/watch/nonfinite_grads`` (NaN + Inf gradient elements), ``tscope/watch/nonfinite/<parameter>`` (only for
     gradients that hold any: a histogram of nothing finite cannot be drawn), ``tscope/update_ratio/<layer>`` and
-    ``tscope/update_ratio/total``. Attributes: ``last`` (the last logged step: ``{"step", "gradients",
-    "parameters", "update_ratio"}`` with lists of ``Histogram``; on rank zero only, unless parameters are sharded:
+    ``tscope/update_ratio/total``, ``tscope/update_unchanged/<layer>`` and ``.../total`` (the share of weights the
+    update left unchanged). Attributes: ``last`` (the last logged step: ``{"step", "gradients", "parameters",
+    "update_ratio", "update_unchanged"}``, histograms as lists of ``Histogram``; on rank zero only, unless parameters are sharded:
     then every rank takes part), ``host_waits`` (reads that had to wait for the
     device: only at the end of training).
     """
@@ -206,11 +210,13 @@ class WatchCallback(Callback):
         after = [local_tensor(p).detach() for p in params]
         diff = torch.stack(torch._foreach_norm(torch._foreach_sub(after, before), 2)).double().square()
         wsq = torch.stack(torch._foreach_norm(after, 2)).double().square()
-        vec = torch.cat([diff, wsq])
+        same = torch.stack([(a == b).sum() for a, b in zip(after, before)]).double()  # elements the update left
+        vec = torch.cat([diff, wsq, same])
         if reduce is not None:
             reduce(vec, "sum")
         del before
-        self._pending.append({"step": step, "layout": [("update_ratio", names)], **self._copy(vec)})
+        self._pending.append({"step": step, "layout": [("update_ratio", names)], "numel": [p.numel() for p in params],
+                              **self._copy(vec)})
 
     # ---------------------------------------------------------------- read-out and logging
     def _poll(self, trainer: Any, wait: bool) -> None:
@@ -235,9 +241,11 @@ class WatchCallback(Callback):
             n = len(names)
             if kind == "update_ratio":
                 ratios = _layer_ratios(names, host[off:off + n], host[off + n:off + 2 * n])
-                off += 2 * n
-                last["update_ratio"] = ratios
+                same = _layer_shares(names, host[off + 2 * n:off + 3 * n], item["numel"])
+                off += 3 * n
+                last["update_ratio"], last["update_unchanged"] = ratios, same
                 scalars.update({metric_key("update_ratio", k or "root"): v for k, v in ratios.items()})
+                scalars.update({metric_key("update_unchanged", k or "root"): v for k, v in same.items()})
                 continue
             stats, counts = host[off:off + n * H.NSTAT], host[off + n * H.NSTAT:off + n * (H.NSTAT + self.bins)]
             off += n * (H.NSTAT + self.bins)
@@ -252,6 +260,18 @@ class WatchCallback(Callback):
         self.last = last
         if scalars and trainer.is_global_zero:
             sinks_for(trainer, self.raise_errors).log_scalars(scalars, step)
+
+
+def _layer_shares(names: list[str], same: list[float], numel: list[int]) -> dict[str, float]:
+    """Per layer (the module owning the parameters) and in ``total``: unchanged elements / elements."""
+    acc: dict[str, list[float]] = {}
+    for name, s, n in zip(names, same, numel):
+        a = acc.setdefault(name.rsplit(".", 1)[0] if "." in name else "", [0.0, 0.0])
+        a[0], a[1] = a[0] + s, a[1] + n
+    out = {k: s / n for k, (s, n) in acc.items() if n}
+    total = sum(numel)
+    out["total"] = sum(same) / total if total else 0.0
+    return out
 
 
 def _layer_ratios(names: list[str], diff_sq: list[float], w_sq: list[float]) -> dict[str, float]:
