@@ -14,6 +14,7 @@ _COMMANDS = {
     "specs": ("tscope_callbacks.cli.specs", "list the device roof table, or show one device"),
     "calibrate": ("tscope_callbacks.cli.calibrate", "measure this machine's achievable roofs (FLOP/s, bandwidth)"),
     "report": ("tscope_callbacks.cli.report", "render a saved profiled-step JSON as the roofline table / plot"),
+    "diff": ("tscope_callbacks.cli.diff", "compare two saved profiled steps: step time, MFU, memory, per layer"),
 }
 
 

@@ -1,0 +1,153 @@
+"""Two profiled steps side by side: did a change help, and where (``tscope diff A.json B.json``).
+
+HTA's ``TraceDiff`` compares two traces' kernels by name and count. This compares what the report already knows, on
+each step's own basis: the step time MFU is computed from (the unprofiled steps' median, device-busy, or op time:
+``RooflineReport.step_time_source``), MFU, model FLOPs, tokens/s, the step's memory peak, then per layer and per op
+class the op time (measured; expected kernel time when a side is untimed, said so), ranked by how much each moved.
+
+When the two steps do different work (model FLOPs differ by more than 1%: another batch shape, model or
+precision), the step time is not comparable and the diff says to read throughput and MFU instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.analysis.model_summary import model_summary
+
+__all__ = ["StepDiff", "diff_reports"]
+
+
+@dataclass
+class DiffRow:
+    """One layer or op class: time in A and in B (seconds; None when absent on that side)."""
+
+    name: str
+    a_s: float | None
+    b_s: float | None
+
+    @property
+    def delta_s(self) -> float:
+        return (self.b_s or 0.0) - (self.a_s or 0.0)
+
+    @property
+    def ratio(self) -> float | None:
+        """B / A (below 1: faster in B)."""
+        return _div(self.b_s, self.a_s) if self.a_s and self.b_s is not None else None
+
+
+@dataclass
+class StepDiff:
+    """The comparison of two reports (``a``: before, ``b``: after)."""
+
+    a: Any
+    b: Any
+    labels: tuple[str, str] = ("A", "B")
+    headline: list[tuple[str, Any, Any, str]] = field(default_factory=list)  #: (figure, A, B, change)
+    layers: list[DiffRow] = field(default_factory=list)  #: largest |change| first
+    classes: list[DiffRow] = field(default_factory=list)
+    same_work: bool = True
+    basis: str = "measured op time"
+    notes: list[str] = field(default_factory=list)
+
+    def to_markdown(self, top: int = 15) -> str:
+        la, lb = self.labels
+        lines = [f"## Step diff — {la} → {lb}", "", f"| | {la} | {lb} | change |", "|---|---|---|---|"]
+        lines += [f"| {name} | {va} | {vb} | {ch} |" for name, va, vb, ch in self.headline]
+        lines += [""] + [f"- {n}" for n in self.notes]
+        for title, rows in ((f"Layers ({self.basis}, self time, all phases; largest change first)", self.layers),
+                            (f"Op classes ({self.basis})", self.classes)):
+            lines += ["", f"### {title}", "", f"| name | {la} ms | {lb} ms | change ms | {lb}/{la} |",
+                      "|---|---|---|---|---|"]
+            for r in rows[:top]:
+                lines.append(f"| `{r.name or '(root)'}` | {_ms(r.a_s)} | {_ms(r.b_s)} | {r.delta_s * 1e3:+.4g} | "
+                             f"{'' if r.ratio is None else f'{r.ratio:.3g}x'} |")
+            if len(rows) > top:
+                rest = rows[top:]
+                lines.append(f"| ({len(rest)} more) | {_ms(sum(r.a_s or 0 for r in rest))} | "
+                             f"{_ms(sum(r.b_s or 0 for r in rest))} | {sum(r.delta_s for r in rest) * 1e3:+.4g} | |")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = lambda rs: [{"name": r.name, "a_s": r.a_s, "b_s": r.b_s, "delta_s": r.delta_s,  # noqa: E731
+                            "ratio": r.ratio} for r in rs]
+        return {"labels": list(self.labels), "same_work": self.same_work, "basis": self.basis, "notes": self.notes,
+                "headline": [{"figure": n, "a": a, "b": b, "change": c} for n, a, b, c in self.headline],
+                "layers": rows(self.layers), "classes": rows(self.classes)}
+
+
+def _ms(s: float | None) -> str:
+    return "" if s is None else f"{s * 1e3:.4g}"
+
+
+def _times(report: Any, rows: list[Any], timed: bool) -> dict[str, float]:
+    return {r.name if r.kind != "layer_total" else r.layer: ((r.measured_s or 0.0) if timed else r.expected_s)
+            for r in rows}
+
+
+def _change(a: float | None, b: float | None, *, lower_better: bool = False, points: bool = False) -> str:
+    if a is None or b is None:
+        return ""
+    if points:
+        return f"{(b - a) * 100:+.3g} pts"
+    if not a:
+        return ""
+    rel = b / a - 1
+    txt = f"{rel:+.1%}"
+    if lower_better and b and b != a:
+        txt += f" ({a / b:.3g}x faster)" if b < a else f" ({b / a:.3g}x slower)"
+    return txt
+
+
+def _peak(report: Any) -> float | None:
+    cats = report.meta.get("memory_categories") or {}
+    v = cats.get("step_peak") if isinstance(cats, dict) else None
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
+def diff_reports(a: Any, b: Any, labels: tuple[str, str] = ("A", "B")) -> StepDiff:
+    """Compare two ``RooflineReport``s (module doc)."""
+    timed = a.timed and b.timed
+    d = StepDiff(a, b, labels, basis="measured op time" if timed else "expected kernel time")
+    if not timed:
+        d.notes.append("one side is untimed (an analysis): layers and classes compare expected kernel times")
+    fa, fb = a.model_flops, b.model_flops
+    d.same_work = bool(fa and fb and abs(fb / fa - 1) <= 0.01)
+    if not d.same_work:
+        d.notes.append(f"the steps do different work (model FLOPs {fa / 1e9:.4g} vs {fb / 1e9:.4g} GFLOP): compare "
+                       "throughput and MFU, not times")
+    if a.spec.name != b.spec.name:
+        d.notes.append(f"different devices: {a.spec.name} vs {b.spec.name}")
+    sa, sb = a.measured_step_s, b.measured_step_s
+    if sa is not None and sb is not None and a.step_time_source != b.step_time_source:
+        d.notes.append(f"the step times have different bases: {a.step_time_source} vs {b.step_time_source}")
+    ma, mb = model_summary(a), model_summary(b)
+    pa, pb = _peak(a), _peak(b)
+    fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
+    d.headline = [
+        ("step ms" + ("" if sa is not None and sb is not None else " (expected)"),
+         fmt((sa or a.estimated_step_s) * 1e3, ".4g"), fmt((sb or b.estimated_step_s) * 1e3, ".4g"),
+         _change(sa or a.estimated_step_s, sb or b.estimated_step_s, lower_better=True) if d.same_work else
+         "(different work)"),
+        ("MFU", fmt(a.mfu, ".2%"), fmt(b.mfu, ".2%"), _change(a.mfu, b.mfu, points=True)),
+        ("model GFLOP per step", fmt(fa / 1e9, ".4g"), fmt(fb / 1e9, ".4g"), _change(fa, fb)),
+        ("tokens/s" if ma.get("tokens_per_s") else "samples/s",
+         fmt(ma.get("tokens_per_s") or ma.get("samples_per_s"), ",.0f"),
+         fmt(mb.get("tokens_per_s") or mb.get("samples_per_s"), ",.0f"),
+         _change(ma.get("tokens_per_s") or ma.get("samples_per_s"), mb.get("tokens_per_s") or mb.get("samples_per_s"))),
+        ("op time ms", fmt((a.op_time_s or 0) * 1e3 if timed else None, ".4g"),
+         fmt((b.op_time_s or 0) * 1e3 if timed else None, ".4g"),
+         _change(a.op_time_s, b.op_time_s, lower_better=True) if timed else ""),
+        ("ops", str(len(a.op_roofs)), str(len(b.op_roofs)), _change(len(a.op_roofs), len(b.op_roofs))),
+    ]
+    if pa is not None or pb is not None:
+        d.headline.append(("step peak MiB", fmt(pa and pa / 2**20, ".4g"), fmt(pb and pb / 2**20, ".4g"),
+                           _change(pa, pb)))
+    for attr, rows in (("layers", "layer_totals"), ("classes", "category_rows")):
+        ta, tb = _times(a, getattr(a, rows), timed), _times(b, getattr(b, rows), timed)
+        out = [DiffRow(k, ta.get(k), tb.get(k)) for k in set(ta) | set(tb)]
+        out.sort(key=lambda r: -abs(r.delta_s))
+        setattr(d, attr, out)
+    return d

@@ -1,0 +1,45 @@
+"""``tscope diff A.json B.json``: two saved profiled steps (or analyses) side by side (``analysis.diff``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", help="the step before (a step_<N>.json, or a `tscope analyze --json` file)")
+    p.add_argument("b", help="the step after")
+    p.add_argument("--gpu", default=None, metavar="NAME",
+                   help="rate both on this device (default: each file's recorded device)")
+    p.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
+    p.add_argument("--json", default=None, metavar="OUT.json", help="write the comparison as JSON here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tscope_callbacks.analysis.diff import diff_reports
+    from tscope_callbacks.api import roofline
+    from tscope_callbacks.cli.report import load
+
+    reports = []
+    for path in (args.a, args.b):
+        try:
+            prof, dev = load(path)
+            reports.append(roofline(prof, args.gpu or dev or None))
+        except (LookupError, ValueError, OSError) as e:
+            msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+            print(f"tscope diff: {msg or type(e).__name__}", file=sys.stderr)
+            return 2
+    names = [os.path.basename(args.a), os.path.basename(args.b)]
+    if names[0] == names[1]:
+        names = [args.a, args.b]
+    d = diff_reports(reports[0], reports[1], labels=(names[0], names[1]))
+    print(d.to_markdown(top=args.top))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(d.to_dict(), f)
+        print(f"JSON written to {args.json}")
+    return 0
