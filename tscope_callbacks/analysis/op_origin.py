@@ -5,16 +5,17 @@
 :class:`OpOrigin`, a dispatch mode, checks every op's floating outputs and keeps the first op that turned finite
 inputs into a non-finite output:
 
-- in the forward: the aten op, the module running, the user's line that called it (the innermost frame outside torch,
-  Lightning and tscope: a model file, HF's modeling code, a ``training_step``), and its inputs (shape, dtype, range,
-  zeros and negatives: a ``log`` of zeros, a ``div`` by zero, an overflowing ``exp`` or matmul);
+- in the forward: the aten op, the user's line that called it (the innermost frame outside torch, Lightning and
+  tscope: a model file, HF's modeling code, a ``training_step``), and its inputs (shape, dtype, range, zeros and
+  negatives: a ``log`` of zeros, a ``div`` by zero, an overflowing ``exp`` or matmul); the module is the locate
+  tracer's;
 - in the backward: the aten op of the gradient formula, the autograd node running it (``SqrtBackward0``) and the line
   of the forward op that created that node (recorded by sequence number during the replay's forward).
 
 An op given an explicit infinite scalar whose output has infinities but no NaN (``masked_fill(mask, -inf)``,
 ``full(..., -inf)``: attention masks) is intentional and skipped; a NaN scalar, or an infinity that made a NaN
-(``0 * inf``), is an origin. Each op's check reads its outputs on the host
-(one sync per op): acceptable in the replay of a bad step, never run on healthy steps.
+(``0 * inf``), is an origin. Each op's check reads its outputs on the host (one sync per op): acceptable in the
+replay of a bad step, never run on healthy steps (on the test model the replay takes 40 ms instead of 21 on CPU).
 """
 
 from __future__ import annotations
@@ -35,11 +36,9 @@ from tscope_callbacks.analysis.nonfinite import floating, iter_tensors
 __all__ = ["OpOrigin", "Origin", "user_frame"]
 
 _current_node = torch._C._current_autograd_node
-_SKIP_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__name__.split(".")[0]])
-                   if getattr(m, "__file__", None))
-
-
-_DEMO = os.path.join(_SKIP_DIRS[-1], "demo", "")  # the demo's model and module are user code
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # tscope_callbacks/
+_SKIP_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, _OWN_DIR)
+_DEMO = os.path.join(_OWN_DIR, "demo", "")  # the demo's model and LightningModule are user code
 
 
 def _skipped(filename: str) -> bool:
