@@ -7,6 +7,7 @@ whose hook runs starts it with the union of the options and hands the result to 
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from dataclasses import dataclass
@@ -78,6 +79,7 @@ def signature_inputs(sig: tuple) -> list[list]:
     return out
 
 
+@functools.lru_cache(maxsize=64)  # called every micro-batch; a run has few batch shapes
 def batch_size(sig: tuple) -> tuple[int, int]:
     """(samples, tokens) of one batch from its :func:`batch_signature`: the first tensor's first dimension, and
     batch x sequence when that tensor is 2-D integer ids (0 when not); (0, 0) without a tensor."""
