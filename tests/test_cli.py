@@ -209,6 +209,14 @@ def test_analyze_fsdp_what_if_and_its_report(capsys: pytest.CaptureFixture[str],
     assert main(["analyze", "tscope_callbacks.demo.model:TinyGPT", "--input-shape", "8,64", "--gpu", "h100",
                  "--backward", "--fsdp", "4", "--fsdp-units", "NoSuchBlock"]) == 2
     assert "no module of class 'NoSuchBlock'" in capsys.readouterr().err
+    # HSDP: 16 GPUs in 2 replicas of 8-GPU shards; 3 all-reduces (the 2 blocks' and the root's shards)
+    assert main(["analyze", "tscope_callbacks.demo.model:TinyGPT", "--input-shape", "8,64", "--gpu", "h100",
+                 "--backward", "--fsdp", "16", "--fsdp-shard", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "### HSDP over 16 GPUs (2 replicas x 8-GPU shards)" in out and "all-reduce across the 2 replicas ×3" in out
+    assert main(["analyze", "tscope_callbacks.demo.model:TinyGPT", "--input-shape", "8,64", "--gpu", "h100",
+                 "--backward", "--fsdp", "16", "--fsdp-shard", "5"]) == 2
+    assert "shard_size must divide the 16 GPUs" in capsys.readouterr().err
 
 
 def test_analyze_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -254,3 +254,46 @@ def test_tracker_gradients_and_weight_casts() -> None:
     # autocast's bf16 copies of every Linear weight and bias (2 B per element); embeddings and norms stay fp32
     lin = sum(q.numel() for mod in m.modules() if isinstance(mod, torch.nn.Linear) for q in mod.parameters())
     assert sum(n for _, n in mc["cast_events"] if n > 0) == lin * 2
+
+
+def test_hsdp_shards_over_the_node_and_all_reduces_across_nodes() -> None:
+    """HSDP over 32 GPUs with 8-GPU shards: each GPU holds what FSDP over 8 holds, its all-gathers and reduce-scatters
+    stay on NVLink, and each unit's reduced shard is all-reduced across the 4 replicas on the network."""
+    g = _gpt2()
+    rep = ts.analyze_model(g, [(8, 1024)], gpu="h100", precision="bf16-mixed", backward=True,
+                           optimizer="adamw-fused", fsdp=32, fsdp_shard=8)
+    w = rep.meta["fsdp_whatif"]
+    fsdp8 = fsdp_whatif(rep, g, 8, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    assert (w["shard_size"], w["replicas"], w["link"], w["all_reduce_link"]) == (8, 4, "nvlink", "network")
+    assert w["memory"] == fsdp8["memory"]  # sharded over 8 either way
+    assert w["comm"]["all_gather"] == fsdp8["comm"]["all_gather"]
+    assert w["comm"]["reduce_scatter"] == fsdp8["comm"]["reduce_scatter"]
+    block, root = 7_087_872, 39_390_720  # padded elements (test above)
+    # fp32 gradient shards: one eighth of each unit's padded gradient, 13 calls
+    ar = w["comm"]["all_reduce"]
+    assert (ar["calls"], ar["bytes"]) == (13, 4 * (root + 12 * block) // 8)
+    # ring all-reduce over 4 replicas: 20 µs + 2 x 3/4 x S / (0.8 x 50 GB/s) a call
+    t = lambda s: 20e-6 + 2 * s * 3 / 4 / (0.8 * 50e9)  # noqa: E731
+    assert ar["time_s"] == pytest.approx(t(4 * root // 8) + 12 * t(4 * block // 8))
+    tm, t8 = w["time"], fsdp8["time"]
+    assert tm["compute_s"] == pytest.approx(t8["compute_s"]) and tm["step_s"] >= t8["step_s"]
+    assert tm["comm_s"] == pytest.approx(t8["comm_s"] + ar["time_s"])
+    # against FSDP over the same 32 GPUs: every collective on the network instead of the all-reduce alone
+    flat = fsdp_whatif(rep, g, 32, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    assert flat["memory"]["params"] < w["memory"]["params"] and flat["time"]["comm_s"] > tm["comm_s"]
+    md = rep.to_markdown()
+    assert "### HSDP over 32 GPUs (4 replicas x 8-GPU shards) (what-if, per GPU)" in md
+    assert "all-reduce across the 4 replicas ×13" in md and "the all-reduce on network at 50 GB/s" in md
+    with pytest.raises(ValueError, match="shard_size must divide the 32 GPUs"):
+        fsdp_whatif(rep, g, 32, shard_size=6)
+    with pytest.raises(ValueError, match="fsdp_shard= needs fsdp=N"):
+        ts.analyze_model(g, [(8, 1024)], gpu="h100", backward=True, fsdp_shard=8)
+
+
+def test_hsdp_schedule_by_hand() -> None:
+    # the first schedule above with an all-reduce of 2 per unit and 1 for the root, on its own queue: unit 1's
+    # reduce-scatter ends at 13 -> its all-reduce 13-15; unit 0's at 17 -> 17-19; the root's reduce-scatter 17-18 ->
+    # its all-reduce 19-20 (the queue is busy); optimizer 20-20.5. Compute 14.5, exposed 6
+    r = simulate_step([2, 2], [4, 4], [1, 1], [1, 1], root_ag=1, root_rs=1, root_fwd=1, root_bwd=1, after=0.5,
+                      ar=[2, 2], root_ar=1)
+    assert r == {"step_s": 20.5, "compute_s": 14.5, "exposed_s": 6.0}

@@ -163,6 +163,7 @@ def analyze_model(
     optimizer: Any = None,
     fsdp: int | None = None,
     fsdp_units: Any = None,
+    fsdp_shard: int | None = None,
 ):
     """Count FLOPs/bytes of ``model`` on ``input_shape`` and place every op on ``gpu``'s roofline.
 
@@ -186,12 +187,15 @@ def analyze_model(
     ``fsdp=N``: also what FSDP2 over N GPUs would do to this step, per GPU (``analysis.fsdp.fsdp_whatif``: memory,
     collectives, exposed communication, step time), in ``report.meta["fsdp_whatif"]`` and the report's FSDP section.
     Units: ``fsdp_units`` (module paths or a class name; default the repeated blocks). Under "-mixed" precision the
-    parameters are gathered at the low dtype and gradients reduced in fp32 (torchtitan's policy).
+    parameters are gathered at the low dtype and gradients reduced in fp32 (torchtitan's policy). ``fsdp_shard=S``
+    (S divides N): HSDP instead, sharded over S GPUs and replicated N/S times (e.g. ``fsdp=64, fsdp_shard=8``).
     """
     if fsdp is not None and (not isinstance(fsdp, int) or isinstance(fsdp, bool) or fsdp < 2):
         raise ValueError(f"fsdp= is the number of GPUs to shard over (2 or more), got {fsdp!r}")
     if fsdp is not None and not backward:
         raise ValueError("fsdp= needs backward=True: the what-if is a training step (gradients are reduce-scattered)")
+    if fsdp_shard is not None and fsdp is None:
+        raise ValueError("fsdp_shard= needs fsdp=N, the number of GPUs (HSDP: N = replicas x fsdp_shard)")
     prec = normalize_precision(precision)
     mixed = str(precision).strip().lower().endswith("-mixed")
     spec = get_device_spec(gpu)
@@ -207,7 +211,8 @@ def analyze_model(
         from tscope_callbacks.analysis.fsdp import fsdp_whatif, mixed_policy
 
         low, reduce = mixed_policy(precision)
-        w = fsdp_whatif(report, model, fsdp, units=fsdp_units, param_dtype=low, reduce_dtype=reduce)
+        w = fsdp_whatif(report, model, fsdp, units=fsdp_units, param_dtype=low, reduce_dtype=reduce,
+                        shard_size=fsdp_shard)
         report.meta["fsdp_whatif"] = prof.meta["fsdp_whatif"] = w  # the profile carries it into saved files
     if print_report:
         print(report.to_markdown(top=top))

@@ -25,6 +25,12 @@ grows N-fold):
   own forward compute runs after the units (an LM's head), its backward before them. Exposed communication is the
   step minus the compute.
 
+**HSDP** (``shard_size=S`` < N: FSDP2's hybrid sharding, a 2-D mesh of N/S replicas x S shards): parameters,
+gradients and optimizer state are sharded over S, not N; all-gathers and reduce-scatters run within the shard group
+(NVLink when S fits a node), and each unit's reduced gradient shard (its reduce-scatter output) is then all-reduced
+across the N/S replicas: ``latency + 2 (R-1)/R x S_shard / (efficiency x bandwidth)`` on the network once N exceeds
+a node, on a second queue issued when the unit's reduce-scatter ends (its own link: the NIC, not NVLink).
+
 Assumptions that are not measurements: ``link_efficiency`` (0.8 of the link; large all-gathers and
 reduce-scatters over NVLink reach about this in published nccl-tests runs), ``latency_s`` (20 µs a collective),
 ``network_bw`` (50 GB/s a GPU, one 400 Gb/s NIC each). Not modelled: NCCL kernels slowing the compute they
@@ -136,15 +142,23 @@ def fsdp_units(model: torch.nn.Module, n: int, *, units: Sequence[str] | str | N
 
 def simulate_step(fwd: Sequence[float], bwd: Sequence[float], ag: Sequence[float], rs: Sequence[float], *,
                   root_ag: float, root_rs: float, root_fwd: float, root_bwd: float, after: float = 0.0,
-                  reshard_after_forward: bool = True) -> dict[str, float]:
+                  reshard_after_forward: bool = True, ar: Sequence[float] | None = None,
+                  root_ar: float = 0.0) -> dict[str, float]:
     """One step of FSDP2's schedule (module doc): per unit in forward order its forward and backward compute and
-    its all-gather and reduce-scatter times; the root's. Returns ``step_s``, ``compute_s`` and ``exposed_s``."""
-    link = 0.0
+    its all-gather and reduce-scatter times; the root's; under HSDP (``ar``) each unit's all-reduce across replicas,
+    on its own queue after the unit's reduce-scatter. Returns ``step_s``, ``compute_s`` and ``exposed_s``."""
+    link = net = 0.0
 
     def comm(issue: float, dur: float) -> float:
         nonlocal link
         link = max(issue, link) + dur
         return link
+
+    def across(issue: float, dur: float) -> float:  # the replicas' all-reduce queue
+        nonlocal net
+        if dur:
+            net = max(issue, net) + dur
+        return net
 
     k = len(fwd)
     comp = comm(0.0, root_ag)
@@ -163,8 +177,11 @@ def simulate_step(fwd: Sequence[float], bwd: Sequence[float], ag: Sequence[float
         if reshard_after_forward and i + 1 < k:
             ready_at[order[i + 1]] = comm(start, ag[order[i + 1]])
         comp = start + bwd[j]
-        comm(comp, rs[j])
-    end = max(comm(comp, root_rs), comp) + after
+        done_rs = comm(comp, rs[j])
+        if ar:
+            across(done_rs, ar[j])
+    done_rs = comm(comp, root_rs)
+    end = max(done_rs, across(done_rs, root_ar), comp) + after
     compute = sum(fwd) + sum(bwd) + root_fwd + root_bwd + after
     return {"step_s": end, "compute_s": compute, "exposed_s": max(0.0, end - compute)}
 
@@ -182,23 +199,28 @@ def fsdp_whatif(report: Any, model: torch.nn.Module, n: int, *, units: Sequence[
                 param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
                 reshard_after_forward: bool = True, link_efficiency: float = LINK_EFFICIENCY,
                 latency_s: float = LATENCY_S, gpus_per_node: int = GPUS_PER_NODE,
-                network_bw: float = NETWORK_BW) -> dict[str, Any]:
+                network_bw: float = NETWORK_BW, shard_size: int | None = None) -> dict[str, Any]:
     """Per-GPU memory, collectives and step time of ``report``'s step (a ``RooflineReport`` of ``model`` on one
-    device, with layer details) under FSDP2 over ``n`` GPUs (module doc). JSON-safe; ``report.meta["fsdp_whatif"]``
-    carries it into the report."""
+    device, with layer details) under FSDP2 over ``n`` GPUs, or HSDP with ``shard_size`` GPUs per shard group (module
+    doc). JSON-safe; ``report.meta["fsdp_whatif"]`` carries it into the report."""
     for name, v in (("link_efficiency", link_efficiency), ("network_bw", network_bw)):
         if not v > 0:
             raise ValueError(f"{name} must be positive, got {v!r}")
     if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
         raise ValueError(f"gpus_per_node must be a positive integer, got {gpus_per_node!r}")
+    shard = n if shard_size is None else shard_size
+    if isinstance(shard, bool) or not isinstance(shard, int) or not 2 <= shard <= n or n % shard:
+        raise ValueError(f"shard_size must divide the {n} GPUs and be 2 or more (HSDP: {n} = replicas x shard "
+                         f"size), got {shard_size!r}")
+    reps = n // shard
     if any(hasattr(p, "_local_tensor") for p in model.parameters()):
         raise ValueError("this model is already sharded (DTensor parameters): its profile shows FSDP's real "
                          "collectives and memory; the what-if is for a model profiled on one device")
-    us = fsdp_units(model, n, units=units, param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    us = fsdp_units(model, shard, units=units, param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     blocks = [u for u in us if u.path]
     root = next((u for u in us if not u.path), None)
     numel_tr = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    share = sum(u.padded_trainable for u in us) / n / numel_tr if numel_tr else 0.0
+    share = sum(u.padded_trainable for u in us) / shard / numel_tr if numel_tr else 0.0
     mem = fsdp_memory(report, us, share, reshard_after_forward, two_grads=reduce_dtype not in (None, param_dtype),
                       drop_casts=param_dtype is not None)
     n_back = len(blocks) if reshard_after_forward else 0
@@ -208,26 +230,30 @@ def fsdp_whatif(report: Any, model: torch.nn.Module, n: int, *, units: Sequence[
         "reduce_scatter": {"calls": sum(1 for u in us if u.padded_trainable),
                            "bytes": sum(u.reduce_bytes for u in us)},
     }
-    link_name, bw = "", None
-    if n > gpus_per_node:
-        link_name, bw = "network", float(network_bw)
-    elif getattr(report.spec, "link_bandwidth", None):
-        link_name, bw = report.spec.link_name, float(report.spec.link_bandwidth)
+    if reps > 1:  # HSDP: each unit's reduced shard (its reduce-scatter output) all-reduced across the replicas
+        comm["all_reduce"] = {"calls": comm["reduce_scatter"]["calls"], "bytes": comm["reduce_scatter"]["bytes"] // shard}
+    link_name, bw = _link(report, shard, gpus_per_node, network_bw)
+    ar_name, ar_bw = _link(report, n, gpus_per_node, network_bw) if reps > 1 else ("", None)
     out: dict[str, Any] = {
-        "n": n, "units": [asdict(u) for u in us], "unit_summary": _summary(blocks, root),
+        "n": n, "shard_size": shard, "replicas": reps, "all_reduce_link": ar_name, "all_reduce_bandwidth": ar_bw,
+        "units": [asdict(u) for u in us], "unit_summary": _summary(blocks, root),
         "param_dtype": _name(param_dtype), "reduce_dtype": _name(reduce_dtype or param_dtype),
         "reshard_after_forward": reshard_after_forward, "memory": mem, "comm": comm,
         "link": link_name, "link_bandwidth": bw, "link_efficiency": link_efficiency, "latency_s": latency_s,
         "time": None,
     }
-    if bw is None:
+    if bw is None or reps > 1 and ar_bw is None:
         return out
-    t = lambda s: (latency_s + s * (n - 1) / n / (link_efficiency * bw)) if s else 0.0  # noqa: E731
+    t = lambda b: (latency_s + b * (shard - 1) / shard / (link_efficiency * bw)) if b else 0.0  # noqa: E731
+    # an all-reduce of b bytes over R replicas moves 2 (R-1)/R x b per GPU (ring; nccl-tests' busbw factor)
+    t_ar = lambda b: (latency_s + 2 * b * (reps - 1) / reps / (link_efficiency * ar_bw)) if b and reps > 1 else 0.0  # noqa: E731
     for c in comm.values():
         c["time_s"] = 0.0
     comm["all_gather"]["time_s"] = sum(t(u.gather_bytes) for u in us) + sum(t(u.gather_bytes) for u in blocks
                                                                              if n_back)
     comm["reduce_scatter"]["time_s"] = sum(t(u.reduce_bytes) for u in us)
+    if reps > 1:
+        comm["all_reduce"]["time_s"] = sum(t_ar(u.reduce_bytes // shard) for u in us)
     paths = [u.path for u in blocks]
     per: dict[tuple[str, str], float] = {}
     measured = report.timed and not report.meta.get("what_if")  # times of another device: its expected times
@@ -241,16 +267,28 @@ def fsdp_whatif(report: Any, model: torch.nn.Module, n: int, *, units: Sequence[
                         [t(u.gather_bytes) for u in blocks], [t(u.reduce_bytes) for u in blocks],
                         root_ag=t(root.gather_bytes) if root else 0.0, root_rs=t(root.reduce_bytes) if root else 0.0,
                         root_fwd=per.get(("", "forward"), 0.0), root_bwd=per.get(("", "backward"), 0.0),
-                        after=opt_s * share, reshard_after_forward=reshard_after_forward)
+                        after=opt_s * share, reshard_after_forward=reshard_after_forward,
+                        ar=[t_ar(u.reduce_bytes // shard) for u in blocks] if reps > 1 else None,
+                        root_ar=t_ar(root.reduce_bytes // shard) if root and reps > 1 else 0.0)
     sim["single_step_s"] = sum(per.values())  # one device, the same basis: its op times in sequence
     sim["basis"] = "measured op times" if measured else "expected op times"
     sim["mfu"] = (report.model_flops / sim["step_s"] / report.mfu_peak_flops
                   if sim["step_s"] and report.mfu_peak_flops else None)
-    comm_s = comm["all_gather"]["time_s"] + comm["reduce_scatter"]["time_s"]
+    comm_s = sum(c["time_s"] for c in comm.values())
     sim["comm_s"] = comm_s
     sim["overlap_frac"] = 1.0 - sim["exposed_s"] / comm_s if comm_s else None
     out["time"] = sim
     return out
+
+
+def _link(report: Any, group: int, gpus_per_node: int, network_bw: float) -> tuple[str, float | None]:
+    """(name, bandwidth per direction) of the link a collective over ``group`` GPUs runs on: the device's fastest
+    link within a node, the network beyond."""
+    if group > gpus_per_node:
+        return "network", float(network_bw)
+    if getattr(report.spec, "link_bandwidth", None):
+        return report.spec.link_name, float(report.spec.link_bandwidth)
+    return "", None
 
 
 def _name(dtype: torch.dtype | None) -> str | None:

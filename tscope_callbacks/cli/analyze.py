@@ -42,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fsdp", type=int, default=None, metavar="N",
                    help="with --backward: also what FSDP2 over N GPUs would do to this step, per GPU (memory, "
                         "collectives, exposed communication, step time)")
+    p.add_argument("--fsdp-shard", type=int, default=None, metavar="S",
+                   help="with --fsdp N: HSDP instead, sharded over S GPUs (e.g. 8: one node) and replicated N/S times")
     p.add_argument("--fsdp-units", default=None,
                    help="the modules fully_shard wraps: a class name (e.g. GPT2Block) or comma-separated module paths "
                         "(default: the repeated blocks)")
@@ -159,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         report = analyze_model(model, shapes, args.gpu, args.precision, input_dtypes=dtypes,
                                backward=args.backward, device=args.device,
                                attention_backend=args.attention_backend, optimizer=args.optimizer,
-                               fsdp=args.fsdp, fsdp_units=_units(args.fsdp_units))
+                               fsdp=args.fsdp, fsdp_units=_units(args.fsdp_units), fsdp_shard=args.fsdp_shard)
     except UnknownDeviceError as e:
         print(f"tscope analyze: {e}", file=sys.stderr)
         return 2
