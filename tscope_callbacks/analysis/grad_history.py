@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["GradHistory", "layer_norms", "global_norm"]
+__all__ = ["GradHistory", "layer_norms", "layer_sums", "global_norm", "owner"]
 
 
 def global_norm(norms: Sequence[float]) -> float:
@@ -31,14 +31,23 @@ def global_norm(norms: Sequence[float]) -> float:
     return math.sqrt(sum(n * n for n in norms))
 
 
+def owner(name: str) -> str:
+    """The module owning a parameter: its name without the last part ("" for the root's own)."""
+    return name.rpartition(".")[0]
+
+
+def layer_sums(names: Sequence[str], values: Sequence[float]) -> dict[str, float]:
+    """Per owning module (:func:`owner`), the sum of its parameters' values."""
+    out: dict[str, float] = {}
+    for name, v in zip(names, values):
+        layer = owner(name)
+        out[layer] = out.get(layer, 0.0) + v
+    return out
+
+
 def layer_norms(names: Sequence[str], norms: Sequence[float]) -> dict[str, float]:
-    """Per owning module (the parameter name without its last part; "" for the root's own), the L2 norm of its
-    gradients."""
-    sq: dict[str, float] = {}
-    for name, n in zip(names, norms):
-        layer = name.rsplit(".", 1)[0] if "." in name else ""
-        sq[layer] = sq.get(layer, 0.0) + n * n
-    return {k: math.sqrt(v) for k, v in sq.items()}
+    """Per owning module (:func:`owner`), the L2 norm of its gradients."""
+    return {k: math.sqrt(v) for k, v in layer_sums(names, [n * n for n in norms]).items()}
 
 
 class GradHistory:

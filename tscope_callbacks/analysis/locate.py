@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tscope_callbacks.analysis.grad_history import owner
 from tscope_callbacks.analysis.nonfinite import LocateResult, count_nonfinite, floating, iter_tensors
 from tscope_callbacks.analysis.op_origin import OpOrigin
 from tscope_callbacks.capture.eager import EagerStance
@@ -76,10 +77,6 @@ class StepSnapshot:
 
     def mutated(self) -> bool:
         return any(t._version != v for t, v in self.versions)
-
-
-def _owner(param_name: str) -> str:
-    return param_name.rsplit(".", 1)[0] if "." in param_name else ""
 
 
 class _Tracer:
@@ -143,8 +140,8 @@ class _Tracer:
     def _param_grad(self, pname: str) -> Callable:
         def hook(g):
             if self.bwd is None and self._bad(g):
-                self.bwd = ("param", _owner(pname), pname)
-            self.last_bwd_layer = _owner(pname)
+                self.bwd = ("param", owner(pname), pname)
+            self.last_bwd_layer = owner(pname)
 
         return hook
 
@@ -208,7 +205,7 @@ def replay_locate(module: nn.Module, step_fn: Callable[[Any, int], Any], snap: S
         if tracer.fwd is not None:
             layer, how = tracer.fwd
             res.kind, res.layer, res.reproduced = "activation", layer, True
-            own = [p for n, p in named if layer is not None and _owner(n) == layer]
+            own = [p for n, p in named if layer is not None and owner(n) == layer]
             bad_own = count_nonfinite([(names[id(p)], p.detach()) for p in own])
             if bad_own:
                 res.kind = "parameter"

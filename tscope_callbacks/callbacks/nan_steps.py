@@ -11,6 +11,7 @@ import torch
 
 from tscope_callbacks.analysis import locate as nl_locate
 from tscope_callbacks.analysis import nonfinite as nl
+from tscope_callbacks.analysis.grad_history import owner
 from tscope_callbacks.analysis.nonfinite import NonFiniteEvent
 from tscope_callbacks.callbacks.session import gather_floats, gather_objects
 from tscope_callbacks.capture.paths import named_parameters
@@ -223,7 +224,7 @@ def check_params(guard: NaNGuardCallback, trainer: Any, pl_module: Any, batch_id
             return
         first = next(iter(counts))
         event = NonFiniteEvent(step=step, epoch=trainer.current_epoch, batch_idx=batch_idx, kind="parameter",
-                               layer=first.rsplit(".", 1)[0] if "." in first else "", parameters=counts,
+                               layer=owner(first), parameters=counts,
                                num_nonfinite=sum(counts.values()), ranks=list(range(trainer.world_size)),
                                max_abs_grad=nl.max_abs_finite([p for _, p in named]), counts="parameters",
                                note="found after the optimizer step (check_params); layer owns the first "

@@ -33,7 +33,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from tscope_callbacks.analysis import histograms as H
-from tscope_callbacks.analysis.grad_history import global_norm, layer_norms
+from tscope_callbacks.analysis.grad_history import global_norm, layer_norms, layer_sums
 from tscope_callbacks.callbacks.session import sinks_for
 from tscope_callbacks.callbacks.sinks import METRIC_ROOT, metric_key
 from tscope_callbacks.capture.paths import named_parameters
@@ -264,11 +264,8 @@ class WatchCallback(Callback):
 
 def _layer_shares(names: list[str], same: list[float], numel: list[int]) -> dict[str, float]:
     """Per layer (the module owning the parameters) and in ``total``: unchanged elements / elements."""
-    acc: dict[str, list[float]] = {}
-    for name, s, n in zip(names, same, numel):
-        a = acc.setdefault(name.rsplit(".", 1)[0] if "." in name else "", [0.0, 0.0])
-        a[0], a[1] = a[0] + s, a[1] + n
-    out = {k: s / n for k, (s, n) in acc.items() if n}
+    s, n = layer_sums(names, same), layer_sums(names, numel)
+    out = {k: s[k] / n[k] for k in s if n[k]}
     total = sum(numel)
     out["total"] = sum(same) / total if total else 0.0
     return out
