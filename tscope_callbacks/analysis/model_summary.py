@@ -19,7 +19,16 @@ from typing import Any
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.records import MATRIX_CATEGORIES
 
-__all__ = ["model_summary", "summary_scalars"]
+__all__ = ["batch_counts", "model_summary", "summary_scalars"]
+
+
+def batch_counts(inputs: list) -> tuple[int, int]:
+    """(samples, tokens) of one batch from its inputs ``[[shape, dtype name], ...]``: the first input's first
+    dimension, and batch x sequence when that input is 2-D integer ids (0 when not); (0, 0) without one."""
+    if not inputs or not inputs[0][0]:
+        return 0, 0
+    shape, dtype = inputs[0]
+    return shape[0], shape[0] * shape[1] if len(shape) == 2 and "int" in str(dtype) else 0
 
 
 def model_summary(report: Any) -> dict[str, Any]:
@@ -55,16 +64,10 @@ def model_summary(report: Any) -> dict[str, Any]:
         report.expected_time_s("forward")
     total_t = (report.op_time_s or 0.0) if report.timed else report.estimated_step_s
     out["forward_ms"] = (step * fwd_t / total_t * 1e3) if step and total_t else None  # the forward's share
-    inputs = report.meta.get("inputs") or []
-    batch = seq = None
-    if inputs and inputs[0][0]:
-        shape, dtype = inputs[0]
-        batch = shape[0]
-        if len(shape) == 2 and "int" in str(dtype):
-            seq = shape[1]
+    batch, tokens = batch_counts(report.meta.get("inputs") or [])
     out["batch"] = batch * micro if batch else None
     out["samples_per_s"] = _div(out["batch"], step)
-    out["tokens_per_s"] = _div(out["batch"] * seq, step) if out["batch"] and seq else None
+    out["tokens_per_s"] = _div(tokens * micro, step) if tokens else None
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from tscope_callbacks.analysis.model_summary import batch_counts
 from tscope_callbacks.callbacks.sink_setup import build_sinks
 from tscope_callbacks.callbacks.sinks import NULL_SINK, Sink
 from tscope_callbacks.records import StepProfile
@@ -81,14 +82,9 @@ def signature_inputs(sig: tuple) -> list[list]:
 
 @functools.lru_cache(maxsize=64)  # called every micro-batch; a run has few batch shapes
 def batch_size(sig: tuple) -> tuple[int, int]:
-    """(samples, tokens) of one batch from its :func:`batch_signature`: the first tensor's first dimension, and
-    batch x sequence when that tensor is 2-D integer ids (0 when not); (0, 0) without a tensor."""
-    ins = signature_inputs(sig)
-    if not ins or not ins[0][0]:
-        return 0, 0
-    shape, dtype = ins[0]
-    tokens = shape[0] * shape[1] if len(shape) == 2 and "int" in dtype else 0
-    return shape[0], tokens
+    """(samples, tokens) of one batch from its :func:`batch_signature` (``model_summary.batch_counts``: the rule the
+    profiled step's Model line uses)."""
+    return batch_counts(signature_inputs(sig))
 
 
 def gather_floats(trainer: Any, values: list[float], device: Any = None) -> list[list[float]]:
