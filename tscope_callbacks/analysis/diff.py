@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.analysis.fmt import fig
 from tscope_callbacks.analysis.model_summary import model_summary
 
 __all__ = ["StepDiff", "diff_reports"]
@@ -79,10 +80,14 @@ class StepDiff:
 
 
 def _ms(s: float | None) -> str:
-    return "" if s is None else f"{s * 1e3:.4g}"
+    return fig(s, ".4g", 1e3)
 
 
-def _times(report: Any, rows: list[Any], timed: bool) -> dict[str, float]:
+def _throughput(summary: dict[str, Any]) -> float | None:
+    return summary.get("tokens_per_s") or summary.get("samples_per_s")
+
+
+def _times(rows: list[Any], timed: bool) -> dict[str, float]:
     return {r.name if r.kind != "layer_total" else r.layer: ((r.measured_s or 0.0) if timed else r.expected_s)
             for r in rows}
 
@@ -125,28 +130,22 @@ def diff_reports(a: Any, b: Any, labels: tuple[str, str] = ("A", "B")) -> StepDi
         d.notes.append(f"the step times have different bases: {a.step_time_source} vs {b.step_time_source}")
     ma, mb = model_summary(a), model_summary(b)
     pa, pb = _peak(a), _peak(b)
-    fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
+    step_a, step_b = sa or a.estimated_step_s, sb or b.estimated_step_s
     d.headline = [
-        ("step ms" + ("" if sa is not None and sb is not None else " (expected)"),
-         fmt((sa or a.estimated_step_s) * 1e3, ".4g"), fmt((sb or b.estimated_step_s) * 1e3, ".4g"),
-         _change(sa or a.estimated_step_s, sb or b.estimated_step_s, lower_better=True) if d.same_work else
-         "(different work)"),
-        ("MFU", fmt(a.mfu, ".2%"), fmt(b.mfu, ".2%"), _change(a.mfu, b.mfu, points=True)),
-        ("model GFLOP per step", fmt(fa / 1e9, ".4g"), fmt(fb / 1e9, ".4g"), _change(fa, fb)),
-        ("tokens/s" if ma.get("tokens_per_s") else "samples/s",
-         fmt(ma.get("tokens_per_s") or ma.get("samples_per_s"), ",.0f"),
-         fmt(mb.get("tokens_per_s") or mb.get("samples_per_s"), ",.0f"),
-         _change(ma.get("tokens_per_s") or ma.get("samples_per_s"), mb.get("tokens_per_s") or mb.get("samples_per_s"))),
-        ("op time ms", fmt((a.op_time_s or 0) * 1e3 if timed else None, ".4g"),
-         fmt((b.op_time_s or 0) * 1e3 if timed else None, ".4g"),
+        ("step ms" + ("" if sa is not None and sb is not None else " (expected)"), _ms(step_a), _ms(step_b),
+         _change(step_a, step_b, lower_better=True) if d.same_work else "(different work)"),
+        ("MFU", fig(a.mfu, ".2%"), fig(b.mfu, ".2%"), _change(a.mfu, b.mfu, points=True)),
+        ("model GFLOP per step", fig(fa, ".4g", 1e-9), fig(fb, ".4g", 1e-9), _change(fa, fb)),
+        ("tokens/s" if ma.get("tokens_per_s") else "samples/s", fig(_throughput(ma), ",.0f"),
+         fig(_throughput(mb), ",.0f"), _change(_throughput(ma), _throughput(mb))),
+        ("op time ms", _ms((a.op_time_s or 0) if timed else None), _ms((b.op_time_s or 0) if timed else None),
          _change(a.op_time_s, b.op_time_s, lower_better=True) if timed else ""),
         ("ops", str(len(a.op_roofs)), str(len(b.op_roofs)), _change(len(a.op_roofs), len(b.op_roofs))),
     ]
     if pa is not None or pb is not None:
-        d.headline.append(("step peak MiB", fmt(pa and pa / 2**20, ".4g"), fmt(pb and pb / 2**20, ".4g"),
-                           _change(pa, pb)))
+        d.headline.append(("step peak MiB", fig(pa, ".4g", 2**-20), fig(pb, ".4g", 2**-20), _change(pa, pb)))
     for attr, rows in (("layers", "layer_totals"), ("classes", "category_rows")):
-        ta, tb = _times(a, getattr(a, rows), timed), _times(b, getattr(b, rows), timed)
+        ta, tb = _times(getattr(a, rows), timed), _times(getattr(b, rows), timed)
         out = [DiffRow(k, ta.get(k), tb.get(k)) for k in set(ta) | set(tb)]
         out.sort(key=lambda r: -abs(r.delta_s))
         setattr(d, attr, out)

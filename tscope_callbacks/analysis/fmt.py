@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["div", "pct", "g", "n"]
+__all__ = ["div", "fig", "pct", "g", "n"]
 
 
 def div(a: float | None, b: float | None) -> float | None:
@@ -12,6 +12,13 @@ def div(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b == 0:
         return None
     return a / b
+
+
+def fig(x: float | None, spec: str = ".4g", scale: float = 1.0) -> str:
+    """``x * scale`` formatted with ``spec``; "" when missing (untimed) or not finite."""
+    if x is None or not math.isfinite(x):
+        return ""
+    return format(x * scale, spec)
 
 
 def pct(x: float) -> str:

@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from tscope_callbacks.analysis.comm import comm_rows
+from tscope_callbacks.analysis.fmt import fig as _f
 from tscope_callbacks.analysis.fmt import g as _g
 from tscope_callbacks.analysis.fmt import n as _n
 from tscope_callbacks.analysis.fmt import pct as _pct
@@ -22,13 +23,6 @@ from tscope_callbacks.render.fsdp import fsdp_lines
 
 __all__ = ["header_lines", "to_markdown", "to_csv", "to_dict", "to_console", "json_safe", "op_table", "COLUMNS", "columns", "compare_table",
            "opportunity_line"]
-
-def _f(x: float | None, spec: str = ".4g", scale: float = 1.0) -> str:
-    """Format a figure; blank when missing (untimed) or not finite."""
-    if x is None or not math.isfinite(x):
-        return ""
-    return format(x * scale, spec)
-
 
 def _p(x: float | None) -> str:
     return "" if x is None else _pct(x)
