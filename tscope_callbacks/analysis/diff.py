@@ -146,7 +146,7 @@ def diff_reports(a: Any, b: Any, labels: tuple[str, str] = ("A", "B")) -> StepDi
         d.headline.append(("step peak MiB", fig(pa, ".4g", 2**-20), fig(pb, ".4g", 2**-20), _change(pa, pb)))
     for attr, rows in (("layers", "layer_totals"), ("classes", "category_rows")):
         ta, tb = _times(getattr(a, rows), timed), _times(getattr(b, rows), timed)
-        out = [DiffRow(k, ta.get(k), tb.get(k)) for k in set(ta) | set(tb)]
+        out = [DiffRow(k, ta.get(k), tb.get(k)) for k in sorted(set(ta) | set(tb))]  # ties by name
         out.sort(key=lambda r: -abs(r.delta_s))
         setattr(d, attr, out)
     return d
