@@ -117,14 +117,15 @@ class OpOrigin(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if self.origin is not None:  # found: nothing left to record
+            return out
         node = _current_node()
         try:
             if node is None and torch.is_grad_enabled():  # a forward op that may have made a node: its line
                 seq = _get_sequence_nr() - 1
                 if seq not in self._lines:
                     self._lines[seq] = user_frame()
-            if self.origin is None:
-                self._check(func, args, kwargs, out, node)
+            self._check(func, args, kwargs, out, node)
         except Exception:  # never let the diagnosis break the replay
             pass
         return out

@@ -93,8 +93,7 @@ def _histogram_edges(x, edges, *args, out=None, **kwargs) -> int:
 
 
 def _histogram_bins(x, bins=100, *args, out=None, **kwargs) -> int:
-    rng = kwargs.get("range", args[0] if args else None)
-    return first_numel(x) * (2 if rng else 4)
+    return first_numel(x) * (2 if kwargs.get("range") else 4)  # range is keyword-only
 
 
 reg(["histc"], "reduction", _histc)
