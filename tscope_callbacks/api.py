@@ -256,18 +256,8 @@ def profile_model(
         work = _moved(copy.deepcopy(model), device, None if dtype == torch.float32 else dtype)
     # analysed in place (already on the device, at its dtype): left as it was afterwards (capture.meta_run.preserved)
     keep = preserved(model, weights=optimizer is not None) if work is model else contextlib.nullcontext()
-    with keep:
-        return _run(work, input_shape, precision, inputs, input_dtypes, backward, device, attention_backend, mixed,
-                    optimizer, dtype, low)
-
-
-def _run(work: torch.nn.Module, input_shape: Any, precision: str, inputs: Sequence[Any] | None,
-         input_dtypes: Sequence[Any] | None, backward: bool, device: str, attention_backend: str, mixed: bool,
-         optimizer: Any, dtype: torch.dtype, low: torch.dtype) -> StepProfile:
-    """The run of :func:`profile_model` on its working model."""
-    work.train(backward)
     if inputs is None:
-        vocab = token_input(work) if not input_dtypes else None
+        vocab = token_input(model) if not input_dtypes else None
         if vocab is not None:  # token ids first (an embedding cannot take bf16 "indices")
             shapes = [input_shape] if input_shape and isinstance(input_shape[0], int) else list(input_shape)
             inputs = build_inputs(shapes[:1], dtype=torch.long, device=device, high=max(vocab, 1))
@@ -289,8 +279,9 @@ def _run(work: torch.nn.Module, input_shape: Any, precision: str, inputs: Sequen
         # on meta, layer details: saved activations and the step's memory by category (nothing runs, so they cost
         # little; on a real device they would slow the measured step, and compiled modules would run eagerly)
         # GroupedMmAs under the capture's mode: the capture records the grouped GEMMs as called
-        with GroupedMmAs() if meta else contextlib.nullcontext(), \
+        with keep, GroupedMmAs() if meta else contextlib.nullcontext(), \
                 profile(work, timing=timing, layer_details=meta) as prof:
+            work.train(backward)
             with torch.set_grad_enabled(backward), sdpa, amp:
                 out = work(*inputs, **extra)
                 how = None
