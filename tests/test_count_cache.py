@@ -143,3 +143,68 @@ def test_a_formula_added_later_is_not_hidden_by_the_memo() -> None:
     reg.register("aten.mul", Formula(category="pointwise", flops=lambda *a, **k: 8))
     after = cache.count(f, (x, x), {}, f(x, x))
     assert after.counted is True and after.flops == 8 and after.category == "pointwise"
+
+
+def test_hf_gpt2_step_memoized_counts_equal_fresh_counts() -> None:
+    # the input-only key (outputs left out) on a real HF step: fused QKV splits, GELU, SDPA, cross-entropy, AdamW
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 64, (2, 16))
+    cache = CountCache()
+    mode = _Compare(cache)
+    for _ in range(2):
+        with mode:
+            model(ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    assert mode.bad == [] and cache.hits > mode.n // 2
+
+
+def test_ops_whose_output_shape_depends_on_values_are_keyed_by_their_outputs() -> None:
+    # nonzero / masked_select / boolean indexing: same input metadata, different outputs -> different counts
+    cache = CountCache()
+    x = torch.randn(64)
+    for f, make in [(torch.ops.aten.nonzero.default, lambda m: (m,)),
+                    (torch.ops.aten.masked_select.default, lambda m: (x, m)),
+                    (torch.ops.aten.index.Tensor, lambda m: (x, [m]))]:
+        few, many = torch.zeros(64, dtype=torch.bool), torch.ones(64, dtype=torch.bool)
+        few[:4] = True
+        a = cache.count(f, make(few), {}, f(*make(few)))
+        b = cache.count(f, make(many), {}, f(*make(many)))
+        assert a == count_op(f, make(few), {}, f(*make(few))) and b == count_op(f, make(many), {}, f(*make(many)))
+        assert a.bytes_written < b.bytes_written, f  # 4 vs 64 selected elements
+
+
+def test_arguments_sharing_a_storage_are_keyed_with_their_offsets() -> None:
+    # x[0:8] * x[4:12] reads 12 distinct elements, x[0:8] * x[8:16] reads 16: same shapes, strides and storage,
+    # other offsets. The input-only key falls back to the full signature whenever two arguments share a storage
+    cache = CountCache()
+    f = torch.ops.aten.mul.Tensor
+    x = torch.randn(16)
+    reads = []
+    for a, b in [(slice(0, 8), slice(4, 12)), (slice(0, 8), slice(8, 16)), (slice(0, 8), slice(4, 12))]:
+        args = (x[a], x[b])
+        c = cache.count(f, args, {}, f(*args))
+        assert c == count_op(f, args, {}, f(*args))
+        reads.append(c.bytes_read)
+    assert reads == [12 * 4, 16 * 4, 12 * 4]  # fp32: 4 B an element
+    assert cache.hits == 1 and cache.misses == 2
+
+
+def test_a_new_default_dtype_is_not_hidden_by_the_memo() -> None:
+    # an integer tensor times a Python float is of the default dtype: the key leaves outputs out, so a profile
+    # started under another default dtype drops the memo (CountCache.refresh)
+    cache = CountCache()
+    f = torch.ops.aten.mul.Tensor
+    n = torch.arange(8)
+    a = cache.count(f, (n, 0.5), {}, f(n, 0.5))
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        b = cache.refresh().count(f, (n, 0.5), {}, f(n, 0.5))
+    finally:
+        torch.set_default_dtype(prev)
+    assert a.bytes_written == 8 * 4 and b.bytes_written == 8 * 8  # 8 float32 vs 8 float64 results

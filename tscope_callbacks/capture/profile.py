@@ -349,9 +349,10 @@ class Profile:
             c = None
         else:
             c = self._counter.count(func, args, kwargs, out)
-        if c is not None and c.category == "attention":
+        cat = c.category if c is not None else None
+        if cat == "attention":
             self._masks.add(i, func, args, kwargs, self._mute)
-        if c is not None and c.category == "comm":
+        elif cat == "comm":
             info = collective_info(func, args, kwargs, out)
             if info is not None:
                 self._comm[i] = info

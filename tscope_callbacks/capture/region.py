@@ -10,6 +10,7 @@ times, builds the layer records and the metadata, including the step-time basis 
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +56,7 @@ def count_cache(registry: FormulaRegistry) -> CountCache:
     c = _CACHES.get(registry)
     if c is None or c.registry is not registry:
         c = _CACHES[registry] = CountCache(registry)
-    return c
+    return c.refresh()
 
 
 def resolve_timing(model: torch.nn.Module, timing: str | None) -> str:
@@ -204,6 +205,7 @@ def _mode_for(p: Profile) -> Any:
 
 
 _current_node = torch._C._current_autograd_node
+_perf_ns = time.perf_counter_ns
 
 
 #: id(op) -> (op, skip): ops that are annotations, not work (``profiler::_record_function_*``): run, never recorded.
@@ -265,7 +267,12 @@ class _Mode(TorchDispatchMode):
             return func(*args, **kwargs)
         seq = _get_sequence_nr()
         node = _current_node()
-        out, dt = timed_call(p, func, args, kwargs)
+        if p._timeline is None and p._timed:  # timed_call's CPU branch, inlined: one call less per op
+            t0 = p._op_t0 = _perf_ns()
+            out = func(*args, **kwargs)
+            dt = (_perf_ns() - t0) * 1e-9
+        else:
+            out, dt = timed_call(p, func, args, kwargs)
         try:
             p._record(func, args, kwargs, out, dt, seq, node)
         except Exception as e:  # our bookkeeping must never break the user's op

@@ -28,10 +28,17 @@ from typing import Any
 
 import torch
 
+from tscope_callbacks.formulas.bytes import storage_id
+
 __all__ = ["memory_categories", "grad_bytes", "local_tensor"]
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    if type(t) in _PLAIN:  # no attribute lookup that misses (slow on a tensor) for the common case
+        return t
     lt = getattr(t, "_local_tensor", None)
     return lt if isinstance(lt, torch.Tensor) else t
 
@@ -61,7 +68,7 @@ def _optimizer_state(optimizers: list[Any], tracker: Any, device_type: str | Non
                 if device_type is not None and lt.device.type != device_type and lt.dim() > 0:
                     continue  # offloaded (scalar step counters may live on the host either way: kept, 4 B each)
                 try:
-                    key = lt.untyped_storage()._cdata
+                    key = storage_id(lt)
                 except (RuntimeError, NotImplementedError, TypeError):
                     key = id(lt)
                 if key in seen:
