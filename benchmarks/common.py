@@ -84,6 +84,12 @@ def median_time(fn: Callable[[], None], runs: int, *, cuda: bool = False) -> flo
 
 def interleaved(contenders: dict[str, Callable[[], None]], runs: int, *, cuda: bool = False) -> dict[str, float]:
     """Median seconds per contender, runs interleaved in alternating order (drift hits every contender alike)."""
+    return {k: statistics.median(v) for k, v in interleaved_runs(contenders, runs, cuda=cuda).items()}
+
+
+def interleaved_runs(contenders: dict[str, Callable[[], None]], runs: int, *,
+                     cuda: bool = False) -> dict[str, list[float]]:
+    """Every run's seconds per contender, runs interleaved in alternating order."""
     times: dict[str, list[float]] = {k: [] for k in contenders}
     for fn in contenders.values():
         fn()  # warm each path once
@@ -93,7 +99,7 @@ def interleaved(contenders: dict[str, Callable[[], None]], runs: int, *, cuda: b
             order.reverse()
         for name, fn in order:
             times[name].append(median_time(fn, 1, cuda=cuda))
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times
 
 
 def write(name: str, text: str, reproduce: str) -> Path:

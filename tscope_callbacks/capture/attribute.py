@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.optim.optimizer as _optimizer
 
-__all__ = ["attribute", "phase_of"]
+__all__ = ["attribute", "phase_of", "optimizer_hooks"]
 
 _graph_task = torch._C._current_graph_task_id
 _saved_hooks = torch._C._autograd._top_saved_tensors_default_hooks
@@ -35,10 +36,13 @@ def attribute(p: Any, args: tuple, seq: int, node: Any) -> tuple[str, str]:
     """(phase, layer) of the op being recorded by profile ``p`` (``seq``: the sequence counter at dispatch,
     ``node``: the autograd node running, None outside backward). Updates ``p``'s forward seq -> layer map."""
     stack = p._stack
-    phase = phase_of(p, node)
     layer = stack[-1][0] if stack else ""
-    if p._phase_override is not None or (node is None and phase != "forward"):
-        return phase, layer
+    if node is None and p._phase_override is None and not p._in_opt_step and _graph_task() == -1:
+        phase = "forward"  # phase_of's common case, without the call (this runs for every op)
+    else:
+        phase = phase_of(p, node)
+        if p._phase_override is not None or (node is None and phase != "forward"):
+            return phase, layer
     if phase == "forward":
         cs = p._cstate
         if cs is not None and cs.depth:  # inside a compiled forward: no hooks there, the parameters tell
@@ -66,3 +70,23 @@ def attribute(p: Any, args: tuple, seq: int, node: Any) -> tuple[str, str]:
                 with p._mute():
                     p._memory.walk_saved(node, p._layer_of_node)
     return phase, layer
+
+
+def optimizer_hooks(p: Any) -> list[Any]:
+    """Global optimizer step hooks: ops of an ``optimizer.step()`` inside the region are phase ``"optimizer"``. A
+    closure the step runs (``step(closure)``: forward and backward inside the step, as Lightning does) keeps its
+    phases: inside a step, backward ops are backward and ops with grad mode on (the closure's forward) are forward;
+    the update itself runs under ``no_grad``."""
+    reg_pre = getattr(_optimizer, "register_optimizer_step_pre_hook", None)
+    reg_post = getattr(_optimizer, "register_optimizer_step_post_hook", None)
+    if reg_pre is None or reg_post is None:
+        return []
+
+    def pre(opt: Any, args: Any, kwargs: Any) -> None:
+        p._in_opt_step += 1
+        p.add_optimizer(opt)
+
+    def post(opt: Any, args: Any, kwargs: Any) -> None:
+        p._in_opt_step = max(0, p._in_opt_step - 1)
+
+    return [reg_pre(pre), reg_post(post)]

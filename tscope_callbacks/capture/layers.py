@@ -164,6 +164,7 @@ def build_layers(
     calls: dict[str, int] | None = None,
     *,
     tree: ModelTree | None = None,
+    sums: dict[tuple[str, str], list] | None = None,
 ) -> dict[str, LayerRecord]:
     """LayerRecords for every (selected) module of ``model``, with self and inclusive op totals.
 
@@ -190,7 +191,7 @@ def build_layers(
                 L.num_trainable_parameters += n if prm.requires_grad else 0
                 L.param_bytes += nb
                 L.grad_bytes += gb
-    add_op_totals(layers, ops)
+    add_op_totals(layers, ops, sums=sums)
     for path, n in (calls or {}).items():
         if path in layers:
             layers[path].calls += n
@@ -199,17 +200,20 @@ def build_layers(
     return layers
 
 
-def add_op_totals(layers: dict[str, LayerRecord], ops: list[OpRecord], *, counts: bool = True) -> None:
+def add_op_totals(layers: dict[str, LayerRecord], ops: list[OpRecord], *, counts: bool = True,
+                  sums: dict[tuple[str, str], list] | None = None) -> None:
     """Add each op's time (and, with ``counts``, FLOPs and bytes) to its layer and that layer's ancestors, inclusive
-    and (for the layer itself) self totals: one pass sums per (layer, phase), then each sum goes up the tree."""
-    sums: dict[tuple[str, str], list] = {}
-    for r in ops:
-        acc = sums.get((r.layer, r.phase))
-        if acc is None:
-            acc = sums[(r.layer, r.phase)] = [0.0, 0, 0]
-        acc[0] += r.time_s or 0.0
-        acc[1] += r.flops
-        acc[2] += r.bytes_read + r.bytes_written
+    and (for the layer itself) self totals: one pass sums per (layer, phase) (``sums``: that pass done already,
+    ``{(layer, phase): [seconds, flops, bytes]}``, as the capture's record pass does), then each sum goes up."""
+    if sums is None:
+        sums = {}
+        for r in ops:
+            acc = sums.get((r.layer, r.phase))
+            if acc is None:
+                acc = sums[(r.layer, r.phase)] = [0.0, 0, 0]
+            acc[0] += r.time_s or 0.0
+            acc[1] += r.flops
+            acc[2] += r.bytes_read + r.bytes_written
     for (layer, phase), (t, fl, by) in sums.items():
         anc = [a for a in ancestors(layer) if a in layers]
         own = bool(anc) and anc[0] == layer

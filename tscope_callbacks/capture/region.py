@@ -1,10 +1,11 @@
 """What a capture installs for its region and takes down again, and the one pass that builds its result.
 
 :func:`install` sets up, in order: the compile stance (``eager``), module paths and parameter owners, the per-module
-forward hooks, the optimizer step hooks (phase ``"optimizer"``), layer details and memory tracking, the CUDA kernel
-timeline and the dispatch mode. :meth:`Installed.remove` takes all of it down on every path. :func:`build_result`
-turns the per-op tuples gathered by the hot path into :class:`~tscope_callbacks.records.OpRecord` s, attaches kernel
-times, builds the layer records and the metadata, including the step-time basis (see :func:`step_time`).
+forward hooks, the optimizer step hooks (phase ``"optimizer"``, ``attribute.optimizer_hooks``), layer details and
+memory tracking, the CUDA kernel timeline and the dispatch mode. :meth:`Installed.remove` takes all of it down on
+every path. :func:`build_result` turns the per-op tuples gathered by the hot path into
+:class:`~tscope_callbacks.records.OpRecord` s, attaches kernel times, builds the layer records and the metadata,
+including the step-time basis (see :func:`step_time`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.optim.optimizer as _optimizer
 from torch._C._autograd import _get_sequence_nr
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
+from tscope_callbacks.capture.attribute import optimizer_hooks
 from tscope_callbacks.capture.compiled import PROVENANCE, CompiledState, is_compiled_wrapper, kernel_recorder
 from tscope_callbacks.capture.cuda_timing import (
     PAUSED_RANGE,
@@ -168,7 +169,7 @@ def install(p: Profile) -> Installed:
             continue
         s.handles.append(mod.register_forward_pre_hook(p._pre_hook, prepend=True, with_kwargs=True))
         s.handles.append(mod.register_forward_hook(p._post_hook, always_call=True, with_kwargs=True))
-    s.handles += _optimizer_hooks(p)
+    s.handles += optimizer_hooks(p)
     if p.timing == "cuda":
         torch.cuda.synchronize()
         p._timeline = KernelTimeline()
@@ -289,26 +290,6 @@ class _CompiledMode(_Mode):
         return True
 
 
-def _optimizer_hooks(p: Profile) -> list[Any]:
-    """Global optimizer step hooks: ops of an ``optimizer.step()`` inside the region are phase ``"optimizer"``. A
-    closure the step runs (``step(closure)``: forward and backward inside the step, as Lightning does) keeps its
-    phases: inside a step, backward ops are backward and ops with grad mode on (the closure's forward) are forward;
-    the update itself runs under ``no_grad``."""
-    reg_pre = getattr(_optimizer, "register_optimizer_step_pre_hook", None)
-    reg_post = getattr(_optimizer, "register_optimizer_step_post_hook", None)
-    if reg_pre is None or reg_post is None:
-        return []
-
-    def pre(opt: Any, args: Any, kwargs: Any) -> None:
-        p._in_opt_step += 1
-        p.add_optimizer(opt)
-
-    def post(opt: Any, args: Any, kwargs: Any) -> None:
-        p._in_opt_step = max(0, p._in_opt_step - 1)
-
-    return [reg_pre(pre), reg_post(post)]
-
-
 def base_meta(p: Profile) -> dict[str, Any]:
     dev = p._tree.device() if p._tree is not None else _device_of(p.model)
     name = "cpu"
@@ -365,19 +346,25 @@ def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> S
     fused, comm, cpu_starts = p._fused, p._comm, p._starts
     Op = OpRecord
     seen: dict[int, tuple[str, str]] = {}  # id(op) -> names: every op is alive in the pending list
+    sums: dict[tuple[str, str], list] = {}  # (layer, phase) -> [seconds, flops, bytes]: build_layers' first pass
     for i, (func, c, layer, phase, dt) in enumerate(p._pending):  # positional: the field order of OpRecord
         names = seen.get(id(func))
         if names is None:
             names = seen[id(func)] = _NAMES.get(func) or _names(func)
         f = fused.get(i)
+        t = times[i] if times is not None else dt
+        acc = sums.get((layer, phase)) or sums.setdefault((layer, phase), [0.0, 0, 0])
+        acc[0] += t or 0.0
+        acc[1] += c.flops
+        acc[2] += c.bytes_read + c.bytes_written
         add(Op(names[0], layer, phase, c.flops, c.bytes_read, c.bytes_written, c.dtype,
-               c.input_shapes if shapes else [], times[i] if times is not None else dt, c.counted, c.category,
+               c.input_shapes if shapes else [], t, c.counted, c.category,
                names[1], c.output_shapes if shapes else [], i, tcs[i] if tcs is not None else None,
                c.flops_model, c.flops_dense, list(f) if f else [], comm.get(i) if comm else None,
                starts[i] if starts is not None else cpu_starts.get(i), c.leading_dims))
     if p._details is not None:
         p._details.finish()
-    layers = build_layers(p.model, ops, p._details, p._collapse, p._calls, tree=p._tree)
+    layers = build_layers(p.model, ops, p._details, p._collapse, p._calls, tree=p._tree, sums=sums)
     meta = {**base_meta(p), **step_time(ops, wall, timeline, p.timing), **p.labels}
     cats = memory_categories(p.model, ops, layers,
                              params=[prm for _, prm in p._tree.parameters] if p._tree is not None else None,
