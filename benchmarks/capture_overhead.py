@@ -83,9 +83,12 @@ def _rel(best: dict[str, float], name: str) -> float:
     return (best[name] - best["plain step"]) / bare if bare > 0 else float("nan")
 
 
-def _table(runs: dict[str, list[float]], n_ops: int) -> list[str]:
-    best = {k: min(v) for k, v in runs.items()}
-    med = {k: statistics.median(v) for k, v in runs.items()}
+def _stats(runs: dict[str, list[float]]) -> tuple[dict[str, float], dict[str, float]]:
+    """(fastest, median) seconds per contender."""
+    return {k: min(v) for k, v in runs.items()}, {k: statistics.median(v) for k, v in runs.items()}
+
+
+def _table(best: dict[str, float], med: dict[str, float], n_ops: int) -> list[str]:
     plain = best["plain step"]
     lines = ["| run | fastest step ms | median ms | ratio to plain | extra µs per op | per-op cost / bare mode's "
              "| same, medians |", "|---|---:|---:|---:|---:|---:|---:|"]
@@ -107,8 +110,7 @@ def main() -> int:
     for _ in range(3):
         step(model, opt, x, y)
     contenders, last = _contenders(model, lambda: step(model, opt, x, y))
-    runs = interleaved_runs(contenders, args.runs)
-    best = {k: min(v) for k, v in runs.items()}
+    best, med = _stats(interleaved_runs(contenders, args.runs))
     n_ops = count_ops(lambda: step(model, opt, x, y))
     prof = last["prof"]
     ana = matmul_flops(CFG, BATCH)["total"]
@@ -127,21 +129,20 @@ def main() -> int:
     for _ in range(3):
         small_step()
     s_contenders, s_last = _contenders(small, small_step)
-    s_runs = interleaved_runs(s_contenders, args.runs)
-    s_best = {k: min(v) for k, v in s_runs.items()}
+    s_best, s_med = _stats(interleaved_runs(s_contenders, args.runs))
     s_ops = count_ops(small_step)
     s_rel = _rel(s_best, "tscope profile")
-    s_rel_med = _rel({k: statistics.median(v) for k, v in s_runs.items()}, "tscope profile")
+    s_rel_med = _rel(s_med, "tscope profile")
 
     lines = [f"# Capture overhead (CPU, torch {torch.__version__}, {torch.get_num_threads()} threads)", "",
              f"## TinyGPT d_model={CFG.d_model} n_layer={CFG.n_layer} seq={CFG.seq_len} batch={BATCH}, AdamW step "
              f"({n_ops} ops)", "", f"Fastest of {args.runs} runs (medians beside), alternating order, one process.", ""]
-    lines += _table(runs, n_ops)
+    lines += _table(best, med, n_ops)
     lines += ["", f"tscope recorded {len(prof.ops)} ops; forward matmul FLOPs {fwd_mm:,} vs analytic {ana:,} "
               f"({'exact' if fwd_mm == ana else 'MISMATCH'}); FLOP coverage of op time {prof.coverage():.1%}.",
               f"\n**tscope/plain = {ratio:.3f}** (target <= 1.15): {'PASS' if ratio <= 1.15 else 'FAIL'}", "",
               f"## HF GPT-2, 2 layers, d=128, vocab 1024, batch 4x64, AdamW step ({s_ops} ops)", ""]
-    lines += _table(s_runs, s_ops)
+    lines += _table(s_best, s_med, s_ops)
     lines += ["", f"**tscope's cost per op = {s_rel:.2f}x a bare dispatch mode's** (fastest runs; {s_rel_med:.2f}x "
               f"from the medians) (target <= 2.0): {'PASS' if s_rel <= 2.0 else 'FAIL'}"]
     lines += cost_lines({"tscope profile": s_last[False], "layer details + finite checks": s_last[True]},
