@@ -55,11 +55,62 @@ def test_trend_tells_where_the_growth_started():
     assert GradHistory().trend() == ""
 
 
+def _steady(h: GradHistory, steps: int, names=("enc.w", "dec.w")) -> None:
+    for s in range(steps):  # norms sqrt(2) and loss 2.0, give or take 5%
+        w = 1.0 + 0.05 * (-1) ** s
+        h.add(s, list(names), [w, w], loss=2.0 * w)
+
+
+def test_onset_built_up_when_norm_or_loss_was_already_rising_before_the_bad_step():
+    h = GradHistory(window=64, spike_factor=10.0)
+    _steady(h, 12)
+    h.add(12, ["enc.w", "dec.w"], [1.0, 4.3], loss=2.1)
+    # step 12: global sqrt(1 + 4.3²) = 4.415 over the median of steps 0-11 (sqrt(2) x 0.95 and x 1.05 in equal
+    # numbers: median sqrt(2) = 1.414): 3.12x >= BUILT_UP_NORM (3); the loss 2.1 / 2.0 = 1.05x
+    kind, text = h.onset(event_step=13)
+    assert kind == "built-up" and "gradient norm was 3.12x the median of the steps before and the loss 1.05x" in text
+    assert "gradient_clip_val" in text and "2.83" in text  # twice the median norm: 2 sqrt(2)
+
+    h2 = GradHistory()
+    _steady(h2, 12)
+    h2.add(12, ["enc.w", "dec.w"], [1.0, 1.0], loss=3.2)  # norm steady (1x), loss 3.2 / 2.0 = 1.6x >= 1.5
+    assert h2.onset(13)[0] == "built-up"
+    # the trend's median is over all 13 steps, the last included: six 1.9, six 2.1 and 3.2 -> 2.1
+    assert "Loss: median 2.1, 3.2 at step 12." in h2.trend(13)
+
+
+def test_onset_sudden_when_both_were_steady_and_unknown_without_the_step_before():
+    h = GradHistory()
+    _steady(h, 12)
+    kind, text = h.onset(event_step=12)
+    # step 11 (odd: x0.95): norm 0.95 sqrt(2) over the median of steps 0-10 (six at x1.05, five at x0.95: median
+    # 1.05 sqrt(2)) = 0.905x; loss 1.9 / 2.1 = 0.905x
+    assert kind == "sudden" and "0.905x the median of the steps before and the loss 0.905x" in text and "batch" in text
+    assert h.onset(event_step=14) == ("", "Onset: not known (the last healthy checked step, 11, was 3 steps before "
+                                          "it).")
+    assert h.onset(event_step=14, every=3)[0] == "sudden"  # every_n_steps=3: step 11 was the one checked before
+    few = GradHistory()
+    _steady(few, 5)  # four steps before the last one: below MIN_ONSET_STEPS (5)
+    assert few.onset(5) == ("", "")
+    neg = GradHistory()
+    for s in range(12):  # a loss that can be negative (a log-likelihood of densities) is not compared
+        neg.add(s, ["w"], [1.0], loss=-5.0 if s < 11 else -1.0)
+    assert neg.onset(12)[1].endswith("steady, so one step went wrong. Check that step's batch (extreme or invalid "
+                                     "values, an empty or fully masked sequence) and the layer and op this event "
+                                     "names (an overflow in low precision; a log, sqrt or division at 0).")
+    assert "the loss" not in neg.onset(12)[1]
+
+
 class GradProbe(Callback):
-    """Each step's gradient norms per parameter, computed here in float64 (after the guard, same hook)."""
+    """Each step's gradient norms per parameter, computed here in float64 (after the guard, same hook), and its
+    loss as Lightning hands it to backward."""
 
     def __init__(self) -> None:
         self.norms: dict[int, dict[str, float]] = {}
+        self.losses: dict[int, float] = {}
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        self.losses[trainer.global_step] = self.losses.get(trainer.global_step, 0.0) + float(loss.detach())
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         self.norms[trainer.global_step] = {n: float(p.grad.double().norm()) for n, p in pl_module.named_parameters()
@@ -109,12 +160,30 @@ def test_the_guard_keeps_exact_norms_alerts_the_spike_and_tells_the_trend(sync, 
     assert [s["step"] for s in later] == [15] + ([] if sync is None else [17])
     assert any("gradient spike at step 14" in r.getMessage() and SPIKE_LAYER in r.getMessage()
                for r in caplog.records)
+    # the losses read with the norms are the ones Lightning handed to backward
+    assert [s for s, _ in guard._history.losses] == [s for s, _, _ in guard._history.steps]
+    for step, loss in guard._history.losses:
+        assert loss == pytest.approx(probe.losses[step], rel=1e-6)
+    assert spike["loss"] == pytest.approx(probe.losses[14], rel=1e-6)
     (event,) = guard.events
     assert event.step == 16
     assert "first exceeded 10x the median of the steps before at step 14" in event.trend
     assert f"'{SPIKE_LAYER}'" in event.trend and "Before it:" in str(event)
+    assert event.onset == "built-up" and "Onset: built up. By step 15" in event.trend
     if sync is False:
         assert guard.host_syncs == 0 and nl.sync_points() == syncs  # the norms rode on the late flag read
+
+
+@pytest.mark.parametrize("sync", [None, False])
+def test_a_nan_out_of_steady_steps_is_sudden(sync):
+    model = TinyLM(optimizer="adamw-fused")
+    _spiking(model, spike_step=10**6, nan_step=12)  # no spike: a NaN output at step 12 out of nowhere
+    guard = NaNGuardCallback(action="stop", sync=sync)
+    probe = _fit(guard, model, 16)
+    (event,) = guard.events
+    assert event.step == 12 and event.onset == "sudden"
+    assert "Onset: sudden. At step 11, the last checked step before it" in event.trend
+    assert f"{probe.losses[11]:.4g} at step 11" in event.trend
 
 
 def test_norms_are_logged_at_the_log_interval_global_and_per_layer(tmp_path):

@@ -1,4 +1,5 @@
-"""Gradient norms over the run, per layer, and what they said before a divergence (the NaN guard's history).
+"""Gradient norms and losses over the run, per layer, and what they said before a divergence (the NaN guard's
+history).
 
 The NaN guard already reduces every gradient to its L2 norm on the device at each checked step (one fused
 ``_foreach_norm``) and brings that vector to the host without a sync. :class:`GradHistory` keeps those norms:
@@ -6,13 +7,20 @@ The NaN guard already reduces every gradient to its L2 norm on the device at eac
 - the **global norm** of a step: ``sqrt(sum of squared per-tensor norms)`` (what ``clip_grad_norm_`` computes);
 - **per layer**: the same over the parameters a module owns directly (``"transformer.h.0.attn.c_attn"`` for
   ``"transformer.h.0.attn.c_attn.weight"`` and ``.bias``);
+- the **loss** of each of those steps, read with the norms (no extra sync): the sum over the step's micro-batches
+  (Lightning hands each one divided by ``accumulate_grad_batches``, so the sum is their mean);
 - a **spike**: a healthy step whose global norm exceeds ``spike_factor`` x the median of the previous checked steps
   (``window`` of them, at least ``min_steps``), with the layer that grew most against its own median;
-- the **trend** before a non-finite step: how the global norm moved over the window, the first step that crossed
-  ``spike_factor`` x the median before it, and the layer that grew most -- where a divergence usually starts, steps
-  before the first NaN.
+- the **trend** before a non-finite step: how the global norm and the loss moved over the window, the first step
+  that crossed ``spike_factor`` x the median before it, and the layer that grew most -- where a divergence usually
+  starts, steps before the first NaN;
+- its **onset** (:meth:`GradHistory.onset`): ``"built-up"`` when, at the last checked step before it, the gradient
+  norm was at least :data:`BUILT_UP_NORM` x the median of the steps before, or the loss :data:`BUILT_UP_LOSS` x its
+  median (an optimization instability: learning rate, warmup, clipping); ``"sudden"`` when both were below that (one
+  step went wrong: its batch, or a numerical fault in one op); ``""`` when the history cannot tell (fewer than
+  :data:`MIN_ONSET_STEPS` steps before the last, or the last checked step is not the one just before the event).
 
-Norms of sharded parameters (FSDP2/TP DTensors) are this rank's local shards.
+Norms of sharded parameters (FSDP2/TP DTensors) and the loss are this rank's.
 """
 
 from __future__ import annotations
@@ -23,7 +31,12 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["GradHistory", "layer_norms", "layer_sums", "global_norm", "owner"]
+__all__ = ["GradHistory", "layer_norms", "layer_sums", "global_norm", "owner", "step_loss", "BUILT_UP_NORM",
+           "BUILT_UP_LOSS", "MIN_ONSET_STEPS"]
+
+BUILT_UP_NORM = 3.0  #: the last checked step's gradient norm over the median before it, from which it "built up"
+BUILT_UP_LOSS = 1.5  #: the same for the loss (compared only over a positive median: a loss may be negative)
+MIN_ONSET_STEPS = 5  #: checked steps before the last one that an onset verdict needs (medians of fewer mislead)
 
 
 def global_norm(norms: Sequence[float]) -> float:
@@ -50,23 +63,39 @@ def layer_norms(names: Sequence[str], norms: Sequence[float]) -> dict[str, float
     return {k: math.sqrt(v) for k, v in layer_sums(names, [n * n for n in norms]).items()}
 
 
+def step_loss(values: Sequence[float]) -> float | None:
+    """A step's loss from the losses the guard read for it (one per micro-batch, each already divided by
+    ``accumulate_grad_batches``: their sum); None when it read none."""
+    return float(sum(values)) if len(values) else None
+
+
 class GradHistory:
-    """The last ``window`` healthy checked steps' gradient norms (see the module doc)."""
+    """The last ``window`` healthy checked steps' gradient norms and losses (see the module doc)."""
 
     def __init__(self, window: int = 64, spike_factor: float | None = 10.0, min_steps: int = 10) -> None:
         self.spike_factor, self.min_steps = spike_factor, min_steps
         self.steps: deque[tuple[int, float, dict[str, float]]] = deque(maxlen=window)  #: (step, global, per layer)
+        self.losses: deque[tuple[int, float]] = deque(maxlen=window)  #: (step, loss) of the steps that had one
 
-    def add(self, step: int, names: Sequence[str], norms: Sequence[float]) -> dict[str, Any] | None:
-        """Record a healthy step; returns its spike (``{"step", "norm", "median", "ratio", "layer",
-        "layer_ratio"}``) when its global norm exceeds ``spike_factor`` x the median before it, else None. Steps
-        with a non-finite norm are not recorded (they are the NaN guard's events)."""
+    def add(self, step: int, names: Sequence[str], norms: Sequence[float],
+            loss: float | None = None) -> dict[str, Any] | None:
+        """Record a healthy step (``loss``: its loss, :func:`step_loss`). Returns its spike (``{"step", "norm",
+        "median", "ratio", "layer", "layer_ratio", "loss", "loss_median"}``) when its global norm exceeds
+        ``spike_factor`` x the median before it, else None. Steps with a non-finite norm are not recorded (they are
+        the NaN guard's events); a non-finite loss is left out of the losses."""
         total = global_norm(norms)
         if not math.isfinite(total):
             return None
         layers = layer_norms(names, norms)
         spike = self._spike(step, total, layers)
+        finite_loss = loss is not None and math.isfinite(loss)
+        if spike is not None:
+            spike["loss"] = float(loss) if finite_loss else None
+            spike["loss_median"] = (statistics.median(v for _, v in self.losses)
+                                    if finite_loss and self.losses else None)
         self.steps.append((step, total, layers))
+        if finite_loss:
+            self.losses.append((step, float(loss)))
         return spike
 
     def _spike(self, step: int, total: float, layers: dict[str, float]) -> dict[str, Any] | None:
@@ -94,10 +123,41 @@ class GradHistory:
                 best, best_r = name, r
         return best, best_r
 
-    def trend(self) -> str:
-        """What the recorded steps say before a non-finite step (empty without history): the global norm's median
-        and its last value, the first step above ``spike_factor`` x the median of the steps before it, and the layer
-        whose norm grew most at the last step against its own median."""
+    def onset(self, event_step: int | None = None, every: int = 1) -> tuple[str, str]:
+        """How a non-finite step at ``event_step`` came about: (``"built-up"`` | ``"sudden"`` | ``""``, a sentence
+        saying why and what to change). Reads the last checked step before it against the medians of the steps
+        before that (see the module doc); ``every``: the guard's ``every_n_steps`` (the last checked step must be the
+        one just before the event)."""
+        if len(self.steps) <= MIN_ONSET_STEPS:
+            return "", ""
+        last_step, last, _ = self.steps[-1]
+        gap = None if event_step is None else event_step - last_step
+        if gap is not None and gap > every:
+            return "", f"Onset: not known (the last healthy checked step, {last_step}, was {gap} steps before it)."
+        med = statistics.median(t for _, t, _ in list(self.steps)[:-1])
+        nr = last / med if med > 0 else (math.inf if last > 0 else 1.0)
+        lr = None
+        if len(self.losses) > MIN_ONSET_STEPS and self.losses[-1][0] == last_step:
+            lmed = statistics.median(v for _, v in list(self.losses)[:-1])
+            lr = self.losses[-1][1] / lmed if lmed > 0 else None
+        loss = "" if lr is None else f" and the loss {lr:.3g}x"
+        if nr >= BUILT_UP_NORM or (lr is not None and lr >= BUILT_UP_LOSS):
+            return "built-up", (
+                f"Onset: built up. By step {last_step}, the last checked step before it, the gradient norm was "
+                f"{nr:.3g}x the median of the steps before{loss}: an optimization instability more than one bad batch. Lower the "
+                f"learning rate or lengthen its warmup, clip gradients (Trainer(gradient_clip_val=...) near "
+                f"{2 * med:.3g}, twice the median norm).")
+        return "sudden", (
+            f"Onset: sudden. At step {last_step}, the last checked step before it, the gradient norm was "
+            f"{nr:.3g}x the median of the steps before{loss}: steady, so one step went wrong. Check that step's batch (extreme or invalid "
+            "values, an empty or fully masked sequence) and the layer and op this event names (an overflow in low "
+            "precision; a log, sqrt or division at 0).")
+
+    def trend(self, event_step: int | None = None, every: int = 1) -> str:
+        """What the recorded steps say before a non-finite step at ``event_step`` (empty without history): the
+        global norm's median and its last value, the first step above ``spike_factor`` x the median of the steps
+        before it, the loss's median and last value, the layer whose norm grew most at the last step against its own
+        median, and the onset (:meth:`onset`)."""
         if not self.steps:
             return ""
         totals = [t for _, t, _ in self.steps]
@@ -114,8 +174,12 @@ class GradHistory:
                     parts.append(f"It first exceeded {factor:g}x the median of the steps before at step "
                                  f"{self.steps[i][0]} ({totals[i]:.4g} vs {before:.4g}).")
                     break
+        if self.losses:
+            ls, lv = self.losses[-1]
+            parts.append(f"Loss: median {statistics.median(v for _, v in self.losses):.4g}, {lv:.4g} at step {ls}.")
         layer, r = self._grew_most(last_layers, before=last_step)
         if layer is not None and r is not None and r > 1.5:
             parts.append(f"Layer whose gradient grew most by step {last_step}: '{layer or '<root>'}' "
                          f"({last_layers[layer]:.4g}, {r:.3g}x its median): look there first.")
-        return " ".join(parts)
+        parts.append(self.onset(event_step, every)[1])
+        return " ".join(p for p in parts if p)

@@ -202,6 +202,9 @@ class NonFiniteEvent:
     note: str = ""
     #: what the gradient norms of the checked steps before it said (``analysis.grad_history``); "" without history
     trend: str = ""
+    #: how it came about (``GradHistory.onset``): "built-up" (the gradient norm or the loss was already rising at the
+    #: last checked step before it), "sudden" (both steady), "" (not known)
+    onset: str = ""
     #: what ``parameters``, ``num_nonfinite`` and ``max_abs_grad`` count: the step's "gradients" (also when a layer's
     #: weights were found non-finite by the replay: kind "parameter"), or the "parameters" after the update
     #: (``check_params``)

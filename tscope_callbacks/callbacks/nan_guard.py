@@ -51,7 +51,7 @@ from typing_extensions import override
 
 from tscope_callbacks.analysis import locate as nl_locate
 from tscope_callbacks.analysis import nonfinite as nl
-from tscope_callbacks.analysis.grad_history import GradHistory
+from tscope_callbacks.analysis.grad_history import GradHistory, step_loss
 from tscope_callbacks.analysis.nonfinite import NonFiniteError, NonFiniteEvent
 from tscope_callbacks.callbacks import nan_steps
 from tscope_callbacks.callbacks.session import sinks_for
@@ -92,15 +92,16 @@ class NaNGuardCallback(Callback):
         grad_norms: keep the checked steps' gradient norms (the per-tensor norms the check computes anyway: no extra
             device work, no sync): scalars ``tscope/grad_norm/total`` (global L2 norm) and one per layer
             (``tscope/grad_norm/<module path>``) at Lightning's ``log_every_n_steps``; every checked step enters the
-            history, and a non-finite event says how the norms moved before it (``event.trend``). Off with a
-            GradScaler (scaled gradients).
+            history with the step's loss (read with the norms), and a non-finite event says how both moved before it
+            (``event.trend``) and whether it built up or came suddenly (``event.onset``). Off with a GradScaler
+            (scaled gradients).
         spike_factor: alert when a healthy step's global norm exceeds this many times the median of the checked
             steps before it (at least 10 of them; None: no spike alerts). Alerts only; ``spikes`` keeps them.
         history: how many checked steps the norms' history keeps.
 
     Attributes: ``events`` (list[NonFiniteEvent]), ``num_events``, ``skipped_steps``, ``alerts`` (alerts emitted on
     this rank), ``replays`` (replays run), ``mode`` ("deferred"/"immediate", decided at fit start), ``host_syncs``
-    (flag reads that synchronized the host), ``spikes`` (gradient spikes: step, norm, median, ratio, layer). Keys:
+    (flag reads that synchronized the host), ``spikes`` (gradient spikes: step, norm, median, ratio, layer, loss). Keys:
     text ``tscope/nan``, scalars ``tscope/nan/events``, ``tscope/grad_norm/*``.
     """
 
@@ -253,7 +254,7 @@ class NaNGuardCallback(Callback):
                     self._streak = self._skips_in_row = 0
                     if self.grad_norms:
                         names = payload["grad_names"]
-                        self._healthy(trainer, s, names, values[2:2 + len(names)])
+                        self._healthy(trainer, s, names, values[2:2 + len(names)], step_loss(values[2 + len(names):]))
                     continue
                 event = nan_steps.deferred_event(self, trainer, pl_module, s, values, payload)
                 if event is not None:
@@ -293,10 +294,12 @@ class NaNGuardCallback(Callback):
         if action == "raise":
             raise NonFiniteError(event)
 
-    def _healthy(self, trainer: pl.Trainer, step: int, names: list[str], norms: list[float]) -> None:
-        """A healthy checked step's gradient norms: into the history, logged (rank zero), a spike alerted."""
+    def _healthy(self, trainer: pl.Trainer, step: int, names: list[str], norms: list[float],
+                 loss: float | None = None) -> None:
+        """A healthy checked step's gradient norms and loss: into the history, the norms logged (rank zero), a spike
+        alerted."""
         try:
-            spike = self._history.add(step, names, norms)
+            spike = self._history.add(step, names, norms, loss)
             every = max(1, int(getattr(trainer, "log_every_n_steps", 50) or 1))
             # Lightning's log cadence, to the run's loggers only (none: no metrics file of ours either)
             if trainer.is_global_zero and trainer.loggers and step % every == 0 and self._history.steps:
@@ -313,6 +316,9 @@ class NaNGuardCallback(Callback):
                 return
             where = (f"; the layer that grew most: '{spike['layer'] or '<root>'}' ({spike['layer_ratio']:.3g}x its "
                      "median)") if spike["layer"] is not None else ""
+            if spike.get("loss") is not None:
+                where += f"; loss {spike['loss']:.4g}" + (f" (median {spike['loss_median']:.4g})"
+                                                          if spike.get("loss_median") is not None else "")
             self._alert(trainer, f"Gradient spike at step {step}",
                         f"NaN guard: gradient spike at step {step}: global norm {spike['norm']:.4g} = "
                         f"{spike['ratio']:.3g}x the median of the last {len(self._history.steps) - 1} checked steps "
@@ -324,7 +330,8 @@ class NaNGuardCallback(Callback):
     def _record(self, trainer: pl.Trainer, event: NonFiniteEvent) -> None:
         if not event.trend:
             try:
-                event.trend = self._history.trend()
+                event.trend = self._history.trend(event.step, self.every_n_steps)
+                event.onset = self._history.onset(event.step, self.every_n_steps)[0]
             except Exception as e:
                 self._internal_error("gradient trend", e)
         self.num_events += 1

@@ -11,7 +11,7 @@ import torch
 
 from tscope_callbacks.analysis import locate as nl_locate
 from tscope_callbacks.analysis import nonfinite as nl
-from tscope_callbacks.analysis.grad_history import owner
+from tscope_callbacks.analysis.grad_history import owner, step_loss
 from tscope_callbacks.analysis.nonfinite import NonFiniteEvent
 from tscope_callbacks.callbacks.session import gather_floats, gather_objects
 from tscope_callbacks.capture.paths import named_parameters
@@ -141,7 +141,8 @@ def check_now(guard: NaNGuardCallback, trainer: Any, pl_module: Any, params: lis
             norms = nl.per_tensor_norms(grads)
             total = norms.sum().reshape(1)
             extra = nl.nonfinite_total(loss_ts)
-            vec = torch.cat([total if extra is None else total + extra.to(total.device), norms])
+            vec = torch.cat([total if extra is None else total + extra.to(total.device), norms]
+                            + [x.detach().float().sum().reshape(1).to(total.device) for x in loss_ts if x.is_floating_point()])
         else:
             vec = nl.nonfinite_total(grads + loss_ts)
     except Exception as e:
@@ -151,8 +152,10 @@ def check_now(guard: NaNGuardCallback, trainer: Any, pl_module: Any, params: lis
     flags = [row[0] for row in gather_floats(trainer, [values[0]])]
     if all(math.isfinite(v) for v in flags):
         guard._streak = guard._skips_in_row = guard._amp_streak = 0
-        if norms is not None:
-            guard._healthy(trainer, trainer.global_step, _grad_names(guard, pl_module, params), values[1:])
+        if norms is not None:  # [flag, per-gradient norms..., per-loss values...], read together
+            names = _grad_names(guard, pl_module, params)
+            guard._healthy(trainer, trainer.global_step, names, values[1:1 + len(names)],
+                           step_loss(values[1 + len(names):]))
         return
     try:
         event = _bad_step(guard, trainer, pl_module, params, flags, losses, snaps, scaler)
