@@ -7,6 +7,7 @@ import math
 
 import lightning.pytorch as pl
 import pytest
+import torch
 from lightning.pytorch.callbacks import Callback
 from models import TinyLM
 
@@ -77,6 +78,33 @@ def test_onset_built_up_when_norm_or_loss_was_already_rising_before_the_bad_step
     assert h2.onset(13)[0] == "built-up"
     # the trend's median is over all 13 steps, the last included: six 1.9, six 2.1 and 3.2 -> 2.1
     assert "Loss: median 2.1, 3.2 at step 12." in h2.trend(13)
+
+
+def test_onset_names_a_learning_rate_that_rose_over_the_window():
+    h = GradHistory()
+    for s in range(12):  # a linear warmup 1e-4 -> 3e-4 over the window, norm and loss steady
+        h.add(s, ["w"], [1.0], loss=2.0, lr=1e-4 + 2e-4 * s / 11)
+    h.add(12, ["w"], [5.0], loss=2.0, lr=3e-4)  # norm 5x the median (1): built up
+    kind, text = h.onset(13)
+    assert kind == "built-up"
+    assert "while the learning rate rose 3x from 0.0001 to 0.0003" in text and "Lower the peak learning rate" in text
+    assert "Learning rate: 0.0003 at step 12 (0.0001 at step 0)." in h.trend(13)
+    flat = GradHistory()
+    for s in range(12):
+        flat.add(s, ["w"], [1.0 if s < 11 else 5.0], lr=1e-3)
+    assert "rose" not in flat.onset(12)[1] and "Lower the learning rate" in flat.onset(12)[1]
+    assert "Learning rate: 0.001 at step 11, constant over the window." in flat.trend(12)
+
+
+def test_the_learning_rate_is_read_without_a_sync():
+    from tscope_callbacks.callbacks.nan_steps import learning_rate
+
+    w = [torch.nn.Parameter(torch.zeros(2))]
+    assert learning_rate(torch.optim.SGD(w, lr=0.5)) == 0.5
+    assert learning_rate(torch.optim.Adam(w, lr=torch.tensor(0.25))) == 0.25  # a CPU tensor: read
+    meta = torch.optim.SGD(w, lr=0.5)
+    meta.param_groups[0]["lr"] = torch.tensor(0.25, device="meta")  # a device tensor (capturable on CUDA): not read
+    assert learning_rate(meta) is None and learning_rate(object()) is None
 
 
 def test_onset_sudden_when_both_were_steady_and_unknown_without_the_step_before():
@@ -165,6 +193,7 @@ def test_the_guard_keeps_exact_norms_alerts_the_spike_and_tells_the_trend(sync, 
     for step, loss in guard._history.losses:
         assert loss == pytest.approx(probe.losses[step], rel=1e-6)
     assert spike["loss"] == pytest.approx(probe.losses[14], rel=1e-6)
+    assert guard._history.lrs and all(lr == model.lr for _, lr in guard._history.lrs)  # read late too (payload)
     (event,) = guard.events
     assert event.step == 16
     assert "first exceeded 10x the median of the steps before at step 14" in event.trend
@@ -184,6 +213,21 @@ def test_a_nan_out_of_steady_steps_is_sudden(sync):
     assert event.step == 12 and event.onset == "sudden"
     assert "Onset: sudden. At step 11, the last checked step before it" in event.trend
     assert f"{probe.losses[11]:.4g} at step 11" in event.trend
+
+
+def test_a_divergence_at_the_end_of_a_warmup_names_the_learning_rate():
+    model = TinyLM(optimizer="adamw-fused", lr=1e-2)
+    _spiking(model, spike_step=14, nan_step=16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
+    model.configure_optimizers = lambda: {"optimizer": opt, "lr_scheduler": {"scheduler": warmup, "interval": "step"}}
+    guard = NaNGuardCallback(action="stop")
+    _fit(guard, model, 20)
+    # checked before the update of step s, after s scheduler steps: 1e-2 x min(1, (s + 1) / 10)
+    assert [(s, pytest.approx(lr)) for s, lr in guard._history.lrs] == [(s, 1e-2 * min(1.0, (s + 1) / 10))
+                                                                          for s in range(16)]
+    (event,) = guard.events
+    assert event.onset == "built-up" and "while the learning rate rose 10x from 0.001 to 0.01" in event.trend
 
 
 def test_norms_are_logged_at_the_log_interval_global_and_per_layer(tmp_path):

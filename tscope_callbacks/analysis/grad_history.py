@@ -8,7 +8,8 @@ The NaN guard already reduces every gradient to its L2 norm on the device at eac
 - **per layer**: the same over the parameters a module owns directly (``"transformer.h.0.attn.c_attn"`` for
   ``"transformer.h.0.attn.c_attn.weight"`` and ``.bias``);
 - the **loss** of each of those steps, read with the norms (no extra sync): the sum over the step's micro-batches
-  (Lightning hands each one divided by ``accumulate_grad_batches``, so the sum is their mean);
+  (Lightning hands each one divided by ``accumulate_grad_batches``, so the sum is their mean), and its **learning
+  rate** (the first param group's, a host number);
 - a **spike**: a healthy step whose global norm exceeds ``spike_factor`` x the median of the previous checked steps
   (``window`` of them, at least ``min_steps``), with the layer that grew most against its own median;
 - the **trend** before a non-finite step: how the global norm and the loss moved over the window, the first step
@@ -16,7 +17,8 @@ The NaN guard already reduces every gradient to its L2 norm on the device at eac
   starts, steps before the first NaN;
 - its **onset** (:meth:`GradHistory.onset`): ``"built-up"`` when, at the last checked step before it, the gradient
   norm was at least :data:`BUILT_UP_NORM` x the median of the steps before, or the loss :data:`BUILT_UP_LOSS` x its
-  median (an optimization instability: learning rate, warmup, clipping); ``"sudden"`` when both were below that (one
+  median (an optimization instability: learning rate, warmup, clipping; the sentence says when the learning rate
+  rose :data:`LR_ROSE` x or more over the window, as at the end of a warmup); ``"sudden"`` when both were below that (one
   step went wrong: its batch, or a numerical fault in one op); ``""`` when the history cannot tell (fewer than
   :data:`MIN_ONSET_STEPS` steps before the last, or the last checked step is not the one just before the event).
 
@@ -32,11 +34,12 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["GradHistory", "layer_norms", "layer_sums", "global_norm", "owner", "step_loss", "BUILT_UP_NORM",
-           "BUILT_UP_LOSS", "MIN_ONSET_STEPS"]
+           "BUILT_UP_LOSS", "MIN_ONSET_STEPS", "LR_ROSE"]
 
 BUILT_UP_NORM = 3.0  #: the last checked step's gradient norm over the median before it, from which it "built up"
 BUILT_UP_LOSS = 1.5  #: the same for the loss (compared only over a positive median: a loss may be negative)
 MIN_ONSET_STEPS = 5  #: checked steps before the last one that an onset verdict needs (medians of fewer mislead)
+LR_ROSE = 1.5  #: the learning rate's rise over the window (last / first) from which a built-up onset names it
 
 
 def global_norm(norms: Sequence[float]) -> float:
@@ -76,13 +79,14 @@ class GradHistory:
         self.spike_factor, self.min_steps = spike_factor, min_steps
         self.steps: deque[tuple[int, float, dict[str, float]]] = deque(maxlen=window)  #: (step, global, per layer)
         self.losses: deque[tuple[int, float]] = deque(maxlen=window)  #: (step, loss) of the steps that had one
+        self.lrs: deque[tuple[int, float]] = deque(maxlen=window)  #: (step, learning rate) of the steps that had one
 
-    def add(self, step: int, names: Sequence[str], norms: Sequence[float],
-            loss: float | None = None) -> dict[str, Any] | None:
-        """Record a healthy step (``loss``: its loss, :func:`step_loss`). Returns its spike (``{"step", "norm",
-        "median", "ratio", "layer", "layer_ratio", "loss", "loss_median"}``) when its global norm exceeds
-        ``spike_factor`` x the median before it, else None. Steps with a non-finite norm are not recorded (they are
-        the NaN guard's events); a non-finite loss is left out of the losses."""
+    def add(self, step: int, names: Sequence[str], norms: Sequence[float], loss: float | None = None,
+            lr: float | None = None) -> dict[str, Any] | None:
+        """Record a healthy step (``loss``: its loss, :func:`step_loss`; ``lr``: its learning rate). Returns its spike
+        (``{"step", "norm", "median", "ratio", "layer", "layer_ratio", "loss", "loss_median"}``) when its global norm
+        exceeds ``spike_factor`` x the median before it, else None. Steps with a non-finite norm are not recorded
+        (they are the NaN guard's events); a non-finite loss or learning rate is left out."""
         total = global_norm(norms)
         if not math.isfinite(total):
             return None
@@ -96,6 +100,8 @@ class GradHistory:
         self.steps.append((step, total, layers))
         if finite_loss:
             self.losses.append((step, float(loss)))
+        if lr is not None and math.isfinite(lr):
+            self.lrs.append((step, float(lr)))
         return spike
 
     def _spike(self, step: int, total: float, layers: dict[str, float]) -> dict[str, Any] | None:
@@ -136,22 +142,32 @@ class GradHistory:
             return "", f"Onset: not known (the last healthy checked step, {last_step}, was {gap} steps before it)."
         med = statistics.median(t for _, t, _ in list(self.steps)[:-1])
         nr = last / med if med > 0 else (math.inf if last > 0 else 1.0)
-        lr = None
+        lratio = None
         if len(self.losses) > MIN_ONSET_STEPS and self.losses[-1][0] == last_step:
             lmed = statistics.median(v for _, v in list(self.losses)[:-1])
-            lr = self.losses[-1][1] / lmed if lmed > 0 else None
-        loss = "" if lr is None else f" and the loss {lr:.3g}x"
-        if nr >= BUILT_UP_NORM or (lr is not None and lr >= BUILT_UP_LOSS):
+            lratio = self.losses[-1][1] / lmed if lmed > 0 else None
+        loss = "" if lratio is None else f" and the loss {lratio:.3g}x"
+        if nr >= BUILT_UP_NORM or (lratio is not None and lratio >= BUILT_UP_LOSS):
+            rise = self._lr_rise()
+            warm = ("" if rise is None else f", while the learning rate rose {rise[2]:.3g}x from {rise[0]:.3g} to "
+                    f"{rise[1]:.3g} (a warmup or schedule reaching its peak)")
             return "built-up", (
                 f"Onset: built up. By step {last_step}, the last checked step before it, the gradient norm was "
-                f"{nr:.3g}x the median of the steps before{loss}: an optimization instability more than one bad batch. Lower the "
-                f"learning rate or lengthen its warmup, clip gradients (Trainer(gradient_clip_val=...) near "
-                f"{2 * med:.3g}, twice the median norm).")
+                f"{nr:.3g}x the median of the steps before{loss}{warm}: an optimization instability more than one bad "
+                f"batch. Lower the {'peak ' if rise else ''}learning rate or lengthen its warmup, clip gradients "
+                f"(Trainer(gradient_clip_val=...) near {2 * med:.3g}, twice the median norm).")
         return "sudden", (
             f"Onset: sudden. At step {last_step}, the last checked step before it, the gradient norm was "
-            f"{nr:.3g}x the median of the steps before{loss}: steady, so one step went wrong. Check that step's batch (extreme or invalid "
-            "values, an empty or fully masked sequence) and the layer and op this event names (an overflow in low "
-            "precision; a log, sqrt or division at 0).")
+            f"{nr:.3g}x the median of the steps before{loss}: steady, so one step went wrong. Check that step's "
+            "batch (extreme or invalid values, an empty or fully masked sequence) and the layer and op this event "
+            "names (an overflow in low precision; a log, sqrt or division at 0).")
+
+    def _lr_rise(self) -> tuple[float, float, float] | None:
+        """(first, last, last / first) of the learning rate over the window when it rose :data:`LR_ROSE` x or more."""
+        if len(self.lrs) < 2 or self.lrs[0][1] <= 0:
+            return None
+        first, last = self.lrs[0][1], self.lrs[-1][1]
+        return (first, last, last / first) if last / first >= LR_ROSE else None
 
     def trend(self, event_step: int | None = None, every: int = 1) -> str:
         """What the recorded steps say before a non-finite step at ``event_step`` (empty without history): the
@@ -177,6 +193,10 @@ class GradHistory:
         if self.losses:
             ls, lv = self.losses[-1]
             parts.append(f"Loss: median {statistics.median(v for _, v in self.losses):.4g}, {lv:.4g} at step {ls}.")
+        if self.lrs:
+            (s0, lr0), (s1, lr1) = self.lrs[0], self.lrs[-1]
+            parts.append(f"Learning rate: {lr1:.3g} at step {s1}" + (f" ({lr0:.3g} at step {s0})." if lr1 != lr0
+                                                                     else ", constant over the window."))
         layer, r = self._grew_most(last_layers, before=last_step)
         if layer is not None and r is not None and r > 1.5:
             parts.append(f"Layer whose gradient grew most by step {last_step}: '{layer or '<root>'}' "

@@ -138,6 +138,7 @@ class NaNGuardCallback(Callback):
         self.mode = "immediate"
         self._snaps: list[nl_locate.StepSnapshot] = []
         self._losses: list[torch.Tensor] = []
+        self._lr: float | None = None  #: the checked step's learning rate (first param group), for the history
         self._streak = self._skips_in_row = self._amp_streak = 0
         self._limiter = nl.AlertLimiter(self.alert_every_s, self.alert_every_n)
         self._stepped = False
@@ -230,6 +231,7 @@ class NaNGuardCallback(Callback):
         if not self._due(trainer.global_step):
             return
         params = [p for g in optimizer.param_groups for p in g["params"]]
+        self._lr = nan_steps.learning_rate(optimizer)
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         masked = self.action != "warn"
         can_mask = bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and scaler is None
@@ -254,7 +256,8 @@ class NaNGuardCallback(Callback):
                     self._streak = self._skips_in_row = 0
                     if self.grad_norms:
                         names = payload["grad_names"]
-                        self._healthy(trainer, s, names, values[2:2 + len(names)], step_loss(values[2 + len(names):]))
+                        self._healthy(trainer, s, names, values[2:2 + len(names)], step_loss(values[2 + len(names):]),
+                                      payload.get("lr"))
                     continue
                 event = nan_steps.deferred_event(self, trainer, pl_module, s, values, payload)
                 if event is not None:
@@ -295,11 +298,11 @@ class NaNGuardCallback(Callback):
             raise NonFiniteError(event)
 
     def _healthy(self, trainer: pl.Trainer, step: int, names: list[str], norms: list[float],
-                 loss: float | None = None) -> None:
-        """A healthy checked step's gradient norms and loss: into the history, the norms logged (rank zero), a spike
-        alerted."""
+                 loss: float | None = None, lr: float | None = None) -> None:
+        """A healthy checked step's gradient norms, loss and learning rate: into the history, the norms logged (rank
+        zero), a spike alerted."""
         try:
-            spike = self._history.add(step, names, norms, loss)
+            spike = self._history.add(step, names, norms, loss, lr)
             every = max(1, int(getattr(trainer, "log_every_n_steps", 50) or 1))
             # Lightning's log cadence, to the run's loggers only (none: no metrics file of ours either)
             if trainer.is_global_zero and trainer.loggers and step % every == 0 and self._history.steps:

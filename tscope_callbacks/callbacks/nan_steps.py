@@ -19,7 +19,19 @@ from tscope_callbacks.capture.paths import named_parameters
 if TYPE_CHECKING:
     from tscope_callbacks.callbacks.nan_guard import NaNGuardCallback
 
-__all__ = ["push_deferred", "check_now", "deferred_event", "check_params"]
+__all__ = ["push_deferred", "check_now", "deferred_event", "check_params", "learning_rate"]
+
+
+def learning_rate(optimizer: Any) -> float | None:
+    """The learning rate of ``optimizer``'s first param group, read without a host sync: a Python number, or a
+    tensor on the CPU (a ``capturable`` optimizer's CUDA-tensor rate is not read: None)."""
+    try:
+        lr = optimizer.param_groups[0].get("lr")
+    except (AttributeError, IndexError, TypeError):
+        return None
+    if isinstance(lr, torch.Tensor):
+        return float(lr) if lr.device.type == "cpu" and lr.numel() == 1 else None
+    return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
 
 
 def _all_reduce_max(trainer: Any, t: torch.Tensor) -> None:
@@ -50,7 +62,7 @@ def push_deferred(guard: NaNGuardCallback, trainer: Any, optimizer: Any, params:
             optimizer.found_inf = bad.reshape(())
     vec = torch.cat([bad, local] + parts)
     payload = {"snaps": snaps, "grad_names": _grad_names(guard, trainer.lightning_module, params),
-               "n_losses": len(losses), "epoch": trainer.current_epoch,
+               "n_losses": len(losses), "epoch": trainer.current_epoch, "lr": guard._lr,
                "batch_idx": trainer.fit_loop.epoch_loop.batch_idx}
     guard._channel.push(trainer.global_step, vec, payload)
 
@@ -155,7 +167,7 @@ def check_now(guard: NaNGuardCallback, trainer: Any, pl_module: Any, params: lis
         if norms is not None:  # [flag, per-gradient norms..., per-loss values...], read together
             names = _grad_names(guard, pl_module, params)
             guard._healthy(trainer, trainer.global_step, names, values[1:1 + len(names)],
-                           step_loss(values[1 + len(names):]))
+                           step_loss(values[1 + len(names):]), guard._lr)
         return
     try:
         event = _bad_step(guard, trainer, pl_module, params, flags, losses, snaps, scaler)
