@@ -187,6 +187,7 @@ def test_the_guard_keeps_exact_norms_alerts_the_spike_and_tells_the_trend(sync, 
     assert spike["step"] == 14 and spike["layer"] == SPIKE_LAYER and spike["ratio"] > 10
     assert [s["step"] for s in later] == [15] + ([] if sync is None else [17])
     assert any("gradient spike at step 14" in r.getMessage() and SPIKE_LAYER in r.getMessage()
+               and f"; loss {probe.losses[14]:.4g} (median " in r.getMessage() and "; learning rate 0.01" in r.getMessage()
                for r in caplog.records)
     # the losses read with the norms are the ones Lightning handed to backward
     assert [s for s, _ in guard._history.losses] == [s for s, _, _ in guard._history.steps]

@@ -84,7 +84,7 @@ class GradHistory:
     def add(self, step: int, names: Sequence[str], norms: Sequence[float], loss: float | None = None,
             lr: float | None = None) -> dict[str, Any] | None:
         """Record a healthy step (``loss``: its loss, :func:`step_loss`; ``lr``: its learning rate). Returns its spike
-        (``{"step", "norm", "median", "ratio", "layer", "layer_ratio", "loss", "loss_median"}``) when its global norm
+        (``{"step", "norm", "median", "ratio", "layer", "layer_ratio", "loss", "loss_median", "lr"}``) when its global norm
         exceeds ``spike_factor`` x the median before it, else None. Steps with a non-finite norm are not recorded
         (they are the NaN guard's events); a non-finite loss or learning rate is left out."""
         total = global_norm(norms)
@@ -97,6 +97,7 @@ class GradHistory:
             spike["loss"] = float(loss) if finite_loss else None
             spike["loss_median"] = (statistics.median(v for _, v in self.losses)
                                     if finite_loss and self.losses else None)
+            spike["lr"] = lr
         self.steps.append((step, total, layers))
         if finite_loss:
             self.losses.append((step, float(loss)))

@@ -101,7 +101,7 @@ class NaNGuardCallback(Callback):
 
     Attributes: ``events`` (list[NonFiniteEvent]), ``num_events``, ``skipped_steps``, ``alerts`` (alerts emitted on
     this rank), ``replays`` (replays run), ``mode`` ("deferred"/"immediate", decided at fit start), ``host_syncs``
-    (flag reads that synchronized the host), ``spikes`` (gradient spikes: step, norm, median, ratio, layer, loss). Keys:
+    (flag reads that synchronized the host), ``spikes`` (gradient spikes: step, norm, median, ratio, layer, loss, learning rate). Keys:
     text ``tscope/nan``, scalars ``tscope/nan/events``, ``tscope/grad_norm/*``.
     """
 
@@ -322,6 +322,8 @@ class NaNGuardCallback(Callback):
             if spike.get("loss") is not None:
                 where += f"; loss {spike['loss']:.4g}" + (f" (median {spike['loss_median']:.4g})"
                                                           if spike.get("loss_median") is not None else "")
+            if spike.get("lr") is not None:
+                where += f"; learning rate {spike['lr']:.3g}"
             self._alert(trainer, f"Gradient spike at step {step}",
                         f"NaN guard: gradient spike at step {step}: global norm {spike['norm']:.4g} = "
                         f"{spike['ratio']:.3g}x the median of the last {len(self._history.steps) - 1} checked steps "
