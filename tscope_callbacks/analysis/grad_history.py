@@ -18,8 +18,8 @@ The NaN guard already reduces every gradient to its L2 norm on the device at eac
 - its **onset** (:meth:`GradHistory.onset`): ``"built-up"`` when, at the last checked step before it, the gradient
   norm was at least :data:`BUILT_UP_NORM` x the median of the steps before, or the loss :data:`BUILT_UP_LOSS` x its
   median (an optimization instability: learning rate, warmup, clipping; the sentence says when the learning rate
-  rose :data:`LR_ROSE` x or more over the window, as at the end of a warmup); ``"sudden"`` when both were below that (one
-  step went wrong: its batch, or a numerical fault in one op); ``""`` when the history cannot tell (fewer than
+  rose :data:`LR_ROSE` x or more over the window, as at the end of a warmup); ``"sudden"`` when both were below that
+  (one step went wrong: its batch, or a numerical fault in one op); ``""`` when the history cannot tell (fewer than
   :data:`MIN_ONSET_STEPS` steps before the last, or the last checked step is not the one just before the event).
 
 Norms of sharded parameters (FSDP2/TP DTensors) and the loss are this rank's.
@@ -84,9 +84,9 @@ class GradHistory:
     def add(self, step: int, names: Sequence[str], norms: Sequence[float], loss: float | None = None,
             lr: float | None = None) -> dict[str, Any] | None:
         """Record a healthy step (``loss``: its loss, :func:`step_loss`; ``lr``: its learning rate). Returns its spike
-        (``{"step", "norm", "median", "ratio", "layer", "layer_ratio", "loss", "loss_median", "lr"}``) when its global norm
-        exceeds ``spike_factor`` x the median before it, else None. Steps with a non-finite norm are not recorded
-        (they are the NaN guard's events); a non-finite loss or learning rate is left out."""
+        (``{"step", "norm", "median", "ratio", "layer", "layer_ratio", "loss", "loss_median", "lr"}``) when its
+        global norm exceeds ``spike_factor`` x the median before it, else None. Steps with a non-finite norm are not
+        recorded (they are the NaN guard's events); a non-finite loss or learning rate is left out."""
         total = global_norm(norms)
         if not math.isfinite(total):
             return None
@@ -142,7 +142,13 @@ class GradHistory:
         if gap is not None and gap > every:
             return "", f"Onset: not known (the last healthy checked step, {last_step}, was {gap} steps before it)."
         med = statistics.median(t for _, t, _ in list(self.steps)[:-1])
-        nr = last / med if med > 0 else (math.inf if last > 0 else 1.0)
+        if med <= 0 and last <= 0:
+            nr = 1.0  # all zero: steady
+        elif med <= 0:
+            return "built-up", (f"Onset: built up. The gradient norm rose from 0 (its median over the steps before) to "
+                                f"{last:.4g} at step {last_step}, the last checked step before it.")
+        else:
+            nr = last / med
         lratio = None
         if len(self.losses) > MIN_ONSET_STEPS and self.losses[-1][0] == last_step:
             lmed = statistics.median(v for _, v in list(self.losses)[:-1])

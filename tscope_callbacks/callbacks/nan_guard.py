@@ -92,17 +92,17 @@ class NaNGuardCallback(Callback):
         grad_norms: keep the checked steps' gradient norms (the per-tensor norms the check computes anyway: no extra
             device work, no sync): scalars ``tscope/grad_norm/total`` (global L2 norm) and one per layer
             (``tscope/grad_norm/<module path>``) at Lightning's ``log_every_n_steps``; every checked step enters the
-            history with the step's loss (read with the norms), and a non-finite event says how both moved before it
-            (``event.trend``) and whether it built up or came suddenly (``event.onset``). Off with a GradScaler
-            (scaled gradients).
+            history with the step's loss (read with the norms) and learning rate, and a non-finite event says how
+            they moved before it (``event.trend``) and whether it built up or came suddenly (``event.onset``). Off
+            with a GradScaler (scaled gradients).
         spike_factor: alert when a healthy step's global norm exceeds this many times the median of the checked
             steps before it (at least 10 of them; None: no spike alerts). Alerts only; ``spikes`` keeps them.
         history: how many checked steps the norms' history keeps.
 
     Attributes: ``events`` (list[NonFiniteEvent]), ``num_events``, ``skipped_steps``, ``alerts`` (alerts emitted on
     this rank), ``replays`` (replays run), ``mode`` ("deferred"/"immediate", decided at fit start), ``host_syncs``
-    (flag reads that synchronized the host), ``spikes`` (gradient spikes: step, norm, median, ratio, layer, loss, learning rate). Keys:
-    text ``tscope/nan``, scalars ``tscope/nan/events``, ``tscope/grad_norm/*``.
+    (flag reads that synchronized the host), ``spikes`` (gradient spikes: step, norm, median, ratio, layer, loss,
+    learning rate). Keys: text ``tscope/nan``, scalars ``tscope/nan/events``, ``tscope/grad_norm/*``.
     """
 
     def __init__(self, *, action: str = "stop", every_n_steps: int = 1, check_loss: bool = True,

@@ -153,8 +153,8 @@ def check_now(guard: NaNGuardCallback, trainer: Any, pl_module: Any, params: lis
             norms = nl.per_tensor_norms(grads)
             total = norms.sum().reshape(1)
             extra = nl.nonfinite_total(loss_ts)
-            vec = torch.cat([total if extra is None else total + extra.to(total.device), norms]
-                            + [x.detach().float().sum().reshape(1).to(total.device) for x in loss_ts if x.is_floating_point()])
+            loss_vals = [x.detach().float().sum().reshape(1).to(total.device) for x in loss_ts if x.is_floating_point()]
+            vec = torch.cat([total if extra is None else total + extra.to(total.device), norms, *loss_vals])
         else:
             vec = nl.nonfinite_total(grads + loss_ts)
     except Exception as e:
