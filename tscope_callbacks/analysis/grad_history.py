@@ -176,11 +176,11 @@ class GradHistory:
         first, last = self.lrs[0][1], self.lrs[-1][1]
         return (first, last, last / first) if last / first >= LR_ROSE else None
 
-    def trend(self, event_step: int | None = None, every: int = 1) -> str:
-        """What the recorded steps say before a non-finite step at ``event_step`` (empty without history): the
-        global norm's median and its last value, the first step above ``spike_factor`` x the median of the steps
-        before it, the loss's median and last value, the layer whose norm grew most at the last step against its own
-        median, and the onset (:meth:`onset`)."""
+    def trend(self) -> str:
+        """What the recorded steps say before a non-finite step (empty without history): the global norm's median
+        and its last value, the first step above ``spike_factor`` x the median of the steps before it, the loss's
+        median and last value, the learning rate, and the layer whose norm grew most at the last step against its own
+        median. The event's onset (:meth:`onset`) follows it in ``event.trend``."""
         if not self.steps:
             return ""
         totals = [t for _, t, _ in self.steps]
@@ -208,5 +208,4 @@ class GradHistory:
         if layer is not None and r is not None and r > 1.5:
             parts.append(f"Layer whose gradient grew most by step {last_step}: '{layer or '<root>'}' "
                          f"({last_layers[layer]:.4g}, {r:.3g}x its median): look there first.")
-        parts.append(self.onset(event_step, every)[1])
-        return " ".join(p for p in parts if p)
+        return " ".join(parts)

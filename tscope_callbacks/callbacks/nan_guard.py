@@ -335,8 +335,8 @@ class NaNGuardCallback(Callback):
     def _record(self, trainer: pl.Trainer, event: NonFiniteEvent) -> None:
         if not event.trend:
             try:
-                event.trend = self._history.trend(event.step, self.every_n_steps)
-                event.onset = self._history.onset(event.step, self.every_n_steps)[0]
+                event.onset, why = self._history.onset(event.step, self.every_n_steps)
+                event.trend = " ".join(p for p in (self._history.trend(), why) if p)
             except Exception as e:
                 self._internal_error("gradient trend", e)
         self.num_events += 1
