@@ -34,6 +34,12 @@ def learning_rate(optimizer: Any) -> float | None:
     return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
 
 
+def _loss_values(losses: list, device: Any) -> torch.Tensor | None:
+    """Each loss summed to one float32 value on ``device``, without a sync (they ride in the flag vector read for the
+    step: the history's losses); None without losses."""
+    return torch.stack([x.detach().float().sum().to(device) for x in losses]) if losses else None
+
+
 def _all_reduce_max(trainer: Any, t: torch.Tensor) -> None:
     """In place, on the device (NCCL: stream-ordered, no host sync), so every rank masks and reads the same flag."""
     dist = torch.distributed
@@ -49,7 +55,7 @@ def push_deferred(guard: NaNGuardCallback, trainer: Any, optimizer: Any, params:
     grads = nl.grads_of(params)  # local shards under FSDP2/TP: the flag is all-reduced below
     norms = nl.per_tensor_norms(grads)
     dev = norms.device if norms is not None else (losses[0].device if losses else trainer.strategy.root_device)
-    loss_vals = torch.stack([x.detach().float().sum().to(dev) for x in losses]) if losses else None
+    loss_vals = _loss_values(losses, dev)
     parts = [t for t in (norms, loss_vals) if t is not None]
     local = torch.cat(parts).sum().reshape(1) if parts else torch.zeros(1, device=dev)
     bad = (~torch.isfinite(local)).float()
@@ -153,8 +159,9 @@ def check_now(guard: NaNGuardCallback, trainer: Any, pl_module: Any, params: lis
             norms = nl.per_tensor_norms(grads)
             total = norms.sum().reshape(1)
             extra = nl.nonfinite_total(loss_ts)
-            loss_vals = [x.detach().float().sum().reshape(1).to(total.device) for x in loss_ts if x.is_floating_point()]
-            vec = torch.cat([total if extra is None else total + extra.to(total.device), norms, *loss_vals])
+            loss_vals = _loss_values(loss_ts, total.device)
+            vec = torch.cat([total if extra is None else total + extra.to(total.device), norms]
+                            + ([] if loss_vals is None else [loss_vals]))
         else:
             vec = nl.nonfinite_total(grads + loss_ts)
     except Exception as e:
