@@ -5,6 +5,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,12 +36,35 @@ def test_demo_prints_table_opportunities_mfu_and_tensorboard_command(
     assert "| layer | type | phase | GFLOPs | MB | FLOP/B | bound | roof ms | measured ms | % of roof |" in out
     assert "### Opportunities" in out
     assert "**MFU**" in out and "Automatic MFU" in out
-    assert f"tensorboard --logdir {out_dir.resolve()}" in out
+    view = next(line for line in out.splitlines() if line.startswith("View them:"))
+    assert view.endswith(f"tensorboard --logdir {out_dir.resolve()}")
+    assert _runnable(view.split()[2])  # the printed command works as printed, venv activated or not
     assert "NaN guard:" not in out  # a healthy run has no events
     run_dir = out_dir / "tscope_demo" / "version_0"
     assert list(run_dir.glob("events.out.tfevents.*"))
     assert sorted(p.name for p in (run_dir / "tscope").glob("step_*.json")) == ["step_10.json", "step_20.json"]
-    assert f"tscope report {run_dir.resolve() / 'tscope' / 'step_20.json'}" in out
+    again = next(line for line in out.splitlines() if line.startswith("Re-render a profiled step:"))
+    assert f"tscope report {run_dir.resolve() / 'tscope' / 'step_20.json'}" in again
+    assert _runnable(again.split()[4])
+
+
+def _runnable(word: str) -> bool:
+    """A printed command's first word runs as typed: a full path to an executable, or a name PATH finds."""
+    return os.access(word, os.X_OK) if os.sep in word else shutil.which(word) is not None
+
+
+def test_printed_commands_work_without_an_activated_venv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off PATH (a venv not activated), a hint names this environment's script by its full path; on PATH, by its
+    name; with no script at all, ``python -m`` with this interpreter's full path."""
+    from tscope_callbacks.cli import hints
+
+    monkeypatch.setattr(hints.shutil, "which", lambda name: None)
+    full = hints.command("tscope", "tscope_callbacks.cli")
+    assert os.path.isabs(full) and full.endswith("tscope") and _runnable(full)
+    monkeypatch.setattr(hints.shutil, "which", lambda name: full)
+    assert hints.command("tscope", "tscope_callbacks.cli") == "tscope"
+    monkeypatch.setattr(hints, "_script", lambda name: None)
+    assert hints.command("tensorboard", "tensorboard.main") == f"{sys.executable} -m tensorboard.main"
 
 
 def test_demo_nan_guard_names_the_layer(tmp_path: Path, capsys: pytest.CaptureFixture[str],

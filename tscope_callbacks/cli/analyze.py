@@ -184,5 +184,8 @@ def run(args: argparse.Namespace) -> int:
             # the analysed device travels with the profile: `tscope report` re-rates it on that device, not this host
             json.dump({"profile": report.profile.to_dict(), "device": report.spec.to_dict(),
                        "report": report.to_dict()}, f)
-        print(f"JSON written to {args.json} (`tscope report {args.json}` re-renders it for {report.spec.name})")
+        from tscope_callbacks.cli.hints import command  # the hint works without an activated venv
+
+        print(f"JSON written to {args.json} (`{command('tscope', 'tscope_callbacks.cli')} report {args.json}` "
+              f"re-renders it for {report.spec.name})")
     return 0

@@ -8,10 +8,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 import time
 import warnings
 from pathlib import Path
+
+from tscope_callbacks.cli.hints import command
 
 __all__ = ["add_arguments", "run"]
 
@@ -153,12 +156,15 @@ def _print_summary(trainer, roof, guard, logger, args, took: float) -> None:
     log_dir = Path(getattr(logger, "log_dir", None) or getattr(logger, "save_dir", None) or args.out).resolve()
     print(f"\nLogs: {log_dir}")
     if args.logger == "tensorboard":
-        print(f"View them:  tensorboard --logdir {Path(args.out).resolve()}")
+        tensorboard = command("tensorboard", "tensorboard.main")
+        print(f"View them:  {tensorboard} --logdir {shlex.quote(str(Path(args.out).resolve()))}")
     elif args.logger == "wandb":
-        print(f"W&B offline run; sync with:  wandb sync {Path(args.out).resolve()}/wandb/offline-run-*")
+        wandb = command("wandb", "wandb")
+        print(f"W&B offline run; sync with:  {wandb} sync {shlex.quote(str(Path(args.out).resolve()))}/wandb/offline-run-*")
     saved = sorted(log_dir.glob("tscope/step_*.json"), key=_step_of)
     if saved:
-        print(f"Re-render a profiled step:  tscope report {saved[-1]} --plot roofline.png")
+        tscope = command("tscope", "tscope_callbacks.cli")
+        print(f"Re-render a profiled step:  {tscope} report {shlex.quote(str(saved[-1]))} --plot roofline.png")
 
 
 def _step_of(path: Path) -> int:
