@@ -14,7 +14,7 @@ PKG = Path(tscope_callbacks.__file__).parent
 
 #: lowest first; a module may import modules of its own layer or below
 LAYERS: list[tuple[str, ...]] = [
-    ("records",),
+    ("records", "rng"),
     ("devices", "formulas"),
     ("capture",),
     ("analysis",),

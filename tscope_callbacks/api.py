@@ -34,6 +34,7 @@ from tscope_callbacks.devices.precision import TORCH_DTYPES, normalize_precision
 from tscope_callbacks.devices.resolve import get_device_spec
 from tscope_callbacks.records import StepProfile
 from tscope_callbacks.render.report import RooflineReport
+from tscope_callbacks.rng import rng_preserving
 
 __all__ = ["analyze_model", "build_inputs", "profile_model", "roofline"]
 
@@ -147,6 +148,7 @@ def _moved(model: torch.nn.Module, device: str, dtype: torch.dtype | None) -> to
     return model
 
 
+@rng_preserving  # random inputs, dropout in a real run, a CPU roof measured
 def analyze_model(
     model: torch.nn.Module,
     input_shape: Sequence[Sequence[int]] | Sequence[int] | None = None,
@@ -219,6 +221,7 @@ def analyze_model(
     return report
 
 
+@rng_preserving  # random inputs and dropout: the user's seeded streams stay where they were
 def profile_model(
     model: torch.nn.Module,
     input_shape: Any = None,

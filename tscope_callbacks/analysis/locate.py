@@ -26,8 +26,6 @@
 
 from __future__ import annotations
 
-import random
-import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
@@ -41,24 +39,9 @@ from tscope_callbacks.analysis.nonfinite import LocateResult, count_nonfinite, f
 from tscope_callbacks.analysis.op_origin import OpOrigin
 from tscope_callbacks.capture.eager import EagerStance
 from tscope_callbacks.capture.paths import clean_path, named_parameters
+from tscope_callbacks.rng import RngState
 
 __all__ = ["StepSnapshot", "locate_step", "replay_locate"]
-
-
-def _rng_capture() -> tuple:
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    np_mod = sys.modules.get("numpy")
-    return torch.get_rng_state(), cuda, random.getstate(), np_mod.random.get_state() if np_mod else None
-
-
-def _rng_restore(state: tuple) -> None:
-    cpu, cuda, py, np_state = state
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
-    random.setstate(py)
-    if np_state is not None:
-        sys.modules["numpy"].random.set_state(np_state)
 
 
 @dataclass
@@ -67,13 +50,13 @@ class StepSnapshot:
 
     batch: Any
     batch_idx: int
-    rng: tuple
+    rng: RngState
     versions: list[tuple[torch.Tensor, int]]
     loss: torch.Tensor | None = None
 
     @classmethod
     def take(cls, batch: Any, batch_idx: int) -> StepSnapshot:
-        return cls(batch, batch_idx, _rng_capture(), [(t, t._version) for t in iter_tensors(batch)])
+        return cls(batch, batch_idx, RngState(), [(t, t._version) for t in iter_tensors(batch)])
 
     def mutated(self) -> bool:
         return any(t._version != v for t, v in self.versions)
@@ -187,13 +170,13 @@ def replay_locate(module: nn.Module, step_fn: Callable[[Any, int], Any], snap: S
     names = {id(p): n for n, p in named}
     params = [p for p in module.parameters() if p.requires_grad]
     buffers = [(b, b.detach().clone()) for b in module.buffers()]
-    after = _rng_capture()
+    after = RngState()
     stance = EagerStance()  # a compiled model replays eagerly: the tracer's hooks are never compiled into its graphs
     stance.enter()
     tracer = _Tracer(module)
     origin = OpOrigin()  # the op (and line) that made the first non-finite value, forward or backward
     try:
-        _rng_restore(snap.rng)
+        snap.rng.restore()
         with ExitStack() as stack:
             stack.enter_context(torch.enable_grad())
             stack.enter_context(autocast() if autocast is not None else nullcontext())
@@ -255,7 +238,7 @@ def replay_locate(module: nn.Module, step_fn: Callable[[Any, int], Any], snap: S
         with torch.no_grad():
             for b, saved in buffers:
                 b.copy_(saved)
-        _rng_restore(after)
+        after.restore()
     return res
 
 

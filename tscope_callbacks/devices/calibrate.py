@@ -27,6 +27,7 @@ import torch
 from tscope_callbacks.devices import table as spec_table
 from tscope_callbacks.devices.cache import cache_dir, cache_get, cache_put, spec_from_entry
 from tscope_callbacks.devices.spec import DeviceSpec, UnknownDeviceError
+from tscope_callbacks.rng import rng_preserving
 
 __all__ = ["DEFAULT_CPU_BUDGET_S", "BUSY_LOAD_PER_CPU", "Benchmark", "calibrate", "cpu_spec", "measure_cpu", "measure_cuda",
            "cuda_benchmarks", "cuda_event_timer", "cached_achievable", "cpu_cache_key"]
@@ -117,6 +118,7 @@ def _load_per_cpu() -> float:
         return 0.0
 
 
+@rng_preserving  # random matrices: the user's seeded streams stay where they were
 def measure_cpu(*, budget_s: float = DEFAULT_CPU_BUDGET_S) -> DeviceSpec:
     """Measure this CPU's roofs now (no cache); returns a ``DeviceSpec`` with ``measured=True``."""
     load = _load_per_cpu()
@@ -228,6 +230,7 @@ def cuda_event_timer(bench: Benchmark, device: int = 0) -> float:
         torch.set_float32_matmul_precision(prev)
 
 
+@rng_preserving  # random matrices on the GPU
 def measure_cuda(device: int = 0, *, quick: bool = False, timer: Callable[[Benchmark], float] | None = None,
                  precisions: tuple[str, ...] = ("bf16", "fp16", "fp32", "tf32")) -> dict[str, float]:
     """Achievable rates on ``cuda:<device>``: precision -> FLOP/s, plus ``"bandwidth"`` (bytes/s)."""

@@ -22,6 +22,7 @@ import torch
 
 from tscope_callbacks.devices.cache import GEMM_CACHE, cache_dir, cache_put, cached_gemm_table, gemm_cache_key
 from tscope_callbacks.devices.efficiency import MIN_KERNEL_S, fit_gemm, forget
+from tscope_callbacks.rng import rng_preserving
 
 __all__ = ["gemm_shapes", "cuda_graph_gemm_timer", "measure_gemm_table", "cached_gemm_table", "loo_summary",
            "GEMM_CACHE", "cached_gemm_table"]
@@ -86,6 +87,7 @@ def cuda_graph_gemm_timer(device: int = 0, calls: int = 20, reps: int = 5) -> Ca
     return timer
 
 
+@rng_preserving  # random operands on the GPU
 def measure_gemm_table(spec: Any, *, quick: bool = False, precisions: tuple[str, ...] = ("bf16",),
                        timer: Callable[[int, int, int, str], float] | None = None, device: int = 0,
                        cache: bool = True, progress: Callable[[str], None] | None = None, sdpa: bool = True,
