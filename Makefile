@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install lint clean
+.PHONY: demo test install lint docs docs-serve dist clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,5 +29,17 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tscope_callbacks tests benchmarks scripts
 
+# the documentation site (mkdocs.yml, pages under docs/), built into build/site; --strict: a broken link fails
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir build/site
+	@echo "Open build/site/index.html"
+
+docs-serve: $(STAMP)
+	$(VENV)/bin/mkdocs serve
+
+# a wheel and an sdist in dist/ (pip install -c <torch pin> dist/tscope_callbacks-*.whl: see the README)
+dist: $(STAMP)
+	$(PY) -m build --outdir dist
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info
