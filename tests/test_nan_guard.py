@@ -490,3 +490,51 @@ def test_nan_guard_yaml(monkeypatch, tmp_path):
     (guard,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, NaNGuardCallback)]
     assert (guard.action, guard.every_n_steps, guard.locate, guard.check_params) == ("stop", 1, True, False)
     assert (guard.max_skips, guard.alert_every_s, guard.alert_every_n, guard.amp_min_scale) == (10, 300.0, 100, 1e-4)
+
+
+def test_origin_in_hf_gpt2_names_the_injecting_multiply_not_an_allocation():
+    # HF's SDPA path allocates with empty_like: uninitialised memory may hold NaN, and an allocation is never an origin
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
+                                  attn_implementation="sdpa")
+
+    class HF(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = transformers.GPT2LMHeadModel(cfg)
+
+        def training_step(self, batch, batch_idx):
+            return self.model(input_ids=batch, labels=batch).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.randint(0, 64, (32, 16), generator=torch.Generator().manual_seed(0)),
+                                               batch_size=4)
+
+    model = HF()
+    inject_activation(model, "model.transformer.h.1.mlp", steps=(2,))
+    guard = NaNGuardCallback(action="stop")
+    make_trainer(guard, max_steps=6).fit(model)
+    (ev,) = guard.events
+    assert (ev.kind, ev.layer, ev.step) == ("activation", "model.transformer.h.1.mlp", 2)
+    hook = next(i for i, ln in enumerate(open(__file__).read().splitlines(), 1) if "return out * NAN" in ln)
+    assert f"Origin: first NaN made by aten.mul in the forward, called at test_nan_guard.py:{hook} in hook" in ev.note
+    assert "empty" not in ev.note
+
+
+def test_origin_reads_an_in_place_input_as_the_op_saw_it_and_an_out_buffer_not_at_all():
+    from tscope_callbacks.analysis.op_origin import OpOrigin
+
+    zeros = torch.zeros(4)
+    with OpOrigin() as mode:
+        y = zeros.clone()
+        y.div_(0.0)  # 0/0 in place: its input was finite before the op overwrote it
+    assert mode.origin is not None and (mode.origin.op, mode.origin.nan) == ("aten.div_", True)
+
+    buf = torch.full((4,), float("nan"))  # an out= buffer holding garbage (as torch.empty may)
+    with OpOrigin() as mode:
+        torch.empty(4)  # an allocation: undefined contents, never an origin
+        torch.log(zeros, out=buf)  # log(0) = -inf from finite inputs
+    assert mode.origin is not None and (mode.origin.op, mode.origin.nan) == ("aten.log", False)

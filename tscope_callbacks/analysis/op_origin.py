@@ -12,6 +12,10 @@ inputs into a non-finite output:
 - in the backward: the aten op of the gradient formula, the autograd node running it (``SqrtBackward0``) and the line
   of the forward op that created that node (recorded by sequence number during the replay's forward).
 
+An allocation (``empty``, ``empty_like``, ``empty_strided``, ``new_empty``...) is never an origin: its contents are
+undefined, and may hold a NaN bit pattern. An op's inputs are read as the op saw them: an in-place argument is checked
+before the op overwrites it, and an ``out=`` buffer (often such an allocation) is not an input at all.
+
 An op given an explicit infinite scalar whose output has infinities but no NaN (``masked_fill(mask, -inf)``,
 ``full(..., -inf)``: attention masks) is intentional and skipped; a NaN scalar, or an infinity that made a NaN
 (``0 * inf``), is an origin. Each op's check reads its outputs on the host (one sync per op): acceptable in the
@@ -100,6 +104,32 @@ def _describe(t: torch.Tensor) -> str:
     return ", ".join(parts)
 
 
+_aten = torch.ops.aten
+#: ops whose output contents are undefined: never an origin
+_UNDEFINED = frozenset(getattr(_aten, n) for n in ("empty", "empty_like", "empty_strided", "new_empty",
+                                                   "new_empty_strided", "empty_permuted") if hasattr(_aten, n))
+
+
+def _finite(tensors: list[torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def _written(func: Any, args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], set[int]]:
+    """``(in-place inputs, ids of every written tensor)``: the arguments the op writes (schema ``Tensor(a!)``); an
+    in-place input's old values are read, a keyword ``out`` buffer's are not."""
+    inplace: list[torch.Tensor] = []
+    ids: set[int] = set()
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        val = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
+        ts = [t for t in iter_tensors(val) if floating(t) and t.numel()]
+        ids.update(id(t) for t in ts)
+        if not arg.kwarg_only:
+            inplace += ts
+    return inplace, ids
+
+
 def _inf_scalar(args: Any, kwargs: dict) -> bool:
     vals = list(args) + list(kwargs.values())
     return any(isinstance(v, float) and math.isinf(v) for v in vals)
@@ -116,21 +146,27 @@ class OpOrigin(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.origin is not None or func.overloadpacket in _UNDEFINED:  # found, or contents undefined
+            return func(*args, **kwargs)
+        try:
+            inplace, written = _written(func, args, kwargs)
+            inplace_finite = _finite(inplace)  # as the op reads them, before it overwrites them
+        except Exception:
+            inplace_finite, written = False, set()
         out = func(*args, **kwargs)
-        if self.origin is not None:  # found: nothing left to record
-            return out
         node = _current_node()
         try:
             if node is None and torch.is_grad_enabled():  # a forward op that may have made a node: its line
                 seq = _get_sequence_nr() - 1
                 if seq not in self._lines:
                     self._lines[seq] = user_frame()
-            self._check(func, args, kwargs, out, node)
+            if inplace_finite:
+                self._check(func, args, kwargs, out, node, written)
         except Exception:  # never let the diagnosis break the replay
             pass
         return out
 
-    def _check(self, func: Any, args: tuple, kwargs: dict, out: Any, node: Any) -> None:
+    def _check(self, func: Any, args: tuple, kwargs: dict, out: Any, node: Any, written: set[int]) -> None:
         outs = [t for t in iter_tensors(out) if floating(t) and t.numel()]
         bad = [t for t in outs if not bool(torch.isfinite(t).all())]
         if not bad:
@@ -138,8 +174,8 @@ class OpOrigin(TorchDispatchMode):
         nan = any(bool(torch.isnan(t).any()) for t in bad)
         if not nan and _inf_scalar(args, kwargs):
             return  # an explicit infinity that stays one (a -inf mask fill): intended
-        ins = [t for t in iter_tensors((args, kwargs)) if floating(t) and t.numel()]
-        if any(not bool(torch.isfinite(t).all()) for t in ins):
+        ins = [t for t in iter_tensors((args, kwargs)) if floating(t) and t.numel() and id(t) not in written]
+        if not _finite(ins):
             return  # carried, not made here
         name = f"{func.namespace}.{func._opname}" if hasattr(func, "_opname") else str(func)
         if node is None:
