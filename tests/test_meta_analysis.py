@@ -202,3 +202,59 @@ def test_a_model_analysed_in_place_is_left_as_it_was():
         p.grad = gi
     ts.analyze_model(net, **kw)
     assert all(p.grad is gi for p, gi in zip(net.parameters(), g))  # the user's own gradients, untouched
+
+
+def _mistral():
+    cfg = transformers.MistralConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=1000, sliding_window=16,
+                                     attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return transformers.MistralForCausalLM(cfg)
+
+
+@pytest.mark.parametrize("gpu", ["auto", "a100"])
+def test_a_sliding_window_mask_on_meta_counts_the_pairs_it_attends(gpu):
+    # HF builds the sliding-window mask from constants (arange, comparisons): on meta it used to have no values and
+    # the model FLOPs were the full square. Row i attends min(i + 1, 16) keys: 1 + ... + 16 + 48 * 16 = 904 pairs
+    # of 64 * 64; forward per layer B*H * P * 2 * (d_qk + d_v) = 2*4 * 904 * 2 * 64 = 925,696 (full square:
+    # 2*4 * 4096 * 128 = 4,194,304, what meta counted before)
+    lm, ids = _mistral(), torch.randint(0, 1000, (2, 64))
+    meta = ts.analyze_model(lm, inputs=[ids], gpu=gpu, backward=True)
+    real = ts.analyze_model(lm, inputs=[ids], gpu=gpu, backward=True, device="cpu")
+    fwd = [a for a in _attention(meta) if a.phase == "forward"]
+    assert [a.model_flops for a in fwd] == [2 * 4 * 904 * 2 * 64] * 2
+    assert [a.flops_dense for a in fwd] == [2 * 4 * 64 * 64 * 128] * 2
+    assert [a.model_flops for a in _attention(meta)] == [a.model_flops for a in _attention(real)]
+    assert meta.model_flops == real.model_flops
+
+
+def test_bart_on_meta_reads_the_mask_it_built():
+    # HF's _ignore_causal_mask_sdpa calls .item() on the padding mask it built with torch.ones: meta used to raise
+    # "Tensor.item() cannot be called on meta tensors"; the run knows that mask's values, so it takes is_causal as
+    # the real step does (decoder self-attention: 2*4 * (32*33/2) * 2 * 64 = 540,672 forward FLOPs per layer)
+    cfg = transformers.BartConfig(d_model=128, encoder_ffn_dim=256, decoder_ffn_dim=256, encoder_layers=2,
+                                  decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                                  vocab_size=1000, max_position_embeddings=128)
+    torch.manual_seed(0)
+    bart, ids = transformers.BartForConditionalGeneration(cfg), torch.randint(3, 1000, (2, 32))
+    meta = ts.analyze_model(bart, inputs=[ids], gpu="auto", backward=True)
+    real = ts.analyze_model(bart, inputs=[ids], gpu="auto", backward=True, device="cpu")
+    dec = [a.flops for a in _attention(meta) if a.phase == "forward" and a.layer.endswith("decoder.layers.0.self_attn")]
+    assert dec == [2 * 4 * (32 * 33 // 2) * 2 * 64]
+    assert meta.model_flops == real.model_flops and meta.total_flops == real.total_flops
+
+
+class _ReadsItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x) if x.sum().item() > 0 else -self.fc(x)
+
+
+def test_a_value_meta_cannot_know_says_to_run_on_the_cpu():
+    # the input's values do not exist on meta: the error says what helps (a real device), not precision or shapes
+    with pytest.raises(RuntimeError, match=r"device='cpu'"):
+        ts.analyze_model(_ReadsItsInput(), input_shape=[(4, 8)], gpu="a100")
+

@@ -1,7 +1,9 @@
 """Explicit attention masks of a captured region: the model FLOPs of a masked call count the pairs its mask lets
 through (``formulas.attention``). The count is taken on the device when the call runs (no host sync; tscope's own
 kernel, not recorded) because the mask's memory may hold other data by the end of the step (Inductor reuses a dead
-buffer in place), once per mask (a model passes the same mask to every layer), and read once at stop."""
+buffer in place), once per mask (a model passes the same mask to every layer), and read once at stop. On meta,
+the count comes from the mask's CPU twin when the run knows its values (``capture.meta_values``: masks a model
+builds from constants), so an estimate counts the pairs the real step does."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 
 import torch
 
+from tscope_callbacks.capture.meta_values import value_of
 from tscope_callbacks.formulas.attention import kept_share, mask_argument, mask_kept, masked_counts
 
 __all__ = ["MaskCounts"]
@@ -38,7 +41,8 @@ class MaskCounts:
         if hit is not None and hit[0] is mask:
             return hit[1]
         with mute():
-            kept = mask_kept(mask)
+            # on meta: the mask's CPU twin, where the run knows its values (``capture.meta_values``)
+            kept = mask_kept(value_of(mask) if mask.device.type == "meta" else mask)
         self._kept[key] = (mask, kept)  # the mask is held so that its id is not reused within the region
         return kept
 

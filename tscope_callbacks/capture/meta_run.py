@@ -33,10 +33,13 @@ import contextlib
 import inspect
 import re
 from collections.abc import Iterator
+from math import inf
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from tscope_callbacks.capture.meta_values import KnownValues
 
 __all__ = ["SdpaAs", "AutocastAs", "GroupedMmAs", "preserved", "AUTOCAST_LOW", "AUTOCAST_FP32", "BACKENDS", "backend_for", "token_input", "lm_labels", "loss_from"]
 
@@ -96,6 +99,9 @@ class SdpaAs(torch.overrides.TorchFunctionMode):
             if grouped or mask is not None and mask.dtype == torch.bool and mask.dim() != 4:
                 return None
             self.used["cpu"] = self.used.get("cpu", 0) + 1
+            if mask is not None and mask.dtype == torch.bool:  # as SDPA's CPU dispatch converts it: kept 0, else -inf
+                zero, ninf = (torch.ops.aten.scalar_tensor(v, dtype=q.dtype, device=q.device) for v in (0.0, -inf))
+                mask = torch.where(mask, zero, ninf)
             return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, dropout, causal, attn_mask=mask, scale=scale)[0]
         if mask is None and half and (grouped or self.backend == "flash"):
@@ -184,17 +190,28 @@ class AutocastAs(torch.overrides.TorchFunctionMode):
 
 
 class GroupedMmAs(TorchDispatchMode):
-    """torch's meta kernel of ``aten._grouped_mm`` takes bf16 only (what Inductor supports), while eager CUDA also
+    """The dispatch side of a meta run: the values it can know (``capture.meta_values.KnownValues``: the masks a
+    model builds from constants, ``.item()`` on them) and grouped GEMMs in every dtype.
+
+    torch's meta kernel of ``aten._grouped_mm`` takes bf16 only (what Inductor supports), while eager CUDA also
     runs fp32 and fp16 grouped GEMMs (HF's MoE experts in fp32, or under bf16-mixed, where HF casts the tokens to
     the fp32 weights): on meta those would raise. Here the output's shape comes from the meta kernel on bf16
     stand-ins and takes the inputs' dtype (or ``out_dtype``); the op itself is recorded above this mode, as called."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values = KnownValues()
+
+    def __exit__(self, *exc: Any) -> Any:
+        self.values.clear()
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         a = args[0] if args else None
         if (func is not _GROUPED_MM or not isinstance(a, torch.Tensor) or a.device.type != "meta"
                 or a.dtype == torch.bfloat16):
-            return func(*args, **kwargs)
+            return self.values.run(func, args, kwargs)
         args, kwargs = list(args), dict(kwargs)
         want = (args.pop(4) if len(args) > 4 else kwargs.pop("out_dtype", None)) or a.dtype
         bf = lambda t: t.to(torch.bfloat16) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731

@@ -248,13 +248,13 @@ def mask_argument(op_name: str, args: tuple, kwargs: dict | None = None) -> Any:
     return m if isinstance(m, torch.Tensor) and m.dim() >= 2 else None
 
 
-def mask_kept(mask: torch.Tensor) -> torch.Tensor | None:
+def mask_kept(mask: torch.Tensor | None) -> torch.Tensor | None:
     """The number of (query, key) pairs a mask lets through, as a 0-dim tensor on the mask's device (no host sync:
     read it later with :func:`kept_share`): True entries of a boolean mask; entries of an additive float mask above
     half its dtype's lowest value (masked entries are -inf or ``finfo.min``, HF's choice). Taken when the attention
     call runs, because the mask's memory may hold other data later (Inductor reuses a dead buffer in place).
     None for meta/fake tensors or an empty mask."""
-    if mask.device.type == "meta" or mask.numel() == 0:
+    if mask is None or mask.device.type == "meta" or mask.numel() == 0:
         return None
     try:
         with torch.no_grad():
