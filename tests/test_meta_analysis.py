@@ -258,3 +258,27 @@ def test_a_value_meta_cannot_know_says_to_run_on_the_cpu():
     with pytest.raises(RuntimeError, match=r"device='cpu'"):
         ts.analyze_model(_ReadsItsInput(), input_shape=[(4, 8)], gpu="a100")
 
+
+def test_gpu_auto_on_a_cpu_machine_counts_the_cpu_step():
+    # gpu="auto" here is the CPU: meta must run what torch's CPU dispatch runs. GQA (8 query heads over 2 K/V heads):
+    # the CPU flash kernel reads the 2 K/V heads directly (it used to fall back to the math path on meta: +3.9%
+    # FLOPs), causal forward 2*8 * (128*129/2) * 4 * 32 = 16,908,288 FLOPs per layer, as on the real step
+    lm, ids = _llama(n_kv=2), torch.randint(0, 1000, (2, 128))
+    meta = ts.analyze_model(lm, inputs=[ids], gpu="auto", backward=True)
+    real = ts.analyze_model(lm, inputs=[ids], gpu="auto", backward=True, device="cpu")
+    assert meta.profile.meta["attention_calls"] == {"cpu": 2}
+    assert [a.flops for a in _attention(meta) if a.phase == "forward"] == [2 * 8 * (128 * 129 // 2) * 4 * 32] * 2
+    assert meta.total_flops == real.total_flops and meta.model_flops == real.model_flops
+    assert not any(o.record.op == "aten.bmm" for o in meta.op_roofs if o.record.layer.endswith("self_attn"))
+
+
+def test_t5_with_gpu_auto_on_a_cpu_machine():
+    # T5's position bias requires grad and its attention has dropout: the CPU flash kernel takes neither, so the
+    # CPU runs the math path (meta used to call the CPU flash op and raise "not differentiable w.r.t. attn_mask")
+    cfg = transformers.T5Config(d_model=128, d_ff=256, num_layers=2, num_heads=4, vocab_size=1000, d_kv=32,
+                                decoder_start_token_id=0, pad_token_id=0)
+    torch.manual_seed(0)
+    t5, ids = transformers.T5ForConditionalGeneration(cfg), torch.randint(1, 1000, (2, 32))
+    meta = ts.analyze_model(t5, inputs=[ids], gpu="auto", backward=True)
+    real = ts.analyze_model(t5, inputs=[ids], gpu="auto", backward=True, device="cpu")
+    assert meta.total_flops == real.total_flops and meta.model_flops == real.model_flops

@@ -67,7 +67,9 @@ def _args(args: tuple, kwargs: dict) -> dict[str, Any]:
 
 class SdpaAs(torch.overrides.TorchFunctionMode):
     """Route ``F.scaled_dot_product_attention`` on meta tensors to the fused op ``backend`` runs (see module doc);
-    ``backend="cpu"`` keeps the CPU flash op (no GQA or mask reshaping beyond what the CPU kernel takes)."""
+    ``backend="cpu"`` (``gpu="auto"`` on a CPU machine) does what torch's CPU dispatch does: the CPU flash op, which
+    reads grouped K/V heads directly and takes a boolean mask as ``where(mask, 0, -inf)``, or the math path where that
+    kernel does not apply (dropout, a mask that requires grad), so meta counts the CPU step."""
 
     def __init__(self, backend: str) -> None:
         super().__init__()
@@ -96,8 +98,10 @@ class SdpaAs(torch.overrides.TorchFunctionMode):
         lse = q.requires_grad or k.requires_grad or v.requires_grad
         half = q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256
         if self.backend == "cpu":
-            if grouped or mask is not None and mask.dtype == torch.bool and mask.dim() != 4:
-                return None
+            if dropout > 0 or mask is not None and (mask.requires_grad or mask.dtype == torch.bool
+                                                    and mask.dim() != 4):
+                return None  # the CPU kernel has no dropout and no mask gradient (T5's position bias): the math
+                # path, as torch's CPU dispatch takes (sdp_utils_cpp: check_for_dropout; the mask's autograd)
             self.used["cpu"] = self.used.get("cpu", 0) + 1
             if mask is not None and mask.dtype == torch.bool:  # as SDPA's CPU dispatch converts it: kept 0, else -inf
                 zero, ninf = (torch.ops.aten.scalar_tensor(v, dtype=q.dtype, device=q.device) for v in (0.0, -inf))
