@@ -15,15 +15,14 @@ integer comparison.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from tscope_callbacks.callbacks import session
+from tscope_callbacks.callbacks.guarded import GuardedCallback
 from tscope_callbacks.callbacks.schedule import NEVER, Schedule, normalize_stages
 from tscope_callbacks.callbacks.session import Capture, ProfileContext, batch_signature
 from tscope_callbacks.callbacks.sinks import Sink
@@ -32,7 +31,7 @@ from tscope_callbacks.records import StepProfile
 __all__ = ["ProfilingCallback", "ProfileContext"]
 
 
-class ProfilingCallback(Callback):
+class ProfilingCallback(GuardedCallback):
     """Base of the tscope profiling callbacks: schedule, shared capture, sinks, cleanup and error policy.
 
     Args (keyword-only):
@@ -43,7 +42,8 @@ class ProfilingCallback(Callback):
         stages: which stages to profile: ``"train"`` (forward+backward+optimizer per optimizer step) and opt-in
             ``"validation"``, ``"test"``, ``"predict"`` (forward only, by batch index within the epoch; their
             outputs are logged at ``global_step`` for validation and at the batch index for test/predict).
-        raise_errors: let exceptions raised by tscope's own code propagate (default: warn once, keep training).
+        raise_errors: let exceptions raised by tscope's own code propagate (default: log one line per failing
+            part, training continues unchanged).
     """
 
     def __init__(self, *, every_n_steps: int | None = 500, start_step: int = 10, max_profiles: int | None = None,
@@ -57,7 +57,6 @@ class ProfilingCallback(Callback):
         self.schedules = {s: Schedule(every_n_steps, start_step, max_profiles, profile_first) for s in self.stages}
         self._next_train = self.schedules["train"].next_due(0) if "train" in self.schedules else NEVER
         self._next_eval: dict[str, int] = {}
-        self._warned = False
         self._silence_told: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------------ subclass API
@@ -90,14 +89,6 @@ class ProfilingCallback(Callback):
             self._next_eval[stage] = sched.next_due(step + 1, ignore_last=True)
 
     # ------------------------------------------------------------------ helpers
-    def _warn_once(self, what: str, e: BaseException) -> None:
-        if self.raise_errors:
-            raise e
-        if not self._warned:
-            self._warned = True
-            warnings.warn(f"tscope {type(self).__name__}: {what} failed ({type(e).__name__}: {e}); training "
-                          "continues, further errors of this callback are not reported", RuntimeWarning, stacklevel=3)
-
     def sinks(self, trainer: pl.Trainer) -> Sink:
         """Where outputs go: the trainer's loggers on rank zero, a do-nothing sink elsewhere (and under
         ``fast_dev_run``, which runs the profiling code path but writes nothing)."""
@@ -138,13 +129,14 @@ class ProfilingCallback(Callback):
             from tscope_callbacks.capture.profile import profile
 
             if source is not None:
-                prof = profile(pl_module, replay=source, labels=labels, raise_errors=self.raise_errors)
+                prof = profile(pl_module, replay=source, labels=labels, faults=self.faults)
             else:
-                prof = profile(pl_module, layer_details=details, check_finite=check, labels=labels, compiled=compiled)
+                prof = profile(pl_module, layer_details=details, check_finite=check, labels=labels, compiled=compiled,
+                               faults=self.faults)
             prof.start()
         except Exception as e:
             prof = None
-            self._warn_once(f"starting the profile of {stage} step {step}", e)
+            self.faults.report(f"starting the profile of {stage} step {step}", e)
         cap = Capture(trainer, stage, step, members, prof, sig, reason, scheduled, key)
         cap.inputs = session.signature_inputs(sig or batch_signature(batch))
         session.set_running(cap)
@@ -163,7 +155,7 @@ class ProfilingCallback(Callback):
             result = s.stop()
             session.after_capture(trainer, s.key, prof, result)
         except Exception as e:
-            self._warn_once("stopping the profile", e)
+            self.faults.report("stopping the profile", e)
         step_s = float((result.meta.get("step_time_s") or 0.0) if result is not None else 0.0)
         # all ranks reach here at the same steps when the schedule (deterministic in the step) made it due; a
         # recount (local batch shapes) may happen on one rank only, so it never joins a collective
@@ -172,7 +164,7 @@ class ProfilingCallback(Callback):
             try:
                 times = [row[0] for row in session.gather_floats(trainer, [step_s])]
             except Exception as e:
-                self._warn_once("gathering step times across ranks", e)
+                self.faults.report("gathering step times across ranks", e)
         if result is None:
             return
         if not result.meta.get("inputs") and s.inputs:  # the LightningModule itself was never called: the batch's
@@ -187,7 +179,7 @@ class ProfilingCallback(Callback):
             try:
                 m._on_profile(trainer, pl_module, result, ctx)
             except Exception as e:
-                m._warn_once(f"handling the profile of {s.stage} step {s.step}", e)
+                m.faults.report(f"handling the profile of {s.stage} step {s.step}", e)
 
     def _gather_comm(self, trainer: pl.Trainer, result: StepProfile) -> None:
         """Every rank's collectives (kind, start on the host clock, duration), for the rank-skew analysis."""
@@ -200,7 +192,7 @@ class ProfilingCallback(Callback):
             per_rank = session.gather_objects(trainer, mine)
             result.meta["skew"] = skew(per_rank)
         except Exception as e:
-            self._warn_once("gathering collectives across ranks", e)
+            self.faults.report("gathering collectives across ranks", e)
 
     # ------------------------------------------------------------------ training hooks
     @override
@@ -213,7 +205,7 @@ class ProfilingCallback(Callback):
         except Exception as e:
             session.abort()
             self._next_train = trainer.global_step + 1
-            self._warn_once("scheduling a profile", e)
+            self.faults.report("scheduling a profile", e)
 
     def _train_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         step = trainer.global_step
@@ -264,7 +256,7 @@ class ProfilingCallback(Callback):
         except Exception as e:
             session.abort()
             self._next_eval[stage] = batch_idx + 1
-            self._warn_once("scheduling a profile", e)
+            self.faults.report("scheduling a profile", e)
 
     def _eval_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str, batch_idx: int) -> None:
         s = session.running()

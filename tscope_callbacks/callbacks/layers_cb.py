@@ -117,7 +117,7 @@ class LayerProfilerCallback(ProfilingCallback):
 
                 sinks.log_figure(key("bars"), layer_bars(layers), log_step)
             except Exception as e:
-                self._warn_once("drawing the layer bars", e)
+                self.faults.report("drawing the layer bars", e)
         if self.save_json:
             name = f"layers_step_{ctx.step}.json" if ctx.stage == "train" else f"layers_{ctx.stage}_step_{ctx.step}.json"
             sinks.write_json(name, inspector_gadgets_json(layers, model_name))

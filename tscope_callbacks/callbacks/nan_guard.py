@@ -46,7 +46,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from tscope_callbacks.analysis import locate as nl_locate
@@ -54,6 +53,7 @@ from tscope_callbacks.analysis import nonfinite as nl
 from tscope_callbacks.analysis.grad_history import GradHistory, step_loss
 from tscope_callbacks.analysis.nonfinite import NonFiniteError, NonFiniteEvent
 from tscope_callbacks.callbacks import nan_steps
+from tscope_callbacks.callbacks.guarded import GuardedCallback
 from tscope_callbacks.callbacks.session import sinks_for
 from tscope_callbacks.callbacks.sinks import METRIC_ROOT, NULL_SINK, metric_key
 from tscope_callbacks.capture.profile import paused
@@ -72,7 +72,7 @@ def _checked(name: str, v: Any, minimum: float, typ: type = int) -> Any:
     return typ(v)
 
 
-class NaNGuardCallback(Callback):
+class NaNGuardCallback(GuardedCallback):
     """Detect, locate and act on non-finite losses/gradients at ~no cost per healthy step (see module docstring).
 
     Args (keyword-only):
@@ -104,6 +104,8 @@ class NaNGuardCallback(Callback):
     (flag reads that synchronized the host), ``spikes`` (gradient spikes: step, norm, median, ratio, layer, loss,
     learning rate). Keys: text ``tscope/nan``, scalars ``tscope/nan/events``, ``tscope/grad_norm/*``.
     """
+
+    _passthrough = (NonFiniteError,)  #: action="raise" ends the fit on purpose
 
     def __init__(self, *, action: str = "stop", every_n_steps: int = 1, check_loss: bool = True,
                  check_params: bool = False, locate: bool = True, max_skips: int = 10, alert_every_s: float = 300.0,
@@ -183,7 +185,7 @@ class NaNGuardCallback(Callback):
                     self._snaps.append(nl_locate.StepSnapshot.take(batch, batch_idx))
                 del self._snaps[:-256]
             except Exception as e:
-                self._internal_error("snapshot", e)
+                self.faults.report("snapshot", e)
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
@@ -240,13 +242,13 @@ class NaNGuardCallback(Callback):
                 nan_steps.push_deferred(self, trainer, optimizer, params, losses, snaps)
                 return
             except Exception as e:
-                self._internal_error("deferred check", e)
+                self.faults.report("deferred check", e)
         try:
             nan_steps.check_now(self, trainer, pl_module, params, losses, snaps, scaler)
         except NonFiniteError:
             raise
         except Exception as e:  # our check must never break the user's step
-            self._internal_error("check", e)
+            self.faults.report("check", e)
 
     def _poll(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int | None) -> None:
         """Act on the deferred flags due at ``step`` (all of them at the end of training)."""
@@ -265,7 +267,7 @@ class NaNGuardCallback(Callback):
             except NonFiniteError:
                 raise
             except Exception as e:
-                self._internal_error("deferred bad-step handling", e)
+                self.faults.report("deferred bad-step handling", e)
 
     # ---------------------------------------------------------------- actions and alerts
     def _act(self, trainer: pl.Trainer, params: list, event: NonFiniteEvent, after_update: bool = False,
@@ -330,7 +332,7 @@ class NaNGuardCallback(Callback):
                         f"({spike['median']:.4g}){where}. Training goes on (values are finite); a lower learning rate, "
                         "gradient clipping or a look at that layer's inputs often prevents the divergence that follows.")
         except Exception as e:
-            self._internal_error("gradient norms", e)
+            self.faults.report("gradient norms", e)
 
     def _record(self, trainer: pl.Trainer, event: NonFiniteEvent) -> None:
         if not event.trend:
@@ -338,7 +340,7 @@ class NaNGuardCallback(Callback):
                 event.onset, why = self._history.onset(event.step, self.every_n_steps)
                 event.trend = " ".join(p for p in (self._history.trend(), why) if p)
             except Exception as e:
-                self._internal_error("gradient trend", e)
+                self.faults.report("gradient trend", e)
         self.num_events += 1
         if len(self.events) < self.max_events:
             self.events.append(event)
@@ -362,6 +364,3 @@ class NaNGuardCallback(Callback):
             _log.warning("%s", text)
             return
         sinks.alert(f"{METRIC_ROOT}/nan", title, text, trainer.global_step, wait_s=self.alert_every_s)
-
-    def _internal_error(self, where: str, e: BaseException) -> None:
-        _log.warning("NaN guard: internal error in %s (training continues): %s: %s", where, type(e).__name__, e)

@@ -108,7 +108,7 @@ def _merge(guard: NaNGuardCallback, trainer: Any, info: nl.RankInfo, step: int, 
     try:
         infos = gather_objects(trainer, info)
     except Exception as e:
-        guard._internal_error("event all_gather", e)
+        guard.faults.report("event all_gather", e)
         infos = [info]
     bad = [i for i in infos if i is not None and i.bad]
     if not bad:  # the norm overflowed on finite values: not an event
@@ -138,7 +138,7 @@ def deferred_event(guard: NaNGuardCallback, trainer: Any, pl_module: Any, step: 
             try:
                 info.located, info.note = _locate(guard, trainer, pl_module, payload["snaps"], None)
             except Exception as e:
-                guard._internal_error("locate", e)
+                guard.faults.report("locate", e)
                 info.note = f"analysis failed: {e}"
             loc = info.located
             if loc is not None and loc.reproduced and loc.parameters:
@@ -165,7 +165,7 @@ def check_now(guard: NaNGuardCallback, trainer: Any, pl_module: Any, params: lis
         else:
             vec = nl.nonfinite_total(grads + loss_ts)
     except Exception as e:
-        guard._internal_error("check", e)
+        guard.faults.report("check", e)
     values = nl.read_now(vec) if vec is not None else [0.0]  # the one read of this step, norms included
     guard.host_syncs += 1
     flags = [row[0] for row in gather_floats(trainer, [values[0]])]
@@ -183,7 +183,7 @@ def check_now(guard: NaNGuardCallback, trainer: Any, pl_module: Any, params: lis
     except nl.NonFiniteError:
         raise
     except Exception as e:
-        guard._internal_error("bad-step handling", e)
+        guard.faults.report("bad-step handling", e)
 
 
 def _bad_step(guard: NaNGuardCallback, trainer: Any, pl_module: Any, params: list, flags: list[float],
@@ -204,7 +204,7 @@ def _bad_step(guard: NaNGuardCallback, trainer: Any, pl_module: Any, params: lis
             info.located, note = _locate(guard, trainer, pl_module, snaps, scaler)
             info.note = note or info.note
     except Exception as e:
-        guard._internal_error("locate", e)
+        guard.faults.report("locate", e)
         info = nl.RankInfo(rank, bad=rank in flagged, note=f"analysis failed: {e}")
     return _merge(guard, trainer, info, trainer.global_step, trainer.current_epoch,
                   trainer.fit_loop.epoch_loop.batch_idx)
@@ -235,7 +235,7 @@ def check_params(guard: NaNGuardCallback, trainer: Any, pl_module: Any, batch_id
     try:
         total = nl.nonfinite_total([p for _, p in named])
     except Exception as e:
-        guard._internal_error("parameter check", e)
+        guard.faults.report("parameter check", e)
     value = nl.read_now(total)[0] if total is not None else 0.0
     guard.host_syncs += 1
     if all(math.isfinite(row[0]) for row in gather_floats(trainer, [value])):
@@ -255,4 +255,4 @@ def check_params(guard: NaNGuardCallback, trainer: Any, pl_module: Any, batch_id
     except nl.NonFiniteError:
         raise
     except Exception as e:
-        guard._internal_error("parameter event", e)
+        guard.faults.report("parameter event", e)

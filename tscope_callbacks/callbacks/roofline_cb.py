@@ -183,7 +183,7 @@ class RooflineCallback(ProfilingCallback):
             rank_zero_warn(f"tscope RooflineCallback: no roof known for this device ({e}). The roofline part is "
                            "skipped; FLOPs, times and coverage are still logged. Pass gpu=<name> or a DeviceSpec.")
         except Exception as e:
-            self._warn_once("resolving the device roof", e)
+            self.faults.report("resolving the device roof", e)
 
     # ------------------------------------------------------------------ per-step timing (no host sync)
     @override
@@ -193,7 +193,11 @@ class RooflineCallback(ProfilingCallback):
         if gs != self._last_gs and self._clock is not None:  # the first micro-batch of a new optimizer step
             self._last_gs = gs
             if self._next_train - gs <= BASIS_STEPS:
-                self._clock.tick(gs)
+                try:
+                    self._clock.tick(gs)
+                except Exception as e:  # profiles then use their own basis; the schedule goes on
+                    self._clock = None
+                    self.faults.report("the step clock", e)
             if self.auto_mfu and self._flops and gs % max(trainer.log_every_n_steps, 1) == 0:
                 self._mfu_boundary(trainer, gs)
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
@@ -203,10 +207,14 @@ class RooflineCallback(ProfilingCallback):
                            batch_idx: int) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if (timer := self._timer) is not None and timer.current is not None:
-            sig = batch_signature(batch)
-            timer.add_samples(*batch_size(sig))  # every micro-batch
-            if trainer.global_step != self._last_gs:  # the optimizer stepped: count its FLOPs once
-                self._count_step(trainer, sig)
+            try:
+                sig = batch_signature(batch)
+                timer.add_samples(*batch_size(sig))  # every micro-batch
+                if trainer.global_step != self._last_gs:  # the optimizer stepped: count its FLOPs once
+                    self._count_step(trainer, sig)
+            except Exception as e:  # the automatic MFU stops; profiles go on
+                self.auto_mfu, self._timer = False, None
+                self.faults.report("counting samples and FLOPs per step", e)
 
     def _count_step(self, trainer: pl.Trainer, sig: tuple) -> None:
         flops = self._flops.get(sig)
@@ -235,7 +243,7 @@ class RooflineCallback(ProfilingCallback):
                 self.sinks(trainer).log_scalars({metric_key("roofline", k): v for k, v in out.items()}, w.end_step - 1)
         except Exception as e:
             self.auto_mfu = False
-            self._warn_once("the automatic MFU", e)
+            self.faults.report("the automatic MFU", e)
 
     def _dirty(self) -> None:
         for c in (self._clock, self._timer):
@@ -287,7 +295,7 @@ class RooflineCallback(ProfilingCallback):
             try:
                 report = roofline(result, self.spec, precision=self.precision)
             except Exception as e:  # counts and times are still logged below
-                self._warn_once("the roofline analysis", e)
+                self.faults.report("the roofline analysis", e)
         self.last_profile, self.last_report = result, report
         if report is not None and self.fsdp_whatif and ctx.stage == "train":  # before the table: it has a section
             io.write_fsdp_whatif(self, trainer, pl_module, result, report, ctx)
@@ -336,7 +344,7 @@ class RooflineCallback(ProfilingCallback):
                 try:
                     sinks.log_figure(key("plot"), report.figure(), step)
                 except Exception as e:
-                    self._warn_once("drawing the roofline plot", e)
+                    self.faults.report("drawing the roofline plot", e)
         if self.save_json:
             name = f"step_{ctx.step}.json" if ctx.stage == "train" else f"{ctx.stage}_step_{ctx.step}.json"
             sinks.write_json(name, {"profile": result.to_dict(),

@@ -126,9 +126,12 @@ class Capture:
                 if hasattr(opt, "register_step_post_hook"):
                     self._handles.append(opt.register_step_post_hook(self._after_optimizer_step))
 
-    def _after_optimizer_step(self, *_: Any) -> None:
+    def _after_optimizer_step(self, *_: Any) -> None:  # inside the user's optimizer.step(): never raises
         if self.profile is not None:
-            self.profile.set_phase(None)
+            try:
+                self.profile.set_phase(None)
+            except Exception as e:
+                self.profile.faults.report("the optimizer step post-hook", e)
 
     def count_batch(self, batch_idx: int) -> None:
         """Count the micro-batch ``batch_idx`` once, however many member callbacks report its end."""

@@ -29,11 +29,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from tscope_callbacks.analysis import histograms as H
 from tscope_callbacks.analysis.grad_history import global_norm, layer_norms, layer_sums
+from tscope_callbacks.callbacks.guarded import GuardedCallback
 from tscope_callbacks.callbacks.session import sinks_for
 from tscope_callbacks.callbacks.sinks import METRIC_ROOT, metric_key
 from tscope_callbacks.capture.paths import named_parameters
@@ -48,7 +48,7 @@ _LOGS = ("gradients", "parameters", "all")
 _AREA = {"gradients": "grad_hist", "parameters": "param_hist"}
 
 
-class WatchCallback(Callback):
+class WatchCallback(GuardedCallback):
     """Histograms of gradients and/or parameters every ``every_n_steps`` optimizer steps, computed on the device.
 
     Args:
@@ -125,9 +125,7 @@ class WatchCallback(Callback):
             with paused():  # inside a profiled step this is not the user's work
                 fn(*args)
         except Exception as e:
-            if self.raise_errors:
-                raise
-            self._warn_once(what, f"{type(e).__name__}: {e}")
+            self.faults.report(what, e)
 
     def _warn_once(self, what: str, why: str) -> None:
         if what not in self._warned:

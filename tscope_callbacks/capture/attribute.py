@@ -84,7 +84,10 @@ def optimizer_hooks(p: Any) -> list[Any]:
 
     def pre(opt: Any, args: Any, kwargs: Any) -> None:
         p._in_opt_step += 1
-        p.add_optimizer(opt)
+        try:
+            p.add_optimizer(opt)
+        except Exception as e:  # inside the user's optimizer.step()
+            p._internal_error(e, "the optimizer step hook")
 
     def post(opt: Any, args: Any, kwargs: Any) -> None:
         p._in_opt_step = max(0, p._in_opt_step - 1)

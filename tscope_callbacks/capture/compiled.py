@@ -251,7 +251,7 @@ def kernel_recorder(p: Any, state: CompiledState) -> Any:
             p._fused[i] = members(name)
             p._pending.append((KernelName(name), kernel_count(name, args, roles, phase), layer, phase, dt))
         except Exception as e:  # never break the user's kernel
-            p._internal_error(e)
+            p._internal_error(e, "recording a compiled kernel")
         return out
 
     def record(name: str, fn: Any, roles: list[str] | None) -> Any:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from tscope_callbacks.capture.faults import Faults
 from tscope_callbacks.capture.memory import MemoryTracker
 from tscope_callbacks.capture.paths import ModelTree, ancestors, clean_path
 from tscope_callbacks.records import LayerRecord, OpRecord
@@ -50,10 +51,11 @@ class LayerDetails:
     """Shapes, gradient shapes, output bytes, memory and non-finite flags per layer (first call's shapes)."""
 
     def __init__(self, check_finite: bool, mute: Callable[[], Any] = contextlib.nullcontext,
-                 memory: MemoryTracker | None = None) -> None:
+                 memory: MemoryTracker | None = None, faults: Faults | None = None) -> None:
         self.check_finite = check_finite
         self._mute = mute  #: context in which our own checks run unrecorded
         self.memory = memory
+        self.faults = faults if faults is not None else Faults("layer details")
         self.info: dict[str, dict[str, Any]] = {}
         self._flags: list[tuple[str, str, torch.Tensor]] = []  #: (path, flag name, aminmax pair) read at stop
         #: id(tensor) -> (weak ref, its aminmax pair): a tensor handed up unchanged (a parent returning its child's
@@ -116,17 +118,20 @@ class LayerDetails:
                 self._handles.append(t.register_hook(self._grad_hook(path, "grad_output")))
 
     def _grad_hook(self, path: str, kind: str) -> Callable[[torch.Tensor], None]:
-        def hook(grad: torch.Tensor) -> None:
+        def hook(grad: torch.Tensor) -> None:  # runs inside the user's backward: never raises
             if not self._live or grad is None:
                 return None
-            d = self._get(path)
-            key = f"{kind}_shapes"
-            if d[key] is None:
-                d[key] = []
-            if len(d[key]) < _SHAPE_LIMIT:
-                d[key].append(list(grad.shape))
-            if self.check_finite:
-                self._check(path, f"nonfinite_{kind}", [grad])
+            try:
+                d = self._get(path)
+                key = f"{kind}_shapes"
+                if d[key] is None:
+                    d[key] = []
+                if len(d[key]) < _SHAPE_LIMIT:
+                    d[key].append(list(grad.shape))
+                if self.check_finite:
+                    self._check(path, f"nonfinite_{kind}", [grad])
+            except Exception as e:
+                self.faults.report("the gradient hook of layer details", e)
             return None
 
         return hook

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from tscope_callbacks.capture.faults import Faults
+
 __all__ = ["MemoryTracker", "allocator_reader"]
 
 _BLOCK = 512  #: the CUDA caching allocator rounds every request up to a multiple of this
@@ -191,15 +193,16 @@ class MemoryTracker:
             self._casts[key] = n
             self.cast_events.append((len(self.live_after), n))
 
-    def watch_grads(self, named: list[tuple[str, torch.Tensor]]) -> list[Any]:
+    def watch_grads(self, named: list[tuple[str, torch.Tensor]], faults: Faults | None = None) -> list[Any]:
         """Post-accumulate-grad hooks on the trainable leaf parameters of ``named`` ((name, parameter) pairs); their
-        handles, to remove at the end."""
+        handles, to remove at the end. They run inside the user's backward: an error goes to ``faults``."""
         handles = []
+        on_grad = (faults or Faults("memory tracking")).guard("the gradient memory hook", self.on_grad)
         for name, p in named:
             if p.requires_grad and p.is_leaf and hasattr(p, "register_post_accumulate_grad_hook"):
                 try:
                     handles.append(p.register_post_accumulate_grad_hook(
-                        lambda prm, name=name: self.on_grad(prm, name)))
+                        lambda prm, name=name: on_grad(prm, name)))
                 except RuntimeError:  # e.g. a tensor subclass that refuses hooks: its gradients stay in the peak
                     pass
         return handles

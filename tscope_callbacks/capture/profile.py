@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_t
 from tscope_callbacks.capture import region as _session
 from tscope_callbacks.capture.active import NestedProfileError, active_profile, claim, paused, release
 from tscope_callbacks.capture.attribute import attribute
+from tscope_callbacks.capture.faults import Faults
 from tscope_callbacks.capture.masks import MaskCounts
 from tscope_callbacks.capture.paths import Selection
 from tscope_callbacks.formulas import DEFAULT_REGISTRY, FormulaRegistry
@@ -77,6 +78,7 @@ class Profile:
         raise_errors: bool = False,
         labels: dict[str, Any] | None = None,
         compiled: str = "auto",
+        faults: Faults | None = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"profile() needs a torch.nn.Module, got {type(model).__name__}")
@@ -104,6 +106,8 @@ class Profile:
         self.result = StepProfile()
         self.timeline: Any = None
         self.errors: list[str] = []
+        #: where internal errors are logged (once per part): the owning callback's, or this profile's own
+        self.faults = faults if faults is not None else Faults("capture", raise_errors=raise_errors)
         self._pending: list[tuple] = []
         self._running = False
         self._session: _session.Installed | None = None  #: what start() installed (hooks, mode, stance...)
@@ -243,7 +247,7 @@ class Profile:
                 cost.update(kt.cost)
             wall = (end - self._t0 - self._paused_ns) * 1e-9
         except Exception as e:
-            self._internal_error(e)
+            self._internal_error(e, "stopping the capture")
         finally:
             self._uninstall()
             release(self)
@@ -252,7 +256,7 @@ class Profile:
         try:
             self.result = _session.build_result(self, wall, timeline)
         except Exception as e:
-            self._internal_error(e)
+            self._internal_error(e, "building the step's records")
             self.result = StepProfile(wall_time_s=wall, meta={**_session.base_meta(self), **self.labels})
         cost.update(region_s=wall, build_s=(_perf_ns() - t) * 1e-9, ops=len(self.result.ops))
         self.result.meta["capture_cost"] = cost
@@ -275,14 +279,10 @@ class Profile:
         self._stack.clear()
 
     # ---------------- internals ----------------
-    def _internal_error(self, e: BaseException) -> None:
-        msg = f"{type(e).__name__}: {e}"
+    def _internal_error(self, e: BaseException, part: str = "the capture's op record") -> None:
         if len(self.errors) < 20:
-            self.errors.append(msg)
-        if len(self.errors) == 1:
-            log.warning("tscope capture: internal error (profiling continues, training unaffected): %s", msg)
-        if self.raise_errors:
-            raise e
+            self.errors.append(f"{type(e).__name__}: {e} (in {part})")
+        self.faults.report(part, e)
 
     @contextlib.contextmanager
     def _mute(self) -> Iterator[None]:
@@ -317,7 +317,7 @@ class Profile:
             if self._details is not None:
                 self._details.on_enter(path, module, args, kwargs)
         except Exception as e:
-            self._internal_error(e)
+            self._internal_error(e, "the capture's module pre-hook")
 
     def _post_hook(self, module: torch.nn.Module, args: Any, *rest: Any) -> None:
         s = self._session
@@ -337,7 +337,7 @@ class Profile:
             if self._details is not None:
                 self._details.on_exit(path, module, output, in_bwd)
         except Exception as e:
-            self._internal_error(e)
+            self._internal_error(e, "the capture's module post-hook")
 
     def _record(self, func, args, kwargs, out, dt, seq: int, node) -> None:
         phase, layer = attribute(self, args, seq, node)
@@ -382,7 +382,8 @@ def profile(model: torch.nn.Module, *, replay: Any = None, **kwargs: Any) -> Any
     >>> prof.ops[0].op, prof.layers[""].flops_fwd
 
     ``replay=<a full profile of an earlier step, same shapes>`` (CUDA): time this step from kernel records alone
-    with that profile's counts (``capture.replay.ReplayProfile``; takes ``labels`` and ``raise_errors`` only)."""
+    with that profile's counts (``capture.replay.ReplayProfile``; takes ``labels``, ``raise_errors`` and ``faults``
+    only)."""
     if replay is None:
         return Profile(model, **kwargs)
     from tscope_callbacks.capture import replay as _replay

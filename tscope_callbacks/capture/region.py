@@ -93,7 +93,7 @@ class Installed:
             try:
                 self.mode.__exit__(None, None, None)
             except Exception as e:
-                p._internal_error(e)
+                p._internal_error(e, "leaving the dispatch mode")
             self.mode = None
         if p._timeline is not None:
             p._timeline.abort()
@@ -157,11 +157,11 @@ def install(p: Profile) -> Installed:
         p._grads_at_start = grad_bytes([prm for _, prm in tree.parameters])  # the step peak's (tracker only)
         p._memory = MemoryTracker(tree.device())
         p._memory.set_parameters([prm for _, prm in tree.parameters])
-        s.handles += p._memory.watch_grads(tree.parameters)
+        s.handles += p._memory.watch_grads(tree.parameters, p.faults)
         s.handles.append(p._memory.watch_resizes())
         p._memory.watch_held([local_tensor(prm.grad) for _, prm in tree.parameters
                               if isinstance(prm.grad, torch.Tensor)])
-        p._details = LayerDetails(p.check_finite, mute=p._mute, memory=p._memory)
+        p._details = LayerDetails(p.check_finite, mute=p._mute, memory=p._memory, faults=p.faults)
     # Per-module hooks: ours run first before the module and last after it (after any user hook that replaces the
     # output), so shapes and finite-checks see what the module really hands downstream.
     for _, mod in tree.modules:

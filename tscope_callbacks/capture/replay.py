@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import logging
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -40,13 +39,13 @@ from tscope_callbacks.capture.cuda_timing import (
     Timeline,
     is_tensor_core_kernel,
 )
+from tscope_callbacks.capture.faults import Faults
 from tscope_callbacks.capture.layers import add_op_totals
 from tscope_callbacks.capture.region import step_time
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
 __all__ = ["ReplayProfile", "can_replay", "kernel_plan", "align", "MIN_MATCH"]
 
-log = logging.getLogger("tscope_callbacks")
 
 MIN_MATCH = 0.95  #: share of the plan's kernels and of the step's kernels that must match for the times to count
 _WINDOW = 64  #: how far ahead (kernels, on either side) a mismatch looks for the sequences to agree again
@@ -116,10 +115,11 @@ class ReplayProfile:
     ``result`` and ``timeline``. Made by ``ts.profile(model, replay=earlier_profile)``."""
 
     def __init__(self, model: torch.nn.Module, source: Any, *, labels: dict[str, Any] | None = None,
-                 raise_errors: bool = False, min_match: float = MIN_MATCH, **other: Any) -> None:
+                 raise_errors: bool = False, min_match: float = MIN_MATCH, faults: Faults | None = None,
+                 **other: Any) -> None:
         if other:
-            raise TypeError(f"profile(replay=...) takes only labels and raise_errors (a replay records what its "
-                            f"source recorded); got {', '.join(sorted(other))}")
+            raise TypeError(f"profile(replay=...) takes only labels, raise_errors and faults (a replay records what "
+                            f"its source recorded); got {', '.join(sorted(other))}")
         source = getattr(source, "source", None) or source  # a replay of a replay counts from the same capture
         if not all(hasattr(source, a) for a in ("timeline", "result", "model", "_running", "layer_details")):
             raise TypeError(f"replay= needs a stopped ts.profile() of an earlier step, got {type(source).__name__}")
@@ -133,6 +133,7 @@ class ReplayProfile:
                              "profile's kernel records); on CPU, or with timing=None, profile every step in full")
         self.model, self.source = model, source
         self.raise_errors = raise_errors
+        self.faults = faults if faults is not None else Faults("replay", raise_errors=raise_errors)
         self.min_match = min_match
         self.labels: dict[str, Any] = dict(labels or {})
         self.layer_details = source.layer_details
@@ -221,7 +222,7 @@ class ReplayProfile:
             end = self._kt.synced_ns or time.perf_counter_ns()  # the device done; Kineto's read-out is tscope's
             wall = (end - self._t0 - self._paused_ns) * 1e-9
         except Exception as e:
-            self._internal_error(e)
+            self._internal_error(e, "stopping the replay")
             with contextlib.suppress(Exception):
                 self._kt.abort()
         finally:
@@ -231,19 +232,16 @@ class ReplayProfile:
         try:
             self.result = self._build(tl, wall)
         except Exception as e:
-            self._internal_error(e)
+            self._internal_error(e, "building the replay's records")
             self.result = StepProfile(wall_time_s=wall, meta={**self.labels, "internal_errors": list(self.errors)})
         self.result.meta["capture_cost"] = {  # as Profile's (see its doc); the records are the source's copies
             "start_s": self._start_s, "region_s": wall, **(self._kt.cost if self._kt else {}),
             "build_s": (time.perf_counter_ns() - t) * 1e-9, "ops": len(self.result.ops)}
         return self.result
 
-    def _internal_error(self, e: BaseException) -> None:
-        self.errors.append(f"{type(e).__name__}: {e}")
-        if len(self.errors) == 1:
-            log.warning("tscope replay: internal error (training unaffected): %s", self.errors[0])
-        if self.raise_errors:
-            raise e
+    def _internal_error(self, e: BaseException, part: str) -> None:
+        self.errors.append(f"{type(e).__name__}: {e} (in {part})")
+        self.faults.report(part, e)
 
     # ---------------- the result ----------------
     def _build(self, tl: Timeline | None, wall: float | None) -> StepProfile:
