@@ -271,3 +271,52 @@ def test_mask_fraction_reads_values_and_skips_meta():
     assert mask_fraction(torch.empty(4, 4, device="meta")) is None
     assert masked_counts(1000, None, None) == (1000, None)
     assert masked_counts(1000, None, 0.5) == (500, 1000)
+
+
+def _eager_attention(q, k, v, mask):
+    """Attention written as ops, as HF's eager_attention_forward does: scores, scale, mask, softmax, P V."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    elif mask is not None:
+        scores = scores + mask
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+@pytest.mark.parametrize("spelling", ["bool", "additive"])
+def test_eager_attention_counts_the_model_flops_of_sdpa_for_the_same_mask(spelling):
+    """Model FLOPs do not depend on how attention is written: eager's two GEMMs (and the four of their backward)
+    count the pairs the mask lets through, and the scale/mask/softmax between them count none, as SDPA's formula.
+    B=2, H=4, L=64, d=16, causal: P = 64*65/2 = 2080 pairs; forward = B*H * P * 2 * (d + d) = 8*2080*64 =
+    1,064,960 (QK^T 532,480 + PV 532,480); backward = 2x = 2,129,920. Eager counted the full square before:
+    forward 2 * 8*64*64*16 * 2 = 2,097,152 plus the softmax and masking ops. The hardware FLOPs stay the full square."""
+    b, h, n, d = 2, 4, 64, 16
+    q, k, v = (torch.randn(b, h, n, d, requires_grad=True) for _ in range(3))
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    mask = causal if spelling == "bool" else torch.zeros(n, n).masked_fill(~causal, torch.finfo(torch.float32).min)
+    anchor = torch.nn.Linear(1, 1)
+    with ts.profile(anchor) as eager:
+        _eager_attention(q, k, v, mask).sum().backward()
+    q.grad = k.grad = v.grad = None  # (accumulating into them would add 3 * 8192 FLOPs to the second backward)
+    with ts.profile(anchor) as sdpa:
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+
+    def attention_model(p):  # all but the final .sum() and the ops on the mask alone (eager's ~mask, SDPA's where)
+        return {ph: sum(r.model_flops for r in p.ops if r.phase == ph and r.op != "aten.sum"
+                        and r.input_shapes[:1] != [[n, n]]) for ph in ("forward", "backward")}
+
+    assert attention_model(eager) == attention_model(sdpa) == {"forward": 1_064_960, "backward": 2_129_920}
+    bmm = [r for r in eager.ops if r.op == "aten.bmm"]
+    assert [r.flops for r in bmm] == [2 * 8 * 64 * 64 * 16] * 6  # hardware: the full square
+    assert [r.flops_dense for r in bmm] == [r.flops for r in bmm]
+
+
+def test_eager_attention_without_a_mask_keeps_its_gemms():
+    # no mask: the GEMMs count in full (B*H * L*L * 2 * (d + d) = 8 * 4096 * 64 = 2,097,152 forward), the softmax
+    # counts no model FLOPs, as for SDPA without a mask
+    b, h, n, d = 2, 4, 64, 16
+    q = torch.randn(b, h, n, d, requires_grad=True)
+    with ts.profile(torch.nn.Linear(1, 1)) as p:
+        _eager_attention(q, q, q, None).sum().backward()
+    assert sum(r.model_flops for r in p.ops if r.phase == "forward" and r.op != "aten.sum") == 2_097_152
+    assert all(r.model_flops == 0 for r in p.ops if r.category == "softmax")

@@ -7,6 +7,7 @@ builds from constants), so an estimate counts the pairs the real step does."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -15,8 +16,9 @@ import torch
 
 from tscope_callbacks.capture.meta_values import value_of
 from tscope_callbacks.formulas.attention import kept_share, mask_argument, mask_kept, masked_counts
+from tscope_callbacks.formulas.bytes import storage_id
 
-__all__ = ["MaskCounts"]
+__all__ = ["MaskCounts", "EagerAttention"]
 
 
 class MaskCounts:
@@ -25,14 +27,16 @@ class MaskCounts:
     def __init__(self) -> None:
         self.calls: dict[int, tuple[Any, int]] = {}  #: pending index -> (kept count on the device, mask entries)
         self._kept: dict[tuple, tuple[Any, Any]] = {}  #: mask identity -> (mask, its kept count)
+        self.eager = EagerAttention(self)  #: attention written as ops (its GEMMs count the pairs the mask keeps)
 
     def add(self, index: int, func: Any, args: tuple, kwargs: dict | None, mute: Callable[[], Any]) -> None:
         """Note the mask of attention call ``index`` (``func(*args, **kwargs)``), if it has one."""
         mask = mask_argument(getattr(func, "_opname", ""), args, kwargs)
         if mask is not None:
-            self.calls[index] = (self._count(mask, mute), mask.numel())
+            self.calls[index] = (self.count(mask, mute), mask.numel())
 
-    def _count(self, mask: torch.Tensor, mute: Callable[[], Any]) -> Any:
+    def count(self, mask: torch.Tensor, mute: Callable[[], Any]) -> Any:
+        """The kept-pair count of ``mask`` on its device (no sync; once per mask), None when it cannot be taken."""
         try:
             key = (id(mask), mask._version, mask.storage_offset(), tuple(mask.shape))
         except (RuntimeError, NotImplementedError):  # inference tensors have no version counter
@@ -57,7 +61,177 @@ class MaskCounts:
             model, dense = masked_counts(c.flops if c.flops_model is None else c.flops_model, c.flops_dense,
                                          shares[id(kept)])
             pending[i] = (f, replace(c, flops_model=model, flops_dense=dense), layer, phase, dt)
+        eager = self.eager
+        if eager.done:
+            shares = eager.shares()
+            for chain in eager.done:
+                for i in chain.ops:
+                    _eager_counts(pending, i, shares[id(chain)])
+            for i, chain in eager.backward.items():
+                _eager_counts(pending, i, shares[id(chain)])
 
     def clear(self) -> None:
         self.calls.clear()
         self._kept.clear()
+        self.eager.clear()
+
+
+def _eager_counts(pending: list[tuple], i: int, share: float) -> None:
+    """Model FLOPs of op ``i`` of an eager attention: a GEMM's FLOPs times the share of pairs kept (the full square
+    stays its dense count), nothing for the work between the GEMMs (the fused op's formula counts none for it)."""
+    f, c, layer, phase, dt = pending[i]
+    if c is None or not c.flops:
+        return
+    if c.category == "matmul":
+        model = int(round(c.flops * share))
+        if model != c.flops:
+            pending[i] = (f, replace(c, flops_model=model, flops_dense=c.flops), layer, phase, dt)
+    else:
+        pending[i] = (f, replace(c, flops_model=0, flops_dense=None), layer, phase, dt)
+
+
+_NEGATIVE = -1e4  #: a fill value at or below this masks a score out (HF uses finfo.min, others -inf or -1e9)
+
+
+class _Chain:
+    """One eager attention in the making: ``scores = Q K^T`` (a bmm), what the model does to the scores (scale,
+    mask, softmax, dropout, casts), then ``probs V`` (a bmm whose first operand descends from the softmax)."""
+
+    __slots__ = ("root", "ops", "seqs", "masks", "probs")
+
+    def __init__(self, root: int, seqs: range) -> None:
+        self.root = root
+        self.ops = [root]  #: pending indices of its forward ops
+        self.seqs = set(seqs)  #: the autograd nodes its forward ops made (their backward belongs to it)
+        self.masks: list[tuple[Any, int, bool]] = []  #: (kept count on the device, mask entries, inverted)
+        self.probs = False  #: the softmax ran
+
+
+class EagerAttention:
+    """Attention written as ops (HF ``attn_implementation="eager"``, SDPA's math path): its model FLOPs are counted
+    as the fused op's are (``formulas.attention``), so MFU does not depend on how attention is implemented. The two
+    GEMMs (Q K^T and P V, and the four of their backward) count the (query, key) pairs the mask lets through
+    (their FLOPs times the mask's kept share; the full square stays the dense count), and the work between them
+    (scale, mask, softmax, dropout, and their backward) counts no model FLOPs, as the fused op's formula counts
+    none for it. Hardware FLOPs are unchanged: eager attention computes the full square.
+
+    The chain is followed by storage: each output of a shape-keeping op (pointwise, softmax, copy) on a chain tensor
+    joins the chain (views share the storage); a mask is what ``add`` / ``masked_fill`` / ``where`` combine the
+    scores with, counted on the device when the op runs, like an SDPA mask. Backward ops belong to a chain when the
+    autograd node running them was made by one of its forward ops."""
+
+    _GEMMS = frozenset({"bmm", "baddbmm"})
+    _FOLLOW = frozenset({"pointwise", "softmax", "memory", "view"})
+
+    def __init__(self, masks: MaskCounts) -> None:
+        self._masks = masks
+        self._live: dict[int, list[tuple[Any, _Chain]]] = {}  #: storage -> (weak tensor, chain) of chain tensors
+        self._hi = -1  #: the sequence counter at the last forward op seen (nodes made since belong to the next op)
+        self.done: list[_Chain] = []  #: complete chains (a P V GEMM consumed the softmax)
+        self._bwd: dict[int, _Chain] = {}  #: autograd sequence number -> its complete chain
+        self.backward: dict[int, _Chain] = {}  #: pending index of a backward op -> its chain
+
+    def forward(self, i: int, func: Any, category: str | None, args: tuple, out: Any, seq: int,
+                mute: Callable[[], Any]) -> None:
+        """Note forward op ``i`` (``seq``: the sequence counter at its dispatch)."""
+        lo, self._hi = (self._hi if 0 <= self._hi < seq else seq - 1), seq
+        name = getattr(func, "_opname", "")
+        if category == "matmul" and name in self._GEMMS:
+            a = args[1] if name == "baddbmm" else args[0]
+            chain = self._chain_of(a) if self._live else None
+            if chain is not None and chain.probs:  # P V: the chain is complete
+                chain.ops.append(i)
+                chain.seqs.update(range(lo, seq))
+                self.done.append(chain)
+                self._bwd.update(dict.fromkeys(chain.seqs, chain))
+                return
+            if isinstance(out, torch.Tensor) and out.dim() == 3:
+                self._add(out, _Chain(i, range(lo, seq)))
+            return
+        if not self._live or category not in self._FOLLOW or not isinstance(out, torch.Tensor):
+            return
+        chain, src = None, None
+        for a in args[:3]:
+            if isinstance(a, torch.Tensor):
+                c = self._chain_of(a)
+                if c is not None:
+                    chain, src = c, a
+                    break
+        if chain is None or chain.probs and name != "native_dropout" and category not in ("memory", "view"):
+            return
+        if out.shape != src.shape and out.numel() != src.numel():
+            return
+        chain.ops.append(i)
+        chain.seqs.update(range(lo, seq))
+        if category == "softmax":
+            chain.probs = True
+        elif not chain.probs:
+            self._mask(chain, name, args, src, mute)
+        self._add(out, chain)
+
+    def _mask(self, chain: _Chain, name: str, args: tuple, src: torch.Tensor, mute: Callable[[], Any]) -> None:
+        m, inverted = None, False
+        if name in ("add", "add_") and len(args) > 1:
+            m = args[1] if args[0] is src else args[0]
+        elif name in ("masked_fill", "masked_fill_") and len(args) > 2:
+            value = args[2]
+            v = value if isinstance(value, (int, float)) else None
+            if v is not None and v <= _NEGATIVE:
+                m, inverted = args[1], True
+        elif name == "where" and len(args) > 2:
+            m, inverted = args[0], args[2] is src
+        if isinstance(m, torch.Tensor) and m.dim() >= 2 and self._chain_of(m) is None:
+            chain.masks.append((self._masks.count(m, mute), m.numel(), inverted))
+
+    def backward_op(self, i: int, node: Any) -> None:
+        """Note backward op ``i`` run by autograd ``node``."""
+        if self._bwd:
+            try:
+                chain = self._bwd.get(node._sequence_nr())
+            except Exception:
+                return
+            if chain is not None:
+                self.backward[i] = chain
+
+    def _add(self, t: torch.Tensor, chain: _Chain) -> None:
+        try:
+            self._live.setdefault(storage_id(t), []).append((weakref.ref(t), chain))
+        except (RuntimeError, TypeError):
+            pass
+
+    def _chain_of(self, t: Any) -> _Chain | None:
+        if not isinstance(t, torch.Tensor):
+            return None
+        try:
+            entries = self._live.get(storage_id(t))
+        except (RuntimeError, TypeError):
+            return None
+        if not entries:
+            return None
+        alive = [(r, c) for r, c in entries if r() is not None]
+        if len(alive) != len(entries):
+            if alive:
+                self._live[storage_id(t)] = alive
+            else:
+                del self._live[storage_id(t)]
+        return alive[-1][1] if alive else None
+
+    def shares(self) -> dict[int, float]:
+        """id(chain) -> the share of the (query, key) pairs its masks let through (1.0 without a mask; a product
+        over several masks)."""
+        out = {}
+        for chain in self.done:
+            share = 1.0
+            for kept, numel, inverted in chain.masks:
+                s = kept_share(kept, numel)
+                if s is not None:
+                    share *= (1.0 - s) if inverted else s
+            out[id(chain)] = share
+        return out
+
+    def clear(self) -> None:
+        self._live.clear()
+        self.done.clear()
+        self._bwd.clear()
+        self.backward.clear()
+        self._hi = -1

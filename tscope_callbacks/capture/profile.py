@@ -350,6 +350,10 @@ class Profile:
         else:
             c = self._counter.count(func, args, kwargs, out)
         cat = c.category if c is not None else None
+        if phase == "forward":  # attention written as ops: its GEMMs' model FLOPs count the pairs the mask keeps
+            self._masks.eager.forward(i, func, cat, args, out, seq, self._mute)
+        elif node is not None:
+            self._masks.eager.backward_op(i, node)
         if cat == "attention":
             self._masks.add(i, func, args, kwargs, self._mute)
         elif cat == "comm":
