@@ -48,10 +48,18 @@ def attribute(p: Any, args: tuple, seq: int, node: Any) -> tuple[str, str]:
         if cs is not None and cs.depth:  # inside a compiled forward: no hooks there, the parameters tell
             layer = cs.layer_of(args, layer)
             cs.note(len(p._pending))
-        if torch.is_grad_enabled():
-            p._seq_layer.setdefault(seq - 1, layer)
+        # every autograd node made since the last forward op was made by this op: its own (seq - 1) and any made
+        # before the op's kernel dispatched, such as an in-place op's node, made before autograd copies the input
+        # it saves (``w /= w.sum()``: DivBackward0, then the clone, then div_)
+        hi = p._seq_hi
+        if hi < seq:
+            lo = hi if hi >= 0 else seq - 1
+            sl = p._seq_layer
+            for s in range(lo, seq):
+                sl.setdefault(s, layer)
+            p._seq_hi = seq
             if p._memory is not None and _saved_hooks(False) is not None:
-                p._hooked.add(seq - 1)  # saved through someone's hooks (checkpointing): never unpacked
+                p._hooked.update(range(lo, seq))  # saved through someone's hooks (checkpointing): never unpacked
         p._in_backward = False
     elif phase == "recompute":
         p._seq_layer.setdefault(seq - 1, layer)

@@ -116,6 +116,7 @@ class Profile:
         self._phase_override: str | None = None
         self._stack: list[tuple[str, bool]] = []  #: (module path, entered during backward)
         self._seq_layer: dict[int, str] = {}
+        self._seq_hi = -1  #: the autograd sequence counter at the last forward op (-1: none yet this region)
         self._hooked: set[int] = set()  #: nodes whose saved tensors went through saved-tensor hooks
         self._details: Any = None
         self._memory: Any = None
@@ -268,6 +269,7 @@ class Profile:
         self._tree = None
         self._starts = {}
         self._seq_layer = {}
+        self._seq_hi = -1
         self._hooked = set()
         return self.result
 
