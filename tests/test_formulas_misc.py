@@ -315,3 +315,17 @@ def test_histograms_count_their_input_once():
     assert h_range.bytes_written == 5 * 4 + 6 * 4  # the counts and the 6 edges
     b = one(rec, "aten.bincount")
     assert (b.flops, b.bytes_read, b.counted) == (1000, 1000 * 8, True)  # one increment per int64 index
+
+
+def test_index_put_accumulate_counts_one_add_per_value_as_index_add_does():
+    # the backward of advanced indexing x[idx] is index_put(accumulate=True): it adds 2 rows * 4 values = 8
+    # elements into x (8 FLOPs), as index_add_ on the same rows counts; it used to count 0. A plain put adds nothing
+    x, idx, vals = torch.zeros(100, 4), torch.tensor([1, 5]), torch.ones(2, 4)
+    acc = one(count(lambda: x.clone().index_put_((idx,), vals, accumulate=True)), "aten.index_put_")
+    add = one(count(lambda: x.clone().index_add_(0, idx, vals)), "aten.index_add_")
+    assert acc.flops == add.flops == 2 * 4
+    assert one(count(lambda: x.clone().index_put_((idx,), vals)), "aten.index_put_").flops == 0
+    assert one(count(lambda: torch.index_put(x, (idx,), vals, True)), "aten.index_put").flops == 8
+    w = torch.randn(100, 4, requires_grad=True)  # the backward of w[idx]: 8 accumulated elements
+    bwd = [c for name, c in count(lambda: w[idx].sum().backward()) if "index_put" in name]
+    assert [c.flops for c in bwd] == [8]

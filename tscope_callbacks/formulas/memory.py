@@ -1,5 +1,5 @@
 """Memory ops: copies, concatenation, indexing, scatters and fills. Category "memory", 0 FLOPs (the scatter-add
-family counts 1 FLOP per accumulated element), real bytes.
+family, ``index_add`` and ``index_put(accumulate=True)`` count 1 FLOP per accumulated element), real bytes.
 
 Byte overrides (everything else uses the generic rule: read inputs once, write outputs once):
     gather / index_select / index / _unsafe_index   read the indices and only the gathered elements of ``self``
@@ -115,14 +115,23 @@ def _index_add_flops(self_, dim, index, source, *args, out=None, **kwargs) -> in
     return numel(source)
 
 
+def _index_put_flops(self_, indices, values, accumulate=False, *args, out=None, **kwargs) -> int:
+    """``accumulate=True`` (the backward of advanced indexing ``x[idx]``) adds each value into its target: one FLOP
+    per value, as ``index_add_`` counts its source; a plain put moves data only."""
+    return numel(values) if accumulate else 0
+
+
+def _masked_index_put_accumulate_flops(self_, mask, indices, values, *args, out=None, **kwargs) -> int:
+    return numel(values)
+
+
 def _grad_accumulate_flops(grad, *args, out=None, **kwargs) -> int:
     return numel(grad)
 
 
 reg(["_to_copy", "clone", "cat", "stack", "hstack", "vstack", "constant_pad_nd", "repeat", "repeat_interleave", "roll",
      "flip", "tril", "triu", "narrow_copy", "slice_scatter", "select_scatter", "diagonal_scatter",
-     "as_strided_scatter", "masked_scatter", "masked_scatter_", "masked_select", "masked_fill", "index_put",
-     "_unsafe_index_put", "scatter", "index_copy", "index_fill", "nonzero", "_local_scalar_dense",
+     "as_strided_scatter", "masked_scatter", "masked_scatter_", "masked_select", "masked_fill", "scatter", "index_copy", "index_fill", "nonzero", "_local_scalar_dense",
      "lift_fresh_copy", "alias_copy", "detach_copy", "view_copy", "_reshape_copy", "permute_copy", "t_copy",
      "transpose_copy", "expand_copy", "slice_copy", "select_copy", "unsqueeze_copy", "squeeze_copy", "split_copy",
      "split_with_sizes_copy", "unbind_copy", "diagonal_copy", "as_strided_copy", "unfold_copy", "view_as_real_copy",
@@ -131,7 +140,7 @@ reg(["_to_copy", "clone", "cat", "stack", "hstack", "vstack", "constant_pad_nd",
      "replication_pad2d", "replication_pad3d", "im2col", "native_channel_shuffle", "channel_shuffle",
      "pixel_shuffle", "pixel_unshuffle", "_unique2", "unique_dim", "unique_consecutive", "bucketize", "searchsorted",
      "one_hot", "_copy_from", "_copy_from_and_resize", "select_backward", "slice_backward",
-     "diagonal_backward", "as_strided_backward", "_unsafe_masked_index", "_unsafe_masked_index_put_accumulate"], "memory")
+     "diagonal_backward", "as_strided_backward", "_unsafe_masked_index"], "memory")
 reg(["copy_", "copy"], "memory", None, bytes=copy_bytes)
 reg(["fill_", "zero_", "fill", "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full"],
     "memory", None, bytes=write_only_bytes)
@@ -140,7 +149,9 @@ reg(["gather", "index_select", "index", "_unsafe_index", "take", "take_along_dim
 reg(["scatter_"], "memory", None, bytes=_scatter_bytes)
 reg(["scatter_add_", "scatter_reduce_"], "memory", _scatter_add_flops, bytes=_scatter_add_bytes)
 reg(["scatter_add", "scatter_reduce"], "memory", _scatter_add_flops)
-reg(["index_put_", "_index_put_impl_"], "memory", None, bytes=_index_put_bytes)
+reg(["index_put_", "_index_put_impl_"], "memory", _index_put_flops, bytes=_index_put_bytes)
+reg(["index_put", "_unsafe_index_put"], "memory", _index_put_flops)
+reg(["_unsafe_masked_index_put_accumulate"], "memory", _masked_index_put_accumulate_flops)
 reg(["index_add_"], "memory", _index_add_flops, bytes=_index_add_accum_bytes)
 reg(["index_add"], "memory", _index_add_flops)
 reg(["index_copy_"], "memory", None, bytes=_index_copy_bytes)
