@@ -25,8 +25,9 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "VIRTUAL_ENV"))}
-    env["PIP_CONFIG_FILE"] = os.devnull  # this machine's pip settings (indexes, constraints) play no part
+    # the machine's pip settings stay (the isolated build fetches its backend from the configured index); nothing
+    # points the fresh venv at this checkout or this environment except the .pth line below
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"))}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     return env
 
