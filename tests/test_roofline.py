@@ -7,8 +7,10 @@ import json
 import math
 
 import pytest
+import torch
 from profiles import a100, make_profile, matmul, op, pointwise, toy_profile
 
+import tscope_callbacks as ts
 from tscope_callbacks import api
 from tscope_callbacks import api as specs_mod
 from tscope_callbacks.devices.spec import DeviceSpec
@@ -290,3 +292,22 @@ def test_duck_typed_profile():
 
     rep = roofline(Prof(), a100())
     assert rep.flop_coverage == 0.5 and rep.mfu == pytest.approx(MM_FLOPS / 2e-3 / 312e12)
+
+
+def test_the_precision_label_says_what_ran_for_an_integer_only_model():
+    # integer ops are placed on the fp32 vector roof, but the label said "fp32 dominant" for a model that ran no
+    # float op at all: it now names the dtype that ran (ids * 31 + 7, % 1000, sum: all int64)
+    class Hash(torch.nn.Module):
+        def forward(self, ids):
+            return ((ids * 31 + 7) % 1000).sum(-1)
+
+    ids = torch.randint(0, 1000, (8, 64))
+    with ts.profile(Hash()) as p:
+        Hash()(ids)
+    rep = ts.roofline(p.result, ts.get_device_spec("a100"))
+    assert rep.dominant_precision == "int64" and rep.mfu_precision == "fp32"
+    assert "int64 dominant" in rep.to_markdown()
+    lin = torch.nn.Linear(8, 8)
+    with ts.profile(lin) as q:
+        lin(torch.randn(4, 8))
+    assert ts.roofline(q.result, ts.get_device_spec("a100")).dominant_precision == "fp32"

@@ -77,6 +77,25 @@ def _op_precision(rec: OpRecord, spec: Any, tf32: bool, override: str | None) ->
     return p, matrix
 
 
+def _ran(ops: list) -> str:
+    """The precision that ran most (FLOPs; bytes when no op has FLOPs): an op's precision where its dtype is a
+    float, else its dtype (``int64``, ``bool``), which the roofline places on the fp32 vector roof."""
+    by: dict[str, int] = {}
+    for o in ops:
+        r = o.record
+        if r.category == "view":
+            continue
+        try:
+            precision_for_dtype(r.dtype, default=None)
+            label = o.precision
+        except (ValueError, KeyError, TypeError):
+            label = r.dtype or o.precision
+        by[label] = by.get(label, 0) + (r.flops or r.bytes)
+    if not by:
+        return ""
+    return max(by, key=by.__getitem__)
+
+
 def build_roofline(prof: Any, spec: Any, *, achievable: Any = None, precision: str | None = None,
                    group_small: float = 0.01, cls: type | None = None, kernel_model: Any = True) -> Any:
     """Place every op of ``prof`` (a StepProfile, or anything with ``.ops/.layers/.wall_time_s/.meta``) on the roofline.
@@ -180,12 +199,14 @@ class RooflineAnalysis:
             self.step_time_source = "op-time" if self.measured_step_s is not None else None
         self.estimated_step_s = t.expected_s  #: sum of shape-aware expected kernel times (roof bound where none)
         self.roof_step_s = t.estimate_s  #: sum of roofline bounds (datasheet)
-        self.dominant_precision = t.precision or "fp32"
+        #: what ran most (FLOPs; bytes for ops without FLOPs): a float precision, or the dtype of integer/bool
+        #: ops (an integer-only model is "int64", not the fp32 roof its ops are placed on)
+        self.dominant_precision = _ran(ops) or t.precision or "fp32"
         mat: dict[str, int] = {}
         for o in ops:
             if o.matrix and o.flops:
                 mat[o.roof_precision] = mat.get(o.roof_precision, 0) + o.flops
-        mfu_p = max(mat, key=mat.__getitem__) if mat else self.dominant_precision
+        mfu_p = max(mat, key=mat.__getitem__) if mat else (t.precision or "fp32")
         self.mfu_precision, _, self.mfu_peak_flops, _ = roofs.get(mfu_p, True)  #: the matrix roof MFU is against
         widened = [o.peak for o in ops if o.matrix and o.roof_precision == self.mfu_precision]
         if widened and getattr(spec, "measured", False):  # a measured roof raised by ``_widen``: MFU against it
