@@ -190,7 +190,7 @@ def test_analyze_a_whole_training_step(capsys: pytest.CaptureFixture[str], tmp_p
     # an update without gradients is a clear error, exit 2
     assert main(["analyze", "tscope_callbacks.demo.model:TinyGPT", "--input-shape", "8,64", "--input-dtype", "long",
                  "--gpu", "h100", "--optimizer", "adamw"]) == 2
-    assert "needs backward=True" in capsys.readouterr().err
+    assert "--optimizer needs --backward" in capsys.readouterr().err  # in the CLI's words
 
 
 def test_analyze_fsdp_what_if_and_its_report(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -310,8 +310,8 @@ def test_analyze_a_model_file_by_path(capsys: pytest.CaptureFixture[str], user_p
     ("models:nope", "'models' has no 'nope'"),
     ("models:NOT_A_MODEL", "is not a model class or factory (it is of type int)"),
     # the model's own forward fails (an op that autocast does not cast, no meta kernel): one line and what to try
-    ("models:broken", "the model failed to run on meta at --precision fp32: RuntimeError: Expected inputs of BF16 "
-                      "type but got float32\n  Try another --precision"),
+    ("models:broken", "the model raised RuntimeError: Expected inputs of BF16 type but got float32 at models.py:23 "
+                      "in forward, run on meta with --input-shape 4,32 at --precision fp32. Try another --precision"),
 ])
 def test_analyze_target_errors_say_what_to_do(capsys: pytest.CaptureFixture[str], user_project: Path, target: str,
                                               message: str) -> None:

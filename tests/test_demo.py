@@ -84,8 +84,10 @@ def test_demo_nan_guard_names_the_layer(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_demo_rejects_bad_numbers(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--steps", "0"]) == 2
-    assert "--steps must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # refused by the parser, before any work
+        main(["demo", "--steps", "0"])
+    assert exc.value.code == 2
+    assert "argument --steps: 0 is not a whole number >= 1" in capsys.readouterr().err
 
 
 def test_cpu_threads_and_step_order(monkeypatch: pytest.MonkeyPatch) -> None:

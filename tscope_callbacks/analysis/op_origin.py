@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tscope_callbacks.analysis.nonfinite import floating, iter_tensors
 
-__all__ = ["OpOrigin", "Origin", "user_frame"]
+__all__ = ["OpOrigin", "Origin", "is_library_file", "user_frame"]
 
 _current_node = torch._C._current_autograd_node
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # tscope_callbacks/
@@ -45,7 +45,9 @@ _SKIP_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, _OWN_DI
 _DEMO = os.path.join(_OWN_DIR, "demo", "")  # the demo's model and LightningModule are user code
 
 
-def _skipped(filename: str) -> bool:
+def is_library_file(filename: str) -> bool:
+    """Whether ``filename`` is torch's, Lightning's or tscope's (not the user's; tscope's demo model counts as user
+    code), or not a file at all."""
     if filename.startswith(_SKIP_DIRS) and not filename.startswith(_DEMO) or filename.startswith("<"):
         return True
     return f"{os.sep}lightning{os.sep}" in filename or f"{os.sep}pytorch_lightning{os.sep}" in filename
@@ -54,7 +56,7 @@ def _skipped(filename: str) -> bool:
 def user_frame() -> str | None:
     """``file:line in function: code`` of the innermost caller outside torch, Lightning and tscope; None if none."""
     f: Any = sys._getframe(1)
-    while f is not None and _skipped(f.f_code.co_filename):
+    while f is not None and is_library_file(f.f_code.co_filename):
         f = f.f_back
     if f is None:
         return None

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from tscope_callbacks.api import analyze_model
+from tscope_callbacks.cli.args import analysis_device, int_at_least, json_object, output_file, positive_int, shape
 
 __all__ = ["add_arguments", "run"]
 
@@ -21,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                   "config: hf:MODEL_TYPE (hf:llama, its default config), hf:DIR or hf:config.json "
                                   "(local), hf:ORG/NAME (the Hub's config.json only, never weights); --kwargs then "
                                   "override config fields")
-    p.add_argument("--input-shape", action="append", required=True,
+    p.add_argument("--input-shape", action="append", required=True, type=shape,
                    help="comma-separated shape of one input, e.g. 32,3,224,224 (repeat for several inputs)")
     p.add_argument("--input-dtype", action="append", default=None, help="per input, in order: float (default; the --precision dtype), long/int64 or int/int32 (token ids)")
     p.add_argument("--gpu", default="auto", help="device name or alias from `tscope specs` (e.g. h100), a JSON spec path, or auto "
@@ -32,25 +33,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-backend", default=None, choices=["cudnn", "flash", "efficient", "cpu"],
                    help="on meta, the fused SDPA op to count (default: what the --gpu runs: cudnn on Hopper, flash "
                         "on other GPUs)")
-    p.add_argument("--kwargs", default="{}", help="JSON keyword arguments for the model constructor (hf: targets: "
+    p.add_argument("--kwargs", default={}, type=json_object, help="JSON keyword arguments for the model constructor (hf: targets: "
                                                   "config fields, e.g. '{\"num_hidden_layers\": 32}')")
     p.add_argument("--backward", action="store_true", help="also count the backward pass")
     p.add_argument("--optimizer", default=None, choices=["adamw", "adam", "sgd", "adamw-fused", "adam-fused",
                                                          "sgd-fused"],
                    help="with --backward: add one optimizer update, so the estimate is a whole training step "
                         "(foreach, PyTorch's GPU default; -fused: the fused kernel)")
-    p.add_argument("--fsdp", type=int, default=None, metavar="N",
+    p.add_argument("--fsdp", type=int_at_least(2), default=None, metavar="N",
                    help="with --backward: also what FSDP2 over N GPUs would do to this step, per GPU (memory, "
                         "collectives, exposed communication, step time)")
-    p.add_argument("--fsdp-shard", type=int, default=None, metavar="S",
+    p.add_argument("--fsdp-shard", type=positive_int, default=None, metavar="S",
                    help="with --fsdp N: HSDP instead, sharded over S GPUs (e.g. 8: one node) and replicated N/S times")
     p.add_argument("--fsdp-units", default=None,
                    help="the modules fully_shard wraps: a class name (e.g. GPT2Block) or comma-separated module paths "
                         "(default: the repeated blocks)")
-    p.add_argument("--device", default="meta", help="meta (estimate only, default), cpu or cuda (also measure)")
-    p.add_argument("--top", type=int, default=20, help="rows in the table (default 20)")
-    p.add_argument("--plot", default=None, help="write the roofline plot PNG here")
-    p.add_argument("--json", default=None, help="write the report JSON here")
+    p.add_argument("--device", default="meta", type=analysis_device, help="meta (estimate only, default), cpu or cuda (also measure)")
+    p.add_argument("--top", type=positive_int, default=20, help="rows in the table (default 20)")
+    p.add_argument("--plot", default=None, type=output_file, help="write the roofline plot PNG here")
+    p.add_argument("--json", default=None, type=output_file, help="write the report JSON here")
 
 
 def load_target(target: str) -> Any:
@@ -142,6 +143,23 @@ def build_model(factory: Any, kwargs: dict, device: str) -> Any:
     return factory(**kwargs)
 
 
+#: the API's argument names in messages -> the CLI's options
+_OPTIONS = {"input_shape": "--input-shape", "input_dtypes": "--input-dtype", "precision": "--precision",
+            "fsdp_shard": "--fsdp-shard", "fsdp_units": "--fsdp-units", "fsdp": "--fsdp", "optimizer": "--optimizer",
+            "attention_backend": "--attention-backend", "gpu": "--gpu", "device": "--device"}
+
+
+def _cli_words(msg: str) -> str:
+    """An analysis message in the CLI's words: ``fsdp=N`` -> ``--fsdp N``, ``backward=True`` -> ``--backward``,
+    ``input_shape`` -> ``--input-shape``."""
+    import re
+
+    msg = msg.replace("backward=True", "--backward")
+    msg = re.sub(r"\b([a-z_]+)=(\S?)", lambda m: (_OPTIONS[m.group(1)] + (" " + m.group(2) if m.group(2) else "")
+                                                   if m.group(1) in _OPTIONS else m.group(0)), msg)
+    return re.sub(r"\b([a-z]+_[a-z_]+)\b", lambda m: _OPTIONS.get(m.group(1), m.group(1)), msg)
+
+
 def _units(text: str | None) -> Any:
     """``--fsdp-units``: a class name, or comma-separated module paths."""
     if not text:
@@ -150,31 +168,45 @@ def _units(text: str | None) -> Any:
     return parts[0] if len(parts) == 1 and "." not in parts[0] and not parts[0].isdigit() else parts
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
 def run(args: argparse.Namespace) -> int:
+    from tscope_callbacks.api import ModelRunError, _user_frame
     from tscope_callbacks.devices.spec import UnknownDeviceError
+
+    def fail(msg: str) -> int:
+        print(f"tscope analyze: {msg}", file=sys.stderr)
+        return 2
 
     try:
         factory = hf_factory(args.target[3:]) if args.target.startswith("hf:") else load_target(args.target)
-        model = build_model(factory, json.loads(args.kwargs), args.device)
-        shapes = [[int(s) for s in shp.split(",")] for shp in args.input_shape]
-        dtypes = [None if d in (None, "float") else d for d in (args.input_dtype or [])]
-        report = analyze_model(model, shapes, args.gpu, args.precision, input_dtypes=dtypes,
+    except (ImportError, AttributeError, ValueError, TypeError) as e:
+        return fail(f"{args.target}: {e}")
+    except Exception as e:  # the user's module raised while it was imported
+        where = _user_frame(e)
+        return fail(f"importing {args.target} raised {_first_line(e)}{f' at {where}' if where else ''}; fix that "
+                    "module (it runs as `python FILE` would), then run again")
+    try:
+        model = build_model(factory, args.kwargs, args.device)
+    except Exception as e:
+        where = _user_frame(e)
+        return fail(f"building the model {args.target}(**--kwargs {json.dumps(args.kwargs)}) raised {_first_line(e)}"
+                    f"{f' at {where}' if where else ''}; check --kwargs against its arguments")
+    dtypes = [None if d in (None, "float") else d for d in (args.input_dtype or [])]
+    try:
+        report = analyze_model(model, args.input_shape, args.gpu, args.precision, input_dtypes=dtypes,
                                backward=args.backward, device=args.device,
                                attention_backend=args.attention_backend, optimizer=args.optimizer,
                                fsdp=args.fsdp, fsdp_units=_units(args.fsdp_units), fsdp_shard=args.fsdp_shard)
     except UnknownDeviceError as e:
-        print(f"tscope analyze: {e}", file=sys.stderr)
-        return 2
-    except (ImportError, AttributeError, ValueError, TypeError) as e:
-        print(f"tscope analyze: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    except (RuntimeError, NotImplementedError) as e:  # raised inside the model's own forward/backward
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"tscope analyze: the model failed to run on {args.device} at --precision {args.precision}: "
-              f"{type(e).__name__}: {first}\n  Try another --precision (e.g. bf16: weights cast, for ops that "
-              "autocast does not cast), --device cpu (runs it for real), or a smaller --input-shape.",
-              file=sys.stderr)
-        return 2
+        return fail(f"--gpu {args.gpu}: {e}")
+    except ModelRunError as e:
+        return fail(e.message(cli=True))
+    except (ValueError, TypeError) as e:  # an option the analysis refused; its message names the argument
+        return fail(_cli_words(str(e)))
     print(report.to_markdown(top=args.top))
     if args.plot:
         report.plot(args.plot)

@@ -14,27 +14,28 @@ import time
 import warnings
 from pathlib import Path
 
+from tscope_callbacks.cli.args import int_at_least, output_dir, positive_int
 from tscope_callbacks.cli.hints import command
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps to train (default 300)")
+    p.add_argument("--steps", type=positive_int, default=300, help="optimizer steps to train (default 300)")
     p.add_argument("--logger", choices=["tensorboard", "wandb", "csv"], default="tensorboard",
                    help="where the metrics go (default tensorboard; wandb runs offline)")
-    p.add_argument("--nan-at", type=int, default=None, metavar="STEP",
+    p.add_argument("--nan-at", type=int_at_least(0), default=None, metavar="STEP",
                    help="make model.blocks.1.mlp.fc output NaN at optimizer step STEP; the NaN guard names that "
                         "layer and stops the run")
-    p.add_argument("--every", type=int, default=100, metavar="N",
+    p.add_argument("--every", type=positive_int, default=100, metavar="N",
                    help="roofline profile at step 10, then every N steps (default 100); profiled steps are the "
                         "slow ones")
-    p.add_argument("--out", default="demo_logs", metavar="DIR", help="log directory (default ./demo_logs)")
-    p.add_argument("--top", type=int, default=12, metavar="ROWS", help="rows of the printed roofline table (default 12)")
+    p.add_argument("--out", default="demo_logs", type=output_dir, metavar="DIR", help="log directory (default ./demo_logs)")
+    p.add_argument("--top", type=positive_int, default=12, metavar="ROWS", help="rows of the printed roofline table (default 12)")
     p.add_argument("--size", choices=["auto", "cpu", "gpu"], default="auto",
                    help="model size: cpu (a 2-block TinyGPT, under a minute), gpu (GPT-2-124M-shaped, 8x1024 tokens, "
                         "bf16, fused AdamW); auto (default): gpu on a CUDA device, else cpu")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="CPU threads for torch (default: torch's default, lowered to the idle cores when the "
                         "machine is busy: oversubscribed threads make CPU training several times slower)")
 
@@ -90,10 +91,6 @@ def run(args: argparse.Namespace) -> int:
     import tscope_callbacks as ts
     from tscope_callbacks.demo.lightning import CPU_DEMO, GPU_DEMO, DemoLM, NaNInjector, RandomTokenData
 
-    for name in ("steps", "every", "top"):
-        if getattr(args, name) < 1:
-            print(f"tscope demo: --{name} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
-            return 2
     # the demo changes process-wide torch settings; put them back so an in-process caller is unaffected
     saved = (torch.get_num_threads(), torch.get_float32_matmul_precision())
     try:

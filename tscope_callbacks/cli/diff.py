@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+from tscope_callbacks.cli.args import output_file, positive_int
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -15,8 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("b", help="the step after")
     p.add_argument("--gpu", default=None, metavar="NAME",
                    help="rate both on this device (default: each file's recorded device)")
-    p.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
-    p.add_argument("--json", default=None, metavar="OUT.json", help="write the comparison as JSON here")
+    p.add_argument("--top", type=positive_int, default=15, help="rows per table (default 15)")
+    p.add_argument("--json", default=None, type=output_file, metavar="OUT.json", help="write the comparison as JSON here")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import json
 import sys
 from typing import Any
 
+from tscope_callbacks.cli.args import output_file, positive_int
 from tscope_callbacks.records import StepProfile
 
 __all__ = ["add_arguments", "run", "load", "spec_from_dict"]
@@ -20,12 +21,12 @@ __all__ = ["add_arguments", "run", "load", "spec_from_dict"]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="profiled-step JSON (StepProfile.to_dict(), or {'profile': ..., 'device': ...})")
-    p.add_argument("--top", type=int, default=20, help="rows in the layer table (default 20)")
-    p.add_argument("--plot", default=None, metavar="OUT.png", help="write the roofline plot here")
+    p.add_argument("--top", type=positive_int, default=20, help="rows in the layer table (default 20)")
+    p.add_argument("--plot", default=None, type=output_file, metavar="OUT.png", help="write the roofline plot here")
     p.add_argument("--gpu", default=None, metavar="NAME",
                    help="device name from `tscope specs` or a JSON spec path (default: the recorded device)")
-    p.add_argument("--csv", default=None, metavar="OUT.csv", help="write every row (ungrouped) as CSV here")
-    p.add_argument("--trace", default=None, metavar="OUT.json",
+    p.add_argument("--csv", default=None, type=output_file, metavar="OUT.csv", help="write every row (ungrouped) as CSV here")
+    p.add_argument("--trace", default=None, type=output_file, metavar="OUT.json",
                    help="write a Chrome/Perfetto trace of the step here (ui.perfetto.dev; HTA/TraceLens read it)")
 
 
@@ -60,6 +61,11 @@ def load(path: str) -> tuple[StepProfile, Any]:
         raise ValueError(f"{path}: malformed profile ({e})") from None
     dev = data.get("device") if "profile" in data else None
     if isinstance(dev, dict):
+        have = [k for k in ("flops", "bandwidth") if k in dev]
+        if len(have) == 1:  # a roof row with half its roofs: say which field, not "unknown device"
+            need = "bandwidth (bytes/s)" if have == ["flops"] else "flops (peak FLOP/s per precision)"
+            raise ValueError(f"{path}: the device row {dev.get('name', '')!r} has no {need}; add it to the file, or "
+                             "pass --gpu NAME (`tscope specs` lists the known devices)")
         try:
             dev = spec_from_dict(dev) if "flops" in dev and "bandwidth" in dev else dev.get("name")
         except (TypeError, ValueError) as e:
