@@ -23,8 +23,10 @@ This is where we deliberately differ from ``torch.utils.flop_counter``, which ig
 
 Three conventions travel with every count (``AttentionFlops``, an int): the int itself is the work the kernels do
 (hardware FLOPs: the backward recomputes the scores); ``.model`` is what MFU counts -- the backward as 2x the forward
-(4 GEMMs), as PaLM, Megatron and FlopCounterMode count it; ``.dense`` is ``.model`` over the full L x S square
-(FlopCounterMode, PaLM and Megatron ignore causality), for comparing with published MFU figures.
+(4 GEMMs), as PaLM and Megatron count it; ``.dense`` is ``.model`` over the full L x S square (FlopCounterMode, PaLM
+and Megatron ignore causality), for comparing with published MFU figures. FlopCounterMode (torch 2.13,
+``sdpa_backward_flop_count``) counts the backward as 2.5x the forward when d_qk == d_v: 5 GEMMs, the recomputed
+scores included, which is our hardware count over the full square.
 
 Layouts: the ``_scaled_dot_product_*`` ops and ``_cudnn_attention_*`` take (B, H, L, D); the low-level
 ``_flash_attention_*`` and ``_efficient_attention_*`` take (B, L, H, D) (torch's flop counter reads those as
