@@ -404,6 +404,7 @@ def test_internal_errors_never_break_training(monkeypatch, caplog):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(nan_locate, "nonfinite_total", boom)
+    monkeypatch.setattr(nan_locate, "tensor_norms", boom)  # the check's reductions (with or without norms)
     guard = NaNGuardCallback()
     trainer = make_trainer(guard, max_steps=3)
     trainer.fit(TinyLM())
@@ -538,3 +539,41 @@ def test_origin_reads_an_in_place_input_as_the_op_saw_it_and_an_out_buffer_not_a
         torch.empty(4)  # an allocation: undefined contents, never an origin
         torch.log(zeros, out=buf)  # log(0) = -inf from finite inputs
     assert mode.origin is not None and (mode.origin.op, mode.origin.nan) == ("aten.log", False)
+
+
+def test_a_healthy_checked_step_costs_one_fused_norm_one_stack_and_one_read():
+    # the always-on cost, counted in ops rather than timed: whatever the model, the guard's check of a healthy step
+    # dispatches one _foreach_norm over all gradients, one stack of those norms with the loss, and reads it once
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func.overloadpacket.__name__))
+            return func(*args, **(kwargs or {}))
+
+    seen = []
+
+    class Enter(Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            self.mode = Ops()
+            self.mode.__enter__()
+
+    class Exit(Callback):
+        def __init__(self, enter):
+            self.enter = enter
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            self.enter.mode.__exit__(None, None, None)
+            seen.append(self.enter.mode.ops)
+
+    enter = Enter()
+    guard = NaNGuardCallback()
+    before = nan_locate.sync_points()
+    make_trainer(enter, guard, Exit(enter), max_steps=4).fit(TinyLM())
+    assert len(seen) == 4 and guard.host_syncs == 4 and nan_locate.sync_points() - before == 4
+    for ops in seen:
+        assert [o for o in ops if o not in ("_local_scalar_dense",)] == ["_foreach_norm", "stack"], ops

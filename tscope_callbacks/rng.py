@@ -27,15 +27,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class RngState:
-    """A snapshot of every global random stream a training step may draw from."""
+    """A snapshot of every global random stream a training step may draw from. ``host=False``: torch's generators
+    only (about 1 us; Python's and numpy's states cost 10 and 35 us to copy), for a per-step snapshot."""
 
     __slots__ = ("cpu", "cuda", "numpy", "python")
 
-    def __init__(self) -> None:
+    def __init__(self, *, host: bool = True) -> None:
         self.cpu = torch.get_rng_state()
         self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        self.python = random.getstate()
-        np_mod = sys.modules.get("numpy")  # never imported for this: a user without numpy draws nothing from it
+        self.python = random.getstate() if host else None
+        np_mod = sys.modules.get("numpy") if host else None  # never imported for this
         self.numpy = np_mod.random.get_state() if np_mod is not None else None
 
     def restore(self) -> None:
@@ -45,7 +46,8 @@ class RngState:
         elif torch.cuda.is_initialized():  # initialised inside the block: back to the state lazy init made
             for gen in torch.cuda.default_generators:
                 gen.manual_seed(gen.initial_seed())
-        random.setstate(self.python)
+        if self.python is not None:
+            random.setstate(self.python)
         if self.numpy is not None:
             sys.modules["numpy"].random.set_state(self.numpy)
 

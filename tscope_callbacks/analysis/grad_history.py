@@ -30,10 +30,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["GradHistory", "layer_norms", "layer_sums", "global_norm", "owner", "step_loss", "BUILT_UP_NORM",
+__all__ = ["GradHistory", "LayerNorms", "layer_norms", "layer_sums", "global_norm", "owner", "step_loss", "BUILT_UP_NORM",
            "BUILT_UP_LOSS", "MIN_ONSET_STEPS", "LR_ROSE"]
 
 BUILT_UP_NORM = 3.0  #: the last checked step's gradient norm over the median before it, from which it "built up"
@@ -61,6 +61,34 @@ def layer_sums(names: Sequence[str], values: Sequence[float]) -> dict[str, float
     return out
 
 
+class LayerNorms(Mapping[str, float]):
+    """:func:`layer_norms` of one step, computed on first read: a healthy step is recorded without the per-layer
+    work (a spike, the trend, an event and the logged scalars read it; most steps nobody does)."""
+
+    __slots__ = ("_names", "_norms", "_d")
+
+    def __init__(self, names: Sequence[str], norms: Sequence[float]) -> None:
+        self._names, self._norms, self._d = names, norms, None
+
+    def _get(self) -> dict[str, float]:
+        if self._d is None:
+            self._d = layer_norms(self._names, self._norms)
+            self._names = self._norms = ()
+        return self._d
+
+    def __getitem__(self, key: str) -> float:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __repr__(self) -> str:
+        return repr(self._get())
+
+
 def layer_norms(names: Sequence[str], norms: Sequence[float]) -> dict[str, float]:
     """Per owning module (:func:`owner`), the L2 norm of its gradients."""
     return {k: math.sqrt(v) for k, v in layer_sums(names, [n * n for n in norms]).items()}
@@ -77,7 +105,8 @@ class GradHistory:
 
     def __init__(self, window: int = 64, spike_factor: float | None = 10.0, min_steps: int = 10) -> None:
         self.spike_factor, self.min_steps = spike_factor, min_steps
-        self.steps: deque[tuple[int, float, dict[str, float]]] = deque(maxlen=window)  #: (step, global, per layer)
+        self.steps: deque[tuple[int, float, Mapping[str, float]]] = deque(maxlen=window)  #: (step, global, per layer)
+        self._totals: deque[float] = deque(maxlen=window)  #: the global norms of ``steps`` (a cheap spike bound)
         self.losses: deque[tuple[int, float]] = deque(maxlen=window)  #: (step, loss) of the steps that had one
         self.lrs: deque[tuple[int, float]] = deque(maxlen=window)  #: (step, learning rate) of the steps that had one
 
@@ -90,7 +119,7 @@ class GradHistory:
         total = global_norm(norms)
         if not math.isfinite(total):
             return None
-        layers = layer_norms(names, norms)
+        layers = LayerNorms(names, norms)
         spike = self._spike(step, total, layers)
         finite_loss = loss is not None and math.isfinite(loss)
         if spike is not None:
@@ -99,6 +128,7 @@ class GradHistory:
                                     if finite_loss and self.losses else None)
             spike["lr"] = lr
         self.steps.append((step, total, layers))
+        self._totals.append(total)
         if finite_loss:
             self.losses.append((step, float(loss)))
         if lr is not None and math.isfinite(lr):
@@ -107,6 +137,8 @@ class GradHistory:
 
     def _spike(self, step: int, total: float, layers: dict[str, float]) -> dict[str, Any] | None:
         if self.spike_factor is None or len(self.steps) < self.min_steps:
+            return None
+        if total <= self.spike_factor * min(self._totals):  # under f x the smallest: under f x the median
             return None
         med = statistics.median(t for _, t, _ in self.steps)
         if med <= 0 or total <= self.spike_factor * med:

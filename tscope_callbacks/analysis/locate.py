@@ -46,7 +46,9 @@ __all__ = ["StepSnapshot", "locate_step", "replay_locate"]
 
 @dataclass
 class StepSnapshot:
-    """Per micro-batch: batch reference, batch tensor versions, RNG states, and (later) the loss it produced."""
+    """Per micro-batch: batch reference, batch tensor versions, torch's RNG states (CPU and CUDA: dropout and any
+    torch draw replay exactly; a step drawing from numpy or Python's ``random`` may replay differently, which the
+    replay detects and reports), and (later) the loss it produced."""
 
     batch: Any
     batch_idx: int
@@ -56,7 +58,14 @@ class StepSnapshot:
 
     @classmethod
     def take(cls, batch: Any, batch_idx: int) -> StepSnapshot:
-        return cls(batch, batch_idx, RngState(), [(t, t._version) for t in iter_tensors(batch)])
+        """Taken before every checked step: a tensor, or a flat tuple, list or dict of tensors (most batches) skip
+        the general walk."""
+        if type(batch) is torch.Tensor:
+            tensors: Any = (batch,)
+        else:
+            flat = batch.values() if type(batch) is dict else batch if type(batch) in (tuple, list) else None
+            tensors = flat if flat is not None and all(type(t) is torch.Tensor for t in flat) else iter_tensors(batch)
+        return cls(batch, batch_idx, RngState(host=False), [(t, t._version) for t in tensors])
 
     def mutated(self) -> bool:
         return any(t._version != v for t, v in self.versions)

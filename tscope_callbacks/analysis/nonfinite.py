@@ -21,7 +21,7 @@ import torch
 from tscope_callbacks.capture.step_memory import local_tensor
 
 __all__ = ["NonFiniteEvent", "NonFiniteError", "LocateResult", "RankInfo", "FlagChannel", "count_nonfinite",
-           "iter_tensors", "max_abs_finite", "merge_infos", "nonfinite_total", "per_tensor_norms", "rank_info",
+           "iter_tensors", "max_abs_finite", "merge_infos", "nonfinite_total", "per_tensor_norms", "rank_info", "tensor_norms",
            "read_now", "sync_points", "AlertLimiter"]
 
 
@@ -32,8 +32,8 @@ def local(t: Any) -> Any:
 
 
 def grads_of(params: list) -> list:
-    """The local gradients of ``params`` that exist."""
-    return [local(p.grad) for p in params if p.grad is not None]
+    """The local gradients of ``params`` that exist (each ``.grad`` read once: a property, on every checked step)."""
+    return [g if type(g) is torch.Tensor else local_tensor(g) for p in params if (g := p.grad) is not None]
 
 
 def iter_tensors(obj: Any, _depth: int = 0) -> Iterator[torch.Tensor]:
@@ -80,16 +80,29 @@ def nonfinite_total(tensors: list[torch.Tensor]) -> torch.Tensor | None:
 def per_tensor_norms(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     """float32 vector: one L2 norm per tensor, in order (non-finite where the tensor has a NaN/Inf, or, rarely, where
     finite values overflow; callers confirm). One fused ``_foreach_norm`` per (device, dtype) group, no host sync."""
+    return torch.stack(tensor_norms(tensors)) if tensors else None
+
+
+def tensor_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`per_tensor_norms` as a list of float32 scalars (to stack with other values in one op). The usual
+    case, every tensor real, at most 32-bit and on one device, is one ``_foreach_norm`` call with no per-tensor
+    Python; fp64, complex or several devices take the grouped path."""
+    try:
+        out = list(torch._foreach_norm(tensors, 2, dtype=torch.float32))
+        if out and out[0].device == out[-1].device:  # a foreach call over several devices: grouped path
+            return out
+    except (RuntimeError, TypeError):  # fp64 ("without narrowing") or complex inputs
+        pass
     if not tensors:
-        return None
+        return []
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for i, t in enumerate(tensors):
         t = torch.view_as_real(t) if t.is_complex() else t
         groups.setdefault((t.device, t.dtype), []).append(i)
-    if len(groups) == 1:  # the common case: one fused call, stacked in order, no per-tensor casts
+    if len(groups) == 1:  # one fp64 or complex group: one fused call, in order
         ((_, dtype),) = groups
         ts = [torch.view_as_real(t) if t.is_complex() else t for t in tensors]
-        return torch.stack(torch._foreach_norm(ts, 2, dtype=torch.float32 if dtype.itemsize <= 4 else None)).float()
+        return [n.float() for n in torch._foreach_norm(ts, 2, dtype=torch.float32 if dtype.itemsize <= 4 else None)]
     out: list[torch.Tensor | None] = [None] * len(tensors)
     for (_, dtype), idx in groups.items():
         ts = [torch.view_as_real(tensors[i]) if tensors[i].is_complex() else tensors[i] for i in idx]
@@ -97,7 +110,7 @@ def per_tensor_norms(tensors: list[torch.Tensor]) -> torch.Tensor | None:
         for i, n in zip(idx, norms):
             out[i] = n.float()
     dev0 = out[0].device  # type: ignore[union-attr]
-    return torch.stack([n.to(dev0) for n in out])  # type: ignore[union-attr]
+    return [n.to(dev0) for n in out]  # type: ignore[union-attr]
 
 
 _SYNC_POINTS = [0]
@@ -107,7 +120,9 @@ def read_now(t: torch.Tensor) -> list[float]:
     """Read a (device) tensor to the host now: a host sync on a GPU. Every such read of the NaN guard goes through
     here and is counted (:func:`sync_points`), so tests can prove a healthy step makes none."""
     _SYNC_POINTS[0] += 1
-    return t.detach().reshape(-1).tolist()
+    if t.dim() != 1 or t.requires_grad:
+        t = t.detach().reshape(-1)
+    return t.tolist()
 
 
 def sync_points() -> int:

@@ -190,10 +190,11 @@ class NaNGuardCallback(GuardedCallback):
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
         with paused():  # in a profiled step the guard's own ops are not recorded as the user's
+            detached = loss.detach() if isinstance(loss, torch.Tensor) else loss
             if self._snaps and self._snaps[-1].loss is None:
-                self._snaps[-1].loss = loss.detach()
+                self._snaps[-1].loss = detached
             if self.check_loss and isinstance(loss, torch.Tensor) and self._due(trainer.global_step):
-                self._losses.append(loss.detach())
+                self._losses.append(detached)
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
@@ -307,7 +308,7 @@ class NaNGuardCallback(GuardedCallback):
             spike = self._history.add(step, names, norms, loss, lr)
             every = max(1, int(getattr(trainer, "log_every_n_steps", 50) or 1))
             # Lightning's log cadence, to the run's loggers only (none: no metrics file of ours either)
-            if trainer.is_global_zero and trainer.loggers and step % every == 0 and self._history.steps:
+            if step % every == 0 and self._history.steps and trainer.is_global_zero and trainer.loggers:
                 s, total, layers = self._history.steps[-1]
                 if s == step:
                     scalars = {metric_key("grad_norm", "total"): total}

@@ -34,10 +34,16 @@ def learning_rate(optimizer: Any) -> float | None:
     return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
 
 
+def _loss_scalars(losses: list, device: Any) -> list[torch.Tensor]:
+    """Each loss summed to one float32 scalar on ``device``, without a sync (they ride in the flag vector read for the
+    step: the history's losses). A float32 scalar there already (the usual loss) is taken as it is: no op."""
+    return [(x.detach() if x.requires_grad else x) if x.dtype == torch.float32 and x.dim() == 0 and x.device == device
+            else x.detach().float().sum().to(device) for x in losses]
+
+
 def _loss_values(losses: list, device: Any) -> torch.Tensor | None:
-    """Each loss summed to one float32 value on ``device``, without a sync (they ride in the flag vector read for the
-    step: the history's losses); None without losses."""
-    return torch.stack([x.detach().float().sum().to(device) for x in losses]) if losses else None
+    """:func:`_loss_scalars` stacked; None without losses."""
+    return torch.stack(_loss_scalars(losses, device)) if losses else None
 
 
 def _all_reduce_max(trainer: Any, t: torch.Tensor) -> None:
@@ -74,14 +80,25 @@ def push_deferred(guard: NaNGuardCallback, trainer: Any, optimizer: Any, params:
 
 
 def _grad_names(guard: NaNGuardCallback, module: Any, params: list) -> list[str]:
-    """Names of the parameters that have a gradient, in ``params`` order (the order of ``grads_of``); the name map
-    is rebuilt only when the parameters change."""
+    """Names of the parameters that have a gradient, in ``params`` order (the order of ``grads_of``)."""
+    return _grads_and_names(guard, module, params)[1]
+
+
+def _grads_and_names(guard: NaNGuardCallback, module: Any, params: list) -> tuple[list, list[str]]:
+    """The local gradients of ``params`` that exist (``nl.grads_of``) and their parameters' names, in one pass that
+    reads each ``.grad`` once; the name map is rebuilt only when the parameters change."""
     key = tuple(map(id, params))
     cached = guard._names
     if cached is None or cached[0] != key:
-        names = {id(p): n for n, p in named_parameters(module)}
-        cached = guard._names = (key, [names.get(id(p), "?") for p in params])
-    return [n for n, p in zip(cached[1], params) if p.grad is not None]
+        by_id = {id(p): n for n, p in named_parameters(module)}
+        cached = guard._names = (key, [by_id.get(id(p), "?") for p in params])
+    grads, names = [], []
+    for p, n in zip(params, cached[1]):
+        g = p.grad
+        if g is not None:
+            grads.append(g if type(g) is torch.Tensor else nl.local(g))
+            names.append(n)
+    return grads, names
 
 
 def _locate(guard: NaNGuardCallback, trainer: Any, pl_module: Any, snaps: list, scaler: Any) -> tuple[Any, str]:
@@ -152,29 +169,27 @@ def check_now(guard: NaNGuardCallback, trainer: Any, pl_module: Any, params: lis
               scaler: Any) -> None:
     """The immediate path: read the flag at the step (one host sync) and act on it."""
     vec = norms = None
+    names: list[str] = []
     try:
-        grads = nl.grads_of(params)
+        grads, names = _grads_and_names(guard, pl_module, params)
         loss_ts = [nl.local(x) for x in losses]
-        if guard.grad_norms and scaler is None and grads:  # per-gradient norms, their sum the flag: one pass
-            norms = nl.per_tensor_norms(grads)
-            total = norms.sum().reshape(1)
-            extra = nl.nonfinite_total(loss_ts)
-            loss_vals = _loss_values(loss_ts, total.device)
-            vec = torch.cat([total if extra is None else total + extra.to(total.device), norms]
-                            + ([] if loss_vals is None else [loss_vals]))
+        if guard.grad_norms and scaler is None and grads:  # per-gradient norms and the losses: one fused norm, one
+            norms = nl.tensor_norms(grads)                   # stack, one read
+            vec = torch.stack(norms + _loss_scalars(loss_ts, norms[0].device))
         else:
             vec = nl.nonfinite_total(grads + loss_ts)
     except Exception as e:
         guard.faults.report("check", e)
     values = nl.read_now(vec) if vec is not None else [0.0]  # the one read of this step, norms included
     guard.host_syncs += 1
-    flags = [row[0] for row in gather_floats(trainer, [values[0]])]
+    # the flag: the sum on the host (NaN or inf iff some norm or loss is; float64, so finite norms do not overflow)
+    flags = [row[0] for row in gather_floats(trainer, [math.fsum(values) if all(map(math.isfinite, values))
+                                                       else math.nan])]
     if all(math.isfinite(v) for v in flags):
         guard._streak = guard._skips_in_row = guard._amp_streak = 0
-        if norms is not None:  # [flag, per-gradient norms..., per-loss values...], read together
-            names = _grad_names(guard, pl_module, params)
-            guard._healthy(trainer, trainer.global_step, names, values[1:1 + len(names)],
-                           step_loss(values[1 + len(names):]), guard._lr)
+        if norms is not None:  # [per-gradient norms..., per-loss values...], read together
+            guard._healthy(trainer, trainer.global_step, names, values[:len(names)], step_loss(values[len(names):]),
+                           guard._lr)
         return
     try:
         event = _bad_step(guard, trainer, pl_module, params, flags, losses, snaps, scaler)

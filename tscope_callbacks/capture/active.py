@@ -41,14 +41,19 @@ def release(p: Any) -> None:
             _ACTIVE = None
 
 
-@contextlib.contextmanager
-def paused() -> Iterator[None]:
+_NOTHING_TO_PAUSE = contextlib.nullcontext()
+
+
+def paused() -> contextlib.AbstractContextManager[None]:
     """Run tscope's own work (finite checks, the NaN guard's check and replay) inside a profiled region without
-    recording it: ops run untouched and no module is tracked. A no-op when nothing is being profiled."""
+    recording it: ops run untouched and no module is tracked. A no-op when nothing is being profiled (a shared null
+    context: the NaN guard enters this on every step)."""
     p = _ACTIVE
-    if p is None:
-        yield
-        return
+    return _NOTHING_TO_PAUSE if p is None else _paused(p)
+
+
+@contextlib.contextmanager
+def _paused(p: Any) -> Iterator[None]:
     p.pause()
     try:
         yield
