@@ -28,6 +28,26 @@ def test_layer_norm_forward_backward():
     assert b.flops == 768
 
 
+def test_layer_norm_backward_reads_no_bias_and_the_weight_only_for_grad_input():
+    # native_layer_norm_backward(dY, X, shape, mean, rstd, weight, bias, mask): dbeta = sum(dY) and dgamma =
+    # sum(dY * x_hat) read no parameter; dX = f(dY * w, ...) reads the weight; no kernel reads the bias.
+    # x (2, 4, 8) fp32: dY 256 B, X 256, mean 32, rstd 32, weight 32 (bias 32 was counted too: 640 before)
+    ln = nn.LayerNorm(8)
+    g = torch.randn(2, 4, 8)
+    x = torch.randn(2, 4, 8, requires_grad=True)
+    b = one(count(lambda: ln(x).backward(g)), "aten.native_layer_norm_backward")
+    assert (b.bytes_read, b.bytes_written) == (256 + 256 + 32 + 32 + 32, 256 + 32 + 32)  # 608 (was 640), 320
+    # no grad_input (mask [F, T, T]): dY, X, mean, rstd = 576 (was 640: weight and bias); writes dgamma, dbeta
+    x = torch.randn(2, 4, 8)
+    b = one(count(lambda: ln(x).backward(g)), "aten.native_layer_norm_backward")
+    assert (b.bytes_read, b.bytes_written) == (576, 64)
+    # bias frozen (mask [T, T, F]): 608 read (was 640), dX + dgamma written 288
+    ln.bias.requires_grad_(False)
+    x = torch.randn(2, 4, 8, requires_grad=True)
+    b = one(count(lambda: ln(x).backward(g)), "aten.native_layer_norm_backward")
+    assert (b.bytes_read, b.bytes_written) == (608, 288)
+
+
 def test_batch_norm_train_eval_and_backward():
     x = torch.randn(3, 4, requires_grad=True)
     bn = nn.BatchNorm1d(4)

@@ -13,6 +13,10 @@
     backward grad_bias                                          1   (g accumulated)
 
 Per-row / per-channel scalar work (rstd, running-stat updates) is ignored. ``output_mask`` is honoured.
+
+Bytes of layer_norm backward (the lower bound): dY, X, mean and rstd are read; the weight only when grad_input is
+computed (dX = f(dY * w, ...); dgamma and dbeta need dY and X alone); the bias never (dbeta = sum(dY): the bias is
+passed for its shape and ``output_mask``, no kernel reads it). Each requested gradient is written.
 """
 
 from __future__ import annotations
@@ -50,6 +54,18 @@ def _layer_norm(x, normalized_shape=None, weight=None, bias=None, *args, out=Non
 def _layer_norm_backward(g, x, normalized_shape, mean, rstd, weight=None, bias=None, output_mask=None, *args,
                          out=None, **kwargs) -> int:
     return norm_backward_flops(numel(x), output_mask, weight=weight is not None)
+
+
+def _layer_norm_backward_bytes(args, kwargs, out):
+    # native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask)
+    names = ("grad_out", "input", "normalized_shape", "mean", "rstd", "weight", "bias", "output_mask")
+    a = dict(zip(names, args))
+    a.update(kwargs or {})
+    mask = a.get("output_mask")
+    reads = tensors_in([a.get(k) for k in ("grad_out", "input", "mean", "rstd")])
+    if (mask is None or mask[0]) and isinstance(a.get("weight"), torch.Tensor):
+        reads.append(a["weight"])
+    return unique_bytes(reads), unique_bytes(tensors_in(out))
 
 
 def _batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, training=True, *args, out=None,
@@ -119,7 +135,7 @@ def _batch_norm_bytes(args, kwargs, out):
 
 
 reg(["native_layer_norm"], "norm", _layer_norm)
-reg(["native_layer_norm_backward"], "norm", _layer_norm_backward)
+reg(["native_layer_norm_backward"], "norm", _layer_norm_backward, bytes=_layer_norm_backward_bytes)
 reg(["native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm"], "norm", _batch_norm, bytes=_batch_norm_bytes)
 reg(["_native_batch_norm_legit"], "norm", _batch_norm_legit)
 reg(["_native_batch_norm_legit_no_training", "_batch_norm_no_update"], "norm", _batch_norm_no_training)
