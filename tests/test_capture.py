@@ -370,3 +370,30 @@ def test_an_in_place_op_that_saves_a_copy_keeps_its_layer():
     assert [r.layer for r in div] == ["router"] * 5 and sum(r.flops for r in div) == 5 * 48
     assert not [r for r in p.ops if r.phase == "backward" and r.layer == "" and r.flops]
     assert p.layers["router"].saved_bytes - p.layers["router.gate"].saved_bytes == 1152 + 288  # was 1152
+
+
+class _Scaled(nn.Module):
+    """Python numbers in the forward: ``y * 0.5`` and ``/ 3.0`` save them in their autograd nodes (0-dim double
+    "wrapped numbers"); ``* s`` saves a real 0-dim double tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("s", torch.tensor(0.25, dtype=torch.float64))
+
+    def forward(self, x):
+        return (self.fc(x) * 0.5).pow(2) / 3.0 * self.s
+
+
+def test_python_scalars_are_not_saved_activations():
+    # x (2, 4) fp32 = 32 B, saved by fc's addmm; (fc(x) * 0.5) 32 B, saved by pow; the real 0-dim double s (8 B),
+    # saved by the mul by s (its fp32 input is not: s needs no gradient). The mul by 0.5 and the division by 3.0
+    # save their Python number as a 0-dim double (MulBackward0._saved_other, DivBackward0._saved_other): 8 B each,
+    # no activation and no allocation of the step. Saved by "m": 32 + 32 + 8 = 72 B (was 88: the two numbers)
+    m = nn.Sequential()
+    m.add_module("m", _Scaled())
+    with ts.profile(m, layer_details=True) as p:
+        m(torch.randn(2, 4)).sum().backward()
+    assert p.layers["m.fc"].saved_bytes == 32
+    assert p.layers["m"].saved_bytes == 72
+    assert p.layers[""].saved_bytes == 72

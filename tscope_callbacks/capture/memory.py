@@ -14,7 +14,8 @@ What is measured, per layer and per phase (DESIGN "Memory per layer"):
   start. Temporaries inside a single kernel (workspaces) are not seen.
 - ``saved_bytes``: activations the module's forward saved for backward (the saved tensors of the autograd nodes its
   ops created, read from the graph when backward starts; each storage counted once per layer, its descendants
-  included, parameters excluded) -- what it keeps alive until its backward, apart from temporaries.
+  included, parameters and Python numbers excluded) -- what it keeps alive until its backward, apart from
+  temporaries.
 
 Tracked live bytes: every fresh (non-view) output storage of an op in the region is counted (its size rounded to
 the CUDA caching allocator's 512-byte blocks on CUDA) until its last tensor dies (a weak reference on the storage).
@@ -63,6 +64,25 @@ def _saved_names(node: Any) -> tuple[str, ...]:
             names += ("saved_tensors",)
         _SAVED_NAMES[cls] = names
     return names
+
+
+#: a wrapped number's dtype -> the narrowest 0-dim probe of its kind (see ``_python_scalar``)
+_PROBES = {torch.float64: torch.zeros((), dtype=torch.float16), torch.int64: torch.zeros((), dtype=torch.int8),
+           torch.complex128: torch.zeros((), dtype=torch.complex64)}
+
+
+def _python_scalar(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a Python number autograd saved (``x * 0.5`` saves ``other`` as a "wrapped number": a 0-dim
+    CPU double/long/complex tensor that never was an activation, on whatever device the model runs). Type
+    promotion tells it from a real 0-dim tensor: a wrapped number gives way to a 0-dim tensor of its kind, a real
+    one wins (``result_type(fp16 0-dim, 0.5 wrapped) = fp16``, ``(fp16 0-dim, tensor(0.5, float64)) = fp64``)."""
+    probe = _PROBES.get(t.dtype)
+    if probe is None or t.dim() != 0 or t.device.type != "cpu" or t.requires_grad:
+        return False
+    try:
+        return torch.result_type(probe, t) == probe.dtype
+    except (RuntimeError, TypeError):
+        return False
 
 
 class MemoryTracker:
@@ -281,6 +301,8 @@ class MemoryTracker:
                 pass
 
     def on_saved(self, t: torch.Tensor, path: str) -> None:
+        if _python_scalar(t):  # a Python number held by the node, not an activation (no allocation of the step)
+            return
         try:
             st = t.untyped_storage()
             key = st._cdata
