@@ -23,7 +23,7 @@ FAKE_CPU = DeviceSpec("CPU (fake, 2 threads)", {"fp32": 6e10, "bf16": 1e9, "fp16
 @pytest.fixture(autouse=True)
 def cache_in_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("TSCOPE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cal, "_load_per_cpu", lambda: 0.0)  # test machines are busy; caching is tested apart
+    monkeypatch.setattr(cal, "_load_per_cpu", lambda *a: 0.0)  # test machines are busy; caching is tested apart
     return tmp_path
 
 
@@ -73,12 +73,38 @@ def test_cpu_cache_budget_rule(monkeypatch):
     assert calls == [0.5, 3.0, 0.1]
 
 
-def test_busy_cpu_measurement_is_not_cached(monkeypatch, cache_in_tmp):
-    busy = DeviceSpec("CPU (busy)", {"fp32": 1e9}, 1e9, measured=True, extra={"load_per_cpu": 3.0})
-    monkeypatch.setattr(cal, "measure_cpu", lambda **kw: busy)
-    with pytest.warns(UserWarning, match="busy"):
-        assert cal.cpu_spec(budget_s=0.1) is busy
-    assert not (cache_in_tmp / "cpu_roofs.json").exists()
+def test_busy_cpu_measurement_is_cached_as_provisional_and_told_in_one_log_line(monkeypatch, cache_in_tmp, caplog,
+                                                                                 recwarn):
+    busy = DeviceSpec("CPU (busy)", {"fp32": 1e9}, 1e9, measured=True, extra={"load_per_cpu": 0.9})
+    idle = DeviceSpec("CPU (idle)", {"fp32": 6e10}, 7e9, measured=True, extra={"load_per_cpu": 0.0})
+    calls = []
+    monkeypatch.setattr(cal, "measure_cpu", lambda **kw: calls.append(1) or (busy if len(calls) == 1 else idle))
+    monkeypatch.setattr(cal, "_told_busy", set())
+    now = {"load": 0.9}
+    monkeypatch.setattr(cal, "_load_per_cpu", lambda *a: now["load"])
+    with caplog.at_level("WARNING", logger="tscope_callbacks"):
+        assert cal.cpu_spec(budget_s=0.1).name == "CPU (busy)"
+        assert cal.cpu_spec(budget_s=0.1).name == "CPU (busy)"  # still busy: the cached one, not measured again
+    assert len(calls) == 1 and (cache_in_tmp / "cpu_roofs.json").exists()
+    lines = [r for r in caplog.records if r.name == "tscope_callbacks"]
+    assert len(lines) == 1 and "0.90 of each CPU busy" in lines[0].getMessage()
+    assert not [w for w in recwarn if "busy" in str(w.message)]  # no Python warning with file:line
+    now["load"] = 0.0  # an idle moment: the provisional roof is replaced, then reused
+    assert cal.cpu_spec(budget_s=0.1).name == "CPU (idle)"
+    assert cal.cpu_spec(budget_s=0.1).name == "CPU (idle)" and len(calls) == 2
+    now["load"] = 0.9  # an idle measurement is kept on a busy machine
+    assert cal.cpu_spec(budget_s=0.1).name == "CPU (idle)" and len(calls) == 2
+
+
+def test_others_load_excludes_this_process():
+    snap = cal.cpu_snapshot()
+    t0 = __import__("time").perf_counter()
+    while __import__("time").perf_counter() - t0 < 0.2:  # this process busy: not someone else's load
+        pass
+    load = cal.others_load_per_cpu(snap)
+    assert load is None or load >= 0.0
+    env = cal.host_environment(snap, threads=64)
+    assert env["torch_threads"] == 64 and env["host_oversubscribed"]  # more threads than CPUs
 
 
 def test_cuda_path_with_fake_timer(fake_gpu, cache_in_tmp):

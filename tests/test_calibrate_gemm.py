@@ -116,7 +116,7 @@ def test_cli_gemm_on_a_fake_h100(monkeypatch, capsys, cache_in_tmp):
 def test_cli_gemm_on_cpu_is_a_clear_error(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cal = __import__("tscope_callbacks.devices.calibrate", fromlist=["x"])
-    monkeypatch.setattr(cal, "_load_per_cpu", lambda: 0.0)
+    monkeypatch.setattr(cal, "_load_per_cpu", lambda *a: 0.0)
     assert main(["calibrate", "--gemm", "--quick"]) == 2
     err = capsys.readouterr().err
     assert "needs a CUDA GPU" in err and "Traceback" not in err

@@ -330,7 +330,7 @@ def test_precision_for_dtype_strict():
 def test_auto_cpu_measures_and_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("TSCOPE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(cal, "_load_per_cpu", lambda: 0.0)  # a busy test machine must not skip the cache
+    monkeypatch.setattr(cal, "_load_per_cpu", lambda *a: 0.0)  # a busy test machine must not skip the cache
     spec = get_device_spec("auto", budget_s=0.15)
     assert spec.measured and spec.name.startswith("CPU (") and "threads" in spec.name
     assert spec.flops["fp32"] > 0 and spec.flops["bf16"] > 0 and spec.bandwidth > 0

@@ -3,8 +3,10 @@
 CPU: best-of-N square matmuls per dtype (fp32, bf16, fp16, fp64; sizes grown adaptively inside a time budget,
 2.5 s by default) and a large tensor copy (read + write bytes). Results are cached per machine in
 ``$TSCOPE_CACHE_DIR/cpu_roofs.json`` (default ``~/.cache/tscope``), keyed on CPU model, core count, torch threads and
-torch version; a corrupted cache is ignored and rewritten. A measurement taken while the machine was busy (1-minute
-load >= 1 per CPU) is returned with a warning but not cached.
+torch version; a corrupted cache is ignored and rewritten. The CPU roof is measured once per machine: a measurement
+taken while other processes kept the CPUs busy (``BUSY_LOAD_PER_CPU``: their CPU time over the measurement, from
+``/proc/stat`` less this process's own) is cached as provisional and says so in one line on the ``tscope_callbacks``
+logger; later runs reuse it while the machine is still busy and replace it at the first idle moment.
 
 CUDA: square matmuls in bf16 / fp16 / fp32 with TF32 off and on, and a device-to-device copy, each timed with CUDA
 events after warm-up. The timer is a parameter (``timer(bench) -> seconds``) so the path is testable without a GPU.
@@ -14,6 +16,7 @@ Calibrations are cached (``devices.cache``) in ``gpu_roofs.json`` and attached a
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import platform
 import time
@@ -29,11 +32,17 @@ from tscope_callbacks.devices.cache import cache_dir, cache_get, cache_put, spec
 from tscope_callbacks.devices.spec import DeviceSpec, UnknownDeviceError
 from tscope_callbacks.rng import rng_preserving
 
-__all__ = ["DEFAULT_CPU_BUDGET_S", "BUSY_LOAD_PER_CPU", "Benchmark", "calibrate", "cpu_spec", "measure_cpu", "measure_cuda",
+__all__ = ["DEFAULT_CPU_BUDGET_S", "BUSY_LOAD_PER_CPU", "CpuSnapshot", "cpu_snapshot", "others_load_per_cpu",
+           "host_environment", "Benchmark", "calibrate", "cpu_spec", "measure_cpu", "measure_cuda",
            "cuda_benchmarks", "cuda_event_timer", "cached_achievable", "cpu_cache_key"]
 
+log = logging.getLogger("tscope_callbacks")
+
 DEFAULT_CPU_BUDGET_S = 2.5
-BUSY_LOAD_PER_CPU = 1.0  #: at or above this 1-minute load per CPU a CPU measurement is not cached
+#: other processes' CPU use per CPU (0.25: half a core of a 2-core machine) at or above which the machine is busy: a CPU
+#: roof measured then is provisional, and reports name the load
+BUSY_LOAD_PER_CPU = 0.25
+_told_busy: set[str] = set()  #: cache keys whose busy measurement was already told (one line per process)
 # share of the CPU budget per measurement
 _CPU_SHARES = {"fp32": 0.34, "bf16": 0.18, "fp16": 0.12, "fp64": 0.14, "copy": 0.22}
 _CPU_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
@@ -110,18 +119,81 @@ def _time_copy(allot_s: float, *, max_bytes: int = 256 << 20) -> tuple[float, in
     return 2.0 * nbytes / best, nbytes
 
 
-def _load_per_cpu() -> float:
-    """1-minute load average per CPU (0.0 where the OS does not report one)."""
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """CPU time counters at one moment: wall clock, all CPUs' busy seconds (``/proc/stat``; None where the OS has
+    none) and this process's own CPU seconds (all its threads)."""
+
+    wall: float
+    system_busy_s: float | None
+    own_s: float
+
+
+def _system_busy_s() -> float | None:
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+        if fields[0] != "cpu":
+            return None
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+        return (user + nice + system + irq + softirq + steal) / float(os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def cpu_snapshot() -> CpuSnapshot:
+    return CpuSnapshot(time.perf_counter(), _system_busy_s(), time.process_time())
+
+
+def others_load_per_cpu(since: CpuSnapshot, now: CpuSnapshot | None = None) -> float | None:
+    """CPUs' worth of work other processes did between two snapshots, per CPU (0.5: half of every CPU busy with
+    someone else's work); None where the OS reports no CPU counters or the interval is too short to tell."""
+    now = now or cpu_snapshot()
+    wall = now.wall - since.wall
+    if since.system_busy_s is None or now.system_busy_s is None or wall < 0.05:
+        return None
+    others = (now.system_busy_s - since.system_busy_s) - (now.own_s - since.own_s)
+    return max(0.0, others / wall / (os.cpu_count() or 1))
+
+
+def _load_per_cpu(since: CpuSnapshot | None = None) -> float:
+    """Other processes' CPU use per CPU since ``since`` (default: over the next 0.1 s); where the OS has no CPU
+    counters, the 1-minute load average per CPU (which counts this process too)."""
+    if since is None:
+        since = cpu_snapshot()
+        time.sleep(0.1)
+    load = others_load_per_cpu(since)
+    if load is not None:
+        return load
     try:
         return os.getloadavg()[0] / (os.cpu_count() or 1)
     except (AttributeError, OSError):
         return 0.0
 
 
+def host_environment(since: CpuSnapshot | None, threads: int | None = None) -> dict[str, Any]:
+    """What shared the CPUs with a run since ``since``: ``host_cpus`` (CPUs this process may use),
+    ``torch_threads``, ``host_others_load_per_cpu`` (None: unknown), ``host_busy`` and ``host_oversubscribed``
+    (torch's threads plus the other processes' busy cores exceed the CPUs)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    threads = threads if threads is not None else torch.get_num_threads()
+    load = others_load_per_cpu(since) if since is not None else None
+    busy_cores = (load or 0.0) * (os.cpu_count() or cpus)
+    return {"host_cpus": cpus, "torch_threads": threads,
+            "host_others_load_per_cpu": None if load is None else round(load, 3),
+            "host_busy": bool(load is not None and load >= BUSY_LOAD_PER_CPU),
+            "host_oversubscribed": bool(threads > cpus or (load is not None and load >= BUSY_LOAD_PER_CPU
+                                                          and threads + busy_cores > cpus + 0.5))}
+
+
 @rng_preserving  # random matrices: the user's seeded streams stay where they were
 def measure_cpu(*, budget_s: float = DEFAULT_CPU_BUDGET_S) -> DeviceSpec:
-    """Measure this CPU's roofs now (no cache); returns a ``DeviceSpec`` with ``measured=True``."""
-    load = _load_per_cpu()
+    """Measure this CPU's roofs now (no cache); returns a ``DeviceSpec`` with ``measured=True``; its
+    ``extra["load_per_cpu"]`` is the other processes' CPU use per CPU while it measured."""
+    snap = cpu_snapshot()
     flops: dict[str, float] = {}
     sizes: dict[str, int] = {}
     with torch.inference_mode():
@@ -132,6 +204,7 @@ def measure_cpu(*, budget_s: float = DEFAULT_CPU_BUDGET_S) -> DeviceSpec:
             start = 512 if allot >= 0.25 else 256
             flops[prec], sizes[prec] = _time_matmul(dtype, allot, start_n=start)
         bandwidth, copy_bytes = _time_copy(budget_s * _CPU_SHARES["copy"])
+    load = _load_per_cpu(snap)
     threads = torch.get_num_threads()
     return DeviceSpec(
         name=f"CPU ({_cpu_model()}, {threads} thread{'s' if threads != 1 else ''})", flops=flops,
@@ -139,27 +212,32 @@ def measure_cpu(*, budget_s: float = DEFAULT_CPU_BUDGET_S) -> DeviceSpec:
         vendor="cpu", vector_flops={"fp32": flops["fp32"], "fp64": flops["fp64"]},
         source=(f"measured by tscope_callbacks on {time.strftime('%Y-%m-%d')}: best-of-N square matmul per dtype "
                 f"(n={sizes}), {copy_bytes >> 20} MB copy counting read+write, torch {torch.__version__}, "
-                f"load {load:.2f}/cpu"),
+                f"other processes' load {load:.2f}/cpu"),
         extra={"cache_key": cpu_cache_key(), "budget_s": budget_s, "matmul_n": sizes, "copy_bytes": copy_bytes,
                "load_per_cpu": round(load, 3)},
     )
 
 
 def cpu_spec(*, cache: bool = True, budget_s: float = DEFAULT_CPU_BUDGET_S) -> DeviceSpec:
-    """This machine's measured CPU roof, from the cache when a measurement with at least half this budget is there."""
+    """This machine's measured CPU roof, measured once and cached (a measurement with at least half this budget is
+    reused). A measurement taken while the machine was busy is cached as provisional: reused while the machine is
+    still busy (no 2.5 s re-measurement on every busy run), replaced at the first idle moment; telling so is one
+    line on the ``tscope_callbacks`` logger."""
     path, key = cache_dir() / "cpu_roofs.json", cpu_cache_key()
     if cache:
         entry = cache_get(path, key)
         spec = spec_from_entry(entry, str(path))
         if spec is not None and float(entry.get("budget_s", 0)) >= 0.5 * budget_s:  # type: ignore[union-attr]
-            return spec
+            if float(spec.extra.get("load_per_cpu", 0.0)) < BUSY_LOAD_PER_CPU or _load_per_cpu() >= BUSY_LOAD_PER_CPU:
+                return spec  # an idle measurement; or a provisional one while the machine is still busy
     spec = measure_cpu(budget_s=budget_s)
     load = float(spec.extra.get("load_per_cpu", 0.0))
-    if load >= BUSY_LOAD_PER_CPU:  # other work shared the cores: low numbers, not worth keeping
-        warnings.warn(f"tscope: the CPU was busy while measuring its roofs (load {load:.2f} per cpu); "
-                      "the roofs are low and were not cached", stacklevel=3)
-    else:
-        cache_put(path, key, {"budget_s": budget_s, "created": time.time(), "spec": spec.to_dict()})
+    cache_put(path, key, {"budget_s": budget_s, "created": time.time(), "load_per_cpu": load, "spec": spec.to_dict()})
+    if load >= BUSY_LOAD_PER_CPU and key not in _told_busy:  # other work shared the cores: low numbers
+        _told_busy.add(key)
+        log.warning("tscope: the CPU roof was measured while other processes kept %.2f of each CPU busy; its roofs may "
+                    "be low. Cached as provisional and measured again on the next idle run (or `tscope calibrate "
+                    "--no-cache` on an idle machine)", load)
     return spec
 
 
