@@ -50,9 +50,16 @@ def attribute(p: Any, args: tuple, seq: int, node: Any) -> tuple[str, str]:
             cs.note(len(p._pending))
         # every autograd node made since the last forward op was made by this op: its own (seq - 1) and any made
         # before the op's kernel dispatched, such as an in-place op's node, made before autograd copies the input
-        # it saves (``w /= w.sum()``: DivBackward0, then the clone, then div_)
+        # it saves (``w /= w.sum()``: DivBackward0, then the clone, then div_). Not in a compiled capture: there a
+        # compiled region's node (made when the region returns, no op dispatched after it) would be claimed by the
+        # next eager op; its backward kernels take the layer their parameters tell
         hi = p._seq_hi
-        if hi < seq:
+        if cs is not None:
+            if torch.is_grad_enabled():
+                p._seq_layer.setdefault(seq - 1, layer)
+                if p._memory is not None and _saved_hooks(False) is not None:
+                    p._hooked.add(seq - 1)
+        elif hi < seq:
             lo = hi if hi >= 0 else seq - 1
             sl = p._seq_layer
             for s in range(lo, seq):
