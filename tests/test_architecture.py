@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("capture",),
     ("analysis",),
     ("render",),
-    ("api", "compat", "demo"),
+    ("api", "inputs", "compat", "demo"),
     ("callbacks", "demo.lightning"),
     ("cli",),
 ]

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import tscope_callbacks as ts
-from tscope_callbacks.api import ModelRunError
 from tscope_callbacks.cli import main
+from tscope_callbacks.inputs import ModelRunError
 
 
 def _mlp() -> torch.nn.Module:

@@ -201,7 +201,7 @@ def test_replay_needs_a_cuda_source_of_this_model(fake):
     src = full_capture(model, opt)
     with pytest.raises(ValueError, match="another model"):
         ts.profile(mlp(), replay=src)
-    with pytest.raises(TypeError, match="only labels and raise_errors.*layer_details"):
+    with pytest.raises(TypeError, match="only labels, raise_errors and faults.*layer_details"):
         ts.profile(model, replay=src, layer_details=True)
     with pytest.raises(TypeError, match="stopped ts.profile"):
         ts.profile(model, replay=src.result)

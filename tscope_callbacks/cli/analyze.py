@@ -174,8 +174,8 @@ def _first_line(e: BaseException) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tscope_callbacks.api import ModelRunError, _user_frame
     from tscope_callbacks.devices.spec import UnknownDeviceError
+    from tscope_callbacks.inputs import ModelRunError, user_frame_of
 
     def fail(msg: str) -> int:
         print(f"tscope analyze: {msg}", file=sys.stderr)
@@ -186,13 +186,13 @@ def run(args: argparse.Namespace) -> int:
     except (ImportError, AttributeError, ValueError, TypeError) as e:
         return fail(f"{args.target}: {e}")
     except Exception as e:  # the user's module raised while it was imported
-        where = _user_frame(e)
+        where = user_frame_of(e)
         return fail(f"importing {args.target} raised {_first_line(e)}{f' at {where}' if where else ''}; fix that "
                     "module (it runs as `python FILE` would), then run again")
     try:
         model = build_model(factory, args.kwargs, args.device)
     except Exception as e:
-        where = _user_frame(e)
+        where = user_frame_of(e)
         return fail(f"building the model {args.target}(**--kwargs {json.dumps(args.kwargs)}) raised {_first_line(e)}"
                     f"{f' at {where}' if where else ''}; check --kwargs against its arguments")
     dtypes = [None if d in (None, "float") else d for d in (args.input_dtype or [])]
