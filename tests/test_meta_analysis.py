@@ -307,3 +307,58 @@ def test_eager_and_sdpa_llama_give_the_same_model_flops(device):
     for ph in ("forward", "backward"):
         assert per_layer(eager, ph) == per_layer(sdpa, ph)
     assert eager.model_flops - sdpa.model_flops == 49_408
+
+
+class _ConvLstm(nn.Module):
+    """conv + BatchNorm + LSTM + head: an audio/sequence tagger."""
+
+    def __init__(self, layers: int = 1, bidirectional: bool = False) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(8, 16, 3, padding=1)
+        self.bn = nn.BatchNorm1d(16)
+        self.lstm = nn.LSTM(16, 32, num_layers=layers, bidirectional=bidirectional, batch_first=True)
+        self.head = nn.Linear(32 * (2 if bidirectional else 1), 4)
+
+    def forward(self, x):
+        y, _ = self.lstm(torch.relu(self.bn(self.conv(x))).transpose(1, 2))
+        return self.head(y)
+
+
+def _lstm_ops(rep):
+    return [r for r in rep.profile.ops if r.layer == "lstm" and r.flops]
+
+
+def test_an_lstm_on_meta_is_the_fused_kernel_the_step_runs():
+    # x (4, 8, 24): the LSTM sees T = 24 steps x B = 4 = 96 tokens of 16 features, hidden 32 (G = 4 gates):
+    # w_ih 128x16 + w_hh 128x32 = 6,144 weights; GEMMs 2 * 96 * 6,144 = 1,179,648; gate math 96 * 32 * 19 = 58,368;
+    # forward 1,238,016 in one fused op, backward 2 x that = 2,476,032 (data and weight grads, gate math twice).
+    # Meta decomposed it per time step (mm/sigmoid_/tanh/mul/add per gate and step, ~1,400 ops): 4,061,185 FLOPs
+    # for the step against 3,968,641 on the real CPU step (+2.3%). Now the CPU target counts oneDNN's
+    # mkldnn_rnn_layer as the CPU step does, and a GPU target cuDNN's _cudnn_rnn, with the same FLOPs.
+    kw = dict(input_shape=[(4, 8, 24)], backward=True)
+    torch.manual_seed(0)
+    m = _ConvLstm()
+    meta = ts.analyze_model(m, gpu="h100", attention_backend="cpu", **kw)
+    real = ts.analyze_model(m, gpu="h100", device="cpu", **kw)
+    gpu = ts.analyze_model(m, gpu="h100", **kw)
+    step = lambda rep: sum(r.flops for r in rep.profile.ops)  # noqa: E731
+    assert step(meta) == step(real) == 3_968_641  # meta was 4,061,185
+    assert [(r.op, r.flops) for r in _lstm_ops(meta)] == [(r.op, r.flops) for r in _lstm_ops(real)] == [
+        ("aten.mkldnn_rnn_layer", 1_238_016), ("aten.mkldnn_rnn_layer_backward", 2_476_032)]
+    assert [(r.op, r.flops) for r in _lstm_ops(gpu)] == [
+        ("aten._cudnn_rnn", 1_238_016), ("aten._cudnn_rnn_backward", 2_476_032)]
+    assert len(meta.profile.ops) < 100  # was 1,485
+    # two layers, bidirectional: layer 1 reads 64 features: per direction w_ih 128x64 + w_hh 128x32 = 12,288 weights
+    # -> 2 * 96 * 12,288 = 2,359,296 + 58,368 gate math; layer 0 as above; 2 directions: forward
+    # 2 * (1,238,016 + 2,417,664) = 7,311,360, equal on the CPU step, the GPU route and the fused formula
+    m2 = _ConvLstm(layers=2, bidirectional=True)
+    lstm = lambda rep, phase: sum(r.flops for r in _lstm_ops(rep) if r.phase == phase)  # noqa: E731
+    meta2 = ts.analyze_model(m2, gpu="h100", attention_backend="cpu", **kw)
+    real2 = ts.analyze_model(m2, gpu="h100", device="cpu", **kw)
+    gpu2 = ts.analyze_model(m2, gpu="h100", **kw)
+    assert lstm(meta2, "forward") == lstm(real2, "forward") == lstm(gpu2, "forward") == 7_311_360
+    # backward 2 x forward = 14,622,720 in cuDNN's one op; oneDNN runs one op per layer and direction, and autograd
+    # adds the two directions' gradients of each layer's input: 96 x 64 + 96 x 16 = 7,680 FLOPs more on the CPU
+    assert lstm(gpu2, "backward") == 2 * 7_311_360
+    assert lstm(meta2, "backward") == lstm(real2, "backward") == 2 * 7_311_360 + 7_680
+    assert step(meta2) == step(real2)

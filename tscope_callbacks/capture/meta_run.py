@@ -12,6 +12,12 @@ the target's backend (these ops have meta kernels, forward and backward), choosi
 - memory-efficient attention for fp32 inputs or an explicit mask (boolean masks become the additive bias the kernel
   takes); K/V heads are repeated for GQA, as the real dispatch does for this backend.
 
+:class:`SdpaAs` also runs ``nn.LSTM``/``GRU``/``RNN`` as the target does, one fused op instead of the per-time-step
+decomposition meta would otherwise run: oneDNN's ``mkldnn_rnn_layer`` per layer and direction for CPU roofs (an
+LSTM; torch's CPU GRU/RNN are unfused there too), cuDNN's ``_cudnn_rnn`` for GPUs (its backward, which has no meta
+kernel, gets its gradients' shapes in :class:`GroupedMmAs`). Meta knows no workspace sizes: oneDNN's workspace and
+cuDNN's reserve are empty there, so their bytes are not counted.
+
 :class:`AutocastAs` does for ``precision="bf16-mixed"`` what ``torch.autocast("cuda")`` does on a GPU, on any device
 (autocast has no meta backend): matrix ops cast their floating inputs to the low precision (weights once per region,
 as autocast caches them), the ops CUDA autocast runs in fp32 (``pow``, ``layer_norm``, ``softmax``, losses, ...) cast
@@ -47,6 +53,7 @@ BACKENDS = ("cudnn", "flash", "efficient", "cpu")
 _HOPPER = re.compile(r"\b(h100|h200|h800|h20|gh200)\b", re.I)
 _GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
 _GROUPED_MM = getattr(_GROUPED_MM, "default", None)
+_CUDNN_RNN_BACKWARD = getattr(getattr(torch.ops.aten, "_cudnn_rnn_backward", None), "default", None)
 _TOKEN_ARGS = ("input_ids", "idx", "ids", "tokens", "token_ids", "input_tokens")
 
 
@@ -77,9 +84,13 @@ class SdpaAs(torch.overrides.TorchFunctionMode):
             raise ValueError(f"attention backend must be one of {BACKENDS}, got {backend!r}")
         self.backend = backend
         self.used: dict[str, int] = {}  #: backend -> calls routed
+        self.rnn_used: dict[str, int] = {}  #: "lstm:cpu" / "<rnn>:cudnn" -> recurrent layers routed
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _RNN_FUNCS:
+            out = self._rnn(_RNN_FUNCS[func], args, kwargs)
+            return func(*args, **kwargs) if out is None else out
         if func is not torch.nn.functional.scaled_dot_product_attention:
             return func(*args, **kwargs)
         a = _args(args, kwargs)
@@ -128,6 +139,85 @@ class SdpaAs(torch.overrides.TorchFunctionMode):
         self.used["efficient"] = self.used.get("efficient", 0) + 1
         return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, lse, dropout, causal,
                                                                       scale=scale)[0]
+
+
+    def _rnn(self, name: str, args: tuple, kwargs: dict):
+        """An ``nn.LSTM``/``GRU``/``RNN`` on meta (``torch._VF.lstm`` ...) as the target runs it: the fused kernel.
+        On meta torch would decompose it per time step (a mm, sigmoid/tanh and mul per gate and step: about 50
+        small ops for 24 steps), which neither a CPU nor a GPU step runs. None: let torch run it as it would."""
+        if kwargs or len(args) < 9 or not isinstance(args[2], (list, tuple)):  # packed sequences: torch's own path
+            return None
+        x, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first = args[:9]
+        lstm = name == "lstm"
+        h, c = (hx[0], hx[1]) if lstm else (hx, None)
+        if not isinstance(x, torch.Tensor) or x.device.type != "meta" or x.dim() != 3 or not x.numel():
+            return None
+        if lstm and h.shape[-1] != c.shape[-1]:
+            return None  # projections (proj_size): the unfused path on CPU; left to torch
+        if self.backend == "cpu":
+            return self._rnn_cpu(x, h, c, list(params), has_biases, num_layers, dropout, train, bidirectional,
+                                 batch_first) if lstm and _mkldnn_lstm(x) else None
+        if x.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            return None
+        # cuDNN, as at::native::_cudnn_impl calls it (aten/src/ATen/native/cudnn/RNN.cpp): one op for all layers
+        # and directions; the weights are the module's flattened buffer on a GPU (no copy, not read twice here)
+        self.rnn_used[f"{name}:cudnn"] = self.rnn_used.get(f"{name}:cudnn", 0) + 1
+        buf = torch.empty(0, dtype=x.dtype, device=x.device)
+        out = torch.ops.aten._cudnn_rnn(x, list(params), 4 if has_biases else 2, buf, h, c, _CUDNN_MODE[name],
+                                        h.shape[-1], 0, num_layers, batch_first, float(dropout), bool(train),
+                                        bool(bidirectional), [], None)
+        return (out[0], out[1], out[2]) if lstm else (out[0], out[1])
+
+    def _rnn_cpu(self, x, h, c, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+        """The CPU step's LSTM: oneDNN, one ``mkldnn_rnn_layer`` per layer and direction, as at::native's
+        mkldnn_impl runs it (aten/src/ATen/native/mkldnn/RNN.cpp): transpose to time-major, contiguous, one layer
+        after another (directions concatenated, dropout between layers), stacked final states."""
+        self.rnn_used["lstm:cpu"] = self.rnn_used.get("lstm:cpu", 0) + 1
+        x = (x.transpose(0, 1) if batch_first else x).contiguous()
+        h, c = h.contiguous(), c.contiguous()
+        dirs = 2 if bidirectional else 1
+        stride = 4 if has_biases else 2
+        hidden = h.shape[-1]
+        hy, cy = [], []
+        for layer in range(num_layers):
+            outs = []
+            for d in range(dirs):
+                i = layer * dirs + d
+                w = params[i * stride:(i + 1) * stride]
+                b0, b1 = (w[2], w[3]) if has_biases else (torch.zeros(w[0].shape, dtype=w[0].dtype, device=x.device),
+                                                          torch.zeros(w[1].shape, dtype=w[1].dtype, device=x.device))
+                y, hh, cc, _ = torch.ops.aten.mkldnn_rnn_layer(x, w[0], w[1], b0, b1, h[i], c[i], d > 0, [], 2, hidden,
+                                                               num_layers, has_biases, bidirectional, batch_first,
+                                                               bool(train))
+                outs.append(y)
+                hy.append(hh)
+                cy.append(cc)
+            x = outs[0] if dirs == 1 else torch.cat(outs, -1)
+            if dropout and train and layer < num_layers - 1:
+                x = torch.dropout(x, float(dropout), True)
+        hy_t, cy_t = torch.stack(hy, 0), torch.stack(cy, 0)
+        return (x.transpose(0, 1) if batch_first else x), hy_t, cy_t
+
+
+def _mkldnn_lstm(x: torch.Tensor) -> bool:
+    """Whether torch's CPU dispatch runs this LSTM with oneDNN (at::native ``use_mkldnn``): oneDNN built and
+    enabled, fp32, or bf16 / fp16 (inference only) where the CPU supports it."""
+    if not (torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()):
+        return False
+    if x.dtype == torch.float32:
+        return True
+    ok = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported" if x.dtype == torch.bfloat16
+                 else "_is_mkldnn_fp16_supported", None)
+    if x.dtype == torch.float16 and torch.is_grad_enabled():
+        return False
+    try:
+        return x.dtype in (torch.bfloat16, torch.float16) and ok is not None and bool(ok())
+    except RuntimeError:
+        return False
+
+
+_RNN_FUNCS = {getattr(torch._C._VariableFunctions, n): n for n in ("lstm", "gru", "rnn_tanh", "rnn_relu")}
+_CUDNN_MODE = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}  #: cudnnRNNMode_t
 
 
 #: CUDA autocast's lower-precision ops (torch/csrc/autograd/autocast_mode.cpp), by function name
@@ -213,6 +303,8 @@ class GroupedMmAs(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         a = args[0] if args else None
+        if func is _CUDNN_RNN_BACKWARD and isinstance(a, torch.Tensor) and a.device.type == "meta":
+            return _cudnn_rnn_backward_meta(args, kwargs)
         if (func is not _GROUPED_MM or not isinstance(a, torch.Tensor) or a.device.type != "meta"
                 or a.dtype == torch.bfloat16):
             return self.values.run(func, args, kwargs)
@@ -221,6 +313,19 @@ class GroupedMmAs(TorchDispatchMode):
         bf = lambda t: t.to(torch.bfloat16) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
         out = func(*[bf(x) for x in args], **{k: bf(v) for k, v in kwargs.items()})
         return torch.empty(out.shape, dtype=want, device="meta")
+
+
+def _cudnn_rnn_backward_meta(args: tuple, kwargs: dict) -> Any:
+    """``_cudnn_rnn_backward`` has no meta kernel: its gradients take the shapes of what they are the gradients of
+    (input, hx, cx, each weight), those ``output_mask`` asks for."""
+    names = ("input", "weight", "weight_stride0", "weight_buf", "hx", "cx")
+    a = dict(zip(names, args))
+    a.update({k: v for k, v in kwargs.items() if k in names})
+    mask = kwargs.get("output_mask", args[-1] if args and isinstance(args[-1], (list, tuple)) else None)
+    mask = list(mask) if mask is not None and len(mask) == 4 else [True] * 4
+    like = lambda t, m: torch.empty_like(t) if m and isinstance(t, torch.Tensor) else None  # noqa: E731
+    return (like(a["input"], mask[0]), like(a["hx"], mask[1]), like(a.get("cx"), mask[2]),
+            [torch.empty_like(w) for w in a["weight"]] if mask[3] else [])
 
 
 @contextlib.contextmanager
