@@ -128,7 +128,7 @@ def test_to_dict_is_json_safe(timed):
     d = roofline(toy_profile(timed), a100()).to_dict()
     s = json.dumps(d, allow_nan=False)
     assert set(d) == {"version", "summary", "scalars", "roofs", "layers", "layer_totals", "inclusive",
-                      "by_category", "by_op", "category_comparison", "opportunities", "totals"}
+                      "by_category", "by_op", "category_comparison", "opportunities", "noise", "totals"}
     back = json.loads(s)
     assert back["summary"]["device"] == "NVIDIA A100-SXM4-80GB" and back["totals"]["flops"] > 0
 

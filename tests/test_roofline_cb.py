@@ -21,7 +21,8 @@ from tscope_callbacks.analysis.model_summary import model_summary
 
 KEYS = ["mfu", "mbu", "achieved_tflops", "measured_step_ms", "estimated_step_ms", "compute_bound_time_frac",
         "memory_bound_time_frac", "flop_coverage"]
-SCHED = dict(start_step=1, every_n_steps=3)
+EXACT = dict(profile_steps=1, wait_for_warmup=False)  #: profile exactly the scheduled steps, one step each
+SCHED = dict(start_step=1, every_n_steps=3, **EXACT)
 
 
 def _fit(tmp_path: Path, callbacks: list, *, max_steps: int = 8, model: pl.LightningModule | None = None,
@@ -68,7 +69,7 @@ def test_tensorboard_outputs_schedule_and_auto_mfu(tmp_path: Path) -> None:
 
 
 def test_accumulation_covers_both_micro_batches_and_the_optimizer(tmp_path: Path) -> None:
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=1, every_n_steps=10)
+    cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), plot=False, start_step=1, every_n_steps=10)
     _fit(tmp_path, [cb], max_steps=3, accumulate_grad_batches=2, model=TinyLM(optimizer="adamw"))
     assert [h["step"] for h in cb.history] == [1]
     prof = cb.last_profile
@@ -92,7 +93,7 @@ class _SubmoduleLM(TinyLM):
 
 
 def test_throughput_from_the_batch_when_the_module_itself_is_never_called(tmp_path: Path) -> None:
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=1, every_n_steps=10)
+    cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), plot=False, start_step=1, every_n_steps=10)
     layers = ts.LayerProfilerCallback(start_step=1, every_n_steps=10)  # layer details: the saved activations
     _fit(tmp_path, [cb, layers], max_steps=4, accumulate_grad_batches=2, model=_SubmoduleLM())
     prof, rep = cb.last_profile, cb.last_report
@@ -124,7 +125,7 @@ class _ManualLM(TinyLM):
 
 
 def test_manual_optimization_profiles_the_whole_training_step(tmp_path: Path) -> None:
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=1, every_n_steps=10)
+    cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), plot=False, start_step=1, every_n_steps=10)
     trainer = _fit(tmp_path, [LeakCheck(), cb], max_steps=3, model=_ManualLM())
     assert [h["step"] for h in cb.history] == [1]
     assert {"forward", "backward", "optimizer"} <= {r.phase for r in cb.last_profile.ops}
@@ -223,7 +224,7 @@ def test_internal_errors_log_once_or_raise(tmp_path: Path, monkeypatch: pytest.M
         raise ValueError("analysis exploded")
 
     monkeypatch.setattr(rl, "roofline", broken)
-    cb = ts.RooflineCallback(gpu=test_spec(), start_step=1, every_n_steps=1)
+    cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), start_step=1, every_n_steps=1)
     with caplog.at_level("WARNING", logger="tscope_callbacks"):
         trainer = _fit(tmp_path, [cb], max_steps=4)
     lines = [r.getMessage() for r in caplog.records if "analysis exploded" in r.getMessage()]
@@ -246,7 +247,7 @@ def _shape_loader(n_long: int, n_short: int) -> DataLoader:
 
 
 def test_auto_mfu_recounts_when_the_batch_shape_changes(tmp_path: Path) -> None:
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, save_json=False, start_step=1, every_n_steps=100)
+    cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), plot=False, save_json=False, start_step=1, every_n_steps=100)
     model = TinyLM()
     model.train_dataloader = lambda: _shape_loader(4, 6)  # type: ignore[method-assign]
     _fit(tmp_path, [cb], max_steps=10, model=model)
@@ -285,7 +286,7 @@ def test_memory_stays_flat_over_many_profiles(tmp_path: Path) -> None:
             return sum(isinstance(o, OpRecord) for o in gc.get_objects())
 
     before = live_records()  # other tests may keep records alive
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, save_json=False, history=8, start_step=0, every_n_steps=1)
+    cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), plot=False, save_json=False, history=8, start_step=0, every_n_steps=1)
     _fit(tmp_path, [cb], max_steps=50, model=_LinearLM())
     assert cb.schedules["train"].taken == 50 and len(cb.history) == 8
     held = live_records() - before

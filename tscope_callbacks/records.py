@@ -70,6 +70,9 @@ class OpRecord:
     comm: dict | None = None  #: a collective's group, size, bytes (nccl-tests S), busbw factor (formulas.comm)
     start_s: float | None = None  #: start, seconds after the region's first op/kernel (CPU: op; CUDA: first kernel)
     leading_dims: list | None = None  #: matmuls: the operands' leading dimensions as stored (``formulas.apply``)
+    #: its times in each of several profiled steps merged into one (``analysis.noise.merge_steps``; ``time_s`` is
+    #: their median); None for a single step
+    time_samples: list | None = None
 
     @property
     def bytes(self) -> int:

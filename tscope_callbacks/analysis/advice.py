@@ -341,7 +341,13 @@ def opportunities(report: Any, top: int = 5) -> list[Opportunity]:
             groups.setdefault((f[0], f[4].get("chain", ""), _pattern(layer)), []).append((layer, f, measured,
                                                                                           expected))
     found: list[Opportunity] = []
-    for (kind, _chain, pattern), members in groups.items():
+    noise = getattr(report, "noise", None)
+    suppress = getattr(report, "_suppress", lambda o: None)
+    for (kind, _chain, pattern), all_members in groups.items():
+        # a layer whose time is noise (spread over the steps, an outlier among identical blocks) gets no advice
+        members = [m for m in all_members if noise is None or kind == "uncounted" or not noise.layer_noisy(m[0])]
+        if not members:
+            continue
         saving = sum(f[1] for _, f, _, _ in members)
         time_s = sum(f[4].get("time_s", 0.0) for _, f, _, _ in members) if kind == "uncounted" else 0.0
         if kind != "uncounted" and (saving <= 0 or (step and saving < MIN_SAVING_SHARE * step)):
@@ -361,5 +367,9 @@ def opportunities(report: Any, top: int = 5) -> list[Opportunity]:
             measured_s=sum(measured) if measured else None, estimate_s=sum(m[3] for m in members), bound="",
             intensity=None, ridge=None, attained=None, reason=f"{cause}. Fix: {fix}.{save}", kind=kind,
             saving_s=saving, fix=fix, evidence=evidence))
+        spread = sum(noise.layer_spread(m[0]) for m in members) if noise is not None else 0.0
+        if kind != "uncounted" and spread and saving <= spread:  # within the measured noise: not a finding
+            found[-1].evidence = {**found[-1].evidence, "noise_s": spread}
+            suppress(found.pop())
     found.sort(key=lambda o: (o.kind == "uncounted", -(o.saving_s or 0.0)))
     return found[:top]

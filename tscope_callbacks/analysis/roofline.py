@@ -18,6 +18,7 @@ from tscope_callbacks.analysis.advice import opportunities as advice_opportuniti
 from tscope_callbacks.analysis.diagnose import explain
 from tscope_callbacks.analysis.estimate import expected_s
 from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.analysis.noise import Noise, find_noise
 from tscope_callbacks.analysis.roofs import beaten as _beaten
 from tscope_callbacks.analysis.roofs import overlap_of as _overlap
 from tscope_callbacks.analysis.roofs import widen as _widen
@@ -236,6 +237,9 @@ class RooflineAnalysis:
         self.overhead_time_frac = _div(frac["overhead"], tot)
         self.comm_time_frac = _div(frac["comm"], tot)
         self.overlap = _overlap(meta, ops)  #: exposed communication, overlap, idle (CUDA kernel timeline)
+        #: rows whose time is noise (spread over the merged steps, or an outlier among identical blocks): no advice
+        self.noise: Noise = find_noise(self)
+        self.suppressed: list[Opportunity] = []  #: findings not shown: their saving is within the measured noise
 
     def _rows(self, keys: Any, make: Any) -> list[Row]:
         rows: dict[Any, Row] = {}
@@ -306,20 +310,30 @@ class RooflineAnalysis:
         """Specific findings (``analysis.advice``: cause, fix and predicted saving) and layer x phase rows slower than
         their expectation (recoverable time, with the generic diagnosis; layers a finding names are not repeated),
         largest saving first, time without a FLOP formula last; untimed without a kernel model: rows by expected
-        time."""
+        time. Rows marked as noise (``self.noise``) and savings within a row's measured spread are left out (kept in
+        ``self.suppressed``)."""
         found = advice_opportunities(self, top=top)
         covered = {o.layer for o in found}
-        rows = [r for r in self.layer_rows if r.bound != "overhead" and r.layer not in covered]
+        rows = [r for r in self.layer_rows if r.bound != "overhead" and r.layer not in covered
+                and (r.layer, r.phase) not in self.noise.marks]
         if self.timed:
             rows = sorted((r for r in rows if (r.recoverable_s or 0.0) > 0), key=lambda r: -(r.recoverable_s or 0.0))
         tf32 = bool(self.spec.flops.get("tf32"))
         for r in rows[:top]:
-            found.append(Opportunity(r.layer, r.phase, r.type, r.recoverable_s, r.measured_s, r.expected_s, r.bound,
-                                     r.intensity, r.ridge, r.attained, explain(r, tf32_available=tf32),
-                                     saving_s=r.recoverable_s))
+            o = Opportunity(r.layer, r.phase, r.type, r.recoverable_s, r.measured_s, r.expected_s, r.bound,
+                            r.intensity, r.ridge, r.attained, explain(r, tf32_available=tf32),
+                            saving_s=r.recoverable_s)
+            if self.timed and (r.recoverable_s or 0.0) <= self.noise.spread.get((r.layer, r.phase), 0.0):
+                self._suppress(o)
+                continue
+            found.append(o)
         if self.timed or self.kernel_model is not None:  # by predicted saving; time no formula explains last
             found.sort(key=lambda o: (o.kind == "uncounted", -(o.saving_s or 0.0)))
         return found[:top]
+
+    def _suppress(self, o: Opportunity) -> None:
+        if all((x.layer, x.phase, x.kind) != (o.layer, o.phase, o.kind) for x in self.suppressed):
+            self.suppressed.append(o)
 
     # ---- model level ----
     @property

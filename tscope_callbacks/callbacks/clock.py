@@ -8,7 +8,9 @@ Two uses:
 
 - :meth:`StepClock.tick` at the start of each optimizer step in the few steps before a scheduled profile; the
   report of the profile then uses the median duration of those unprofiled steps (intervals that contained a
-  profile, validation or an epoch boundary are marked dirty and left out).
+  profile, validation or an epoch boundary are marked dirty and left out). Warm-up steps are never a basis: the
+  clock counts steps from the moment they settle (:data:`SETTLE_STEPS` clean steps in a row, each within
+  :data:`SETTLE_TOL` of their median), and the first profile waits for it (:meth:`StepClock.basis`).
 - :class:`WindowTimer` at logging steps only: one timestamp per window of ``log_every_n_steps`` steps; a window is
   read one window later (by then its events are long complete), so the automatic MFU costs no sync either.
 """
@@ -23,7 +25,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["Stamp", "StepClock", "WindowTimer", "PendingWindow"]
+from tscope_callbacks.devices.calibrate import CpuSnapshot, cpu_snapshot, host_environment
+
+__all__ = ["Stamp", "StepClock", "StepBasis", "WindowTimer", "PendingWindow", "SETTLE_STEPS", "SETTLE_TOL",
+           "MIN_BASIS_STEPS"]
+
+#: clean unprofiled steps in a row whose durations must agree before any is a step-time basis (warm-up is over)
+SETTLE_STEPS = 5
+#: ... agree: each is within this share of their median (slow warm-up steps followed by fast ones never agree)
+SETTLE_TOL = 0.25
+#: fewest unprofiled steps behind a basis
+MIN_BASIS_STEPS = 3
 
 
 class Stamp:
@@ -54,38 +66,108 @@ class Stamp:
         return self.t - earlier.t  # type: ignore[operator]
 
 
+@dataclass(frozen=True)
+class StepBasis:
+    """The step time behind a profile's MFU: the median of ``n`` clean unprofiled steps ``first``..``last`` (their
+    own durations in ``times_s``), whether they are past warm-up (``settled``), and the host load over them."""
+
+    median_s: float
+    n: int
+    first: int
+    last: int
+    settled: bool
+    times_s: tuple[float, ...]
+    since: CpuSnapshot | None = None
+    steps: tuple[int, ...] = ()  #: the steps (each timed from its start to the next one's)  #: CPU counters at the start of the first step (``host_environment``)
+
+    @property
+    def spread_s(self) -> float:
+        """Median absolute deviation of the steps (their typical distance from the median)."""
+        return statistics.median(abs(t - self.median_s) for t in self.times_s)
+
+
+def _settled(times: list[float]) -> bool:
+    med = statistics.median(times)
+    return med > 0 and all(abs(t - med) <= SETTLE_TOL * med for t in times)
+
+
 class StepClock:
     """Durations of recent unprofiled steps. ``tick(step)`` at each step start (only where needed: see module doc),
     ``mark_dirty()`` when the running interval holds non-training work."""
 
     def __init__(self, cuda: bool, keep: int = 32) -> None:
         self.cuda = cuda
-        self._stamps: deque[tuple[int, Stamp, bool]] = deque(maxlen=keep + 1)  #: (step, stamp, interval dirty)
+        #: (step, stamp, interval dirty, CPU counters)
+        self._stamps: deque[tuple[int, Stamp, bool, CpuSnapshot | None]] = deque(maxlen=keep + 1)
         self._dirty = True  #: the interval ending at the next tick (the first one always: warm-up, data loading)
+        self.settled_from: int | None = None  #: first step of the first run of SETTLE_STEPS steps that agreed
 
     def tick(self, step: int) -> None:
-        self._stamps.append((step, Stamp(self.cuda), self._dirty))
+        self._stamps.append((step, Stamp(self.cuda), self._dirty, cpu_snapshot()))
         self._dirty = False
 
     def mark_dirty(self) -> None:
         self._dirty = True
 
-    def step_times(self, n: int = 16) -> list[float]:
-        """Seconds of the last ``n`` clean one-step intervals whose end the device has passed (no waiting)."""
-        out: list[float] = []
+    def _intervals(self) -> list[tuple[int, float, CpuSnapshot | None]]:
+        """(start step, seconds, CPU counters at its start) of the clean one-step intervals the device has passed."""
+        out = []
         stamps = list(self._stamps)
-        for (s0, a, _), (s1, b, dirty) in zip(stamps, stamps[1:]):
+        for (s0, a, _, snap), (s1, b, dirty, _) in zip(stamps, stamps[1:]):
             if dirty or s1 != s0 + 1 or not b.ready():
                 continue
-            out.append(b.seconds_since(a))
-        return out[-n:]
+            out.append((s0, b.seconds_since(a), snap))
+        return out
 
-    def median_step_s(self, n: int = 16, minimum: int = 3) -> tuple[float | None, int]:
-        """(median of the recent clean step times, how many) -- None when fewer than ``minimum`` are known."""
-        times = self.step_times(n)
-        if len(times) < minimum:
-            return None, len(times)
-        return statistics.median(times), len(times)
+    def step_times(self, n: int = 16) -> list[float]:
+        """Seconds of the last ``n`` clean one-step intervals whose end the device has passed (no waiting)."""
+        return [t for _, t, _ in self._intervals()][-n:]
+
+    def settle(self) -> bool:
+        """Whether the step time has settled (warm-up over): once SETTLE_STEPS clean steps in a row agreed, it has
+        for good, and only steps from there on are a basis."""
+        if self.settled_from is None:
+            iv = self._intervals()
+            for i in range(len(iv) - SETTLE_STEPS + 1):
+                run = iv[i:i + SETTLE_STEPS]
+                if run[-1][0] - run[0][0] == SETTLE_STEPS - 1 and _settled([t for _, t, _ in run]):
+                    self.settled_from = run[0][0]
+                    break
+        return self.settled_from is not None
+
+    def basis(self, n: int = 16, minimum: int = MIN_BASIS_STEPS) -> StepBasis | None:
+        """The median of the last ``n`` clean steps past warm-up (before settling: the clean steps after the first
+        two), None when fewer than ``minimum`` are known."""
+        settled = self.settle()
+        iv = self._intervals()
+        if settled:
+            iv = [x for x in iv if x[0] >= self.settled_from]  # type: ignore[operator]
+        elif iv:
+            first = self._stamps[0][0]
+            iv = [x for x in iv if x[0] >= first + 2] or iv
+        iv = iv[-n:]
+        if len(iv) < minimum:
+            return None
+        times = tuple(t for _, t, _ in iv)
+        return StepBasis(statistics.median(times), len(times), iv[0][0], iv[-1][0], settled, times, iv[0][2],
+                         tuple(x[0] for x in iv))
+
+    def labels(self, n: int = 16) -> dict[str, Any]:
+        """A profile's step-time labels (``step_time_*``: the basis, its steps, spread, warm-up) and the host's load
+        over those steps (``host_*``, ``torch_threads``: ``devices.calibrate.host_environment``)."""
+        b = self.basis(n)
+        if b is None:
+            return host_environment(None)
+        return {"step_time_s": b.median_s, "step_time_basis": "unprofiled-median", "step_time_steps": b.n,
+                "step_time_clock": "CUDA events" if self.cuda else "wall clock",
+                "step_time_window": [b.first, b.last], "step_time_spread_s": b.spread_s,
+                "step_time_settled": b.settled, "step_time_samples_s": list(b.times_s),
+                "step_time_sample_steps": list(b.steps), **host_environment(b.since)}
+
+    def median_step_s(self, n: int = 16, minimum: int = MIN_BASIS_STEPS) -> tuple[float | None, int]:
+        """(median of the recent clean step times past warm-up, how many) -- None when fewer than ``minimum``."""
+        b = self.basis(n, minimum)
+        return (None, len(self.step_times(n))) if b is None else (b.median_s, b.n)
 
 
 @dataclass

@@ -9,11 +9,12 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from tscope_callbacks.analysis.throughput import ATTENTION_CONVENTIONS, Throughput, Window, model_flops
+from tscope_callbacks.analysis.throughput import ATTENTION_CONVENTIONS, Throughput, model_flops
 from tscope_callbacks.callbacks import roofline_io as io
 from tscope_callbacks.callbacks import session
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
 from tscope_callbacks.callbacks.clock import StepClock, WindowTimer
+from tscope_callbacks.callbacks.series import FirstProfileWait, ProfileSeries
 from tscope_callbacks.callbacks.session import batch_signature, batch_size
 from tscope_callbacks.callbacks.sinks import metric_key
 from tscope_callbacks.devices.spec import DeviceSpec
@@ -34,9 +35,16 @@ class RooflineCallback(ProfilingCallback):
 
     Every figure describes the step as it runs **unprofiled** (capture slows the host, so the profiled step's own
     wall time is never used): the step time behind MFU, MBU, ``measured_step_ms`` and the report is the median of
-    the unprofiled steps before the profile, timed with CUDA events on a GPU (wall clock on CPU) without any host
-    sync; with fewer than 3 such steps (a profile at the very start), the capture's device-busy time (CUDA: union
-    of kernel intervals) or summed op times (CPU). The report says which.
+    up to 16 unprofiled steps before the profile, past warm-up, timed with CUDA events on a GPU (wall clock on CPU)
+    without any host sync. Warm-up is over once 5 unprofiled steps in a row agree (``callbacks.clock``); the first
+    profile waits for that (at most 16 steps past ``start_step``) and its report says so. Only with fewer than 3
+    such steps (every step profiled) the capture's device-busy time (CUDA: union of kernel intervals) or summed op
+    times (CPU) stand in. The report says which, names the steps, and says when other processes kept the CPUs busy
+    or torch's threads oversubscribe them.
+
+    Per-op and per-layer times are the median over ``profile_steps`` consecutive profiled steps (their spread kept
+    per op); rows whose times disagree across those steps, or with identical blocks (same ops and shapes), are
+    marked noise in the report and get no advice (``analysis.noise``).
 
     Args:
         gpu: ``"auto"`` (the trainer's root device; on CPU a measured roof), a device name from
@@ -74,6 +82,12 @@ class RooflineCallback(ProfilingCallback):
             ``tscope/fsdp_whatif/{peak_mb, device_share, step_ms, exposed_comm_ms, mfu}``. Profiles then take layer
             details (the memory timeline). For a model trained on one device; None: off.
         history: how many per-step summaries ``history`` keeps (only the last profile and report are kept whole).
+        profile_steps: consecutive steps profiled per scheduled profile (default 3); the report, scalars and JSON
+            (written when the last of them ends, at the first one's step) use each op's median time over them. On
+            CUDA the later ones are replays (cheap). 1: one step, no noise estimate. Compiled captures use one step.
+        wait_for_warmup: the first profile waits until 5 unprofiled steps in a row agree (warm-up over: the step-time
+            basis), at most 16 steps past its scheduled step and never past the last ``profile_steps`` steps of
+            ``max_steps``; its report says from which step it moved. False: profile exactly on schedule.
         every_n_steps, start_step, max_profiles, profile_first, stages, raise_errors: see
             :class:`~tscope_callbacks.callbacks.base.ProfilingCallback`.
 
@@ -111,7 +125,7 @@ class RooflineCallback(ProfilingCallback):
                  save_json: bool = True, save_trace: bool = False, auto_mfu: bool = True,
                  attention_flops: str = "attended",
                  compare_eager: bool = True, replay: bool = True, fsdp_whatif: int | None = None, history: int = 32,
-                 every_n_steps: int | None = 500, start_step: int = 10,
+                 profile_steps: int = 3, wait_for_warmup: bool = True, every_n_steps: int | None = 500, start_step: int = 10,
                  max_profiles: int | None = None, profile_first: bool = True,
                  stages: str | list[str] | tuple[str, ...] = ("train",), raise_errors: bool = False) -> None:
         super().__init__(every_n_steps=every_n_steps, start_step=start_step, max_profiles=max_profiles,
@@ -126,10 +140,10 @@ class RooflineCallback(ProfilingCallback):
             precision = normalize_precision(precision)  # raises ValueError naming the accepted values
         for name, val in (("plot", plot), ("save_json", save_json), ("save_trace", save_trace),
                           ("auto_mfu", auto_mfu),
-                          ("compare_eager", compare_eager), ("replay", replay)):
+                          ("compare_eager", compare_eager), ("replay", replay), ("wait_for_warmup", wait_for_warmup)):
             if not isinstance(val, bool):
                 raise TypeError(f"{name} must be a bool, got {type(val).__name__}")
-        for name, val in (("top", top), ("history", history)):
+        for name, val in (("top", top), ("history", history), ("profile_steps", profile_steps)):
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {val!r}")
         if fsdp_whatif is not None and (isinstance(fsdp_whatif, bool) or not isinstance(fsdp_whatif, int)
@@ -160,12 +174,16 @@ class RooflineCallback(ProfilingCallback):
         self._timer: WindowTimer | None = None
         self._last_gs, self._shape_warned = -1, False
         self._recount_at: int | None = None
+        self.profile_steps, self.wait_for_warmup = profile_steps, wait_for_warmup
+        self._series = ProfileSeries(profile_steps)  #: the running k-step series
+        self._wait = FirstProfileWait(wait_for_warmup)  #: the first profile's wait for warmed-up steps
 
     # ------------------------------------------------------------------ setup
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         cuda = trainer.strategy.root_device.type == "cuda"
         self._clock, self._timer = StepClock(cuda), WindowTimer(cuda)
+        self._series = ProfileSeries(self.profile_steps)
         session.register_clock(trainer, self._clock)
         session.register_clock(trainer, self._timer)
         if self.spec is not None or isinstance(self.gpu, DeviceSpec):
@@ -199,7 +217,7 @@ class RooflineCallback(ProfilingCallback):
                     self._clock = None
                     self.faults.report("the step clock", e)
             if self.auto_mfu and self._flops and gs % max(trainer.log_every_n_steps, 1) == 0:
-                self._mfu_boundary(trainer, gs)
+                io.mfu_boundary(self, trainer, gs)
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
     @override
@@ -230,21 +248,6 @@ class RooflineCallback(ProfilingCallback):
             rank_zero_warn(f"tscope RooflineCallback: more than {MAX_SIGNATURES} batch shapes; the automatic MFU "
                            "skips windows with a shape that was never profiled")
 
-    def _mfu_boundary(self, trainer: pl.Trainer, gs: int, *, final: bool = False) -> None:
-        try:
-            if not final or self._timer.current is not None and self._timer.current.steps:  # type: ignore[union-attr]
-                self._timer.boundary(gs)  # type: ignore[union-attr]  # (at the end: closes the last window)
-            for w, seconds in self._timer.ready(wait=final):  # type: ignore[union-attr]
-                self.throughput.update(Window(w.end_step - 1, seconds, w.steps, w.flops, w.samples, w.tokens))
-                vals = self.throughput.compute()
-                out = {k: vals[k] for k in ("achieved_tflops", "mfu", "step_ms", "samples_per_s", "tokens_per_s")
-                       if k in vals}
-                self.last_mfu = vals.get("mfu", self.last_mfu)
-                self.sinks(trainer).log_scalars({metric_key("roofline", k): v for k, v in out.items()}, w.end_step - 1)
-        except Exception as e:
-            self.auto_mfu = False
-            self.faults.report("the automatic MFU", e)
-
     def _dirty(self) -> None:
         for c in (self._clock, self._timer):
             if c is not None:
@@ -259,19 +262,8 @@ class RooflineCallback(ProfilingCallback):
         self._dirty()
 
     @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.auto_mfu and self._timer is not None and (self._timer.closed or self._timer.current is not None):
-            self._mfu_boundary(trainer, trainer.global_step, final=True)  # the last windows: one wait, at the end
-
-    @override
     def _step_basis(self, trainer: pl.Trainer) -> dict[str, Any]:
-        if self._clock is None:
-            return {}
-        med, n = self._clock.median_step_s(BASIS_STEPS)
-        if med is None:
-            return {}
-        return {"step_time_s": med, "step_time_basis": "unprofiled-median", "step_time_steps": n,
-                "step_time_clock": "CUDA events" if self._clock.cuda else "wall clock"}
+        return {**self._clock.labels(BASIS_STEPS), **self._wait.labels()} if self._clock is not None else {}
 
     # ------------------------------------------------------------------ profiled steps
     @override
@@ -286,6 +278,27 @@ class RooflineCallback(ProfilingCallback):
         if ctx.reason == "eager-reference":
             io.on_eager_reference(self, trainer, result, ctx)
             return
+        if ctx.reason == "repeat":
+            if self._series.add(result, ctx):
+                self._flush_series(trainer, pl_module)
+            else:
+                self._next_train = min(self._next_train, ctx.step + 1)
+            return
+        self._flush_series(trainer, pl_module)  # a series cut short by this profile
+        if (ctx.reason == "schedule" and ctx.stage == "train" and not result.meta.get("compiled_capture")
+                and self._series.begin(result, ctx)):
+            self._next_train = min(self._next_train, ctx.step + 1)
+            return
+        self._analyse(trainer, pl_module, result, ctx)
+
+    def _flush_series(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Analyse the running series (its ops' median times) at its first step; nothing when none runs."""
+        merged = self._series.take(self.faults)
+        if merged is not None:
+            self._analyse(trainer, pl_module, *merged)
+
+    def _analyse(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
+                 ctx: ProfileContext) -> None:
         result.meta["trainer_precision"] = str(getattr(trainer, "precision", ""))
         result.meta["attention_flops"] = self.attention_flops
         report = None
@@ -301,11 +314,11 @@ class RooflineCallback(ProfilingCallback):
             io.write_fsdp_whatif(self, trainer, pl_module, result, report, ctx)
         if ctx.stage == "train":
             self._count_flops(result, report, ctx)
-        scalars = {metric_key("roofline", k, ctx.stage): v for k, v in self._scalars(result, report, ctx).items()}
+        scalars = {metric_key("roofline", k, ctx.stage): v for k, v in io.step_scalars(result, report, ctx).items()}
         self.history.append({"stage": ctx.stage, "step": ctx.step, "reason": ctx.reason, **scalars})
         profiles = io.gather_trace(self, trainer, result, ctx) if self.save_trace else None
         if ctx.is_global_zero:
-            self._write(trainer, result, report, ctx, scalars)
+            io.write_step(self, trainer, result, report, ctx, scalars)
             if profiles:
                 io.write_trace(self.sinks(trainer), profiles, report, ctx)
         if self.compare_eager and ctx.stage == "train" and result.meta.get("compiled_capture"):
@@ -314,56 +327,6 @@ class RooflineCallback(ProfilingCallback):
                 self._next_train = min(self._next_train, ctx.step + 1)
             else:
                 io.compare(self, trainer, ctx, report)
-
-    def _write(self, trainer: pl.Trainer, result: StepProfile, report: Any, ctx: ProfileContext,
-               scalars: dict[str, float]) -> None:
-        from tscope_callbacks.analysis.roofline import layer_points
-        from tscope_callbacks.render.markdown import op_table
-
-        sinks, step = self.sinks(trainer), ctx.log_step
-        key = lambda name: metric_key("roofline", name, ctx.stage)  # noqa: E731
-        sinks.log_scalars(scalars, step)
-        head = f"**{ctx.stage} step {ctx.step}**" + (f" ({ctx.micro_batches} micro-batches)"
-                                                      if ctx.micro_batches > 1 else "")
-        if ctx.world_size > 1:
-            t = ctx.step_times_s
-            head += (f" -- step time across {len(t)} ranks: min {min(t) * 1e3:.2f} ms, max {max(t) * 1e3:.2f} ms "
-                     f"(slowest: rank {max(range(len(t)), key=t.__getitem__)})")
-        body = report.to_markdown(top=self.top) if report is not None else (
-            " -- no device roof; op totals only\n\n" + op_table(result, self.top))
-        sinks.log_text(key("table"), head + ("\n\n" if report is not None else "") + body, step)
-        if report is not None:
-            io.write_comm(sinks, report, ctx)
-            io.write_model(self, sinks, report, ctx)
-            io.write_memory(sinks, report, ctx)
-            rows = layer_points(report)
-            sinks.log_table(key("layers"), rows, step)
-            sinks.log_scatter(key("scatter"), rows, "intensity", "achieved_gflops_per_s", step,
-                              title="layer roofline: intensity (FLOP/byte) vs achieved GFLOP/s")
-            if self.plot:
-                try:
-                    sinks.log_figure(key("plot"), report.figure(), step)
-                except Exception as e:
-                    self.faults.report("drawing the roofline plot", e)
-        if self.save_json:
-            name = f"step_{ctx.step}.json" if ctx.stage == "train" else f"{ctx.stage}_step_{ctx.step}.json"
-            sinks.write_json(name, {"profile": result.to_dict(),
-                                    "device": self.spec.to_dict() if self.spec is not None else None,
-                                    "report": report.to_dict() if report is not None else None})
-
-    def _scalars(self, result: StepProfile, report: Any, ctx: ProfileContext) -> dict[str, float]:
-        if report is not None:
-            out = dict(report.scalars())
-        else:
-            out = {"flop_coverage": float(result.coverage())}
-            step = result.meta.get("step_time_s")
-            if step:
-                out["measured_step_ms"] = step * 1e3
-                out["achieved_tflops"] = result.total_flops / step / 1e12
-        if ctx.world_size > 1 and ctx.step_times_s:
-            out["step_ms_min"] = min(ctx.step_times_s) * 1e3
-            out["step_ms_max"] = max(ctx.step_times_s) * 1e3
-        return out
 
     # ------------------------------------------------------------------ automatic MFU bookkeeping
     def _count_flops(self, result: StepProfile, report: Any, ctx: ProfileContext) -> None:
@@ -375,7 +338,14 @@ class RooflineCallback(ProfilingCallback):
 
     @override
     def _wants(self, stage: str, step: int) -> bool:
-        return stage == "train" and self._recount_at is not None and step >= self._recount_at
+        return stage == "train" and ((self._recount_at is not None and step >= self._recount_at)
+                                     or (self._series.next is not None and step == self._series.next))
+
+    @override
+    def _due(self, stage: str, step: int) -> bool:
+        if stage == "train" and self._wait.waiting(step) and self.schedules["train"].taken == 0:
+            return True  # the first profile, waiting for warmed-up unprofiled steps
+        return super()._due(stage, step)
 
     @override
     def _train_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
@@ -395,7 +365,25 @@ class RooflineCallback(ProfilingCallback):
                 self._start(trainer, pl_module, "train", step, batch, reason="recount")
             self._next_train = self.schedules["train"].next_due(step + 1)
             return
+        sched = self.schedules["train"]
+        if self._series.next is not None and not sched.is_due(step):
+            if step == self._series.next:  # the next step of a k-step series
+                self._start(trainer, pl_module, "train", step, batch, reason="repeat")
+                return
+            self._flush_series(trainer, pl_module)  # a step was skipped (e.g. resumed): analyse what there is
+        if self._clock is not None and sched.taken == 0 and self._due("train", step):
+            if self._wait.hold(self._clock, step, trainer.max_steps, self.profile_steps):
+                self._next_train = step + 1  # wait for warmed-up unprofiled steps (the step-time basis)
+                return
+            self._start(trainer, pl_module, "train", step, batch)
+            return
         super()._train_due(trainer, pl_module, batch)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._flush_series(trainer, pl_module)  # a series the end of training cut short
+        if self.auto_mfu and self._timer is not None and (self._timer.closed or self._timer.current is not None):
+            io.mfu_boundary(self, trainer, trainer.global_step, final=True)  # the last windows: one wait, at the end
 
     # ------------------------------------------------------------------ checkpointing
     @override

@@ -1,14 +1,15 @@
-"""The RooflineCallback's secondary outputs: the compiled-vs-eager comparison, the communication section, and the
+"""The RooflineCallback's outputs: a profiled step's scalars, table, plot and JSON; the compiled-vs-eager comparison, the communication section, and the
 Chrome trace of a profiled step (all ranks' profiles gathered to rank zero)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from tscope_callbacks.analysis.throughput import Window
 from tscope_callbacks.callbacks import session
 from tscope_callbacks.callbacks.sinks import metric_key
 
-__all__ = ["compare", "on_eager_reference", "write_comm", "gather_trace", "write_trace", "write_model",
+__all__ = ["write_step", "step_scalars", "mfu_boundary", "compare", "on_eager_reference", "write_comm", "gather_trace", "write_trace", "write_model",
            "write_memory", "memory_scalars"]
 
 
@@ -128,3 +129,72 @@ def write_model(cb: Any, sinks: Any, report: Any, ctx: Any) -> None:
     sinks.log_scalars({metric_key("model", k): v for k, v in summary_scalars(model_summary(report)).items()},
                       ctx.log_step)
     cb._model_logged = True
+
+
+def write_step(cb: Any, trainer: Any, result: Any, report: Any, ctx: Any, scalars: dict[str, float]) -> None:
+    """A profiled step's outputs on rank zero: scalars, the markdown table, layer table and scatter, plot, JSON."""
+    from tscope_callbacks.analysis.roofline import layer_points
+    from tscope_callbacks.render.markdown import op_table
+
+    sinks, step = cb.sinks(trainer), ctx.log_step
+    key = lambda name: metric_key("roofline", name, ctx.stage)  # noqa: E731
+    sinks.log_scalars(scalars, step)
+    head = f"**{ctx.stage} step {ctx.step}**" + (f" ({ctx.micro_batches} micro-batches)"
+                                                  if ctx.micro_batches > 1 else "")
+    if ctx.world_size > 1:
+        t = ctx.step_times_s
+        head += (f" -- step time across {len(t)} ranks: min {min(t) * 1e3:.2f} ms, max {max(t) * 1e3:.2f} ms "
+                 f"(slowest: rank {max(range(len(t)), key=t.__getitem__)})")
+    body = report.to_markdown(top=cb.top) if report is not None else (
+        " -- no device roof; op totals only\n\n" + op_table(result, cb.top))
+    sinks.log_text(key("table"), head + ("\n\n" if report is not None else "") + body, step)
+    if report is not None:
+        write_comm(sinks, report, ctx)
+        write_model(cb, sinks, report, ctx)
+        write_memory(sinks, report, ctx)
+        rows = layer_points(report)
+        sinks.log_table(key("layers"), rows, step)
+        sinks.log_scatter(key("scatter"), rows, "intensity", "achieved_gflops_per_s", step,
+                          title="layer roofline: intensity (FLOP/byte) vs achieved GFLOP/s")
+        if cb.plot:
+            try:
+                sinks.log_figure(key("plot"), report.figure(), step)
+            except Exception as e:
+                cb.faults.report("drawing the roofline plot", e)
+    if cb.save_json:
+        name = f"step_{ctx.step}.json" if ctx.stage == "train" else f"{ctx.stage}_step_{ctx.step}.json"
+        sinks.write_json(name, {"profile": result.to_dict(),
+                                "device": cb.spec.to_dict() if cb.spec is not None else None,
+                                "report": report.to_dict() if report is not None else None})
+
+def step_scalars(result: Any, report: Any, ctx: Any) -> dict[str, float]:
+    """A profiled step's bare scalars (the report's, or counts and times without a device roof)."""
+    if report is not None:
+        out = dict(report.scalars())
+    else:
+        out = {"flop_coverage": float(result.coverage())}
+        step = result.meta.get("step_time_s")
+        if step:
+            out["measured_step_ms"] = step * 1e3
+            out["achieved_tflops"] = result.total_flops / step / 1e12
+    if ctx.world_size > 1 and ctx.step_times_s:
+        out["step_ms_min"] = min(ctx.step_times_s) * 1e3
+        out["step_ms_max"] = max(ctx.step_times_s) * 1e3
+    return out
+
+
+def mfu_boundary(cb: Any, trainer: Any, gs: int, *, final: bool = False) -> None:
+    """The automatic MFU at a logging step: close the running window, log the windows the device has finished."""
+    try:
+        if not final or cb._timer.current is not None and cb._timer.current.steps:  # type: ignore[union-attr]
+            cb._timer.boundary(gs)  # type: ignore[union-attr]  # (at the end: closes the last window)
+        for w, seconds in cb._timer.ready(wait=final):  # type: ignore[union-attr]
+            cb.throughput.update(Window(w.end_step - 1, seconds, w.steps, w.flops, w.samples, w.tokens))
+            vals = cb.throughput.compute()
+            out = {k: vals[k] for k in ("achieved_tflops", "mfu", "step_ms", "samples_per_s", "tokens_per_s")
+                   if k in vals}
+            cb.last_mfu = vals.get("mfu", cb.last_mfu)
+            cb.sinks(trainer).log_scalars({metric_key("roofline", k): v for k, v in out.items()}, w.end_step - 1)
+    except Exception as e:
+        cb.auto_mfu = False
+        cb.faults.report("the automatic MFU", e)

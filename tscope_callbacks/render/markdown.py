@@ -20,9 +20,10 @@ from tscope_callbacks.analysis.model_summary import model_summary
 from tscope_callbacks.analysis.rows import Row
 from tscope_callbacks.analysis.summary import roofs_used
 from tscope_callbacks.render.fsdp import fsdp_lines
+from tscope_callbacks.render.notes import basis_extra, environment_lines, noise_dict, noise_lines
 
-__all__ = ["header_lines", "to_markdown", "to_csv", "to_dict", "to_console", "json_safe", "op_table", "COLUMNS", "columns", "compare_table",
-           "opportunity_line"]
+__all__ = ["header_lines", "to_markdown", "to_csv", "to_dict", "to_console", "json_safe", "op_table", "COLUMNS",
+           "columns", "compare_table", "opportunity_line"]
 
 def _p(x: float | None) -> str:
     return "" if x is None else _pct(x)
@@ -82,7 +83,8 @@ def header_lines(report: Any) -> list[str]:
         if s["wall_time_s"]:
             extra += f"; captured region {_f(s['wall_time_s'], '.4g', 1e3)} ms wall (slowed by the capture; not used)"
         extra += _cost_text(s.get("capture_cost"))
-        lines += [f"- **Step**: measured {_f(s['measured_step_s'], '.4g', 1e3)} ms ({s['step_time_basis_text']}) -- "
+        lines += [f"- **Step**: measured {_f(s['measured_step_s'], '.4g', 1e3)} ms ({s['step_time_basis_text']}"
+                  f"{basis_extra(report.meta)}) -- "
                   f"the basis of MFU/MBU; {ops}; {est}{extra}",
                   f"- **MFU** {_p(s['mfu'])} · **MBU** {_p(s['mbu'])} · {_f(s['achieved_tflops'], '.4g')} TFLOP/s · "
                   f"{_f(s['achieved_gbps'], '.4g')} GB/s achieved"]
@@ -95,6 +97,7 @@ def header_lines(report: Any) -> list[str]:
     else:
         lines += [f"- **Step**: not timed; {est}"
                   + (f"; MFU at the estimate {_p(s['estimated_mfu'])}" if s["estimated_mfu"] is not None else "")]
+    lines += environment_lines(report)
     if s["compute_bound_time_frac"] is not None:
         lines += [f"- **Time** ({_time_basis(s)}): {_p(s['compute_bound_time_frac'])} compute-bound · "
                   f"{_p(s['memory_bound_time_frac'])} memory-bound · {_p(s['uncounted_time_frac'])} uncounted · "
@@ -191,11 +194,12 @@ def model_line(report: Any) -> str:
     return "- **Model**: " + "; ".join(parts)
 
 
-def _cells(r: Row, ach: bool, expected: bool = False) -> list[str]:
+def _cells(r: Row, ach: bool, expected: bool = False, noise: Any = None) -> list[str]:
     c = [r.name if r.kind != "layer" and r.kind != "layer_total" else f"`{r.name}`", r.type, r.phase,
          _n(r.flops / 1e9), _n(r.bytes / 1e6), _g(r.intensity), r.bound, _f(r.estimate_s, ".4g", 1e3)]
     c += [_f(r.expected_s, ".4g", 1e3)] if expected else []
-    c += [_f(r.measured_s, ".4g", 1e3), _p(r.attained) if r.bound != "uncounted" else ""]  # no roof: no formula
+    noisy = noise is not None and r.kind == "layer" and (r.layer, r.phase) in noise.marks
+    c += [_f(r.measured_s, ".4g", 1e3) + " (noise)" * noisy, _p(r.attained) if r.bound != "uncounted" else ""]
     return c + [_p(r.attained_achievable) if r.bound != "uncounted" else ""] if ach else c
 
 
@@ -257,13 +261,12 @@ def columns(report: Any) -> list[str]:
     return cols + (["% of achievable"] if report.achievable is not None else [])
 
 
-
 def to_markdown(report: Any, top: int = 20) -> str:
     """Header figures, the layer x phase table (top rows + grouped rest + total), the op-class comparison and the
     opportunities list."""
     ach, exp = report.achievable is not None, report.kernel_model is not None
     head = columns(report)
-    rows = [_cells(r, ach, exp) for r in report.table("layer", top=top)]
+    rows = [_cells(r, ach, exp, getattr(report, "noise", None)) for r in report.table("layer", top=top)]
     tot = _cells(report.totals, ach, exp)
     tot[0], tot[2] = "**total**", ""
     lines = header_lines(report) + ["", "### Layers (self time, forward and backward apart)", ""]
@@ -285,6 +288,7 @@ def to_markdown(report: Any, top: int = 20) -> str:
         lines.append(f"{i}. {opportunity_line(o, step)}")
     if not opps:
         lines.append("(none: every layer is at its roof)")
+    lines += noise_lines(report)
     return "\n".join(lines) + "\n"
 
 
@@ -323,7 +327,8 @@ def json_safe(x: Any) -> Any:
 
 def to_dict(report: Any) -> dict[str, Any]:
     """JSON-safe dict: ``summary``, ``scalars``, ``roofs``, ``layers`` (layer x phase), ``layer_totals``,
-    ``inclusive``, ``by_category``, ``by_op``, ``category_comparison``, ``opportunities``, ``totals``."""
+    ``inclusive``, ``by_category``, ``by_op``, ``category_comparison``, ``opportunities``, ``noise`` (rows marked
+    noise, findings within the noise: ``analysis.noise``), ``totals``."""
     return json_safe({
         "version": 1,
         "summary": report.summary,
@@ -336,6 +341,7 @@ def to_dict(report: Any) -> dict[str, Any]:
         "by_op": [r.to_dict() for r in report.op_rows],
         "category_comparison": report.category_comparison(),
         "opportunities": [o.to_dict() for o in report.opportunities(top=10)],
+        "noise": noise_dict(report),
         "totals": report.totals.to_dict(),
     })
 

@@ -1,0 +1,179 @@
+"""Times from several steps, and what in them is noise (DESIGN: "a finding smaller than the measured noise is not a
+finding").
+
+- :func:`merge_steps`: k profiles of consecutive steps -> one profile whose op times are the median of the k, each
+  op keeping its k times (``OpRecord.time_samples``); ops are matched by (op, layer, phase, shapes, occurrence).
+- :func:`find_noise`: per layer x phase row, its time in each step (the sum of its ops') and their spread
+  (max - min). A row is **noisy** when the spread exceeds ``NOISY_SPREAD`` x its median; a repeated block (same
+  pattern ``h.*.mlp``, same ops and shapes) is an **outlier** when it took ``OUTLIER_RATIO`` x what its identical
+  siblings took. Both are named as noise and get no advice; an opportunity is shown only when its saving exceeds the
+  measured spread of the rows it comes from (``analysis.advice``).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
+
+__all__ = ["merge_steps", "find_noise", "Noise", "NoiseMark", "NOISY_SPREAD", "OUTLIER_RATIO", "NOISE_FLOOR_SHARE",
+           "block_pattern"]
+
+NOISY_SPREAD = 0.5  #: a row whose times over the steps spread (max - min) more than this x their median is noisy
+OUTLIER_RATIO = 1.5  #: a block slower than this x the median of its identical siblings is an outlier
+NOISE_FLOOR_SHARE = 0.005  #: spreads and excesses below this share of the step are never called noise
+_TIME_FIELDS = ("forward_s", "backward_s", "self_forward_s", "self_backward_s", "recompute_s")
+
+
+def block_pattern(layer: str) -> str:
+    """Layer path with its repeated-block indices as ``*`` (``transformer.h.3.mlp`` -> ``transformer.h.*.mlp``)."""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", layer) if layer else layer
+
+
+def _key(r: OpRecord) -> tuple:
+    return (r.op, r.layer, r.phase, repr(r.input_shapes))
+
+
+def merge_steps(profiles: Sequence[StepProfile]) -> StepProfile:
+    """One profile from several of the same step shape: the first one's records and meta, each op's ``time_s`` the
+    median of its times in the steps where it ran (matched by op, layer, phase, shapes and occurrence), its times
+    kept in ``time_samples``; each layer's times the median of its times. ``meta["merged_steps"]`` lists the steps."""
+    if not profiles:
+        raise ValueError("merge_steps needs at least one profile")
+    first = profiles[0]
+    if len(profiles) == 1:
+        return first
+    index: list[dict[tuple, float | None]] = []
+    for p in profiles:
+        seen: dict[tuple, int] = {}
+        times: dict[tuple, float | None] = {}
+        for r in p.ops:
+            k = _key(r)
+            n = seen[k] = seen.get(k, -1) + 1
+            times[(*k, n)] = r.time_s
+        index.append(times)
+    ops: list[OpRecord] = []
+    seen = {}
+    for r in first.ops:
+        k = _key(r)
+        n = seen[k] = seen.get(k, -1) + 1
+        samples = [t for times in index if (t := times.get((*k, n))) is not None]
+        rec = OpRecord.from_dict(r.to_dict())
+        if samples:
+            rec.time_s, rec.time_samples = statistics.median(samples), samples
+        ops.append(rec)
+    layers: dict[str, LayerRecord] = {}
+    for path, lr in first.layers.items():
+        rec = LayerRecord.from_dict(lr.to_dict())
+        for f in _TIME_FIELDS:
+            vals = [getattr(p.layers[path], f) for p in profiles if path in p.layers]
+            setattr(rec, f, statistics.median(vals))
+        layers[path] = rec
+    walls = [p.wall_time_s for p in profiles if p.wall_time_s is not None]
+    meta = dict(first.meta)
+    meta["merged_steps"] = [p.meta.get("step") for p in profiles]
+    meta["matched_ops"] = sum(1 for r in ops if r.time_samples and len(r.time_samples) == len(profiles))
+    return StepProfile(ops=ops, layers=layers, wall_time_s=statistics.median(walls) if walls else None, meta=meta)
+
+
+@dataclass(frozen=True)
+class NoiseMark:
+    """A row whose time is noise: ``kind`` "spread" (its times over the steps disagree) or "outlier" (slower than
+    its identical blocks)."""
+
+    layer: str
+    phase: str
+    kind: str
+    measured_s: float  #: the row's (median) time in the report
+    typical_s: float  #: what it should take: its fastest step ("spread") or its identical blocks' median
+    spread_s: float  #: max - min of its times over the steps
+    samples: tuple[float, ...]  #: its time in each step
+    siblings: tuple[str, ...] = ()  #: the identical blocks it was compared with ("outlier")
+
+    @property
+    def text(self) -> str:
+        ms = lambda s: f"{s * 1e3:.3g} ms"  # noqa: E731
+        steps = ", ".join(ms(t) for t in self.samples)
+        if self.kind == "outlier":
+            return (f"{ms(self.measured_s)} where its {len(self.siblings)} identical block(s) "
+                    f"({', '.join(f'`{s}`' for s in self.siblings[:3])}: same ops, same shapes) take "
+                    f"{ms(self.typical_s)}" + (f" (per step: {steps})" if len(self.samples) > 1 else "")
+                    + ": noise, not a finding")
+        return (f"{ms(self.measured_s)} median over {len(self.samples)} steps ({steps}): spread {ms(self.spread_s)} "
+                f"is more than {NOISY_SPREAD:.0%} of it: noise, no advice")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.layer, "phase": self.phase, "kind": self.kind, "measured_s": self.measured_s,
+                "typical_s": self.typical_s, "spread_s": self.spread_s, "samples": list(self.samples),
+                "siblings": list(self.siblings), "text": self.text}
+
+
+@dataclass
+class Noise:
+    """The noise of a report: ``steps`` merged, per layer x phase row its spread (seconds, max - min over the steps)
+    and the rows marked as noise."""
+
+    steps: int = 1
+    spread: dict[tuple[str, str], float] = field(default_factory=dict)
+    marks: dict[tuple[str, str], NoiseMark] = field(default_factory=dict)
+
+    def layer_noisy(self, layer: str) -> bool:
+        return any(k[0] == layer for k in self.marks)
+
+    def layer_spread(self, layer: str) -> float:
+        return sum(v for k, v in self.spread.items() if k[0] == layer)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "marks": [m.to_dict() for m in self.marks.values()]}
+
+
+def _samples(ops: list[Any]) -> tuple[float, ...] | None:
+    """A row's time in each merged step: per step, the sum of its ops' times (None unless every timed op has the
+    same number of samples)."""
+    recs = [o.record for o in ops if o.record.time_s is not None]
+    if not recs or any(not r.time_samples for r in recs):
+        return None
+    k = len(recs[0].time_samples)
+    if k < 2 or any(len(r.time_samples) != k for r in recs):
+        return None
+    return tuple(sum(r.time_samples[j] for r in recs) for j in range(k))
+
+
+def _signature(ops: list[Any]) -> tuple:
+    return tuple((o.record.op, repr(o.record.input_shapes)) for o in sorted(ops, key=lambda o: o.record.index))
+
+
+def find_noise(report: Any) -> Noise:
+    """Noise marks of a roofline analysis (``report.layer_rows``, ``report.measured_step_s``): see module doc."""
+    rows = [r for r in report.layer_rows if r.measured_s is not None and r.kind == "layer"]
+    step = report.measured_step_s or sum(r.measured_s for r in rows) or 0.0
+    floor = NOISE_FLOOR_SHARE * step
+    noise = Noise(steps=int(max((len(o.record.time_samples or ()) for o in report.op_roofs), default=1) or 1))
+    for r in rows:
+        s = _samples(r.ops)
+        if s is None:
+            continue
+        spread = max(s) - min(s)
+        noise.spread[(r.layer, r.phase)] = spread
+        if spread > NOISY_SPREAD * statistics.median(s) and spread > floor:
+            noise.marks[(r.layer, r.phase)] = NoiseMark(r.layer, r.phase, "spread", r.measured_s, min(s), spread, s)
+    groups: dict[tuple, list[Any]] = {}
+    for r in rows:
+        pat = block_pattern(r.layer)
+        if pat != r.layer:
+            groups.setdefault((pat, r.phase, _signature(r.ops)), []).append(r)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        for r in members:
+            others = [m for m in members if m is not r]
+            typical = statistics.median(m.measured_s for m in others)
+            if r.measured_s > OUTLIER_RATIO * typical and r.measured_s - typical > floor:
+                s = _samples(r.ops) or (r.measured_s,)
+                noise.marks[(r.layer, r.phase)] = NoiseMark(r.layer, r.phase, "outlier", r.measured_s, typical,
+                                                            max(s) - min(s), s, tuple(m.layer for m in others))
+    return noise
