@@ -15,7 +15,10 @@ padded GEMM shape, the TF32 roof, the fused byte count). Findings, by layer:
   fuses them already);
 - ``launch``: many kernels shorter than ``LAUNCH_BOUND_S``: launch overhead, CUDA graphs help;
 - ``slow_kernel``: measured well above what this shape reaches on the device (layout, dtype, a bad heuristic);
-- ``uncounted``: time in ops without a FLOP formula (the roofline cannot place it).
+- ``uncounted``: time in ops without a FLOP formula (the roofline cannot place it);
+- by layer type (``analysis.layer_advice``): ``channels_last``, ``cudnn_benchmark``, ``conv_channels`` (convolution),
+  ``bn_fusion`` (BatchNorm + activation), ``pool_order``, ``pool_indices`` (max pooling), ``rnn_cudnn``,
+  ``rnn_hidden`` (LSTM/GRU), ``embedding_sparse``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 
 from tscope_callbacks.analysis.estimate import MEMORY_BOUND, gemm_dims
 from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.analysis.layer_advice import Context, layer_findings
 from tscope_callbacks.analysis.rows import Opportunity, OpRoof
 from tscope_callbacks.devices.efficiency import ITEMSIZE
 
@@ -162,6 +166,10 @@ _FIXES = {
 }
 
 
+def _is_rnn(layer_type: str) -> bool:
+    return layer_type.lower() in ("lstm", "gru", "rnn", "lstmcell", "grucell", "rnncell")
+
+
 def _chain_kind(run: list[OpRoof], layer_type: str = "") -> str:
     names = {o.record.op.split(".")[1] if "." in o.record.op else o.record.op for o in run}
     if run[0].record.phase == "optimizer":
@@ -173,7 +181,7 @@ def _chain_kind(run: list[OpRoof], layer_type: str = "") -> str:
         return "gelu"
     if "rmsnorm" in layer_type.lower() or {"rsqrt", "mean", "pow"} <= names:
         return "rmsnorm"
-    if "neg" in names and names & {"cat", "slice_backward"}:
+    if "neg" in names and names & {"cat", "slice_backward"} and not _is_rnn(layer_type):
         return "rope"
     if names & {"silu", "silu_backward"}:
         return "swiglu"
@@ -278,9 +286,11 @@ def _launch(ops: list[OpRoof]) -> list[tuple]:
              "the small ops", {"kernels": len(tiny)})]
 
 
-def _slow(ops: list[OpRoof]) -> list[tuple]:
+def _slow(ops: list[OpRoof], skip: frozenset[str] = frozenset()) -> list[tuple]:
     out = []
     for cat in ("matmul", "attention", "conv"):
+        if cat in skip:
+            continue
         mo = [o for o in ops if o.record.category == cat and o.measured_s is not None and o.expected is not None
               and o.measured_s > SLOW_RATIO * o.expected_s]
         if mo:
@@ -330,11 +340,18 @@ def opportunities(report: Any, top: int = 5) -> list[Opportunity]:
     param_bytes = int(getattr(root, "param_bytes", 0) or 0)
     groups: dict[tuple[str, str, str], list[tuple[str, tuple, float | None, float]]] = {}
     swiglu, claimed = _swiglu(by_layer, model, compiled)
+    ctx = Context(report)
     for layer, ops in by_layer.items():
         free = [o for o in ops if o.record.index not in claimed]
+        typed = layer_findings(layer, ops, typ.get(layer, ""), ctx)
+        slow_skip = frozenset({"conv"}) if any(f[0] == "cudnn_benchmark" for f in typed) else frozenset()
+        # BatchNorm's own ops are one kernel each way (``bn_fusion`` fuses it with its activation); kernel launches
+        # are a GPU's cost (on CPU an op's time is its own work)
+        chains = [] if "batchnorm" in typ.get(layer, "").lower() else _fusion(free, model, compiled, param_bytes,
+                                                                             typ.get(layer, ""))
+        launch = [] if report.meta.get("device") == "cpu" else _launch(ops)
         findings = (_misaligned(layer, ops, model) + _small_m(ops, model) + _fp32(ops, model, tf32) + _cuda_cores(ops)
-                    + swiglu.get(layer, []) + _fusion(free, model, compiled, param_bytes, typ.get(layer, ""))
-                    + _launch(ops) + _slow(ops) + _uncounted(ops))
+                    + swiglu.get(layer, []) + chains + typed + launch + _slow(ops, slow_skip) + _uncounted(ops))
         measured = sum(o.measured_s for o in ops if o.measured_s is not None) if report.timed else None
         expected = sum(o.expected_s for o in ops)
         for f in findings:

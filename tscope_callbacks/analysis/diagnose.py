@@ -8,7 +8,7 @@ from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.fmt import g as _g
 from tscope_callbacks.analysis.fmt import pct as _pct
 
-__all__ = ["explain", "SMALL_MATMUL_FLOPS", "SMALL_MATMUL_DIM", "LAUNCH_BOUND_S", "LOW_ATTAINED", "NEAR_ROOF"]
+__all__ = ["explain", "LAYER_TYPES_WITH_RULES", "SMALL_MATMUL_FLOPS", "SMALL_MATMUL_DIM", "LAUNCH_BOUND_S", "LOW_ATTAINED", "NEAR_ROOF"]
 
 #: A matmul below this many FLOPs (or with a dimension below SMALL_MATMUL_DIM) cannot fill a large chip.
 SMALL_MATMUL_FLOPS = 2 * 512**3
@@ -18,6 +18,8 @@ LAUNCH_BOUND_S = 10e-6
 #: Below this fraction of roof a row gets a diagnosis; at or above NEAR_ROOF it is "near roof".
 LOW_ATTAINED = 0.5
 NEAR_ROOF = 0.8
+#: layer types (lower-case substrings) whose advice comes from ``analysis.layer_advice`` or not at all
+LAYER_TYPES_WITH_RULES = ("batchnorm", "pool", "embedding", "lstm", "gru", "rnn", "conv")
 
 
 def explain(row: Any, *, tf32_available: bool = False) -> str:
@@ -28,7 +30,10 @@ def explain(row: Any, *, tf32_available: bool = False) -> str:
       mean op time < LAUNCH_BOUND_S and A < LOW_ATTAINED, else "fuse or lower precision" (fp32) / "fuse";
     - compute-bound -> "compute-bound, A% of roof" + ": small matmul (MxNxK=...)" when the largest matmul is small and
       A < LOW_ATTAINED, else ": launch-bound ..." as above, else ": fp32 matmul, enable TF32 or bf16" when fp32 on a
-      TF32 chip, else ": near roof" (A >= NEAR_ROOF) / ": below roof, check shapes (multiples of 64) and layout".
+      TF32 chip, else ": near roof" (A >= NEAR_ROOF) / ": below roof, check shapes (multiples of 64) and layout" (rows
+      with a GEMM or attention only);
+    - layer types with rules of their own (``LAYER_TYPES_WITH_RULES``: BatchNorm, pooling, embeddings, RNNs, convs)
+      get no generic hint ("fuse", "check shapes"): their advice names a change and its saving, or nothing does.
     Untimed rows (estimates only) leave out the "% of roof" part.
     """
     if row.bound == "uncounted":
@@ -41,9 +46,12 @@ def explain(row: Any, *, tf32_available: bool = False) -> str:
     mean_s = _div(row.measured_s, row.n_ops)
     launch = (att is not None and att < LOW_ATTAINED and mean_s is not None and mean_s < LAUNCH_BOUND_S)
     launch_txt = f"launch-bound: {row.n_ops} ops of {mean_s * 1e6:.1f} us each; fuse or batch" if launch else ""
+    typed = any(t in (row.type or "").lower() for t in LAYER_TYPES_WITH_RULES)
     if row.bound == "memory":
         head = f"memory-bound at {_g(row.intensity or 0.0)} FLOP/B (ridge {_g(row.ridge or 0.0)})"
-        tail = launch_txt or ("fuse or lower precision" if row.precision in ("fp32", "fp64") else "fuse")
+        # layer types with their own rules (``analysis.layer_advice``) get those or nothing, not a generic hint
+        tail = launch_txt or ("" if typed else "fuse or lower precision" if row.precision in ("fp32", "fp64")
+                              else "fuse")
         return "; ".join(p for p in (head, roof, tail) if p)
     head = "compute-bound" + (f", {roof}" if roof else "")
     mm = row.largest_matmul
@@ -59,4 +67,6 @@ def explain(row: Any, *, tf32_available: bool = False) -> str:
         return head
     if att >= NEAR_ROOF:
         return f"{head}: near roof"
+    if typed or not any(o.record.category in ("matmul", "attention") for o in row.ops):
+        return head  # shapes in multiples of 64 help GEMMs; for other ops no change predicts a saving
     return f"{head}: below roof, check shapes (multiples of 64) and layout"

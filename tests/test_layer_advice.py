@@ -1,0 +1,177 @@
+"""Advice by layer type (``analysis.layer_advice``): each rule names the change in the user's code and a saving
+derived by hand from the step's own records (comments give the arithmetic), or says nothing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from profiles import a100, make_profile, op
+
+import tscope_callbacks as ts
+from tscope_callbacks import api
+from tscope_callbacks.records import LayerRecord
+
+#: a CPU roof given as a datasheet (not measured: a measured roof is widened when an op beats it, which would move
+#: the bandwidth the hand-derived savings use)
+CPU = ts.DeviceSpec("CPU (test)", {"fp32": 1e12, "bf16": 1e12}, 20e9, vendor="cpu", source="tests")
+ACT = [32, 64, 56, 56]  # an activation: 6,422,528 elements, 25,690,112 B in fp32
+ACT_B = math.prod(ACT) * 4
+POOLED = [32, 64, 28, 28]
+
+
+def rec(name, layer, phase="forward", *, ins=(), outs=(), ms=1.0, category="pointwise", dtype="float32", flops=0,
+        tensor_core=None):
+    item = 2 if dtype == "bfloat16" else 4
+    r = op(name, layer, phase, flops=flops or sum(math.prod(s) for s in outs), read=item * sum(math.prod(s) for s in ins),
+           written=item * sum(math.prod(s) for s in outs), dtype=dtype, time_s=ms * 1e-3, category=category,
+           shapes=[list(s) for s in ins])
+    r.output_shapes = [list(s) for s in outs]
+    r.tensor_core = tensor_core
+    return r
+
+
+def report(ops, spec=CPU, types=None, **meta):
+    layers = {k: LayerRecord(path=k, type=v) for k, v in {"": "Net", **(types or {})}.items()}
+    meta.setdefault("device", "cpu")
+    meta.setdefault("step_time_s", 100e-3)
+    meta.setdefault("step_time_basis", "unprofiled-median")
+    return api.roofline(make_profile(ops, layers=layers, **meta), spec)
+
+
+def found(rep, kind):
+    return [o for o in rep.opportunities(top=20) if o.kind == kind]
+
+
+def conv_ops(dtype="float32", fwd_ms=20.0, bwd_ms=40.0, x=ACT, w=(64, 64, 3, 3), tensor_core=None):
+    y = [x[0], w[0], x[2], x[3]]
+    flops = 2 * math.prod(y) * w[1] * w[2] * w[3]
+    return [rec("aten.convolution", "conv", ins=(x, w), outs=(y,), ms=fwd_ms, category="conv", dtype=dtype,
+                flops=flops, tensor_core=tensor_core),
+            rec("aten.convolution_backward", "conv", "backward", ins=(y, x, w), outs=(x, w), ms=bwd_ms,
+                category="conv", dtype=dtype, flops=2 * flops, tensor_core=tensor_core)]
+
+
+def test_channels_last_names_the_conversion_traffic():
+    rep = report(conv_ops(), types={"conv": "Conv2d"}, conv_channels_last=False)
+    (o,) = found(rep, "channels_last")
+    # forward: input + output read and written once more: 2 x 2 x 25,690,112 B = 102,760,448 B at 20 GB/s = 5.138 ms
+    # backward: grad_output, input, grad_input: 2 x 3 x 25,690,112 B = 154,140,672 B = 7.707 ms; total 12.845 ms
+    assert o.saving_s == pytest.approx((4 + 6) * ACT_B / 20e9) == pytest.approx(12.845e-3, rel=1e-3)
+    assert "torch.channels_last" in o.fix and o.layer == "conv"
+    assert not found(report(conv_ops(), types={"conv": "Conv2d"}, conv_channels_last=True), "channels_last")
+    assert not found(report(conv_ops(), types={"conv": "Conv2d"}), "channels_last")  # layout unknown: nothing
+
+
+def test_cudnn_benchmark_when_convs_are_slow_and_the_autotuner_is_off():
+    h100 = ts.get_device_spec("h100")
+    ops = conv_ops("bfloat16", fwd_ms=5.0, bwd_ms=10.0, x=[64, 256, 56, 56], w=(256, 256, 3, 3))
+    rep = report(ops, spec=h100, types={"conv": "Conv2d"}, device="cuda", timing="cuda-kernels",
+                 cudnn_benchmark=False, step_time_s=60e-3)
+    (o,) = found(rep, "cudnn_benchmark")
+    # saving = measured - what the H100's kernel model expects for these two conv shapes (both > 1.5x slower)
+    exp = sum(r.expected_s for r in rep.op_roofs)
+    assert exp < 15e-3 / 1.5 and o.saving_s == pytest.approx(15e-3 - exp)
+    assert "benchmark = True" in o.fix and "Trainer(benchmark=True)" in o.fix
+    assert not any(x.kind == "slow_kernel" and x.layer == "conv" for x in rep.opportunities(top=20))
+    on = report(ops, spec=h100, types={"conv": "Conv2d"}, device="cuda", cudnn_benchmark=True, step_time_s=60e-3)
+    assert not found(on, "cudnn_benchmark")
+
+
+def test_conv_channel_counts_off_the_tensor_cores():
+    x, w = [32, 60, 28, 28], (100, 60, 3, 3)  # 60 and 100 channels: neither a multiple of 8
+    rep = report(conv_ops("bfloat16", 5.0, 10.0, x=x, w=w, tensor_core=False), spec=a100(), types={"conv": "Conv2d"},
+                 device="cuda", step_time_s=60e-3)
+    (o,) = found(rep, "conv_channels")
+    # padded 60 -> 64 and 100 -> 104: work x 64/60 x 104/100; fwd 2*32*100*28*28*60*9 = 2,709,504,000 FLOP,
+    # bwd twice that; at 312 TFLOP/s the padded convs take 3 x 2.7095e9 x 1.10933 / 312e12 = 0.0289 ms
+    ratio = 64 / 60 * 104 / 100
+    after = sum(max(r.flops * ratio / 312e12, r.bytes * ratio / 2.039e12) for r in rep.op_roofs)
+    assert after == pytest.approx(3 * 2_709_504_000 * ratio / 312e12, rel=1e-6)
+    assert o.saving_s == pytest.approx(15e-3 - after) and "60 -> 64 and 100 -> 104" in o.fix
+    on_tc = report(conv_ops("bfloat16", 5.0, 10.0, x=x, w=w, tensor_core=True), spec=a100(),
+                   types={"conv": "Conv2d"}, device="cuda", step_time_s=60e-3)
+    assert not found(on_tc, "conv_channels")
+
+
+def bn_relu(pool=False):
+    ops = [rec("aten.native_batch_norm", "bn", ins=(ACT, [64], [64]), outs=(ACT, [64]), ms=6.0, category="norm"),
+           rec("aten.relu", "relu", ins=(ACT,), outs=(ACT,), ms=3.0)]
+    if pool:
+        ops.append(rec("aten.max_pool2d_with_indices", "pool", ins=(ACT,), outs=(POOLED, POOLED), ms=2.0,
+                       category="reduction"))
+        ops.append(rec("aten.max_pool2d_with_indices_backward", "pool", "backward", ins=(POOLED, ACT, POOLED),
+                       outs=(ACT,), ms=3.0, category="reduction"))
+    ops += [rec("aten.threshold_backward", "relu", "backward", ins=(ACT, ACT), outs=(ACT,), ms=4.0),
+            rec("aten.native_batch_norm_backward", "bn", "backward", ins=(ACT, ACT, [64]), outs=(ACT, [64]), ms=12.0,
+                category="norm")]
+    return ops
+
+
+TYPES = {"bn": "BatchNorm2d", "relu": "ReLU", "pool": "MaxPool2d"}
+
+
+def test_batchnorm_then_activation_is_fused():
+    rep = report(bn_relu(), types=TYPES)
+    (o,) = found(rep, "bn_fusion")
+    # the normalised tensor (25,690,112 B) is written and read back once each way: 2 x 25,690,112 B at 20 GB/s =
+    # 2.569 ms forward (< relu's 3 ms) and 2.569 ms backward (< threshold_backward's 4 ms): 5.138 ms
+    assert o.saving_s == pytest.approx(2 * 2 * ACT_B / 20e9) and "torch.compile" in o.fix
+    assert not found(report(bn_relu(), types=TYPES, compiled_modules_run_eagerly=["bn"]), "bn_fusion")
+
+
+def test_batchnorm_and_pooling_rows_get_no_generic_hint():
+    rep = report(bn_relu(pool=True), types=TYPES)
+    for o in rep.opportunities(top=20):
+        if o.layer not in ("bn", "pool"):
+            continue
+        assert "multiples of 64" not in o.reason and "fuse or lower precision" not in o.reason, o.reason
+
+
+def test_max_pool_after_the_relu_and_its_indices():
+    rep = report(bn_relu(pool=True), types=TYPES)
+    (order,) = found(rep, "pool_order")
+    # relu 3 ms + threshold_backward 4 ms on 4x the pooled elements: applied after the pool, 7 x (1 - 1/4) = 5.25 ms
+    assert order.saving_s == pytest.approx(7e-3 * 0.75) and "after the pooling" in order.fix
+    assert not found(rep, "bn_fusion")  # the relu moves after the pool: BatchNorm's output then feeds the pool
+    (idx,) = found(rep, "pool_indices")
+    # 1,605,632 int64 indices = 12,845,056 B written and read: int8 offsets save 7/8 of 2 x that at 20 GB/s = 1.124 ms
+    assert idx.saving_s == pytest.approx(2 * 8 * math.prod(POOLED) * 7 / 8 / 20e9) == pytest.approx(1.124e-3, rel=1e-3)
+    assert "torch.compile" in idx.fix
+
+
+def test_rnn_without_cudnn_on_cuda():
+    ops = []
+    for _ in range(12):  # 12 time steps, each a recurrent GEMM [8, 256] x [256, 1024] and a fused cell
+        ops.append(rec("aten.mm", "lstm", ins=([8, 256], [256, 1024]), outs=([8, 1024],), ms=0.2, category="matmul",
+                       dtype="bfloat16", flops=2 * 8 * 256 * 1024))
+        ops.append(rec("aten._thnn_fused_lstm_cell", "lstm", ins=([8, 1024], [8, 1024], [8, 256]),
+                       outs=([8, 256], [8, 256]), ms=0.1, dtype="bfloat16"))
+    rep = report(ops, spec=a100(), types={"lstm": "LSTM"}, device="cuda", step_time_s=20e-3)
+    (o,) = found(rep, "rnn_cudnn")
+    # measured 12 x 0.3 = 3.6 ms; the same work at its roofline bound: the sum of the ops' max(flops/peak, bytes/bw)
+    assert o.saving_s == pytest.approx(3.6e-3 - sum(r.estimate_s for r in rep.op_roofs))
+    assert "flatten_parameters" in o.fix
+    assert not found(report(ops, types={"lstm": "LSTM"}), "rnn_cudnn")  # CPU: nothing to change
+
+
+def test_rnn_hidden_size_off_the_tensor_cores():
+    flops = 2_000_000_000
+    ops = [rec("aten._cudnn_rnn", "gru", ins=([50, 32, 128],), outs=([50, 32, 100],), ms=2.0, category="matmul",
+               dtype="bfloat16", flops=flops, tensor_core=False)]
+    rep = report(ops, spec=a100(), types={"gru": "GRU"}, device="cuda", step_time_s=20e-3)
+    (o,) = found(rep, "rnn_hidden")
+    # hidden 100 -> 104: 2e9 x 1.04 / 312e12 = 0.00667 ms on the tensor cores (bytes: 1.04 x 0.8 MB / 2.039 TB/s less)
+    assert o.saving_s == pytest.approx(2e-3 - flops * 1.04 / 312e12) and "hidden_size=104" in o.fix
+
+
+def test_embedding_dense_gradient_of_a_large_table():
+    ops = [rec("aten.embedding_dense_backward", "emb", "backward", ins=([8, 128, 512], [8, 128]),
+               outs=([50_000, 512],), ms=8.0, category="embedding")]
+    rep = report(ops, types={"emb": "Embedding"}, step_time_s=50e-3)
+    (o,) = found(rep, "embedding_sparse")
+    # 1,024 rows looked up of 50,000: (50,000 - 1,024) x 512 x 4 B = 100,302,848 B of zero rows at 20 GB/s = 5.015 ms
+    assert o.saving_s == pytest.approx((50_000 - 1024) * 512 * 4 / 20e9) and "sparse=True" in o.fix
+    small = [rec("aten.embedding_dense_backward", "emb", "backward", ins=([8, 128, 512], [8, 128]),
+                 outs=([2_000, 512],), ms=8.0, category="embedding")]
+    assert not found(report(small, types={"emb": "Embedding"}), "embedding_sparse")  # 2,000 < 4 x 1,024 rows
