@@ -110,3 +110,28 @@ def test_single_step_reports_are_unchanged_without_identical_blocks():
     p = _step(1, (0.63, 0.63))
     rep = api.roofline(p, a100())
     assert rep.noise.steps == 1 and not rep.noise.marks and "### Noise" not in rep.to_markdown()
+
+
+def _chain_steps(bwd_ms: tuple[float, ...], tanh_ms: tuple[float, ...] = (4.0, 4.0, 4.0)):
+    """Layer h.act: a forward chain of 3 fp32 pointwise ops on N elements (mul and add 4 ms each, tanh as
+    ``tanh_ms`` over the steps) and one backward op whose time varies over the steps as ``bwd_ms``."""
+    out = []
+    for s, (b, t) in enumerate(zip(bwd_ms, tanh_ms)):
+        ops = [pointwise(N, name=n, layer="h.act", time_s=ms * 1e-3)
+               for n, ms in (("aten.mul", 4.0), ("aten.add", 4.0), ("aten.tanh", t))]
+        ops.append(pointwise(N, name="aten.tanh_backward", layer="h.act", phase="backward", time_s=b * 1e-3))
+        out.append(make_profile(ops, layers={"h.act": LayerRecord(path="h.act", type="Act")}, step=s,
+                                step_time_s=100e-3, step_time_basis="unprofiled-median"))
+    return merge_steps(out)
+
+
+def test_a_layer_finding_is_weighed_against_the_spread_of_its_own_phase():
+    # the chain moves 3 x 2 x 16.8 MB = 100.7 MB in 12 ms; fused (first input, last output: 33.6 MB) at 2.039 TB/s
+    # about 0.016 ms: a ~12 ms saving. A backward row that spreads 20 ms (1 to 21 ms) is another phase: kept
+    rep = api.roofline(_chain_steps((1.0, 21.0, 1.5)), a100())
+    assert ("h.act", "backward") in rep.noise.marks
+    assert any(o.kind == "fusion" and o.layer == "h.act" for o in rep.opportunities(top=20))
+    # the chain's own tanh at 4, 30 and 4 ms: median 4 ms (saving still ~12 ms) but its forward spreads 26 ms
+    rep = api.roofline(_chain_steps((1.0, 1.0, 1.0), (4.0, 30.0, 4.0)), a100())
+    assert not any(o.kind == "fusion" for o in rep.opportunities(top=20))
+    assert any(o.kind == "fusion" and o.evidence["noise_s"] == pytest.approx(26e-3) for o in rep.suppressed)

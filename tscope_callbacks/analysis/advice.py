@@ -222,7 +222,7 @@ def _fusion(ops: list[OpRoof], model: Any, compiled: bool, param_bytes: int = 0,
                     f"{before_b / 1e6:.4g} MB, each writing what the next reads back; fused, about "
                     f"{fused_b / 1e6:.4g} MB: expected {_ms(after)} instead of {_ms(now)}",
                     _FIXES[kind], {"ops": n, "mb_before": before_b / 1e6, "mb_after": fused_b / 1e6,
-                                   "chain": kind}))
+                                   "chain": kind, "phases": sorted({run[0].record.phase for run in runs})}))
     return out
 
 
@@ -361,8 +361,9 @@ def opportunities(report: Any, top: int = 5) -> list[Opportunity]:
     noise = getattr(report, "noise", None)
     suppress = getattr(report, "_suppress", lambda o: None)
     for (kind, _chain, pattern), all_members in groups.items():
-        # a layer whose time is noise (spread over the steps, an outlier among identical blocks) gets no advice
-        members = [m for m in all_members if noise is None or kind == "uncounted" or not noise.layer_noisy(m[0])]
+        # an outlier among identical blocks gets no advice (its excess is noise); a finding must exceed the spread of
+        # its layers' times over the steps (below), which a noisy row of the layer raises
+        members = [m for m in all_members if noise is None or kind == "uncounted" or not noise.layer_outlier(m[0])]
         if not members:
             continue
         saving = sum(f[1] for _, f, _, _ in members)
@@ -384,7 +385,8 @@ def opportunities(report: Any, top: int = 5) -> list[Opportunity]:
             measured_s=sum(measured) if measured else None, estimate_s=sum(m[3] for m in members), bound="",
             intensity=None, ridge=None, attained=None, reason=f"{cause}. Fix: {fix}.{save}", kind=kind,
             saving_s=saving, fix=fix, evidence=evidence))
-        spread = sum(noise.layer_spread(m[0]) for m in members) if noise is not None else 0.0
+        phases = evidence.get("phases")  # the phases its ops ran in, where a finding knows them (a chain's)
+        spread = sum(noise.layer_spread(m[0], phases) for m in members) if noise is not None else 0.0
         if kind != "uncounted" and spread and saving <= spread:  # within the measured noise: not a finding
             found[-1].evidence = {**found[-1].evidence, "noise_s": spread}
             suppress(found.pop())

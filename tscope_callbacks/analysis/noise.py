@@ -124,8 +124,12 @@ class Noise:
     def layer_noisy(self, layer: str) -> bool:
         return any(k[0] == layer for k in self.marks)
 
-    def layer_spread(self, layer: str) -> float:
-        return sum(v for k, v in self.spread.items() if k[0] == layer)
+    def layer_outlier(self, layer: str) -> bool:
+        return any(k[0] == layer and m.kind == "outlier" for k, m in self.marks.items())
+
+    def layer_spread(self, layer: str, phases: Any = None) -> float:
+        """The spread of ``layer``'s times over the steps: its rows' spreads summed (``phases``: those phases')."""
+        return sum(v for k, v in self.spread.items() if k[0] == layer and (phases is None or k[1] in phases))
 
     def to_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "marks": [m.to_dict() for m in self.marks.values()]}
