@@ -197,9 +197,8 @@ class _HookTimer:
         self.per_step: dict[int, float] = {}
         self.inner: dict[int, float] = {}
         self.trainer: pl.Trainer | None = None
-        from tscope_callbacks.callbacks.guarded import HOOKS
-
-        for name in HOOKS:
+        hooks = [n for n in dir(pl.Callback) if n.startswith("on_") or n in ("setup", "teardown")]
+        for name in hooks:
             if getattr(type(cb), name) is not getattr(pl.Callback, name):  # a hook the callback implements
                 setattr(cb, name, self._wrap(getattr(cb, name), self.per_step))
         if inner is not None:
@@ -239,7 +238,8 @@ def small_fit(module: type, kind: str, steps: int, root: str, spec: Any) -> dict
     cbs: list[pl.Callback] = []
     if kind in ("guard", "default"):
         guard = ts.NaNGuardCallback()
-        timers["guard"] = _HookTimer(guard, inner=(nonfinite, "tensor_norms"))
+        norm = "tensor_norms" if hasattr(nonfinite, "tensor_norms") else "per_tensor_norms"  # (older trees: the latter)
+        timers["guard"] = _HookTimer(guard, inner=(nonfinite, norm))
         cbs.append(guard)
     if kind == "default":
         roof = ts.RooflineCallback(gpu=spec)
