@@ -14,7 +14,7 @@ from tscope_callbacks.callbacks import roofline_io as io
 from tscope_callbacks.callbacks import session
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
 from tscope_callbacks.callbacks.clock import StepClock, WindowTimer
-from tscope_callbacks.callbacks.series import FirstProfileWait, ProfileSeries
+from tscope_callbacks.callbacks.series import AFTER_STEPS, FirstProfileWait, ProfileSeries
 from tscope_callbacks.callbacks.session import batch_signature, batch_size
 from tscope_callbacks.callbacks.sinks import metric_key
 from tscope_callbacks.devices.spec import DeviceSpec
@@ -35,8 +35,9 @@ class RooflineCallback(ProfilingCallback):
 
     Every figure describes the step as it runs **unprofiled** (capture slows the host, so the profiled step's own
     wall time is never used): the step time behind MFU, MBU, ``measured_step_ms`` and the report is the median of
-    up to 16 unprofiled steps before the profile, past warm-up, timed with CUDA events on a GPU (wall clock on CPU)
-    without any host sync. Warm-up is over once 5 unprofiled steps in a row agree (``callbacks.clock``); the first
+    the unprofiled steps around the profile, past warm-up (with ``profile_steps`` > 1 the 5 after it, its report is
+    made then, and the 5 before; else up to 16 before it), timed with CUDA events on a GPU (wall clock on CPU) without any host
+    sync. Warm-up is over once 5 unprofiled steps in a row agree (``callbacks.clock``); the first
     profile waits for that (at most 16 steps past ``start_step``) and its report says so. Only with fewer than 3
     such steps (every step profiled) the capture's device-busy time (CUDA: union of kernel intervals) or summed op
     times (CPU) stand in. The report says which, names the steps, and says when other processes kept the CPUs busy
@@ -210,12 +211,14 @@ class RooflineCallback(ProfilingCallback):
         gs = trainer.global_step
         if gs != self._last_gs and self._clock is not None:  # the first micro-batch of a new optimizer step
             self._last_gs = gs
-            if self._next_train - gs <= BASIS_STEPS:
+            if self._next_train - gs <= BASIS_STEPS or self._series.pending is not None:
                 try:
                     self._clock.tick(gs)
                 except Exception as e:  # profiles then use their own basis; the schedule goes on
                     self._clock = None
                     self.faults.report("the step clock", e)
+            # a series' report once the steps after it are timed (or a profile starts now)
+            self._release(trainer, pl_module, now="train" in self.schedules and self.schedules["train"].next_due(gs) <= gs)
             if self.auto_mfu and self._flops and gs % max(trainer.log_every_n_steps, 1) == 0:
                 io.mfu_boundary(self, trainer, gs)
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
@@ -229,24 +232,10 @@ class RooflineCallback(ProfilingCallback):
                 sig = batch_signature(batch)
                 timer.add_samples(*batch_size(sig))  # every micro-batch
                 if trainer.global_step != self._last_gs:  # the optimizer stepped: count its FLOPs once
-                    self._count_step(trainer, sig)
+                    io.count_step(self, trainer, sig, MAX_SIGNATURES)
             except Exception as e:  # the automatic MFU stops; profiles go on
                 self.auto_mfu, self._timer = False, None
                 self.faults.report("counting samples and FLOPs per step", e)
-
-    def _count_step(self, trainer: pl.Trainer, sig: tuple) -> None:
-        flops = self._flops.get(sig)
-        if flops is not None:
-            self._timer.add(flops)  # type: ignore[union-attr]
-            return
-        self._timer.mark_dirty()  # type: ignore[union-attr]  # a step whose FLOPs are unknown: window unusable
-        if len(self._flops) < MAX_SIGNATURES:
-            self._recount_at = trainer.global_step
-            self._next_train = min(self._next_train, trainer.global_step)
-        elif not self._shape_warned:
-            self._shape_warned = True
-            rank_zero_warn(f"tscope RooflineCallback: more than {MAX_SIGNATURES} batch shapes; the automatic MFU "
-                           "skips windows with a shape that was never profiled")
 
     def _dirty(self) -> None:
         for c in (self._clock, self._timer):
@@ -280,7 +269,7 @@ class RooflineCallback(ProfilingCallback):
             return
         if ctx.reason == "repeat":
             if self._series.add(result, ctx):
-                self._flush_series(trainer, pl_module)
+                self._flush_series(trainer, pl_module, wait=True)
             else:
                 self._next_train = min(self._next_train, ctx.step + 1)
             return
@@ -291,11 +280,22 @@ class RooflineCallback(ProfilingCallback):
             return
         self._analyse(trainer, pl_module, result, ctx)
 
-    def _flush_series(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Analyse the running series (its ops' median times) at its first step; nothing when none runs."""
+    def _flush_series(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *, wait: bool = False) -> None:
+        """Analyse the running series (its ops' median times) at its first step -- with ``wait``, once the unprofiled
+        steps after it are timed (its basis: the steps around it); nothing when none runs."""
+        self._release(trainer, pl_module, now=True)
         merged = self._series.take(self.faults)
-        if merged is not None:
+        if merged is not None and wait and self._clock is not None:
+            self._series.hold(merged, self._series.last_step)
+        elif merged is not None:
             self._analyse(trainer, pl_module, *merged)
+
+    def _release(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *, now: bool = False) -> None:
+        held = self._series.release(trainer.global_step, now=now)
+        if held is not None:
+            if self._clock is not None and self._clock.basis(2 * AFTER_STEPS) is not None:
+                held[0].meta.update(self._clock.labels(2 * AFTER_STEPS))  # the 5 unprofiled steps after it, 5 before
+            self._analyse(trainer, pl_module, *held)
 
     def _analyse(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
                  ctx: ProfileContext) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_warn
+
 from tscope_callbacks.analysis.throughput import Window
 from tscope_callbacks.callbacks import session
 from tscope_callbacks.callbacks.sinks import metric_key
 
-__all__ = ["write_step", "step_scalars", "mfu_boundary", "compare", "on_eager_reference", "write_comm", "gather_trace", "write_trace", "write_model",
+__all__ = ["write_step", "step_scalars", "mfu_boundary", "count_step", "compare", "on_eager_reference", "write_comm", "gather_trace", "write_trace", "write_model",
            "write_memory", "memory_scalars"]
 
 
@@ -198,3 +200,20 @@ def mfu_boundary(cb: Any, trainer: Any, gs: int, *, final: bool = False) -> None
     except Exception as e:
         cb.auto_mfu = False
         cb.faults.report("the automatic MFU", e)
+
+
+def count_step(cb: Any, trainer: Any, sig: tuple, max_signatures: int) -> None:
+    """One optimizer step in the running automatic-MFU window: its model FLOPs by batch signature; an unknown
+    signature makes the window unusable and asks for a recount (at most ``max_signatures`` shapes)."""
+    flops = cb._flops.get(sig)
+    if flops is not None:
+        cb._timer.add(flops)
+        return
+    cb._timer.mark_dirty()  # a step whose FLOPs are unknown: window unusable
+    if len(cb._flops) < max_signatures:
+        cb._recount_at = trainer.global_step
+        cb._next_train = min(cb._next_train, trainer.global_step)
+    elif not cb._shape_warned:
+        cb._shape_warned = True
+        rank_zero_warn(f"tscope RooflineCallback: more than {max_signatures} batch shapes; the automatic MFU "
+                       "skips windows with a shape that was never profiled")

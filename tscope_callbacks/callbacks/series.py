@@ -9,10 +9,12 @@ from typing import Any
 
 from tscope_callbacks.records import StepProfile
 
-__all__ = ["ProfileSeries", "FirstProfileWait", "MAX_DEFER_STEPS"]
+__all__ = ["ProfileSeries", "FirstProfileWait", "MAX_DEFER_STEPS", "AFTER_STEPS"]
 
 #: the first profile waits at most this many steps for the step time to settle (warm-up), then goes ahead
 MAX_DEFER_STEPS = 16
+#: unprofiled steps timed after a series before its report is made, so its basis is the steps around it
+AFTER_STEPS = 5
 log = logging.getLogger("tscope_callbacks")
 
 
@@ -23,6 +25,21 @@ class ProfileSeries:
         self.k = k
         self.items: list[tuple[StepProfile, Any]] = []
         self.next: int | None = None
+        #: a merged series waiting for the unprofiled steps after it (``AFTER_STEPS``), and the step it waits for
+        self.pending: tuple[StepProfile, Any] | None = None
+        self.pending_until: int | None = None
+        self.last_step = -1  #: the last step of the series ``take`` ended
+
+    def hold(self, merged: tuple[StepProfile, Any], last_step: int) -> None:
+        """Keep ``merged`` until AFTER_STEPS unprofiled steps after its last profiled step ``last_step`` are timed."""
+        self.pending, self.pending_until = merged, last_step + 1 + AFTER_STEPS
+
+    def release(self, step: int | None = None, *, now: bool = False) -> tuple[StepProfile, Any] | None:
+        """The held series when ``step`` reached the step it waits for (or ``now``); it is released."""
+        if self.pending is None or not (now or (step is not None and step >= (self.pending_until or 0))):
+            return None
+        out, self.pending, self.pending_until = self.pending, None, None
+        return out
 
     def begin(self, result: StepProfile, ctx: Any) -> bool:
         """Start a series with a scheduled profile; False when one step is all it takes (k = 1)."""
@@ -47,6 +64,7 @@ class ProfileSeries:
         items, self.items, self.next = self.items, [], None
         if not items:
             return None
+        self.last_step = items[-1][1].step
         from tscope_callbacks.analysis.noise import merge_steps
 
         try:
