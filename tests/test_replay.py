@@ -273,4 +273,6 @@ def test_callbacks_profile_in_full_when_asked_or_when_values_are_checked(fake, m
     assert not any("replay" in r.meta for r in seen)
     layers = ts.LayerProfilerCallback(every_n_steps=2, start_step=0, save_json=False, plot=False)  # check_finite
     seen = fit_with(tmp_path / "2", monkeypatch, lambda Record: [Record(**opts), layers])
-    assert not any("replay" in r.meta for r in seen)
+    # the steps the value-checking callback shares are full captures; the roofline's own later steps of a k-step
+    # series (reason "repeat", no value check) may replay
+    assert not any("replay" in r.meta for r in seen if r.meta.get("reason") != "repeat")
