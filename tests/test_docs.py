@@ -84,7 +84,7 @@ def test_mkdocs_builds_strict(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (tmp_path / "site" / "glossary" / "index.html").is_file()
+    assert (tmp_path / "site" / "glossary.html").is_file()  # pages as files: the site browses from disk
 
 
 def test_every_docs_page_is_in_the_site_nav() -> None:

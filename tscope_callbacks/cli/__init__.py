@@ -10,7 +10,7 @@ import sys
 # subcommand -> (module, help). Each module defines ``add_arguments(parser)`` and ``run(args) -> int``.
 _COMMANDS = {
     "demo": ("tscope_callbacks.cli.demo", "train a small transformer with all callbacks and print the roofline"),
-    "analyze": ("tscope_callbacks.cli.analyze", "Tensorscope-style analysis of a model on a named device, no training"),
+    "analyze": ("tscope_callbacks.cli.analyze", "estimate a training step of a model on a named GPU without running it (meta device)"),
     "specs": ("tscope_callbacks.cli.specs", "list the device roof table, or show one device"),
     "calibrate": ("tscope_callbacks.cli.calibrate", "measure this machine's achievable roofs (FLOP/s, bandwidth)"),
     "report": ("tscope_callbacks.cli.report", "render a saved profiled-step JSON as the roofline table / plot"),

@@ -1,4 +1,4 @@
-"""``tscope analyze MODULE:NAME``: Tensorscope-style analysis of a model on a named device, no training."""
+"""``tscope analyze MODULE:NAME``: estimate a training step of a model on a named device without running it."""
 
 from __future__ import annotations
 
