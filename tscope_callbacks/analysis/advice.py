@@ -386,7 +386,7 @@ def opportunities(report: Any, top: int = 5) -> list[Opportunity]:
             intensity=None, ridge=None, attained=None, reason=f"{cause}. Fix: {fix}.{save}", kind=kind,
             saving_s=saving, fix=fix, evidence=evidence))
         phases = evidence.get("phases")  # the phases its ops ran in, where a finding knows them (a chain's)
-        spread = sum(noise.layer_spread(m[0], phases) for m in members) if noise is not None else 0.0
+        spread = max(sum(noise.layer_spread(m[0], phases) for m in members), noise.floor_s) if noise else 0.0
         if kind != "uncounted" and spread and saving <= spread:  # within the measured noise: not a finding
             found[-1].evidence = {**found[-1].evidence, "noise_s": spread}
             suppress(found.pop())

@@ -7,7 +7,8 @@ finding").
   (max - min). A row is **noisy** when the spread exceeds ``NOISY_SPREAD`` x its median; a repeated block (same
   pattern ``h.*.mlp``, same ops and shapes) is an **outlier** when it took ``OUTLIER_RATIO`` x what its identical
   siblings took. Both are named as noise and get no advice; an opportunity is shown only when its saving exceeds the
-  measured spread of the rows it comes from (``analysis.advice``).
+  measured spread of the rows it comes from (``analysis.advice``) and, on a busy machine, the typical deviation of
+  the unprofiled steps (``Noise.floor_s``).
 """
 
 from __future__ import annotations
@@ -120,6 +121,9 @@ class Noise:
     steps: int = 1
     spread: dict[tuple[str, str], float] = field(default_factory=dict)
     marks: dict[tuple[str, str], NoiseMark] = field(default_factory=dict)
+    #: on a busy machine (``host_busy``), the unprofiled steps' typical deviation: preemptions land on ops at random,
+    #: a saving below it cannot be told from them (0 on an idle machine)
+    floor_s: float = 0.0
 
     def layer_noisy(self, layer: str) -> bool:
         return any(k[0] == layer for k in self.marks)
@@ -132,7 +136,7 @@ class Noise:
         return sum(v for k, v in self.spread.items() if k[0] == layer and (phases is None or k[1] in phases))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "marks": [m.to_dict() for m in self.marks.values()]}
+        return {"steps": self.steps, "floor_s": self.floor_s, "marks": [m.to_dict() for m in self.marks.values()]}
 
 
 def _samples(ops: list[Any]) -> tuple[float, ...] | None:
@@ -157,6 +161,8 @@ def find_noise(report: Any) -> Noise:
     step = report.measured_step_s or sum(r.measured_s for r in rows) or 0.0
     floor = NOISE_FLOOR_SHARE * step
     noise = Noise(steps=int(max((len(o.record.time_samples or ()) for o in report.op_roofs), default=1) or 1))
+    if report.meta.get("host_busy"):
+        noise.floor_s = float(report.meta.get("step_time_spread_s") or 0.0)
     for r in rows:
         s = _samples(r.ops)
         if s is None:

@@ -323,7 +323,8 @@ class RooflineAnalysis:
             o = Opportunity(r.layer, r.phase, r.type, r.recoverable_s, r.measured_s, r.expected_s, r.bound,
                             r.intensity, r.ridge, r.attained, explain(r, tf32_available=tf32),
                             saving_s=r.recoverable_s)
-            if self.timed and (r.recoverable_s or 0.0) <= self.noise.spread.get((r.layer, r.phase), 0.0):
+            if self.timed and (r.recoverable_s or 0.0) <= max(self.noise.spread.get((r.layer, r.phase), 0.0),
+                                                              self.noise.floor_s):
                 self._suppress(o)
                 continue
             found.append(o)

@@ -283,12 +283,11 @@ def to_markdown(report: Any, top: int = 20) -> str:
     opps = report.opportunities(top=5)
     lines += ["", "### Opportunities" + (" (by predicted saving)" if report.timed or exp else " (by expected time)"),
               ""]
-    step = report.measured_step_s
-    for i, o in enumerate(opps, 1):
-        lines.append(f"{i}. {opportunity_line(o, step)}")
+    lines += [f"{i}. {opportunity_line(o, report.measured_step_s)}" for i, o in enumerate(opps, 1)]
+    held = noise_lines(report)  # the noise marks and the findings within the noise
     if not opps:
-        lines.append("(none: every layer is at its roof)")
-    lines += noise_lines(report)
+        lines.append("(none above the measured noise: see below)" if held else "(none: every layer is at its roof)")
+    lines += held
     return "\n".join(lines) + "\n"
 
 

@@ -80,10 +80,13 @@ def noise_lines(report: Any) -> list[str]:
         out.append(f"- `{m.layer or '(root)'}` {m.phase} — {m.text}")
     for o in held:
         noise_s = o.evidence.get("noise_s") if o.evidence else None
-        noise_s = noise_s if noise_s is not None else noise.spread.get((o.layer, o.phase), 0.0) if noise else 0.0
+        spread = noise_s if noise_s is not None else noise.spread.get((o.layer, o.phase), 0.0) if noise else 0.0
+        floor = noise.floor_s if noise is not None else 0.0
         what = o.kind.replace("_", " ") if o.kind != "below_expected" else f"{o.phase} below expected"
+        within = (f"the steps' typical deviation on this busy machine ({_f(floor, '.3g', 1e3)} ms)" if floor >= spread
+                  else f"the measured spread of its times over the steps ({_f(spread, '.3g', 1e3)} ms)")
         out.append(f"- `{o.layer or '(root)'}` {what} — predicted saving {_f(o.saving_s, '.3g', 1e3)} ms is within "
-                   f"the measured spread of its times over the steps ({_f(noise_s, '.3g', 1e3)} ms): not a finding")
+                   f"{within}: not a finding")
     return out
 
 
