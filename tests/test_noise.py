@@ -152,6 +152,6 @@ def test_on_a_busy_machine_a_saving_must_exceed_the_steps_typical_deviation():
     assert ("blocks.0.fc", "backward") in shown  # 8 ms measured, ~7.95 ms recoverable > 5 ms: still a finding
     assert "typical deviation on this busy machine (5 ms)" in busy.to_markdown()
     for p in steps:
-        p.meta["step_time_spread_s"] = 20e-3  # deviating more than every saving: no finding, and it says why
+        p.meta["step_time_spread_s"] = 30e-3  # more than every saving (the slow-kernel group: 23.9 ms): no finding
     md = api.roofline(merge_steps(steps), a100()).to_markdown()
     assert "(none above the measured noise: see below)" in md and "every layer is at its roof" not in md
