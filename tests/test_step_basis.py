@@ -116,7 +116,8 @@ def test_environment_is_named_in_the_header():
     md = api.roofline(p, busy_roof).to_markdown()
     env = next(line for line in md.splitlines() if line.startswith("- **Environment**"))
     assert "**busy**" in env and "0.50 of each of the 2 CPUs" in env
-    assert "**oversubscribed**" in env and "torch's 2 threads plus 1.0 busy cores exceed the 2 CPUs" in env
+    assert "**oversubscribed**" in env and "torch's 2 thread(s) plus 1.0 busy cores exceed the 2 CPUs" in env
+    assert "`torch.set_num_threads(1)`" in env
     assert "- **Roof measured under load**: other processes kept 0.90 of each CPU busy" in md
     idle = make_profile([matmul(64, 64, 64, dtype="float32", time_s=1e-4)], host_cpus=2, torch_threads=1,
                         host_others_load_per_cpu=0.01, host_busy=False, host_oversubscribed=False)

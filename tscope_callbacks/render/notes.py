@@ -46,10 +46,13 @@ def environment_lines(report: Any) -> list[str]:
         else:
             parts.append(f"idle (other processes: {load:.2f} per CPU during the timed steps)")
         if m.get("host_oversubscribed"):
-            parts.append(f"**oversubscribed**: torch's {m['torch_threads']} threads"
-                         + (f" plus {load * m['host_cpus']:.1f} busy cores" if load else "")
-                         + f" exceed the {m['host_cpus']} CPUs (threads wait for each other; "
-                           f"`torch.set_num_threads({max(1, int(m['host_cpus'] - (load or 0) * m['host_cpus']))})`)")
+            cpus, threads, busy = m["host_cpus"], m["torch_threads"], (load or 0.0) * m["host_cpus"]
+            fewer = max(1, int(cpus - busy))
+            fix = (f"`torch.set_num_threads({fewer})`" if fewer < threads
+                   else "fewer threads cannot help: a quieter machine or time does")
+            parts.append(f"**oversubscribed**: torch's {threads} thread(s)" + (f" plus {busy:.1f} busy cores" if busy
+                                                                              else "")
+                         + f" exceed the {cpus} CPUs (threads wait for each other; {fix})")
         else:
             parts.append(f"torch {m['torch_threads']} thread(s) on {m['host_cpus']} CPUs")
         out.append("- **Environment**: " + "; ".join(parts))
