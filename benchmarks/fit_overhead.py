@@ -253,8 +253,11 @@ def small_fit(module: type, kind: str, steps: int, root: str, spec: Any) -> dict
     finally:
         for t in timers.values():
             t.undo()
+    # a profile covers profile_steps steps and is analysed and written a few steps later (after the unprofiled steps
+    # of its basis): all of those are left out, with a margin
+    span = getattr(cbs[0], "profile_steps", 1) + 7 if kind == "default" else 0
     profiled = {h["step"] for h in getattr(cbs[0], "history", [])} if kind == "default" else set()
-    keep = [i for i in range(20, steps) if not any(abs(i - p) <= 1 for p in profiled)]
+    keep = [i for i in range(20, steps) if not any(p - 1 <= i <= p + span for p in profiled)]
     out: dict[str, Any] = {"step": statistics.median(end.t1[i] - start.t0[i] for i in keep)}
     for name, t in timers.items():
         out[name] = statistics.median(t.per_step.get(i, 0.0) for i in keep)
@@ -294,7 +297,7 @@ def small_steps(rounds: int, steps: int, root: str, spec: Any) -> list[str]:
         "## (c) Small steps: the always-on cost of RooflineCallback() + NaNGuardCallback()",
         "",
         f"Per step, in microseconds. {rounds} interleaved rounds of {steps}-step fits per workload; the step time of "
-        "a fit is its median step after the first 20 (the profiled step 10 and its neighbours left out), the "
+        "a fit is its median step after the first 20 (the profiled steps and the steps around them left out), the "
         "figure shown is the fastest of the rounds (a shared machine only adds time). The hook columns time the "
         "callbacks' own Lightning hooks inside the same fits (median per step): the NaN guard's split into its one "
         "fused gradient norm (`_foreach_norm` and the stack of norms and losses) and everything else. Lightning's "

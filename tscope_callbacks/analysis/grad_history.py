@@ -43,8 +43,9 @@ LR_ROSE = 1.5  #: the learning rate's rise over the window (last / first) from w
 
 
 def global_norm(norms: Sequence[float]) -> float:
-    """L2 norm of all gradients together from their per-tensor L2 norms."""
-    return math.sqrt(sum(n * n for n in norms))
+    """L2 norm of all gradients together from their per-tensor L2 norms (``math.hypot``: one C call, and no
+    overflow of the squares)."""
+    return math.hypot(*norms)
 
 
 def owner(name: str) -> str:

@@ -173,13 +173,17 @@ class NaNGuardCallback(GuardedCallback):
     def _due(self, step: int) -> bool:
         return step % self.every_n_steps == 0
 
+    def _due_now(self, trainer: pl.Trainer) -> bool:
+        """Whether this optimizer step is checked (every step by default: no ``trainer.global_step`` read)."""
+        return self.every_n_steps == 1 or self._due(trainer.global_step)
+
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         if self._channel.pending:
             with paused():
                 self._poll(trainer, pl_module, trainer.global_step)
-        if self.locate and self._replay_blocker is None and self._due(trainer.global_step):
+        if self.locate and self._replay_blocker is None and self._due_now(trainer):
             try:
                 with paused():
                     self._snaps.append(nl_locate.StepSnapshot.take(batch, batch_idx))
@@ -193,7 +197,7 @@ class NaNGuardCallback(GuardedCallback):
             detached = loss.detach() if isinstance(loss, torch.Tensor) else loss
             if self._snaps and self._snaps[-1].loss is None:
                 self._snaps[-1].loss = detached
-            if self.check_loss and isinstance(loss, torch.Tensor) and self._due(trainer.global_step):
+            if self.check_loss and isinstance(loss, torch.Tensor) and self._due_now(trainer):
                 self._losses.append(detached)
 
     @override
@@ -231,7 +235,7 @@ class NaNGuardCallback(GuardedCallback):
     def _check_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         losses, snaps, self._losses, self._snaps = self._losses, self._snaps, [], []
         self._stepped = True
-        if not self._due(trainer.global_step):
+        if not self._due_now(trainer):
             return
         params = [p for g in optimizer.param_groups for p in g["params"]]
         self._lr = nan_steps.learning_rate(optimizer)

@@ -183,8 +183,7 @@ def check_now(guard: NaNGuardCallback, trainer: Any, pl_module: Any, params: lis
     values = nl.read_now(vec) if vec is not None else [0.0]  # the one read of this step, norms included
     guard.host_syncs += 1
     # the flag: the sum on the host (NaN or inf iff some norm or loss is; float64, so finite norms do not overflow)
-    flags = [row[0] for row in gather_floats(trainer, [math.fsum(values) if all(map(math.isfinite, values))
-                                                       else math.nan])]
+    flags = [row[0] for row in gather_floats(trainer, [sum(values)])]
     if all(math.isfinite(v) for v in flags):
         guard._streak = guard._skips_in_row = guard._amp_streak = 0
         if norms is not None:  # [per-gradient norms..., per-loss values...], read together
