@@ -108,3 +108,14 @@ def test_a_deliberate_non_finite_error_still_ends_the_fit(tmp_path: Path) -> Non
 
     with pytest.raises(NonFiniteError):
         seeded_fit(tmp_path, Bad, [ts.NaNGuardCallback(action="raise")], max_steps=5)
+
+
+def test_a_users_subclass_hook_raises_as_its_own_code_would(tmp_path: Path) -> None:
+    # only tscope's own code is guarded: an error in a hook the user wrote on a subclass is the user's
+    class Mine(ts.NaNGuardCallback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            super().on_train_batch_end(*args)
+            raise KeyError("the user's bug")
+
+    with pytest.raises(KeyError, match="the user's bug"):
+        seeded_fit(tmp_path, MLPModule, [Mine()], max_steps=2)

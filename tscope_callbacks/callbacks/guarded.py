@@ -5,7 +5,8 @@ made: an exception from tscope's own code is reported to the callback's :class:`
 Faults` (one log line per failing part over the fit) and the hook returns, so training goes on unchanged. The parts
 a hook knows better report themselves with a finer name (``self.faults.report("the step clock", e)``) and carry on
 with the rest of the hook. Exceptions a callback raises on purpose pass through (``_passthrough``: the NaN guard's
-``NonFiniteError``), and so does everything under ``raise_errors=True``.
+``NonFiniteError``), and so does everything under ``raise_errors=True``. Hooks a user's subclass overrides are not
+wrapped: an error in the user's own code propagates as it would (the inherited tscope hooks stay guarded).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class GuardedCallback(Callback):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if not cls.__module__.startswith("tscope_callbacks."):  # a user's subclass: its own hooks raise as they would
+            return
         for name in HOOKS:
             fn = cls.__dict__.get(name)
             if callable(fn) and not getattr(fn, "_tscope_guarded", False):
