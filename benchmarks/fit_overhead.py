@@ -221,8 +221,9 @@ class _HookTimer:
             try:
                 return fn(*a, **k)
             finally:
+                dt = (time.perf_counter_ns() - t0) * 1e-9  # before reading the step: that read is not the hook's
                 step = trainer.global_step if trainer is not None else -1
-                into[step] = into.get(step, 0.0) + (time.perf_counter_ns() - t0) * 1e-9
+                into[step] = into.get(step, 0.0) + dt
 
         timed.__wrapped__ = fn  # type: ignore[attr-defined]
         return timed
