@@ -125,7 +125,6 @@ def _moved(model: torch.nn.Module, device: str, dtype: torch.dtype | None) -> to
     return model
 
 
-@rng_preserving  # random inputs, dropout in a real run, a CPU roof measured
 def analyze_model(
     model: torch.nn.Module,
     input_shape: Sequence[Sequence[int]] | Sequence[int] | None = None,

@@ -58,7 +58,8 @@ def push_deferred(guard: NaNGuardCallback, trainer: Any, optimizer: Any, params:
     """Flag the step on the device, mask the update there when the action drops it, queue the flag for a late read.
 
     Queued vector: [any rank bad (0/1), this rank's total norm, per-gradient norms..., per-loss values...]."""
-    grads = nl.grads_of(params)  # local shards under FSDP2/TP: the flag is all-reduced below
+    # local shards under FSDP2/TP (the flag is all-reduced below), and their names for the payload, in one pass
+    grads, names = _grads_and_names(guard, trainer.lightning_module, params)
     norms = nl.per_tensor_norms(grads)
     dev = norms.device if norms is not None else (losses[0].device if losses else trainer.strategy.root_device)
     loss_vals = _loss_values(losses, dev)
@@ -73,15 +74,10 @@ def push_deferred(guard: NaNGuardCallback, trainer: Any, optimizer: Any, params:
         else:
             optimizer.found_inf = bad.reshape(())
     vec = torch.cat([bad, local] + parts)
-    payload = {"snaps": snaps, "grad_names": _grad_names(guard, trainer.lightning_module, params),
+    payload = {"snaps": snaps, "grad_names": names,
                "n_losses": len(losses), "epoch": trainer.current_epoch, "lr": guard._lr,
                "batch_idx": trainer.fit_loop.epoch_loop.batch_idx}
     guard._channel.push(trainer.global_step, vec, payload)
-
-
-def _grad_names(guard: NaNGuardCallback, module: Any, params: list) -> list[str]:
-    """Names of the parameters that have a gradient, in ``params`` order (the order of ``grads_of``)."""
-    return _grads_and_names(guard, module, params)[1]
 
 
 def _grads_and_names(guard: NaNGuardCallback, module: Any, params: list) -> tuple[list, list[str]]:
