@@ -15,23 +15,13 @@ rank's duration minus it (time spent waiting for the slowest rank to arrive), sp
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.formulas.intervals import merge_intervals, union_length
 
-__all__ = ["comm_rows", "comm_summary", "overlap", "skew", "union_ns"]
-
-
-def union_ns(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Merged, sorted [start, end) intervals."""
-    out: list[list[int]] = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
+__all__ = ["comm_rows", "comm_summary", "overlap", "skew"]
 
 
 def _length(iv: list[tuple[int, int]]) -> int:
@@ -57,11 +47,11 @@ def overlap(kernels: Sequence[tuple[int, int, bool]]) -> dict[str, float] | None
     minus the union of all), ``span_s``. None without kernels."""
     if not kernels:
         return None
-    comp = union_ns((s, e) for s, e, c in kernels if not c)
-    comm = union_ns((s, e) for s, e, c in kernels if c)
+    comp = merge_intervals((s, e) for s, e, c in kernels if not c)
+    comm = merge_intervals((s, e) for s, e, c in kernels if c)
     both = _intersection(comp, comm)
     span = max(e for _, e, _ in kernels) - min(s for s, _, _ in kernels)
-    busy = _length(union_ns((s, e) for s, e, _ in kernels))
+    busy = union_length((s, e) for s, e, _ in kernels)
     comm_len = _length(comm)
     return {"compute_s": _length(comp) * 1e-9, "comm_s": comm_len * 1e-9, "exposed_comm_s": (comm_len - both) * 1e-9,
             "overlap_frac": both / comm_len if comm_len else None, "idle_s": (span - busy) * 1e-9,

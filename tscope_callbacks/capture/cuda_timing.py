@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from tscope_callbacks.formulas.intervals import union_length
+
 __all__ = ["RANGE_PREFIX", "PAUSED_RANGE", "KernelRecord", "Timeline", "KernelTimeline", "assign_kernels",
            "is_tensor_core_kernel", "union_s", "timed_call", "CUPTI_NOTE", "cupti_teardown_note"]
 
@@ -125,18 +127,7 @@ class Timeline:
 
 def union_s(intervals: Iterable[tuple[int, int]]) -> float:
     """Length in seconds of the union of [start_ns, end_ns) intervals."""
-    total = 0
-    cur_s = cur_e = None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        elif e > cur_e:
-            cur_e = e
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total * 1e-9
+    return union_length(intervals) * 1e-9
 
 
 def timed_call(p: Any, fn: Any, args: tuple, kwargs: dict) -> tuple[Any, float | None]:

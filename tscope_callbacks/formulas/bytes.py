@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from tscope_callbacks.formulas.intervals import union_length
+
 __all__ = [
     "OpPlan",
     "op_plan",
@@ -123,21 +125,11 @@ def unique_bytes(ts: list) -> int:
             total += summed
             continue
         try:
-            spans = sorted(_extent(t) for t in g if t.numel())
+            spans = [_extent(t) for t in g if t.numel()]
         except (RuntimeError, NotImplementedError):
             total += summed
             continue
-        union = 0
-        cur_s, cur_e = None, None
-        for s, e in spans:
-            if cur_e is None or s > cur_e:
-                if cur_e is not None:
-                    union += cur_e - cur_s
-                cur_s, cur_e = s, e
-            elif e > cur_e:
-                cur_e = e
-        if cur_e is not None:
-            union += cur_e - cur_s
+        union = union_length(spans)
         total += min(summed, union)
     return total
 
