@@ -14,7 +14,7 @@ Workload: HF GPT-2 124M from a config, batch 8x1024, bf16 autocast, fused AdamW.
 7. a compiled model's steps after two profiles as fast as before (within 2%) and Dynamo's counters unchanged;
 8. WatchCallback: every gradient histogrammed, read without waiting, update ratios;
 9. a matmul overflowing from a huge finite weight: the NaN guard's replay names the layer, and the op and line that
-   made the first inf (``analysis.op_origin``).
+   made the first inf (``capture.op_origin``).
 
     python scripts/gpu_check.py [--out benchmarks/results/gpu_check_<device>.md]
     python scripts/gpu_check.py --smoke      # CPU, tiny model: exercises the script (CUDA-only lines say SKIP)

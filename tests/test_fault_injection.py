@@ -14,9 +14,9 @@ from cb_utils import test_spec
 from robust_utils import SCHED, MLPModule, assert_nothing_left, assert_same_weights, seeded_fit
 
 import tscope_callbacks as ts
-from tscope_callbacks.analysis import histograms, locate
+from tscope_callbacks.analysis import histograms
 from tscope_callbacks.callbacks import clock, layers_cb, nan_steps, roofline_cb
-from tscope_callbacks.capture import layers, memory, profile
+from tscope_callbacks.capture import layers, locate, memory, profile
 from tscope_callbacks.capture.faults import Faults
 
 #: what to break -> (object, attribute, the part named in the log line)

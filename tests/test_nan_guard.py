@@ -526,7 +526,7 @@ def test_origin_in_hf_gpt2_names_the_injecting_multiply_not_an_allocation():
 
 
 def test_origin_reads_an_in_place_input_as_the_op_saw_it_and_an_out_buffer_not_at_all():
-    from tscope_callbacks.analysis.op_origin import OpOrigin
+    from tscope_callbacks.capture.op_origin import OpOrigin
 
     zeros = torch.zeros(4)
     with OpOrigin() as mode:

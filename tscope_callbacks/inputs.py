@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from tscope_callbacks.analysis.op_origin import is_library_file
+from tscope_callbacks.capture.op_origin import is_library_file
 
 __all__ = ["ModelRunError", "build_inputs", "input_shapes", "model_errors", "user_frame_of"]
 

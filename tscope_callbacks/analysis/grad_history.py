@@ -33,6 +33,8 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from tscope_callbacks.capture.paths import owner
+
 __all__ = ["GradHistory", "LayerNorms", "layer_norms", "layer_sums", "global_norm", "owner", "step_loss", "BUILT_UP_NORM",
            "BUILT_UP_LOSS", "MIN_ONSET_STEPS", "LR_ROSE"]
 
@@ -46,11 +48,6 @@ def global_norm(norms: Sequence[float]) -> float:
     """L2 norm of all gradients together from their per-tensor L2 norms (``math.hypot``: one C call, and no
     overflow of the squares)."""
     return math.hypot(*norms)
-
-
-def owner(name: str) -> str:
-    """The module owning a parameter: its name without the last part ("" for the root's own)."""
-    return name.rpartition(".")[0]
 
 
 def layer_sums(names: Sequence[str], values: Sequence[float]) -> dict[str, float]:

@@ -12,13 +12,14 @@ Nothing here imports Lightning.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
+from tscope_callbacks.capture.locate import LocateResult
 from tscope_callbacks.capture.step_memory import local_tensor
+from tscope_callbacks.capture.tensors import count_nonfinite, floating, iter_tensors
 
 __all__ = ["NonFiniteEvent", "NonFiniteError", "LocateResult", "RankInfo", "FlagChannel", "count_nonfinite",
            "iter_tensors", "max_abs_finite", "merge_infos", "nonfinite_total", "per_tensor_norms", "rank_info", "tensor_norms",
@@ -34,27 +35,6 @@ def local(t: Any) -> Any:
 def grads_of(params: list) -> list:
     """The local gradients of ``params`` that exist (each ``.grad`` read once: a property, on every checked step)."""
     return [g if type(g) is torch.Tensor else local_tensor(g) for p in params if (g := p.grad) is not None]
-
-
-def iter_tensors(obj: Any, _depth: int = 0) -> Iterator[torch.Tensor]:
-    """Tensors in a nested structure (tensor, list/tuple, dict, dataclass-like objects with ``__dict__``)."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif _depth > 8 or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
-        return
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from iter_tensors(v, _depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from iter_tensors(v, _depth + 1)
-    elif hasattr(obj, "__dataclass_fields__"):
-        for k in obj.__dataclass_fields__:
-            yield from iter_tensors(getattr(obj, k, None), _depth + 1)
-
-
-def floating(t: torch.Tensor) -> bool:
-    return t.is_floating_point() or t.is_complex()
 
 
 def nonfinite_total(tensors: list[torch.Tensor]) -> torch.Tensor | None:
@@ -172,17 +152,6 @@ class FlagChannel:
         self.pending.clear()
 
 
-def count_nonfinite(named: list[tuple[str, torch.Tensor | None]]) -> dict[str, int]:
-    """{name: number of non-finite elements} for the tensors that have any (exact; syncs once per tensor)."""
-    out = {}
-    for name, t in named:
-        if t is not None and floating(t):
-            n = int((~torch.isfinite(t)).sum())
-            if n:
-                out[name] = n
-    return out
-
-
 def max_abs_finite(tensors: list[torch.Tensor]) -> float | None:
     """Largest finite absolute value over the tensors (None when there is none)."""
     best = None
@@ -259,21 +228,6 @@ class NonFiniteError(RuntimeError):
     def __init__(self, event: NonFiniteEvent) -> None:
         super().__init__(str(event))
         self.event = event
-
-
-@dataclass
-class LocateResult:
-    """What a replay found (all fields picklable, so results can be gathered across ranks)."""
-
-    kind: str | None = None  # "activation" | "loss" | "gradient" | "parameter"; None: not reproduced
-    layer: str | None = None
-    parameter: str | None = None  # first parameter whose replayed gradient was non-finite (backward order)
-    parameters: dict[str, int] = field(default_factory=dict)
-    loss: float | None = None
-    reproduced: bool = False
-    batch_idx: int | None = None  # the micro-batch replayed
-    note: str = ""
-    origin: str = ""  # the op that made the first non-finite value, and its line (``analysis.op_origin``)
 
 
 @dataclass

@@ -48,7 +48,6 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
-from tscope_callbacks.analysis import locate as nl_locate
 from tscope_callbacks.analysis import nonfinite as nl
 from tscope_callbacks.analysis.grad_history import GradHistory, step_loss
 from tscope_callbacks.analysis.nonfinite import NonFiniteError, NonFiniteEvent
@@ -56,6 +55,7 @@ from tscope_callbacks.callbacks import nan_steps
 from tscope_callbacks.callbacks.guarded import GuardedCallback
 from tscope_callbacks.callbacks.session import sinks_for
 from tscope_callbacks.callbacks.sinks import METRIC_ROOT, NULL_SINK, metric_key
+from tscope_callbacks.capture import locate as nl_locate
 from tscope_callbacks.capture.profile import paused
 
 __all__ = ["NaNGuardCallback", "NonFiniteError", "NonFiniteEvent"]

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tscope_callbacks.analysis import locate as nl_locate
 from tscope_callbacks.analysis import nonfinite as nl
 from tscope_callbacks.analysis.grad_history import owner, step_loss
 from tscope_callbacks.analysis.nonfinite import NonFiniteEvent
 from tscope_callbacks.callbacks.session import gather_floats, gather_objects
+from tscope_callbacks.capture import locate as nl_locate
 from tscope_callbacks.capture.paths import named_parameters
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from fnmatch import fnmatchcase
 
 import torch
 
-__all__ = ["clean_path", "named_parameters", "ancestors", "Selection", "ModelTree"]
+__all__ = ["clean_path", "named_parameters", "owner", "ancestors", "Selection", "ModelTree"]
 
 _WRAPPER = "_orig_mod"  #: the attribute under which ``torch.compile``'s OptimizedModule keeps the user's module
 
@@ -87,6 +87,11 @@ class ModelTree:
     def device(self) -> torch.device:
         """The device of the first parameter (CPU for a model without parameters)."""
         return self.parameters[0][1].device if self.parameters else torch.device("cpu")
+
+
+def owner(name: str) -> str:
+    """The module owning a parameter: its name without the last part ("" for the root's own)."""
+    return name.rpartition(".")[0]
 
 
 def ancestors(path: str) -> list[str]:

@@ -1,7 +1,7 @@
 """The op that made the first non-finite value of a replayed step, and the line of code that called it.
 
 ``torch.autograd.detect_anomaly`` answers this for the backward only, by raising, at a 1.4-5.8x cost on every step
-(``benchmarks/results``). Here the question is asked once, on the replay of a bad step (``analysis.locate``):
+(``benchmarks/results``). Here the question is asked once, on the replay of a bad step (``capture.locate``):
 :class:`OpOrigin`, a dispatch mode, checks every op's floating outputs and keeps the first op that turned finite
 inputs into a non-finite output:
 
@@ -35,7 +35,7 @@ import torch
 from torch._C._autograd import _get_sequence_nr
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tscope_callbacks.analysis.nonfinite import floating, iter_tensors
+from tscope_callbacks.capture.tensors import floating, iter_tensors
 
 __all__ = ["OpOrigin", "Origin", "is_library_file", "user_frame"]
 

@@ -28,20 +28,34 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from tscope_callbacks.analysis.grad_history import owner
-from tscope_callbacks.analysis.nonfinite import LocateResult, count_nonfinite, floating, iter_tensors
-from tscope_callbacks.analysis.op_origin import OpOrigin
 from tscope_callbacks.capture.eager import EagerStance
-from tscope_callbacks.capture.paths import clean_path, named_parameters
+from tscope_callbacks.capture.op_origin import OpOrigin
+from tscope_callbacks.capture.paths import clean_path, named_parameters, owner
+from tscope_callbacks.capture.tensors import count_nonfinite, floating, iter_tensors
 from tscope_callbacks.rng import RngState
 
-__all__ = ["StepSnapshot", "locate_step", "replay_locate"]
+__all__ = ["StepSnapshot", "LocateResult", "locate_step", "replay_locate"]
+
+
+@dataclass
+class LocateResult:
+    """What a replay found (all fields picklable, so results can be gathered across ranks)."""
+
+    kind: str | None = None  # "activation" | "loss" | "gradient" | "parameter"; None: not reproduced
+    layer: str | None = None
+    parameter: str | None = None  # first parameter whose replayed gradient was non-finite (backward order)
+    parameters: dict[str, int] = field(default_factory=dict)
+    loss: float | None = None
+    reproduced: bool = False
+    batch_idx: int | None = None  # the micro-batch replayed
+    note: str = ""
+    origin: str = ""  # the op that made the first non-finite value, and its line (``capture.op_origin``)
 
 
 @dataclass
