@@ -12,6 +12,7 @@ from typing import Any
 
 from tscope_callbacks.devices.efficiency import ITEMSIZE
 from tscope_callbacks.formulas.kernel_bytes import kernel_bytes, kernel_work
+from tscope_callbacks.formulas.matmul import gemm_flops
 from tscope_callbacks.records import MEMORY_CATEGORIES, OpRecord
 
 __all__ = ["expected_s", "kernel_bytes", "gemm_dims", "attention_dims", "attention_backend", "MEMORY_BOUND"]
@@ -82,7 +83,7 @@ def expected_s(rec: OpRecord, precision: str, model: Any) -> float | None:
         ok = all((ld * item) % 16 == 0 for ld in lds) if lds else None  # stored layout, where it was recorded
         t = model.gemm_s(m, n, k, precision, ok)
         if cat == "conv" and rec.flops:  # backward convolutions and grouped ones: same efficiency, their own FLOPs
-            return t * rec.flops / max(2 * m * n * k, 1)
+            return t * rec.flops / max(gemm_flops(m, k, n), 1)
         return t
     if cat == "attention":
         backend, dims = attention_backend(rec.op), attention_dims(rec)

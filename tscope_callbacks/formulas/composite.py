@@ -20,6 +20,7 @@ from tscope_callbacks.formulas.bytes import storage_id, tensor_bytes
 from tscope_callbacks.formulas.common import numel, out_numel, reg
 from tscope_callbacks.formulas.embedding import _embedding_bag, _embedding_bag_bytes
 from tscope_callbacks.formulas.losses import _nll, _nll_bytes, _red
+from tscope_callbacks.formulas.matmul import gemm_flops
 from tscope_callbacks.formulas.norm import norm_forward_flops
 
 __all__ = ["maybe_copy_bytes", "einsum_flops"]
@@ -39,11 +40,11 @@ def maybe_copy_bytes(args, kwargs, out):
 
 
 def _linear(x, w, *args, out=None, **kwargs) -> int:
-    return 2 * numel(out) * w[-1]
+    return gemm_flops(numel(out), w[-1], 1)  # one length-k dot product per output element
 
 
 def _matmul(a, b, *args, out=None, **kwargs) -> int:
-    return 2 * numel(out) * a[-1]
+    return gemm_flops(numel(out), a[-1], 1)
 
 
 def _outer(a, b, *args, out=None, **kwargs) -> int:

@@ -19,6 +19,7 @@ import re
 import torch
 
 from tscope_callbacks.formulas.apply import OpCount
+from tscope_callbacks.formulas.matmul import gemm_flops
 from tscope_callbacks.formulas.norm import norm_backward_flops, norm_forward_flops
 from tscope_callbacks.formulas.pointwise import POINTWISE_COSTS
 
@@ -131,7 +132,7 @@ def kernel_count(name: str, args: tuple, roles: list[str] | None, phase: str = "
         for a in mats:
             b = next((b for b in mats if b is not a and b.shape[-2] == a.shape[-1]), None)
             if b is not None:
-                flops = 2 * (a.numel() // a.shape[-1]) * a.shape[-1] * b.shape[-1]
+                flops = gemm_flops(a.numel() // a.shape[-1], a.shape[-1], b.shape[-1])  # leading dims as rows
                 break
     else:
         widths = {t.shape[0] for t in ins if t.dim() == 1 and t.is_floating_point()}

@@ -9,19 +9,22 @@ from __future__ import annotations
 
 from tscope_callbacks.formulas.common import numel, reg
 
-__all__ = ["mm_flops", "bmm_flops"]
+__all__ = ["gemm_flops", "mm_flops", "bmm_flops"]
+
+
+def gemm_flops(m: int, k: int, n: int, batch: int = 1) -> int:
+    """FLOPs of ``batch`` products ``(m x k) @ (k x n)``: each of the m n outputs is k multiply-adds (2 FLOPs each).
+    The one GEMM rule: the dispatcher's matmul ops here and Inductor's GEMM templates (``formulas.fused``)."""
+    return 2 * batch * m * k * n
 
 
 def mm_flops(a, b, *args, out=None, **kwargs) -> int:
-    m, k = a[-2], a[-1]
-    n = b[-1]
-    return 2 * m * k * n
+    return gemm_flops(a[-2], a[-1], b[-1])
 
 
 def bmm_flops(a, b, *args, out=None, **kwargs) -> int:
     bsz, m, k = a
-    n = b[-1]
-    return 2 * bsz * m * k * n
+    return gemm_flops(m, k, b[-1], bsz)
 
 
 def _addmm(bias, a, b, *args, out=None, **kwargs) -> int:
@@ -33,15 +36,15 @@ def _baddbmm(bias, a, b, *args, out=None, **kwargs) -> int:
 
 
 def _addmv(bias, mat, vec, *args, out=None, **kwargs) -> int:
-    return 2 * mat[0] * mat[1]
+    return gemm_flops(mat[0], mat[1], 1)
 
 
 def _mv(mat, vec, *args, out=None, **kwargs) -> int:
-    return 2 * mat[0] * mat[1]
+    return gemm_flops(mat[0], mat[1], 1)
 
 
 def _dot(a, b, *args, out=None, **kwargs) -> int:
-    return 2 * a[0]
+    return gemm_flops(1, a[0], 1)
 
 
 def _addmm_activation(bias, a, b, *args, out=None, use_gelu=False, **kwargs) -> int:
@@ -51,15 +54,15 @@ def _addmm_activation(bias, a, b, *args, out=None, use_gelu=False, **kwargs) -> 
 
 def _by_out_and_k(a, b, *args, out=None, **kwargs) -> int:
     """Packed-weight GEMMs (int4/int8 weight-only): each output element is a length-k dot product."""
-    return 2 * numel(out) * a[-1]
+    return gemm_flops(numel(out), a[-1], 1)
 
 
 def _grouped_mm(a, b, *args, out=None, **kwargs) -> int:
     """MoE grouped GEMM: each output element is one dot product over k, except 2d x 2d where k is split into
     groups (out is ``(G, m, n)``, total k = ``a[-1]``)."""
     if len(a) == 2 and len(b) == 2:
-        return 2 * a[0] * b[-1] * a[-1]
-    return 2 * numel(out) * a[-1]
+        return gemm_flops(a[0], a[-1], b[-1])
+    return gemm_flops(numel(out), a[-1], 1)
 
 
 reg(["mm", "_int_mm", "_scaled_mm"], "matmul", mm_flops)
