@@ -1,0 +1,339 @@
+"""Reading a log dir for the dashboard: the runs, their profiled steps, one step's report, a run's series.
+
+Shared by the TensorBoard plugin (``dashboard/plugin.py``) and the standalone page (``tscope view``, ``to_html``).
+Nothing here raises for bad input: a file that cannot be read is listed with its error, and the rest is shown.
+
+- ``scan(logdir) -> {"runs": [{"run", "dir", "steps": [{"step", "stage", "readable", "error"}]}], "hint"}``:
+  every directory under ``logdir`` holding ``tscope/step_<N>.json`` or ``tscope/<stage>_step_<N>.json`` is a run,
+  named as TensorBoard names it (its path relative to ``logdir``; ``"."`` for ``logdir`` itself). The files are
+  listed again on every call, so a run still being written shows its new steps; a file is parsed again only when
+  its (path, mtime, size) changed. ``hint`` says how to add the callback when no run holds tscope data.
+- ``load(run_dir, step, stage="train") -> dict``: the step's StepReport dict (the contract of
+  ``StepReport.to_dict()``, schema ``"tscope.step_report"`` version 2), or ``{"error": "<one line>"}`` for a missing,
+  corrupt, half-written or older-schema file (the message names the schema version found).
+- ``series(run_dir) -> {"mfu": [[step, value], ...], "step_ms": ..., "tokens_per_s": ..., ...,
+  "profiles": {"mfu": [[step, value], ...], ...}}``: every ``tscope/roofline/<key>`` scalar of the run's event files
+  (the profiled steps and the automatic MFU windows, training stage) under its bare key, sorted by step; where no
+  event file holds a key, the profiled steps' header figures fill it. ``"profiles"`` holds the header figures of the
+  readable step files only (the page marks the profiled steps with them).
+- ``ops(run_dir, step, stage, layer) -> {"ops": [...], "total": int, "note": str|None}``: the step's ops in execution
+  order, those of ``layer`` and its sub-modules (``layer`` empty: all ops, at most ``OPS_CAP`` with a note).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+__all__ = ["HINT", "OPS_CAP", "SCHEMA", "SCHEMA_VERSION", "StepFileError", "load", "ops", "read_step_file",
+           "scan", "series", "step_path"]
+
+SCHEMA = "tscope.step_report"
+SCHEMA_VERSION = 2
+OPS_CAP = 5000
+HINT = ("No tscope data in this log dir. Add the callback to your Trainer and train: "
+        "Trainer(callbacks=[tscope_callbacks.RooflineCallback()], logger=TensorBoardLogger(\"<this log dir>\")); "
+        "each profiled step writes <log_dir>/tscope/step_<N>.json, which this tab reads.")
+
+_STEP_RE = re.compile(r"^(?:(?P<stage>[a-z]+)_)?step_(?P<step>\d+)\.json$")
+_NOT_STEPS = {"trace", "layers"}  # trace_step_<N>.json, layers_step_<N>.json: other outputs
+_SERIES_PREFIX = "tscope/roofline/"
+_HEADER_SERIES = ("mfu", "mbu", "hfu", "step_ms", "estimated_step_ms", "achieved_tflops", "tokens_per_s",
+                  "samples_per_s", "memory_peak_bytes", "flop_coverage")
+
+
+class StepFileError(ValueError):
+    """A step file that cannot be shown: its one-line message says why and what to do."""
+
+
+# ---------------------------------------------------------------------------------------------------- the cache
+class _Cache:
+    """Parsed files by (path, mtime_ns, size): a changed file is parsed again; at most ``size`` kept."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self._d, self._lock = size, OrderedDict(), threading.Lock()
+
+    def get(self, key: tuple) -> Any:
+        with self._lock:
+            if key in self._d:
+                self._d.move_to_end(key)
+                return self._d[key]
+        return None
+
+    def __contains__(self, key: tuple) -> bool:
+        with self._lock:
+            return key in self._d
+
+    def put(self, key: tuple, value: Any) -> None:
+        with self._lock:
+            self._d[key] = value
+            self._d.move_to_end(key)
+            while len(self._d) > self.size:
+                self._d.popitem(last=False)
+
+
+_REPORTS = _Cache(16)  # key -> report dict or StepFileError
+_STATUS = _Cache(4096)  # key -> error message or None (readable): small, for the runs index
+_EVENTS = _Cache(256)  # event file key -> {tag: [[step, value], ...]}
+
+
+def _key(path: Path) -> tuple | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (str(path), st.st_mtime_ns, st.st_size)
+
+
+# ---------------------------------------------------------------------------------------------------- one file
+def _older(version: Any, name: str) -> StepFileError:
+    found = "no schema version (written by tscope before version 2)" if version is None else (
+        f"step-report schema version {version}")
+    return StepFileError(f"{name}: {found}; this dashboard reads schema version {SCHEMA_VERSION}: profile the run "
+                         "again with the installed tscope_callbacks")
+
+
+def _legacy(path: Path) -> dict | None:
+    """A version-1 file read through the report module's own loader (re-analysis of its profile), when it can."""
+    for mod in ("tscope_callbacks.report", "tscope_callbacks.analysis.report"):
+        try:
+            loader = __import__(mod, fromlist=["load_step_file"]).load_step_file
+        except (ImportError, AttributeError):
+            continue
+        try:
+            d = loader(path).to_dict()
+        except Exception:
+            return None
+        return d if isinstance(d, dict) and d.get("version") == SCHEMA_VERSION else None
+    return None
+
+
+def read_step_file(path: str | os.PathLike) -> dict:
+    """The StepReport dict in one step file; ``StepFileError`` (one line) when it cannot be shown."""
+    path = Path(path)
+    name = path.name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise StepFileError(f"{name}: cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise StepFileError(f"{name}: not a text file (corrupt)") from None
+    if not text.strip():
+        raise StepFileError(f"{name}: empty (half-written: the run may still be writing it)")
+    try:
+        d = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        raise StepFileError(f"{name}: corrupt or half-written JSON ({getattr(e, 'msg', e)}{where}); "
+                            "a run still writing it shows it once complete") from None
+    if not isinstance(d, dict):
+        raise StepFileError(f"{name}: not a step report (a JSON {type(d).__name__}, not an object)")
+    rep = d["report"] if "report" in d and "schema" not in d else d
+    if rep is None:
+        raise StepFileError(f"{name}: holds no report (the profile had no device roof: pass gpu=... to the "
+                            "callback)")
+    if not isinstance(rep, dict):
+        raise StepFileError(f"{name}: not a step report (its 'report' is a JSON {type(rep).__name__})")
+    schema, version = rep.get("schema"), rep.get("version")
+    if schema not in (None, SCHEMA):
+        raise StepFileError(f"{name}: schema {schema!r}, not a tscope step report ({SCHEMA!r})")
+    if schema == SCHEMA and version == SCHEMA_VERSION:
+        return rep
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        raise StepFileError(f"{name}: step-report schema version {version}, newer than this dashboard's "
+                            f"{SCHEMA_VERSION}: upgrade tscope_callbacks")
+    legacy = _legacy(path)
+    if legacy is not None:
+        return legacy
+    raise _older(version if schema == SCHEMA else None, name)
+
+
+def _parse_cached(path: Path) -> dict:
+    key = _key(path)
+    if key is None:
+        raise StepFileError(f"{path.name}: no such step file")
+    hit = _REPORTS.get(key)
+    if hit is None:
+        try:
+            hit = read_step_file(path)
+        except StepFileError as e:
+            hit = e
+        _REPORTS.put(key, hit)
+        _STATUS.put(key, str(hit) if isinstance(hit, StepFileError) else None)
+    if isinstance(hit, StepFileError):
+        raise hit
+    return hit
+
+
+def _status(path: Path) -> str | None:
+    """None when the file is readable, else its error (parsed once per (path, mtime, size))."""
+    key = _key(path)
+    if key is None:
+        return f"{path.name}: removed while listing"
+    if key not in _STATUS:
+        try:
+            _parse_cached(path)
+        except StepFileError:
+            pass
+        except Exception as e:  # never let one file break the index
+            _STATUS.put(key, f"{path.name}: cannot be read ({type(e).__name__}: {e})")
+    return _STATUS.get(key)
+
+
+# ---------------------------------------------------------------------------------------------------- the index
+def step_path(run_dir: str | os.PathLike, step: int, stage: str = "train") -> Path:
+    """``<run_dir>/tscope/step_<N>.json`` (other stages: ``<stage>_step_<N>.json``)."""
+    name = f"step_{int(step)}.json" if stage == "train" else f"{stage}_step_{int(step)}.json"
+    return Path(run_dir) / "tscope" / name
+
+
+def _step_files(tdir: Path) -> list[tuple[str, int, Path]]:
+    out = []
+    try:
+        entries = list(os.scandir(tdir))
+    except OSError:
+        return out
+    for e in entries:
+        m = _STEP_RE.match(e.name)
+        if m is None or (m["stage"] or "") in _NOT_STEPS:
+            continue
+        out.append((m["stage"] or "train", int(m["step"]), Path(e.path)))
+    return sorted(out, key=lambda t: (t[0] != "train", t[0], t[1]))
+
+
+def _run_dirs(logdir: Path) -> list[Path]:
+    found = []
+    for root, dirs, _files in os.walk(logdir, followlinks=False):
+        dirs.sort()
+        if "tscope" in dirs and _step_files(Path(root) / "tscope"):
+            found.append(Path(root))
+        dirs[:] = [d for d in dirs if d != "tscope" and not d.startswith(".")]
+    return found
+
+
+def run_name(logdir: str | os.PathLike, run_dir: str | os.PathLike) -> str:
+    """TensorBoard's name of a run: its path relative to the log dir (``"."`` for the log dir itself)."""
+    rel = os.path.relpath(run_dir, logdir)
+    return rel.replace(os.sep, "/")
+
+
+def scan(logdir: str | os.PathLike) -> dict:
+    """The runs index (see the module docstring); never raises."""
+    logdir = Path(logdir)
+    if not logdir.is_dir():
+        return {"runs": [], "hint": f"The log dir {str(logdir)!r} does not exist (yet). " + HINT}
+    runs = []
+    for rd in _run_dirs(logdir):
+        steps = []
+        for stage, step, path in _step_files(rd / "tscope"):
+            err = _status(path)
+            steps.append({"step": step, "stage": stage, "readable": err is None, "error": err})
+        runs.append({"run": run_name(logdir, rd), "dir": str(rd), "steps": steps})
+    return {"runs": runs, "hint": None if runs else HINT}
+
+
+def load(run_dir: str | os.PathLike, step: int, stage: str = "train") -> dict:
+    """One step's StepReport dict, or ``{"error": "<one line>"}``; never raises."""
+    try:
+        return _parse_cached(step_path(run_dir, step, stage))
+    except StepFileError as e:
+        return {"error": str(e)}
+    except Exception as e:
+        return {"error": f"step {step} ({stage}): cannot be read ({type(e).__name__}: {e})"}
+
+
+def ops(run_dir: str | os.PathLike, step: int, stage: str = "train", layer: str = "", cap: int = OPS_CAP) -> dict:
+    """The step's ops of ``layer`` and its sub-modules (all ops when empty, at most ``cap``), or an error dict."""
+    rep = load(run_dir, step, stage)
+    if "error" in rep and "schema" not in rep:
+        return rep
+    rows = rep.get("ops") or []
+    if layer:
+        pre = layer + "."
+        rows = [o for o in rows if (o.get("layer") or "") == layer or (o.get("layer") or "").startswith(pre)]
+    note = None
+    if len(rows) > cap:
+        note = f"the first {cap} of {len(rows)} ops in execution order (pick a layer to see its ops)"
+    return {"ops": rows[:cap], "total": len(rows), "note": note}
+
+
+# ---------------------------------------------------------------------------------------------------- series
+def _event_scalars(path: Path) -> dict[str, list[list[float]]]:
+    """``tscope/roofline/*`` scalars (training stage) of one event file, by bare key."""
+    key = _key(path)
+    if key is None:
+        return {}
+    hit = _EVENTS.get(key)
+    if hit is not None:
+        return hit
+    out: dict[str, list[list[float]]] = {}
+    try:
+        from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+        from tensorboard.util import tensor_util
+
+        for ev in LegacyEventFileLoader(str(path)).Load():
+            if not ev.HasField("summary"):
+                continue
+            for v in ev.summary.value:
+                if not v.tag.startswith(_SERIES_PREFIX):
+                    continue
+                bare = v.tag[len(_SERIES_PREFIX):]
+                if "/" in bare:  # other stages (tscope/roofline/<stage>/<key>) and tables
+                    continue
+                kind = v.WhichOneof("value")
+                if kind == "simple_value":
+                    val = float(v.simple_value)
+                elif kind == "tensor":
+                    try:
+                        val = float(tensor_util.make_ndarray(v.tensor).reshape(-1)[0])
+                    except Exception:
+                        continue
+                else:
+                    continue
+                if math.isfinite(val):
+                    out.setdefault(bare, []).append([int(ev.step), val])
+    except Exception:
+        pass  # a half-written event file: what was read so far (the next call reads it again)
+    _EVENTS.put(key, out)
+    return out
+
+
+def series(run_dir: str | os.PathLike) -> dict:
+    """The run's over-time series (see the module docstring); never raises."""
+    run_dir = Path(run_dir)
+    merged: dict[str, dict[int, float]] = {}
+    try:
+        files = sorted(p for p in run_dir.iterdir() if p.name.startswith("events.out.tfevents"))
+    except OSError:
+        files = []
+    for f in files:
+        for k, pts in _event_scalars(f).items():
+            d = merged.setdefault(k, {})
+            for s, v in pts:
+                d[int(s)] = v  # a later event at the same step wins, as in TensorBoard
+    profiles: dict[str, dict[int, float]] = {}
+    for stage, step, path in _step_files(run_dir / "tscope"):
+        if stage != "train" or _status(path) is not None:
+            continue
+        try:
+            header = _parse_cached(path).get("header") or {}
+        except Exception:
+            continue
+        for k in _HEADER_SERIES:
+            fig = header.get(k)
+            v = fig.get("value") if isinstance(fig, dict) else None
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                profiles.setdefault(k, {})[step] = float(v)
+    for k, pts in profiles.items():
+        d = merged.setdefault(k, {})
+        for s, v in pts.items():
+            d.setdefault(s, v)
+    out: dict[str, Any] = {k: [[s, d[s]] for s in sorted(d)] for k, d in sorted(merged.items())}
+    out["profiles"] = {k: [[s, d[s]] for s in sorted(d)] for k, d in sorted(profiles.items())}
+    return out
