@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from tscope_callbacks.formulas.bytes import fresh_outputs, op_plan, unique_bytes
+from tscope_callbacks.formulas.bytes import generic_bytes, op_plan, split_io, unique_bytes
 from tscope_callbacks.formulas.registry import DEFAULT_REGISTRY, FormulaRegistry
 
 __all__ = ["OpCount", "count_op", "formula_errors", "clear_formula_errors"]
@@ -147,12 +147,8 @@ def count_op(
 
     first = first_float = None
     in_shapes: list = []
-    reads: list = []
-    writes: list = []
     sargs: list | None = [] if flop_fn is not None else None
-    pw = plan.pos_write
-    npw = len(pw)
-    for i, a in enumerate(args):
+    for a in args:
         if isinstance(a, _Tensor):
             if first_float is None:
                 if first is None:
@@ -163,10 +159,6 @@ def count_op(
                 in_shapes.append(list(a.shape))
             if sargs is not None:
                 sargs.append(a.shape)
-            if generic:
-                reads.append(a)
-                if i < npw and pw[i]:
-                    writes.append(a)
         elif isinstance(a, (list, tuple)) and a and isinstance(a[0], _Tensor | None):
             sl = []
             for t in a:
@@ -179,10 +171,6 @@ def count_op(
                     if want_shapes:
                         in_shapes.append(list(t.shape))
                     sl.append(t.shape)
-                    if generic:
-                        reads.append(t)
-                        if i < npw and pw[i]:
-                            writes.append(t)
                 else:
                     sl.append(t)
             if sargs is not None:
@@ -204,25 +192,16 @@ def count_op(
                 skw[k] = [t.shape if isinstance(t, _Tensor) else t for t in a]
         elif sk:
             skw[k] = a
-        if ts is None:
+        if ts is None or k in plan.kw_out:
             continue
-        is_out = k in plan.kw_out
         for t in ts:
-            if not is_out:
-                if first_float is None:
-                    if first is None:
-                        first = t
-                    if t.is_floating_point():
-                        first_float = t
-                if want_shapes:
-                    in_shapes.append(list(t.shape))
-            if generic:
-                if is_out:
-                    writes.append(t)
-                else:
-                    reads.append(t)
-                    if k in plan.kw_write:
-                        writes.append(t)
+            if first_float is None:
+                if first is None:
+                    first = t
+                if t.is_floating_point():
+                    first_float = t
+            if want_shapes:
+                in_shapes.append(list(t.shape))
 
     # ---- FLOPs ----
     fm = fd = None
@@ -245,8 +224,8 @@ def count_op(
                 flops = 0
 
     # ---- bytes ----
-    if generic:
-        writes.extend(fresh_outputs(plan, out))
+    if generic:  # the one byte rule (formulas.bytes.split_io)
+        reads, writes = split_io(plan, args, kwargs, out)
         br = unique_bytes(reads)
         bw = unique_bytes(writes)
     elif formula is not None and formula.bytes is not None:
@@ -254,8 +233,6 @@ def count_op(
             br, bw = formula.bytes(args, kwargs, out)
         except Exception as e:
             _record_error(func, "bytes", e)
-            from tscope_callbacks.formulas.bytes import generic_bytes
-
             br, bw = generic_bytes(func, args, kwargs, out)
     else:  # view / metadata / zero_bytes
         br = bw = 0

@@ -206,18 +206,22 @@ def fresh_outputs(plan: OpPlan, out: Any) -> list:
 
 
 def split_io(plan: OpPlan, args: tuple, kwargs: dict, out: Any) -> tuple[list, list]:
-    """(tensors read, tensors written) under the generic rule."""
+    """(tensors read, tensors written) under the generic rule (the one place it is written: ``count_op`` runs it
+    for every op, so the common argument, a tensor, takes no call)."""
     reads: list = []
     writes: list = []
     pw = plan.pos_write
     npw = len(pw)
     for i, a in enumerate(args):
-        ts = tensors_in(a)
-        if not ts:
-            continue
-        reads.extend(ts)
-        if i < npw and pw[i]:
-            writes.extend(ts)
+        if isinstance(a, _Tensor):
+            reads.append(a)
+            if i < npw and pw[i]:
+                writes.append(a)
+        elif isinstance(a, (list, tuple)):
+            ts = [t for t in a if isinstance(t, _Tensor)]
+            reads.extend(ts)
+            if ts and i < npw and pw[i]:
+                writes.extend(ts)
     for k, a in kwargs.items():
         ts = tensors_in(a)
         if not ts:
