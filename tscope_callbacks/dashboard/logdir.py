@@ -100,17 +100,24 @@ def _older(version: Any, name: str) -> StepFileError:
 
 
 def _legacy(path: Path) -> dict | None:
-    """A version-1 file read through the report module's own loader (re-analysis of its profile), when it can."""
-    for mod in ("tscope_callbacks.report", "tscope_callbacks.analysis.report"):
+    """A version-1 file (``{"profile", "device", "report"}``) mapped onto the version-2 dict by the report module's
+    own loader or the dashboard's interim mapping (``dashboard/interim.py``), when either can."""
+    loaders = []
+    for mod, attr in (("tscope_callbacks.report", "load_step_file"),
+                      ("tscope_callbacks.analysis.report", "load_step_file"),
+                      ("tscope_callbacks.dashboard.interim", "report_dict_from_file")):
         try:
-            loader = __import__(mod, fromlist=["load_step_file"]).load_step_file
+            loaders.append(getattr(__import__(mod, fromlist=[attr]), attr))
         except (ImportError, AttributeError):
             continue
+    for loader in loaders:
         try:
-            d = loader(path).to_dict()
+            d = loader(path) if loader.__name__ == "load_step_file" else loader(str(path))
+            d = d.to_dict() if hasattr(d, "to_dict") else d
         except Exception:
-            return None
-        return d if isinstance(d, dict) and d.get("version") == SCHEMA_VERSION else None
+            continue
+        if isinstance(d, dict) and d.get("schema") == SCHEMA and d.get("version") == SCHEMA_VERSION:
+            return d
     return None
 
 
