@@ -13,6 +13,7 @@ import torch
 from profiles import op
 
 from tscope_callbacks.analysis.estimate import expected_s
+from tscope_callbacks.capture import kernel_timers
 from tscope_callbacks.cli import main
 from tscope_callbacks.devices import efficiency, memory_table
 from tscope_callbacks.devices import gemm_table as gt
@@ -97,8 +98,8 @@ def test_cli_gemm_on_a_fake_h100(monkeypatch, capsys, cache_in_tmp):
     monkeypatch.setattr(cal, "measure_cuda", lambda *a, **kw: {"bf16": 700e12, "fp16": 700e12, "fp32": 50e12,
                                                                "tf32": 380e12, "bandwidth": 2.9e12})
     monkeypatch.setattr(gt, "cuda_graph_gemm_timer", lambda device=0: faster_gpu)
-    monkeypatch.setattr(gt_sdpa, "kernel_sdpa_timer", lambda device=0: kernel_sdpa)
-    monkeypatch.setattr(memory_table, "kernel_memory_timer", lambda device=0: one_tb_per_s)
+    monkeypatch.setattr(kernel_timers, "kernel_sdpa_timer", lambda device=0: kernel_sdpa)
+    monkeypatch.setattr(kernel_timers, "kernel_memory_timer", lambda device=0: one_tb_per_s)
     assert main(["calibrate", "--gemm", "--quick"]) == 0
     out = capsys.readouterr().out
     # the fake: 2.5 µs + bytes at 1 TB/s. Its largest layer_norm-backward row, 32M elements (quick), bf16:
@@ -158,7 +159,7 @@ def test_calibrated_sdpa_rows_are_kernel_time_and_replace_the_packaged_ones():
 def test_kernel_sdpa_timer_runs_the_capture_and_skips_missing_backends():
     """The timer's own code, on the CPU (op wall times instead of kernel times): forward and backward attention
     ops found and timed; a backend without a kernel here (cuDNN on a CPU) gives None."""
-    timer = gt_sdpa.kernel_sdpa_timer(reps=1, device_type="cpu")
+    timer = kernel_timers.kernel_sdpa_timer(reps=1, device_type="cpu")
     got = timer("FLASH_ATTENTION", 2, 2, 64, 16, True)
     assert got is not None and got[0] > 0 and got[1] > 0
     assert timer("CUDNN_ATTENTION", 2, 2, 64, 16, True) is None
@@ -166,7 +167,7 @@ def test_kernel_sdpa_timer_runs_the_capture_and_skips_missing_backends():
 
 # ---------------- memory-bound ops (devices.memory_table) ----------------
 def test_layer_norm_case_times_both_passes_with_their_kernel_bytes():
-    timer = memory_table.kernel_memory_timer(reps=1, device_type="cpu")
+    timer = kernel_timers.kernel_memory_timer(reps=1, device_type="cpu")
     got = {o: (b, t) for o, _, b, t in timer("layer_norm", 1 << 16, "fp32")}
     # 65536 elements at width 768: 85 rows; an activation is 85 x 768 x 4 B = 261,120 B
     act = 85 * 768 * 4
@@ -179,7 +180,7 @@ def test_layer_norm_case_times_both_passes_with_their_kernel_bytes():
 
 
 def test_every_case_runs_and_names_its_ops():
-    timer = memory_table.kernel_memory_timer(reps=1, device_type="cpu")
+    timer = kernel_timers.kernel_memory_timer(reps=1, device_type="cpu")
     want = {"add": "aten.add", "gelu": "aten.gelu_backward", "softmax": "aten._softmax_backward_data",
             "cross_entropy": "aten._log_softmax_backward_data", "bias_grad": "aten.sum", "cast": "aten._to_copy",
             "embedding": "aten.embedding_dense_backward"}

@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _gemm(args: argparse.Namespace, spec) -> int:
+    from tscope_callbacks.capture.kernel_timers import kernel_memory_timer, kernel_sdpa_timer
     from tscope_callbacks.devices.cache import cache_dir
     from tscope_callbacks.devices.efficiency import build_model
     from tscope_callbacks.devices.gemm_table import GEMM_CACHE, loo_summary, measure_gemm_table
@@ -52,7 +53,8 @@ def _gemm(args: argparse.Namespace, spec) -> int:
     precs = tuple(args.gemm_precision or ["bf16"])
     try:
         table = measure_gemm_table(spec, quick=args.quick, precisions=precs, cache=True,
-                                   progress=None if args.json else print)
+                                   progress=None if args.json else print, sdpa_timer=kernel_sdpa_timer(),
+                                   memory_timer=kernel_memory_timer())
     except (RuntimeError, ValueError) as e:
         print(f"tscope calibrate: {e}", file=sys.stderr)
         return 2

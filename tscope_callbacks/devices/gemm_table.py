@@ -95,9 +95,9 @@ def measure_gemm_table(spec: Any, *, quick: bool = False, precisions: tuple[str,
     """Measure the GEMM table of the GPU ``spec`` describes (``spec``: its resolved DeviceSpec), fit the analytic
     parameters to it, and (``sdpa``) the fused-attention kernel times per backend (``devices.sdpa_table``) and
     (``memory``) the memory-bound ops' kernel times per size (``devices.memory_table``); cache it (``cache=True``)
-    and return it (``efficiency`` table format). With a fake GEMM ``timer``, SDPA and memory-bound ops are measured
-    only through fake ``sdpa_timer`` / ``memory_timer``."""
-    real = timer is None
+    and return it (``efficiency`` table format). SDPA and memory-bound ops are measured through ``sdpa_timer`` /
+    ``memory_timer`` when given: the kernel timers run the capture (``capture.kernel_timers``), a layer above this
+    one, so the caller hands them in (``tscope calibrate --gemm`` does), or fakes in tests."""
     if timer is None:
         if not torch.cuda.is_available():
             raise RuntimeError("calibrate --gemm needs a CUDA GPU (none is visible to torch here)")
@@ -126,17 +126,17 @@ def measure_gemm_table(spec: Any, *, quick: bool = False, precisions: tuple[str,
              "timing": "cuda-graph", "gemm": gemm, "gemm_params": params,
              "source": f"tscope calibrate --gemm on {measured_on} (torch {torch.__version__}): {len(shapes)} shapes "
                        f"per precision, CUDA-graph replays of back-to-back calls"}
-    if sdpa and (real or sdpa_timer is not None):
+    if sdpa and sdpa_timer is not None:
         from tscope_callbacks.devices.sdpa_table import measure_sdpa_rows
 
-        table["sdpa"] = measure_sdpa_rows(quick=quick, timer=sdpa_timer, device=device, progress=progress)
+        table["sdpa"] = measure_sdpa_rows(sdpa_timer, quick=quick, progress=progress)
         table["sdpa_timing"] = "kernels"
         table["source"] += f"; SDPA: {len(table['sdpa'])} backend configurations, kernel time from the profiler"
-    if memory and (real or memory_timer is not None):
+    if memory and memory_timer is not None:
         from tscope_callbacks.devices.memory_table import measure_memory_rows
 
-        table["memory_ops"], table["memory_op_class"] = measure_memory_rows(quick=quick, timer=memory_timer,
-                                                                            device=device, progress=progress)
+        table["memory_ops"], table["memory_op_class"] = measure_memory_rows(memory_timer, quick=quick,
+                                                                            progress=progress)
         table["memory_timing"] = "kernels"
         table["source"] += f"; memory-bound: {len(table['memory_ops'])} ops, kernel time from the profiler"
     if cache:

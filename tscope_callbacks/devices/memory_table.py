@@ -12,23 +12,18 @@ casts.
 Rows: ``table["memory_ops"][op][dtype] = [[kernel bytes, seconds], ...]``, ``table["memory_op_class"][op]`` its op
 class, and ``"memory_timing": "kernels"``. The kernel model predicts an op that has rows from its own curve, and
 any other op of a measured class from that class's rows (``KernelModel.memory_s``): on a GPU without a packaged
-table, every memory-bound op then follows this GPU's measurements rather than the H100's scaled. ``timer``
-replaces the GPU timer (tests).
+table, every memory-bound op then follows this GPU's measurements rather than the H100's scaled. ``timer``: the kernel timer
+(``capture.kernel_timers``, which runs the capture), or a fake in tests.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from tscope_callbacks.devices.kernel_runs import captured_runs
-from tscope_callbacks.formulas.kernel_bytes import kernel_bytes
-from tscope_callbacks.records import MEMORY_CATEGORIES
-
-__all__ = ["MEMORY_CASES", "memory_sizes", "kernel_memory_timer", "measure_memory_rows"]
+__all__ = ["MEMORY_CASES", "PRECISIONS", "memory_sizes", "measure_memory_rows"]
 
 _VOCAB, _WIDTH = 50257, 768  #: GPT-2's vocabulary and width: the shapes of its loss and embedding
 Run = Callable[[], None]
@@ -105,7 +100,7 @@ def _embedding(n: int, dt: torch.dtype, dev: torch.device) -> Run:
 MEMORY_CASES: dict[str, Callable[[int, torch.dtype, torch.device], Run]] = {
     "add": _add, "gelu": _gelu, "layer_norm": _layer_norm, "softmax": _softmax, "cross_entropy": _cross_entropy,
     "bias_grad": _bias_grad, "cast": _cast, "embedding": _embedding}
-_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+PRECISIONS = {"bf16": torch.bfloat16, "fp32": torch.float32}
 Timer = Callable[[str, int, str], "list[tuple[str, str, int, float]] | None"]
 
 
@@ -114,42 +109,15 @@ def memory_sizes(quick: bool = False) -> list[int]:
     return [1 << 21, 1 << 23, 1 << 25] if quick else [1 << e for e in range(20, 28, 2)] + [1 << 27]
 
 
-def kernel_memory_timer(device: int = 0, reps: int = 3, device_type: str = "cuda") -> Timer:
-    """``timer(case, numel, precision) -> [(op, op class, kernel bytes, seconds), ...]``: every memory-bound op of
-    one call of the case under a capture, with its kernel time (median of ``reps``); None when it cannot run (out of
-    memory, no kernel for the dtype).
-    (``device_type="cpu"``: the same code on the CPU, op wall times, for tests.)"""
-    cuda = device_type == "cuda"
-
-    def timer(case: str, numel: int, precision: str) -> list[tuple[str, str, int, float]] | None:
-        dev = torch.device("cuda", device) if cuda else torch.device("cpu")
-        try:
-            captures = captured_runs(MEMORY_CASES[case](numel, _DTYPES[precision], dev), dev, reps)
-        except RuntimeError:  # out of memory, or no kernel for this dtype here: the case is left out
-            return None
-        finally:
-            if cuda:
-                torch.cuda.empty_cache()
-        samples = [[(r.op, r.category, kernel_bytes(r), r.time_s) for r in ops
-                    if r.category in MEMORY_CATEGORIES and r.time_s and r.bytes] for ops in captures]
-        if not samples or any(len(s) != len(samples[0]) for s in samples):
-            return None
-        return [(op, cat, nbytes, statistics.median(s[i][3] for s in samples))
-                for i, (op, cat, nbytes, _) in enumerate(samples[0])]
-
-    return timer
-
-
-def measure_memory_rows(*, quick: bool = False, timer: Timer | None = None, device: int = 0,
+def measure_memory_rows(timer: Timer, *, quick: bool = False,
                         progress: Callable[[str], None] | None = None
                         ) -> tuple[dict[str, dict[str, list[list[float]]]], dict[str, str]]:
     """``({op: {precision: [[kernel bytes, seconds], ...]}}, {op: op class})`` over every case, size and precision
     (bf16, fp32)."""
-    timer = timer or kernel_memory_timer(device)
     out: dict[str, dict[str, list[list[float]]]] = {}
     classes: dict[str, str] = {}
     for case in MEMORY_CASES:
-        for prec in _DTYPES:
+        for prec in PRECISIONS:
             for numel in memory_sizes(quick):
                 for op, cat, nbytes, seconds in timer(case, numel, prec) or []:
                     if seconds > 0 and nbytes > 0:

@@ -9,21 +9,16 @@ profiler's kernel records, the very basis the roofline report compares estimates
 memory-efficient; one that cannot run a configuration is skipped), bf16, causal and not.
 
 Rows have the packaged table's format (``[backend, B, H, T, D, causal, fwd_s, bwd_s]``) and the table says
-``"sdpa_timing": "kernels"``, so the model subtracts no host time from them. ``timer`` replaces the GPU timer
-(tests).
+``"sdpa_timing": "kernels"``, so the model subtracts no host time from them. ``timer``: the kernel timer
+(``capture.kernel_timers``, which runs the capture), or a fake in tests.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
-from tscope_callbacks.devices.kernel_runs import captured_runs
-
-__all__ = ["SDPA_BACKENDS", "sdpa_configs", "kernel_sdpa_timer", "measure_sdpa_rows"]
+__all__ = ["SDPA_BACKENDS", "sdpa_configs", "measure_sdpa_rows"]
 
 SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
 #: (B, H, T, D): GPT-2/Llama-like heads at 256-8192 tokens, the packaged sweep's grid
@@ -39,42 +34,9 @@ def sdpa_configs(quick: bool = False) -> list[tuple[int, int, int, int, bool]]:
     return [(*c, causal) for c in (_QUICK if quick else _CONFIGS) for causal in (True, False)]
 
 
-def kernel_sdpa_timer(device: int = 0, reps: int = 3, device_type: str = "cuda") -> Timer:
-    """``timer(backend, B, H, T, D, causal) -> (forward s, backward s)``: the attention ops' kernel time of one
-    forward + backward under a capture (median of ``reps``), or None when the backend cannot run it.
-    (``device_type="cpu"`` runs the same code on the CPU, op wall times: for tests.)"""
-    cuda = device_type == "cuda"
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def timer(backend: str, b: int, h: int, t: int, d: int, causal: bool) -> tuple[float, float] | None:
-        dev = torch.device("cuda", device) if cuda else torch.device("cpu")
-        dtype = torch.bfloat16 if cuda else torch.float32
-        q, k, v = (torch.randn(b, h, t, d, device=dev, dtype=dtype, requires_grad=True) for _ in range(3))
-        g = torch.randn(b, h, t, d, device=dev, dtype=dtype)
-
-        def run() -> None:
-            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(g)
-
-        try:
-            with sdpa_kernel([getattr(SDPBackend, backend)]):
-                captures = captured_runs(run, dev, reps)
-        except RuntimeError:  # no kernel of this backend for the configuration (head dim, GPU generation, ...)
-            return None
-        fwd, bwd = [], []
-        for ops in captures:
-            ops = [r for r in ops if r.category == "attention" and r.time_s]
-            fwd.append(sum(r.time_s for r in ops if r.phase == "forward"))
-            bwd.append(sum(r.time_s for r in ops if r.phase == "backward"))
-        f, w = statistics.median(fwd), statistics.median(bwd)
-        return (f, w) if f > 0 and w > 0 else None
-
-    return timer
-
-
-def measure_sdpa_rows(*, quick: bool = False, timer: Timer | None = None, device: int = 0,
+def measure_sdpa_rows(timer: Timer, *, quick: bool = False,
                       progress: Callable[[str], None] | None = None) -> list[list[Any]]:
     """``[backend, B, H, T, D, causal, fwd_s, bwd_s]`` per backend and configuration that runs."""
-    timer = timer or kernel_sdpa_timer(device)
     rows: list[list[Any]] = []
     for backend in SDPA_BACKENDS:
         for b, h, t, d, causal in sdpa_configs(quick):
