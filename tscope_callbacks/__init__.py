@@ -39,6 +39,9 @@ _EXPORTS = {
     # analysis
     "roofline": "api",
     "RooflineReport": "render.report",
+    "StepReport": "analysis.report",
+    "analyze": "analysis.analyze",
+    "load_step_file": "analysis.report",
     "analyze_model": "api",
     "fsdp_whatif": "analysis.fsdp",
     "ElemCountAnalysis": "compat.elemcount",

@@ -1,0 +1,283 @@
+"""``analyze(profile, spec, options) -> StepReport``: a profiled step placed on a device's roofline
+(``analysis.roofline``) and read, once, into the typed :class:`~tscope_callbacks.analysis.report.StepReport` (its
+module docstring documents the JSON). Pure: no torch, no hooks, no renderer."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.analysis.report import (
+    AchievableInfo,
+    DeviceInfo,
+    Figure,
+    LayerInfo,
+    MemorySection,
+    NoiseMarkInfo,
+    NoiseSection,
+    Opportunity,
+    OpRow,
+    RoofUsed,
+    Row,
+    RunContext,
+    StepReport,
+    Summary,
+    TimeSplit,
+    WhatIf,
+    _fin,
+    _load,
+    json_safe,
+)
+from tscope_callbacks.records import LayerRecord
+
+__all__ = ["AnalyzeOptions", "analyze", "report_of"]
+
+
+@dataclass(frozen=True)
+class AnalyzeOptions:
+    """How to analyse a step. ``achievable``: measured roofs (a DeviceSpec) beside the datasheet's; ``precision``:
+    force matrix ops' roof precision (an fp8 what-if); ``group_small``: table grouping share; ``kernel_model``: True
+    (the device's measured efficiency), False (roofs only) or a KernelModel; ``what_if``: the device the times were
+    measured on when it is not ``spec`` (the caller resolves it); ``fsdp_whatif``: an ``analysis.fsdp.fsdp_whatif``
+    result to carry; ``eager``: the eager reference's StepReport of a compiled step (``compiled_vs_eager``);
+    ``stage``/``run``/``user``: labels and the user's own data."""
+
+    achievable: Any = None
+    precision: str | None = None
+    group_small: float = 0.01
+    kernel_model: Any = True
+    what_if: str | None = None
+    fsdp_whatif: dict[str, Any] | None = None
+    eager: StepReport | None = None
+    stage: str | None = None
+    run: str | None = None
+    user: dict[str, Any] = field(default_factory=dict)
+
+
+def analyze(profile: Any, spec: Any, options: AnalyzeOptions | None = None) -> StepReport:
+    """The StepReport of ``profile`` (a StepProfile) on ``spec`` (a resolved DeviceSpec)."""
+    from tscope_callbacks.analysis.roofline import build_roofline
+
+    o = options or AnalyzeOptions()
+    eng = build_roofline(profile, spec, achievable=o.achievable, precision=o.precision, group_small=o.group_small,
+                         kernel_model=o.kernel_model)
+    return report_of(eng, o)
+
+
+def _row(r: Any) -> Row:
+    return Row(r.name, r.kind, layer=r.layer, type=r.type, phase=r.phase, category=r.category, n_ops=r.n_ops,
+               n_work=r.n_work, flops=int(r.flops), bytes=int(r.bytes), measured_s=r.measured_s,
+               estimate_s=r.estimate_s, expected_s=r.expected_s, achievable_estimate_s=r.achievable_estimate_s,
+               compute_s=r.compute_s, uncounted_s=r.uncounted_s, uncounted_ops=dict(r.uncounted_ops),
+               largest_matmul=tuple(r.largest_matmul) if r.largest_matmul else None,
+               largest_matmul_flops=int(r.largest_matmul_flops), precisions=dict(r.precisions),
+               peaks=dict(r._peaks), bandwidth=float(r.bandwidth),
+               all_comm=bool(r.ops) and all(x.record.category == "comm" for x in r.ops))
+
+
+def _opportunity(o: Any, step: float | None) -> Opportunity:
+    ev = json_safe(dict(o.evidence or {}))
+    title = (f"{o.phase} below expected" if o.kind == "below_expected" else o.kind.replace("_", " "))
+    return Opportunity(title=title, layer=o.layer, op=str(ev.get("op") or ""), phase=o.phase, type=o.type,
+                       kind=o.kind, cause=o.reason, change=o.fix, saving_s=_fin(o.saving_s),
+                       saving_frac=_fin(_div(o.saving_s, step)), recoverable_s=_fin(o.recoverable_s),
+                       measured_s=_fin(o.measured_s), estimate_s=float(o.estimate_s), bound=o.bound,
+                       intensity=_fin(o.intensity), ridge=_fin(o.ridge), attained=_fin(o.attained), evidence=ev)
+
+
+def _device(spec: Any, ach: Any) -> DeviceInfo:
+    extra = getattr(spec, "extra", None) or {}
+    a = None
+    if ach is not None:
+        a = AchievableInfo(str(getattr(ach, "name", "")), _fin(getattr(ach, "bandwidth", None)),
+                           {k: float(v) for k, v in (getattr(ach, "flops", None) or {}).items() if v})
+    load = extra.get("load_per_cpu") if getattr(spec, "measured", False) else None
+    return DeviceInfo(name=str(spec.name), source=str(getattr(spec, "source", "") or ""),
+                      vendor=str(getattr(spec, "vendor", "") or ""), measured=bool(getattr(spec, "measured", False)),
+                      bandwidth=float(spec.bandwidth), peaks={k: float(v) for k, v in spec.flops.items() if v},
+                      achievable=a, memory_bytes=getattr(spec, "memory_bytes", None),
+                      link_bandwidth=_fin(getattr(spec, "link_bandwidth", None)),
+                      link_name=getattr(spec, "link_name", None) or None,
+                      load_per_cpu=None if load is None else float(load))
+
+
+def _summary(eng: Any) -> Summary:
+    from tscope_callbacks.analysis.summary import summary_dict
+
+    s = json_safe(summary_dict(eng))
+    names = {f.name for f in dataclasses.fields(Summary)}
+    s = {k: v for k, v in s.items() if k in names}
+    return _load(Summary, {**s, "group_small": float(eng.group_small),
+                           "has_kernel_model": eng.kernel_model is not None,
+                           "has_achievable": eng.achievable is not None})
+
+
+def _memory(eng: Any, what_if: bool) -> MemorySection | None:
+    from tscope_callbacks.analysis.memory_fit import memory_fit
+
+    mc = eng.meta.get("memory_categories")
+    if not mc:
+        return None
+    cap = None if what_if else getattr(eng.spec, "memory_bytes", None)
+    fit = memory_fit(mc, cap) or {}
+    cats: dict[str, int | None] = {"weights": mc.get("params")}
+    for k, v in mc.items():
+        if k != "params" and (v is None or isinstance(v, (int, float))) and not isinstance(v, bool):
+            cats[k] = v if v is None else int(v)
+    verdict = fit.get("verdict") or ""
+    return MemorySection(peak_bytes=fit.get("peak"), device_bytes=fit.get("capacity"),
+                         fits=None if not verdict else verdict != "does not fit", verdict=verdict,
+                         share=_fin(fit.get("share")), states_bytes=fit.get("states"), rest_bytes=fit.get("rest"),
+                         shard_over=fit.get("shard_over"), basis=str(mc.get("step_peak_basis") or ""),
+                         categories=cats)
+
+
+def _time_split(eng: Any) -> TimeSplit:
+    by = {b: 0.0 for b in ("compute", "memory", "comm", "uncounted", "overhead")}
+    for o in eng.op_roofs:
+        by[o.bound] += (o.measured_s or 0.0) if eng.timed else o.expected_s
+    ov = eng.overlap or {}
+    return TimeSplit(by["compute"], by["memory"], by["comm"], by["uncounted"], by["overhead"],
+                     _fin(ov.get("idle_s")) if ov else _fin(eng.meta.get("device_idle_s")), None,
+                     "measured op time" if eng.timed else "estimated (shape-aware kernel times)")
+
+
+def _context(meta: dict[str, Any]) -> RunContext:
+    tup = lambda v: tuple(v) if v is not None else None  # noqa: E731
+    return RunContext(timing=meta.get("timing"), device_kind=meta.get("device"),
+                      step_time_window=tup(meta.get("step_time_window")),
+                      step_time_spread_s=_fin(meta.get("step_time_spread_s")),
+                      step_time_settled=meta.get("step_time_settled"), deferred_from=meta.get("deferred_from"),
+                      host_cpus=meta.get("host_cpus"), host_others_load_per_cpu=_fin(meta.get(
+                          "host_others_load_per_cpu")), host_busy=meta.get("host_busy"),
+                      host_oversubscribed=meta.get("host_oversubscribed"), torch_threads=meta.get("torch_threads"),
+                      merged_steps=tup(meta.get("merged_steps")),
+                      roof_notes=tuple(str(n) for n in meta.get("roof_notes") or ()),
+                      compiled_capture=json_safe(meta.get("compiled_capture")) or None,
+                      compiled_modules_run_eagerly=tup(meta.get("compiled_modules_run_eagerly")) or None,
+                      micro_batches=int(meta.get("micro_batches") or 1))
+
+
+def _noise(eng: Any, suppressed: list[Any], step: float | None) -> NoiseSection:
+    n = eng.noise
+    marks = tuple(NoiseMarkInfo(m.layer, m.phase, m.kind, float(m.measured_s), float(m.typical_s),
+                                float(m.spread_s), tuple(float(x) for x in m.samples), tuple(m.siblings), m.text)
+                  for m in n.marks.values())
+    spread = tuple((k[0], k[1], float(v)) for k, v in n.spread.items())
+    return NoiseSection(int(n.steps), float(n.floor_s), marks, spread,
+                        tuple(_opportunity(o, step) for o in suppressed))
+
+
+def _communication(eng: Any) -> dict[str, Any] | None:
+    from tscope_callbacks.analysis.comm import comm_rows
+
+    rows = comm_rows(eng)
+    ov, sk = eng.overlap, eng.meta.get("skew")
+    if not rows and not (ov and ov.get("comm_s")):
+        return None
+    return json_safe({"rows": rows, "overlap": ov or None, "skew": sk or None})
+
+
+def _header(eng: Any, model: dict[str, Any], mem: MemorySection | None, basis: str) -> dict[str, Figure]:
+    ms = lambda s: None if s is None else s * 1e3  # noqa: E731
+    est = "sum of shape-aware kernel estimates" if eng.kernel_model is not None else "sum of per-op roofline bounds"
+    mfu_b = f"model FLOPs / step time / {eng.mfu_precision} matrix roof"
+    return {
+        "step_ms": Figure(_fin(ms(eng.measured_step_s)), "ms", basis),
+        "estimated_step_ms": Figure(_fin(ms(eng.estimated_step_s)), "ms", est),
+        "mfu": Figure(_fin(eng.mfu), "fraction", mfu_b),
+        "mbu": Figure(_fin(eng.mbu), "fraction", "bytes / step time / bandwidth"),
+        "hfu": Figure(_fin(eng.hfu), "fraction", "hardware FLOPs (recompute included) / step time / "
+                      f"{eng.mfu_precision} matrix roof"),
+        "achieved_tflops": Figure(_fin(eng.achieved_tflops), "TFLOP/s", "all FLOPs / step time"),
+        "tokens_per_s": Figure(_fin(model.get("tokens_per_s")), "tokens/s", "tokens in the batch / step time"),
+        "samples_per_s": Figure(_fin(model.get("samples_per_s")), "samples/s", "batch size / step time"),
+        "memory_peak_bytes": Figure(None if mem is None or mem.peak_bytes is None else float(mem.peak_bytes), "bytes",
+                                    mem.basis if mem is not None else "needs layer details"),
+        "flop_coverage": Figure(_fin(eng.flop_coverage), "fraction", "share of ops with a FLOP formula"),
+    }
+
+
+def _area_scalars(eng: Any, model: dict[str, Any], mem: MemorySection | None,
+                  fsdp: dict[str, Any] | None) -> dict[str, dict[str, float]]:
+    from tscope_callbacks.analysis.comm import comm_summary
+    from tscope_callbacks.analysis.model_summary import summary_scalars
+
+    out: dict[str, dict[str, float]] = {"comm": comm_summary(eng), "model": summary_scalars(model)}
+    if mem is not None and mem.categories.get("step_peak"):
+        keys = {"step_peak": "step_peak_mb", "weights": "weights_mb", "grads": "grads_mb",
+                "optimizer_state": "optimizer_state_mb", "activations_saved": "activations_saved_mb"}
+        m = {name: mem.categories[k] / 2**20 for k, name in keys.items() if mem.categories.get(k) is not None}
+        if mem.share is not None:
+            m["device_share"] = mem.share
+        out["memory"] = m
+    if fsdp:
+        fm, sim = fsdp["memory"], fsdp.get("time") or {}
+        vals = {"peak_mb": fm["peak"] / 2**20 if fm.get("peak") else None, "device_share": fm.get("share"),
+                "step_ms": sim["step_s"] * 1e3 if sim.get("step_s") else None,
+                "exposed_comm_ms": sim["exposed_s"] * 1e3 if sim.get("exposed_s") is not None else None,
+                "mfu": sim.get("mfu")}
+        out["fsdp_whatif"] = {k: float(v) for k, v in vals.items() if v is not None}
+    return {k: {n: float(v) for n, v in d.items() if v is not None and math.isfinite(v)} for k, d in out.items()
+            if d}
+
+
+def _compared(eng: Any, eager: StepReport) -> tuple[dict[str, Any], ...]:
+    from types import SimpleNamespace
+
+    from tscope_callbacks.analysis.compare import compiled_vs_eager
+
+    e = SimpleNamespace(layer_totals=list(eager.rows["layer"]), totals=eager.totals)
+    return tuple(json_safe(compiled_vs_eager(eng, e)))
+
+
+def report_of(eng: Any, options: AnalyzeOptions | None = None) -> StepReport:
+    """The StepReport of a built roofline analysis (``analysis.roofline.RooflineAnalysis``): every table, section and
+    finding computed once (opportunities with ``top=10``; outputs show the first 5)."""
+    from tscope_callbacks.analysis.model_summary import model_summary
+
+    o = options or AnalyzeOptions()
+    meta = eng.meta
+    step = eng.measured_step_s
+    opps = eng.opportunities(top=10)
+    suppressed = list(eng.suppressed)
+    model = json_safe(model_summary(eng))
+    mem = _memory(eng, bool(o.what_if))
+    summary = _summary(eng)
+    fsdp = json_safe(o.fsdp_whatif) if o.fsdp_whatif else (json_safe(meta.get("fsdp_whatif")) or None)
+    layers = tuple(_load(LayerInfo, json_safe({f.name: getattr(rec, f.name) for f in dataclasses.fields(LayerInfo)
+                                               if hasattr(rec, f.name)}))
+                   for rec in (eng.layer_records or {}).values() if isinstance(rec, LayerRecord) or hasattr(
+                       rec, "path"))
+    ops = tuple(OpRow(i=i, op=x.record.op, layer=x.record.layer, phase=x.record.phase, category=x.record.category,
+                      flops=int(x.flops), model_flops=int(x.record.model_flops), bytes=int(x.bytes),
+                      time_s=_fin(x.measured_s), estimate_s=float(x.estimate_s), expected_s=float(x.expected_s),
+                      achievable_estimate_s=_fin(x.achievable_estimate_s), bound=x.bound, precision=x.precision,
+                      roof_precision=x.roof_precision, matrix=bool(x.matrix), peak=float(x.peak),
+                      dtype=x.record.dtype, input_shapes=json_safe(list(x.record.input_shapes)),
+                      output_shapes=json_safe(list(x.record.output_shapes)), counted=bool(x.record.counted),
+                      start_s=_fin(x.record.start_s))
+                for i, x in enumerate(eng.op_roofs))
+    from tscope_callbacks.analysis.summary import roofs_used
+
+    roofs = tuple(_load(RoofUsed, json_safe(r)) for r in roofs_used(eng))
+    rows = {"layer_phase": tuple(_row(r) for r in eng.layer_rows), "layer": tuple(_row(r) for r in eng.layer_totals),
+            "inclusive": tuple(_row(r) for r in eng.inclusive),
+            "category": tuple(_row(r) for r in eng.category_rows), "op_name": tuple(_row(r) for r in eng.op_rows),
+            "total": (_row(eng.totals),)}
+    what_if = WhatIf(o.what_if, str(eng.spec.name)) if o.what_if else None
+    nonfinite = tuple(json_safe(dict(x)) for x in meta.get("nonfinite") or () if isinstance(x, dict))
+    return StepReport(
+        step=meta.get("step"), stage=o.stage or meta.get("stage"), run=o.run or meta.get("run"),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), device=_device(eng.spec, eng.achievable),
+        header=_header(eng, model, mem, summary.step_time_basis_text), summary=summary, memory=mem,
+        time_split=_time_split(eng), rows=rows, ops=ops, layers=layers, roofs=roofs, model=model,
+        communication=_communication(eng), fsdp_whatif=fsdp,
+        compiled_vs_eager=_compared(eng, o.eager) if o.eager is not None else None, what_if=what_if,
+        opportunities=tuple(_opportunity(x, step) for x in opps), nonfinite=nonfinite,
+        noise=_noise(eng, suppressed, step), context=_context(meta), scalars=dict(eng.scalars()),
+        area_scalars=_area_scalars(eng, model, mem, fsdp), user=json_safe(dict(o.user)))

@@ -1,0 +1,660 @@
+"""One profiled step, analysed once: :class:`StepReport` and :func:`analyze` (pure: no torch, no hooks, no renderer).
+
+``analysis.analyze.analyze(profile, spec, options) -> StepReport`` places every op of a StepProfile on ``spec``'s roofline
+(``analysis.roofline``), then reads everything an output needs into one frozen, typed object. Every output
+(markdown, CSV, JSON, plot, console, the callbacks' sinks, the dashboard) is a function of a StepReport alone.
+
+JSON (``StepReport.to_dict()`` / ``StepReport.from_dict(d)``; ``json.dumps(d, allow_nan=False)`` works and
+``to_dict(from_dict(d)) == d``)::
+
+    schema: "tscope.step_report"   version: 2
+    step: int | null    stage: "train"|"validation"|...|null    run: str | null    created: ISO time (UTC)
+    device: {name, source, vendor, measured, bandwidth (B/s), peaks: {precision: FLOP/s},
+             achievable: {name, bandwidth, peaks} | null, memory_bytes | null, link_bandwidth | null,
+             link_name | null, load_per_cpu | null}
+    header: {<figure>: {value: float | null, unit: str, basis: str}}  figures: step_ms, estimated_step_ms, mfu,
+             mbu, hfu, achieved_tflops, tokens_per_s, samples_per_s, memory_peak_bytes, flop_coverage
+    summary: the model-level figures of the roofline (Summary: device, roof, step times and their basis, MFU/HFU/MBU,
+             FLOP and byte totals, bound fractions, precisions, uncounted ops...)
+    memory: {peak_bytes, device_bytes, fits, verdict, share, states_bytes, rest_bytes, shard_over, basis,
+             categories: {weights, grads, optimizer_state, activations_saved, step_tracked_peak, sharded_params...}}
+             | null (no memory figures: a profile without layer details)
+    time_split: {compute_bound_s, memory_bound_s, communication_s, uncounted_s, overhead_s, idle_s, input_s, basis}
+    rows: {layer_phase, layer, inclusive, category, op_name, total: [Row]}
+          Row: the stored sums {name, kind, layer, type, phase, category, n_ops, n_work, flops, bytes, measured_s,
+          estimate_s, expected_s, achievable_estimate_s, compute_s, uncounted_s, uncounted_ops, largest_matmul,
+          largest_matmul_flops, precisions, peaks, bandwidth, all_comm} and, derived from them (ignored on read):
+          precision, intensity, ridge, bound, attained, pct_of_roof, attained_achievable, recoverable_s, ratio,
+          expected_ratio, calls, counted_share
+    ops: [OpRow]  every op in execution order: {i, op, layer, phase, category, flops, model_flops, bytes, time_s,
+          estimate_s, expected_s, pct_of_roof, bound, precision, roof_precision, matrix, peak, dtype, input_shapes,
+          output_shapes, counted, start_s}
+    layers: [LayerInfo]  the LayerRecord fields (path, type, calls, num_parameters, shapes, memory, times, FLOPs,
+          bytes, nonfinite_* flags)
+    roofs: [RoofUsed]  the roofs the ops were placed on, most FLOPs first
+    model: {params, params_trainable, size_mb, flops_forward, flops_step, macs_forward, macs_step, micro_batches,
+          activations_mb, activations_source, latency_ms, latency_source, forward_ms, batch, samples_per_s,
+          tokens_per_s} | null
+    communication: {rows: [...], overlap: {...} | null, skew: {...} | null} | null   (null: no collectives)
+    fsdp_whatif: {...} (analysis.fsdp.fsdp_whatif) | null      compiled_vs_eager: [...] | null
+    what_if: {measured_on, roofs_of} | null   (times of one device placed on another's roofs)
+    opportunities: [Opportunity]  {title, layer, op, phase, type, kind, cause, change, saving_s, saving_frac,
+          recoverable_s, measured_s, estimate_s, bound, intensity, ridge, attained, evidence}, largest saving first
+    nonfinite: [{step, layer, op, phase, line, kind}]
+    noise: {steps, floor_s, marks: [...], spread: [[layer, phase, s]], suppressed: [Opportunity]}
+    context: the run's facts the report prints (RunContext: timing, model name, float32 matmul precision, step-time
+          window and spread, environment, compiled capture, roof notes, merged steps, capture cost, ...)
+    scalars: {bare_key: float}   the roofline figures the callback logs as tscope/roofline/<key>
+    area_scalars: {area: {bare_key: float}}   the other areas it logs (comm, memory, model, fsdp_whatif)
+    user: {}   the user's own data (the only free dict)
+
+The step file ``<log_dir>/tscope/step_<N>.json`` is this dict at its top level, plus ``"profile"`` (the raw
+StepProfile, so a later version can re-analyse it) and ``"device_spec"`` (the DeviceSpec the roofs came from);
+:func:`load_step_file` reads it. A version 1 file (``{"profile", "device", "report"}``, written before this schema) is
+re-analysed from its profile by ``tscope report``; :func:`load_step_file` raises :class:`StepFileError` naming the
+version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from tscope_callbacks.analysis.fmt import div as _div
+
+__all__ = ["SCHEMA", "VERSION", "StepReport", "load_step_file",
+           "StepFileError", "Figure", "DeviceInfo", "Summary", "MemorySection", "TimeSplit", "Row", "OpRow",
+           "LayerInfo", "RoofUsed", "Opportunity", "NoiseSection", "NoiseMarkInfo", "RunContext", "WhatIf",
+           "merge_rows", "json_safe"]
+
+SCHEMA = "tscope.step_report"
+VERSION = 2
+
+
+def json_safe(x: Any) -> Any:
+    """Recursively: inf/nan -> None, tuples -> lists, keys -> str (``json.dumps(allow_nan=False)`` works)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x
+
+
+def _fin(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+# ---------------------------------------------------------------------------------------------------------- types
+@dataclass(frozen=True)
+class Figure:
+    """A header figure with its unit and basis (what it was measured or estimated from)."""
+
+    value: float | None
+    unit: str
+    basis: str
+
+
+@dataclass(frozen=True)
+class AchievableInfo:
+    name: str
+    bandwidth: float | None
+    peaks: dict[str, float]
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The device whose roofs the ops were placed on."""
+
+    name: str
+    source: str
+    vendor: str
+    measured: bool
+    bandwidth: float
+    peaks: dict[str, float]
+    achievable: AchievableInfo | None
+    memory_bytes: int | None
+    link_bandwidth: float | None
+    link_name: str | None
+    load_per_cpu: float | None  #: other processes' load while a CPU roof was measured
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The model-level figures of the roofline (``analysis.summary.summary_dict``)."""
+
+    device: str
+    device_source: str
+    roof: str  #: "measured" | "datasheet"
+    achievable_roof: str | None
+    model: str | None
+    step: int | None
+    timed: bool
+    timing: str | None
+    float32_matmul_precision: str | None
+    tf32: bool
+    n_ops: int
+    total_flops: int
+    total_bytes: int
+    intensity: float | None
+    measured_step_s: float | None
+    step_time_source: str | None
+    step_time_basis_text: str
+    device_idle_s: float | None
+    device_busy_s: float | None
+    wall_time_s: float | None
+    op_time_s: float | None
+    estimated_step_s: float
+    roof_step_s: float
+    kernel_model: str | None
+    achievable_estimated_step_s: float | None
+    mfu: float | None
+    hfu: float | None
+    model_flops: int
+    hardware_flops: int
+    recompute_flops: int
+    mfu_precision: str
+    mfu_peak_flops: float
+    estimated_mfu: float | None
+    mbu: float | None
+    bandwidth: float
+    achieved_tflops: float | None
+    achieved_gbps: float | None
+    time_basis: str
+    compute_bound_time_frac: float | None
+    memory_bound_time_frac: float | None
+    uncounted_time_frac: float | None
+    overhead_time_frac: float | None
+    comm_time_frac: float | None
+    flop_coverage: float
+    dominant_precision: str
+    precisions: dict[str, int]
+    uncounted_ops: dict[str, int]
+    capture_cost: dict[str, float] | None
+    group_small: float  #: the share of time and FLOPs under which table rows are grouped
+    has_kernel_model: bool
+    has_achievable: bool
+
+
+@dataclass(frozen=True)
+class MemorySection:
+    """The step's memory by category (``capture.step_memory``) and whether it fits the device
+    (``analysis.memory_fit``)."""
+
+    peak_bytes: int | None
+    device_bytes: int | None
+    fits: bool | None  #: None: the device's memory is unknown (or a what-if)
+    verdict: str  #: "fits" | "tight" | "does not fit" | "" (unknown)
+    share: float | None
+    states_bytes: int | None  #: weights + gradients + optimizer state
+    rest_bytes: int | None  #: the step's own tracked peak (activations, temporaries, new gradients)
+    shard_over: int | None
+    basis: str
+    categories: dict[str, int | None]  #: weights, grads, optimizer_state, activations_saved, ... (bytes)
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """The step's op time by bound (seconds; measured, or estimated when untimed: ``basis``)."""
+
+    compute_bound_s: float
+    memory_bound_s: float
+    communication_s: float
+    uncounted_s: float
+    overhead_s: float
+    idle_s: float | None
+    input_s: float | None  #: data-loading wait (None until a step monitor fills it)
+    basis: str
+
+
+@dataclass(frozen=True)
+class Row:
+    """A table row: the sums over a set of ops (a layer x phase, a layer, an op class, an op name, a group of small
+    rows, the total). Derived figures are properties of the stored sums."""
+
+    name: str
+    kind: str  #: "layer" | "layer_total" | "inclusive" | "category" | "op" | "other" | "total"
+    layer: str = ""
+    type: str = ""
+    phase: str = ""
+    category: str = ""
+    n_ops: int = 0
+    n_work: int = 0
+    flops: int = 0
+    bytes: int = 0
+    measured_s: float | None = None
+    estimate_s: float = 0.0
+    expected_s: float = 0.0
+    achievable_estimate_s: float | None = None
+    compute_s: float = 0.0
+    uncounted_s: float = 0.0
+    uncounted_ops: dict[str, int] = field(default_factory=dict)
+    largest_matmul: tuple[int, ...] | None = None
+    largest_matmul_flops: int = 0
+    precisions: dict[str, int] = field(default_factory=dict)
+    peaks: dict[str, float] = field(default_factory=dict)
+    bandwidth: float = 0.0
+    all_comm: bool = False  #: every op is a collective
+
+    @property
+    def calls(self) -> int:
+        return self.n_ops
+
+    @property
+    def precision(self) -> str:
+        return max(self.precisions, key=self.precisions.__getitem__) if self.precisions else ""
+
+    @property
+    def intensity(self) -> float | None:
+        return _div(self.flops, self.bytes)
+
+    @property
+    def ridge(self) -> float | None:
+        peak = _div(self.flops, self.compute_s) or self.peaks.get(self.precision)
+        return _div(peak, self.bandwidth)
+
+    @property
+    def bound(self) -> str:
+        if self.all_comm:
+            return "comm"
+        if not self.n_work:
+            return "uncounted" if self.uncounted_ops else "overhead"
+        if self.bytes == 0:
+            return "compute"
+        return "compute" if (self.intensity or 0.0) >= (self.ridge or math.inf) else "memory"
+
+    @property
+    def attained(self) -> float | None:
+        return _div(self.estimate_s, self.measured_s)
+
+    @property
+    def attained_achievable(self) -> float | None:
+        return _div(self.achievable_estimate_s, self.measured_s)
+
+    @property
+    def recoverable_s(self) -> float | None:
+        return None if self.measured_s is None else max(0.0, self.measured_s - self.expected_s)
+
+    @property
+    def ratio(self) -> float | None:
+        return _div(self.measured_s, self.estimate_s)
+
+    @property
+    def expected_ratio(self) -> float | None:
+        return _div(self.measured_s, self.expected_s)
+
+    @property
+    def counted_share(self) -> float | None:
+        """The share of the row's ops that have a FLOP formula."""
+        return _div(self.n_ops - sum(self.uncounted_ops.values()), self.n_ops)
+
+    def _derived(self) -> dict[str, Any]:
+        return {"precision": self.precision, "intensity": self.intensity, "ridge": self.ridge, "bound": self.bound,
+                "attained": self.attained, "pct_of_roof": self.attained, "attained_achievable": self.attained_achievable,
+                "recoverable_s": self.recoverable_s, "ratio": self.ratio, "expected_ratio": self.expected_ratio,
+                "calls": self.calls, "counted_share": self.counted_share}
+
+
+def merge_rows(name: str, kind: str, rows: list[Row], phase: str = "") -> Row:
+    """One row summing ``rows`` (the "(other N ...)" group of a table), as if its ops had been added one by one."""
+    measured = [r.measured_s for r in rows if r.measured_s is not None]
+    ach = [r.achievable_estimate_s for r in rows if r.achievable_estimate_s is not None]
+    unc: dict[str, int] = {}
+    prec: dict[str, int] = {}
+    peaks: dict[str, float] = {}
+    mm, mm_flops = None, 0
+    for r in rows:
+        for k, v in r.uncounted_ops.items():
+            unc[k] = unc.get(k, 0) + v
+        for k, v in r.precisions.items():
+            prec[k] = prec.get(k, 0) + v
+        for k, v in r.peaks.items():
+            peaks.setdefault(k, v)
+        if r.largest_matmul is not None and r.largest_matmul_flops > mm_flops:
+            mm, mm_flops = r.largest_matmul, r.largest_matmul_flops
+    return Row(name, kind, phase=phase, n_ops=sum(r.n_ops for r in rows), n_work=sum(r.n_work for r in rows),
+               flops=sum(r.flops for r in rows), bytes=sum(r.bytes for r in rows),
+               measured_s=sum(measured) if measured else None, estimate_s=sum(r.estimate_s for r in rows),
+               expected_s=sum(r.expected_s for r in rows), achievable_estimate_s=sum(ach) if ach else None,
+               compute_s=sum(r.compute_s for r in rows), uncounted_s=sum(r.uncounted_s for r in rows),
+               uncounted_ops=unc, largest_matmul=mm, largest_matmul_flops=mm_flops, precisions=prec, peaks=peaks,
+               bandwidth=next((r.bandwidth for r in reversed(rows) if r.bandwidth), 0.0),
+               all_comm=bool(rows) and all(r.all_comm for r in rows))
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """One op on its roof, in execution order."""
+
+    i: int
+    op: str
+    layer: str
+    phase: str
+    category: str
+    flops: int
+    model_flops: int
+    bytes: int
+    time_s: float | None
+    estimate_s: float
+    expected_s: float
+    achievable_estimate_s: float | None
+    bound: str
+    precision: str
+    roof_precision: str
+    matrix: bool
+    peak: float
+    dtype: str
+    input_shapes: list[Any]
+    output_shapes: list[Any]
+    counted: bool
+    start_s: float | None
+
+    @property
+    def pct_of_roof(self) -> float | None:
+        return _div(self.estimate_s, self.time_s)
+
+    @property
+    def intensity(self) -> float | None:
+        return _div(self.flops, self.bytes)
+
+    def _derived(self) -> dict[str, Any]:
+        return {"pct_of_roof": self.pct_of_roof}
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """A module's record (``records.LayerRecord``)."""
+
+    path: str
+    type: str = ""
+    calls: int = 0
+    num_parameters: int = 0
+    num_trainable_parameters: int = 0
+    input_shapes: list[Any] = field(default_factory=list)
+    output_shapes: list[Any] = field(default_factory=list)
+    grad_input_shapes: list[Any] = field(default_factory=list)
+    grad_output_shapes: list[Any] = field(default_factory=list)
+    param_bytes: int = 0
+    grad_bytes: int = 0
+    output_bytes: int = 0
+    memory_fwd_bytes: int = 0
+    memory_bwd_bytes: int = 0
+    peak_fwd_bytes: int = 0
+    peak_bwd_bytes: int = 0
+    saved_bytes: int = 0
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    self_forward_s: float = 0.0
+    self_backward_s: float = 0.0
+    recompute_s: float = 0.0
+    flops_fwd: int = 0
+    flops_bwd: int = 0
+    flops_recompute: int = 0
+    self_flops_fwd: int = 0
+    self_flops_bwd: int = 0
+    bytes_fwd: int = 0
+    bytes_bwd: int = 0
+    self_bytes_fwd: int = 0
+    self_bytes_bwd: int = 0
+    nonfinite_output: bool = False
+    nonfinite_grad_input: bool = False
+    nonfinite_grad_output: bool = False
+
+
+@dataclass(frozen=True)
+class RoofUsed:
+    """A roof the ops were placed on: one per (precision, matrix)."""
+
+    precision: str
+    matrix: bool
+    peak_flops: float
+    bandwidth: float
+    ridge: float
+    achievable_peak_flops: float | None
+    achievable_bandwidth: float | None
+    flops: int
+    n_ops: int
+
+
+@dataclass(frozen=True)
+class Opportunity:
+    """A finding: where, why (``cause``), what to change (``change``) and the predicted saving per step."""
+
+    title: str
+    layer: str
+    op: str
+    phase: str
+    type: str
+    kind: str  #: ``analysis.advice.KINDS`` or "below_expected"
+    cause: str
+    change: str
+    saving_s: float | None
+    saving_frac: float | None  #: of the step
+    recoverable_s: float | None
+    measured_s: float | None
+    estimate_s: float
+    bound: str
+    intensity: float | None
+    ridge: float | None
+    attained: float | None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NoiseMarkInfo:
+    """A row whose time is noise (``analysis.noise.NoiseMark``), with its sentence."""
+
+    layer: str
+    phase: str
+    kind: str
+    measured_s: float
+    typical_s: float
+    spread_s: float
+    samples: tuple[float, ...]
+    siblings: tuple[str, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class NoiseSection:
+    steps: int = 1
+    floor_s: float = 0.0
+    marks: tuple[NoiseMarkInfo, ...] = ()
+    spread: tuple[tuple[Any, ...], ...] = ()  #: (layer, phase, seconds) per layer x phase row
+    suppressed: tuple[Opportunity, ...] = ()  #: findings within the noise: not shown as findings
+
+    def is_marked(self, layer: str, phase: str) -> bool:
+        return any(m.layer == layer and m.phase == phase for m in self.marks)
+
+    def spread_of(self, layer: str, phase: str) -> float:
+        return next((float(s[2]) for s in self.spread if s[0] == layer and s[1] == phase), 0.0)
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """Times measured on one device placed on another's roofs."""
+
+    measured_on: str
+    roofs_of: str
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """The facts of the run the report prints (from the capture and the callback; formerly ``meta`` keys)."""
+
+    timing: str | None = None
+    device_kind: str | None = None  #: "cpu" | "cuda" | "meta"
+    step_time_window: tuple[int, ...] | None = None
+    step_time_spread_s: float | None = None
+    step_time_settled: bool | None = None
+    deferred_from: int | None = None
+    host_cpus: int | None = None
+    host_others_load_per_cpu: float | None = None
+    host_busy: bool | None = None
+    host_oversubscribed: bool | None = None
+    torch_threads: int | None = None
+    merged_steps: tuple[int, ...] | None = None
+    roof_notes: tuple[str, ...] = ()
+    compiled_capture: dict[str, Any] | None = None
+    compiled_modules_run_eagerly: tuple[str, ...] | None = None
+    micro_batches: int = 1
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One profiled step, analysed once (see the module docstring for the JSON)."""
+
+    step: int | None
+    stage: str | None
+    run: str | None
+    created: str
+    device: DeviceInfo
+    header: dict[str, Figure]
+    summary: Summary
+    memory: MemorySection | None
+    time_split: TimeSplit
+    rows: dict[str, tuple[Row, ...]]
+    ops: tuple[OpRow, ...]
+    layers: tuple[LayerInfo, ...]
+    roofs: tuple[RoofUsed, ...]
+    model: dict[str, Any] | None
+    communication: dict[str, Any] | None
+    fsdp_whatif: dict[str, Any] | None
+    compiled_vs_eager: tuple[dict[str, Any], ...] | None
+    what_if: WhatIf | None
+    opportunities: tuple[Opportunity, ...]
+    nonfinite: tuple[dict[str, Any], ...]
+    noise: NoiseSection
+    context: RunContext
+    scalars: dict[str, float]
+    area_scalars: dict[str, dict[str, float]]
+    user: dict[str, Any] = field(default_factory=dict)
+
+    # ---- tables
+    @property
+    def totals(self) -> Row:
+        return self.rows["total"][0]
+
+    @property
+    def timed(self) -> bool:
+        return self.summary.timed
+
+    def _time(self, r: Row) -> float:
+        return (r.measured_s or 0.0) if self.timed else r.expected_s
+
+    def table(self, kind: str = "layer_phase", top: int | None = None) -> list[Row]:
+        """Rows of ``kind`` (``rows`` keys; "layer" and "op" are accepted for "layer_phase" and "op_name"), rows
+        under ``summary.group_small`` share of time AND of FLOPs (and rows past ``top``) grouped into one "(other N
+        ...)" row, so the rows still sum to the total (inclusive rows overlap: never grouped)."""
+        key = {"layer": "layer_phase", "layer_total": "layer", "op": "op_name"}.get(kind, kind)
+        rows = list(self.rows[key])
+        if key == "inclusive":
+            return rows[:top] if top is not None else rows
+        tot_t, g = self._time(self.totals), self.summary.group_small
+        keep: list[Row] = []
+        small: list[Row] = []
+        for r in rows:
+            tiny = (_div(self._time(r), tot_t) or 0.0) < g and (_div(r.flops, self.totals.flops) or 0.0) < g
+            (small if tiny or (top is not None and len(keep) >= top) else keep).append(r)
+        if len(small) <= 1:
+            return keep + small
+        unit = {"layer_phase": "layers", "layer": "layers", "category": "classes"}.get(key, "ops")
+        return keep + [merge_rows(f"(other {len(small)} {unit})", "other", small)]
+
+    # ---- JSON
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-safe dict of the module docstring (``json.dumps(..., allow_nan=False)`` works)."""
+        return {"schema": SCHEMA, "version": VERSION, **_dump(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StepReport:
+        """Read :meth:`to_dict`'s dict back (extra keys are ignored); :class:`StepFileError` for another schema or
+        version, or a malformed dict."""
+        if not isinstance(d, dict):
+            raise StepFileError(f"a step report is a JSON object, got {type(d).__name__}")
+        if d.get("schema") != SCHEMA:
+            raise StepFileError("not a tscope step report (no \"schema\": \"tscope.step_report\"): "
+                                + ("a version 1 step file; `tscope report` re-analyses its profile" if "profile" in d
+                                   else "expected StepReport.to_dict()"))
+        if d.get("version") != VERSION:
+            raise StepFileError(f"step report version {d.get('version')!r}; this tscope reads version {VERSION}: "
+                                "upgrade tscope_callbacks, or re-analyse the file's profile with `tscope report`")
+        try:
+            return _load(cls, d)
+        except (TypeError, KeyError, ValueError, AttributeError) as e:
+            raise StepFileError(f"malformed step report ({type(e).__name__}: {e})") from None
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return f"StepReport(step={self.step}, device={s.device!r}, ops={s.n_ops}, flops={s.total_flops}, mfu={s.mfu})"
+
+
+class StepFileError(ValueError):
+    """A step file that cannot be read: not JSON, half-written, another schema or version. One line."""
+
+
+# ------------------------------------------------------------------------------------------------ (de)serializing
+def _dump(x: Any) -> Any:
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        out = {f.name: _dump(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        derived = getattr(x, "_derived", None)
+        if derived is not None:
+            out.update({k: _dump(v) for k, v in derived().items()})
+        return out
+    return json_safe(x) if not isinstance(x, (dict, list, tuple)) else (
+        {str(k): _dump(v) for k, v in x.items()} if isinstance(x, dict) else [_dump(v) for v in x])
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _load(tp: Any, v: Any) -> Any:
+    if v is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _load(args[0], v) if len(args) == 1 else v
+    if dataclasses.is_dataclass(tp):
+        hints = _HINTS.get(tp) or _HINTS.setdefault(tp, typing.get_type_hints(tp))
+        kw = {f.name: _load(hints[f.name], v[f.name]) for f in dataclasses.fields(tp) if f.name in v}
+        return tp(**kw)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        inner = args[0] if args else Any
+        return tuple(_load(inner, x) for x in v)
+    if origin is list:
+        (inner,) = typing.get_args(tp) or (Any,)
+        return [_load(inner, x) for x in v]
+    if origin is dict:
+        _, inner = typing.get_args(tp) or (str, Any)
+        return {k: _load(inner, x) for k, x in v.items()}
+    if tp is float and isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    return v
+
+
+def load_step_file(path: Any) -> StepReport:
+    """The StepReport of a step file (``<log_dir>/tscope/step_<N>.json``). Raises :class:`StepFileError` with one
+    line for a missing, unreadable, corrupt or half-written file, or one of another schema or version (a version 1
+    file: re-analyse its profile with ``tscope report``)."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except OSError as e:
+        raise StepFileError(f"cannot read {path}: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise StepFileError(f"{path} is not valid JSON, perhaps half-written ({e})") from None
+    if isinstance(data, dict) and data.get("schema") != SCHEMA and "profile" in data:
+        raise StepFileError(f"{path} is a version 1 step file (no schema version): `tscope report {path}` "
+                            "re-analyses its profile")
+    try:
+        return StepReport.from_dict(data)
+    except StepFileError as e:
+        raise StepFileError(f"{path}: {e}") from None
