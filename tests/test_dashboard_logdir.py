@@ -40,7 +40,7 @@ def _write(path: Path, obj: object | str) -> Path:
 def logdir(tmp_path: Path) -> Path:
     run = tmp_path / "demo" / "version_0" / "tscope"
     _write(run / "step_1.json", {"profile": {}, "device": None, "report": _report(1, 0.25)})  # report under a key
-    _write(run / "step_3.json", _report(3, 0.5))  # report at the top level
+    _write(run / "step_3.json", {**_report(3, 0.5), "profile": {"ops": []}, "device_spec": {}})  # at the top level
     full = json.dumps(_report(5, 0.75))
     _write(run / "step_5.json", full[: len(full) // 2])  # half-written
     _write(run / "step_7.json", "")  # created, nothing written yet
@@ -84,6 +84,7 @@ def test_load_answers_the_report_or_an_error(logdir: Path) -> None:
     run = logdir / "demo" / "version_0"
     assert ld.load(run, 1)["header"]["mfu"]["value"] == 0.25  # the "report" key of the file
     assert ld.load(run, 3)["step"] == 3
+    assert "profile" not in ld.load(run, 3) and "device_spec" not in ld.load(run, 3)  # file-only keys
     assert ld.load(run, 2, "validation")["step"] == 2
     assert "schema version 1" in ld.load(run, 13)["error"]
     assert "no such step file" in ld.load(run, 99)["error"]

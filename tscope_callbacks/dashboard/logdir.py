@@ -43,6 +43,7 @@ HINT = ("No tscope data in this log dir. Add the callback to your Trainer and tr
 
 _STEP_RE = re.compile(r"^(?:(?P<stage>[a-z]+)_)?step_(?P<step>\d+)\.json$")
 _NOT_STEPS = {"trace", "layers"}  # trace_step_<N>.json, layers_step_<N>.json: other outputs
+_FILE_ONLY = ("profile", "device_spec")
 _SERIES_PREFIX = "tscope/roofline/"
 _HEADER_SERIES = ("mfu", "mbu", "hfu", "step_ms", "estimated_step_ms", "achieved_tflops", "tokens_per_s",
                   "samples_per_s", "memory_peak_bytes", "flop_coverage")
@@ -151,7 +152,8 @@ def read_step_file(path: str | os.PathLike) -> dict:
     if schema not in (None, SCHEMA):
         raise StepFileError(f"{name}: schema {schema!r}, not a tscope step report ({SCHEMA!r})")
     if schema == SCHEMA and version == SCHEMA_VERSION:
-        return rep
+        # the file keeps the raw profile and the device spec for re-analysis: not part of the report dict
+        return {k: v for k, v in rep.items() if k not in _FILE_ONLY}
     if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
         raise StepFileError(f"{name}: step-report schema version {version}, newer than this dashboard's "
                             f"{SCHEMA_VERSION}: upgrade tscope_callbacks")
