@@ -1,0 +1,762 @@
+/* tscope dashboard: one page, two data sources (TensorBoard plugin routes, or data inline in the file).
+   Renders only the StepReport dict (schema "tscope.step_report", version 2). No network beyond the plugin's own
+   relative routes; no library. */
+(function () {
+  "use strict";
+  const $ = (s, el) => (el || document).querySelector(s);
+  const h = (tag, attrs, ...kids) => {
+    const e = document.createElement(tag);
+    for (const k in attrs || {}) {
+      const v = attrs[k];
+      if (v == null || v === false) continue;
+      if (k === "class") e.className = v; else if (k === "text") e.textContent = v;
+      else if (k === "html") e.innerHTML = v; else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+      else e.setAttribute(k, v);
+    }
+    for (const c of kids.flat()) if (c != null && c !== false) e.append(c.nodeType ? c : String(c));
+    return e;
+  };
+  const SVGNS = "http://www.w3.org/2000/svg";
+  const s = (tag, attrs, ...kids) => {
+    const e = document.createElementNS(SVGNS, tag);
+    for (const k in attrs || {}) if (attrs[k] != null) e.setAttribute(k, attrs[k]);
+    for (const c of kids.flat()) if (c != null) e.append(c.nodeType ? c : String(c));
+    return e;
+  };
+  const esc = (t) => String(t).replace(/[&<>"]/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[c]));
+
+  /* ---------- formatting: every number with its unit (page.py mirrors these for the tests) ---------- */
+  const num = (x) => typeof x === "number" && isFinite(x);
+  function sig(x, n) {
+    n = n || 3;
+    if (!num(x)) return "–";
+    if (x === 0) return "0";
+    if (Math.abs(x) >= 1000) return Math.round(x).toLocaleString("en-US");
+    return String(parseFloat(x.toPrecision(n)));
+  }
+  function scaled(x, units, base) {
+    if (!num(x)) return "–";
+    let i = 0, v = x;
+    while (Math.abs(v) >= base && i < units.length - 1) { v /= base; i++; }
+    return sig(v) + " " + units[i];
+  }
+  const F = {
+    time(sec) {
+      if (!num(sec)) return "–";
+      const a = Math.abs(sec);
+      if (a === 0) return "0 ms";
+      if (a >= 1) return sig(sec) + " s";
+      if (a >= 1e-3) return sig(sec * 1e3) + " ms";
+      if (a >= 1e-6) return sig(sec * 1e6) + " µs";
+      return sig(sec * 1e9) + " ns";
+    },
+    ms(sec) { return num(sec) ? sig(sec * 1e3) : "–"; },
+    pct(r) { return num(r) ? sig(r * 100) + "%" : "–"; },
+    bytes(b) { return scaled(b, ["B", "KiB", "MiB", "GiB", "TiB"], 1024); },
+    flops(f) { return scaled(f, ["FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"], 1000); },
+    rate(f) { return scaled(f, ["FLOP/s", "kFLOP/s", "MFLOP/s", "GFLOP/s", "TFLOP/s", "PFLOP/s"], 1000); },
+    bw(b) { return scaled(b, ["B/s", "kB/s", "MB/s", "GB/s", "TB/s"], 1000); },
+    count(x, unit) {
+      if (!num(x)) return "–";
+      if (Math.abs(x) >= 1e6) return scaled(x, ["", "k", "M", "G", "T"], 1000).replace(" ", " ").trim() + " " + unit;
+      return sig(x) + " " + unit;
+    },
+    intensity(x) { return num(x) ? sig(x) + " FLOP/B" : "–"; },
+    shapes(sh) {
+      if (!sh || !sh.length) return "";
+      if (typeof sh === "string") return sh;
+      return sh.map((x) => Array.isArray(x) ? (x.length ? x.join("×") : "scalar") : String(x)).join(", ");
+    },
+  };
+  /* a header figure as the page shows it (value + unit); page.py's fmt_figure is the same rule */
+  function figText(fig) {
+    if (!fig || !num(fig.value)) return "–";
+    const v = fig.value, u = fig.unit;
+    if (u === "ms") return F.time(v / 1e3);
+    if (u === "s") return F.time(v);
+    if (u === "ratio") return F.pct(v);
+    if (u === "B") return F.bytes(v);
+    if (u === "TFLOP/s") return F.rate(v * 1e12);
+    if (u === "tokens/s" || u === "samples/s") return F.count(v, u);
+    return sig(v) + (u ? " " + u : "");
+  }
+
+  /* ---------- the data layer: the same four queries in both modes ---------- */
+  function inlineJSON(sel) {
+    const el = document.querySelector(sel);
+    return el ? JSON.parse(el.textContent) : undefined;
+  }
+  const INLINE = inlineJSON("#tscope-data");
+  const opsCache = {};
+  function unpackOps(o) {
+    if (!o) return [];
+    if (Array.isArray(o)) return o;
+    const cols = o.cols;
+    return o.rows.map((r) => { const x = {}; for (let i = 0; i < cols.length; i++) x[cols[i]] = r[i]; return x; });
+  }
+  const key = (run, stage, step) => run + "/" + stage + "/" + step;
+  const API = INLINE ? {
+    mode: "standalone",
+    async runs() { return {runs: INLINE.runs || [], hint: INLINE.hint || null}; },
+    async step(run, step, stage) {
+      const k = key(run, stage, step);
+      let d = (INLINE.steps || {})[k];
+      if (d === undefined) d = inlineJSON('script[data-tscope-step="' + CSS.escape(k) + '"]');
+      return d === undefined ? {error: "no step " + k + " in this file"} : d;
+    },
+    async ops(run, step, stage, layer) {
+      const k = key(run, stage, step);
+      if (!(k in opsCache)) {
+        let o = (INLINE.ops || {})[k];
+        if (o === undefined) o = inlineJSON('script[data-tscope-ops="' + CSS.escape(k) + '"]');
+        opsCache[k] = {ops: unpackOps(o), note: o && o.note};
+      }
+      const all = opsCache[k];
+      return {ops: layer == null || layer === "" ? all.ops : all.ops.filter((r) => r.layer === layer || (r.layer || "").startsWith(layer + ".")), note: all.note};
+    },
+    async series(run) { return (INLINE.series || {})[run] || {}; },
+  } : {
+    mode: "tensorboard",
+    base: window.TSCOPE_BASE || "",
+    async get(path, params) {
+      const q = params ? "?" + new URLSearchParams(params).toString() : "";
+      const r = await fetch(this.base + path + q, {credentials: "same-origin"});
+      if (!r.ok) return {error: "HTTP " + r.status + " from " + path};
+      return r.json();
+    },
+    runs() { return this.get("runs"); },
+    step(run, step, stage) { return this.get("step", {run, step, stage}); },
+    ops(run, step, stage, layer) { return this.get("ops", {run, step, stage, layer: layer || ""}); },
+    series(run) { return this.get("series", {run}); },
+  };
+
+  /* ---------- state ---------- */
+  const S = {runs: [], run: null, stage: "train", step: null, rep: null, cmp: null, showOps: false, selLayer: null};
+  const PHASE_COLOR = {forward: "var(--fwd)", backward: "var(--bwd)", optimizer: "var(--opt)", recompute: "var(--rec)"};
+  const phaseColor = (p) => PHASE_COLOR[p] || "var(--oth)";
+  const timeOf = (r) => num(r.measured_s) && r.measured_s > 0 ? r.measured_s : r.expected_s;
+
+  /* ---------- page skeleton ---------- */
+  function skeleton() {
+    const app = $("#app");
+    app.innerHTML = "";
+    app.append(
+      h("header", {class: "bar"},
+        h("span", {class: "brand", html: "<b>tscope</b> dashboard"}),
+        h("label", {}, "run", h("select", {id: "run-select", onchange: (e) => selectRun(e.target.value)})),
+        h("label", {}, "step", h("select", {id: "step-select", onchange: (e) => selectStep(e.target.value)})),
+        h("label", {}, "diff with", h("select", {id: "diff-select", onchange: (e) => selectDiff(e.target.value)})),
+        h("span", {id: "device"})),
+      h("div", {id: "banner"}),
+      h("section", {id: "cards"}),
+      h("div", {class: "grid2"},
+        h("div", {class: "panel", id: "roof-panel"},
+          h("div", {class: "tools"},
+            h("label", {}, h("input", {type: "checkbox", id: "show-ops", onchange: (e) => { S.showOps = e.target.checked; drawRoofline(); }}), "ops")),
+          h("h2", {text: "Roofline"}), h("div", {class: "basis", id: "roof-basis"}),
+          h("div", {id: "roof-holder"}), h("div", {class: "legend", id: "roof-legend"})),
+        h("div", {},
+          h("div", {class: "panel", id: "opps-panel"}, h("h2", {text: "Top opportunities"}),
+            h("div", {class: "basis", id: "opps-basis"}), h("div", {id: "opps"})),
+          h("div", {class: "panel", id: "split-panel"}, h("h2", {text: "Where the step goes"}), h("div", {class: "basis", id: "split-basis"}), h("div", {id: "split"})))),
+      h("div", {class: "panel", id: "ops-panel"}),
+      h("div", {class: "panel", id: "tree-panel"},
+        h("div", {class: "tools"}, h("button", {id: "tree-expand", onclick: () => treeAll(true)}, "expand all"),
+          h("button", {id: "tree-collapse", onclick: () => treeAll(false)}, "collapse")),
+        h("h2", {text: "Layers"}), h("div", {class: "basis", id: "tree-basis"}),
+        h("div", {class: "scroll", id: "tree"})),
+      h("div", {class: "grid2 even"},
+        h("div", {class: "panel", id: "mem-panel"}, h("h2", {text: "Memory by category"}), h("div", {class: "basis", id: "mem-basis"}), h("div", {id: "mem"})),
+        h("div", {class: "panel", id: "nan-panel"}, h("h2", {text: "NaN / Inf and gradient spikes"}), h("div", {class: "basis", id: "nan-basis"}), h("div", {id: "nan"}))),
+      h("div", {class: "panel", id: "comm-panel", style: "display:none"}, h("h2", {text: "Communication"}), h("div", {id: "comm"})),
+      h("div", {class: "panel", id: "series-panel"}, h("h2", {text: "Over the run"}),
+        h("div", {class: "basis", text: "profiled steps and the callbacks' automatic windows"}), h("div", {class: "charts", id: "charts"})),
+      h("div", {class: "panel", id: "diff-panel"}, h("h2", {text: "Step diff"}), h("div", {id: "diff"},
+        h("div", {class: "empty", text: "choose a step to compare in “diff with”"}))),
+      h("div", {id: "tooltip"}));
+  }
+
+  function banner(kind, html) {
+    const b = $("#banner");
+    b.innerHTML = "";
+    if (html) b.append(h("div", {class: "banner " + kind, html}));
+  }
+
+  /* ---------- selectors ---------- */
+  function stepLabel(st) { return (st.stage === "train" ? "" : st.stage + " ") + "step " + st.step + (st.readable === false ? " (unreadable)" : ""); }
+  function fillSelectors() {
+    const rs = $("#run-select");
+    rs.innerHTML = "";
+    for (const r of S.runs) rs.append(h("option", {value: r.run, text: r.run || "(logdir)"}));
+    rs.value = S.run;
+    const run = S.runs.find((r) => r.run === S.run) || {steps: []};
+    const ss = $("#step-select"), ds = $("#diff-select");
+    ss.innerHTML = ""; ds.innerHTML = "";
+    ds.append(h("option", {value: "", text: "—"}));
+    for (const st of run.steps) {
+      const v = st.stage + ":" + st.step;
+      ss.append(h("option", {value: v, text: stepLabel(st), disabled: st.readable === false ? "" : null}));
+      ds.append(h("option", {value: v, text: stepLabel(st), disabled: st.readable === false ? "" : null}));
+    }
+    ss.value = S.stage + ":" + S.step;
+    ds.value = S.cmp ? S.cmp.stage + ":" + S.cmp.step : "";
+  }
+  async function selectRun(run) {
+    S.run = run; S.cmp = null;
+    const r = S.runs.find((x) => x.run === run);
+    const ok = r ? r.steps.filter((x) => x.readable !== false) : [];
+    const last = ok[ok.length - 1];
+    if (last) { S.stage = last.stage; S.step = last.step; }
+    fillSelectors();
+    drawSeries();
+    if (last) await loadStep();
+  }
+  async function selectStep(v) {
+    const [stage, step] = v.split(":");
+    S.stage = stage; S.step = +step;
+    await loadStep();
+  }
+  async function selectDiff(v) {
+    if (!v) { S.cmp = null; $("#diff").innerHTML = ""; $("#diff").append(h("div", {class: "empty", text: "choose a step to compare in “diff with”"})); return; }
+    const [stage, step] = v.split(":");
+    S.cmp = {stage, step: +step};
+    const b = await API.step(S.run, +step, stage);
+    if (b.error) { $("#diff").innerHTML = ""; $("#diff").append(h("div", {class: "banner err", text: b.error})); return; }
+    drawDiff(S.rep, b, stepLabel({stage: S.stage, step: S.step}), stepLabel({stage, step}));
+  }
+
+  async function loadStep() {
+    const rep = await API.step(S.run, S.step, S.stage);
+    S.selLayer = null;
+    $("#ops-panel").innerHTML = "";
+    if (!rep || rep.error) {
+      banner("err", esc((rep && rep.error) || "no data"));
+      S.rep = null;
+      return;
+    }
+    banner("", "");
+    S.rep = rep;
+    render();
+  }
+
+  /* ---------- render one step ---------- */
+  function render() {
+    const r = S.rep;
+    const dev = r.device || {};
+    $("#device").textContent = (dev.name || "device ?") + (dev.measured ? " · measured roof" : "") +
+      (num(dev.bandwidth) ? " · " + F.bw(dev.bandwidth) : "");
+    $("#device").title = dev.source || "";
+    drawCards(r);
+    drawRoofline();
+    drawOpps(r);
+    drawTree(r);
+    drawSplit(r);
+    drawMemory(r);
+    drawNaN(r);
+    drawComm(r);
+    if (S.cmp) selectDiff(S.cmp.stage + ":" + S.cmp.step);
+    requestAnimationFrame(() => { window.tscopePainted = performance.now(); document.body.setAttribute("data-ready", "1"); });
+  }
+
+  function card(id, label, fig, sub, cls) {
+    const txt = typeof fig === "string" ? fig : figText(fig);
+    const basis = sub != null ? sub : (fig && fig.basis) || "";
+    return h("div", {class: "card" + (cls ? " " + cls : ""), "data-card": id, title: (fig && fig.basis) || basis},
+      h("div", {class: "label", text: label}), h("div", {class: "value", text: txt}), h("div", {class: "sub", text: basis}));
+  }
+  function drawCards(r) {
+    const H = r.header || {}, mem = r.memory || {};
+    const c = $("#cards");
+    c.innerHTML = "";
+    const stepFig = H.step_ms && num(H.step_ms.value) ? H.step_ms : H.estimated_step_ms;
+    const estimated = !(H.step_ms && num(H.step_ms.value));
+    c.append(card("step_time", "Step time" + (estimated ? " (expected)" : ""), stepFig,
+      estimated ? "no measured step: " + ((stepFig && stepFig.basis) || "") : null));
+    c.append(card("mfu", "MFU", H.mfu));
+    c.append(card("mbu", "MBU", H.mbu));
+    c.append(card("hfu", "HFU", H.hfu));
+    const thr = H.tokens_per_s && num(H.tokens_per_s.value) ? H.tokens_per_s : H.samples_per_s;
+    c.append(card("tokens_per_s", thr === H.tokens_per_s ? "Tokens/s" : "Samples/s", thr));
+    const fits = mem.fits;
+    c.append(card("memory", "Memory peak", H.memory_peak_bytes,
+      (fits === true ? "fits: " : fits === false ? "does NOT fit: " : "") + (mem.verdict || ""),
+      fits === false ? "bad" : null));
+    const cov = H.flop_coverage;
+    c.append(card("flop_coverage", "FLOP coverage", cov, null, cov && num(cov.value) && cov.value < 0.9 ? "bad" : null));
+  }
+
+  /* ---------- roofline ---------- */
+  const ROOF_COLORS = ["#3c4043", "#1a73e8", "#9334e6", "#e8710a", "#188038", "#d01884", "#80868b"];
+  function drawRoofline() {
+    const r = S.rep;
+    if (!r) return;
+    const holder = $("#roof-holder");
+    holder.innerHTML = "";
+    const rows = ((r.rows || {}).layer_phase || []);
+    const pts = [];
+    let skipped = 0;
+    for (const x of rows) {
+      const t = timeOf(x);
+      if (!(x.flops > 0) || !(x.bytes > 0) || !(t > 0)) { skipped++; continue; }
+      pts.push({row: x, ai: x.flops / x.bytes, perf: x.flops / t, t});
+    }
+    const dev = r.device || {};
+    const peaks = Object.entries(dev.peaks || {}).filter(([, v]) => num(v) && v > 0).sort((a, b) => b[1] - a[1]);
+    const bw = dev.bandwidth;
+    const W = Math.max(420, holder.clientWidth || 640), Hh = 360, m = {l: 84, r: 12, t: 10, b: 36};
+    let xs = pts.map((p) => p.ai), ys = pts.map((p) => p.perf);
+    if (peaks.length) ys.push(peaks[0][1]);
+    if (!xs.length) xs = [0.1, 100];
+    if (!ys.length) ys = [1e9, 1e12];
+    let x0 = Math.floor(Math.log10(Math.min(...xs))) , x1 = Math.ceil(Math.log10(Math.max(...xs)));
+    if (num(bw) && peaks.length) { const ridge = peaks[0][1] / bw; x1 = Math.max(x1, Math.ceil(Math.log10(ridge * 4))); x0 = Math.min(x0, Math.floor(Math.log10(ridge / 100))); }
+    let y0 = Math.floor(Math.log10(Math.min(...ys) * 0.5)), y1 = Math.ceil(Math.log10(Math.max(...ys) * 1.5));
+    if (x1 - x0 < 2) x1 = x0 + 2;
+    if (y1 - y0 < 2) y0 = y1 - 2;
+    const X = (v) => m.l + (Math.log10(v) - x0) / (x1 - x0) * (W - m.l - m.r);
+    const Y = (v) => Hh - m.b - (Math.log10(v) - y0) / (y1 - y0) * (Hh - m.t - m.b);
+    const svg = s("svg", {id: "roofline", width: W, height: Hh, viewBox: "0 0 " + W + " " + Hh});
+    const grid = s("g", {class: "grid"}), axis = s("g", {class: "axis"});
+    for (let e = x0; e <= x1; e++) {
+      const px = X(10 ** e);
+      grid.append(s("line", {x1: px, x2: px, y1: m.t, y2: Hh - m.b}));
+      axis.append(s("text", {x: px, y: Hh - m.b + 14, "text-anchor": "middle"}, e >= -2 && e <= 3 ? String(10 ** e) : "1e" + e));
+    }
+    for (let e = y0; e <= y1; e++) {
+      const py = Y(10 ** e);
+      grid.append(s("line", {x1: m.l, x2: W - m.r, y1: py, y2: py}));
+      axis.append(s("text", {x: m.l - 6, y: py + 4, "text-anchor": "end"}, F.rate(10 ** e).replace(" ", "\u2009")));
+    }
+    axis.append(s("line", {x1: m.l, x2: W - m.r, y1: Hh - m.b, y2: Hh - m.b}), s("line", {x1: m.l, x2: m.l, y1: m.t, y2: Hh - m.b}));
+    axis.append(s("text", {x: (m.l + W - m.r) / 2, y: Hh - 4, "text-anchor": "middle"}, "arithmetic intensity (FLOP / byte)"));
+    svg.append(grid, axis);
+    const clip = s("clipPath", {id: "roof-clip"}, s("rect", {x: m.l, y: m.t, width: W - m.l - m.r, height: Hh - m.t - m.b}));
+    svg.append(s("defs", {}, clip));
+    const roofs = s("g", {"clip-path": "url(#roof-clip)"});
+    const legend = $("#roof-legend");
+    legend.innerHTML = "";
+    const labels = [], roofLabels = s("g", {class: "roof-labels"});
+    if (num(bw)) {
+      peaks.forEach(([prec, pk], i) => {
+        const col = ROOF_COLORS[i % ROOF_COLORS.length], ridge = pk / bw;
+        const xa = 10 ** x0, xb = 10 ** x1;
+        const d = "M" + X(xa) + "," + Y(Math.max(xa * bw, 10 ** (y0 - 3))) + " L" + X(ridge) + "," + Y(pk) + " L" + X(xb) + "," + Y(pk);
+        roofs.append(s("path", {class: "roof", d, stroke: col, "stroke-dasharray": i ? "5 3" : null, "data-precision": prec}));
+        labels.push([Y(pk) - 4, col, prec + " " + F.rate(pk)]);
+      });
+      let prev = -1e9;
+      for (const [y, col, txt] of labels.sort((a, b) => a[0] - b[0])) {
+        const yy = Math.max(y, prev + 12);
+        prev = yy;
+        roofLabels.append(s("text", {x: W - m.r - 4, y: yy, "text-anchor": "end", style: "fill:" + col + ";font-weight:500"}, txt));
+      }
+      roofLabels.append(s("text", {x: X(10 ** x0) + 4, y: Y(Math.max(10 ** x0 * bw, 10 ** y0)) - 10, style: "fill:#5f6368"}, "memory " + F.bw(bw)));
+    }
+    svg.append(roofs);
+    const g = s("g", {"clip-path": "url(#roof-clip)"});
+    svg.append(roofLabels);
+    const tmax = Math.max(1e-30, ...pts.map((p) => p.t));
+    pts.sort((a, b) => b.t - a.t);
+    for (const p of pts) {
+      const rad = 2.5 + 13 * Math.sqrt(p.t / tmax);
+      const c = s("circle", {class: "pt", cx: X(p.ai).toFixed(1), cy: Y(p.perf).toFixed(1), r: rad.toFixed(1),
+        fill: phaseColor(p.row.phase), "data-layer": p.row.layer, "data-phase": p.row.phase});
+      c.__row = p.row;
+      if (S.selLayer != null && p.row.layer === S.selLayer) c.classList.add("sel");
+      g.append(c);
+    }
+    svg.append(g);
+    svg.addEventListener("mousemove", (e) => { const t = e.target; if (t.__row) showTip(e, t.__row, false); else if (t.__op) showTip(e, t.__op, true); else hideTip(); });
+    svg.addEventListener("mouseleave", hideTip);
+    svg.addEventListener("click", (e) => { const t = e.target; if (t.__row) showLayerOps(t.__row.layer); });
+    holder.append(svg);
+    const phases = [...new Set(pts.map((p) => p.row.phase))];
+    for (const ph of phases) legend.append(h("span", {}, h("i", {style: "background:" + phaseColor(ph)}), ph));
+    legend.append(h("span", {class: "muted", text: "size: time · " + pts.length + " layer×phase points" + (skipped ? " (" + skipped + " rows without FLOPs or bytes not drawn)" : "")}));
+    const timed = rows.some((x) => num(x.measured_s) && x.measured_s > 0);
+    $("#roof-basis").textContent = "y: FLOPs / " + (timed ? "measured time" : "expected kernel time (untimed step)") +
+      "; roofs: " + (dev.measured ? "measured on this machine" : "datasheet peaks") + " per precision, bandwidth " + F.bw(bw) + ". Click a point for its ops.";
+    if (S.showOps) drawOpPoints(g, X, Y, tmax);
+  }
+  async function drawOpPoints(g, X, Y, tmax) {
+    const res = await API.ops(S.run, S.step, S.stage, "");
+    const frag = document.createDocumentFragment();
+    for (const o of res.ops || []) {
+      const t = num(o.time_s) && o.time_s > 0 ? o.time_s : o.expected_s;
+      if (!(o.flops > 0) || !(o.bytes > 0) || !(t > 0)) continue;
+      const c = s("circle", {class: "op-pt", cx: X(o.flops / o.bytes).toFixed(1), cy: Y(o.flops / t).toFixed(1),
+        r: (1.5 + 6 * Math.sqrt(t / tmax)).toFixed(1), fill: phaseColor(o.phase)});
+      c.__op = o;
+      frag.append(c);
+    }
+    g.insertBefore(frag, g.firstChild);
+  }
+  function tipRows(pairs) {
+    return "<table>" + pairs.filter((p) => p[1] != null && p[1] !== "").map((p) => "<tr><td>" + esc(p[0]) + "</td><td>" + esc(p[1]) + "</td></tr>").join("") + "</table>";
+  }
+  function showTip(e, x, isOp) {
+    const tip = $("#tooltip");
+    const t = isOp ? x.time_s : x.measured_s;
+    const name = isOp ? x.op : (x.layer || "(root)");
+    tip.innerHTML = "<div class='t'>" + esc(name) + "</div>" + tipRows([
+      ["type", isOp ? x.category : x.type], ["layer", isOp ? x.layer : null], ["phase", x.phase],
+      ["FLOPs", F.flops(x.flops)], ["bytes", F.bytes(x.bytes)],
+      ["intensity", F.intensity(x.bytes ? x.flops / x.bytes : null)],
+      ["measured", num(t) ? F.ms(t) + " ms" : "untimed"], ["expected", F.ms(x.expected_s) + " ms"],
+      ["% of roof", F.pct(x.pct_of_roof)], ["bound", x.bound], ["precision", x.precision],
+      ["shapes", isOp ? F.shapes(x.input_shapes) : null]]);
+    tip.style.display = "block";
+    const w = tip.offsetWidth, hh = tip.offsetHeight;
+    let lx = e.clientX + 14, ly = e.clientY + 12;
+    if (lx + w > window.innerWidth - 4) lx = e.clientX - w - 14;
+    if (ly + hh > window.innerHeight - 4) ly = e.clientY - hh - 12;
+    tip.style.left = lx + "px"; tip.style.top = ly + "px";
+  }
+  function hideTip() { $("#tooltip").style.display = "none"; }
+
+  async function showLayerOps(layer) {
+    S.selLayer = layer;
+    document.querySelectorAll("svg#roofline circle.pt").forEach((c) => c.classList.toggle("sel", c.__row && c.__row.layer === layer));
+    const p = $("#ops-panel");
+    const res = await API.ops(S.run, S.step, S.stage, layer);
+    p.innerHTML = "";
+    const ops = res.ops || [];
+    p.append(h("div", {class: "tools"}, h("button", {onclick: () => { p.innerHTML = ""; S.selLayer = null; document.querySelectorAll("svg#roofline circle.sel").forEach((c) => c.classList.remove("sel")); }}, "close")),
+      h("h2", {text: "Ops of " + (layer || "(root)") + " (" + ops.length + ")"}),
+      h("div", {class: "basis", text: "in execution order; time measured per op, expected = shape-aware kernel time" + (res.note ? " · " + res.note : "")}));
+    const tb = h("table", {class: "t", id: "ops-table"});
+    tb.append(h("tr", {}, ["#", "op", "phase", "FLOPs", "bytes", "FLOP/B", "ms", "expected ms", "% roof", "bound", "dtype", "input shapes"].map((c, i) => h("th", {class: i >= 3 && i <= 8 ? "n" : null, text: c}))));
+    for (const o of ops.slice(0, 2000)) {
+      tb.append(h("tr", {}, h("td", {class: "n muted", text: o.i}), h("td", {class: "mono", text: o.op}), h("td", {text: o.phase}),
+        h("td", {class: "n", text: F.flops(o.flops)}), h("td", {class: "n", text: F.bytes(o.bytes)}),
+        h("td", {class: "n", text: o.bytes ? sig(o.flops / o.bytes) : "–"}), h("td", {class: "n", text: F.ms(o.time_s)}),
+        h("td", {class: "n", text: F.ms(o.expected_s)}), h("td", {class: "n", text: F.pct(o.pct_of_roof)}),
+        h("td", {text: o.bound}), h("td", {text: o.dtype || ""}), h("td", {class: "mono muted", text: F.shapes(o.input_shapes)})));
+    }
+    if (!ops.length) tb.append(h("tr", {}, h("td", {colspan: 12, class: "empty", text: "no ops recorded for this layer in this file"})));
+    p.append(h("div", {class: "scroll"}, tb));
+    p.scrollIntoView({block: "nearest"});
+  }
+
+  /* ---------- opportunities ---------- */
+  function drawOpps(r) {
+    const el = $("#opps");
+    el.innerHTML = "";
+    const ops = r.opportunities || [];
+    const H = r.header || {};
+    $("#opps-basis").textContent = "predicted saving per step, re-estimated from the step's own ops; share of the " +
+      (H.step_ms && num(H.step_ms.value) ? "measured step (" + H.step_ms.basis + ")" : "expected step");
+    if (!ops.length) { el.append(h("div", {class: "empty", text: "no finding above the measured noise"})); return; }
+    const ol = h("ol", {class: "opps"});
+    for (const o of ops.slice(0, 8)) {
+      ol.append(h("li", {class: "opp"},
+        h("div", {}, h("span", {class: "save", text: "−" + F.time(o.saving_s) + (num(o.saving_frac) ? " (" + F.pct(o.saving_frac) + ")" : "")}), " ",
+          h("b", {text: o.title || o.cause || ""}), " ", h("span", {class: "mono muted", text: (o.layer || "(root)") + (o.phase ? " · " + o.phase : "") + (o.op ? " · " + o.op : "")})),
+        o.change ? h("div", {class: "why", text: "change: " + o.change}) : null,
+        o.cause && o.cause !== o.title ? h("div", {class: "why", text: o.cause}) : null));
+    }
+    el.append(ol);
+    const nm = ((r.noise || {}).marks || []).length;
+    if (nm) el.append(h("div", {class: "muted", text: nm + " row(s) marked as noise (no advice given for them)"}));
+  }
+
+  /* ---------- layer tree ---------- */
+  let TREE = null;
+  function buildTree(r) {
+    const nodes = new Map();
+    const get = (path) => {
+      if (!nodes.has(path)) nodes.set(path, {path, info: null, kids: [], self: {}, incl: {}, row: null});
+      return nodes.get(path);
+    };
+    for (const L of r.layers || []) get(L.path).info = L;
+    for (const x of (r.rows || {}).layer_phase || []) { const n = get(x.layer); n.self[x.phase] = (n.self[x.phase] || 0) + (timeOf(x) || 0); }
+    for (const x of (r.rows || {}).layer || []) get(x.layer).row = x;
+    for (const x of (r.rows || {}).inclusive || []) { const n = get(x.layer); n.inclRow = x; }
+    get("");
+    const paths = [...nodes.keys()].sort((a, b) => a.split(".").length - b.split(".").length || a.localeCompare(b, undefined, {numeric: true}));
+    for (const p of paths) {
+      if (p === "") continue;
+      let q = p;
+      let parent = null;
+      while (q.includes(".")) { q = q.slice(0, q.lastIndexOf(".")); if (nodes.has(q)) { parent = nodes.get(q); break; } }
+      if (!parent) parent = nodes.get("");
+      parent.kids.push(nodes.get(p));
+    }
+    const order = (n) => { n.kids.sort((a, b) => (a.info && b.info && a.info.index != null) ? 0 : 0); n.kids.forEach(order); };
+    order(nodes.get(""));
+    return nodes.get("");
+  }
+  function nodeTimes(n) {
+    const L = n.info || {};
+    const fs = num(L.self_forward_s) ? L.self_forward_s : (n.self.forward || 0);
+    const bs = num(L.self_backward_s) ? L.self_backward_s : (n.self.backward || 0);
+    const ft = num(L.forward_s) ? L.forward_s : null, bt = num(L.backward_s) ? L.backward_s : null;
+    return {fs, bs, ft, bt};
+  }
+  function drawTree(r) {
+    TREE = buildTree(r);
+    const el = $("#tree");
+    el.innerHTML = "";
+    const root = TREE.info || {};
+    const stepT = (root.forward_s || 0) + (root.backward_s || 0) || 1e-30;
+    TREE.scale = Math.max(stepT, ...TREE.kids.map((k) => { const t = nodeTimes(k); return (t.ft || t.fs) + (t.bt || t.bs); }), 1e-30);
+    $("#tree-basis").textContent = "forward / backward time self and total (total includes children) from the layer hooks; bar = total time (blue fwd, orange bwd); memory = allocator growth while the layer ran";
+    const tb = h("table", {class: "t", id: "tree-table"});
+    tb.append(h("tr", {}, ["layer", "", "fwd self", "fwd total", "bwd self", "bwd total", "FLOPs", "bytes", "mem fwd", "mem bwd", "params", "input shapes", "output shapes", "grad out shapes", "NaN"].map((c, i) => h("th", {class: i >= 2 && i <= 10 ? "n" : null, text: c}))));
+    el.append(tb);
+    const rows = TREE.kids.length === 1 && !TREE.info ? [TREE.kids[0]] : [TREE];
+    for (const n of rows) insertNode(tb, null, n, 0, 2);
+  }
+  function treeRow(n, depth) {
+    const L = n.info || {}, t = nodeTimes(n);
+    const tot = (t.ft != null ? t.ft : t.fs) + (t.bt != null ? t.bt : t.bs);
+    const sc = TREE.scale;
+    const fw = (t.ft != null ? t.ft : t.fs) / sc * 100, bw = (t.bt != null ? t.bt : t.bs) / sc * 100;
+    const flops = num(L.flops_fwd) ? L.flops_fwd + (L.flops_bwd || 0) : (n.row ? n.row.flops : null);
+    const bytes = num(L.bytes_fwd) ? L.bytes_fwd + (L.bytes_bwd || 0) : (n.row ? n.row.bytes : null);
+    const nan = ["nonfinite_output", "nonfinite_grad_input", "nonfinite_grad_output"].filter((k) => L[k]).map((k) => k.replace("nonfinite_", ""));
+    const name = n.path === "" ? "(model)" : n.path.slice(n.path.lastIndexOf(".") + 1);
+    const tr = h("tr", {class: "tree-row", "data-path": n.path, "data-depth": depth, title: n.path || "(root)"},
+      h("td", {}, h("div", {class: "nm", style: "padding-left:" + depth * 14 + "px"},
+        h("span", {class: "tg", text: n.kids.length ? "▸" : ""}), h("span", {class: "p", text: name}), h("span", {class: "ty", text: L.type || (n.row && n.row.type) || ""}))),
+      h("td", {}, h("span", {class: "tbar", title: F.time(tot)}, h("span", {class: "f", style: "left:0;width:" + Math.min(100, fw).toFixed(1) + "%"}),
+        h("span", {class: "b", style: "left:" + Math.min(100, fw).toFixed(1) + "%;width:" + Math.min(100 - Math.min(100, fw), bw).toFixed(1) + "%"}))),
+      h("td", {class: "n", text: F.ms(t.fs)}), h("td", {class: "n", text: F.ms(t.ft)}),
+      h("td", {class: "n", text: F.ms(t.bs)}), h("td", {class: "n", text: F.ms(t.bt)}),
+      h("td", {class: "n", text: F.flops(flops)}), h("td", {class: "n", text: F.bytes(bytes)}),
+      h("td", {class: "n", text: F.bytes(L.memory_fwd_bytes)}), h("td", {class: "n", text: F.bytes(L.memory_bwd_bytes)}),
+      h("td", {class: "n", text: num(L.num_parameters) ? F.count(L.num_parameters, "").trim() : "–"}),
+      h("td", {class: "mono muted", text: F.shapes(L.input_shapes)}), h("td", {class: "mono muted", text: F.shapes(L.output_shapes)}),
+      h("td", {class: "mono muted", text: F.shapes(L.grad_output_shapes)}),
+      h("td", {class: nan.length ? "flag" : "muted", text: nan.length ? "✖ " + nan.join(", ") : ""}));
+    tr.__node = n;
+    tr.__open = false;
+    if (n.kids.length) tr.firstChild.addEventListener("click", () => toggle(tr));
+    tr.addEventListener("dblclick", () => showLayerOps(n.path));
+    return tr;
+  }
+  function insertNode(tb, after, n, depth, openDepth) {
+    const tr = treeRow(n, depth);
+    if (after) after.after(tr); else tb.append(tr);
+    let last = tr;
+    if (depth < openDepth && n.kids.length) last = expand(tr, openDepth);
+    return last;
+  }
+  function expand(tr, openDepth) {
+    const n = tr.__node, depth = +tr.getAttribute("data-depth");
+    tr.__open = true;
+    tr.querySelector(".tg").textContent = "▾";
+    tr.classList.add("open");
+    let last = tr;
+    for (const k of n.kids) last = insertNode(null, last, k, depth + 1, openDepth || 0);
+    return last;
+  }
+  function collapse(tr) {
+    const depth = +tr.getAttribute("data-depth");
+    let nx = tr.nextElementSibling;
+    while (nx && +nx.getAttribute("data-depth") > depth) { const d = nx; nx = nx.nextElementSibling; d.remove(); }
+    tr.__open = false;
+    tr.classList.remove("open");
+    tr.querySelector(".tg").textContent = "▸";
+  }
+  function toggle(tr) { if (tr.__open) collapse(tr); else expand(tr, 0); }
+  function treeAll(open) {
+    const first = $("#tree-table .tree-row");
+    if (!first) return;
+    collapse(first);
+    if (open) expand(first, 99);
+  }
+
+  /* ---------- time split, memory, NaN, communication ---------- */
+  const SPLIT = [["compute_bound_s", "compute-bound", "#1a73e8"], ["memory_bound_s", "memory-bound", "#e8710a"],
+    ["communication_s", "communication", "#9334e6"], ["overhead_s", "overhead", "#80868b"], ["idle_s", "idle", "#dadce0"], ["input_s", "input", "#188038"]];
+  function stacked(el, parts, fmt) {
+    const total = parts.reduce((a, p) => a + (p[1] || 0), 0) || 1e-30;
+    const bar = h("div", {class: "stack"});
+    const kv = h("div", {class: "kv"});
+    for (const [label, v, col] of parts) {
+      if (!num(v) || v <= 0) continue;
+      bar.append(h("div", {style: "width:" + (v / total * 100).toFixed(2) + "%;background:" + col, title: label + ": " + fmt(v)}));
+      kv.append(h("span", {}, h("i", {style: "background:" + col}), label), h("span", {class: "n", text: fmt(v)}), h("span", {class: "n muted", text: F.pct(v / total)}));
+    }
+    el.append(bar, kv);
+  }
+  function drawSplit(r) {
+    const el = $("#split");
+    el.innerHTML = "";
+    const t = r.time_split || {};
+    $("#split-basis").textContent = t.basis || "";
+    const parts = SPLIT.filter(([k]) => k !== "input_s" || num(t[k])).map(([k, l, c]) => [l, t[k], c]);
+    if (!parts.some((p) => num(p[1]) && p[1] > 0)) { el.append(h("div", {class: "empty", text: "no timed ops in this step"})); return; }
+    stacked(el, parts, F.time);
+  }
+  const MEM_COLORS = ["#1a73e8", "#e8710a", "#188038", "#9334e6", "#d01884", "#12b5cb", "#80868b", "#f9ab00"];
+  function drawMemory(r) {
+    const el = $("#mem");
+    el.innerHTML = "";
+    const m = r.memory || {};
+    const H = r.header || {};
+    $("#mem-basis").textContent = (m.verdict || "") + ((H.memory_peak_bytes || {}).basis ? " · " + H.memory_peak_bytes.basis : "");
+    const cats = Object.entries(m.categories || {}).filter(([, v]) => num(v) && v > 0);
+    if (!cats.length) { el.append(h("div", {class: "empty", text: "memory not recorded in this step"})); return; }
+    stacked(el, cats.map(([k, v], i) => [k.replace(/_/g, " "), v, MEM_COLORS[i % MEM_COLORS.length]]), F.bytes);
+    if (num(m.device_bytes)) el.append(h("div", {class: "muted", text: "device memory " + F.bytes(m.device_bytes) + "; peak " + F.bytes(m.peak_bytes) + " = " + F.pct(m.peak_bytes / m.device_bytes)}));
+  }
+  function drawNaN(r) {
+    const el = $("#nan");
+    el.innerHTML = "";
+    const ev = r.nonfinite || [];
+    $("#nan-basis").textContent = "non-finite outputs or gradients per layer, and the op and source line where known";
+    if (!ev.length) { el.append(h("div", {class: "empty", text: "none in this step"})); return; }
+    const tb = h("table", {class: "t", id: "nan-table"});
+    tb.append(h("tr", {}, ["step", "kind", "layer", "op", "phase", "line"].map((c) => h("th", {text: c}))));
+    for (const e of ev) tb.append(h("tr", {}, h("td", {text: e.step != null ? e.step : ""}), h("td", {class: "flag", text: e.kind || ""}),
+      h("td", {class: "mono", text: e.layer || ""}), h("td", {class: "mono", text: e.op || ""}), h("td", {text: e.phase || ""}), h("td", {class: "mono muted", text: e.line || ""})));
+    el.append(h("div", {class: "scroll"}, tb));
+  }
+  function kvTable(obj) {
+    const tb = h("table", {class: "t"});
+    for (const [k, v] of Object.entries(obj)) {
+      if (v == null || typeof v === "object") continue;
+      tb.append(h("tr", {}, h("td", {text: k.replace(/_/g, " ")}), h("td", {class: "n", text: typeof v === "number" ? (/_s$/.test(k) ? F.time(v) : /bytes/.test(k) ? F.bytes(v) : sig(v)) : String(v)})));
+    }
+    return tb;
+  }
+  function drawComm(r) {
+    const p = $("#comm-panel"), el = $("#comm");
+    el.innerHTML = "";
+    const c = r.communication;
+    p.style.display = c ? "" : "none";
+    if (!c) return;
+    el.append(kvTable(c));
+    for (const [k, v] of Object.entries(c)) {
+      if (Array.isArray(v) && v.length && typeof v[0] === "object") {
+        const cols = Object.keys(v[0]);
+        const tb = h("table", {class: "t"});
+        tb.append(h("tr", {}, cols.map((x) => h("th", {text: x}))));
+        for (const row of v.slice(0, 50)) tb.append(h("tr", {}, cols.map((x) => h("td", {text: typeof row[x] === "number" ? sig(row[x]) : row[x] == null ? "" : String(row[x])}))));
+        el.append(h("h2", {text: k.replace(/_/g, " ")}), tb);
+      }
+    }
+  }
+
+  /* ---------- over-time charts ---------- */
+  async function drawSeries() {
+    const el = $("#charts");
+    el.innerHTML = "";
+    const ser = await API.series(S.run) || {};
+    const specs = [["mfu", "MFU", F.pct], ["step_ms", "step time", (v) => F.time(v / 1e3)], ["tokens_per_s", "tokens/s", (v) => F.count(v, "")]];
+    if (!(ser.tokens_per_s || []).length && (ser.samples_per_s || []).length) specs[2] = ["samples_per_s", "samples/s", (v) => F.count(v, "")];
+    for (const [k, label, fmt] of specs) el.append(lineChart(label, ser[k] || [], fmt, k));
+  }
+  function lineChart(label, pts, fmt, id) {
+    const W = 420, Hh = 150, m = {l: 58, r: 10, t: 8, b: 22};
+    const box = h("div", {class: "chart", "data-series": id});
+    box.append(h("h3", {text: label + (pts.length ? " · last " + fmt(pts[pts.length - 1][1]) : "")}));
+    if (!pts.length) { box.append(h("div", {class: "empty", text: "no points in this run"})); return box; }
+    const xs = pts.map((p) => p[0]), ys = pts.map((p) => p[1]);
+    let xa = Math.min(...xs), xb = Math.max(...xs), ya = Math.min(0, ...ys), yb = Math.max(...ys) * 1.08 || 1;
+    if (xa === xb) { xa -= 1; xb += 1; }
+    const X = (v) => m.l + (v - xa) / (xb - xa) * (W - m.l - m.r), Y = (v) => Hh - m.b - (v - ya) / (yb - ya) * (Hh - m.t - m.b);
+    const svg = s("svg", {width: "100%", viewBox: "0 0 " + W + " " + Hh, preserveAspectRatio: "none", style: "max-height:170px"});
+    const g = s("g", {class: "grid"}), ax = s("g", {class: "axis"});
+    for (let i = 0; i <= 3; i++) { const v = ya + (yb - ya) * i / 3; g.append(s("line", {x1: m.l, x2: W - m.r, y1: Y(v), y2: Y(v)})); ax.append(s("text", {x: m.l - 5, y: Y(v) + 4, "text-anchor": "end"}, fmt(v))); }
+    ax.append(s("text", {x: m.l, y: Hh - 5}, "step " + xa), s("text", {x: W - m.r, y: Hh - 5, "text-anchor": "end"}, "step " + xb));
+    svg.append(g, ax, s("path", {d: pts.map((p, i) => (i ? "L" : "M") + X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1)).join(""), fill: "none", stroke: "#1a73e8", "stroke-width": 1.5}));
+    for (const p of pts) { const c = s("circle", {cx: X(p[0]), cy: Y(p[1]), r: 2.5, fill: "#1a73e8"}); c.append(s("title", {}, "step " + p[0] + ": " + fmt(p[1]))); svg.append(c); }
+    box.append(svg);
+    return box;
+  }
+
+  /* ---------- diff of two steps (the content of `tscope diff`) ---------- */
+  function repFacts(r) {
+    const H = r.header || {}, rows = r.rows || {};
+    const timed = (rows.category || []).some((x) => num(x.measured_s) && x.measured_s > 0);
+    const stepMs = H.step_ms && num(H.step_ms.value) ? H.step_ms.value : null;
+    const cats = rows.category || [];
+    return {
+      timed, stepMs, estMs: (H.estimated_step_ms || {}).value, basis: (H.step_ms || {}).basis,
+      mfu: (H.mfu || {}).value, flops: (r.model || {}).flops_step,
+      thr: num((H.tokens_per_s || {}).value) ? H.tokens_per_s.value : (H.samples_per_s || {}).value,
+      thrLabel: num((H.tokens_per_s || {}).value) ? "tokens/s" : "samples/s",
+      opTime: cats.reduce((a, x) => a + (x.measured_s || 0), 0), nOps: cats.reduce((a, x) => a + (x.calls || x.n_ops || 0), 0),
+      peak: (r.memory || {}).peak_bytes, device: (r.device || {}).name,
+    };
+  }
+  function change(a, b, opts) {
+    opts = opts || {};
+    if (!num(a) || !num(b)) return ["", ""];
+    if (opts.points) { const d = (b - a) * 100; return [(d >= 0 ? "+" : "") + sig(d) + " pts", d > 0 ? "chg-good" : d < 0 ? "chg-bad" : ""]; }
+    if (!a) return ["", ""];
+    const rel = b / a - 1;
+    let t = (rel >= 0 ? "+" : "") + sig(rel * 100) + "%";
+    let cls = "";
+    if (opts.lowerBetter && b && b !== a) { t += b < a ? " (" + sig(a / b) + "x faster)" : " (" + sig(b / a) + "x slower)"; cls = b < a ? "chg-good" : "chg-bad"; }
+    else if (opts.higherBetter) cls = rel > 0 ? "chg-good" : rel < 0 ? "chg-bad" : "";
+    return [t, cls];
+  }
+  function drawDiff(a, b, la, lb) {
+    const el = $("#diff");
+    el.innerHTML = "";
+    const A = repFacts(a), B = repFacts(b);
+    const timed = A.timed && B.timed;
+    const notes = [];
+    if (!timed) notes.push("one side is untimed (an analysis): layers and classes compare expected kernel times");
+    const same = num(A.flops) && num(B.flops) && A.flops && Math.abs(B.flops / A.flops - 1) <= 0.01;
+    if (!same) notes.push("the steps do different work (model FLOPs " + F.flops(A.flops) + " vs " + F.flops(B.flops) + "): compare throughput and MFU, not times");
+    if (A.device !== B.device) notes.push("different devices: " + A.device + " vs " + B.device);
+    if (A.stepMs != null && B.stepMs != null && A.basis !== B.basis) notes.push("the step times have different bases: " + A.basis + " vs " + B.basis);
+    const sa = A.stepMs != null ? A.stepMs / 1e3 : A.estMs / 1e3, sb = B.stepMs != null ? B.stepMs / 1e3 : B.estMs / 1e3;
+    const both = A.stepMs != null && B.stepMs != null;
+    const head = [
+      ["step time" + (both ? "" : " (expected)"), F.time(sa), F.time(sb), same ? change(sa, sb, {lowerBetter: true}) : ["(different work)", ""]],
+      ["MFU", F.pct(A.mfu), F.pct(B.mfu), change(A.mfu, B.mfu, {points: true})],
+      ["model FLOPs per step", F.flops(A.flops), F.flops(B.flops), change(A.flops, B.flops)],
+      [A.thrLabel, F.count(A.thr, ""), F.count(B.thr, ""), change(A.thr, B.thr, {higherBetter: true})],
+      ["op time", timed ? F.time(A.opTime) : "–", timed ? F.time(B.opTime) : "–", timed ? change(A.opTime, B.opTime, {lowerBetter: true}) : ["", ""]],
+      ["ops", sig(A.nOps), sig(B.nOps), change(A.nOps, B.nOps)],
+    ];
+    if (num(A.peak) || num(B.peak)) head.push(["step memory peak", F.bytes(A.peak), F.bytes(B.peak), change(A.peak, B.peak)]);
+    const basis = timed ? "measured op time" : "expected kernel time";
+    el.append(h("div", {class: "basis", text: la + " → " + lb + " · " + basis + " · layers: self time, all phases, largest change first"}));
+    const ht = h("table", {class: "t", id: "diff-headline"});
+    ht.append(h("tr", {}, h("th", {text: ""}), h("th", {class: "n", text: la}), h("th", {class: "n", text: lb}), h("th", {class: "n", text: "change"})));
+    for (const [n, va, vb, [c, cls]] of head) ht.append(h("tr", {"data-figure": n}, h("td", {text: n}), h("td", {class: "n", text: va}), h("td", {class: "n", text: vb}), h("td", {class: "n " + cls, text: c})));
+    const wrap = h("div", {class: "grid3", style: "margin:6px 0 0"});
+    wrap.append(h("div", {}, ht, notes.length ? h("ul", {class: "muted"}, notes.map((n) => h("li", {text: n}))) : null));
+    const tim = (rows, key) => { const m = new Map(); for (const x of rows || []) m.set(key(x), timed ? (x.measured_s || 0) : x.expected_s); return m; };
+    for (const [title, kind, keyf, id] of [["Layers", "layer", (x) => x.layer, "diff-layers"], ["Op classes", "category", (x) => x.name, "diff-classes"]]) {
+      const ta = tim((a.rows || {})[kind], keyf), tbm = tim((b.rows || {})[kind], keyf);
+      const names = [...new Set([...ta.keys(), ...tbm.keys()])].sort();
+      const rows = names.map((n) => ({name: n, a: ta.get(n), b: tbm.get(n), d: (tbm.get(n) || 0) - (ta.get(n) || 0)})).sort((x, y) => Math.abs(y.d) - Math.abs(x.d));
+      const t = h("table", {class: "t", id});
+      t.append(h("tr", {}, ["name", la + " ms", lb + " ms", "change ms", lb + "/" + la].map((c, i) => h("th", {class: i ? "n" : null, text: c}))));
+      for (const r of rows.slice(0, 12)) {
+        const ratio = r.a && r.b != null ? r.b / r.a : null;
+        t.append(h("tr", {}, h("td", {class: "mono", text: r.name || "(root)"}), h("td", {class: "n", text: F.ms(r.a)}), h("td", {class: "n", text: F.ms(r.b)}),
+          h("td", {class: "n " + (r.d < 0 ? "chg-good" : r.d > 0 ? "chg-bad" : ""), text: (r.d >= 0 ? "+" : "") + sig(r.d * 1e3)}), h("td", {class: "n", text: ratio != null ? sig(ratio) + "x" : ""})));
+      }
+      if (rows.length > 12) { const rest = rows.slice(12); t.append(h("tr", {}, h("td", {class: "muted", text: "(" + rest.length + " more)"}), h("td", {class: "n", text: F.ms(rest.reduce((s1, r) => s1 + (r.a || 0), 0))}), h("td", {class: "n", text: F.ms(rest.reduce((s1, r) => s1 + (r.b || 0), 0))}), h("td", {class: "n", text: sig(rest.reduce((s1, r) => s1 + r.d, 0) * 1e3)}), h("td", {}))); }
+      wrap.append(h("div", {}, h("h2", {text: title + " (" + basis + ")"}), h("div", {class: "scroll", style: "max-height:300px"}, t)));
+    }
+    el.append(wrap);
+  }
+
+  /* ---------- start ---------- */
+  async function start() {
+    skeleton();
+    let idx;
+    try { idx = await API.runs(); } catch (e) { banner("err", "cannot read the run list: " + esc(e)); return; }
+    S.runs = (idx && idx.runs) || [];
+    if (!S.runs.length) {
+      banner("hint", idx && idx.hint ? esc(idx.hint) : "No tscope data here. Add the callback to your Trainer: <code>Trainer(callbacks=[tscope_callbacks.RooflineCallback()])</code>; each profiled step is written to <code>&lt;log_dir&gt;/tscope/step_&lt;N&gt;.json</code>.");
+      return;
+    }
+    const bad = S.runs.flatMap((r) => r.steps.filter((x) => x.readable === false).map((x) => r.run + " " + stepLabel(x) + ": " + (x.error || "unreadable")));
+    const withSteps = S.runs.find((r) => r.steps.some((x) => x.readable !== false)) || S.runs[0];
+    await selectRun(withSteps.run);
+    if (bad.length && !$("#banner").textContent) banner("err", "Unreadable step files (the rest is shown):<br>" + bad.map(esc).join("<br>"));
+  }
+  window.tscopeDashboard = {API, F, figText, state: S};
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start); else start();
+})();
