@@ -18,6 +18,7 @@ import torch
 from tscope_callbacks.formulas.attention import _bhld
 from tscope_callbacks.formulas.bytes import storage_id, tensor_bytes
 from tscope_callbacks.formulas.common import numel, out_numel, reg
+from tscope_callbacks.formulas.costs import DROPOUT_COSTS, REDUCTION_COSTS
 from tscope_callbacks.formulas.embedding import _embedding_bag, _embedding_bag_bytes
 from tscope_callbacks.formulas.losses import _nll, _nll_bytes, _red
 from tscope_callbacks.formulas.matmul import gemm_flops
@@ -117,11 +118,11 @@ def _group_norm(x, num_groups, weight=None, bias=None, *args, out=None, **kwargs
 
 
 def _softmax(x, *args, out=None, **kwargs) -> int:
-    return 5 * numel(x)
+    return REDUCTION_COSTS["_softmax"][0] * numel(x)
 
 
 def _dropout(x, p=0.5, train=True, *args, out=None, **kwargs) -> int:
-    return 2 * numel(x) if train and p else 0
+    return DROPOUT_COSTS["native_dropout"] * numel(x) if train and p else 0
 
 
 def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *args, out=None, **kwargs) -> int:

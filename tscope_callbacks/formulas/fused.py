@@ -2,9 +2,9 @@
 kernels whose member ops never reach the dispatcher; see ``capture.compiled``).
 
 Members: the aten ops in the kernel's name (``cpp_fused_add_native_layer_norm_view_2`` -> add, native_layer_norm,
-view), longest known op name first. FLOPs: each member's per-element cost (``formulas.pointwise``'s table; norms,
-softmax, reductions, dropout below) times its iteration space: the largest input, or for norms the largest input
-normalized over the size of a 1-D weight among the arguments; views and copies cost 0. A forward op fused beside
+view), longest known op name first. FLOPs: each member's per-element cost (the eager ops' table, ``formulas.costs``;
+norms from ``formulas.norm``) times its iteration space: the largest input, or for norms the largest input normalized
+over the size of a 1-D weight among the arguments; views and copies cost 0. A forward op fused beside
 its own backward is a recompute (hardware FLOPs, not model FLOPs); ``*_backward`` members of a forward kernel are
 statistics kept for the backward (not counted). Triton GEMM templates (``triton_tem_fused_mm``): 2 M N K from their
 operands. Bytes: the kernel's inputs and outputs as its signature names them (``in_ptr`` read, ``out_ptr`` written,
@@ -19,9 +19,15 @@ import re
 import torch
 
 from tscope_callbacks.formulas.apply import OpCount
+from tscope_callbacks.formulas.costs import (
+    DROPOUT_COSTS,
+    POINTWISE_COSTS,
+    RANDOM_OPS,
+    REDUCTION_COSTS,
+    element_cost,
+)
 from tscope_callbacks.formulas.matmul import gemm_flops
 from tscope_callbacks.formulas.norm import norm_backward_flops, norm_forward_flops
-from tscope_callbacks.formulas.pointwise import POINTWISE_COSTS
 
 __all__ = ["members", "kernel_count"]
 
@@ -36,11 +42,7 @@ _EXTRA = {"native_layer_norm": norm_forward_flops(1, weight=True, bias=True),
           "native_group_norm": norm_forward_flops(1, weight=True, bias=True),
           "native_batch_norm": norm_forward_flops(1, weight=True, bias=True),
           "_native_batch_norm_legit_functional": norm_forward_flops(1, weight=True, bias=True),
-          "_fused_rms_norm": norm_forward_flops(1, weight=True, bias=False) - 1,
-          "gelu": 5, "gelu_backward": 10, "sum": 1, "mean": 1, "amax": 1, "amin": 1, "max": 1, "min": 1, "var": 3,
-          "var_mean": 4, "_softmax": 5, "_log_softmax": 5, "_softmax_backward_data": 3,
-          "_log_softmax_backward_data": 3, "argmax": 1, "prod": 1, "native_dropout": 2,
-          "native_dropout_backward": 1, "bernoulli": 1, "rand": 1, "randn": 1, "rsqrt": 1}
+          "_fused_rms_norm": norm_forward_flops(1, weight=True, bias=False) - 1}
 _MATMUL = {"mm", "addmm", "bmm", "baddbmm"}
 _NORM = {"native_layer_norm", "native_layer_norm_backward", "native_group_norm", "native_group_norm_backward",
          "native_batch_norm", "native_batch_norm_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
@@ -51,7 +53,8 @@ _REDUCTION = {"sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "a
 
 @functools.lru_cache(maxsize=1)
 def _vocabulary() -> frozenset[str]:
-    names = set(POINTWISE_COSTS) | set(_EXTRA) | _ZERO | _MATMUL | _NORM | _SOFTMAX | _REDUCTION
+    names = (set(POINTWISE_COSTS) | set(REDUCTION_COSTS) | set(DROPOUT_COSTS) | set(RANDOM_OPS) | set(_EXTRA) | _ZERO
+             | _MATMUL | _NORM | _SOFTMAX | _REDUCTION | {"gelu", "gelu_backward"})
     try:
         names |= {n for n in dir(torch.ops.aten) if not n.startswith("__")}
     except Exception:
@@ -85,7 +88,8 @@ def _cost(member: str) -> int:
         return 0
     if member in _EXTRA:
         return _EXTRA[member]
-    return POINTWISE_COSTS.get(member.rstrip("_"), 1)
+    cost = element_cost(member)  # the eager ops' table (formulas.costs)
+    return cost if cost is not None else element_cost(member.rstrip("_")) or 1
 
 
 def _category(ms: tuple[str, ...]) -> str:

@@ -24,6 +24,7 @@ import torch
 
 from tscope_callbacks.formulas.bytes import tensor_bytes, tensors_in, unique_bytes, write_only_bytes
 from tscope_callbacks.formulas.common import numel, out_numel, reg
+from tscope_callbacks.formulas.costs import DROPOUT_COSTS, RANDOM_COST
 
 __all__: list[str] = []
 
@@ -101,11 +102,11 @@ reg(["nll_loss_backward", "nll_loss2d_backward"], "loss", _nll_backward, bytes=_
 
 # ---- dropout and random fills ----
 def _native_dropout(x, p=0.5, train=True, *args, out=None, **kwargs) -> int:
-    return 2 * numel(x) if train is not False and p else 0
+    return DROPOUT_COSTS["native_dropout"] * numel(x) if train is not False and p else 0
 
 
 def _native_dropout_backward(g, mask, *args, out=None, **kwargs) -> int:
-    return 2 * numel(g)
+    return DROPOUT_COSTS["native_dropout_backward"] * numel(g)
 
 
 def _per_out(cost: int):
@@ -118,6 +119,7 @@ def _per_out(cost: int):
 reg(["native_dropout"], "pointwise", _native_dropout)
 reg(["native_dropout_backward"], "pointwise", _native_dropout_backward)
 reg(["bernoulli_", "uniform_", "normal_", "random_", "exponential_", "geometric_", "cauchy_", "log_normal_",
-     "bernoulli.p", "rand_like", "randn_like", "randint_like"], "pointwise", _per_out(1), bytes=write_only_bytes)
+     "bernoulli.p", "rand_like", "randn_like", "randint_like"], "pointwise", _per_out(RANDOM_COST),
+    bytes=write_only_bytes)
 reg(["bernoulli", "rand", "randn", "randint", "normal", "poisson", "multinomial", "randperm"], "pointwise",
-    _per_out(1))
+    _per_out(RANDOM_COST))

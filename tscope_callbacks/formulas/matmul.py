@@ -8,6 +8,7 @@ composite and arrive at dispatch as ``t``/``view`` + ``addmm``/``mm``/``bmm``, w
 from __future__ import annotations
 
 from tscope_callbacks.formulas.common import numel, reg
+from tscope_callbacks.formulas.costs import GELU_COSTS, POINTWISE_COSTS
 
 __all__ = ["gemm_flops", "mm_flops", "bmm_flops"]
 
@@ -48,8 +49,8 @@ def _dot(a, b, *args, out=None, **kwargs) -> int:
 
 
 def _addmm_activation(bias, a, b, *args, out=None, use_gelu=False, **kwargs) -> int:
-    # GEMM plus the fused activation on every output element (relu 1, gelu 5: see pointwise.py)
-    return mm_flops(a, b) + (5 if use_gelu else 1) * numel(out)
+    # GEMM plus the fused activation on every output element (formulas.costs)
+    return mm_flops(a, b) + (GELU_COSTS["none"][0] if use_gelu else POINTWISE_COSTS["relu"]) * numel(out)
 
 
 def _by_out_and_k(a, b, *args, out=None, **kwargs) -> int:

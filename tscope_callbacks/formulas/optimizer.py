@@ -21,7 +21,8 @@ import torch
 
 from tscope_callbacks.formulas.bytes import copy_bytes, tensors_in, unique_bytes, write_only_bytes
 from tscope_callbacks.formulas.common import first_numel, out_numel, reg
-from tscope_callbacks.formulas.pointwise import POINTWISE_COSTS, pointwise_flops
+from tscope_callbacks.formulas.costs import POINTWISE_COSTS
+from tscope_callbacks.formulas.pointwise import pointwise_flops
 
 __all__ = ["adam_flops_per_element", "sgd_flops_per_element"]
 

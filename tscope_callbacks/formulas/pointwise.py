@@ -23,6 +23,7 @@ definition writes as one scaled accumulate (addcmul, addcdiv) counts 2.
     16    gelu_backward (approximate='tanh')
 
 Any other op tagged ``torch.Tag.pointwise`` falls back to 1 FLOP per output element (see ``pointwise_fallback``).
+The costs are one table with the reductions', dropout's and compiled kernels' (``formulas.costs``).
 """
 
 from __future__ import annotations
@@ -32,35 +33,10 @@ from typing import Any
 import torch
 
 from tscope_callbacks.formulas.common import first_numel, out_numel, reg
+from tscope_callbacks.formulas.costs import GELU_COSTS, POINTWISE_COSTS
 from tscope_callbacks.formulas.registry import DEFAULT_REGISTRY, Formula
 
 __all__ = ["POINTWISE_COSTS", "pointwise_flops", "pointwise_fallback"]
-
-POINTWISE_COSTS: dict[str, int] = {}
-for _names, _cost in [
-    (
-        "add sub rsub mul div true_divide floor_divide remainder fmod neg negative abs absolute reciprocal square "
-        "sqrt rsqrt pow float_power copysign eq ne lt le gt ge greater greater_equal less less_equal not_equal "
-        "maximum minimum fmax fmin clamp clamp_min clamp_max clip where sign sgn signbit heaviside floor ceil round "
-        "trunc fix frac logical_and logical_or logical_xor logical_not bitwise_and bitwise_or bitwise_xor "
-        "bitwise_not bitwise_left_shift bitwise_right_shift isnan isinf isposinf isneginf nan_to_num relu relu6 "
-        "hardtanh threshold threshold_backward hardtanh_backward exp exp2 expm1 log log2 log10 log1p sin cos tan "
-        "asin acos atan atan2 arctan2 sinh cosh asinh acosh atanh tanh erf erfc erfinv lgamma digamma i0 sinc "
-        "positive conj_physical",
-        1,
-    ),
-    ("addcmul addcdiv leaky_relu leaky_relu_backward hardshrink softshrink xlogy hardsigmoid_backward "
-     "_prelu_kernel hypot", 2),
-    ("lerp sigmoid sigmoid_backward tanh_backward elu celu logit hardsigmoid hardswish_backward elu_backward "
-     "_prelu_kernel_backward", 3),
-    ("silu selu hardswish softplus mish log_sigmoid_forward glu glu_backward", 4),
-    ("softplus_backward log_sigmoid_backward", 5),
-    ("silu_backward", 8),
-    ("mish_backward", 10),
-]:
-    for _n in _names.split():
-        POINTWISE_COSTS[_n] = _cost
-
 
 def pointwise_flops(cost: int):
     """A FLOP formula: ``cost`` per output element (the first list argument's elements for in-place foreach)."""
@@ -76,11 +52,11 @@ def pointwise_flops(cost: int):
 
 
 def _gelu(x, *args, out=None, approximate="none", **kwargs) -> int:
-    return (9 if approximate == "tanh" else 5) * out_numel(out)
+    return GELU_COSTS["tanh" if approximate == "tanh" else "none"][0] * out_numel(out)
 
 
 def _gelu_backward(g, x, *args, out=None, approximate="none", **kwargs) -> int:
-    return (16 if approximate == "tanh" else 10) * out_numel(out)
+    return GELU_COSTS["tanh" if approximate == "tanh" else "none"][1] * out_numel(out)
 
 
 def _names_with_inplace(name: str) -> list[str]:

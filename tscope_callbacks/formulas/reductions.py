@@ -32,6 +32,7 @@ from __future__ import annotations
 from math import ceil, log2
 
 from tscope_callbacks.formulas.common import first_numel, out_numel, reg
+from tscope_callbacks.formulas.costs import REDUCTION_COSTS
 
 __all__ = ["reduction_flops"]
 
@@ -44,20 +45,8 @@ def reduction_flops(per_in: int, per_out: int = 0):
     return flops
 
 
-for _names, _in, _out, _cat in [
-    ("sum nansum prod amax amin max min argmax argmin any all count_nonzero cumsum cumsum_ cumprod cumprod_ "
-     "cummax cummin _cummax_helper _cummin_helper", 1, 0, "reduction"),
-    ("mean nanmean", 1, 1, "reduction"),
-    ("aminmax", 2, 0, "reduction"),
-    ("var var_mean", 3, 0, "reduction"),
-    ("std std_mean", 3, 1, "reduction"),
-    ("norm linalg_vector_norm", 2, 1, "reduction"),
-    ("logsumexp", 4, 2, "reduction"),
-    ("logcumsumexp _logcumsumexp", 3, 0, "reduction"),
-    ("_softmax _log_softmax _safe_softmax", 5, 0, "softmax"),
-    ("_softmax_backward_data _log_softmax_backward_data", 4, 0, "softmax"),
-]:
-    reg(_names.split(), _cat, reduction_flops(_in, _out))
+for _name, (_in, _out) in REDUCTION_COSTS.items():  # one table with compiled kernels' members (formulas.costs)
+    reg([_name], "softmax" if "softmax" in _name else "reduction", reduction_flops(_in, _out))
 
 
 def _sort(x, dim=-1, *args, out=None, **kwargs) -> int:
