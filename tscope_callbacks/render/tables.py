@@ -7,6 +7,8 @@ from typing import Any
 
 __all__ = ["rows_to_markdown"]
 
+_NAME_COLS = ("layer", "name", "path", "module", "op")
+
 Row = Mapping[str, Any]
 
 
@@ -18,18 +20,29 @@ def _fmt(v: Any) -> str:
 
 def rows_to_markdown(rows: Sequence[Row], *, max_cols: int | None = None) -> str:
     """A list of dicts (same keys) as a markdown table. ``max_cols``: a table to read in a narrow text view
-    (TensorBoard): long-text columns (shapes) left out first, then the columns past ``max_cols``; a last line says
-    what was left out and where the full table is."""
+    (TensorBoard): long-text columns (shapes) left out first, then the columns past ``max_cols``, never the row's
+    name (the first column, a ``layer``/``name``/``path``/``module``/``op`` column); a last line says what was left
+    out and where the full table is."""
     if not rows:
         return "(empty)"
     cols = list(rows[0].keys())
     dropped: list[str] = []
     if max_cols is not None and len(cols) > max_cols:
-        wide = [c for c in cols if any(isinstance(r.get(c), str) and len(r.get(c)) > 24 for r in rows)]
+        # the row's name (the first column, or a layer/name/op column) is kept however long: a row without it
+        # reads "Conv1D, Conv1D, Dropout"
+        keep = {cols[0]} | {c for c in cols if c in _NAME_COLS}
+        wide = [c for c in cols if c not in keep
+                and any(isinstance(r.get(c), str) and len(r.get(c)) > 24 for r in rows)]
         dropped = [c for c in cols if c in wide]
-        cols = [c for c in cols if c not in wide]
-        dropped += cols[max_cols:]
-        cols = cols[:max_cols]
+        budget = max_cols - sum(c in keep for c in cols)
+        kept = []
+        for c in (c for c in cols if c not in wide):
+            if c in keep or budget > 0:
+                kept.append(c)
+                budget -= c not in keep
+            else:
+                dropped.append(c)
+        cols = kept
     num = [all(isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool) for r in rows) for c in cols]
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("--:" if n else ":--" for n in num) + "|"]
     for r in rows:
