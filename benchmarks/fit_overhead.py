@@ -93,14 +93,14 @@ def fit(kind: str, steps: int, root: str, spec: Any = "auto") -> dict[str, Any]:
     cbs: list[pl.Callback] = [start]
     roof = None
     timers: dict[str, float] = {}
-    write_step = roofline_io.write_step
+    emit = roofline_io.emit
     if kind != "plain":
         first = steps + 10 if kind == "off" else 10
         roof = ts.RooflineCallback(gpu=spec, start_step=first, profile_steps=1, wait_for_warmup=False)
         lay = ts.LayerProfilerCallback(start_step=first, depth=3)
         cbs += [roof, lay]
         for name, obj, attr in (("roofline outputs", roof, "_on_profile"), ("layer outputs", lay, "_on_profile"),
-                                ("roofline tables, plot and files", roofline_io, "write_step")):
+                                ("roofline tables, plot and files", roofline_io, "emit")):
             setattr(obj, attr, _timed(getattr(obj, attr), name, timers))
     cbs.append(end)
     trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=cbs,
@@ -111,7 +111,7 @@ def fit(kind: str, steps: int, root: str, spec: Any = "auto") -> dict[str, Any]:
     try:
         trainer.fit(model, train_dataloaders=data)
     finally:
-        roofline_io.write_step = write_step
+        roofline_io.emit = emit
     total = time.perf_counter() - t0
     steps_s = [b - a for a, b in zip(start.t0, end.t1)]
     out = {"total": total, "steps": steps_s, "median_step": statistics.median(steps_s[5:])}

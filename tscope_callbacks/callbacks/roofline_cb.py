@@ -12,8 +12,9 @@ from typing_extensions import override
 from tscope_callbacks.analysis.throughput import ATTENTION_CONVENTIONS, Throughput, model_flops
 from tscope_callbacks.callbacks import roofline_io as io
 from tscope_callbacks.callbacks import session
+from tscope_callbacks.callbacks.auto_mfu import MAX_SIGNATURES, AutoMFU
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
-from tscope_callbacks.callbacks.clock import StepClock, WindowTimer
+from tscope_callbacks.callbacks.clock import StepClock
 from tscope_callbacks.callbacks.series import AFTER_STEPS, FirstProfileWait, ProfileSeries
 from tscope_callbacks.callbacks.session import batch_signature, batch_size
 from tscope_callbacks.callbacks.sinks import metric_key
@@ -23,8 +24,6 @@ from tscope_callbacks.records import StepProfile
 __all__ = ["RooflineCallback"]
 
 _AUTO_SPECS: dict[str, Any] = {}  #: device -> spec resolved for gpu="auto" in this process
-#: distinct batch-shape signatures whose FLOPs are kept for the automatic MFU (each new one costs a recount)
-MAX_SIGNATURES = 8
 #: unprofiled steps timed before a scheduled profile (their median is the profiled step's time basis)
 BASIS_STEPS = 16
 
@@ -167,26 +166,42 @@ class RooflineCallback(ProfilingCallback):
             self.spec = get_device_spec(gpu)
         self.last_profile: StepProfile | None = None
         self.last_report: Any = None
-        self.last_mfu: float | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=history)
-        self.throughput = Throughput()
-        self._flops: dict[tuple, int] = {}  #: model FLOPs per batch signature (from profiles)
+        self.auto = AutoMFU(MAX_SIGNATURES)  #: the automatic MFU between profiles (its FLOPs, window, rates)
         self._clock: StepClock | None = None
-        self._timer: WindowTimer | None = None
-        self._last_gs, self._shape_warned = -1, False
-        self._recount_at: int | None = None
+        self._last_gs = -1
+        self._recount_at: int | None = None  #: a step whose batch shape is new: profile it to count its FLOPs
+        self._model_logged = False  #: ``tscope/model/*`` are logged once per fit
         self.profile_steps, self.wait_for_warmup = profile_steps, wait_for_warmup
         self._series = ProfileSeries(profile_steps)  #: the running k-step series
         self._wait = FirstProfileWait(wait_for_warmup)  #: the first profile's wait for warmed-up steps
+
+    @property
+    def throughput(self) -> Throughput:
+        """The automatic MFU's rates over finished windows (``peak_flops``: the roof its MFU is against)."""
+        return self.auto.throughput
+
+    @property
+    def last_mfu(self) -> float | None:
+        """The automatic MFU of the last finished window."""
+        return self.auto.last_mfu
+
+    @last_mfu.setter
+    def last_mfu(self, value: float | None) -> None:
+        self.auto.last_mfu = value
+
+    @property
+    def _flops(self) -> dict[Any, int]:
+        return self.auto.flops
 
     # ------------------------------------------------------------------ setup
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         cuda = trainer.strategy.root_device.type == "cuda"
-        self._clock, self._timer = StepClock(cuda), WindowTimer(cuda)
+        self._clock = StepClock(cuda)
         self._series = ProfileSeries(self.profile_steps)
         session.register_clock(trainer, self._clock)
-        session.register_clock(trainer, self._timer)
+        session.register_clock(trainer, self.auto.start(cuda))
         if self.spec is not None or isinstance(self.gpu, DeviceSpec):
             return  # resolved at construction
         from tscope_callbacks.devices.resolve import get_device_spec
@@ -219,26 +234,37 @@ class RooflineCallback(ProfilingCallback):
                     self.faults.report("the step clock", e)
             # a series' report once the steps after it are timed (or a profile starts now)
             self._release(trainer, pl_module, now="train" in self.schedules and self.schedules["train"].next_due(gs) <= gs)
-            if self.auto_mfu and self._flops and gs % max(trainer.log_every_n_steps, 1) == 0:
-                io.mfu_boundary(self, trainer, gs)
+            if self.auto_mfu and self.auto.flops and gs % max(trainer.log_every_n_steps, 1) == 0:
+                self._log_windows(trainer, gs)
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if (timer := self._timer) is not None and timer.current is not None:
+        if self.auto.running:
             try:
                 sig = batch_signature(batch)
-                timer.add_samples(*batch_size(sig))  # every micro-batch
-                if trainer.global_step != self._last_gs:  # the optimizer stepped: count its FLOPs once
-                    io.count_step(self, trainer, sig, MAX_SIGNATURES)
+                self.auto.count_micro_batch(*batch_size(sig))
+                # the optimizer stepped: count its FLOPs once; a shape never profiled is counted at this step
+                if trainer.global_step != self._last_gs and self.auto.count_step(sig):
+                    self._recount_at = trainer.global_step
+                    self._next_train = min(self._next_train, trainer.global_step)
             except Exception as e:  # the automatic MFU stops; profiles go on
-                self.auto_mfu, self._timer = False, None
+                self.auto_mfu, self.auto.timer = False, None
                 self.faults.report("counting samples and FLOPs per step", e)
 
+    def _log_windows(self, trainer: pl.Trainer, step: int, *, final: bool = False) -> None:
+        """The automatic MFU at a logging step: the windows the device has finished, logged at their last step."""
+        try:
+            for at, vals in self.auto.windows(step, final=final):
+                self.sinks(trainer).log_scalars({metric_key("roofline", k): v for k, v in vals.items()}, at)
+        except Exception as e:
+            self.auto_mfu = False
+            self.faults.report("the automatic MFU", e)
+
     def _dirty(self) -> None:
-        for c in (self._clock, self._timer):
+        for c in (self._clock, self.auto.timer):
             if c is not None:
                 c.mark_dirty()
 
@@ -264,8 +290,12 @@ class RooflineCallback(ProfilingCallback):
     @override
     def _on_profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
                     ctx: ProfileContext) -> None:
-        if ctx.reason == "eager-reference":
-            io.on_eager_reference(self, trainer, result, ctx)
+        if ctx.reason == "eager-reference":  # the eager reference of a compiled model: compared with the last
+            if self.spec is not None and ctx.is_global_zero:
+                self.eager_report = self._roofline(result)
+                if self.last_report is not None:
+                    io.emit_comparison(io.Comparison.of(self.last_report, self.eager_report), self.sinks(trainer),
+                                       ctx, self.top)
             return
         if ctx.reason == "repeat":
             if self._series.add(result, ctx):
@@ -299,42 +329,59 @@ class RooflineCallback(ProfilingCallback):
 
     def _analyse(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
                  ctx: ProfileContext) -> None:
+        """A profiled step (or a merged series): analysed once, then emitted (rank zero) as a function of that."""
+        step = self._analyze(trainer, pl_module, result, ctx)
+        self.last_profile, self.last_report = result, step.report
+        if ctx.stage == "train":  # the automatic MFU counts the FLOPs of this batch shape from now on
+            self.auto.learn(ctx.batch_signature, model_flops(result, self.attention_flops),
+                            getattr(step.report, "mfu_peak_flops", None))
+            self._recount_at = None
+        scalars = {metric_key("roofline", k, ctx.stage): v for k, v in io.step_scalars(step, ctx).items()}
+        self.history.append({"stage": ctx.stage, "step": ctx.step, "reason": ctx.reason, **scalars})
+        if ctx.is_global_zero:
+            opts = io.EmitOptions(top=self.top, plot=self.plot, save_json=self.save_json,
+                                  model=not self._model_logged)
+            io.emit(step, self.sinks(trainer), ctx, opts, self.faults)
+            self._model_logged |= step.report is not None and ctx.stage == "train"
+        if (self.compare_eager and ctx.stage == "train" and result.meta.get("compiled_capture")
+                and self.eager_report is None and self._eager_at is None):  # an eager reference at the next step
+            self._eager_at = ctx.step + 1
+            self._next_train = min(self._next_train, ctx.step + 1)
+
+    def _roofline(self, result: StepProfile) -> Any:
+        from tscope_callbacks.api import roofline
+
+        return roofline(result, self.spec, precision=self.precision)
+
+    def _analyze(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
+                 ctx: ProfileContext) -> io.AnalysedStep:
+        """The step's one analysis (rank zero; other ranks keep the records): the roofline report, the FSDP
+        what-if, the comparison with the eager reference, and every rank's records for the trace (a collective:
+        all ranks)."""
         result.meta["trainer_precision"] = str(getattr(trainer, "precision", ""))
         result.meta["attention_flops"] = self.attention_flops
-        report = None
-        if self.spec is not None and ctx.is_global_zero:
-            from tscope_callbacks.api import roofline
-
+        traces = report = whatif = comparison = None
+        if self.save_trace:
             try:
-                report = roofline(result, self.spec, precision=self.precision)
-            except Exception as e:  # counts and times are still logged below
+                traces = io.gather_traces(trainer, result, ctx)
+            except Exception as e:
+                traces = (result,)
+                self.faults.report("gathering the ranks' profiles for the trace", e)
+        if self.spec is not None and ctx.is_global_zero:
+            try:
+                report = self._roofline(result)
+            except Exception as e:  # counts and times are still logged
                 self.faults.report("the roofline analysis", e)
-        self.last_profile, self.last_report = result, report
-        if report is not None and self.fsdp_whatif and ctx.stage == "train":  # before the table: it has a section
-            io.write_fsdp_whatif(self, trainer, pl_module, result, report, ctx)
-        if ctx.stage == "train":
-            self._count_flops(result, report, ctx)
-        scalars = {metric_key("roofline", k, ctx.stage): v for k, v in io.step_scalars(result, report, ctx).items()}
-        self.history.append({"stage": ctx.stage, "step": ctx.step, "reason": ctx.reason, **scalars})
-        profiles = io.gather_trace(self, trainer, result, ctx) if self.save_trace else None
-        if ctx.is_global_zero:
-            io.write_step(self, trainer, result, report, ctx, scalars)
-            if profiles:
-                io.write_trace(self.sinks(trainer), profiles, report, ctx)
-        if self.compare_eager and ctx.stage == "train" and result.meta.get("compiled_capture"):
-            if self.eager_report is None and self._eager_at is None:  # an eager reference at the next step
-                self._eager_at = ctx.step + 1
-                self._next_train = min(self._next_train, ctx.step + 1)
-            else:
-                io.compare(self, trainer, ctx, report)
-
-    # ------------------------------------------------------------------ automatic MFU bookkeeping
-    def _count_flops(self, result: StepProfile, report: Any, ctx: ProfileContext) -> None:
-        if ctx.batch_signature and (ctx.batch_signature in self._flops or len(self._flops) < MAX_SIGNATURES):
-            self._flops[ctx.batch_signature] = model_flops(result, self.attention_flops)
-        if report is not None and getattr(report, "mfu_peak_flops", None):
-            self.throughput.peak_flops = float(report.mfu_peak_flops)
-        self._recount_at = None
+        if report is not None and self.fsdp_whatif and ctx.stage == "train":
+            try:  # the report's markdown section and the records' JSON carry it
+                whatif = io.fsdp_whatif_of(report, pl_module, self.fsdp_whatif, str(getattr(trainer, "precision", "")))
+                report.meta["fsdp_whatif"] = result.meta["fsdp_whatif"] = whatif
+            except Exception as e:  # e.g. an already sharded model: said once, the rest of the report stands
+                self.faults.report(f"the FSDP what-if over {self.fsdp_whatif} GPUs", e)
+        if (report is not None and self.compare_eager and ctx.stage == "train" and self.eager_report is not None
+                and result.meta.get("compiled_capture")):
+            comparison = io.Comparison.of(report, self.eager_report)
+        return io.AnalysedStep(result, report, self.spec, whatif, comparison, traces)
 
     @override
     def _wants(self, stage: str, step: int) -> bool:
@@ -382,8 +429,9 @@ class RooflineCallback(ProfilingCallback):
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._flush_series(trainer, pl_module)  # a series the end of training cut short
-        if self.auto_mfu and self._timer is not None and (self._timer.closed or self._timer.current is not None):
-            io.mfu_boundary(self, trainer, trainer.global_step, final=True)  # the last windows: one wait, at the end
+        timer = self.auto.timer
+        if self.auto_mfu and timer is not None and (timer.closed or timer.current is not None):
+            self._log_windows(trainer, trainer.global_step, final=True)  # the last windows: one wait, at the end
 
     # ------------------------------------------------------------------ checkpointing
     @override
