@@ -7,10 +7,12 @@ re-rendered later (``tscope report PATH``) without torch state.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OpRecord", "LayerRecord", "StepProfile", "PHASES", "CATEGORIES", "NON_MODEL_PHASES"]
+__all__ = ["OpRecord", "LayerRecord", "StepProfile", "PHASES", "CATEGORIES", "NON_MODEL_PHASES",
+           "ATTENTION_CONVENTIONS", "model_flops"]
 
 #: Phases an op can run in. ``recompute`` is a forward re-run inside backward (activation checkpointing);
 #: ``optimizer`` is set by the caller (e.g. the Lightning callback) around the optimizer step.
@@ -18,6 +20,8 @@ PHASES = ("forward", "backward", "recompute", "optimizer")
 #: phases whose FLOPs are hardware work but not model FLOPs (MFU, PaLM's definition: the model's forward and
 #: backward): activation-checkpointing recompute and the optimizer update
 NON_MODEL_PHASES = frozenset({"recompute", "optimizer"})
+#: FLOP conventions of causal attention in model FLOPs: the (query, key) pairs attended, or the full square
+ATTENTION_CONVENTIONS = ("attended", "full")
 
 #: Op classes used for grouping and for picking the compute roof (matmul-class ops run on tensor cores).
 CATEGORIES = (
@@ -210,9 +214,9 @@ class StepProfile:
 
     @property
     def model_flops(self) -> int:
-        """Model FLOPs (what MFU counts): forward and backward only (no ``recompute`` or ``optimizer`` phase),
-        attention backward as 2x its forward (the kernels' recomputed scores are hardware work, not model work)."""
-        return sum(r.model_flops for r in self.ops if r.phase not in NON_MODEL_PHASES)
+        """Model FLOPs (what MFU counts, :func:`model_flops`) under the profile's attention convention
+        (``meta["attention_flops"]``, set by ``RooflineCallback(attention_flops=...)``; default "attended")."""
+        return model_flops(self.ops, self.meta.get("attention_flops") or "attended")
 
     @property
     def total_bytes(self) -> int:
@@ -235,3 +239,27 @@ class StepProfile:
             wall_time_s=d.get("wall_time_s"),
             meta=dict(d.get("meta", {})),
         )
+
+
+def model_flops(ops: Iterable[OpRecord] | StepProfile, attention: str = "attended") -> int:
+    """Model FLOPs of a step (its ops, or a StepProfile): what MFU counts, in the report, the automatic MFU windows
+    between profiles and ``tscope diff`` alike (the one definition).
+
+    - forward and backward only: activation-checkpointing ``recompute`` and the ``optimizer`` update are hardware
+      FLOPs, not model FLOPs (PaLM's MFU; HFU counts them);
+    - each op's ``model_flops``: attention backward as 2x its forward (flash kernels also recompute the scores: hardware
+      work, not model work), masked attention at the pairs its mask keeps;
+    - causal attention: ``attention="attended"`` (default) counts the (query, key) pairs attended, what a causal flash
+      kernel computes (L(L+1)/2 per head for a square mask); ``"full"`` counts the full L x S square
+      (``flops_dense``), as FlopCounterMode, PaLM's MFU and Megatron's formula do, to compare with published MFU;
+    - per device: the local compute of this rank (torchtitan's convention), never multiplied by the world size.
+    """
+    if attention not in ATTENTION_CONVENTIONS:
+        raise ValueError(f"attention_flops must be one of {ATTENTION_CONVENTIONS}, got {attention!r}")
+    full = attention == "full"
+    total = 0
+    for r in ops.ops if isinstance(ops, StepProfile) else ops:
+        if r.phase in NON_MODEL_PHASES:
+            continue
+        total += r.flops_dense if full and r.flops_dense is not None else r.model_flops
+    return total

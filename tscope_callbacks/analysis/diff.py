@@ -17,6 +17,7 @@ from typing import Any
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.fmt import fig
 from tscope_callbacks.analysis.model_summary import model_summary
+from tscope_callbacks.records import model_flops
 
 __all__ = ["StepDiff", "diff_reports"]
 
@@ -118,8 +119,15 @@ def diff_reports(a: Any, b: Any, labels: tuple[str, str] = ("A", "B")) -> StepDi
     d = StepDiff(a, b, labels, basis="measured op time" if timed else "expected kernel time")
     if not timed:
         d.notes.append("one side is untimed (an analysis): layers and classes compare expected kernel times")
-    fa, fb = a.model_flops, b.model_flops
-    d.same_work = bool(fa and fb and abs(fb / fa - 1) <= 0.01)
+    fa, fb = a.model_flops, b.model_flops  # records.model_flops under each step's attention convention
+    conv = [r.meta.get("attention_flops") or "attended" for r in (a, b)]
+    if conv[0] != conv[1]:  # the same attention counted two ways: compare the work under one convention
+        same = [model_flops([o.record for o in r.op_roofs], "attended") for r in (a, b)]
+        d.notes.append(f"model FLOPs count causal attention differently ({conv[0]} vs {conv[1]}): the work is "
+                       "compared over the attended pairs, MFU as each step counts it")
+    else:
+        same = [fa, fb]
+    d.same_work = bool(same[0] and same[1] and abs(same[1] / same[0] - 1) <= 0.01)
     if not d.same_work:
         d.notes.append(f"the steps do different work (model FLOPs {fa / 1e9:.4g} vs {fb / 1e9:.4g} GFLOP): compare "
                        "throughput and MFU, not times")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from tscope_callbacks.analysis.fmt import div as _div
-from tscope_callbacks.records import MATRIX_CATEGORIES
+from tscope_callbacks.records import MATRIX_CATEGORIES, model_flops
 
 __all__ = ["batch_counts", "model_summary", "summary_scalars"]
 
@@ -36,13 +36,15 @@ def model_summary(report: Any) -> dict[str, Any]:
     root = report.layer_records.get("") if report.layer_records else None
     ops = [o.record for o in report.op_roofs]
     fwd = [r for r in ops if r.phase == "forward"]
+    conv = report.meta.get("attention_flops") or "attended"  # model FLOPs: records.model_flops, as the report's
+    mat = [r for r in ops if r.category in MATRIX_CATEGORIES]
     out: dict[str, Any] = {
         "params": getattr(root, "num_parameters", None), "params_trainable": getattr(root, "num_trainable_parameters",
                                                                                        None),
         "size_mb": (root.param_bytes / 2**20) if root is not None else None,
-        "flops_forward": sum(r.model_flops for r in fwd), "flops_step": report.model_flops,
-        "macs_forward": sum(r.model_flops for r in fwd if r.category in MATRIX_CATEGORIES) // 2,
-        "macs_step": sum(r.model_flops for r in ops if r.category in MATRIX_CATEGORIES) // 2,
+        "flops_forward": model_flops(fwd, conv), "flops_step": report.model_flops,
+        "macs_forward": model_flops([r for r in mat if r.phase == "forward"], conv) // 2,
+        "macs_step": model_flops(mat, conv) // 2,
     }
     peak, saved = getattr(root, "peak_fwd_bytes", 0) or 0, getattr(root, "saved_bytes", 0) or 0
     micro = int(report.meta.get("micro_batches") or 1)  # a step of gradient accumulation: each backward frees its own

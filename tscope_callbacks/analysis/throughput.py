@@ -4,43 +4,19 @@ Like Lightning fabric's ``Throughput``: :meth:`Throughput.update` takes one fini
 steps, model FLOPs and samples in it), :meth:`Throughput.compute` returns the rates of the last window and of the
 last ``window_size`` windows together.
 
-FLOP convention (what "model FLOPs" means here, and why):
-
-- model FLOPs: forward + backward (+ optimizer) of the model as written, activation-checkpointing recompute excluded
-  (hardware FLOPs include it: HFU), and attention's backward as 2x its forward (flash kernels also recompute the
-  scores: hardware work, not model work);
-- causal attention: by default the (query, key) pairs actually attended (what a causal flash kernel computes,
-  L(L+1)/2 per head for a square mask); ``attention="full"`` counts the full L x S square, as FlopCounterMode, PaLM's
-  MFU definition and Megatron's formula do, to compare with published MFU figures;
-- per device: the FLOPs of the local compute on this rank (torchtitan's convention), so data and tensor parallelism
-  never multiply them by the world size.
+Model FLOPs (what the windows count per step) are ``records.model_flops``, the report's and ``tscope diff``'s
+definition too: recompute and the optimizer update excluded, attention backward as 2x its forward, causal attention
+as the pairs attended or (``attention_flops="full"``) the full square, per device.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
-from tscope_callbacks.records import NON_MODEL_PHASES
+from tscope_callbacks.records import ATTENTION_CONVENTIONS, model_flops
 
 __all__ = ["Throughput", "Window", "ATTENTION_CONVENTIONS", "model_flops"]
-
-ATTENTION_CONVENTIONS = ("attended", "full")
-
-
-def model_flops(profile: Any, attention: str = "attended") -> int:
-    """Model FLOPs of a profiled step (forward and backward: recompute and the optimizer update excluded) under an
-    attention convention."""
-    if attention not in ATTENTION_CONVENTIONS:
-        raise ValueError(f"attention must be one of {ATTENTION_CONVENTIONS}, got {attention!r}")
-    total = 0
-    for r in profile.ops:
-        if r.phase in NON_MODEL_PHASES:
-            continue
-        dense = r.flops_dense
-        total += dense if attention == "full" and dense is not None else r.model_flops
-    return total
 
 
 @dataclass(frozen=True)
