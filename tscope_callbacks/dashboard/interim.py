@@ -75,15 +75,15 @@ def report_dict(report: Any, profile: Any, *, step: int | None = None, stage: st
     header = {
         "step_ms": _fig(step_s * 1e3 if step_s else None, "ms", basis),
         "estimated_step_ms": _fig((s.get("estimated_step_s") or 0) * 1e3, "ms", "sum of per-op roofline times"),
-        "mfu": _fig(s.get("mfu"), "ratio", mfu_basis),
-        "mbu": _fig(s.get("mbu"), "ratio", f"bytes moved / ({basis} x bandwidth)"),
-        "hfu": _fig(s.get("hfu"), "ratio", f"hardware FLOPs (recompute included) / ({basis} x peak)"),
+        "mfu": _fig(s.get("mfu"), "fraction", mfu_basis),
+        "mbu": _fig(s.get("mbu"), "fraction", f"bytes moved / ({basis} x bandwidth)"),
+        "hfu": _fig(s.get("hfu"), "fraction", f"hardware FLOPs (recompute included) / ({basis} x peak)"),
         "achieved_tflops": _fig(s.get("achieved_tflops"), "TFLOP/s", f"model FLOPs / {basis}"),
         "tokens_per_s": _fig(ms.get("tokens_per_s"), "tokens/s", f"tokens per step / {basis}"),
         "samples_per_s": _fig(ms.get("samples_per_s"), "samples/s", f"samples per step / {basis}"),
-        "memory_peak_bytes": _fig(peak, "B", (mc.get("step_peak_basis") if isinstance(mc, dict) else None)
+        "memory_peak_bytes": _fig(peak, "bytes", (mc.get("step_peak_basis") if isinstance(mc, dict) else None)
                                   or "not measured"),
-        "flop_coverage": _fig(s.get("flop_coverage"), "ratio", "share of ops with a FLOP formula, by time"),
+        "flop_coverage": _fig(s.get("flop_coverage"), "fraction", "share of ops with a FLOP formula, by time"),
     }
     cats = {}
     if isinstance(mc, dict):
@@ -116,7 +116,7 @@ def report_dict(report: Any, profile: Any, *, step: int | None = None, stage: st
                     "precision": o.precision, "dtype": r.dtype, "input_shapes": r.input_shapes,
                     "output_shapes": r.output_shapes, "counted": r.counted})
     layers = []
-    for path, rec in (profile.layers or {}).items():
+    for rec in (profile.layers or {}).values():
         layers.append(rec.to_dict() if hasattr(rec, "to_dict") else dict(getattr(rec, "__dict__", rec)))
     step_ref = step_s or s.get("estimated_step_s")
     opps = []

@@ -98,9 +98,9 @@ def fmt_figure(fig: dict[str, Any] | None) -> str:
         return _time(v / 1e3)
     if u == "s":
         return _time(v)
-    if u == "ratio":
+    if u in ("ratio", "fraction"):
         return f"{sig(v * 100)}%"
-    if u == "B":
+    if u in ("B", "bytes"):
         return _scaled(v, ["B", "KiB", "MiB", "GiB", "TiB"], 1024)
     if u == "TFLOP/s":
         return _scaled(v * 1e12, ["FLOP/s", "kFLOP/s", "MFLOP/s", "GFLOP/s", "TFLOP/s", "PFLOP/s"], 1000)
@@ -170,7 +170,7 @@ def pack_ops(ops: list[dict[str, Any]], budget: int = OPS_BUDGET_BYTES) -> dict[
     ti, ei = _OP_COLS.index("time_s"), _OP_COLS.index("expected_s")
     per_row = max(1, size // max(1, len(rows)))
     keep_n = max(1, budget // per_row)
-    order = sorted(range(len(rows)), key=lambda j: -((rows[j][ti] or rows[j][ei] or 0)))
+    order = sorted(range(len(rows)), key=lambda j: -(rows[j][ti] or rows[j][ei] or 0))
     keep = sorted(order[:keep_n])
     out["rows"] = [rows[j] for j in keep]
     for r in out["rows"]:
@@ -227,7 +227,6 @@ def standalone_data(reports: list[tuple[str, dict[str, Any]]], *, series: dict[s
         step = 0 if step is None else int(step)
         k = f"{run}/{stage}/{step}"
         ops[k] = pack_ops(d.pop("ops", None) or [], ops_budget)
-        d.pop("summary", None)
         steps[k] = d
         runs.setdefault(run, []).append({"step": step, "stage": stage, "readable": True, "error": None})
         by_run.setdefault(run, []).append(d)

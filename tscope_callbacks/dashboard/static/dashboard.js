@@ -74,8 +74,8 @@
     const v = fig.value, u = fig.unit;
     if (u === "ms") return F.time(v / 1e3);
     if (u === "s") return F.time(v);
-    if (u === "ratio") return F.pct(v);
-    if (u === "B") return F.bytes(v);
+    if (u === "ratio" || u === "fraction") return F.pct(v);
+    if (u === "B" || u === "bytes") return F.bytes(v);
     if (u === "TFLOP/s") return F.rate(v * 1e12);
     if (u === "tokens/s" || u === "samples/s") return F.count(v, u);
     return sig(v) + (u ? " " + u : "");
@@ -278,8 +278,11 @@
     const thr = H.tokens_per_s && num(H.tokens_per_s.value) ? H.tokens_per_s : H.samples_per_s;
     c.append(card("tokens_per_s", thr === H.tokens_per_s ? "Tokens/s" : "Samples/s", thr));
     const fits = mem.fits;
+    const share = num(mem.share) ? mem.share : (num(mem.peak_bytes) && num(mem.device_bytes) && mem.device_bytes ? mem.peak_bytes / mem.device_bytes : null);
+    const fitTxt = fits === true ? "fits" : fits === false ? "does NOT fit" : (mem.verdict || "device memory unknown");
     c.append(card("memory", "Memory peak", H.memory_peak_bytes,
-      (fits === true ? "fits: " : fits === false ? "does NOT fit: " : "") + (mem.verdict || ""),
+      fitTxt + (num(mem.device_bytes) ? " · " + F.pct(share) + " of " + F.bytes(mem.device_bytes) : "") +
+      (mem.verdict && !["fits", "does not fit"].includes(mem.verdict) && fits != null ? " · " + mem.verdict : ""),
       fits === false ? "bad" : null));
     const cov = H.flop_coverage;
     c.append(card("flop_coverage", "FLOP coverage", cov, null, cov && num(cov.value) && cov.value < 0.9 ? "bad" : null));
@@ -569,7 +572,8 @@
 
   /* ---------- time split, memory, NaN, communication ---------- */
   const SPLIT = [["compute_bound_s", "compute-bound", "#1a73e8"], ["memory_bound_s", "memory-bound", "#e8710a"],
-    ["communication_s", "communication", "#9334e6"], ["overhead_s", "overhead", "#80868b"], ["idle_s", "idle", "#dadce0"], ["input_s", "input", "#188038"]];
+    ["communication_s", "communication", "#9334e6"], ["uncounted_s", "uncounted ops", "#d93025"], ["overhead_s", "overhead", "#80868b"],
+    ["idle_s", "idle", "#dadce0"], ["input_s", "input", "#188038"]];
   function stacked(el, parts, fmt) {
     const total = parts.reduce((a, p) => a + (p[1] || 0), 0) || 1e-30;
     const bar = h("div", {class: "stack"});
@@ -596,8 +600,15 @@
     el.innerHTML = "";
     const m = r.memory || {};
     const H = r.header || {};
-    $("#mem-basis").textContent = (m.verdict || "") + ((H.memory_peak_bytes || {}).basis ? " · " + H.memory_peak_bytes.basis : "");
-    const cats = Object.entries(m.categories || {}).filter(([, v]) => num(v) && v > 0);
+    const verdict = m.fits === true ? "fits the device" : m.fits === false ? "does NOT fit the device" : (m.verdict || "");
+    $("#mem-basis").textContent = "at the step's peak" + (verdict ? " · " + verdict : "") + (m.basis || (H.memory_peak_bytes || {}).basis ? " · " + (m.basis || H.memory_peak_bytes.basis) : "");
+    /* the parts of the peak: the states, then what the step held at its peak (saved activations + the rest) */
+    const C = m.categories || {};
+    const cats = Object.entries(C).filter(([k, v]) => num(v) && v > 0 && !/peak|created|^temporaries$/.test(k));
+    if (num(m.rest_bytes) && num(C.activations_saved)) {
+      const other = m.rest_bytes - C.activations_saved;
+      if (other > 0) cats.push(["temporaries", other]);
+    } else if (num(C.temporaries) && C.temporaries > 0) cats.push(["temporaries", C.temporaries]);
     if (!cats.length) { el.append(h("div", {class: "empty", text: "memory not recorded in this step"})); return; }
     stacked(el, cats.map(([k, v], i) => [k.replace(/_/g, " "), v, MEM_COLORS[i % MEM_COLORS.length]]), F.bytes);
     if (num(m.device_bytes)) el.append(h("div", {class: "muted", text: "device memory " + F.bytes(m.device_bytes) + "; peak " + F.bytes(m.peak_bytes) + " = " + F.pct(m.peak_bytes / m.device_bytes)}));
