@@ -63,7 +63,8 @@ def test_what_if_is_typed():
 @pytest.mark.parametrize("content, msg", [
     ('{"schema": "tscope.step_report", "version": 2, "step": 3, "dev', "not valid JSON, perhaps half-written"),
     ('{"schema": "tscope.step_report", "version": 7}', "version 7"),
-    ('{"profile": {"ops": []}, "device": null, "report": null}', "version 1 step file"),
+    ('{"profile": {"ops": []}, "device": null, "report": {"version": 1}}', "version 1 step file"),
+    ('{"profile": {"ops": []}, "device": null, "report": null}', "no report"),
     ('{"schema": "tscope.step_report", "version": 2, "step": 3}', "malformed step report"),
     ("[1, 2]", "JSON object"),
 ])
@@ -75,8 +76,79 @@ def test_load_step_file_errors_are_one_line(tmp_path, content, msg):
     assert msg in str(e.value) and "\n" not in str(e.value)
 
 
-def test_load_step_file_reads_extra_keys(tmp_path):
+def test_load_step_file_reads_both_layouts(tmp_path):
     r = analyze(toy_profile(True), a100())
     p = tmp_path / "step_7.json"
     p.write_text(json.dumps({**r.to_dict(), "profile": toy_profile(True).to_dict()}))
     assert load_step_file(p) == r
+    p.write_text(json.dumps({"profile": toy_profile(True).to_dict(), "device": a100().to_dict(),
+                             "report": r.to_dict()}))
+    assert load_step_file(p) == r
+
+
+# ---------------- every output is a function of the StepReport alone ----------------
+def _reports():
+    from tscope_callbacks.api import roofline
+
+    yield roofline(toy_profile(True), a100()).step_report
+    yield roofline(toy_profile(False), a100()).step_report
+    # a what-if (times of this machine's CPU on an A100's roofs) with an FSDP what-if carried in the profile
+    p = toy_profile(True)
+    p.meta.update(device="cpu")
+    with pytest.warns(UserWarning, match="what-if"):
+        yield roofline(p, a100()).step_report
+
+
+def test_markdown_csv_plot_of_the_read_back_report_are_the_originals(tmp_path):
+    from tscope_callbacks.render import legacy, markdown, plot
+
+    for i, r in enumerate(_reports()):
+        back = StepReport.from_dict(json.loads(json.dumps(r.to_dict(), allow_nan=False)))
+        assert markdown.to_markdown(back, top=3) == markdown.to_markdown(r, top=3)
+        assert markdown.to_markdown(back) == markdown.to_markdown(r)
+        assert legacy.to_dict(back) == legacy.to_dict(r)
+        legacy.to_csv(r, tmp_path / f"a{i}.csv")
+        legacy.to_csv(back, tmp_path / f"b{i}.csv")
+        assert (tmp_path / f"a{i}.csv").read_text() == (tmp_path / f"b{i}.csv").read_text()
+        fa, fb = plot.figure(r), plot.figure(back)
+        assert fa.axes[0].get_title() == fb.axes[0].get_title()
+        assert [len(c.get_offsets()) for c in fa.axes[0].collections] == [len(c.get_offsets())
+                                                                          for c in fb.axes[0].collections]
+
+
+def test_rendering_does_not_change_the_report():
+    """Rendering is pure: the report's findings do not depend on which outputs were rendered before."""
+    from tscope_callbacks.api import roofline
+
+    rep = roofline(toy_profile(True), a100())
+    first = rep.to_markdown(top=5)
+    rep.to_dict()
+    rep.to_csv("/dev/null")
+    assert rep.to_markdown(top=5) == first
+
+
+def test_cli_report_reads_a_step_file_back(tmp_path, capsys):
+    from tests.test_report import cli_main
+    from tscope_callbacks.api import roofline
+    from tscope_callbacks.render import markdown
+
+    rep = roofline(toy_profile(True), a100())
+    path = tmp_path / "step_7.json"
+    path.write_text(json.dumps({"profile": toy_profile(True).to_dict(), "device": a100().to_dict(),
+                                "report": rep.step_report.to_dict()}))
+    trace = tmp_path / "trace.json"
+    assert cli_main(["report", str(path), "--top", "4", "--trace", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(markdown.to_markdown(rep.step_report, top=4))
+    assert json.loads(trace.read_text())["traceEvents"]
+    # a file of another version: one line naming it, exit 2
+    d = rep.step_report.to_dict()
+    path.write_text(json.dumps({"profile": toy_profile(True).to_dict(), "report": {**d, "version": 3}}))
+    assert cli_main(["report", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "version 3" in err and len(err.splitlines()) == 1
+    # half-written
+    path.write_text(json.dumps(d)[:500])
+    assert cli_main(["report", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not valid JSON" in err and len(err.splitlines()) == 1

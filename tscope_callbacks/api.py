@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from tscope_callbacks.analysis.analyze import AnalyzeOptions
 from tscope_callbacks.analysis.roofline import build_roofline
 from tscope_callbacks.capture.meta_run import (
     AutocastAs,
@@ -71,17 +73,17 @@ def roofline(prof: Any, spec: Any = None, *, achievable: Any = None, precision: 
     meta = getattr(prof, "meta", None) or {}
     spec = _resolve(spec, meta.get("device_name") or "auto")
     ach = _resolve(achievable, "") if achievable is not None else None
-    report = build_roofline(prof, spec, achievable=ach, precision=precision, group_small=group_small,
-                            cls=RooflineReport, kernel_model=kernel_model)
-    other = timing_device_mismatch(meta, spec) if report.timed else None
-    if other is not None:
-        report.meta["what_if"] = other
-        if (other, spec.name) not in _WARNED_WHAT_IF:
-            _WARNED_WHAT_IF.add((other, spec.name))
-            warnings.warn(f"tscope: times were measured on {other} but placed on the roofs of {spec.name}: % of roof, "
-                          "MFU and recoverable time compare two devices (a what-if, labelled so in the report). Pass "
-                          "gpu='auto' to measure against this device.", UserWarning, stacklevel=2)
-    return report
+    analysis = build_roofline(prof, spec, achievable=ach, precision=precision, group_small=group_small,
+                              kernel_model=kernel_model)
+    other = timing_device_mismatch(meta, spec) if analysis.timed else None
+    if other is not None and (other, spec.name) not in _WARNED_WHAT_IF:
+        _WARNED_WHAT_IF.add((other, spec.name))
+        warnings.warn(f"tscope: times were measured on {other} but placed on the roofs of {spec.name}: % of roof, "
+                      "MFU and recoverable time compare two devices (a what-if, labelled so in the report). Pass "
+                      "gpu='auto' to measure against this device.", UserWarning, stacklevel=2)
+    return RooflineReport(analysis, AnalyzeOptions(achievable=ach, precision=precision, group_small=group_small,
+                                                   kernel_model=kernel_model, what_if=other,
+                                                   fsdp_whatif=meta.get("fsdp_whatif") or None))
 
 
 _WARNED_WHAT_IF: set[tuple[str, str]] = set()
@@ -163,7 +165,8 @@ def analyze_model(
     defaults pick the per-tensor loop, so pass ``foreach=True`` for what a GPU runs).
 
     ``fsdp=N``: also what FSDP2 over N GPUs would do to this step, per GPU (``analysis.fsdp.fsdp_whatif``: memory,
-    collectives, exposed communication, step time), in ``report.meta["fsdp_whatif"]`` and the report's FSDP section.
+    collectives, exposed communication, step time), in ``report.step_report.fsdp_whatif`` and the report's FSDP
+    section.
     Units: ``fsdp_units`` (module paths or a class name; default the repeated blocks). Under "-mixed" precision the
     parameters are gathered at the low dtype and gradients reduced in fp32 (torchtitan's policy). ``fsdp_shard=S``
     (S divides N): HSDP instead, sharded over S GPUs and replicated N/S times (e.g. ``fsdp=64, fsdp_shard=8``).
@@ -191,7 +194,9 @@ def analyze_model(
         low, reduce = mixed_policy(precision)
         w = fsdp_whatif(report, model, fsdp, units=fsdp_units, param_dtype=low, reduce_dtype=reduce,
                         shard_size=fsdp_shard)
-        report.meta["fsdp_whatif"] = prof.meta["fsdp_whatif"] = w  # the profile carries it into saved files
+        prof.meta["fsdp_whatif"] = w  # the profile carries it into saved files
+        report = RooflineReport(report.analysis, dataclasses.replace(report.options, fsdp_whatif=w))
+        report.profile = prof
     if print_report:
         print(report.to_markdown(top=top))
     return report

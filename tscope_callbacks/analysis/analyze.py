@@ -124,10 +124,10 @@ def _memory(eng: Any, what_if: bool) -> MemorySection | None:
         return None
     cap = None if what_if else getattr(eng.spec, "memory_bytes", None)
     fit = memory_fit(mc, cap) or {}
-    cats: dict[str, int | None] = {"weights": mc.get("params")}
+    cats: dict[str, int | float | None] = {"weights": mc.get("params")}
     for k, v in mc.items():
         if k != "params" and (v is None or isinstance(v, (int, float))) and not isinstance(v, bool):
-            cats[k] = v if v is None else int(v)
+            cats[k] = v
     verdict = fit.get("verdict") or ""
     return MemorySection(peak_bytes=fit.get("peak"), device_bytes=fit.get("capacity"),
                          fits=None if not verdict else verdict != "does not fit", verdict=verdict,
@@ -253,7 +253,7 @@ def report_of(eng: Any, options: AnalyzeOptions | None = None) -> StepReport:
                                                if hasattr(rec, f.name)}))
                    for rec in (eng.layer_records or {}).values() if isinstance(rec, LayerRecord) or hasattr(
                        rec, "path"))
-    ops = tuple(OpRow(i=i, op=x.record.op, layer=x.record.layer, phase=x.record.phase, category=x.record.category,
+    ops = tuple(OpRow(i=int(x.record.index), op=x.record.op, layer=x.record.layer, phase=x.record.phase, category=x.record.category,
                       flops=int(x.flops), model_flops=int(x.record.model_flops), bytes=int(x.bytes),
                       time_s=_fin(x.measured_s), estimate_s=float(x.estimate_s), expected_s=float(x.expected_s),
                       achievable_estimate_s=_fin(x.achievable_estimate_s), bound=x.bound, precision=x.precision,
@@ -261,7 +261,7 @@ def report_of(eng: Any, options: AnalyzeOptions | None = None) -> StepReport:
                       dtype=x.record.dtype, input_shapes=json_safe(list(x.record.input_shapes)),
                       output_shapes=json_safe(list(x.record.output_shapes)), counted=bool(x.record.counted),
                       start_s=_fin(x.record.start_s))
-                for i, x in enumerate(eng.op_roofs))
+                for x in eng.op_roofs)
     from tscope_callbacks.analysis.summary import roofs_used
 
     roofs = tuple(_load(RoofUsed, json_safe(r)) for r in roofs_used(eng))

@@ -48,11 +48,11 @@ JSON (``StepReport.to_dict()`` / ``StepReport.from_dict(d)``; ``json.dumps(d, al
     area_scalars: {area: {bare_key: float}}   the other areas it logs (comm, memory, model, fsdp_whatif)
     user: {}   the user's own data (the only free dict)
 
-The step file ``<log_dir>/tscope/step_<N>.json`` is this dict at its top level, plus ``"profile"`` (the raw
-StepProfile, so a later version can re-analyse it) and ``"device_spec"`` (the DeviceSpec the roofs came from);
-:func:`load_step_file` reads it. A version 1 file (``{"profile", "device", "report"}``, written before this schema) is
-re-analysed from its profile by ``tscope report``; :func:`load_step_file` raises :class:`StepFileError` naming the
-version.
+The step file ``<log_dir>/tscope/step_<N>.json`` is ``{"profile": StepProfile.to_dict(), "device":
+DeviceSpec.to_dict() | null, "report": <this dict> | null}`` (``report`` null: no device roof); a file holding this
+dict at its top level is read too. :func:`load_step_file` reads either. A version 1 file (the same three keys,
+written before this schema: its ``report`` has ``"version": 1`` and no ``schema``) is re-analysed from its profile by
+``tscope report``; :func:`load_step_file` raises :class:`StepFileError` naming the version.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from typing import Any
 
 from tscope_callbacks.analysis.fmt import div as _div
 
-__all__ = ["SCHEMA", "VERSION", "StepReport", "load_step_file",
+__all__ = ["SCHEMA", "VERSION", "StepReport", "load_step_file", "ReportLike", "HasStepReport", "step_report_of",
            "StepFileError", "Figure", "DeviceInfo", "Summary", "MemorySection", "TimeSplit", "Row", "OpRow",
            "LayerInfo", "RoofUsed", "Opportunity", "NoiseSection", "NoiseMarkInfo", "RunContext", "WhatIf",
            "merge_rows", "json_safe"]
@@ -176,7 +176,7 @@ class Summary:
     dominant_precision: str
     precisions: dict[str, int]
     uncounted_ops: dict[str, int]
-    capture_cost: dict[str, float] | None
+    capture_cost: dict[str, float | int] | None
     group_small: float  #: the share of time and FLOPs under which table rows are grouped
     has_kernel_model: bool
     has_achievable: bool
@@ -196,7 +196,7 @@ class MemorySection:
     rest_bytes: int | None  #: the step's own tracked peak (activations, temporaries, new gradients)
     shard_over: int | None
     basis: str
-    categories: dict[str, int | None]  #: weights, grads, optimizer_state, activations_saved, ... (bytes)
+    categories: dict[str, int | float | None]  #: weights, grads, optimizer_state, activations_saved, ... (bytes)
 
 
 @dataclass(frozen=True)
@@ -332,7 +332,7 @@ def merge_rows(name: str, kind: str, rows: list[Row], phase: str = "") -> Row:
 class OpRow:
     """One op on its roof, in execution order."""
 
-    i: int
+    i: int  #: its position in the profile's execution order (``OpRecord.index``)
     op: str
     layer: str
     phase: str
@@ -595,6 +595,27 @@ class StepReport:
         return f"StepReport(step={self.step}, device={s.device!r}, ops={s.n_ops}, flops={s.total_flops}, mfu={s.mfu})"
 
 
+@typing.runtime_checkable
+class HasStepReport(typing.Protocol):
+    """An object that carries a StepReport (``render.report.RooflineReport``, what ``ts.roofline`` returns)."""
+
+    @property
+    def step_report(self) -> StepReport: ...
+
+
+#: what the renderers' public functions take: a StepReport, or an object carrying one
+ReportLike = StepReport | HasStepReport
+
+
+def step_report_of(report: ReportLike) -> StepReport:
+    """The StepReport itself, or the one ``report`` carries."""
+    if isinstance(report, StepReport):
+        return report
+    if isinstance(report, HasStepReport):
+        return report.step_report
+    raise TypeError(f"expected a StepReport (or ts.roofline's report), got {type(report).__name__}")
+
+
 class StepFileError(ValueError):
     """A step file that cannot be read: not JSON, half-written, another schema or version. One line."""
 
@@ -652,8 +673,15 @@ def load_step_file(path: Any) -> StepReport:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise StepFileError(f"{path} is not valid JSON, perhaps half-written ({e})") from None
     if isinstance(data, dict) and data.get("schema") != SCHEMA and "profile" in data:
-        raise StepFileError(f"{path} is a version 1 step file (no schema version): `tscope report {path}` "
-                            "re-analyses its profile")
+        rep = data.get("report")
+        if rep is None:
+            raise StepFileError(f"{path} has no report (the step had no device roof): `tscope report {path} --gpu "
+                                "NAME` analyses its profile")
+        if not (isinstance(rep, dict) and "schema" in rep):
+            v = rep.get("version", 1) if isinstance(rep, dict) else 1
+            raise StepFileError(f"{path} is a version {v} step file (no schema): `tscope report {path}` "
+                                "re-analyses its profile")
+        data = rep
     try:
         return StepReport.from_dict(data)
     except StepFileError as e:

@@ -5,8 +5,8 @@ Per op (DESIGN.md "Counting semantics"): the precision actually used (TF32 for f
 vector roof otherwise), intensity = flops/bytes, ridge = peak/bandwidth, bound, estimate = max(flops/peak,
 bytes/bandwidth), attained = estimate/measured ("% of roof") and recoverable = max(0, measured - estimate).
 Rows aggregate ops per layer x phase (self attribution, so rows never double count), per layer, per layer
-inclusive of children, per op class and per op name. The caller resolves the device (``api.roofline``); rendering
-lives in ``render`` (``render.report.RooflineReport`` adds ``to_markdown``/``plot``/... to this class).
+inclusive of children, per op class and per op name. The caller resolves the device (``api.roofline``);
+``analysis.analyze.report_of`` reads the analysis into the typed StepReport every output renders.
 """
 
 from __future__ import annotations
@@ -98,13 +98,12 @@ def _ran(ops: list) -> str:
 
 
 def build_roofline(prof: Any, spec: Any, *, achievable: Any = None, precision: str | None = None,
-                   group_small: float = 0.01, cls: type | None = None, kernel_model: Any = True) -> Any:
+                   group_small: float = 0.01, kernel_model: Any = True) -> RooflineAnalysis:
     """Place every op of ``prof`` (a StepProfile, or anything with ``.ops/.layers/.wall_time_s/.meta``) on the roofline.
 
     ``spec``: a resolved DeviceSpec (``devices.resolve.get_device_spec`` turns names into one; analysis never
     measures). ``achievable``: measured roofs (a DeviceSpec) shown beside the datasheet ones; default
-    ``spec.achievable``. ``cls``: the class to build (default :class:`RooflineAnalysis`; ``render`` passes its
-    ``RooflineReport``).
+    ``spec.achievable``.
     ``precision``: force the roof precision of matrix-class ops (e.g. "fp8" for an fp8 what-if on a bf16 run);
     other ops always use their own dtype. ``group_small``: rows under this share of measured time (estimated when
     untimed) AND of FLOPs are grouped into one "(other N ...)" row in tables; totals always include them.
@@ -131,10 +130,9 @@ def build_roofline(prof: Any, spec: Any, *, achievable: Any = None, precision: s
                           getattr(spec, "link_bandwidth", None)))
     meta["kernel_model"] = model.source if model is not None else None
     meta["roof_notes"] = _widen(ops, spec) if getattr(spec, "measured", False) else _beaten(ops)
-    return (cls or RooflineAnalysis)(ops, spec, meta=meta, layers=dict(getattr(prof, "layers", None) or {}),
-                                     wall_time_s=getattr(prof, "wall_time_s", None), achievable=ach,
-                                     group_small=group_small, coverage=_coverage(prof), tf32=tf32, roofs=roofs,
-                                     kernel_model=model)
+    return RooflineAnalysis(ops, spec, meta=meta, layers=dict(getattr(prof, "layers", None) or {}),
+                            wall_time_s=getattr(prof, "wall_time_s", None), achievable=ach, group_small=group_small,
+                            coverage=_coverage(prof), tf32=tf32, roofs=roofs, kernel_model=model)
 
 
 def _coverage(prof: Any) -> float:

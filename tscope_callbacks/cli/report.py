@@ -1,8 +1,10 @@
-"""``tscope report PATH``: re-render a saved profiled step (JSON) as the roofline table, CSV and plot.
+"""``tscope report PATH``: re-render a saved profiled step (JSON) as the roofline table, CSV, plot and trace.
 
-PATH holds ``StepProfile.to_dict()``, or a wrapper ``{"profile": {...}, "device": {...} | "name"}`` (what the JSON
-sink and ``tscope analyze --json`` write). The device is, in order: ``--gpu``, the wrapper's ``device``, the
-profile's ``meta["device_name"]``.
+PATH holds a step file (``StepReport.to_dict()`` with ``"schema": "tscope.step_report"``, version 2: what the
+callbacks write as ``tscope/step_<N>.json``; read back as it is, without re-analysis, unless ``--gpu`` names another
+device), or a profiled step to analyse: ``StepProfile.to_dict()``, or a version 1 wrapper ``{"profile": {...},
+"device": {...} | "name"}`` (what ``tscope analyze --json`` writes). The device of a re-analysis is, in order:
+``--gpu``, the wrapper's device, the profile's ``meta["device_name"]``.
 """
 
 from __future__ import annotations
@@ -13,14 +15,18 @@ import json
 import sys
 from typing import Any
 
+from tscope_callbacks.analysis.report import StepReport, load_step_file
 from tscope_callbacks.cli.args import output_file, positive_int
 from tscope_callbacks.records import StepProfile
+from tscope_callbacks.render import legacy, markdown, plot
+from tscope_callbacks.render.trace import save_trace
 
 __all__ = ["add_arguments", "run", "load", "spec_from_dict"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="profiled-step JSON (StepProfile.to_dict(), or {'profile': ..., 'device': ...})")
+    p.add_argument("path", help="a step file (tscope/step_<N>.json), or a profiled step: StepProfile.to_dict() or "
+                                "{'profile': ..., 'device': ...}")
     p.add_argument("--top", type=positive_int, default=20, help="rows in the layer table (default 20)")
     p.add_argument("--plot", default=None, type=output_file, metavar="OUT.png", help="write the roofline plot here")
     p.add_argument("--gpu", default=None, metavar="NAME",
@@ -73,28 +79,50 @@ def load(path: str) -> tuple[StepProfile, Any]:
     return profile, dev
 
 
+def _stored(path: str) -> tuple[StepReport, StepProfile | None] | None:
+    """The StepReport of a version 2 step file and its profile (when the file keeps it); None for other files."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None  # load() says why
+    if not isinstance(data, dict) or not ("schema" in data or isinstance(data.get("report"), dict)
+                                          and "schema" in data["report"]):
+        return None
+    report = load_step_file(path)  # StepFileError: another version, malformed
+    prof = data.get("profile")
+    try:
+        return report, StepProfile.from_dict(prof) if isinstance(prof, dict) else None
+    except (TypeError, AttributeError, KeyError):
+        return report, None
+
+
 def run(args: argparse.Namespace) -> int:
     from tscope_callbacks.api import roofline
 
     try:
-        prof, dev = load(args.path)
-    except ValueError as e:
-        print(f"tscope report: {e}", file=sys.stderr)
-        return 2
-    try:
-        report = roofline(prof, args.gpu or dev or None)
-    except (LookupError, ValueError, OSError) as e:  # UnknownDeviceError, a bad spec JSON path
+        stored = None if args.gpu else _stored(args.path)
+        if stored is not None:
+            report, prof = stored
+        else:
+            prof, dev = load(args.path)
+            report = roofline(prof, args.gpu or dev or None).step_report
+    except (LookupError, ValueError, OSError) as e:  # StepFileError, UnknownDeviceError, a bad spec JSON path
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
         print(f"tscope report: {msg or type(e).__name__}", file=sys.stderr)
         return 2
-    print(report.to_markdown(top=args.top))
+    print(markdown.to_markdown(report, top=args.top))
     if args.csv:
-        report.to_csv(args.csv)
+        legacy.to_csv(report, args.csv)
         print(f"CSV written to {args.csv}")
     if args.plot:
-        report.plot(args.plot)
+        plot.plot(report, args.plot)
         print(f"plot written to {args.plot}")
     if args.trace:
-        report.save_trace(args.trace)
+        if prof is None:
+            print(f"tscope report: {args.path} keeps no profile, so no trace can be written (the callbacks keep it "
+                  "in the step file)", file=sys.stderr)
+            return 2
+        save_trace(prof, args.trace, report)
         print(f"trace written to {args.trace} (open it in ui.perfetto.dev)")
     return 0

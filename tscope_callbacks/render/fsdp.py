@@ -1,10 +1,9 @@
-"""The FSDP what-if section of the Markdown report (``analysis.fsdp``: ``report.meta["fsdp_whatif"]``)."""
+"""The FSDP what-if section of the Markdown report (``analysis.fsdp``: ``StepReport.fsdp_whatif``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from tscope_callbacks.analysis.fmt import n
+from tscope_callbacks.analysis.report import StepReport
 
 __all__ = ["fsdp_lines"]
 
@@ -21,9 +20,9 @@ def _ms(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 1e3:.4g}"
 
 
-def fsdp_lines(report: Any) -> list[str]:
+def fsdp_lines(report: StepReport) -> list[str]:
     """Per-GPU memory, collectives and step time of the step under FSDP over N GPUs; [] without a what-if."""
-    w = report.meta.get("fsdp_whatif")
+    w = report.fsdp_whatif
     if not w:
         return []
     n, m, c, t = w["n"], w["memory"], w["comm"], w.get("time")

@@ -1,4 +1,5 @@
-"""Rendering of a roofline analysis: markdown, CSV, JSON-safe dict, rich console.
+"""Rendering of a :class:`~tscope_callbacks.analysis.report.StepReport`: markdown and the rich console (CSV and the
+version 1 dict: ``render.legacy``). Pure functions of the report.
 
 "Roof" always means the datasheet roof of the spec (or the measured roof when the spec itself is measured, e.g. on
 CPU); "achievable" is the calibrated roof shown beside it when known.
@@ -6,128 +7,136 @@ CPU); "achievable" is the calibrated roof shown beside it when known.
 
 from __future__ import annotations
 
-import csv
-import math
+from collections.abc import Sequence
 from typing import Any
 
-from tscope_callbacks.analysis.comm import comm_rows
 from tscope_callbacks.analysis.fmt import fig as _f
 from tscope_callbacks.analysis.fmt import g as _g
 from tscope_callbacks.analysis.fmt import n as _n
 from tscope_callbacks.analysis.fmt import pct as _pct
-from tscope_callbacks.analysis.memory_fit import report_memory_fit
-from tscope_callbacks.analysis.model_summary import model_summary
-from tscope_callbacks.analysis.rows import Row
-from tscope_callbacks.analysis.summary import roofs_used
+from tscope_callbacks.analysis.report import (
+    NoiseSection,
+    Opportunity,
+    ReportLike,
+    RoofUsed,
+    Row,
+    StepReport,
+    Summary,
+    json_safe,
+    step_report_of,
+)
+from tscope_callbacks.records import StepProfile
 from tscope_callbacks.render.fsdp import fsdp_lines
-from tscope_callbacks.render.notes import basis_extra, environment_lines, noise_dict, noise_lines
+from tscope_callbacks.render.legacy import CSV_FIELDS, to_csv, to_dict
+from tscope_callbacks.render.notes import basis_extra, environment_lines, noise_lines
 
 __all__ = ["header_lines", "to_markdown", "to_csv", "to_dict", "to_console", "json_safe", "op_table", "COLUMNS",
-           "columns", "compare_table", "opportunity_line"]
+           "columns", "compare_table", "opportunity_line", "CSV_FIELDS"]
 
 def _p(x: float | None) -> str:
     return "" if x is None else _pct(x)
 
 
-def _time_basis(s: dict[str, Any]) -> str:
-    return "estimated" if not s["timed"] else f"measured op time {_f(s['op_time_s'], '.4g', 1e3)} ms" \
-        if s["op_time_s"] else "measured"
+def _time_basis(s: Summary) -> str:
+    return "estimated" if not s.timed else f"measured op time {_f(s.op_time_s, '.4g', 1e3)} ms" \
+        if s.op_time_s else "measured"
 
 
-def _outside_ops(s: dict[str, Any]) -> str:
+def _outside_ops(s: Summary) -> str:
     """The part of the (unprofiled) step the ops do not account for, when the step basis is not the op time itself:
     host time between ops on CPU (Python, hooks, data loading), the device waiting for work on CUDA."""
-    step, ops = s["measured_step_s"], s["op_time_s"] if s["timed"] else None
-    if not step or not ops or s["step_time_source"] == "op-time" or step - ops < 0.01 * step:
+    step, ops = s.measured_step_s, s.op_time_s if s.timed else None
+    if not step or not ops or s.step_time_source == "op-time" or step - ops < 0.01 * step:
         return ""
-    where = ("the device did no op work (launch- or host-bound)" if str(s["timing"]).startswith("cuda")
+    where = ("the device did no op work (launch- or host-bound)" if str(s.timing).startswith("cuda")
              else "host time between ops: Python, hooks, data loading")
     return f"; outside ops: {_f(step - ops, '.4g', 1e3)} ms of the {_f(step, '.4g', 1e3)} ms step " \
            f"({_pct((step - ops) / step)}): {where}"
 
 
-def _roof_line(r: dict[str, Any]) -> str:
-    kind = "matrix" if r["matrix"] else "vector"
-    s = f"{r['precision']} {kind} {r['peak_flops'] / 1e12:.4g} TFLOP/s (ridge {_g(r['ridge'])} FLOP/B)"
-    if r["achievable_peak_flops"] and r["achievable_bandwidth"]:
-        s += f" / achievable {r['achievable_peak_flops'] / 1e12:.4g} TFLOP/s"
+def _roof_line(r: RoofUsed) -> str:
+    kind = "matrix" if r.matrix else "vector"
+    s = f"{r.precision} {kind} {r.peak_flops / 1e12:.4g} TFLOP/s (ridge {_g(r.ridge)} FLOP/B)"
+    if r.achievable_peak_flops and r.achievable_bandwidth:
+        s += f" / achievable {r.achievable_peak_flops / 1e12:.4g} TFLOP/s"
     return s
 
 
-def header_lines(report: Any) -> list[str]:
+def header_lines(report: StepReport) -> list[str]:
     """The figures above the table: device, roofs, precision, step times, MFU/MBU, bound fractions, coverage."""
     s = report.summary
-    title = " · ".join(str(x) for x in (s["device"], s["model"], f"step {s['step']}" if s["step"] is not None
+    title = " · ".join(str(x) for x in (s.device, s.model, f"step {s.step}" if s.step is not None
                                         else None) if x)
-    roof = s["roof"] + (f"; achievable roof: {s['achievable_roof']} (\"% of achievable\")" if s["achievable_roof"]
-                        else "")
+    roof = s.roof + (f"; achievable roof: {s.achievable_roof} (\"% of achievable\")" if s.achievable_roof
+                     else "")
     lines = [f"## Roofline — {title}", "", model_line(report),
-             f"- **Roofs**: {roof}; \"% of roof\" = estimate / measured on the {s['roof']} roof; "
-             f"bandwidth {s['bandwidth'] / 1e9:.4g} GB/s",
-             "- **Roofs used**: " + ("; ".join(_roof_line(r) for r in roofs_used(report)[:4]) or "none (no ops)"),
-             f"- **Precision**: {s['dominant_precision']} dominant; MFU per device (this rank's model FLOPs over its "
-             f"step time and one device's peak: under TP/FSDP the local shards' FLOPs) against the {s['mfu_precision']} "
+             f"- **Roofs**: {roof}; \"% of roof\" = estimate / measured on the {s.roof} roof; "
+             f"bandwidth {s.bandwidth / 1e9:.4g} GB/s",
+             "- **Roofs used**: " + ("; ".join(_roof_line(r) for r in report.roofs[:4]) or "none (no ops)"),
+             f"- **Precision**: {s.dominant_precision} dominant; MFU per device (this rank's model FLOPs over its "
+             f"step time and one device's peak: under TP/FSDP the local shards' FLOPs) against the {s.mfu_precision} "
              "matrix roof "
-             f"({s['mfu_peak_flops'] / 1e12:.4g} TFLOP/s); float32 matmul precision "
-             f"{s['float32_matmul_precision'] or 'highest'}"]
-    if s.get("kernel_model"):
-        est = (f"expected {_f(s['estimated_step_s'], '.4g', 1e3)} ms (sum of shape-aware kernel estimates from "
-               f"{s['kernel_model']}; roofline bound {_f(s['roof_step_s'], '.4g', 1e3)} ms)")
+             f"({s.mfu_peak_flops / 1e12:.4g} TFLOP/s); float32 matmul precision "
+             f"{s.float32_matmul_precision or 'highest'}"]
+    if s.kernel_model:
+        est = (f"expected {_f(s.estimated_step_s, '.4g', 1e3)} ms (sum of shape-aware kernel estimates from "
+               f"{s.kernel_model}; roofline bound {_f(s.roof_step_s, '.4g', 1e3)} ms)")
     else:
-        est = f"estimated {_f(s['estimated_step_s'], '.4g', 1e3)} ms (sum of per-op roofs)"
-    if s["measured_step_s"] is not None:
-        ops = f"op time {_f(s['op_time_s'], '.4g', 1e3)} ms" if s["timed"] else "ops not timed"
+        est = f"estimated {_f(s.estimated_step_s, '.4g', 1e3)} ms (sum of per-op roofs)"
+    if s.measured_step_s is not None:
+        ops = f"op time {_f(s.op_time_s, '.4g', 1e3)} ms" if s.timed else "ops not timed"
         extra = ""
-        if s["device_idle_s"] is not None:
-            extra += f"; GPU idle {_f(s['device_idle_s'], '.4g', 1e3)} ms during the capture"
-        if s["wall_time_s"]:
-            extra += f"; captured region {_f(s['wall_time_s'], '.4g', 1e3)} ms wall (slowed by the capture; not used)"
-        extra += _cost_text(s.get("capture_cost"))
-        lines += [f"- **Step**: measured {_f(s['measured_step_s'], '.4g', 1e3)} ms ({s['step_time_basis_text']}"
-                  f"{basis_extra(report.meta)}) -- "
+        if s.device_idle_s is not None:
+            extra += f"; GPU idle {_f(s.device_idle_s, '.4g', 1e3)} ms during the capture"
+        if s.wall_time_s:
+            extra += f"; captured region {_f(s.wall_time_s, '.4g', 1e3)} ms wall (slowed by the capture; not used)"
+        extra += _cost_text(s.capture_cost)
+        lines += [f"- **Step**: measured {_f(s.measured_step_s, '.4g', 1e3)} ms ({s.step_time_basis_text}"
+                  f"{basis_extra(report.context, s.step)}) -- "
                   f"the basis of MFU/MBU; {ops}; {est}{extra}",
-                  f"- **MFU** {_p(s['mfu'])} · **MBU** {_p(s['mbu'])} · {_f(s['achieved_tflops'], '.4g')} TFLOP/s · "
-                  f"{_f(s['achieved_gbps'], '.4g')} GB/s achieved"]
-        if s["hardware_flops"] != s["model_flops"]:
-            rec = (f"{_n(s['recompute_flops'] / 1e9)} GFLOP of activation-checkpointing recompute, "
-                   if s["recompute_flops"] else "")
-            lines += [f"- **HFU** {_p(s['hfu'])} (hardware FLOPs: everything that ran, incl. {rec}attention "
-                      f"backward's recomputed scores) vs **MFU** {_p(s['mfu'])} (model FLOPs: without recompute, "
+                  f"- **MFU** {_p(s.mfu)} · **MBU** {_p(s.mbu)} · {_f(s.achieved_tflops, '.4g')} TFLOP/s · "
+                  f"{_f(s.achieved_gbps, '.4g')} GB/s achieved"]
+        if s.hardware_flops != s.model_flops:
+            rec = (f"{_n(s.recompute_flops / 1e9)} GFLOP of activation-checkpointing recompute, "
+                   if s.recompute_flops else "")
+            lines += [f"- **HFU** {_p(s.hfu)} (hardware FLOPs: everything that ran, incl. {rec}attention "
+                      f"backward's recomputed scores) vs **MFU** {_p(s.mfu)} (model FLOPs: without recompute, "
                       "attention backward as 2x its forward)"]
     else:
         lines += [f"- **Step**: not timed; {est}"
-                  + (f"; MFU at the estimate {_p(s['estimated_mfu'])}" if s["estimated_mfu"] is not None else "")]
+                  + (f"; MFU at the estimate {_p(s.estimated_mfu)}" if s.estimated_mfu is not None else "")]
     lines += environment_lines(report)
-    if s["compute_bound_time_frac"] is not None:
-        lines += [f"- **Time** ({_time_basis(s)}): {_p(s['compute_bound_time_frac'])} compute-bound · "
-                  f"{_p(s['memory_bound_time_frac'])} memory-bound · {_p(s['uncounted_time_frac'])} uncounted · "
-                  f"{_p(s['overhead_time_frac'])} overhead (views, zero-work ops)"
-                  + (f" · {_p(s['comm_time_frac'])} communication" if s.get("comm_time_frac") else "")
+    if s.compute_bound_time_frac is not None:
+        lines += [f"- **Time** ({_time_basis(s)}): {_p(s.compute_bound_time_frac)} compute-bound · "
+                  f"{_p(s.memory_bound_time_frac)} memory-bound · {_p(s.uncounted_time_frac)} uncounted · "
+                  f"{_p(s.overhead_time_frac)} overhead (views, zero-work ops)"
+                  + (f" · {_p(s.comm_time_frac)} communication" if s.comm_time_frac else "")
                   + _outside_ops(s)]
-    if report.meta.get("what_if"):
-        lines += [f"- **What-if**: times were measured on {report.meta['what_if']}, roofs are {s['device']}'s: "
+    if report.what_if is not None:
+        lines += [f"- **What-if**: times were measured on {report.what_if.measured_on}, roofs are {s.device}'s: "
                   "% of roof, MFU and recoverable time compare two devices (an estimate, not a measurement)"]
-    for note in report.meta.get("roof_notes") or []:
+    for note in report.context.roof_notes:
         lines += [f"- **Roof note**: {note}"]
-    cc = report.meta.get("compiled_capture")
+    cc = report.context.compiled_capture
     if cc:
         lines += [f"- **Compiled**: the compiled execution was recorded ({cc.get('kernel_records', 0)} Inductor kernel "
                   f"calls; extern kernels counted exactly, fused kernels from their names; provenance: "
                   f"{cc.get('provenance', '')})" + ("; CUDA graphs (mode='reduce-overhead'): kernels replayed inside a "
                                                     "graph count in device-busy time but have no per-kernel record"
                                                     if cc.get("cudagraphs") else "")]
-    elif report.meta.get("compiled_modules_run_eagerly"):
-        lines += ["- **Compiled**: " + ", ".join(f"`{m or '(root)'}`" for m in report.meta[
-            "compiled_modules_run_eagerly"]) + " ran eagerly under this profile (times are eager times)"]
+    elif report.context.compiled_modules_run_eagerly:
+        lines += ["- **Compiled**: " + ", ".join(f"`{m or '(root)'}`" for m in report.context.
+                                                 compiled_modules_run_eagerly)
+                  + " ran eagerly under this profile (times are eager times)"]
     lines += memory_lines(report)
-    lines += [f"- **Totals**: {_n(s['total_flops'] / 1e9)} GFLOP, {_n(s['total_bytes'] / 1e6)} MB, {s['n_ops']} ops; "
-              f"FLOP coverage {_p(s['flop_coverage'])}"
-              + (" (no formula: " + ", ".join(f"{k} ×{v}" for k, v in list(s["uncounted_ops"].items())[:5]) + ")"
-                 if s["uncounted_ops"] else "")]
+    lines += [f"- **Totals**: {_n(s.total_flops / 1e9)} GFLOP, {_n(s.total_bytes / 1e6)} MB, {s.n_ops} ops; "
+              f"FLOP coverage {_p(s.flop_coverage)}"
+              + (" (no formula: " + ", ".join(f"{k} ×{v}" for k, v in list(s.uncounted_ops.items())[:5]) + ")"
+                 if s.uncounted_ops else "")]
     return lines
 
 
-def _cost_text(cost: dict[str, Any] | None) -> str:
+def _cost_text(cost: dict[str, float | int] | None) -> str:
     """tscope's own host time around the region (``meta["capture_cost"]``), so a slow profiled step is explained."""
     if not cost:
         return ""
@@ -136,33 +145,33 @@ def _cost_text(cost: dict[str, Any] | None) -> str:
     return f"; tscope's own host time outside it: start {ms('start_s')} ms{dev}, records {ms('build_s')} ms"
 
 
-def memory_lines(report: Any) -> list[str]:
+def memory_lines(report: StepReport) -> list[str]:
     """The step's memory by category, its peak against the device's memory, and under sharding FSDPMemTracker's
     split (``capture.step_memory``, ``analysis.memory_fit``)."""
-    mc = report.meta.get("memory_categories")
-    if not mc:
+    m = report.memory
+    if m is None:
         return []
+    mc = m.categories
     mib = lambda k: _n((mc.get(k) or 0) / 2**20)  # noqa: E731
     lines = []
     if mc.get("step_peak"):
         opt = mib("optimizer_state") if mc.get("optimizer_state") is not None else "n/a (no optimizer step captured)"
         saved = mib("activations_saved") if mc.get("activations_saved") else "n/a"
-        line = (f"- **Memory** (this rank, MiB): weights {mib('params')} · gradients {mib('grads')} · optimizer state "
-                f"{opt} · saved activations {saved}; step peak about **{mib('step_peak')}** "
-                f"({mc.get('step_peak_basis')})")
-        fit = report_memory_fit(report)
-        if fit and fit["verdict"]:
-            cap = f"{_n(fit['capacity'] / 2**20)} MiB of {report.summary['device']}"
-            line += f": {_p(fit['share'])} of the {cap}"
-            if fit["verdict"] != "fits":
-                shard = (f"shard weights, gradients and optimizer state ({_n(fit['states'] / 2**20)} MiB: FSDP / "
-                         f"ZeRO-3 over {fit['shard_over']} or more GPUs; `fsdp={fit['shard_over']}` shows that step "
-                         "per GPU), " if fit["shard_over"] else "")
-                line += (f" -- **{fit['verdict']}**" + (" (the allocator needs headroom)" if fit["verdict"] == "tight"
-                                                        else "")
+        line = (f"- **Memory** (this rank, MiB): weights {mib('weights')} · gradients {mib('grads')} · optimizer "
+                f"state {opt} · saved activations {saved}; step peak about **{mib('step_peak')}** "
+                f"({m.basis or None})")
+        if m.verdict:
+            cap = f"{_n((m.device_bytes or 0) / 2**20)} MiB of {report.summary.device}"
+            line += f": {_p(m.share)} of the {cap}"
+            if m.verdict != "fits":
+                shard = (f"shard weights, gradients and optimizer state ({_n((m.states_bytes or 0) / 2**20)} MiB: "
+                         f"FSDP / ZeRO-3 over {m.shard_over} or more GPUs; `fsdp={m.shard_over}` shows that step "
+                         "per GPU), " if m.shard_over else "")
+                line += (f" -- **{m.verdict}**" + (" (the allocator needs headroom)" if m.verdict == "tight"
+                                                   else "")
                          + f". Fix: {shard}checkpoint activations (the step's own allocations peak at "
-                           f"{_n(fit['rest'] / 2**20)} MiB: activations, temporaries, new gradients), or a smaller "
-                           "micro-batch")
+                           f"{_n((m.rest_bytes or 0) / 2**20)} MiB: activations, temporaries, new gradients), or a "
+                           "smaller micro-batch")
         lines.append(line)
     if "sharded_params" in mc:
         lines.append(f"- **Memory by category** (this rank, MiB): params {mib('sharded_params')} sharded / "
@@ -173,9 +182,9 @@ def memory_lines(report: Any) -> list[str]:
     return lines
 
 
-def model_line(report: Any) -> str:
+def model_line(report: StepReport) -> str:
     """The model level in one line (``analysis.model_summary``)."""
-    m = model_summary(report)
+    m = report.model or {}
     parts = []
     if m["params"] is not None:
         tr = "" if m["params_trainable"] == m["params"] else f", {m['params_trainable'] / 1e6:.4g} M trainable"
@@ -194,27 +203,27 @@ def model_line(report: Any) -> str:
     return "- **Model**: " + "; ".join(parts)
 
 
-def _cells(r: Row, ach: bool, expected: bool = False, noise: Any = None) -> list[str]:
+def _cells(r: Row, ach: bool, expected: bool = False, noise: NoiseSection | None = None) -> list[str]:
     c = [r.name if r.kind != "layer" and r.kind != "layer_total" else f"`{r.name}`", r.type, r.phase,
          _n(r.flops / 1e9), _n(r.bytes / 1e6), _g(r.intensity), r.bound, _f(r.estimate_s, ".4g", 1e3)]
     c += [_f(r.expected_s, ".4g", 1e3)] if expected else []
-    noisy = noise is not None and r.kind == "layer" and (r.layer, r.phase) in noise.marks
+    noisy = noise is not None and r.kind == "layer" and noise.is_marked(r.layer, r.phase)
     c += [_f(r.measured_s, ".4g", 1e3) + " (noise)" * noisy, _p(r.attained) if r.bound != "uncounted" else ""]
     return c + [_p(r.attained_achievable) if r.bound != "uncounted" else ""] if ach else c
 
 
-def comm_lines(report: Any) -> list[str]:
+def comm_lines(report: StepReport) -> list[str]:
     """The communication section: collectives per kind on the link roof, overlap, rank skew (empty without any)."""
-    rows = comm_rows(report)
-    ov, sk = getattr(report, "overlap", None), report.meta.get("skew")
-    if not rows and not (ov and ov.get("comm_s")):
+    c = report.communication
+    if not c:
         return []
-    link = getattr(report.spec, "link_bandwidth", None)
-    roof = (f"link roof {link / 1e9:.4g} GB/s per direction ({report.spec.link_name}, half the datasheet's "
+    rows, ov, sk = c["rows"], c.get("overlap"), c.get("skew")
+    link = report.device.link_bandwidth
+    roof = (f"link roof {link / 1e9:.4g} GB/s per direction ({report.device.link_name}, half the datasheet's "
             "bidirectional figure)" if link else "no interconnect listed for this device: no link roof")
     out = ["", "### Communication", "", f"nccl-tests conventions: bytes = S (all-gather: the gathered output; "
            f"reduce-scatter: the full input); busbw = algbw x factor; {roof}."
-           + (" CPU host (gloo): times are launches, no bandwidths." if report.meta.get("device") == "cpu" else ""),
+           + (" CPU host (gloo): times are launches, no bandwidths." if report.context.device_kind == "cpu" else ""),
            ""]
     out += _md_table(["collective", "group (n)", "calls", "MB", "ms", "algbw GB/s", "busbw GB/s", "% of link",
                       "launched from"],
@@ -235,14 +244,14 @@ def comm_lines(report: Any) -> list[str]:
     return out
 
 
-def opportunity_line(o: Any, step: float | None) -> str:
+def opportunity_line(o: Opportunity, step: float | None) -> str:
     """One opportunity as a line: a finding with its cause, fix and saving, or a row below its expectation."""
     where = f"`{o.layer or '(root)'}`"
     if o.kind != "below_expected":
-        return f"{where} — **{o.kind.replace('_', ' ')}**: {o.reason}"
+        return f"{where} — **{o.kind.replace('_', ' ')}**: {o.cause}"
     t = (f"{o.recoverable_s * 1e3:.3g} ms recoverable" + (f" ({_pct(o.recoverable_s / step)} of step)" if step
          else "")) if o.recoverable_s is not None else f"{o.estimate_s * 1e3:.3g} ms expected"
-    return f"{where} {o.phase} — {t}: {o.reason}"
+    return f"{where} {o.phase} — {t}: {o.cause}"
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -254,19 +263,20 @@ COLUMNS = ["layer", "type", "phase", "GFLOPs", "MB", "FLOP/B", "bound", "roof ms
            "% of roof"]
 
 
-def columns(report: Any) -> list[str]:
+def columns(report: StepReport) -> list[str]:
     """The table's columns: "expected ms" (shape-aware kernel estimate) only when a kernel model applies (GPU specs);
     "% of achievable" only with an achievable roof."""
-    cols = [c for c in COLUMNS if c != "expected ms" or getattr(report, "kernel_model", None) is not None]
-    return cols + (["% of achievable"] if report.achievable is not None else [])
+    cols = [c for c in COLUMNS if c != "expected ms" or report.summary.has_kernel_model]
+    return cols + (["% of achievable"] if report.summary.has_achievable else [])
 
 
-def to_markdown(report: Any, top: int = 20) -> str:
+def to_markdown(report: ReportLike, top: int = 20) -> str:
     """Header figures, the layer x phase table (top rows + grouped rest + total), the op-class comparison and the
     opportunities list."""
-    ach, exp = report.achievable is not None, report.kernel_model is not None
+    report = step_report_of(report)
+    ach, exp = report.summary.has_achievable, report.summary.has_kernel_model
     head = columns(report)
-    rows = [_cells(r, ach, exp, getattr(report, "noise", None)) for r in report.table("layer", top=top)]
+    rows = [_cells(r, ach, exp, report.noise) for r in report.table("layer", top=top)]
     tot = _cells(report.totals, ach, exp)
     tot[0], tot[2] = "**total**", ""
     lines = header_lines(report) + ["", "### Layers (self time, forward and backward apart)", ""]
@@ -280,10 +290,10 @@ def to_markdown(report: Any, top: int = 20) -> str:
                        + ["measured ms", "measured/roof"] + (["measured/expected"] if exp else []) + ["% of roof"],
                        cat_rows)
     lines += comm_lines(report) + fsdp_lines(report)
-    opps = report.opportunities(top=5)
+    opps = report.opportunities[:5]
     lines += ["", "### Opportunities" + (" (by predicted saving)" if report.timed or exp else " (by expected time)"),
               ""]
-    lines += [f"{i}. {opportunity_line(o, report.measured_step_s)}" for i, o in enumerate(opps, 1)]
+    lines += [f"{i}. {opportunity_line(o, report.summary.measured_step_s)}" for i, o in enumerate(opps, 1)]
     held = noise_lines(report)  # the noise marks and the findings within the noise
     if not opps:
         lines.append("(none above the measured noise: see below)" if held else "(none: every layer is at its roof)")
@@ -291,62 +301,9 @@ def to_markdown(report: Any, top: int = 20) -> str:
     return "\n".join(lines) + "\n"
 
 
-CSV_FIELDS = ["table", "name", "layer", "type", "phase", "category", "precision", "n_ops", "flops", "bytes",
-              "intensity", "ridge", "bound", "estimate_ms", "expected_ms", "achievable_estimate_ms", "measured_ms", "pct_of_roof",
-              "pct_of_achievable", "recoverable_ms"]
-
-
-def to_csv(report: Any, path: Any) -> None:
-    """Every row of every table (layer x phase, layer totals, inclusive, op class, op name), ungrouped."""
-    ms = lambda s: "" if s is None else s * 1e3  # noqa: E731
-    pct = lambda x: "" if x is None else 100.0 * x  # noqa: E731
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(CSV_FIELDS)
-        for table, rows in (("layer", report.layer_rows), ("layer_total", report.layer_totals),
-                            ("inclusive", report.inclusive), ("category", report.category_rows),
-                            ("op", report.op_rows), ("total", [report.totals])):
-            for r in rows:
-                w.writerow([table, r.name, r.layer, r.type, r.phase, r.category, r.precision, r.n_ops, r.flops,
-                            r.bytes, "" if r.intensity is None else r.intensity, "" if r.ridge is None else r.ridge,
-                            r.bound, ms(r.estimate_s), ms(r.expected_s), ms(r.achievable_estimate_s), ms(r.measured_s),
-                            pct(r.attained), pct(r.attained_achievable), ms(r.recoverable_s)])
-
-
-def json_safe(x: Any) -> Any:
-    """Recursively replace inf/nan by None and tuples by lists, so ``json.dumps`` works."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {str(k): json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [json_safe(v) for v in x]
-    return x
-
-
-def to_dict(report: Any) -> dict[str, Any]:
-    """JSON-safe dict: ``summary``, ``scalars``, ``roofs``, ``layers`` (layer x phase), ``layer_totals``,
-    ``inclusive``, ``by_category``, ``by_op``, ``category_comparison``, ``opportunities``, ``noise`` (rows marked
-    noise, findings within the noise: ``analysis.noise``), ``totals``."""
-    return json_safe({
-        "version": 1,
-        "summary": report.summary,
-        "scalars": report.scalars(),
-        "roofs": roofs_used(report),
-        "layers": [r.to_dict() for r in report.layer_rows],
-        "layer_totals": [r.to_dict() for r in report.layer_totals],
-        "inclusive": [r.to_dict() for r in report.inclusive],
-        "by_category": [r.to_dict() for r in report.category_rows],
-        "by_op": [r.to_dict() for r in report.op_rows],
-        "category_comparison": report.category_comparison(),
-        "opportunities": [o.to_dict() for o in report.opportunities(top=10)],
-        "noise": noise_dict(report),
-        "totals": report.totals.to_dict(),
-    })
-
-
-def to_console(report: Any, top: int = 20, console: Any = None) -> None:
+def to_console(report: ReportLike, top: int = 20, console: Any = None) -> None:
     """Print the table with rich when installed (plain markdown otherwise)."""
+    report = step_report_of(report)
     try:
         from rich.console import Console
         from rich.markdown import Markdown
@@ -356,7 +313,7 @@ def to_console(report: Any, top: int = 20, console: Any = None) -> None:
         return
     con = console or Console()
     con.print(Markdown("\n".join(header_lines(report))))
-    ach, exp = report.achievable is not None, report.kernel_model is not None
+    ach, exp = report.summary.has_achievable, report.summary.has_kernel_model
     t = Table(title="Layers (self time)", show_lines=False)
     for i, h in enumerate(columns(report)):
         t.add_column(h, justify="left" if i < 3 or h == "bound" else "right")
@@ -370,13 +327,13 @@ def to_console(report: Any, top: int = 20, console: Any = None) -> None:
     tot[0], tot[2] = "total", ""
     t.add_row(*tot, style="bold")
     con.print(t)
-    for i, o in enumerate(report.opportunities(top=5), 1):
-        con.print(f"{i}. " + opportunity_line(o, report.measured_step_s).replace("`", ""), markup=False)
+    for i, o in enumerate(report.opportunities[:5], 1):
+        con.print(f"{i}. " + opportunity_line(o, report.summary.measured_step_s).replace("`", ""), markup=False)
 
 
-def compare_table(rows: list[dict[str, Any]], top: int = 20) -> str:
+def compare_table(rows: Sequence[dict[str, Any]], top: int = 20) -> str:
     """``analysis.compare.compiled_vs_eager`` rows as a markdown table (top layers by eager time + the total)."""
-    body = rows[:-1][:top] + rows[-1:]
+    body = list(rows[:-1][:top]) + list(rows[-1:])
     return "\n".join(_md_table(
         ["layer", "compiled ms", "eager ms", "speedup", "compiled % of roof", "kernels/ops compiled", "ops eager"],
         [[f"`{r['layer']}`" if r["layer"] != "(total)" else "**total**", _f(r["compiled_ms"], ".4g"),
@@ -384,7 +341,7 @@ def compare_table(rows: list[dict[str, Any]], top: int = 20) -> str:
           _p(r["compiled_pct_of_roof"]), str(r["compiled_ops"]), str(r["eager_ops"])] for r in body]))
 
 
-def op_table(profile: Any, top: int = 20) -> str:
+def op_table(profile: StepProfile, top: int = 20) -> str:
     """Top ops by time (or FLOPs when untimed), for profiles without a device roof (counts and times only)."""
     agg: dict[str, list[float]] = {}
     for r in profile.ops:

@@ -4,49 +4,48 @@ the steps merged, and the rows named as noise (``analysis.noise``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from tscope_callbacks.analysis.fmt import fig as _f
+from tscope_callbacks.analysis.report import RunContext, StepReport
 from tscope_callbacks.devices.calibrate import BUSY_LOAD_PER_CPU
+from tscope_callbacks.render.legacy import noise_dict
 
 __all__ = ["basis_extra", "environment_lines", "noise_lines", "noise_dict"]
 
 
-def basis_extra(meta: dict[str, Any]) -> str:
+def basis_extra(c: RunContext, step: int | None) -> str:
     """Which unprofiled steps the basis is, their spread, and whether the first profile waited for them."""
     out = ""
-    w = meta.get("step_time_window")
+    w = c.step_time_window
     if w:
         out += f": steps {w[0]}-{w[1]}"
-        if meta.get("step_time_spread_s") is not None:
-            out += f", typical deviation {_f(meta['step_time_spread_s'], '.3g', 1e3)} ms"
-        out += ", past warm-up" if meta.get("step_time_settled") else ", warm-up not over (step times still moving)"
-    d = meta.get("deferred_from")
-    if d is not None and d != meta.get("step"):
-        out += (f"; the first profile waited from step {d} to step {meta.get('step')} for warmed-up unprofiled steps"
-                if meta.get("step_time_settled") else
-                f"; the first profile waited from step {d} to step {meta.get('step')}, the step time did not settle")
+        if c.step_time_spread_s is not None:
+            out += f", typical deviation {_f(c.step_time_spread_s, '.3g', 1e3)} ms"
+        out += ", past warm-up" if c.step_time_settled else ", warm-up not over (step times still moving)"
+    d = c.deferred_from
+    if d is not None and d != step:
+        out += (f"; the first profile waited from step {d} to step {step} for warmed-up unprofiled steps"
+                if c.step_time_settled else
+                f"; the first profile waited from step {d} to step {step}, the step time did not settle")
     return out
 
 
-def environment_lines(report: Any) -> list[str]:
+def environment_lines(report: StepReport) -> list[str]:
     """The machine the times were taken on, when it matters: other processes' load over the timed steps, torch's
     threads against the CPUs, and a roof measured under load (``devices.calibrate.host_environment``)."""
-    m, out = report.meta, []
-    spec_load = (getattr(report.spec, "extra", None) or {}).get("load_per_cpu") if getattr(
-        report.spec, "measured", False) else None
-    if m.get("host_cpus") is not None:
-        load = m.get("host_others_load_per_cpu")
+    m, out = report.context, []
+    spec_load = report.device.load_per_cpu
+    if m.host_cpus is not None:
+        load = m.host_others_load_per_cpu
         parts = []
         if load is None:
             parts.append("other processes' load unknown")
-        elif m.get("host_busy"):
-            parts.append(f"**busy**: other processes kept {load:.2f} of each of the {m['host_cpus']} CPUs busy during "
+        elif m.host_busy:
+            parts.append(f"**busy**: other processes kept {load:.2f} of each of the {m.host_cpus} CPUs busy during "
                          "the timed steps, so times are inflated and noisy (compare runs on an idle machine)")
         else:
             parts.append(f"idle (other processes: {load:.2f} per CPU during the timed steps)")
-        if m.get("host_oversubscribed"):
-            cpus, threads, busy = m["host_cpus"], m["torch_threads"], (load or 0.0) * m["host_cpus"]
+        if m.host_oversubscribed:
+            cpus, threads, busy = m.host_cpus, m.torch_threads or 0, (load or 0.0) * m.host_cpus
             fewer = max(1, int(cpus - busy))
             fix = (f"`torch.set_num_threads({fewer})`" if fewer < threads
                    else "fewer threads cannot help: a quieter machine or time does")
@@ -54,16 +53,15 @@ def environment_lines(report: Any) -> list[str]:
                                                                               else "")
                          + f" exceed the {cpus} CPUs (threads wait for each other; {fix})")
         else:
-            parts.append(f"torch {m['torch_threads']} thread(s) on {m['host_cpus']} CPUs")
+            parts.append(f"torch {m.torch_threads} thread(s) on {m.host_cpus} CPUs")
         out.append("- **Environment**: " + "; ".join(parts))
     if spec_load is not None and float(spec_load) >= BUSY_LOAD_PER_CPU:
         out.append(f"- **Roof measured under load**: other processes kept {float(spec_load):.2f} of each CPU busy "
                    "while the CPU roof was measured: roofs are low and % of roof high (re-measured on the next idle "
                    "run; `tscope calibrate --no-cache` on an idle machine)")
-    noise = getattr(report, "noise", None)
-    steps = m.get("merged_steps")
+    steps = m.merged_steps
     if steps and len(steps) > 1:
-        n = len(noise.marks) if noise is not None else 0
+        n = len(report.noise.marks)
         out.append(f"- **Times**: each op's time is the median of {len(steps)} profiled steps "
                    f"({', '.join(str(x) for x in steps)}); " + (f"{n} row(s) marked noise (their times disagree "
                                                                  "across steps or with identical blocks): no advice"
@@ -71,11 +69,11 @@ def environment_lines(report: Any) -> list[str]:
     return out
 
 
-def noise_lines(report: Any) -> list[str]:
+def noise_lines(report: StepReport) -> list[str]:
     """Rows whose time is noise and findings within the measured noise: named, with no advice."""
-    noise = getattr(report, "noise", None)
-    marks = list(noise.marks.values()) if noise is not None else []
-    held = list(getattr(report, "suppressed", None) or [])
+    noise = report.noise
+    marks = list(noise.marks)
+    held = list(noise.suppressed)
     if not marks and not held:
         return []
     out = ["", "### Noise (not findings, no advice)", ""]
@@ -83,19 +81,11 @@ def noise_lines(report: Any) -> list[str]:
         out.append(f"- `{m.layer or '(root)'}` {m.phase} — {m.text}")
     for o in held:
         noise_s = o.evidence.get("noise_s") if o.evidence else None
-        spread = noise_s if noise_s is not None else noise.spread.get((o.layer, o.phase), 0.0) if noise else 0.0
-        floor = noise.floor_s if noise is not None else 0.0
+        spread = noise_s if noise_s is not None else noise.spread_of(o.layer, o.phase)
+        floor = noise.floor_s
         what = o.kind.replace("_", " ") if o.kind != "below_expected" else f"{o.phase} below expected"
         within = (f"the steps' typical deviation on this busy machine ({_f(floor, '.3g', 1e3)} ms)" if floor >= spread
                   else f"the measured spread of its times over the steps ({_f(spread, '.3g', 1e3)} ms)")
         out.append(f"- `{o.layer or '(root)'}` {what} — predicted saving {_f(o.saving_s, '.3g', 1e3)} ms is within "
                    f"{within}: not a finding")
     return out
-
-
-def noise_dict(report: Any) -> dict[str, Any] | None:
-    """The JSON of the noise: steps merged, rows marked (``NoiseMark.to_dict``), findings held back as within it."""
-    noise = getattr(report, "noise", None)
-    if noise is None:
-        return None
-    return {**noise.to_dict(), "suppressed": [o.to_dict() for o in getattr(report, "suppressed", [])]}

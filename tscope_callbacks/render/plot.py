@@ -1,4 +1,4 @@
-"""Log-log roofline plot of a roofline analysis.
+"""Log-log roofline plot of a :class:`~tscope_callbacks.analysis.report.StepReport`.
 
 Built on ``matplotlib.figure.Figure`` with the Agg canvas (never ``pyplot``): thread-safe, no global figures left
 behind, usable from a callback (``figure(report)`` for sinks that call ``add_figure``).
@@ -20,7 +20,7 @@ from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
-from tscope_callbacks.analysis.summary import roofs_used
+from tscope_callbacks.analysis.report import ReportLike, StepReport, step_report_of
 
 __all__ = ["figure", "plot", "PHASE_COLORS", "PRECISION_COLORS"]
 
@@ -30,11 +30,11 @@ PRECISION_COLORS = {"bf16": "#d62728", "fp16": "#e377c2", "tf32": "#17becf", "fp
 _SHORT = {"forward": "fwd", "backward": "bwd", "recompute": "recomp", "optimizer": "opt"}
 
 
-def _points(report: Any) -> list[dict[str, Any]]:
+def _points(report: StepReport) -> list[dict[str, Any]]:
     """Plottable layer x phase rows: positive FLOPs and bytes; y from measured time (estimate when untimed)."""
-    total = (report.op_time_s if report.timed else report.estimated_step_s) or 0.0
+    total = (report.summary.op_time_s if report.timed else report.summary.estimated_step_s) or 0.0
     pts = []
-    for r in report.layer_rows:
+    for r in report.rows["layer_phase"]:
         t = r.measured_s if report.timed else r.estimate_s
         if r.flops <= 0 or r.bytes <= 0 or not t:
             continue
@@ -109,19 +109,20 @@ def _place_labels(ax: Any, fig: Figure, pts: list[dict[str, Any]], n: int) -> No
                     arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.4"} if abs(dy) > 10 else None)
 
 
-def figure(report: Any, top_labels: int = 8, *, figsize: tuple[float, float] = (10, 6), dpi: int = 120) -> Figure:
+def figure(report: ReportLike, top_labels: int = 8, *, figsize: tuple[float, float] = (10, 6), dpi: int = 120) -> Figure:
     """The roofline as a standalone :class:`~matplotlib.figure.Figure` (Agg canvas attached; no pyplot state)."""
+    report = step_report_of(report)
     fig = Figure(figsize=figsize, dpi=dpi)
     FigureCanvasAgg(fig)
     fig.subplots_adjust(left=0.08, right=0.965, bottom=0.09, top=0.9)
     ax = fig.add_subplot()
     ax.set_xscale("log")
     ax.set_yscale("log")
-    roofs = roofs_used(report)
-    bw = report.bandwidth
+    roofs = report.roofs
+    bw = report.summary.bandwidth
     pts = _points(report)
-    xs = [p["x"] for p in pts] + [r["ridge"] for r in roofs]
-    ys = [p["y"] for p in pts] + [r["peak_flops"] / 1e12 for r in roofs]
+    xs = [p["x"] for p in pts] + [r.ridge for r in roofs]
+    ys = [p["y"] for p in pts] + [r.peak_flops / 1e12 for r in roofs]
     xs = xs or [1.0]
     ys = ys or [bw / 1e12]
     x_lo = 10 ** math.floor(math.log10(min(xs) / 3))
@@ -131,26 +132,26 @@ def figure(report: Any, top_labels: int = 8, *, figsize: tuple[float, float] = (
     y_lo = max(y_lo, y_hi * 1e-7)
 
     # memory slope up to the highest ridge, then one flat roof per precision from its ridge
-    ridge_max = max((r["ridge"] for r in roofs), default=x_hi)
+    ridge_max = max((r.ridge for r in roofs), default=x_hi)
     ax.plot([x_lo, ridge_max], [x_lo * bw / 1e12, ridge_max * bw / 1e12], color="0.2", lw=1.8)
     handles = [Line2D([], [], color="0.2", lw=1.8, label=f"memory {bw / 1e9:.4g} GB/s")]
     for r in roofs:
-        c = PRECISION_COLORS.get(r["precision"], "0.5")
-        ls = "-" if r["matrix"] else "--"
-        peak = r["peak_flops"] / 1e12
-        ax.plot([r["ridge"], x_hi], [peak, peak], color=c, lw=1.8, ls=ls)
-        ax.plot([r["ridge"]], [peak], marker="o", ms=5, color=c)
-        ax.annotate(f"ridge {r['ridge']:.3g}", (r["ridge"], peak), xytext=(-4, 4), textcoords="offset points",
+        c = PRECISION_COLORS.get(r.precision, "0.5")
+        ls = "-" if r.matrix else "--"
+        peak = r.peak_flops / 1e12
+        ax.plot([r.ridge, x_hi], [peak, peak], color=c, lw=1.8, ls=ls)
+        ax.plot([r.ridge], [peak], marker="o", ms=5, color=c)
+        ax.annotate(f"ridge {r.ridge:.3g}", (r.ridge, peak), xytext=(-4, 4), textcoords="offset points",
                     fontsize=7, ha="right", color=c)
-        kind = "matrix" if r["matrix"] else "vector"
-        handles.append(Line2D([], [], color=c, ls=ls, lw=1.8, label=f"{r['precision']} {kind} {peak:.4g} TFLOP/s"))
-        a_peak, a_bw = r["achievable_peak_flops"], r["achievable_bandwidth"]
+        kind = "matrix" if r.matrix else "vector"
+        handles.append(Line2D([], [], color=c, ls=ls, lw=1.8, label=f"{r.precision} {kind} {peak:.4g} TFLOP/s"))
+        a_peak, a_bw = r.achievable_peak_flops, r.achievable_bandwidth
         if a_peak and a_bw:
             a_ridge = a_peak / a_bw
             ax.plot([x_lo, a_ridge, x_hi], [x_lo * a_bw / 1e12, a_peak / 1e12, a_peak / 1e12], color=c, ls=":",
                     lw=1.4)
             handles.append(Line2D([], [], color=c, ls=":", lw=1.4,
-                                  label=f"{r['precision']} achievable {a_peak / 1e12:.4g} TFLOP/s, "
+                                  label=f"{r.precision} achievable {a_peak / 1e12:.4g} TFLOP/s, "
                                         f"{a_bw / 1e9:.4g} GB/s"))
 
     timed = report.timed
@@ -169,14 +170,14 @@ def figure(report: Any, top_labels: int = 8, *, figsize: tuple[float, float] = (
     ax.set_ylabel("attained performance (TFLOP/s)" + ("" if timed else " — estimated"))
     ax.grid(True, which="major", color="0.9", lw=0.6)
     s = report.summary
-    title = " · ".join(str(v) for v in (s["device"], s["model"], f"step {s['step']}" if s["step"] is not None
+    title = " · ".join(str(v) for v in (s.device, s.model, f"step {s.step}" if s.step is not None
                                         else None) if v)
     if timed:
-        sub = (f"MFU {(s['mfu'] or 0):.1%} ({s['mfu_precision']}) · MBU {(s['mbu'] or 0):.1%} · measured "
-               f"{(s['measured_step_s'] or 0) * 1e3:.4g} ms ({s['step_time_basis_text']}) · roofline estimate "
-               f"{s['estimated_step_s'] * 1e3:.4g} ms")
+        sub = (f"MFU {(s.mfu or 0):.1%} ({s.mfu_precision}) · MBU {(s.mbu or 0):.1%} · measured "
+               f"{(s.measured_step_s or 0) * 1e3:.4g} ms ({s.step_time_basis_text}) · roofline estimate "
+               f"{s.estimated_step_s * 1e3:.4g} ms")
     else:
-        sub = f"untimed: estimates (hollow) · estimated step {s['estimated_step_s'] * 1e3:.4g} ms"
+        sub = f"untimed: estimates (hollow) · estimated step {s.estimated_step_s * 1e3:.4g} ms"
     ax.set_title(f"Roofline — {title}\n{sub}", fontsize=11)
     leg = ax.legend(handles=handles, loc="upper left", fontsize=8, title="roofs", title_fontsize=8)
     ax.add_artist(leg)
@@ -187,14 +188,14 @@ def figure(report: Any, top_labels: int = 8, *, figsize: tuple[float, float] = (
             h.set_sizes([40])
     if pts:
         _place_labels(ax, fig, pts, top_labels)
-    skipped = len(report.layer_rows) - len(pts)
+    skipped = len(report.rows["layer_phase"]) - len(pts)
     if skipped:
         fig.text(0.01, 0.01, f"not shown: {skipped} layer x phase row{'s' if skipped > 1 else ''} without FLOPs or "
                  "bytes (uncounted / views)", fontsize=7, color="0.4")
     return fig
 
 
-def plot(report: Any, path: str | os.PathLike[str], top_labels: int = 8) -> str:
+def plot(report: ReportLike, path: str | os.PathLike[str], top_labels: int = 8) -> str:
     """Write the roofline PNG (10x6 in at 120 dpi) to ``path``; returns the path."""
     fig = figure(report, top_labels=top_labels)
     fig.savefig(os.fspath(path), dpi=fig.dpi)

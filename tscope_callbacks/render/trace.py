@@ -21,16 +21,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tscope_callbacks.analysis.report import ReportLike, StepReport, step_report_of
+from tscope_callbacks.records import OpRecord, StepProfile
+
 __all__ = ["chrome_trace", "save_trace"]
 
 
-def _bounds(report: Any) -> dict[int, str]:
+def _bounds(report: StepReport | None) -> dict[int, str]:
     if report is None:
         return {}
-    return {o.record.index: o.bound for o in report.op_roofs}
+    return {o.i: o.bound for o in report.ops}
 
 
-def _op_args(r: Any, bound: str | None) -> dict[str, Any]:
+def _op_args(r: OpRecord, bound: str | None) -> dict[str, Any]:
     a: dict[str, Any] = {"External id": r.index, "Input Dims": r.input_shapes, "Input type": [r.dtype],
                          "layer": r.layer or "(root)", "phase": r.phase, "category": r.category,
                          "flops": r.flops, "bytes": r.bytes}
@@ -47,7 +50,7 @@ def _op_args(r: Any, bound: str | None) -> dict[str, Any]:
     return a
 
 
-def _rank_events(prof: Any, rank: int, report: Any) -> list[dict[str, Any]]:
+def _rank_events(prof: StepProfile, rank: int, report: StepReport | None) -> list[dict[str, Any]]:
     meta = prof.meta
     origin_us = (meta.get("clock_origin_ns") or 0) / 1e3
     bounds = _bounds(report)
@@ -83,11 +86,13 @@ def _rank_events(prof: Any, rank: int, report: Any) -> list[dict[str, Any]]:
     return ev
 
 
-def chrome_trace(profiles: Any, reports: Sequence[Any] | Any = None) -> dict[str, Any]:
+def chrome_trace(profiles: StepProfile | Sequence[StepProfile],
+                 reports: Sequence[ReportLike | None] | ReportLike | None = None) -> dict[str, Any]:
     """The trace dict of one profile or a list of per-rank profiles (rank = position); ``reports`` (one per
     profile, or one for all) adds each op's roofline bound."""
     profs = list(profiles) if isinstance(profiles, (list, tuple)) else [profiles]
-    reps = list(reports) if isinstance(reports, (list, tuple)) else [reports] * len(profs)
+    many = reports if isinstance(reports, (list, tuple)) else [reports] * len(profs)
+    reps = [None if r is None else step_report_of(r) for r in many]
     events: list[dict[str, Any]] = []
     for rank, (p, rep) in enumerate(zip(profs, reps)):
         events += _rank_events(p, rank, rep)
@@ -98,7 +103,8 @@ def chrome_trace(profiles: Any, reports: Sequence[Any] | Any = None) -> dict[str
                        "step_time_s": m.get("step_time_s"), "step_time_basis": m.get("step_time_basis")}}
 
 
-def save_trace(profiles: Any, path: Any, reports: Any = None) -> Path:
+def save_trace(profiles: StepProfile | Sequence[StepProfile], path: Any,
+               reports: Sequence[ReportLike | None] | ReportLike | None = None) -> Path:
     """Write :func:`chrome_trace` to ``path`` (open it in ui.perfetto.dev or chrome://tracing)."""
     out = Path(path)
     out.write_text(json.dumps(chrome_trace(profiles, reports)))
