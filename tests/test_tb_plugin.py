@@ -145,3 +145,175 @@ def test_empty_logdir_hint(tmp_path: Path) -> None:
     except TensorBoardUnavailable as e:
         pytest.skip(str(e))
     assert idx["runs"] == [] and "RooflineCallback" in idx["hint"]
+
+
+# ------------------------------------------------------------------------------------------------ the browser
+def _browser_missing() -> str | None:
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[dev]')"
+    for exe, pkg in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
+        if not Path(exe).exists() and not shutil.which(exe):
+            return f"{exe} not found (apt-get install -y {pkg}; .ci/run installs it when run as root)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def driver():
+    why = _browser_missing()
+    if why:
+        if os.environ.get("TSCOPE_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"TSCOPE_REQUIRE_BROWSER=1 but {why}")
+        pytest.skip(f"no headless browser: {why}")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1600,1200"):
+        opts.add_argument(a)
+    opts.binary_location = CHROMIUM
+    d = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    d.set_page_load_timeout(WAIT_S)
+    try:
+        yield d
+    finally:
+        d.quit()
+
+
+def _wait(d, cond, what: str):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(d, WAIT_S).until(cond, f"waited {WAIT_S:.0f} s for {what}")
+
+
+def _open_tab(d, base: str) -> None:
+    """TensorBoard at its TSCOPE tab; the driver ends inside the page's frame, once a step is drawn."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+
+    d.switch_to.default_content()
+    d.get("about:blank")  # a fresh load (the same URL again would only be a hash change)
+    d.get(base + "/#tscope")
+    outer = _wait(d, EC.presence_of_element_located((By.CSS_SELECTOR, "iframe[src*='plugin_entry.html?name=tscope']")),
+                  "TensorBoard's frame of the TSCOPE tab")
+    d.switch_to.frame(outer)
+    d.switch_to.frame(_wait(d, EC.presence_of_element_located((By.CSS_SELECTOR, "iframe#tscope-page")),
+                            "the plugin's page frame"))
+    _wait(d, lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1", "a step drawn")
+
+
+@pytest.fixture(scope="module")
+def tab(driver, server: str):
+    _open_tab(driver, server)
+    return driver
+
+
+def _select(d, css: str, value: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    Select(d.find_element(By.CSS_SELECTOR, css)).select_by_value(value)
+
+
+CARDS = {"step_time": "step_ms", "mfu": "mfu", "mbu": "mbu", "hfu": "hfu", "tokens_per_s": "tokens_per_s",
+         "memory": "memory_peak_bytes", "flop_coverage": "flop_coverage"}
+
+
+def test_tab_cards_roofline_tooltip_tree_and_diff(tab, server: str) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    from tscope_callbacks.dashboard.page import fmt_figure
+
+    d = tab
+    steps = _good_steps(server)
+    first, last = steps[0], steps[-1]
+    # select a step (the page opens on the last): the cards show that step's header figures as the page formats them
+    _select(d, "#step-select", f"train:{first}")
+    rep = _get(server, "step", run=RUN, step=first, stage="train")
+    want = {card: fmt_figure(rep["header"].get(key)) for card, key in CARDS.items()}
+    card_text = lambda c: d.find_element(By.CSS_SELECTOR, f"[data-card={c}] .value").text  # noqa: E731
+    _wait(d, lambda _: card_text("mfu") == want["mfu"], f"the MFU card to read {want['mfu']}")
+    assert {c: card_text(c) for c in CARDS} == want
+    assert want["mfu"] != "–" and want["step_time"] != "–"
+    # the roofline: one point per layer and phase with FLOPs, bytes and a time
+    drawn = [r for r in rep["rows"]["layer_phase"]
+             if r["flops"] > 0 and r["bytes"] > 0 and ((r.get("measured_s") or 0) > 0 or (r.get("expected_s") or 0) > 0)]
+    pts = d.find_elements(By.CSS_SELECTOR, "svg#roofline circle.pt")
+    assert len(pts) == len(drawn) > 3
+    assert sorted((p.get_attribute("data-layer"), p.get_attribute("data-phase")) for p in pts) == sorted(
+        (r["layer"], r["phase"]) for r in drawn)
+    # hovering a point shows its tooltip: the layer's name and figures
+    tip = d.find_element(By.CSS_SELECTOR, "#tooltip")
+    assert not tip.is_displayed()
+    d.execute_script("arguments[0].scrollIntoView({block: 'center'})", d.find_element(By.CSS_SELECTOR, "svg#roofline"))
+    big = d.execute_script(  # a point not covered by another at its centre (the largest such)
+        "return [...document.querySelectorAll('svg#roofline circle.pt')].filter((c) => {"
+        " const b = c.getBoundingClientRect(); return document.elementFromPoint(b.x + b.width / 2, b.y + b.height / 2)"
+        " === c; }).sort((a, b) => b.r.baseVal.value - a.r.baseVal.value)[0];")
+    assert big is not None
+    ActionChains(d).move_to_element(big).perform()
+    _wait(d, lambda _: tip.is_displayed(), "the tooltip")
+    assert tip.text.splitlines()[0] == (big.get_attribute("data-layer") or "(root)")
+    assert "FLOPs" in tip.text and "% of roof" in tip.text
+    # the layer tree expands: a closed row with children opens and shows them
+    rows = lambda: d.find_elements(By.CSS_SELECTOR, "#tree-table tr.tree-row")  # noqa: E731
+    closed = [r for r in rows() if "open" not in (r.get_attribute("class") or "")
+              and r.find_element(By.CSS_SELECTOR, ".tg").text == "▸"]
+    assert closed, "no collapsed layer with children in the tree"
+    n_before, path = len(rows()), closed[0].get_attribute("data-path")
+    d.execute_script("arguments[0].scrollIntoView({block: 'center'})", closed[0])
+    closed[0].find_element(By.CSS_SELECTOR, "td").click()
+    opened = d.find_element(By.CSS_SELECTOR, f"#tree-table tr.tree-row[data-path='{path}']")
+    assert "open" in opened.get_attribute("class")
+    kids = [r.get_attribute("data-path") for r in rows() if (r.get_attribute("data-path") or "").startswith(path + ".")]
+    assert len(rows()) > n_before and kids
+    # the diff of two steps shows a change
+    _select(d, "#diff-select", f"train:{last}")
+    _wait(d, lambda _: d.find_elements(By.CSS_SELECTOR, "#diff-headline tr[data-figure]"), "the diff")
+    head = {r.get_attribute("data-figure"): r.find_elements(By.TAG_NAME, "td")
+            for r in d.find_elements(By.CSS_SELECTOR, "#diff-headline tr[data-figure]")}
+    mfu = [c.text for c in head["MFU"]]
+    other = _get(server, "step", run=RUN, step=last, stage="train")
+    assert mfu[1:3] == [fmt_figure(rep["header"]["mfu"]), fmt_figure(other["header"]["mfu"])]
+    assert mfu[3].endswith("pts") and mfu[3] not in ("+0 pts", "0 pts")  # two profiles never time exactly alike
+    assert d.find_elements(By.CSS_SELECTOR, "#diff-layers tr")
+
+
+def test_tab_lists_the_unreadable_files(tab, server: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    d = tab
+    _open_tab(d, server)  # afresh: the page lists them when it opens
+    banner = d.find_element(By.CSS_SELECTOR, "#banner").text
+    assert "half-written" in banner and "step 1001" in banner
+    assert "schema version 1" in banner and "step 1002" in banner
+    opts = {o.get_attribute("value"): o for o in d.find_elements(By.CSS_SELECTOR, "#step-select option")}
+    assert opts["train:1001"].get_attribute("disabled") and opts["train:1002"].get_attribute("disabled")
+    assert not opts[f"train:{_good_steps(server)[0]}"].get_attribute("disabled")
+    assert get_json(server, "/data/runs") == [RUN]  # the server still answers
+
+
+def test_tab_shows_the_hint_for_a_logdir_without_tscope_data(driver, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from torch.utils.tensorboard import SummaryWriter
+
+    w = SummaryWriter(str(tmp_path / "plain"))
+    w.add_scalar("tscope/roofline/loss", 1.0, 0)
+    w.close()
+    try:
+        with serve(tmp_path, STARTUP_S) as base:
+            driver.switch_to.default_content()
+            driver.get(base + "/#tscope")
+            from selenium.webdriver.support import expected_conditions as EC
+
+            driver.switch_to.frame(_wait(driver, EC.presence_of_element_located(
+                (By.CSS_SELECTOR, "iframe[src*='plugin_entry.html?name=tscope']")), "the TSCOPE tab's frame"))
+            driver.switch_to.frame(_wait(driver, EC.presence_of_element_located(
+                (By.CSS_SELECTOR, "iframe#tscope-page")), "the page frame"))
+            _wait(driver, lambda d: "RooflineCallback" in d.find_element(By.CSS_SELECTOR, "#banner").text, "the hint")
+    except TensorBoardUnavailable as e:
+        pytest.skip(str(e))
+    finally:
+        driver.switch_to.default_content()
