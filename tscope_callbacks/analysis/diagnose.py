@@ -7,11 +7,12 @@ from typing import Any
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.fmt import g as _g
 from tscope_callbacks.analysis.fmt import pct as _pct
+from tscope_callbacks.devices.gemm import gemm_flops
 
 __all__ = ["explain", "LAYER_TYPES_WITH_RULES", "SMALL_MATMUL_FLOPS", "SMALL_MATMUL_DIM", "LAUNCH_BOUND_S", "LOW_ATTAINED", "NEAR_ROOF"]
 
 #: A matmul below this many FLOPs (or with a dimension below SMALL_MATMUL_DIM) cannot fill a large chip.
-SMALL_MATMUL_FLOPS = 2 * 512**3
+SMALL_MATMUL_FLOPS = gemm_flops(512, 512, 512)
 SMALL_MATMUL_DIM = 64
 #: Mean measured time per op under which launch/dispatch overhead dominates.
 LAUNCH_BOUND_S = 10e-6

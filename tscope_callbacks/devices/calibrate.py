@@ -29,6 +29,7 @@ import torch
 
 from tscope_callbacks.devices import table as spec_table
 from tscope_callbacks.devices.cache import cache_dir, cache_get, cache_put, spec_from_entry
+from tscope_callbacks.devices.gemm import gemm_flops
 from tscope_callbacks.devices.spec import DeviceSpec, UnknownDeviceError
 from tscope_callbacks.rng import rng_preserving
 
@@ -91,7 +92,7 @@ def _time_matmul(dtype: torch.dtype, allot_s: float, *, max_n: int = 2048, start
         reps += 1
         if best > allot_s:  # very slow dtype: one timed run is all the budget allows
             break
-    return 2.0 * n**3 / best, n
+    return gemm_flops(n, n, n) / best, n
 
 
 def _time_copy(allot_s: float, *, max_bytes: int = 256 << 20) -> tuple[float, int]:
@@ -279,7 +280,7 @@ def cuda_benchmarks(device: int, *, quick: bool = False, precisions: tuple[str, 
         dst = torch.empty_like(src)
         return lambda: dst.copy_(src)
 
-    benches = [Benchmark(p, 2.0 * n**3, matmul(dtypes[p]), tf32=(p == "tf32")) for p in precisions if p in dtypes]
+    benches = [Benchmark(p, float(gemm_flops(n, n, n)), matmul(dtypes[p]), tf32=(p == "tf32")) for p in precisions if p in dtypes]
     return [*benches, Benchmark("copy", 2.0 * copy_bytes, copy_setup)]
 
 

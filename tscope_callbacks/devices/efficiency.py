@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from tscope_callbacks.devices.cache import cached_gemm_table
+from tscope_callbacks.devices.gemm import gemm_flops
 
 __all__ = ["KernelModel", "model_for", "build_model", "forget", "fit_gemm", "MIN_KERNEL_S", "TABLE_DIR", "aligned"]
 
@@ -79,7 +80,7 @@ def _analytic(m: int, n: int, k: int, peak: float, bw: float, item: int, p: list
               ok: bool | None = None) -> float:
     eta, eta_mem, ramp, tm, tn, mis = p
     ok = aligned(n, k, item) if ok is None else ok
-    flops, nbytes = 2.0 * m * n * k, item * (m * k + k * n + m * n)
+    flops, nbytes = gemm_flops(m, k, n), item * (m * k + k * n + m * n)
     tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
     tiles = tiles_m * tiles_n
     waves = math.ceil(tiles / sms)

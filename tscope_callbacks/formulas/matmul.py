@@ -7,16 +7,11 @@ composite and arrive at dispatch as ``t``/``view`` + ``addmm``/``mm``/``bmm``, w
 
 from __future__ import annotations
 
+from tscope_callbacks.devices.gemm import gemm_flops  # the one GEMM rule (re-exported here)
 from tscope_callbacks.formulas.common import numel, reg
 from tscope_callbacks.formulas.costs import GELU_COSTS, POINTWISE_COSTS
 
 __all__ = ["gemm_flops", "mm_flops", "bmm_flops"]
-
-
-def gemm_flops(m: int, k: int, n: int, batch: int = 1) -> int:
-    """FLOPs of ``batch`` products ``(m x k) @ (k x n)``: each of the m n outputs is k multiply-adds (2 FLOPs each).
-    The one GEMM rule: the dispatcher's matmul ops here and Inductor's GEMM templates (``formulas.fused``)."""
-    return 2 * batch * m * k * n
 
 
 def mm_flops(a, b, *args, out=None, **kwargs) -> int:
