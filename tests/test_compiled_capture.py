@@ -15,6 +15,7 @@ import tscope_callbacks as ts
 from tests.cb_utils import FAST, test_spec
 from tests.models import TinyLM
 from tscope_callbacks.capture.compiled import code_modules
+from tscope_callbacks.capture.state import CaptureState
 from tscope_callbacks.demo.model import GPTConfig, TinyGPT, random_tokens
 from tscope_callbacks.formulas.fused import kernel_count, members
 
@@ -209,9 +210,11 @@ def test_triton_kernels_are_recorded_through_their_run_method(tmp_path, monkeypa
     mod.__file__ = str(src)
     mod.triton_poi_fused_add_mul_0 = kern
     monkeypatch.setattr(cc, "code_modules", lambda: [mod])
-    p = types.SimpleNamespace(_running=True, _paused=0, _timeline=None, _timed=True, _pending=[], _fused={},
-                              _starts={}, _t0=0, _phase_override=None, _in_opt_step=0, _stack=[("blk", False)],
-                              _collapsing=False, _internal_error=lambda e: (_ for _ in ()).throw(e))
+    def raise_it(e, part):
+        raise e
+
+    p = CaptureState(collapse=str, collapsing=False, timed=True, counter=None, error=raise_it, running=True,
+                     stack=[("blk", False)])
     state = cc.CompiledState()
     state.wrap(cc.kernel_recorder(p, state))
     proxy = mod.triton_poi_fused_add_mul_0
@@ -219,10 +222,10 @@ def test_triton_kernels_are_recorded_through_their_run_method(tmp_path, monkeypa
     a, b, out = torch.ones(1024), torch.full((1024,), 2.0), torch.empty(1024)
     proxy.run(a, b, out, 1024, stream=0)
     assert kern.calls == 1 and torch.equal(out, torch.full((1024,), 3.0))  # the kernel really ran
-    (func, c, layer, phase, dt), = p._pending
+    (func, c, layer, phase, dt), = p.pending
     assert str(func) == "inductor.triton_poi_fused_add_mul_0" and (layer, phase) == ("blk", "forward")
     # add + mul, 1 FLOP each per element; two inputs read, one output written (roles from the signature)
     assert (c.flops, c.bytes_read, c.bytes_written) == (2 * 1024, 2 * 4096, 4096)
-    assert p._fused[0] == ("add", "mul") and dt is not None
+    assert p.fused[0] == ("add", "mul") and dt is not None
     state.restore()
     assert mod.triton_poi_fused_add_mul_0 is kern

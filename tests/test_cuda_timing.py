@@ -247,7 +247,7 @@ def test_value_dependent_counts_wait_for_the_stop(fake_cuda, monkeypatch):
     running = {}
 
     def unique(*a, **k):
-        seen.append(running["prof"]._running)
+        seen.append(running["prof"].running)
         return real_unique(*a, **k)
 
     monkeypatch.setattr(torch, "unique", unique)

@@ -16,7 +16,7 @@ from robust_utils import SCHED, MLPModule, assert_nothing_left, assert_same_weig
 import tscope_callbacks as ts
 from tscope_callbacks.analysis import histograms
 from tscope_callbacks.callbacks import clock, layers_cb, nan_steps, roofline_cb
-from tscope_callbacks.capture import layers, locate, memory, profile
+from tscope_callbacks.capture import layers, locate, memory, profile, state
 from tscope_callbacks.capture.faults import Faults
 
 #: what to break -> (object, attribute, the part named in the log line)
@@ -28,11 +28,11 @@ TARGETS: dict[str, tuple[Any, str, str]] = {
     "batch signature": (roofline_cb, "batch_signature", "counting samples and FLOPs per step"),
     "window samples": (clock.WindowTimer, "add_samples", "counting samples and FLOPs per step"),
     # the dispatch mode's per-op record, the module hooks, the gradient memory hook, the optimizer hooks
-    "op record": (profile.Profile, "_record", "the capture's op record"),
+    "op record": (state.CaptureState, "record", "the capture's op record"),
     "module pre-hook": (layers.LayerDetails, "on_enter", "the capture's module pre-hook"),
     "module post-hook": (layers.LayerDetails, "on_exit", "the capture's module post-hook"),
     "memory hook": (memory.MemoryTracker, "on_grad", "the gradient memory hook"),
-    "optimizer pre-hook": (profile.Profile, "add_optimizer", "the optimizer step hook"),
+    "optimizer pre-hook": (state.CaptureState, "add_optimizer", "the optimizer step hook"),
     "optimizer post-hook": (profile.Profile, "set_phase", "the optimizer step post-hook"),
     # the NaN guard (its snapshot, its check) and the watch callback's histograms
     "guard snapshot": (locate.StepSnapshot, "take", "snapshot"),

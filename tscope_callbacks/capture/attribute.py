@@ -3,10 +3,13 @@ in one place."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.optim.optimizer as _optimizer
+
+if TYPE_CHECKING:
+    from tscope_callbacks.capture.state import CaptureState
 
 __all__ = ["attribute", "phase_of", "optimizer_hooks"]
 
@@ -14,80 +17,80 @@ _graph_task = torch._C._current_graph_task_id
 _saved_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 
 
-def phase_of(p: Any, node: Any) -> str:
-    """The phase of an op or kernel run now by profile ``p`` (``node``: the autograd node running, None outside
+def phase_of(st: CaptureState, node: Any) -> str:
+    """The phase of an op or kernel run now by the capture ``st`` (``node``: the autograd node running, None outside
     backward): the override; backward inside the backward engine, its callbacks included (FSDP's reduce-scatter);
     the update itself inside ``optimizer.step()`` when no module runs and grad is off (a no-grad op inside a
     module's forward, such as FSDP's parameter all-gather in its pre-forward hook, belongs to the closure's forward);
     a module forward started during backward is a recompute (activation checkpointing)."""
-    stack = p._stack
-    if p._phase_override is not None:
-        return p._phase_override
+    stack = st.stack
+    if st.phase_override is not None:
+        return st.phase_override
     if node is None:
         if _graph_task() != -1:
             return "backward"
-        if p._in_opt_step and not torch.is_grad_enabled() and not stack:
+        if st.in_opt_step and not torch.is_grad_enabled() and not stack:
             return "optimizer"
         return "forward"
     return "recompute" if stack and stack[-1][1] else "backward"
 
 
-def attribute(p: Any, args: tuple, seq: int, node: Any) -> tuple[str, str]:
-    """(phase, layer) of the op being recorded by profile ``p`` (``seq``: the sequence counter at dispatch,
-    ``node``: the autograd node running, None outside backward). Updates ``p``'s forward seq -> layer map."""
-    stack = p._stack
+def attribute(st: CaptureState, args: tuple, seq: int, node: Any) -> tuple[str, str]:
+    """(phase, layer) of the op being recorded by the capture ``st`` (``seq``: the sequence counter at dispatch,
+    ``node``: the autograd node running, None outside backward). Updates ``st``'s forward seq -> layer map."""
+    stack = st.stack
     layer = stack[-1][0] if stack else ""
-    if node is None and p._phase_override is None and not p._in_opt_step and _graph_task() == -1:
+    if node is None and st.phase_override is None and not st.in_opt_step and _graph_task() == -1:
         phase = "forward"  # phase_of's common case, without the call (this runs for every op)
     else:
-        phase = phase_of(p, node)
-        if p._phase_override is not None or (node is None and phase != "forward"):
+        phase = phase_of(st, node)
+        if st.phase_override is not None or (node is None and phase != "forward"):
             return phase, layer
     if phase == "forward":
-        cs = p._cstate
+        cs = st.cstate
         if cs is not None and cs.depth:  # inside a compiled forward: no hooks there, the parameters tell
             layer = cs.layer_of(args, layer)
-            cs.note(len(p._pending))
+            cs.note(len(st.pending))
         # every autograd node made since the last forward op was made by this op: its own (seq - 1) and any made
         # before the op's kernel dispatched, such as an in-place op's node, made before autograd copies the input
         # it saves (``w /= w.sum()``: DivBackward0, then the clone, then div_). Not in a compiled capture: there a
         # compiled region's node (made when the region returns, no op dispatched after it) would be claimed by the
         # next eager op; its backward kernels take the layer their parameters tell
-        hi = p._seq_hi
+        hi = st.seq_hi
         if cs is not None:
             if torch.is_grad_enabled():
-                p._seq_layer.setdefault(seq - 1, layer)
-                if p._memory is not None and _saved_hooks(False) is not None:
-                    p._hooked.add(seq - 1)
+                st.seq_layer.setdefault(seq - 1, layer)
+                if st.memory is not None and _saved_hooks(False) is not None:
+                    st.hooked.add(seq - 1)
         elif hi < seq:
             lo = hi if hi >= 0 else seq - 1
-            sl = p._seq_layer
+            sl = st.seq_layer
             for s in range(lo, seq):
                 sl.setdefault(s, layer)
-            p._seq_hi = seq
-            if p._memory is not None and _saved_hooks(False) is not None:
-                p._hooked.update(range(lo, seq))  # saved through someone's hooks (checkpointing): never unpacked
-        p._in_backward = False
+            st.seq_hi = seq
+            if st.memory is not None and _saved_hooks(False) is not None:
+                st.hooked.update(range(lo, seq))  # saved through someone's hooks (checkpointing): never unpacked
+        st.in_backward = False
     elif phase == "recompute":
-        p._seq_layer.setdefault(seq - 1, layer)
+        st.seq_layer.setdefault(seq - 1, layer)
     else:
-        layer = p._seq_layer.get(node._sequence_nr())
-        cs = p._cstate
+        layer = st.seq_layer.get(node._sequence_nr())
+        cs = st.cstate
         if layer is None and cs is not None and node.name().startswith("CompiledFunctionBackward"):
             layer = cs.layer_of(args, stack[-1][0] if stack else "")
-            cs.note(len(p._pending))
+            cs.note(len(st.pending))
         if layer is None:
             var = getattr(node, "variable", None)  # AccumulateGrad
-            layer = p._param_owner.get(id(var), "") if var is not None else (stack[-1][0] if stack else "")
-        if not p._in_backward:
-            p._in_backward = True
-            if p._memory is not None:  # a backward pass starts: nothing freed yet, read what was saved
-                with p._mute():
-                    p._memory.walk_saved(node, p._layer_of_node)
+            layer = st.param_owner.get(id(var), "") if var is not None else (stack[-1][0] if stack else "")
+        if not st.in_backward:
+            st.in_backward = True
+            if st.memory is not None:  # a backward pass starts: nothing freed yet, read what was saved
+                with st.mute():
+                    st.memory.walk_saved(node, st.layer_of_node)
     return phase, layer
 
 
-def optimizer_hooks(p: Any) -> list[Any]:
+def optimizer_hooks(st: CaptureState) -> list[Any]:
     """Global optimizer step hooks: ops of an ``optimizer.step()`` inside the region are phase ``"optimizer"``. A
     closure the step runs (``step(closure)``: forward and backward inside the step, as Lightning does) keeps its
     phases: inside a step, backward ops are backward and ops with grad mode on (the closure's forward) are forward;
@@ -98,13 +101,13 @@ def optimizer_hooks(p: Any) -> list[Any]:
         return []
 
     def pre(opt: Any, args: Any, kwargs: Any) -> None:
-        p._in_opt_step += 1
+        st.in_opt_step += 1
         try:
-            p.add_optimizer(opt)
+            st.add_optimizer(opt)
         except Exception as e:  # inside the user's optimizer.step()
-            p._internal_error(e, "the optimizer step hook")
+            st.error(e, "the optimizer step hook")
 
     def post(opt: Any, args: Any, kwargs: Any) -> None:
-        p._in_opt_step = max(0, p._in_opt_step - 1)
+        st.in_opt_step = max(0, st.in_opt_step - 1)
 
     return [reg_pre(pre), reg_post(post)]

@@ -26,13 +26,16 @@ device-busy time but have no record (``meta["compiled_capture"]["limits"]`` says
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tscope_callbacks.capture.attribute import phase_of
 from tscope_callbacks.capture.cuda_timing import timed_call
 from tscope_callbacks.formulas.fused import kernel_count, members
+
+if TYPE_CHECKING:
+    from tscope_callbacks.capture.state import CaptureState
 
 __all__ = ["KernelName", "members", "kernel_count", "CompiledState", "code_modules", "is_compiled_wrapper",
            "kernel_recorder", "TritonProxy", "PROVENANCE"]
@@ -232,26 +235,26 @@ class TritonProxy:
 _current_node = torch._C._current_autograd_node
 
 
-def kernel_recorder(p: Any, state: CompiledState) -> Any:
+def kernel_recorder(st: CaptureState, state: CompiledState) -> Any:
     """``record(name, fn, roles)`` for :meth:`CompiledState.wrap`: a wrapper that runs the kernel inside the
-    capture's timing (Kineto range on CUDA, wall time on CPU) and appends one record to ``p``'s pending list."""
+    capture's timing (Kineto range on CUDA, wall time on CPU) and appends one record to the capture ``st``'s pending list."""
     def run(name: str, fn: Any, roles: list[str] | None, args: tuple, kwargs: dict) -> Any:
-        if not p._running or p._paused:
+        if not st.running or st.paused:
             return fn(*args, **kwargs)
-        out, dt = timed_call(p, fn, args, kwargs)
+        out, dt = timed_call(st, fn, args, kwargs)
         try:
-            i = len(p._pending)
+            i = len(st.pending)
             if dt is not None:
-                p._starts[i] = (p._op_t0 - p._t0) * 1e-9
-            phase = phase_of(p, _current_node())
-            layer = state.layer_of(args, p._stack[-1][0] if p._stack else "")
-            if p._collapsing:
-                layer = p._collapse(layer)
+                st.starts[i] = (st.op_t0 - st.t0) * 1e-9
+            phase = phase_of(st, _current_node())
+            layer = state.layer_of(args, st.stack[-1][0] if st.stack else "")
+            if st.collapsing:
+                layer = st.collapse(layer)
             state.note(i)
-            p._fused[i] = members(name)
-            p._pending.append((KernelName(name), kernel_count(name, args, roles, phase), layer, phase, dt))
+            st.fused[i] = members(name)
+            st.pending.append((KernelName(name), kernel_count(name, args, roles, phase), layer, phase, dt))
         except Exception as e:  # never break the user's kernel
-            p._internal_error(e, "recording a compiled kernel")
+            st.error(e, "recording a compiled kernel")
         return out
 
     def record(name: str, fn: Any, roles: list[str] | None) -> Any:

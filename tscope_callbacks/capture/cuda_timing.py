@@ -21,11 +21,14 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tscope_callbacks.formulas.intervals import union_length
+
+if TYPE_CHECKING:
+    from tscope_callbacks.capture.state import CaptureState
 
 __all__ = ["RANGE_PREFIX", "PAUSED_RANGE", "KernelRecord", "Timeline", "KernelTimeline", "assign_kernels",
            "is_tensor_core_kernel", "union_s", "timed_call", "CUPTI_NOTE", "cupti_teardown_note"]
@@ -130,19 +133,19 @@ def union_s(intervals: Iterable[tuple[int, int]]) -> float:
     return union_length(intervals) * 1e-9
 
 
-def timed_call(p: Any, fn: Any, args: tuple, kwargs: dict) -> tuple[Any, float | None]:
-    """Run one op or kernel of profile ``p`` under the capture's timing: ``(output, seconds)``. On CUDA inside the
+def timed_call(st: CaptureState, fn: Any, args: tuple, kwargs: dict) -> tuple[Any, float | None]:
+    """Run one op or kernel of the capture ``st`` under its timing: ``(output, seconds)``. On CUDA inside the
     Kineto range ``tscope#<index of its record>`` (its kernel time comes from the timeline: seconds None); on CPU
-    timed by ``perf_counter_ns``, its start kept in ``p._op_t0``; untimed, just run."""
-    tl = p._timeline
+    timed by ``perf_counter_ns``, its start kept in ``st.op_t0``; untimed, just run."""
+    tl = st.timeline
     if tl is not None:
-        h = tl.enter(f"{RANGE_PREFIX}{len(p._pending)}")
+        h = tl.enter(f"{RANGE_PREFIX}{len(st.pending)}")
         try:
             return fn(*args, **kwargs), None
         finally:
             tl.exit(h)
-    if p._timed:
-        t0 = p._op_t0 = time.perf_counter_ns()
+    if st.timed:
+        t0 = st.op_t0 = time.perf_counter_ns()
         out = fn(*args, **kwargs)
         return out, (time.perf_counter_ns() - t0) * 1e-9
     return fn(*args, **kwargs), None

@@ -34,15 +34,15 @@ from tscope_callbacks.capture.memory import MemoryTracker
 from tscope_callbacks.capture.paths import ModelTree, clean_path
 from tscope_callbacks.capture.step_memory import grad_bytes, local_tensor, memory_categories
 from tscope_callbacks.formulas.apply import count_op
-from tscope_callbacks.formulas.bytes import fresh_outputs, op_plan
 from tscope_callbacks.formulas.memo import CountCache
 from tscope_callbacks.formulas.registry import FormulaRegistry
 from tscope_callbacks.records import OpRecord, StepProfile
 
 if TYPE_CHECKING:
     from tscope_callbacks.capture.profile import Profile
+    from tscope_callbacks.capture.state import CaptureState
 
-__all__ = ["Installed", "install", "build_result", "base_meta", "count_cache", "resolve_timing", "fresh",
+__all__ = ["Installed", "install", "build_result", "base_meta", "count_cache", "resolve_timing",
            "PAUSED_RANGE", "step_time"]
 
 log = logging.getLogger("tscope_callbacks")
@@ -69,11 +69,6 @@ def resolve_timing(model: torch.nn.Module, timing: str | None) -> str:
     return timing
 
 
-def fresh(func: Any, out: Any) -> list:
-    """The outputs of ``func`` that are new storage (not views or in-place results)."""
-    return fresh_outputs(op_plan(func), out)
-
-
 def _device_of(model: torch.nn.Module) -> torch.device:
     return next((p.device for p in model.parameters()), torch.device("cpu"))
 
@@ -88,38 +83,39 @@ class Installed:
         self.handles: list[Any] = []
         self.mode: Any = None
 
-    def remove(self, p: Profile) -> None:
+    def remove(self, st: CaptureState) -> None:
         if self.mode is not None:
             try:
                 self.mode.__exit__(None, None, None)
             except Exception as e:
-                p._internal_error(e, "leaving the dispatch mode")
+                st.error(e, "leaving the dispatch mode")
             self.mode = None
-        if p._timeline is not None:
-            p._timeline.abort()
-            p._timeline = None
+        if st.timeline is not None:
+            st.timeline.abort()
+            st.timeline = None
         for h in self.handles:
             try:
                 h.remove()
             except Exception:
                 pass
         self.handles.clear()
-        if p._details is not None:
-            p._details.remove_hooks()
-        if p._memory is not None:
-            p._memory.close()
-        if p._cstate is not None:
-            p._cstate.restore()
+        if st.details is not None:
+            st.details.remove_hooks()
+        if st.memory is not None:
+            st.memory.close()
+        if st.cstate is not None:
+            st.cstate.restore()
         self.stance.exit()
 
 
-def install(p: Profile) -> Installed:
-    """Install everything a capture of ``p.model`` needs (the caller removes it with ``Installed.remove``)."""
+def install(p: Profile, st: CaptureState) -> Installed:
+    """Install everything a capture of ``p.model`` needs into ``p``'s state ``st`` (the caller removes it with
+    ``Installed.remove``)."""
     s = Installed()
-    p._session = s  # visible to remove() even when a later step raises
-    p._cstate = None
+    st.session = s  # visible to remove() even when a later step raises
+    st.cstate = None
     model = p.model
-    tree = p._tree = ModelTree(model)  # one walk, reused by build_result
+    tree = st.tree = ModelTree(model)  # one walk, reused by build_result
     wrappers, inplace = [], []
     for path, mod in tree.modules:
         s.paths[id(mod)] = clean_path(path)
@@ -133,15 +129,15 @@ def install(p: Profile) -> Installed:
     want = p.compiled == "kernels" or (p.compiled == "auto" and not p.layer_details)
     inner: set[int] = set()
     if wrappers and want and not inplace:  # run compiled: record the kernels that really run (capture.compiled)
-        p._cstate = CompiledState()
-        p._cstate.cudagraphs = any(_cudagraphs(w) for w in wrappers)
+        st.cstate = CompiledState()
+        st.cstate.cudagraphs = any(_cudagraphs(w) for w in wrappers)
         inner = {id(m) for w in wrappers for m in w._orig_mod.modules()}
         for w in wrappers:
-            s.handles.append(w.register_forward_pre_hook(_depth(p._cstate, 1), prepend=True))
-            s.handles.append(w.register_forward_hook(_depth(p._cstate, -1), always_call=True))
+            s.handles.append(w.register_forward_pre_hook(_depth(st.cstate, 1), prepend=True))
+            s.handles.append(w.register_forward_hook(_depth(st.cstate, -1), always_call=True))
     else:
         s.stance.enter()
-        p._compiled = list(s.compiled)
+        st.compiled = list(s.compiled)
         warn_key = (type(model).__qualname__, tuple(s.compiled))
         if s.compiled and warn_key not in _WARNED_COMPILED:  # once per model and process, not per profile
             _WARNED_COMPILED.add(warn_key)
@@ -152,35 +148,35 @@ def install(p: Profile) -> Installed:
     for mpath, mod in tree.modules:
         for prm in mod._parameters.values():
             if prm is not None:
-                p._param_owner.setdefault(id(prm), p._collapse(clean_path(mpath)))
+                st.param_owner.setdefault(id(prm), st.collapse(clean_path(mpath)))
     if p.layer_details:
-        p._grads_at_start = grad_bytes([prm for _, prm in tree.parameters])  # the step peak's (tracker only)
-        p._memory = MemoryTracker(tree.device())
-        p._memory.set_parameters([prm for _, prm in tree.parameters])
-        s.handles += p._memory.watch_grads(tree.parameters, p.faults)
-        s.handles.append(p._memory.watch_resizes())
-        p._memory.watch_held([local_tensor(prm.grad) for _, prm in tree.parameters
+        st.grads_at_start = grad_bytes([prm for _, prm in tree.parameters])  # the step peak's (tracker only)
+        st.memory = MemoryTracker(tree.device())
+        st.memory.set_parameters([prm for _, prm in tree.parameters])
+        s.handles += st.memory.watch_grads(tree.parameters, p.faults)
+        s.handles.append(st.memory.watch_resizes())
+        st.memory.watch_held([local_tensor(prm.grad) for _, prm in tree.parameters
                               if isinstance(prm.grad, torch.Tensor)])
-        p._details = LayerDetails(p.check_finite, mute=p._mute, memory=p._memory, faults=p.faults)
+        st.details = LayerDetails(p.check_finite, mute=st.mute, memory=st.memory, faults=p.faults)
     # Per-module hooks: ours run first before the module and last after it (after any user hook that replaces the
     # output), so shapes and finite-checks see what the module really hands downstream.
     for _, mod in tree.modules:
         if id(mod) in inner:  # Dynamo guards on hooks inside a compiled module: one there recompiles the model
             continue
-        s.handles.append(mod.register_forward_pre_hook(p._pre_hook, prepend=True, with_kwargs=True))
-        s.handles.append(mod.register_forward_hook(p._post_hook, always_call=True, with_kwargs=True))
-    s.handles += optimizer_hooks(p)
+        s.handles.append(mod.register_forward_pre_hook(st.pre_hook, prepend=True, with_kwargs=True))
+        s.handles.append(mod.register_forward_hook(st.post_hook, always_call=True, with_kwargs=True))
+    s.handles += optimizer_hooks(st)
     if p.timing == "cuda":
         torch.cuda.synchronize()
-        p._timeline = KernelTimeline()
-        p._timeline.start()
+        st.timeline = KernelTimeline()
+        st.timeline.start()
         note = cupti_teardown_note()
         if note is not None:
             log.warning("tscope: %s", note)
-    if p._cstate is not None:
-        p._cstate.map_parameters(model, lambda path: p._collapse(clean_path(path)))
-        p._cstate.wrap(kernel_recorder(p, p._cstate))
-    s.mode = _mode_for(p)
+    if st.cstate is not None:
+        st.cstate.map_parameters(model, lambda path: st.collapse(clean_path(path)))
+        st.cstate.wrap(kernel_recorder(st, st.cstate))
+    s.mode = _mode_for(st)
     s.mode.__enter__()
     return s
 
@@ -201,8 +197,8 @@ def _depth(state: CompiledState, d: int) -> Any:
     return hook
 
 
-def _mode_for(p: Profile) -> Any:
-    return _CompiledMode(p) if p._cstate is not None else _Mode(p)
+def _mode_for(st: CaptureState) -> Any:
+    return _CompiledMode(st) if st.cstate is not None else _Mode(st)
 
 
 _current_node = torch._C._current_autograd_node
@@ -248,9 +244,9 @@ class _Mode(TorchDispatchMode):
         # force_eager (or, in kernels mode, lets compiled artifacts run past the mode), so the shim buys nothing
         return False
 
-    def __init__(self, owner: Profile) -> None:
+    def __init__(self, state: CaptureState) -> None:
         super().__init__()
-        self.owner = owner
+        self.state = state
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if types:
@@ -262,22 +258,22 @@ class _Mode(TorchDispatchMode):
             if kind == "skip":  # fake tensors (e.g. DTensor's sharding propagation): no real work, not recorded
                 return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
-        p = self.owner
+        st = self.state
         s = _SKIP.get(id(func))
-        if p._paused or (s[1] if s is not None and s[0] is func else _skip(func)):
+        if st.paused or (s[1] if s is not None and s[0] is func else _skip(func)):
             return func(*args, **kwargs)
         seq = _get_sequence_nr()
         node = _current_node()
-        if p._timeline is None and p._timed:  # timed_call's CPU branch, inlined: one call less per op
-            t0 = p._op_t0 = _perf_ns()
+        if st.timeline is None and st.timed:  # timed_call's CPU branch, inlined: one call less per op
+            t0 = st.op_t0 = _perf_ns()
             out = func(*args, **kwargs)
             dt = (_perf_ns() - t0) * 1e-9
         else:
-            out, dt = timed_call(p, func, args, kwargs)
+            out, dt = timed_call(st, func, args, kwargs)
         try:
-            p._record(func, args, kwargs, out, dt, seq, node)
+            st.record(func, args, kwargs, out, dt, seq, node)
         except Exception as e:  # our bookkeeping must never break the user's op
-            p._internal_error(e)
+            st.error(e, "the capture's op record")
         return out
 
 
@@ -290,8 +286,8 @@ class _CompiledMode(_Mode):
         return True
 
 
-def base_meta(p: Profile) -> dict[str, Any]:
-    dev = p._tree.device() if p._tree is not None else _device_of(p.model)
+def base_meta(p: Profile, st: CaptureState) -> dict[str, Any]:
+    dev = st.tree.device() if st.tree is not None else _device_of(p.model)
     name = "cpu"
     if dev.type == "cuda" and torch.cuda.is_available():
         name = torch.cuda.get_device_name(dev)
@@ -303,15 +299,15 @@ def base_meta(p: Profile) -> dict[str, Any]:
         "model": type(p.model).__name__,
         "torch": torch.__version__,
         "internal_errors": list(p.errors),
-        "compiled_modules_run_eagerly": list(p._compiled),
-        "compiled_capture": None if p._cstate is None else {
-            "mode": "kernels", "provenance": PROVENANCE, "graphs": p._cstate.graphs,
-            "kernels_wrapped": p._cstate.kernels, "kernel_records": len(p._fused),
-            "cudagraphs": p._cstate.cudagraphs,
+        "compiled_modules_run_eagerly": list(st.compiled),
+        "compiled_capture": None if st.cstate is None else {
+            "mode": "kernels", "provenance": PROVENANCE, "graphs": st.cstate.graphs,
+            "kernels_wrapped": st.cstate.kernels, "kernel_records": len(st.fused),
+            "cudagraphs": st.cstate.cudagraphs,
             "limits": "CUDA-graph replays (mode='reduce-overhead') count in device-busy time without per-kernel "
                       "records"},
-        "paused_s": p._paused_ns * 1e-9,  #: left out of wall_time_s (tscope's own checks, validation)
-        "inputs": p._inputs or [],  #: [shape, dtype] of the model's tensor inputs at its first call
+        "paused_s": st.paused_ns * 1e-9,  #: left out of wall_time_s (tscope's own checks, validation)
+        "inputs": st.inputs or [],  #: [shape, dtype] of the model's tensor inputs at its first call
     }
 
 
@@ -330,24 +326,24 @@ def step_time(ops: list[OpRecord], wall: float | None, timeline: Timeline | None
     return {"step_time_s": None, "step_time_basis": None}
 
 
-def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> StepProfile:
-    for i, (func, args, kwargs, out) in p._deferred.items():  # value-dependent ops on CUDA: counted now, synced
-        f, _, layer, phase, dt = p._pending[i]
-        p._pending[i] = (f, count_op(func, args, kwargs, out, p.registry), layer, phase, dt)
-    if p._cstate is not None:
-        p._cstate.resolve(p._pending)
-    p._masks.apply(p._pending)
+def build_result(p: Profile, st: CaptureState, wall: float | None, timeline: Timeline | None) -> StepProfile:
+    for i, (func, args, kwargs, out) in st.deferred.items():  # value-dependent ops on CUDA: counted now, synced
+        f, _, layer, phase, dt = st.pending[i]
+        st.pending[i] = (f, count_op(func, args, kwargs, out, p.registry), layer, phase, dt)
+    if st.cstate is not None:
+        st.cstate.resolve(st.pending)
+    st.masks.apply(st.pending)
     times = timeline.times if timeline is not None else None
     tcs = timeline.tensor_core if timeline is not None else None
     starts = timeline.starts if timeline is not None else None
     ops = []
     add = ops.append
     shapes = p.record_shapes
-    fused, comm, cpu_starts = p._fused, p._comm, p._starts
+    fused, comm, cpu_starts = st.fused, st.comm, st.starts
     Op = OpRecord
     seen: dict[int, tuple[str, str]] = {}  # id(op) -> names: every op is alive in the pending list
     sums: dict[tuple[str, str], list] = {}  # (layer, phase) -> [seconds, flops, bytes]: build_layers' first pass
-    for i, (func, c, layer, phase, dt) in enumerate(p._pending):  # positional: the field order of OpRecord
+    for i, (func, c, layer, phase, dt) in enumerate(st.pending):  # positional: the field order of OpRecord
         names = seen.get(id(func))
         if names is None:
             names = seen[id(func)] = _NAMES.get(func) or _names(func)
@@ -362,21 +358,21 @@ def build_result(p: Profile, wall: float | None, timeline: Timeline | None) -> S
                names[1], c.output_shapes if shapes else [], i, tcs[i] if tcs is not None else None,
                c.flops_model, c.flops_dense, list(f) if f else [], comm.get(i) if comm else None,
                starts[i] if starts is not None else cpu_starts.get(i), c.leading_dims))
-    if p._details is not None:
-        p._details.finish()
-    layers = build_layers(p.model, ops, p._details, p._collapse, p._calls, tree=p._tree, sums=sums)
-    meta = {**base_meta(p), **step_time(ops, wall, timeline, p.timing), **p.labels}
+    if st.details is not None:
+        st.details.finish()
+    layers = build_layers(p.model, ops, st.details, st.collapse, st.calls, tree=st.tree, sums=sums)
+    meta = {**base_meta(p, st), **step_time(ops, wall, timeline, p.timing), **p.labels}
     cats = memory_categories(p.model, ops, layers,
-                             params=[prm for _, prm in p._tree.parameters] if p._tree is not None else None,
-                             tracker=p._memory, optimizers=list(p._optimizers.values()),
-                             grads_at_start=p._grads_at_start)
-    p._optimizers.clear()
+                             params=[prm for _, prm in st.tree.parameters] if st.tree is not None else None,
+                             tracker=st.memory, optimizers=list(st.optimizers.values()),
+                             grads_at_start=st.grads_at_start)
+    st.optimizers.clear()
     if cats is not None:
         meta["memory_categories"] = cats
     if timeline is not None and timeline.kernels:  # the device side, for overlap analysis and traces
         meta.update(timeline.meta())
-    elif p._timed:
-        meta["clock_origin_ns"] = p._t0  # perf_counter_ns: one clock for every process of a host
+    elif st.timed:
+        meta["clock_origin_ns"] = st.t0  # perf_counter_ns: one clock for every process of a host
     return StepProfile(ops=ops, layers=layers, wall_time_s=wall, meta=meta)
 
 

@@ -121,9 +121,9 @@ class ReplayProfile:
             raise TypeError(f"profile(replay=...) takes only labels, raise_errors and faults (a replay records what "
                             f"its source recorded); got {', '.join(sorted(other))}")
         source = getattr(source, "source", None) or source  # a replay of a replay counts from the same capture
-        if not all(hasattr(source, a) for a in ("timeline", "result", "model", "_running", "layer_details")):
+        if not all(hasattr(source, a) for a in ("timeline", "result", "model", "running", "layer_details")):
             raise TypeError(f"replay= needs a stopped ts.profile() of an earlier step, got {type(source).__name__}")
-        if source._running:
+        if source.running:
             raise ValueError("replay=: the source profile is still running; stop it first (leave its `with` block)")
         if source.model is not model:
             raise ValueError("replay=: the source profile is of another model; replay needs a full profile of this "
@@ -155,6 +155,7 @@ class ReplayProfile:
     layers = property(lambda self: self.result.layers)
     meta = property(lambda self: self.result.meta)
     wall_time_s = property(lambda self: self.result.wall_time_s)
+    running = property(lambda self: self._running)  #: between start() and stop()
 
     def uncounted_ops(self) -> dict[str, int]:
         return self.result.uncounted_ops()
