@@ -226,6 +226,7 @@
   }
 
   async function loadStep() {
+    performance.mark("tscope:load");
     const rep = await API.step(S.run, S.step, S.stage);
     S.selLayer = null;
     $("#ops-panel").innerHTML = "";
@@ -246,10 +247,14 @@
     $("#device").textContent = (dev.name || "device ?") + (dev.measured ? " · measured roof" : "") +
       (num(dev.bandwidth) ? " · " + F.bw(dev.bandwidth) : "");
     $("#device").title = dev.source || "";
+    const mark = (n) => performance.mark("tscope:" + n);
+    mark("render");
     drawCards(r);
     drawRoofline();
+    mark("roofline");
     drawOpps(r);
     drawTree(r);
+    mark("tree");
     drawSplit(r);
     drawMemory(r);
     drawNaN(r);
@@ -508,8 +513,16 @@
     tb.append(h("tr", {}, ["layer", "", "fwd self", "fwd total", "bwd self", "bwd total", "FLOPs", "bytes", "mem fwd", "mem bwd", "params", "input shapes", "output shapes", "grad out shapes", "NaN"].map((c, i) => h("th", {class: i >= 2 && i <= 10 ? "n" : null, text: c}))));
     el.append(tb);
     const rows = TREE.kids.length === 1 && !TREE.info ? [TREE.kids[0]] : [TREE];
-    for (const n of rows) insertNode(tb, null, n, 0, 2);
+    /* open level by level while the table stays short (a 1000-layer model opens fast) */
+    let openDepth = 1, count = 1, level = rows;
+    for (let dpt = 1; dpt <= 3; dpt++) {
+      const next = level.flatMap((n) => n.kids);
+      if (!next.length || count + Math.min(next.length, KIDS_SHOWN * level.length) > 120) break;
+      count += next.length; level = next; openDepth = dpt;
+    }
+    for (const n of rows) insertNode(tb, null, n, 0, openDepth);
   }
+  const KIDS_SHOWN = 100;
   function treeRow(n, depth) {
     const L = n.info || {}, t = nodeTimes(n);
     const tot = (t.ft != null ? t.ft : t.fs) + (t.bt != null ? t.bt : t.bs);
@@ -551,7 +564,18 @@
     tr.querySelector(".tg").textContent = "▾";
     tr.classList.add("open");
     let last = tr;
-    for (const k of n.kids) last = insertNode(null, last, k, depth + 1, openDepth || 0);
+    const show = (from) => {
+      const upto = Math.min(n.kids.length, from + KIDS_SHOWN);
+      for (let i = from; i < upto; i++) last = insertNode(null, last, n.kids[i], depth + 1, openDepth || 0);
+      if (upto < n.kids.length) {
+        const more = h("tr", {class: "tree-more", "data-depth": depth + 1},
+          h("td", {colspan: 15}, h("div", {class: "nm", style: "padding-left:" + (depth + 1) * 14 + "px"},
+            h("button", {onclick: () => { last = more.previousElementSibling; more.remove(); show(upto); }}, "show " + (n.kids.length - upto) + " more of " + n.kids.length))));
+        last.after(more);
+        last = more;
+      }
+    };
+    show(0);
     return last;
   }
   function collapse(tr) {
