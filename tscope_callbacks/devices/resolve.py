@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from tscope_callbacks.devices import table as spec_table
+from tscope_callbacks.devices.gpu_arg import UNSET, gpu_alias
 from tscope_callbacks.devices.spec import DeviceSpec
 
 __all__ = ["get_device_spec", "list_specs"]
@@ -22,12 +23,12 @@ def _looks_like_path(s: str) -> bool:
     return s.lower().endswith(".json") or (os.sep in s and os.path.isfile(s))
 
 
-def get_device_spec(device: str | os.PathLike[str] | DeviceSpec | torch.device | None = "auto", *,
+def get_device_spec(gpu: str | os.PathLike[str] | DeviceSpec | torch.device | None = "auto", *,
                     table: str | os.PathLike[str] | None = None, cache: bool = True,
-                    budget_s: float | None = None) -> DeviceSpec:
-    """Resolve ``device`` to a :class:`DeviceSpec`.
+                    budget_s: float | None = None, device: Any = UNSET) -> DeviceSpec:
+    """Resolve ``gpu`` to a :class:`DeviceSpec`.
 
-    ``device``: ``"auto"`` (the current CUDA/ROCm device's name through the table; on a machine without CUDA a
+    ``gpu``: ``"auto"`` (the current CUDA/ROCm device's name through the table; on a machine without CUDA a
     measured CPU roof, cached per machine under ``$TSCOPE_CACHE_DIR`` or ``~/.cache/tscope``), a canonical name,
     a real ``torch.cuda.get_device_name()`` string, an alias ("h100", "a100-80gb", "4090"), a path to a JSON file
     (one row object, or a list holding one row), a ``torch.device``, or a ``DeviceSpec`` (returned as is).
@@ -35,8 +36,9 @@ def get_device_spec(device: str | os.PathLike[str] | DeviceSpec | torch.device |
     several rows raises :class:`AmbiguousDeviceError`, an unknown one :class:`UnknownDeviceError`.
 
     ``table``: an extra JSON table searched before the built-in one. ``cache`` / ``budget_s``: CPU measurement
-    cache use and time budget in seconds (default 2.5).
+    cache use and time budget in seconds (default 2.5). ``device=``: the deprecated spelling of ``gpu=``.
     """
+    device = gpu_alias(gpu, device, old_name="device", func="get_device_spec", default="auto")
     if isinstance(device, DeviceSpec):
         return device
     if device is None:
