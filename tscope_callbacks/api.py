@@ -32,8 +32,10 @@ from tscope_callbacks.capture.meta_run import (
 )
 from tscope_callbacks.capture.optim_step import optimizer_step
 from tscope_callbacks.capture.profile import profile
+from tscope_callbacks.devices.efficiency import KernelModel
 from tscope_callbacks.devices.precision import TORCH_DTYPES, normalize_precision
 from tscope_callbacks.devices.resolve import get_device_spec
+from tscope_callbacks.devices.spec import DeviceSpec
 from tscope_callbacks.inputs import ModelRunError, build_inputs, input_shapes
 from tscope_callbacks.inputs import model_errors as _model_errors
 from tscope_callbacks.records import StepProfile
@@ -44,7 +46,7 @@ __all__ = ["ModelRunError", "analyze_model", "build_inputs", "input_shapes", "pr
 
 
 
-def _resolve(spec: Any, default: str) -> Any:
+def _resolve(spec: DeviceSpec | str | None, default: str) -> DeviceSpec:
     """A DeviceSpec from a spec, a name or a path; ``"cpu"`` (a CPU profile's recorded device name) -> this machine's
     measured CPU roof."""
     if spec is None or isinstance(spec, str):
@@ -55,8 +57,9 @@ def _resolve(spec: Any, default: str) -> Any:
     return spec
 
 
-def roofline(prof: Any, spec: Any = None, *, achievable: Any = None, precision: str | None = None,
-             group_small: float = 0.01, kernel_model: Any = True) -> RooflineReport:
+def roofline(prof: StepProfile, spec: DeviceSpec | str | None = None, *, achievable: DeviceSpec | str | None = None,
+             precision: str | None = None, group_small: float = 0.01,
+             kernel_model: bool | KernelModel | None = True) -> RooflineReport:
     """Place every op of ``prof`` (a StepProfile, or anything with ``.ops/.layers/.wall_time_s/.meta``) on the roofline.
 
     ``spec``: a DeviceSpec or a name/path for ``get_device_spec``; None -> ``prof.meta["device_name"]`` or "auto".
@@ -89,7 +92,7 @@ def roofline(prof: Any, spec: Any = None, *, achievable: Any = None, precision: 
 _WARNED_WHAT_IF: set[tuple[str, str]] = set()
 
 
-def timing_device_mismatch(meta: dict[str, Any], spec: Any) -> str | None:
+def timing_device_mismatch(meta: dict[str, Any], spec: DeviceSpec) -> str | None:
     """The device the times were measured on when it is not ``spec``'s (None when they match or are unknown)."""
     dev, name = meta.get("device"), meta.get("device_name")
     if dev == "cpu":

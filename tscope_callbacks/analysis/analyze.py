@@ -32,7 +32,12 @@ from tscope_callbacks.analysis.report import (
     _load,
     json_safe,
 )
-from tscope_callbacks.records import LayerRecord
+from tscope_callbacks.analysis.roofline import RooflineAnalysis, build_roofline
+from tscope_callbacks.analysis.rows import Opportunity as Finding
+from tscope_callbacks.analysis.rows import Row as RowSum
+from tscope_callbacks.devices.efficiency import KernelModel
+from tscope_callbacks.devices.spec import DeviceSpec
+from tscope_callbacks.records import LayerRecord, StepProfile
 
 __all__ = ["AnalyzeOptions", "analyze", "report_of"]
 
@@ -46,10 +51,10 @@ class AnalyzeOptions:
     result to carry; ``eager``: the eager reference's StepReport of a compiled step (``compiled_vs_eager``);
     ``stage``/``run``/``user``: labels and the user's own data."""
 
-    achievable: Any = None
+    achievable: DeviceSpec | None = None
     precision: str | None = None
     group_small: float = 0.01
-    kernel_model: Any = True
+    kernel_model: bool | KernelModel | None = True
     what_if: str | None = None
     fsdp_whatif: dict[str, Any] | None = None
     eager: StepReport | None = None
@@ -58,17 +63,15 @@ class AnalyzeOptions:
     user: dict[str, Any] = field(default_factory=dict)
 
 
-def analyze(profile: Any, spec: Any, options: AnalyzeOptions | None = None) -> StepReport:
+def analyze(profile: StepProfile, spec: DeviceSpec, options: AnalyzeOptions | None = None) -> StepReport:
     """The StepReport of ``profile`` (a StepProfile) on ``spec`` (a resolved DeviceSpec)."""
-    from tscope_callbacks.analysis.roofline import build_roofline
-
     o = options or AnalyzeOptions()
     eng = build_roofline(profile, spec, achievable=o.achievable, precision=o.precision, group_small=o.group_small,
                          kernel_model=o.kernel_model)
     return report_of(eng, o)
 
 
-def _row(r: Any) -> Row:
+def _row(r: RowSum) -> Row:
     return Row(r.name, r.kind, layer=r.layer, type=r.type, phase=r.phase, category=r.category, n_ops=r.n_ops,
                n_work=r.n_work, flops=int(r.flops), bytes=int(r.bytes), measured_s=r.measured_s,
                estimate_s=r.estimate_s, expected_s=r.expected_s, achievable_estimate_s=r.achievable_estimate_s,
@@ -79,7 +82,7 @@ def _row(r: Any) -> Row:
                all_comm=bool(r.ops) and all(x.record.category == "comm" for x in r.ops))
 
 
-def _opportunity(o: Any, step: float | None) -> Opportunity:
+def _opportunity(o: Finding, step: float | None) -> Opportunity:
     ev = json_safe(dict(o.evidence or {}))
     title = (f"{o.phase} below expected" if o.kind == "below_expected" else o.kind.replace("_", " "))
     return Opportunity(title=title, layer=o.layer, op=str(ev.get("op") or ""), phase=o.phase, type=o.type,
@@ -89,7 +92,7 @@ def _opportunity(o: Any, step: float | None) -> Opportunity:
                        intensity=_fin(o.intensity), ridge=_fin(o.ridge), attained=_fin(o.attained), evidence=ev)
 
 
-def _device(spec: Any, ach: Any) -> DeviceInfo:
+def _device(spec: DeviceSpec, ach: DeviceSpec | None) -> DeviceInfo:
     extra = getattr(spec, "extra", None) or {}
     a = None
     if ach is not None:
@@ -105,7 +108,7 @@ def _device(spec: Any, ach: Any) -> DeviceInfo:
                       load_per_cpu=None if load is None else float(load))
 
 
-def _summary(eng: Any) -> Summary:
+def _summary(eng: RooflineAnalysis) -> Summary:
     from tscope_callbacks.analysis.summary import summary_dict
 
     s = json_safe(summary_dict(eng))
@@ -116,7 +119,7 @@ def _summary(eng: Any) -> Summary:
                            "has_achievable": eng.achievable is not None})
 
 
-def _memory(eng: Any, what_if: bool) -> MemorySection | None:
+def _memory(eng: RooflineAnalysis, what_if: bool) -> MemorySection | None:
     from tscope_callbacks.analysis.memory_fit import memory_fit
 
     mc = eng.meta.get("memory_categories")
@@ -136,7 +139,7 @@ def _memory(eng: Any, what_if: bool) -> MemorySection | None:
                          categories=cats)
 
 
-def _time_split(eng: Any) -> TimeSplit:
+def _time_split(eng: RooflineAnalysis) -> TimeSplit:
     by = {b: 0.0 for b in ("compute", "memory", "comm", "uncounted", "overhead")}
     for o in eng.op_roofs:
         by[o.bound] += (o.measured_s or 0.0) if eng.timed else o.expected_s
@@ -162,7 +165,7 @@ def _context(meta: dict[str, Any]) -> RunContext:
                       micro_batches=int(meta.get("micro_batches") or 1))
 
 
-def _noise(eng: Any, suppressed: list[Any], step: float | None) -> NoiseSection:
+def _noise(eng: RooflineAnalysis, suppressed: list[Finding], step: float | None) -> NoiseSection:
     n = eng.noise
     marks = tuple(NoiseMarkInfo(m.layer, m.phase, m.kind, float(m.measured_s), float(m.typical_s),
                                 float(m.spread_s), tuple(float(x) for x in m.samples), tuple(m.siblings), m.text)
@@ -172,7 +175,7 @@ def _noise(eng: Any, suppressed: list[Any], step: float | None) -> NoiseSection:
                         tuple(_opportunity(o, step) for o in suppressed))
 
 
-def _communication(eng: Any) -> dict[str, Any] | None:
+def _communication(eng: RooflineAnalysis) -> dict[str, Any] | None:
     from tscope_callbacks.analysis.comm import comm_rows
 
     rows = comm_rows(eng)
@@ -182,7 +185,7 @@ def _communication(eng: Any) -> dict[str, Any] | None:
     return json_safe({"rows": rows, "overlap": ov or None, "skew": sk or None})
 
 
-def _header(eng: Any, model: dict[str, Any], mem: MemorySection | None, basis: str) -> dict[str, Figure]:
+def _header(eng: RooflineAnalysis, model: dict[str, Any], mem: MemorySection | None, basis: str) -> dict[str, Figure]:
     ms = lambda s: None if s is None else s * 1e3  # noqa: E731
     est = "sum of shape-aware kernel estimates" if eng.kernel_model is not None else "sum of per-op roofline bounds"
     mfu_b = f"model FLOPs / step time / {eng.mfu_precision} matrix roof"
@@ -202,7 +205,7 @@ def _header(eng: Any, model: dict[str, Any], mem: MemorySection | None, basis: s
     }
 
 
-def _area_scalars(eng: Any, model: dict[str, Any], mem: MemorySection | None,
+def _area_scalars(eng: RooflineAnalysis, model: dict[str, Any], mem: MemorySection | None,
                   fsdp: dict[str, Any] | None) -> dict[str, dict[str, float]]:
     from tscope_callbacks.analysis.comm import comm_summary
     from tscope_callbacks.analysis.model_summary import summary_scalars
@@ -226,7 +229,7 @@ def _area_scalars(eng: Any, model: dict[str, Any], mem: MemorySection | None,
             if d}
 
 
-def _compared(eng: Any, eager: StepReport) -> tuple[dict[str, Any], ...]:
+def _compared(eng: RooflineAnalysis, eager: StepReport) -> tuple[dict[str, Any], ...]:
     from types import SimpleNamespace
 
     from tscope_callbacks.analysis.compare import compiled_vs_eager
@@ -235,7 +238,7 @@ def _compared(eng: Any, eager: StepReport) -> tuple[dict[str, Any], ...]:
     return tuple(json_safe(compiled_vs_eager(eng, e)))
 
 
-def report_of(eng: Any, options: AnalyzeOptions | None = None) -> StepReport:
+def report_of(eng: RooflineAnalysis, options: AnalyzeOptions | None = None) -> StepReport:
     """The StepReport of a built roofline analysis (``analysis.roofline.RooflineAnalysis``): every table, section and
     finding computed once (opportunities with ``top=10``; outputs show the first 5)."""
     from tscope_callbacks.analysis.model_summary import model_summary

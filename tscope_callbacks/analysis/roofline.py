@@ -25,14 +25,15 @@ from tscope_callbacks.analysis.roofs import widen as _widen
 from tscope_callbacks.analysis.rows import Opportunity, OpRoof, Row
 from tscope_callbacks.analysis.summary import summary_dict
 from tscope_callbacks.capture.paths import ancestors
-from tscope_callbacks.devices.efficiency import model_for
+from tscope_callbacks.devices.efficiency import KernelModel, model_for
 from tscope_callbacks.devices.precision import normalize_precision, precision_for_dtype, tf32_enabled
-from tscope_callbacks.records import MATRIX_CATEGORIES, PHASES, OpRecord, StepProfile, model_flops
+from tscope_callbacks.devices.spec import DeviceSpec
+from tscope_callbacks.records import MATRIX_CATEGORIES, PHASES, LayerRecord, OpRecord, StepProfile, model_flops
 
 __all__ = ["build_roofline", "RooflineAnalysis", "OpRoof", "Row", "Opportunity", "layer_points"]
 
 
-def _rate(spec: Any, p: str, matrix: bool) -> tuple[str, bool, float] | None:
+def _rate(spec: DeviceSpec, p: str, matrix: bool) -> tuple[str, bool, float] | None:
     """(roof precision, matrix roof?, FLOP/s) that ``spec`` uses for ``p``; None when it has none. The TF32 rule is
     applied by the caller from the profile's meta, never from this process's torch settings (allow_tf32=False)."""
     try:
@@ -50,7 +51,7 @@ def _rate(spec: Any, p: str, matrix: bool) -> tuple[str, bool, float] | None:
 class _Roofs:
     """Per-(precision, matrix) roof lookup, cached: (roof precision, matrix roof?, peak, achievable peak)."""
 
-    def __init__(self, spec: Any, ach: Any) -> None:
+    def __init__(self, spec: DeviceSpec, ach: DeviceSpec | None) -> None:
         self.spec, self.ach = spec, ach
         self._cache: dict[tuple[str, bool], tuple[str, bool, float, float | None]] = {}
 
@@ -65,7 +66,7 @@ class _Roofs:
         return self._cache[key]
 
 
-def _op_precision(rec: OpRecord, spec: Any, tf32: bool, override: str | None) -> tuple[str, bool]:
+def _op_precision(rec: OpRecord, spec: DeviceSpec, tf32: bool, override: str | None) -> tuple[str, bool]:
     matrix = rec.category in MATRIX_CATEGORIES
     try:
         p = precision_for_dtype(rec.dtype) if rec.dtype else "fp32"
@@ -97,8 +98,9 @@ def _ran(ops: list) -> str:
     return max(by, key=by.__getitem__)
 
 
-def build_roofline(prof: Any, spec: Any, *, achievable: Any = None, precision: str | None = None,
-                   group_small: float = 0.01, kernel_model: Any = True) -> RooflineAnalysis:
+def build_roofline(prof: StepProfile, spec: DeviceSpec, *, achievable: DeviceSpec | None = None,
+                   precision: str | None = None, group_small: float = 0.01,
+                   kernel_model: bool | KernelModel | None = True) -> RooflineAnalysis:
     """Place every op of ``prof`` (a StepProfile, or anything with ``.ops/.layers/.wall_time_s/.meta``) on the roofline.
 
     ``spec``: a resolved DeviceSpec (``devices.resolve.get_device_spec`` turns names into one; analysis never
@@ -135,7 +137,7 @@ def build_roofline(prof: Any, spec: Any, *, achievable: Any = None, precision: s
                             coverage=_coverage(prof), tf32=tf32, roofs=roofs, kernel_model=model)
 
 
-def _coverage(prof: Any) -> float:
+def _coverage(prof: StepProfile) -> float:
     cov = getattr(prof, "coverage", None)
     return float(cov()) if callable(cov) else StepProfile(ops=list(prof.ops)).coverage()
 
@@ -154,14 +156,14 @@ class RooflineAnalysis:
     they differ.
     """
 
-    def __init__(self, ops: list[OpRoof], spec: Any, *, meta: dict[str, Any], layers: dict[str, Any],
-                 wall_time_s: float | None, achievable: Any, group_small: float, coverage: float, tf32: bool,
-                 roofs: _Roofs, kernel_model: Any = None) -> None:
+    def __init__(self, ops: list[OpRoof], spec: DeviceSpec, *, meta: dict[str, Any], layers: dict[str, LayerRecord],
+                 wall_time_s: float | None, achievable: DeviceSpec | None, group_small: float, coverage: float,
+                 tf32: bool, roofs: _Roofs, kernel_model: KernelModel | None = None) -> None:
         self.op_roofs, self.spec, self.achievable, self.meta = ops, spec, achievable, meta
         self.kernel_model = kernel_model  #: the devices.efficiency.KernelModel behind ``expected_s`` (None: roofs only)
         self.layer_records, self.wall_time_s, self.group_small = layers, wall_time_s, group_small
         self.flop_coverage, self.tf32 = coverage, tf32
-        self.profile: Any = None  #: the StepProfile, when the caller attaches it (analyze_model does)
+        self.profile: StepProfile | None = None  #: the StepProfile, when the caller attaches it (analyze_model does)
         self.timed = any(o.measured_s is not None for o in ops)
         typ = {k: getattr(v, "type", "") for k, v in layers.items()}
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tscope_callbacks.analysis.roofline import RooflineAnalysis
 
 __all__ = ["summary_dict", "roofs_used", "step_basis_text"]
 
@@ -19,7 +22,7 @@ def step_basis_text(source: str | None, meta: dict[str, Any]) -> str:
     return source or "not timed"
 
 
-def summary_dict(r: Any) -> dict[str, Any]:
+def summary_dict(r: RooflineAnalysis) -> dict[str, Any]:
     """Model-level figures of a report (``report.summary``). MFU uses the matrix roof of ``mfu_precision``, MBU the
     bandwidth; ``time_basis`` says whether the bound fractions are of measured or (untimed) estimated time. MFU counts
     model FLOPs (activation-checkpointing recompute excluded), HFU hardware FLOPs (recompute included); they are equal
@@ -54,7 +57,7 @@ def summary_dict(r: Any) -> dict[str, Any]:
     }
 
 
-def roofs_used(report: Any) -> list[dict[str, Any]]:
+def roofs_used(report: RooflineAnalysis) -> list[dict[str, Any]]:
     """The roofs the report's ops were placed on: one dict per (precision, matrix), most FLOPs first."""
     seen: dict[tuple[str, bool], dict[str, Any]] = {}
     for o in report.op_roofs:
