@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from typing import Any
 
@@ -9,6 +10,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from tscope_callbacks.analysis.report import StepReport
 from tscope_callbacks.analysis.throughput import ATTENTION_CONVENTIONS, Throughput, model_flops
 from tscope_callbacks.callbacks import roofline_io as io
 from tscope_callbacks.callbacks import session
@@ -20,6 +22,7 @@ from tscope_callbacks.callbacks.session import batch_signature, batch_size
 from tscope_callbacks.callbacks.sinks import metric_key
 from tscope_callbacks.devices.spec import DeviceSpec
 from tscope_callbacks.records import StepProfile
+from tscope_callbacks.render.report import RooflineReport
 
 __all__ = ["RooflineCallback"]
 
@@ -56,8 +59,9 @@ class RooflineCallback(ProfilingCallback):
             dtype (TF32 for fp32 matmuls when ``float32_matmul_precision`` allows it).
         top: rows of the markdown table.
         plot: log the roofline plot.
-        save_json: write ``<log_dir>/tscope/step_<N>.json`` (``{"profile", "device", "report"}``; render it again
-            with ``tscope report PATH``).
+        save_json: write ``<log_dir>/tscope/step_<N>.json``: ``{"profile", "device", "report"}``, the raw records,
+            the device and the step's StepReport JSON (schema ``tscope.step_report``; ``ts.load_step_file`` reads it,
+            ``tscope report PATH`` renders it again, the dashboard shows it).
         save_trace: also write ``<log_dir>/tscope/trace_step_<N>.json``, a Chrome/Perfetto trace of the step with one
             process per rank (ops and kernels annotated with layer, FLOPs, bytes, bound; Kineto's argument names).
         auto_mfu: after a profile counted the step's FLOPs, log MFU at the trainer's ``log_every_n_steps``: model
@@ -117,7 +121,11 @@ class RooflineCallback(ProfilingCallback):
 
     Under DDP every rank profiles the same steps; only rank zero analyses and writes.
 
-    Attributes: ``last_profile`` (StepProfile), ``last_report`` (RooflineReport or None), ``last_mfu``,
+    A profiled step is analysed once into a :class:`~tscope_callbacks.analysis.report.StepReport`; every output above
+    (scalars, tables, plot, files) is a function of it (``callbacks.roofline_io.emit``).
+
+    Attributes: ``last_profile`` (StepProfile), ``last_report`` (RooflineReport or None: the roofline analysis with
+    its renderings), ``last_step_report`` (its StepReport, what the outputs were made of), ``last_mfu``,
     ``history`` (summaries of recent profiled steps), ``spec`` (the DeviceSpec or None), ``throughput``.
     """
 
@@ -155,7 +163,7 @@ class RooflineCallback(ProfilingCallback):
         self.gpu, self.precision, self.top, self.plot = gpu, precision, top, plot
         self.save_json, self.auto_mfu, self.attention_flops = save_json, auto_mfu, attention_flops
         self.compare_eager, self.save_trace, self.replay = compare_eager, save_trace, replay
-        self.eager_report: Any = None  #: the eager reference of a compiled model (``compare_eager``)
+        self.eager_report: RooflineReport | None = None  #: the eager reference of a compiled model (``compare_eager``)
         self._eager_at: int | None = None
         self._eager_pending = False
         self.spec: Any = gpu if isinstance(gpu, DeviceSpec) else None
@@ -165,7 +173,8 @@ class RooflineCallback(ProfilingCallback):
             # an unknown name or a bad JSON file fails here, naming the closest devices / the row and field
             self.spec = get_device_spec(gpu)
         self.last_profile: StepProfile | None = None
-        self.last_report: Any = None
+        self.last_report: RooflineReport | None = None  #: the last step's roofline (its analysis and StepReport)
+        self.last_step_report: StepReport | None = None  #: the last step's StepReport (what every output is made of)
         self.history: deque[dict[str, Any]] = deque(maxlen=history)
         self.auto = AutoMFU(MAX_SIGNATURES)  #: the automatic MFU between profiles (its FLOPs, window, rates)
         self._clock: StepClock | None = None
@@ -329,12 +338,16 @@ class RooflineCallback(ProfilingCallback):
 
     def _analyse(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
                  ctx: ProfileContext) -> None:
-        """A profiled step (or a merged series): analysed once, then emitted (rank zero) as a function of that."""
-        step = self._analyze(trainer, pl_module, result, ctx)
-        self.last_profile, self.last_report = result, step.report
+        """A profiled step (or a merged series): analysed once, then emitted (rank zero) as a function of its
+        StepReport."""
+        rr = self._analyze(trainer, pl_module, result, ctx)
+        step = io.AnalysedStep(result, rr.step_report if rr is not None else None, self.spec,
+                               self._traces(trainer, result, ctx) if self.save_trace else None,
+                               self.eager_report.meta.get("step") if self.eager_report is not None else None)
+        self.last_profile, self.last_report, self.last_step_report = result, rr, step.report
         if ctx.stage == "train":  # the automatic MFU counts the FLOPs of this batch shape from now on
             self.auto.learn(ctx.batch_signature, model_flops(result, self.attention_flops),
-                            getattr(step.report, "mfu_peak_flops", None))
+                            getattr(rr, "mfu_peak_flops", None))
             self._recount_at = None
         scalars = {metric_key("roofline", k, ctx.stage): v for k, v in io.step_scalars(step, ctx).items()}
         self.history.append({"stage": ctx.stage, "step": ctx.step, "reason": ctx.reason, **scalars})
@@ -348,40 +361,43 @@ class RooflineCallback(ProfilingCallback):
             self._eager_at = ctx.step + 1
             self._next_train = min(self._next_train, ctx.step + 1)
 
-    def _roofline(self, result: StepProfile) -> Any:
+    def _analyze(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
+                 ctx: ProfileContext) -> RooflineReport | None:
+        """The step's one analysis (rank zero, with a device roof): its roofline, with the FSDP what-if and the
+        eager reference (compiled models) in the options its StepReport is built with. None when there is none."""
+        result.meta["trainer_precision"] = str(getattr(trainer, "precision", ""))
+        result.meta["attention_flops"] = self.attention_flops
+        if self.spec is None or not ctx.is_global_zero:
+            return None
+        try:
+            rr = self._roofline(result)
+        except Exception as e:  # counts and times are still logged
+            self.faults.report("the roofline analysis", e)
+            return None
+        extra: dict[str, Any] = {}
+        if self.fsdp_whatif and ctx.stage == "train":
+            try:
+                extra["fsdp_whatif"] = result.meta["fsdp_whatif"] = io.fsdp_whatif_of(
+                    rr, pl_module, self.fsdp_whatif, str(getattr(trainer, "precision", "")))  # the records carry it
+            except Exception as e:  # e.g. an already sharded model: said once, the rest of the report stands
+                self.faults.report(f"the FSDP what-if over {self.fsdp_whatif} GPUs", e)
+        if (self.compare_eager and ctx.stage == "train" and self.eager_report is not None
+                and result.meta.get("compiled_capture")):
+            extra["eager"] = self.eager_report.step_report
+        return RooflineReport(rr.analysis, dataclasses.replace(rr.options, **extra)) if extra else rr
+
+    def _roofline(self, result: StepProfile) -> RooflineReport:
         from tscope_callbacks.api import roofline
 
         return roofline(result, self.spec, precision=self.precision)
 
-    def _analyze(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
-                 ctx: ProfileContext) -> io.AnalysedStep:
-        """The step's one analysis (rank zero; other ranks keep the records): the roofline report, the FSDP
-        what-if, the comparison with the eager reference, and every rank's records for the trace (a collective:
-        all ranks)."""
-        result.meta["trainer_precision"] = str(getattr(trainer, "precision", ""))
-        result.meta["attention_flops"] = self.attention_flops
-        traces = report = whatif = comparison = None
-        if self.save_trace:
-            try:
-                traces = io.gather_traces(trainer, result, ctx)
-            except Exception as e:
-                traces = (result,)
-                self.faults.report("gathering the ranks' profiles for the trace", e)
-        if self.spec is not None and ctx.is_global_zero:
-            try:
-                report = self._roofline(result)
-            except Exception as e:  # counts and times are still logged
-                self.faults.report("the roofline analysis", e)
-        if report is not None and self.fsdp_whatif and ctx.stage == "train":
-            try:  # the report's markdown section and the records' JSON carry it
-                whatif = io.fsdp_whatif_of(report, pl_module, self.fsdp_whatif, str(getattr(trainer, "precision", "")))
-                report.meta["fsdp_whatif"] = result.meta["fsdp_whatif"] = whatif
-            except Exception as e:  # e.g. an already sharded model: said once, the rest of the report stands
-                self.faults.report(f"the FSDP what-if over {self.fsdp_whatif} GPUs", e)
-        if (report is not None and self.compare_eager and ctx.stage == "train" and self.eager_report is not None
-                and result.meta.get("compiled_capture")):
-            comparison = io.Comparison.of(report, self.eager_report)
-        return io.AnalysedStep(result, report, self.spec, whatif, comparison, traces)
+    def _traces(self, trainer: pl.Trainer, result: StepProfile, ctx: ProfileContext) -> tuple[StepProfile, ...]:
+        """Every rank's records of the step, for the trace (a collective under several ranks: all ranks call it)."""
+        try:
+            return io.gather_traces(trainer, result, ctx)
+        except Exception as e:
+            self.faults.report("gathering the ranks' profiles for the trace", e)
+            return (result,)
 
     @override
     def _wants(self, stage: str, step: int) -> bool:

@@ -1,14 +1,21 @@
 """The RooflineCallback's outputs of one profiled step. :func:`emit` writes them -- scalars, the markdown table, the
 layer table and scatter, the plot, the step JSON, the Chrome trace and the compiled-vs-eager comparison -- and each
-is a pure function of the step's :class:`AnalysedStep` and its :class:`ProfileContext`: nothing here reads or writes
-the callback. The namespaced keys (``tscope/<area>/[<stage>/]<name>``) are made here, from the analysis' bare keys."""
+is a pure function of the step's :class:`~tscope_callbacks.analysis.report.StepReport` (with the step's
+:class:`ProfileContext` for where it goes): nothing here reads or writes the callback. The analysis hands out bare
+keys; the namespaced ones (``tscope/<area>/[<stage>/]<name>``) are made here.
+
+The step file ``<log_dir>/tscope/step_<N>.json`` is ``{"profile", "device", "report"}``: the raw records and the
+DeviceSpec (for re-analysis) and, under ``"report"``, the StepReport's JSON (``StepReport.to_dict()``, schema
+``tscope.step_report``; ``analysis.report.load_step_file`` reads it back)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tscope_callbacks.analysis.report import StepReport
 from tscope_callbacks.callbacks.session import ProfileContext
 from tscope_callbacks.callbacks.sinks import Sink, metric_key
 from tscope_callbacks.capture.faults import Faults
@@ -19,37 +26,50 @@ if TYPE_CHECKING:
     from tscope_callbacks.render.report import RooflineReport
 
 __all__ = ["AnalysedStep", "Comparison", "EmitOptions", "emit", "emit_comparison", "step_scalars", "table_text",
-           "memory_scalars", "fsdp_scalars", "step_file", "step_file_name", "gather_traces", "fsdp_whatif_of"]
+           "layer_points", "step_file", "step_file_name", "gather_traces", "fsdp_whatif_of"]
+
+#: areas of ``StepReport.area_scalars`` logged before the step's own scalars
+_BEFORE = ("fsdp_whatif",)
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """A compiled step against its eager reference (``compare_eager``): per-layer rows and the step's speedup."""
+    """A compiled step against its eager reference (``compare_eager``): per-layer rows (the last is the total) and
+    the whole step's speedup (eager op time / compiled op time)."""
 
-    compiled_step: Any
-    eager_step: Any
+    compiled_step: int | None
+    eager_step: int | None
     rows: tuple[dict[str, Any], ...]
-    speedup: float | None
+
+    @property
+    def speedup(self) -> float | None:
+        return self.rows[-1].get("speedup") if self.rows else None
 
     @classmethod
     def of(cls, compiled: RooflineReport, eager: RooflineReport) -> Comparison:
-        from tscope_callbacks.analysis.compare import compile_speedup, compiled_vs_eager
+        """Of two analysed steps (the eager reference's own step: the compiled report came before it)."""
+        from tscope_callbacks.analysis.compare import compiled_vs_eager
 
-        return cls(compiled.meta.get("step"), eager.meta.get("step"), tuple(compiled_vs_eager(compiled, eager)),
-                   compile_speedup(compiled, eager))
+        return cls(compiled.meta.get("step"), eager.meta.get("step"), tuple(compiled_vs_eager(compiled, eager)))
 
 
 @dataclass(frozen=True)
 class AnalysedStep:
-    """One profiled step, analysed once: the records, the roofline report (None without a device roof or off rank
-    zero), the device, the FSDP what-if, the compiled-vs-eager comparison, every rank's records for the trace."""
+    """One profiled step, analysed once: the records, the StepReport (None without a device roof or off rank zero),
+    the device, every rank's records for the trace, and the eager reference's step (``compiled_vs_eager``)."""
 
     profile: StepProfile
-    report: RooflineReport | None
+    report: StepReport | None
     device: DeviceSpec | None = None
-    fsdp_whatif: Mapping[str, Any] | None = None
-    comparison: Comparison | None = None
     traces: tuple[StepProfile, ...] | None = None
+    eager_step: int | None = None
+
+    @property
+    def comparison(self) -> Comparison | None:
+        r = self.report
+        if r is None or not r.compiled_vs_eager:
+            return None
+        return Comparison(r.step, self.eager_step, tuple(r.compiled_vs_eager))
 
 
 @dataclass(frozen=True)
@@ -86,7 +106,7 @@ def step_scalars(step: AnalysedStep, ctx: ProfileContext) -> dict[str, float]:
     with several ranks also the step time's min and max across them."""
     result, report = step.profile, step.report
     if report is not None:
-        out = dict(report.scalars())
+        out = dict(report.scalars)
     else:
         out = {"flop_coverage": float(result.coverage())}
         t = result.meta.get("step_time_s")
@@ -99,37 +119,31 @@ def step_scalars(step: AnalysedStep, ctx: ProfileContext) -> dict[str, float]:
     return out
 
 
-def fsdp_scalars(w: Mapping[str, Any]) -> dict[str, float]:
-    """``tscope/fsdp_whatif/*`` of a what-if (``analysis.fsdp.fsdp_whatif``): per-GPU peak, device share, step time,
-    exposed communication, MFU."""
-    mem, sim = w["memory"], w.get("time") or {}
-    vals = {"peak_mb": mem["peak"] / 2**20 if mem.get("peak") else None, "device_share": mem.get("share"),
-            "step_ms": sim["step_s"] * 1e3 if sim.get("step_s") else None,
-            "exposed_comm_ms": sim["exposed_s"] * 1e3 if sim.get("exposed_s") is not None else None,
-            "mfu": sim.get("mfu")}
-    return {k: v for k, v in vals.items() if v is not None}
+def layer_points(report: StepReport) -> list[dict[str, Any]]:
+    """Per layer (all phases, self attribution): where it sits on the roofline, as table rows (JSON-safe): the
+    ``tscope/roofline/layers`` table and the W&B scatter."""
+    def fin(v: float | None) -> float | None:
+        return v if v is not None and math.isfinite(v) else None
 
-
-def memory_scalars(report: RooflineReport) -> dict[str, float]:
-    """The step's memory by category in MiB (``capture.step_memory``; layer details) and, where the device's memory is
-    known, the peak's share of it."""
-    from tscope_callbacks.analysis.memory_fit import report_memory_fit
-
-    mc = report.meta.get("memory_categories") or {}
-    if not mc.get("step_peak"):
-        return {}
-    keys = {"step_peak": "step_peak_mb", "params": "weights_mb", "grads": "grads_mb",
-            "optimizer_state": "optimizer_state_mb", "activations_saved": "activations_saved_mb"}
-    out = {name: mc[k] / 2**20 for k, name in keys.items() if mc.get(k) is not None}
-    fit = report_memory_fit(report)
-    if fit and fit["share"] is not None:
-        out["device_share"] = fit["share"]
-    return out
+    rows = []
+    for r in report.rows["layer"]:
+        if r.flops == 0 and r.bytes == 0:
+            continue
+        ms = r.measured_s
+        rows.append({
+            "layer": r.layer or "(root)", "type": r.type, "bound": r.bound, "intensity": fin(r.intensity),
+            "achieved_gflops_per_s": fin(r.flops / ms / 1e9) if ms else None, "gflops": r.flops / 1e9,
+            "mb": r.bytes / 1e6, "measured_ms": ms * 1e3 if ms is not None else None,
+            "estimated_ms": r.expected_s * 1e3, "roof_ms": r.estimate_s * 1e3, "attained": fin(r.attained),
+        })
+    return rows
 
 
 def table_text(step: AnalysedStep, ctx: ProfileContext, top: int) -> str:
     """The markdown of ``tscope/roofline/table``: a head naming the step (micro-batches, the step time across ranks)
     and the report (op totals only without a device roof)."""
+    from tscope_callbacks.render.markdown import op_table, to_markdown
+
     head = f"**{ctx.stage} step {ctx.step}**" + (f" ({ctx.micro_batches} micro-batches)"
                                                   if ctx.micro_batches > 1 else "")
     if ctx.world_size > 1:
@@ -137,10 +151,8 @@ def table_text(step: AnalysedStep, ctx: ProfileContext, top: int) -> str:
         head += (f" -- step time across {len(t)} ranks: min {min(t) * 1e3:.2f} ms, max {max(t) * 1e3:.2f} ms "
                  f"(slowest: rank {max(range(len(t)), key=t.__getitem__)})")
     if step.report is None:
-        from tscope_callbacks.render.markdown import op_table
-
         return head + " -- no device roof; op totals only\n\n" + op_table(step.profile, top)
-    return head + "\n\n" + step.report.to_markdown(top=top)
+    return head + "\n\n" + to_markdown(step.report, top=top)
 
 
 def comparison_text(c: Comparison, top: int) -> str:
@@ -159,7 +171,7 @@ def step_file_name(ctx: ProfileContext, kind: str = "step") -> str:
 
 
 def step_file(step: AnalysedStep) -> dict[str, Any]:
-    """The step JSON: ``{"profile", "device", "report"}`` (``tscope report PATH`` renders it again)."""
+    """The step file's content: ``{"profile", "device", "report"}`` (module doc)."""
     return {"profile": step.profile.to_dict(), "device": step.device.to_dict() if step.device is not None else None,
             "report": step.report.to_dict() if step.report is not None else None}
 
@@ -171,40 +183,42 @@ def emit_comparison(c: Comparison, sinks: Sink, ctx: ProfileContext, top: int) -
         sinks.log_scalars({metric_key("roofline", "compile_speedup"): c.speedup}, ctx.log_step)
 
 
+def _areas(report: StepReport, areas: Sequence[str], ctx: ProfileContext, sinks: Sink) -> None:
+    for area in areas:
+        vals = report.area_scalars.get(area)
+        if vals:
+            sinks.log_scalars({metric_key(area, k, ctx.stage): v for k, v in vals.items()}, ctx.log_step)
+
+
 def emit(step: AnalysedStep, sinks: Sink, ctx: ProfileContext, opts: EmitOptions, faults: Faults) -> None:
-    """Every output of one profiled step (rank zero): the FSDP what-if's scalars, the step's scalars, the markdown
-    table, communication, model and memory scalars, the layer table and scatter, the plot, the step JSON, the trace
-    and the compiled-vs-eager comparison. A failing plot is reported to ``faults``; the rest is still written."""
+    """Every output of one profiled step (rank zero), each a function of its StepReport: the FSDP what-if's scalars,
+    the step's scalars, the markdown table, communication (scalars and table), model (once per fit) and memory
+    scalars, the layer table and scatter, the plot, the step JSON, the trace and the compiled-vs-eager comparison.
+    A failing plot is reported to ``faults``; the rest is still written."""
     report, at = step.report, ctx.log_step
     key = lambda area, name: metric_key(area, name, ctx.stage)  # noqa: E731
-    if step.fsdp_whatif is not None:
-        sinks.log_scalars({key("fsdp_whatif", k): v for k, v in fsdp_scalars(step.fsdp_whatif).items()}, at)
+    if report is not None:
+        _areas(report, _BEFORE, ctx, sinks)
     sinks.log_scalars({key("roofline", k): v for k, v in step_scalars(step, ctx).items()}, at)
     sinks.log_text(key("roofline", "table"), table_text(step, ctx, opts.top), at)
     if report is not None:
-        from tscope_callbacks.analysis.comm import comm_summary
-        from tscope_callbacks.analysis.roofline import layer_points
         from tscope_callbacks.render.markdown import comm_lines
 
-        comm = comm_summary(report)
-        if comm:
-            sinks.log_scalars({key("comm", k): v for k, v in comm.items()}, at)
+        if report.area_scalars.get("comm"):
+            _areas(report, ("comm",), ctx, sinks)
             sinks.log_text(key("comm", "table"), "\n".join(comm_lines(report)).strip(), at)
-        if opts.model and ctx.stage == "train":
-            from tscope_callbacks.analysis.model_summary import model_summary, summary_scalars
-
-            sinks.log_scalars({metric_key("model", k): v for k, v in summary_scalars(model_summary(report)).items()},
-                              at)
-        mem = memory_scalars(report)
-        if mem:
-            sinks.log_scalars({key("memory", k): v for k, v in mem.items()}, at)
+        if opts.model and ctx.stage == "train" and report.area_scalars.get("model"):
+            sinks.log_scalars({metric_key("model", k): v for k, v in report.area_scalars["model"].items()}, at)
+        _areas(report, ("memory",), ctx, sinks)
         rows = layer_points(report)
         sinks.log_table(key("roofline", "layers"), rows, at)
         sinks.log_scatter(key("roofline", "scatter"), rows, "intensity", "achieved_gflops_per_s", at,
                           title="layer roofline: intensity (FLOP/byte) vs achieved GFLOP/s")
         if opts.plot:
+            from tscope_callbacks.render.plot import figure
+
             try:
-                sinks.log_figure(key("roofline", "plot"), report.figure(), at)
+                sinks.log_figure(key("roofline", "plot"), figure(report), at)
             except Exception as e:
                 faults.report("drawing the roofline plot", e)
     if opts.save_json:
