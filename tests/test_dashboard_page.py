@@ -269,7 +269,7 @@ def test_diff_shows_a_change(driver, fit_logdir):
     d_pts = (b["header"]["mfu"]["value"] - a["header"]["mfu"]["value"]) * 100
     assert cells[3] == f"{'+' if d_pts >= 0 else ''}{sig(d_pts)} pts"
     step_row = driver.find_element("css selector", "#diff-headline tr[data-figure='step time']")
-    assert re.search(r"[+-][\d.]+% \([\d.]+x (faster|slower)\)", step_row.find_elements("css selector", "td")[3].text)
+    assert re.search(r"[+-][\d.,]+% \([\d.,]+x (faster|slower)\)", step_row.find_elements("css selector", "td")[3].text)
     layers = driver.find_elements("css selector", "#diff-layers tr")
     assert len(layers) > 3  # header + the layers, largest change first
     changes = [abs(float(r.find_elements("css selector", "td")[3].text.replace(",", "")))
@@ -293,3 +293,36 @@ def test_over_time_charts_have_the_profiled_steps(driver, fit_logdir):
         pts = driver.find_elements("css selector", f"#charts [data-series={k}] svg circle")
         assert len(pts) >= len(steps), k
     assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_tscope_view_writes_the_page(fit_logdir, tmp_path, capsys):
+    from tscope_callbacks.cli import main
+
+    root, _, _ = fit_logdir
+    out = tmp_path / "d.html"
+    assert main(["view", str(root), "--out", str(out)]) == 0
+    assert 'data-tscope-step="tiny/version_0/train/' in out.read_text(encoding="utf-8")
+    assert main(["view", str(tmp_path / "nothing")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert main(["view", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert "no such file or directory" in err and "RooflineCallback()" in err
+
+
+def test_served_page_fetches_the_same_numbers(driver, fit_logdir):
+    """``tscope view --serve``: the page in its fetching mode (the plugin's four routes) shows what the file shows."""
+    import threading
+
+    from tscope_callbacks.cli.view import serve
+
+    root, _, _ = fit_logdir
+    file_cards = {k: driver.find_element("css selector", f"[data-card={k}] .value").text
+                  for k in ("step_time", "mfu", "memory")}
+    ready = threading.Event()
+    threading.Thread(target=serve, args=(str(root), "127.0.0.1", 0), kwargs={"ready": ready}, daemon=True).start()
+    assert ready.wait(10)
+    driver.get(f"http://127.0.0.1:{ready.port}/")
+    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    assert {k: driver.find_element("css selector", f"[data-card={k}] .value").text for k in file_cards} == file_cards
+    assert driver.find_elements("css selector", "svg#roofline circle.pt")
+    assert "step 999" in driver.find_element("css selector", "#banner").text

@@ -15,6 +15,7 @@ _COMMANDS = {
     "calibrate": ("tscope_callbacks.cli.calibrate", "measure this machine's achievable roofs (FLOP/s, bandwidth)"),
     "report": ("tscope_callbacks.cli.report", "render a saved profiled-step JSON as the roofline table / plot"),
     "diff": ("tscope_callbacks.cli.diff", "compare two saved profiled steps: step time, MFU, memory, per layer"),
+    "view": ("tscope_callbacks.cli.view", "the dashboard of a log dir as one self-contained HTML file, or served (--serve)"),
 }
 
 
