@@ -90,7 +90,7 @@ def serve(logdir: str, host: str = "127.0.0.1", port: int = 6007, *, ready: obje
             self.end_headers()
             self.wfile.write(body)
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             u = urlparse(self.path)
             q = parse_qs(u.query)
             route = u.path.rstrip("/").rsplit("/", 1)[-1]
