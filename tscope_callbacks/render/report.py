@@ -61,6 +61,17 @@ class RooflineReport:
         """Markdown: header figures, layer x phase table, op-class comparison, opportunities."""
         return markdown.to_markdown(self.step_report, top=top)
 
+    def to_html(self, path: Any = None) -> str:
+        """The dashboard page of this step as one self-contained HTML file (``render.dashboard``: inline JS and CSS,
+        no network); written to ``path`` too when given."""
+        from tscope_callbacks.render.dashboard import report_html
+
+        text = report_html(self.step_report)
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        return text
+
     def to_csv(self, path: Any) -> None:
         """Every row of every table, ungrouped."""
         legacy.to_csv(self.step_report, path)
