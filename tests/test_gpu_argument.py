@@ -9,7 +9,30 @@ import warnings
 import pytest
 
 import tscope_callbacks as ts
+from tests.profiles import a100, toy_profile
 from tscope_callbacks.cli import main
+
+
+def test_roofline_spec_is_a_deprecated_alias_of_gpu() -> None:
+    prof, spec = toy_profile(timed=False), a100()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new = ts.roofline(prof, gpu=spec)
+        positional = ts.roofline(prof, spec)
+    with pytest.warns(DeprecationWarning, match=r"roofline\(spec=\.\.\.\) is deprecated.*gpu="):
+        old = ts.roofline(prof, spec=spec)
+    assert old.to_markdown() == new.to_markdown() == positional.to_markdown()
+    assert old.spec.name == new.spec.name == spec.name
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="name the device once, as gpu="):
+        ts.roofline(prof, gpu="h100", spec=spec)
+
+
+def test_analyze_model_device_stays_the_torch_device_the_model_runs_on() -> None:
+    import torch
+
+    rep = ts.analyze_model(torch.nn.Linear(8, 4), input_shape=[(2, 8)], gpu="h100", device="meta")
+    # gpu= names the roofs, device= where the model ran (meta: counted, not computed, so untimed)
+    assert rep.spec.name == ts.get_device_spec("h100").name and not rep.timed
 
 
 def test_get_device_spec_device_is_a_deprecated_alias_of_gpu() -> None:

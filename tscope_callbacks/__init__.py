@@ -7,51 +7,56 @@ unless a callback is used.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
+# The public API: the core names (``__all__``), each from the module that defines it. docs/api.md lists them.
 _EXPORTS = {
-    # records
-    "OpRecord": "records",
-    "LayerRecord": "records",
-    "StepProfile": "records",
-    # capture
-    "profile": "capture.profile",
-    "Profile": "capture.profile",
-    "NestedProfileError": "capture.profile",
-    "active_profile": "capture.profile",
-    # formulas
-    "Formula": "formulas.registry",
-    "FormulaRegistry": "formulas.registry",
-    "DEFAULT_REGISTRY": "formulas",
-    # device roofs
-    "DeviceSpec": "devices.spec",
-    "UnknownDeviceError": "devices.spec",
-    "AmbiguousDeviceError": "devices.spec",
-    "SpecFileError": "devices.spec",
-    "precision_for_dtype": "devices.precision",
-    "normalize_precision": "devices.precision",
-    "get_device_spec": "devices.resolve",
-    "list_specs": "devices.resolve",
-    "calibrate": "devices.calibrate",
-    # analysis
-    "roofline": "api",
-    "RooflineReport": "render.report",
-    "StepReport": "analysis.report",
-    "analyze": "analysis.analyze",
-    "load_step_file": "analysis.report",
-    "analyze_model": "api",
-    "fsdp_whatif": "analysis.fsdp",
-    "ElemCountAnalysis": "compat.elemcount",
-    # callbacks (import Lightning)
+    # Lightning callbacks (import Lightning)
     "RooflineCallback": "callbacks.roofline_cb",
     "LayerProfilerCallback": "callbacks.layers_cb",
     "NaNGuardCallback": "callbacks.nan_guard",
     "WatchCallback": "callbacks.watch",
     "NonFiniteEvent": "analysis.nonfinite",
     "NonFiniteError": "analysis.nonfinite",
+    # any loop: profile a region, place it on the roofline
+    "profile": "capture.profile",
+    "roofline": "api",
+    "RooflineReport": "render.report",
+    "StepReport": "analysis.report",
+    "analyze": "analysis.analyze",
+    "load_step_file": "analysis.report",
+    # records
+    "StepProfile": "records",
+    "OpRecord": "records",
+    "LayerRecord": "records",
+    # no training
+    "analyze_model": "api",
+    "fsdp_whatif": "analysis.fsdp",
+    "ElemCountAnalysis": "compat.elemcount",
+    # device roofs
+    "DeviceSpec": "devices.spec",
+    "get_device_spec": "devices.resolve",
+    "list_specs": "devices.resolve",
+    "calibrate": "devices.calibrate",
+    "UnknownDeviceError": "devices.spec",
+    "AmbiguousDeviceError": "devices.spec",
+    "SpecFileError": "devices.spec",
+}
+
+#: advanced names: reachable under their module (the value); importable here for one more version with a
+#: DeprecationWarning naming that module
+_ADVANCED = {
+    "Profile": "capture.profile",
+    "NestedProfileError": "capture.profile",
+    "active_profile": "capture.profile",
+    "Formula": "formulas.registry",
+    "FormulaRegistry": "formulas.registry",
+    "DEFAULT_REGISTRY": "formulas",
+    "precision_for_dtype": "devices.precision",
+    "normalize_precision": "devices.precision",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -60,7 +65,12 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 def __getattr__(name: str) -> Any:
     mod = _EXPORTS.get(name)
     if mod is None:
-        raise AttributeError(f"module 'tscope_callbacks' has no attribute {name!r}")
+        mod = _ADVANCED.get(name)
+        if mod is None:
+            raise AttributeError(f"module 'tscope_callbacks' has no attribute {name!r}")
+        warnings.warn(f"tscope_callbacks.{name} is deprecated at the top level and will be removed from it in the "
+                      f"next version: import it from tscope_callbacks.{mod}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(f"{__name__}.{mod}"), name)  # not cached: each use warns
     value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
     globals()[name] = value
     return value

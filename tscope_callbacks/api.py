@@ -33,6 +33,7 @@ from tscope_callbacks.capture.meta_run import (
 from tscope_callbacks.capture.optim_step import optimizer_step
 from tscope_callbacks.capture.profile import profile
 from tscope_callbacks.devices.efficiency import KernelModel
+from tscope_callbacks.devices.gpu_arg import UNSET, gpu_alias
 from tscope_callbacks.devices.precision import TORCH_DTYPES, normalize_precision
 from tscope_callbacks.devices.resolve import get_device_spec
 from tscope_callbacks.devices.spec import DeviceSpec
@@ -57,13 +58,14 @@ def _resolve(spec: DeviceSpec | str | None, default: str) -> DeviceSpec:
     return spec
 
 
-def roofline(prof: StepProfile, spec: DeviceSpec | str | None = None, *, achievable: DeviceSpec | str | None = None,
+def roofline(prof: StepProfile, gpu: DeviceSpec | str | None = None, *, achievable: DeviceSpec | str | None = None,
              precision: str | None = None, group_small: float = 0.01,
-             kernel_model: bool | KernelModel | None = True) -> RooflineReport:
+             kernel_model: bool | KernelModel | None = True, spec: Any = UNSET) -> RooflineReport:
     """Place every op of ``prof`` (a StepProfile, or anything with ``.ops/.layers/.wall_time_s/.meta``) on the roofline.
 
-    ``spec``: a DeviceSpec or a name/path for ``get_device_spec``; None -> ``prof.meta["device_name"]`` or "auto".
-    ``achievable``: measured roofs (DeviceSpec or name) shown beside the datasheet ones; default ``spec.achievable``.
+    ``gpu``: a DeviceSpec or a name/path for ``get_device_spec``; None -> ``prof.meta["device_name"]`` or "auto"
+    (``spec=``: its deprecated spelling).
+    ``achievable``: measured roofs (DeviceSpec or name) shown beside the datasheet ones; default ``gpu.achievable``.
     ``precision``: force the roof precision of matrix-class ops (e.g. "fp8" for an fp8 what-if on a bf16 run);
     other ops always use their own dtype. ``group_small``: rows under this share of measured time (estimated when
     untimed) AND of FLOPs are grouped into one "(other N ...)" row in tables; totals always include them.
@@ -74,7 +76,7 @@ def roofline(prof: StepProfile, spec: DeviceSpec | str | None = None, *, achieva
         raise TypeError(f"roofline() needs a profiled step: the `prof` of `with ts.profile(model) as prof:` (after "
                         f"the with-block), or a StepProfile; got {type(prof).__name__}")
     meta = getattr(prof, "meta", None) or {}
-    spec = _resolve(spec, meta.get("device_name") or "auto")
+    spec = _resolve(gpu_alias(gpu, spec, old_name="spec", func="roofline"), meta.get("device_name") or "auto")
     ach = _resolve(achievable, "") if achievable is not None else None
     analysis = build_roofline(prof, spec, achievable=ach, precision=precision, group_small=group_small,
                               kernel_model=kernel_model)
