@@ -42,6 +42,8 @@ SLOW_STEPS = 5
 WINDOW = 100
 #: healthy steps before any trigger (the median of fewer misleads)
 MIN_STEPS = 20
+#: the rolling medians are recomputed every this many healthy steps
+REFRESH = 8
 #: a loss above this many times the rolling median of the losses before it is a spike (positive medians only)
 LOSS_SPIKE = 3.0
 #: at most one triggered profile per this many steps (and ``max_alerts`` per fit, in the monitor)
@@ -54,7 +56,7 @@ CONTENTION_RISE = 0.25
 WITNESS_MARGIN = 0.20
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StepTimes:
     """One step's parts, in seconds (module doc). ``step_s`` is the device's step (CUDA events, batch end to batch
     end) on a GPU and the host's on CPU; ``dirty``: the step held non-training work (a profile, validation, an
@@ -135,21 +137,33 @@ class SlowSteps:
         self.k, self.m, self.min_steps = k, m, min_steps
         self.healthy: deque[float] = deque(maxlen=window)
         self.run: list[tuple[int, float]] = []  #: the current run of slow steps (step, seconds)
+        self._med: float | None = None
+        self._added = 0  #: healthy steps added since the median was computed
 
     def median(self) -> float | None:
-        return statistics.median(self.healthy) if len(self.healthy) >= self.min_steps else None
+        """The rolling median (recomputed every :data:`REFRESH` healthy steps: it moves slowly, and sorting the
+        window at every step would be most of the monitor's per-step cost)."""
+        if self._med is None or self._added >= REFRESH:
+            self._added = 0
+            self._med = statistics.median(self.healthy) if len(self.healthy) >= self.min_steps else None
+        return self._med
 
     def add(self, step: int, seconds: float) -> dict[str, Any] | None:
         med = self.median()
         if med is None or seconds <= self.k * med:
-            self.run.clear()
+            if self.run:
+                self.run.clear()
             self.healthy.append(seconds)
+            self._added += 1
+            if med is None:
+                self._med = None
             return None
         self.run.append((step, seconds))
         if len(self.run) >= max(self.healthy.maxlen // 2, self.m + 1):  # type: ignore[operator]
             self.healthy.clear()  # a lasting change: the new normal
             self.healthy.extend(s for _, s in self.run)
             self.run.clear()
+            self._med = None
             return None
         if len(self.run) == self.m:
             slow = statistics.median(s for _, s in self.run)
@@ -164,18 +178,20 @@ class Spikes:
     def __init__(self, factor: float = LOSS_SPIKE, window: int = WINDOW, min_steps: int = MIN_STEPS) -> None:
         self.factor, self.min_steps = factor, min_steps
         self.values: deque[float] = deque(maxlen=window)
+        self._med: float | None = None
+        self._added = 0
 
     def add(self, step: int, value: float) -> dict[str, Any] | None:
         if not math.isfinite(value):
             return None  # the NaN guard's business
-        out = None
-        if len(self.values) >= self.min_steps:
-            med = statistics.median(self.values)
-            if med > 0 and value > self.factor * med:
-                out = {"kind": "loss-spike", "step": step, "value": value, "median": med, "ratio": value / med}
-        if out is None:
-            self.values.append(value)
-        return out
+        if len(self.values) >= self.min_steps and (self._med is None or self._added >= REFRESH):
+            self._med, self._added = statistics.median(self.values), 0  # every REFRESH steps (see SlowSteps)
+        med = self._med
+        if med is not None and med > 0 and value > self.factor * med:
+            return {"kind": "loss-spike", "step": step, "value": value, "median": med, "ratio": value / med}
+        self.values.append(value)
+        self._added += 1
+        return None
 
 
 class RateLimit:

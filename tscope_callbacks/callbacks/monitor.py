@@ -205,7 +205,8 @@ class StepMonitor(ProfilingCallback):
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if pl_module.automatic_optimization and trainer.global_step == self._gs:
+        gs = trainer.global_step  # (a property walk: read once)
+        if gs == self._gs and pl_module.automatic_optimization:
             return super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # accumulating
         st = self.clock.end()
         if self._modclock is not None:
@@ -217,7 +218,6 @@ class StepMonitor(ProfilingCallback):
             self._loss(trainer, outputs)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # finishes a running capture
         self._maybe_done(trainer)
-        gs = trainer.global_step
         if gs % max(trainer.log_every_n_steps, 1) == 0:
             self._log(trainer, gs, batch)
         if self.grad_spikes and self._guard is not None and len(self._guard.spikes) > self._guard_seen:
