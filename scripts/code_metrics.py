@@ -4,7 +4,7 @@
     .venv/bin/python scripts/code_metrics.py --static   # only the static ones (no fit)
 
 Figures:
-  * path files: distinct ``tscope_callbacks`` files whose code runs from the profiled step's
+  * path files: distinct ``tscope_callbacks`` files whose functions run (module-level code of imports left out) from the profiled step's
     ``RooflineCallback.on_train_batch_start`` until the markdown table has been logged to TensorBoard (a CPU fit of a
     small MLP, ``profile_steps=1``, ``sys.setprofile`` over every Python call);
   * calls up a layer: calls on that path from a module of a lower layer into a module of a higher layer (layers as
@@ -156,7 +156,7 @@ def path_trace() -> tuple[list[str], int, Counter]:
         if event != "call" or not state["on"]:
             return
         f = frame.f_code.co_filename
-        if not f.startswith(pkg):
+        if not f.startswith(pkg) or frame.f_code.co_name == "<module>":  # imports are not the path
             return
         seen[f] += 1
         caller = frame.f_back

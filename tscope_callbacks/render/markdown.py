@@ -117,23 +117,29 @@ def header_lines(report: StepReport) -> list[str]:
                   "% of roof, MFU and recoverable time compare two devices (an estimate, not a measurement)"]
     for note in report.context.roof_notes:
         lines += [f"- **Roof note**: {note}"]
-    cc = report.context.compiled_capture
-    if cc:
-        lines += [f"- **Compiled**: the compiled execution was recorded ({cc.get('kernel_records', 0)} Inductor kernel "
-                  f"calls; extern kernels counted exactly, fused kernels from their names; provenance: "
-                  f"{cc.get('provenance', '')})" + ("; CUDA graphs (mode='reduce-overhead'): kernels replayed inside a "
-                                                    "graph count in device-busy time but have no per-kernel record"
-                                                    if cc.get("cudagraphs") else "")]
-    elif report.context.compiled_modules_run_eagerly:
-        lines += ["- **Compiled**: " + ", ".join(f"`{m or '(root)'}`" for m in report.context.
-                                                 compiled_modules_run_eagerly)
-                  + " ran eagerly under this profile (times are eager times)"]
+    lines += compiled_lines(report)
     lines += memory_lines(report)
     lines += [f"- **Totals**: {_n(s.total_flops / 1e9)} GFLOP, {_n(s.total_bytes / 1e6)} MB, {s.n_ops} ops; "
               f"FLOP coverage {_p(s.flop_coverage)}"
               + (" (no formula: " + ", ".join(f"{k} ×{v}" for k, v in list(s.uncounted_ops.items())[:5]) + ")"
                  if s.uncounted_ops else "")]
     return lines
+
+
+def compiled_lines(report: StepReport) -> list[str]:
+    """How a compiled model was captured: its Inductor kernels, or its compiled modules run eagerly."""
+    cc = report.context.compiled_capture
+    if cc:
+        return [f"- **Compiled**: the compiled execution was recorded ({cc.get('kernel_records', 0)} Inductor kernel "
+                f"calls; extern kernels counted exactly, fused kernels from their names; provenance: "
+                f"{cc.get('provenance', '')})" + ("; CUDA graphs (mode='reduce-overhead'): kernels replayed inside a "
+                                                  "graph count in device-busy time but have no per-kernel record"
+                                                  if cc.get("cudagraphs") else "")]
+    if report.context.compiled_modules_run_eagerly:
+        return ["- **Compiled**: " + ", ".join(f"`{m or '(root)'}`" for m in report.context.
+                                               compiled_modules_run_eagerly)
+                + " ran eagerly under this profile (times are eager times)"]
+    return []
 
 
 def _cost_text(cost: dict[str, float | int] | None) -> str:

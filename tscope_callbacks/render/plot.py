@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -20,7 +21,7 @@ from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
-from tscope_callbacks.analysis.report import ReportLike, StepReport, step_report_of
+from tscope_callbacks.analysis.report import ReportLike, RoofUsed, StepReport, step_report_of
 
 __all__ = ["figure", "plot", "PHASE_COLORS", "PRECISION_COLORS"]
 
@@ -109,6 +110,33 @@ def _place_labels(ax: Any, fig: Figure, pts: list[dict[str, Any]], n: int) -> No
                     arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.4"} if abs(dy) > 10 else None)
 
 
+def _draw_roofs(ax: Any, roofs: Sequence[RoofUsed], bw: float, x_lo: float, x_hi: float) -> list[Line2D]:
+    """The memory slope up to the highest ridge, then one flat roof per precision from its ridge (achievable roofs
+    dotted); returns the legend handles."""
+    ridge_max = max((r.ridge for r in roofs), default=x_hi)
+    ax.plot([x_lo, ridge_max], [x_lo * bw / 1e12, ridge_max * bw / 1e12], color="0.2", lw=1.8)
+    handles = [Line2D([], [], color="0.2", lw=1.8, label=f"memory {bw / 1e9:.4g} GB/s")]
+    for r in roofs:
+        c = PRECISION_COLORS.get(r.precision, "0.5")
+        ls = "-" if r.matrix else "--"
+        peak = r.peak_flops / 1e12
+        ax.plot([r.ridge, x_hi], [peak, peak], color=c, lw=1.8, ls=ls)
+        ax.plot([r.ridge], [peak], marker="o", ms=5, color=c)
+        ax.annotate(f"ridge {r.ridge:.3g}", (r.ridge, peak), xytext=(-4, 4), textcoords="offset points",
+                    fontsize=7, ha="right", color=c)
+        kind = "matrix" if r.matrix else "vector"
+        handles.append(Line2D([], [], color=c, ls=ls, lw=1.8, label=f"{r.precision} {kind} {peak:.4g} TFLOP/s"))
+        a_peak, a_bw = r.achievable_peak_flops, r.achievable_bandwidth
+        if a_peak and a_bw:
+            a_ridge = a_peak / a_bw
+            ax.plot([x_lo, a_ridge, x_hi], [x_lo * a_bw / 1e12, a_peak / 1e12, a_peak / 1e12], color=c, ls=":",
+                    lw=1.4)
+            handles.append(Line2D([], [], color=c, ls=":", lw=1.4,
+                                  label=f"{r.precision} achievable {a_peak / 1e12:.4g} TFLOP/s, "
+                                        f"{a_bw / 1e9:.4g} GB/s"))
+    return handles
+
+
 def figure(report: ReportLike, top_labels: int = 8, *, figsize: tuple[float, float] = (10, 6), dpi: int = 120) -> Figure:
     """The roofline as a standalone :class:`~matplotlib.figure.Figure` (Agg canvas attached; no pyplot state)."""
     report = step_report_of(report)
@@ -131,28 +159,7 @@ def figure(report: ReportLike, top_labels: int = 8, *, figsize: tuple[float, flo
     y_lo = min(min(ys) / 3, x_lo * bw / 1e12)
     y_lo = max(y_lo, y_hi * 1e-7)
 
-    # memory slope up to the highest ridge, then one flat roof per precision from its ridge
-    ridge_max = max((r.ridge for r in roofs), default=x_hi)
-    ax.plot([x_lo, ridge_max], [x_lo * bw / 1e12, ridge_max * bw / 1e12], color="0.2", lw=1.8)
-    handles = [Line2D([], [], color="0.2", lw=1.8, label=f"memory {bw / 1e9:.4g} GB/s")]
-    for r in roofs:
-        c = PRECISION_COLORS.get(r.precision, "0.5")
-        ls = "-" if r.matrix else "--"
-        peak = r.peak_flops / 1e12
-        ax.plot([r.ridge, x_hi], [peak, peak], color=c, lw=1.8, ls=ls)
-        ax.plot([r.ridge], [peak], marker="o", ms=5, color=c)
-        ax.annotate(f"ridge {r.ridge:.3g}", (r.ridge, peak), xytext=(-4, 4), textcoords="offset points",
-                    fontsize=7, ha="right", color=c)
-        kind = "matrix" if r.matrix else "vector"
-        handles.append(Line2D([], [], color=c, ls=ls, lw=1.8, label=f"{r.precision} {kind} {peak:.4g} TFLOP/s"))
-        a_peak, a_bw = r.achievable_peak_flops, r.achievable_bandwidth
-        if a_peak and a_bw:
-            a_ridge = a_peak / a_bw
-            ax.plot([x_lo, a_ridge, x_hi], [x_lo * a_bw / 1e12, a_peak / 1e12, a_peak / 1e12], color=c, ls=":",
-                    lw=1.4)
-            handles.append(Line2D([], [], color=c, ls=":", lw=1.4,
-                                  label=f"{r.precision} achievable {a_peak / 1e12:.4g} TFLOP/s, "
-                                        f"{a_bw / 1e9:.4g} GB/s"))
+    handles = _draw_roofs(ax, roofs, bw, x_lo, x_hi)
 
     timed = report.timed
     present = {p["row"].phase for p in pts}
