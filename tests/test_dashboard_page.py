@@ -326,3 +326,41 @@ def test_served_page_fetches_the_same_numbers(driver, fit_logdir):
     assert {k: driver.find_element("css selector", f"[data-card={k}] .value").text for k in file_cards} == file_cards
     assert driver.find_elements("css selector", "svg#roofline circle.pt")
     assert "step 999" in driver.find_element("css selector", "#banner").text
+
+
+def test_tscope_report_html(fit_logdir, tmp_path):
+    from tscope_callbacks.cli import main
+
+    _, run_dir, steps = fit_logdir
+    out = tmp_path / "step.html"
+    assert main(["report", str(run_dir / "tscope" / f"step_{steps[-1]}.json"), "--html", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    data = json.loads(re.search(r'data-tscope-step="[^"]+">(.*?)</script>', text, re.S)[1])
+    assert data["header"]["mfu"] == ld.load(run_dir, steps[-1], "train")["header"]["mfu"]
+
+
+def test_wandb_gets_the_page_at_each_profile(tmp_path, monkeypatch):
+    """W&B (offline): each profile logs the step's dashboard page as ``wandb.Html`` under tscope/roofline/dashboard."""
+    wandb = pytest.importorskip("wandb")
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import WandbLogger
+
+    from tests.models import TinyLM
+    from tscope_callbacks import RooflineCallback
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    settings = wandb.Settings(x_disable_stats=True, x_disable_meta=True, console="off", disable_git=True,
+                              save_code=False)
+    logger = WandbLogger(offline=True, save_dir=str(tmp_path), project="tscope-test", settings=settings)
+    cb = RooflineCallback(gpu="NVIDIA A100-SXM4-80GB", every_n_steps=3, start_step=1, profile_steps=1,
+                          wait_for_warmup=False, plot=False, compare_eager=False, replay=False)
+    try:
+        pl.Trainer(max_steps=5, logger=logger, callbacks=[cb], enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False, accelerator="cpu", devices=1).fit(TinyLM())
+    finally:
+        wandb.finish()
+    pages = sorted((tmp_path / "wandb").glob("offline-run-*/files/media/html/tscope/roofline/dashboard*.html"))
+    assert len(pages) == 2, pages  # steps 1 and 4
+    text = pages[-1].read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>") and 'data-tscope-step="run/train/' in text and "<script src" not in text

@@ -221,6 +221,13 @@ def emit(step: AnalysedStep, sinks: Sink, ctx: ProfileContext, opts: EmitOptions
                 sinks.log_figure(key("roofline", "plot"), figure(report), at)
             except Exception as e:
                 faults.report("drawing the roofline plot", e)
+
+        def dashboard() -> str:
+            from tscope_callbacks.render.dashboard import report_html
+
+            return report_html(report)
+
+        sinks.log_html(key("roofline", "dashboard"), dashboard, at)  # W&B: wandb.Html of the step's page
     if opts.save_json:
         sinks.write_json(step_file_name(ctx), step_file(step))
     if step.traces:

@@ -86,6 +86,10 @@ class Sink:
     def log_figure(self, key: str, figure: Any, step: int) -> None:
         """A matplotlib figure (the caller closes it)."""
 
+    def log_html(self, key: str, make_html: Any, step: int) -> None:
+        """A self-contained HTML page (the dashboard), built by calling ``make_html()`` only in backends that show
+        HTML (W&B)."""
+
     def log_table(self, key: str, rows: Sequence[Row], step: int) -> None:
         """Tabular rows (dicts with the same keys)."""
 
@@ -247,6 +251,11 @@ class WandbSink(MetricsSink):
 
         self.logger.log_metrics({key: wandb.Html(markdown_to_html(markdown))}, step=step)
 
+    def log_html(self, key: str, make_html: Any, step: int) -> None:
+        import wandb
+
+        self.logger.log_metrics({key: wandb.Html(make_html(), inject=False)}, step=step)
+
     def log_figure(self, key: str, figure: Any, step: int) -> None:
         import wandb
 
@@ -321,6 +330,9 @@ class SinkGroup(Sink):
 
     def log_figure(self, key: str, figure: Any, step: int) -> None:
         self._each("log_figure", key, figure, step)
+
+    def log_html(self, key: str, make_html: Any, step: int) -> None:
+        self._each("log_html", key, make_html, step)
 
     def log_table(self, key: str, rows: Sequence[Row], step: int) -> None:
         self._each("log_table", key, rows, step)

@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default=None, metavar="NAME",
                    help="device name from `tscope specs` or a JSON spec path (default: the recorded device)")
     p.add_argument("--csv", default=None, type=output_file, metavar="OUT.csv", help="write every row (ungrouped) as CSV here")
+    p.add_argument("--html", default=None, type=output_file, metavar="OUT.html",
+                   help="write the dashboard page of the step here (one self-contained file, no network)")
     p.add_argument("--trace", default=None, type=output_file, metavar="OUT.json",
                    help="write a Chrome/Perfetto trace of the step here (ui.perfetto.dev; HTA/TraceLens read it)")
 
@@ -118,6 +120,12 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot.plot(report, args.plot)
         print(f"plot written to {args.plot}")
+    if args.html:
+        from tscope_callbacks.render.dashboard import report_html
+
+        with open(args.html, "w", encoding="utf-8") as fh:
+            fh.write(report_html(report))
+        print(f"dashboard page written to {args.html}")
     if args.trace:
         if prof is None:
             print(f"tscope report: {args.path} keeps no profile, so no trace can be written (the callbacks keep it "
