@@ -8,6 +8,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import tscope_callbacks as ts
@@ -55,29 +56,50 @@ def test_activations_from_saved_bytes_with_layer_details():
     assert m["batch"] == 4 and m["latency_source"] == "op-time"
 
 
+def _tb_hparams(log_dir: str) -> dict[str, object]:
+    """The hyperparameters of the run's last ``_hparams_/session_start_info`` (TensorBoard's HPARAMS tab)."""
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    out: dict[str, object] = {}
+    for f in sorted(Path(log_dir).glob("events.out.tfevents*")):
+        for ev in LegacyEventFileLoader(str(f)).Load():
+            for v in ev.summary.value:
+                if v.tag == "_hparams_/session_start_info":
+                    data = plugin_data_pb2.HParamsPluginData.FromString(v.metadata.plugin_data.content)
+                    out = {k: getattr(h, h.WhichOneof("kind")) for k, h in data.session_start_info.hparams.items()}
+    return out
+
+
 def test_callback_logs_the_model_once(tmp_path: Path):
     roof = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=1, every_n_steps=2)
     lay = ts.LayerProfilerCallback(start_step=1, every_n_steps=2)
     trainer = pl.Trainer(max_steps=5, default_root_dir=tmp_path, callbacks=[roof, lay],
                          logger=pl.loggers.TensorBoardLogger(tmp_path, name="tb"), **FAST)
     trainer.fit(TinyLM())
-    acc = EventAccumulator(trainer.logger.log_dir, size_guidance={"scalars": 0, "images": 0})
+    acc = EventAccumulator(trainer.logger.log_dir, size_guidance={"scalars": 0, "images": 0, "tensors": 0})
     acc.Reload()
-    model_tags = [t for t in acc.Tags()["scalars"] if t.startswith("tscope/model/")]
-    assert "tscope/model/params_m" in model_tags and "tscope/model/tokens_per_s" in model_tags
-    assert all(len(acc.Scalars(t)) == 1 for t in model_tags)  # once per fit, not per profile
+    # the model summary is a fact of the fit: the logger's hyperparameters (hparams.yaml, the HPARAMS tab), no
+    # one-point scalar charts
+    assert not [t for t in acc.Tags()["scalars"] if t.startswith("tscope/model/")]
+    hp = yaml.safe_load((Path(trainer.logger.log_dir) / "hparams.yaml").read_text())
+    model_keys = [k for k in hp if k.startswith("tscope/model/")]
+    assert "tscope/model/params_m" in model_keys and "tscope/model/tokens_per_s" in model_keys
+    assert "tscope/model/params_m" in _tb_hparams(trainer.logger.log_dir)  # what the HPARAMS tab reads
     n = sum(p.numel() for p in trainer.lightning_module.parameters())
-    assert acc.Scalars("tscope/model/params_m")[0].value == pytest.approx(n / 1e6, rel=1e-5)
+    assert hp["tscope/model/params_m"] == pytest.approx(n / 1e6, rel=1e-5)
     assert "tscope/layers/bars" in acc.Tags()["images"]
-    # the step's memory at each profile (layer details from the LayerProfilerCallback)
+    # the step's measured memory peak at each profile (layer details from the LayerProfilerCallback); the
+    # categories fixed for the model and batch shape in the hyperparameters
     mem = {t: acc.Scalars(t) for t in acc.Tags()["scalars"] if t.startswith("tscope/memory/")}
-    assert {"tscope/memory/step_peak_mb", "tscope/memory/weights_mb", "tscope/memory/optimizer_state_mb",
-            "tscope/memory/activations_saved_mb"} <= set(mem)
+    assert "tscope/memory/step_peak_mb" in mem and not {"tscope/memory/weights_mb", "tscope/memory/optimizer_state_mb",
+                                                       "tscope/memory/activations_saved_mb"} & set(mem)
+    assert {"tscope/memory/weights_mb", "tscope/memory/optimizer_state_mb", "tscope/memory/activations_saved_mb"} <= set(hp)
     profiles = len(list((Path(trainer.logger.log_dir) / "tscope").glob("step_*.json")))
     assert profiles >= 2 and {t: len(v) for t, v in mem.items()} == {t: profiles for t in mem}
-    assert mem["tscope/memory/weights_mb"][0].value == pytest.approx(n * 4 / 2**20, rel=1e-5)  # fp32 weights
+    assert hp["tscope/memory/weights_mb"] == pytest.approx(n * 4 / 2**20, rel=1e-5)  # fp32 weights
     peak = mem["tscope/memory/step_peak_mb"][-1].value
-    assert peak > mem["tscope/memory/weights_mb"][-1].value + mem["tscope/memory/optimizer_state_mb"][-1].value
+    assert peak > hp["tscope/memory/weights_mb"] + hp["tscope/memory/optimizer_state_mb"]
 
 
 def test_layer_bars_largest_first():

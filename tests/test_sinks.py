@@ -192,3 +192,32 @@ def test_figure_sinks_do_not_close_figures(tmp_path: Path) -> None:
         FileSink(tmp_path).log_figure("tscope/roofline/plot", fig, 0)
     assert plt.fignum_exists(fig.number)
     plt.close(fig)
+
+
+def test_facts_of_the_fit_are_hyperparameters_and_tensorboard_gets_a_layout(tmp_path: Path) -> None:
+    """``tscope/model/*`` and the memory categories go to the loggers' hyperparameters, not to one-point charts; the
+    step's measured memory peak stays a series; TensorBoard gets the custom-scalars layout once."""
+    import json
+
+    import yaml
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+    tb = TensorBoardLogger(tmp_path, name="tb")
+    csv_logger = CSVLogger(tmp_path, name="csv")
+    group = SinkGroup([TensorBoardSink(tb), CSVSink(csv_logger), FileSink(tmp_path / "files")], tmp_path)
+    group.log_scalars({"tscope/roofline/mfu": 0.25, "tscope/model/params_m": 1.5,
+                       "tscope/memory/weights_mb": 6.0, "tscope/memory/step_peak_mb": 20.0}, 3)
+    group.log_scalars({"tscope/roofline/mfu": 0.3, "tscope/memory/weights_mb": 6.5}, 5)
+    tb.experiment.flush()
+    csv_logger.save()
+    events = [ev for f in sorted(Path(tb.log_dir).glob("events*")) for ev in LegacyEventFileLoader(str(f)).Load()]
+    scalars = {(v.tag, ev.step) for ev in events for v in ev.summary.value if v.WhichOneof("value") == "simple_value"}
+    assert scalars == {("tscope/roofline/mfu", 3), ("tscope/roofline/mfu", 5), ("tscope/memory/step_peak_mb", 3)}
+    tags = [v.tag for ev in events for v in ev.summary.value]
+    assert tags.count("custom_scalars__config__") == 1  # once per run
+    hp = yaml.safe_load((Path(tb.log_dir) / "hparams.yaml").read_text())
+    assert hp == {"tscope/model/params_m": 1.5, "tscope/memory/weights_mb": 6.5}  # updated by the later value
+    assert yaml.safe_load((Path(csv_logger.log_dir) / "hparams.yaml").read_text()) == hp
+    assert json.loads((tmp_path / "files" / "hparams.json").read_text()) == hp
+    rows = list(csv.DictReader((tmp_path / "files" / "metrics.csv").open()))
+    assert {r["key"] for r in rows} == {"tscope/roofline/mfu", "tscope/memory/step_peak_mb"}

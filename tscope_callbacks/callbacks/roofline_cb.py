@@ -110,11 +110,15 @@ class RooflineCallback(ProfilingCallback):
     - text ``tscope/roofline/table`` (markdown), image ``tscope/roofline/plot``, table ``tscope/roofline/layers``
       (per layer: intensity, achieved GFLOP/s, time, estimate, bound) and, on W&B, the scatter
       ``tscope/roofline/scatter``;
-    - scalars ``tscope/model/*`` once per fit (parameters, size, activations, forward and step GFLOP, GMAC,
-      latency per batch, samples/s, tokens/s: ``analysis.model_summary``);
-    - scalars ``tscope/memory/{step_peak_mb, weights_mb, grads_mb, optimizer_state_mb, activations_saved_mb,
-      device_share}`` at each profiled step with layer details (e.g. beside a ``LayerProfilerCallback``): the step's
-      memory by category and its peak's share of the device (``capture.step_memory``); ``tscope/comm/*`` and the text
+    - hyperparameters ``tscope/model/*`` once per fit (parameters, size, activations, forward and step GFLOP, GMAC,
+      latency per batch, samples/s, tokens/s: ``analysis.model_summary``): the logger's hyperparameters or config
+      (TensorBoard's HPARAMS tab and ``hparams.yaml``, the W&B config), not one-point charts;
+    - at each profiled step with layer details (e.g. beside a ``LayerProfilerCallback``): scalars
+      ``tscope/memory/{step_peak_mb, device_share}`` (the step's measured peak and its share of the device) and the
+      memory by category, fixed for a model and batch shape, as hyperparameters
+      ``tscope/memory/{weights_mb, grads_mb, optimizer_state_mb, activations_saved_mb}`` (``capture.step_memory``;
+      ``callbacks.sinks.HPARAM_AREAS``); on TensorBoard a custom-scalars layout grouping MFU, step time and
+      throughput; ``tscope/comm/*`` and the text
       ``tscope/comm/table`` when the step ran collectives; ``tscope/roofline/compiled_vs_eager`` and
       ``tscope/roofline/compile_speedup`` for compiled models;
     - file ``<log_dir>/tscope/step_<N>.json`` (other stages: ``<stage>_step_<N>.json``).

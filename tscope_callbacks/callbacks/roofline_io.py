@@ -79,7 +79,7 @@ class EmitOptions:
     top: int = 20
     plot: bool = True
     save_json: bool = True
-    model: bool = True  #: the ``tscope/model/*`` scalars (once per fit: the callback says when)
+    model: bool = True  #: the ``tscope/model/*`` hyperparameters (once per fit: the callback says when)
 
 
 def gather_traces(trainer: Any, result: StepProfile, ctx: ProfileContext) -> tuple[StepProfile, ...]:

@@ -17,6 +17,12 @@ no logger           files under ``<default_root_dir>/tscope/``: ``metrics.csv``,
 
 Several loggers at once: all of them get everything. A sink that raises is reported once (a warning naming it; one
 per directory for the files) and skipped for that call; training never stops because of a sink.
+
+Facts of the fit, not series: the keys of ``HPARAM_AREAS`` (``tscope/model/*``, the model summary, and the memory
+categories ``tscope/memory/{weights,grads,optimizer_state,activations_saved}_mb``) go to the loggers' hyperparameters (``log_hyperparams``: TensorBoard's
+HPARAMS tab and ``hparams.yaml``, the W&B run config, CSVLogger's ``hparams.yaml``; ``hparams.json`` for the file
+sink) instead of a one-point scalar chart; the dashboard shows them per step. TensorBoard also gets a custom-scalars
+layout (``CUSTOM_SCALARS``, its CUSTOM SCALARS tab) grouping MFU, step time and throughput.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ from typing import Any
 
 __all__ = [
     "METRIC_ROOT",
+    "HPARAM_AREAS",
+    "CUSTOM_SCALARS",
+    "is_hparam",
     "metric_key",
     "NULL_SINK",
     "NullSink",
@@ -54,11 +63,37 @@ Row = Mapping[str, Any]
 #: the namespace of every key the callbacks write
 METRIC_ROOT = "tscope"
 
+#: facts of the fit (one point per fit as a chart), logged as hyperparameters: every ``tscope/model/*`` key (the model
+#: summary, once per fit) and the memory categories that are fixed for a model and batch shape (the step's measured
+#: peak, ``step_peak_mb``, and ``device_share`` stay series: they are measured at each profile)
+HPARAM_AREAS = {"model": None, "memory": ("weights_mb", "grads_mb", "optimizer_state_mb", "activations_saved_mb")}
+
+#: TensorBoard's custom-scalars layout (written once per run with the first ``tscope/roofline/*`` scalar); each
+#: chart's tags are regular expressions
+CUSTOM_SCALARS = {
+    "tscope": {
+        "MFU, HFU, MBU (fraction of peak)": ["Multiline", [r"^tscope/roofline/(mfu|hfu|mbu)$"]],
+        "step time (ms)": ["Multiline", [r"^tscope/roofline/(step_ms|measured_step_ms|estimated_step_ms)$"]],
+        "tokens/s": ["Multiline", [r"^tscope/roofline/tokens_per_s$"]],
+        "samples/s": ["Multiline", [r"^tscope/roofline/samples_per_s$"]],
+        "achieved TFLOP/s": ["Multiline", [r"^tscope/roofline/achieved_tflops$"]],
+    },
+}
+
 
 def metric_key(area: str, name: str, stage: str = "train") -> str:
     """``tscope/<area>/<name>`` for training, ``tscope/<area>/<stage>/<name>`` for the other stages (the analysis
     hands out bare names; the adapters add the namespace and stage here, in one place)."""
     return f"{METRIC_ROOT}/{area}/{name}" if stage == "train" else f"{METRIC_ROOT}/{area}/{stage}/{name}"
+
+
+def is_hparam(key: str) -> bool:
+    """A key of ``HPARAM_AREAS`` (``tscope/model/*``, ``tscope/memory/weights_mb``...): logged as a hyperparameter."""
+    parts = key.split("/", 2)
+    if len(parts) != 3 or parts[0] != METRIC_ROOT or parts[1] not in HPARAM_AREAS:
+        return False
+    names = HPARAM_AREAS[parts[1]]
+    return names is None or parts[2] in names
 
 
 def _slug(key: str) -> str:
@@ -79,6 +114,9 @@ class Sink:
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
         """Scalars keyed by metric name (``tscope/...``) at ``step``."""
+
+    def log_hparams(self, params: Mapping[str, float]) -> None:
+        """Facts of the fit (``tscope/model/*``, ``tscope/memory/*``) as the logger's hyperparameters (updated)."""
 
     def log_text(self, key: str, markdown: str, step: int) -> None:
         """A markdown text (e.g. a table) at ``step``."""
@@ -146,6 +184,12 @@ class FileSink(Sink):
             for k, v in scalars.items():
                 w.writerow([step, k, v])
 
+    def log_hparams(self, params: Mapping[str, float]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / "hparams.json"
+        old = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**old, **params}, indent=1, sort_keys=True) + "\n")
+
     def log_text(self, key: str, markdown: str, step: int) -> None:
         self._path(key, step, "md").write_text(markdown + "\n")
 
@@ -185,6 +229,10 @@ class MetricsSink(Sink):
         if scalars:
             self.logger.log_metrics(dict(scalars), step=step)
 
+    def log_hparams(self, params: Mapping[str, float]) -> None:
+        if params:  # W&B: the run config (updated); CSVLogger: hparams.yaml
+            self.logger.log_hyperparams(dict(params))
+
 
 class CSVSink(MetricsSink):
     """CSVLogger: ``log_metrics`` for scalars; text/tables/figures as files in ``<log_dir>/tscope/``."""
@@ -218,8 +266,29 @@ class TensorBoardSink(Sink):
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
         exp = self.logger.experiment
+        if not getattr(self, "_layout", False) and any(k.startswith(f"{METRIC_ROOT}/roofline/") for k in scalars):
+            self._layout = True
+            exp.add_custom_scalars(CUSTOM_SCALARS)
         for k, v in scalars.items():
             exp.add_scalar(k, float(v), global_step=step)
+
+    def log_hparams(self, params: Mapping[str, float]) -> None:
+        """The logger's hyperparameters updated with ``params``: its ``hparams.yaml`` rewritten and the HPARAMS
+        tab's session written again with all of them (no metric values are written here)."""
+        if not params:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        lg = self.logger
+        lg.hparams.update(params)  # what Lightning's log_hyperparams records, without its placeholder hp_metric
+        flat = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in lg.hparams.items()}
+        metrics = {"hp_metric": 0.0} if getattr(lg, "_default_hp_metric", False) else {}  # names only
+        writer = lg.experiment._get_file_writer()
+        for summary in hparams(flat, metrics):
+            writer.add_summary(summary)
+        from lightning.pytorch.core.saving import save_hparams_to_yaml
+
+        save_hparams_to_yaml(os.path.join(lg.log_dir, "hparams.yaml"), lg.hparams)
 
     def log_text(self, key: str, markdown: str, step: int) -> None:
         self.logger.experiment.add_text(key, markdown, global_step=step)
@@ -323,7 +392,15 @@ class SinkGroup(Sink):
                 self._failed(s.key, f"the {s.name} sink failed in {method}", e)
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
-        self._each("log_scalars", scalars, step)
+        series = {k: v for k, v in scalars.items() if not is_hparam(k)}
+        facts = {k: v for k, v in scalars.items() if is_hparam(k)}
+        if series:
+            self._each("log_scalars", series, step)
+        if facts:
+            self._each("log_hparams", facts)
+
+    def log_hparams(self, params: Mapping[str, float]) -> None:
+        self._each("log_hparams", params)
 
     def log_text(self, key: str, markdown: str, step: int) -> None:
         self._each("log_text", key, markdown, step)
