@@ -136,33 +136,42 @@ class TscopePlugin(base_plugin.TBPlugin):
         try:
             if not self._logdir:
                 return _json(request, {"runs": [], "hint": "tensorboard was started without --logdir. " + ld.HINT})
-            idx = ld.scan(self._logdir)
+            idx = ld.scan(self._logdir)  # parses new or changed files (cached): their readability
             for r in idx["runs"]:
-                r.pop("dir", None)  # the server's paths stay on the server
+                run_dir = Path(r.pop("dir"))  # the server's paths stay on the server
+                ok = [s for s in r["steps"] if s["readable"]]
+                if ok:  # the page opens a run on its last step: its answer ready before it is asked for
+                    self._step_body(run_dir, ok[-1]["step"], ok[-1]["stage"], r["run"])
             return _json(request, idx)
         except Exception as e:
             return _json(request, {"runs": [], "hint": None, "error": f"listing the runs: {type(e).__name__}: {e}"})
+
+    def _step_body(self, run_dir: Path, step: int, stage: str, run: str | None) -> bytes:
+        """The ``step`` route's JSON answer, cached by the file's (path, mtime, size)."""
+        key = ld._key(ld.step_path(run_dir, step, stage))
+        if key is None:
+            return json.dumps({"error": f"run {run!r} has no step {step} ({stage})"}).encode("utf-8")
+        with self._lock:
+            body = self._step_cache.get(key)
+        if body is None:
+            rep = ld.load(run_dir, step, stage)
+            if "error" not in rep or "schema" in rep:
+                ops = rep.get("ops") or []
+                rep = {k: v for k, v in rep.items() if k != "ops"}
+                rep["ops_count"] = len(ops)
+            body = json.dumps(rep, allow_nan=False, separators=(",", ":")).encode("utf-8")
+            with self._lock:
+                if len(self._step_cache) > 32:
+                    self._step_cache.clear()
+                self._step_cache[key] = body
+        return body
 
     @wrappers.Request.application
     def _serve_step(self, request: Any) -> Any:
         try:
             step, stage = self._step_args(request)
-            run_dir = self._run_dir(request.args.get("run"))
-            key = ld._key(ld.step_path(run_dir, step, stage))
-            if key is None:
-                return _json(request, {"error": f"run {request.args.get('run')!r} has no step {step} ({stage})"})
-            with self._lock:
-                body = self._step_cache.get(key)
-            if body is None:
-                rep = ld.load(run_dir, step, stage)
-                if "error" not in rep or "schema" in rep:
-                    rep = {k: v for k, v in rep.items() if k != "ops"}
-                    rep["ops_count"] = len(ld.load(run_dir, step, stage).get("ops") or [])
-                body = json.dumps(rep, allow_nan=False, separators=(",", ":")).encode("utf-8")
-                with self._lock:
-                    if len(self._step_cache) > 32:
-                        self._step_cache.clear()
-                    self._step_cache[key] = body
+            run = request.args.get("run")
+            body = self._step_body(self._run_dir(run), step, stage, run)
             return http_util.Respond(request, body, "application/json")
         except Exception as e:
             return _json(request, {"error": f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)})
