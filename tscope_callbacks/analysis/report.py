@@ -60,6 +60,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -661,7 +662,7 @@ def _load(tp: Any, v: Any) -> Any:
     return v
 
 
-def load_step_file(path: Any) -> StepReport:
+def load_step_file(path: str | os.PathLike[str]) -> StepReport:
     """The StepReport of a step file (``<log_dir>/tscope/step_<N>.json``). Raises :class:`StepFileError` with one
     line for a missing, unreadable, corrupt or half-written file, or one of another schema or version (a version 1
     file: re-analyse its profile with ``tscope report``)."""

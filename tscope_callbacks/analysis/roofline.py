@@ -12,6 +12,7 @@ inclusive of children, per op class and per op name. The caller resolves the dev
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Any
 
 from tscope_callbacks.analysis.advice import opportunities as advice_opportunities
@@ -276,7 +277,7 @@ class RooflineAnalysis:
                 other.add(o)
         return keep + [other]
 
-    def measured_over_estimated(self, categories: Any = MATRIX_CATEGORIES) -> float | None:
+    def measured_over_estimated(self, categories: Collection[str] = MATRIX_CATEGORIES) -> float | None:
         """Aggregate measured / estimated time of the ops in ``categories`` (default: matmul, conv, attention)."""
         ops = [o for o in self.op_roofs if o.record.category in set(categories) and o.measured_s is not None]
         return _div(sum(o.measured_s or 0.0 for o in ops), sum(o.estimate_s for o in ops))

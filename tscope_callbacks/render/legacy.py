@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import os
 from typing import Any
 
 from tscope_callbacks.analysis.fmt import div as _div
@@ -22,7 +23,7 @@ _TABLES = (("layer", "layer_phase"), ("layer_total", "layer"), ("inclusive", "in
            ("op", "op_name"), ("total", "total"))
 
 
-def to_csv(report: ReportLike, path: Any) -> None:
+def to_csv(report: ReportLike, path: str | os.PathLike[str]) -> None:
     """Every row of every table (layer x phase, layer totals, inclusive, op class, op name), ungrouped."""
     report = step_report_of(report)
     ms = lambda s: "" if s is None else s * 1e3  # noqa: E731

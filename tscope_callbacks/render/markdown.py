@@ -8,7 +8,7 @@ CPU); "achievable" is the calibrated roof shown beside it when known.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tscope_callbacks.analysis.fmt import fig as _f
 from tscope_callbacks.analysis.fmt import g as _g
@@ -29,6 +29,9 @@ from tscope_callbacks.records import StepProfile
 from tscope_callbacks.render.fsdp import fsdp_lines
 from tscope_callbacks.render.legacy import CSV_FIELDS, to_csv, to_dict
 from tscope_callbacks.render.notes import basis_extra, environment_lines, noise_lines
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["header_lines", "to_markdown", "to_csv", "to_dict", "to_console", "json_safe", "op_table", "COLUMNS",
            "columns", "compare_table", "opportunity_line", "CSV_FIELDS"]
@@ -307,7 +310,7 @@ def to_markdown(report: ReportLike, top: int = 20) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_console(report: ReportLike, top: int = 20, console: Any = None) -> None:
+def to_console(report: ReportLike, top: int = 20, console: Console | None = None) -> None:
     """Print the table with rich when installed (plain markdown otherwise)."""
     report = step_report_of(report)
     try:

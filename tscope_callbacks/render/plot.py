@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -22,6 +22,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
 from tscope_callbacks.analysis.report import ReportLike, RoofUsed, StepReport, step_report_of
+from tscope_callbacks.records import LayerRecord
 
 __all__ = ["figure", "plot", "PHASE_COLORS", "PRECISION_COLORS"]
 
@@ -209,7 +210,7 @@ def plot(report: ReportLike, path: str | os.PathLike[str], top_labels: int = 8) 
     return os.fspath(path)
 
 
-def layer_bars(layers: Any, top: int = 15, *, dpi: int = 110) -> Figure:
+def layer_bars(layers: Mapping[str, LayerRecord], top: int = 15, *, dpi: int = 110) -> Figure:
     """Per-layer forward/backward self time and memory as horizontal bars, largest first: the layer-level picture
     beside the roofline. ``layers``: ``{path: LayerRecord}``; the ``top`` layers by self time (forward + backward),
     root and pure containers (no own ops) left out. Memory: output MB and, with layer details, saved MB."""

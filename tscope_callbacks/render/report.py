@@ -7,12 +7,20 @@ see :class:`~tscope_callbacks.analysis.roofline.RooflineAnalysis`)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tscope_callbacks.analysis.analyze import AnalyzeOptions, report_of
 from tscope_callbacks.analysis.report import StepReport
 from tscope_callbacks.analysis.roofline import RooflineAnalysis
 from tscope_callbacks.render import legacy, markdown, plot
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from rich.console import Console
+
+PathLike = str | os.PathLike[str]
 
 __all__ = ["RooflineReport"]
 
@@ -61,7 +69,7 @@ class RooflineReport:
         """Markdown: header figures, layer x phase table, op-class comparison, opportunities."""
         return markdown.to_markdown(self.step_report, top=top)
 
-    def to_html(self, path: Any = None) -> str:
+    def to_html(self, path: PathLike | None = None) -> str:
         """The dashboard page of this step as one self-contained HTML file (``render.dashboard``: inline JS and CSS,
         no network); written to ``path`` too when given."""
         from tscope_callbacks.render.dashboard import report_html
@@ -72,7 +80,7 @@ class RooflineReport:
                 fh.write(text)
         return text
 
-    def to_csv(self, path: Any) -> None:
+    def to_csv(self, path: PathLike) -> None:
         """Every row of every table, ungrouped."""
         legacy.to_csv(self.step_report, path)
 
@@ -81,15 +89,15 @@ class RooflineReport:
         versioned StepReport JSON."""
         return legacy.to_dict(self.step_report)
 
-    def to_console(self, top: int = 20, console: Any = None) -> None:
+    def to_console(self, top: int = 20, console: Console | None = None) -> None:
         """Print with rich when installed, plain markdown otherwise."""
         markdown.to_console(self.step_report, top=top, console=console)
 
-    def figure(self, top_labels: int = 8) -> Any:
+    def figure(self, top_labels: int = 8) -> Figure:
         """The roofline as a matplotlib Figure (no pyplot state)."""
         return plot.figure(self.step_report, top_labels=top_labels)
 
-    def save_trace(self, path: Any) -> Any:
+    def save_trace(self, path: PathLike) -> Path:
         """Write the step as a Chrome/Perfetto trace (``render.trace``): ops (and CUDA kernels) with their layer,
         FLOPs, bytes and roofline bound."""
         from tscope_callbacks.records import StepProfile
@@ -98,7 +106,7 @@ class RooflineReport:
         prof = StepProfile(ops=[o.record for o in self._analysis.op_roofs], meta=self._analysis.meta)
         return save_trace(prof, path, self.step_report)
 
-    def plot(self, path: Any, top_labels: int = 8) -> Any:
+    def plot(self, path: PathLike, top_labels: int = 8) -> str:
         """Write the roofline PNG to ``path``."""
         return plot.plot(self.step_report, path, top_labels=top_labels)
 

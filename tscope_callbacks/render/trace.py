@@ -17,6 +17,7 @@ the ranks of one host line up.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,7 @@ def chrome_trace(profiles: StepProfile | Sequence[StepProfile],
                        "step_time_s": m.get("step_time_s"), "step_time_basis": m.get("step_time_basis")}}
 
 
-def save_trace(profiles: StepProfile | Sequence[StepProfile], path: Any,
+def save_trace(profiles: StepProfile | Sequence[StepProfile], path: str | os.PathLike[str],
                reports: Sequence[ReportLike | None] | ReportLike | None = None) -> Path:
     """Write :func:`chrome_trace` to ``path`` (open it in ui.perfetto.dev or chrome://tracing)."""
     out = Path(path)
