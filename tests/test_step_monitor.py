@@ -158,6 +158,18 @@ def test_what_grew_names_parts_layers_ops_clocks() -> None:
     assert "steps 36-40" in text and "layer 'b'" in text and "healthy profile of step 20" in text
 
 
+def test_contention_is_a_slowdown_spread_over_the_step() -> None:
+    h = an.Snapshot(20, {"step_ms": 2.0, "data_wait_ms": 0.5}, layers={"a": 0.0005, "b": 0.0005}, load=0.1)
+    # everything 5x slower: nothing grew beyond the step's own ratio (5 x its healthy time)
+    spread = an.Snapshot(40, {"step_ms": 10.0, "data_wait_ms": 2.6}, layers={"a": 0.0026, "b": 0.0024}, load=0.8)
+    assert an.concentrated(h, spread) is None and an.host_contention(h.load, spread.load)
+    assert any(f.kind == "host load" for f in an.what_grew(h, spread, cuda=False))
+    # layer b: 0.5 -> 8 ms, 5.5 ms beyond 5x its healthy 0.5 ms (2.5 ms): at least half the 8 ms the step grew
+    one = an.Snapshot(40, {"step_ms": 10.0, "data_wait_ms": 0.5}, layers={"a": 0.0005, "b": 0.008}, load=0.8)
+    assert an.concentrated(h, one) == "layer 'b'"
+    assert not an.host_contention(0.1, 0.2) and an.host_contention(0.1, 0.36) and not an.host_contention(None, None)
+
+
 def test_witness_margin() -> None:
     assert an.witness(0.40, 0.50) is None  # 10 points apart: within the 20-point margin
     assert "exceeds" in an.witness(0.45, 0.20)
@@ -186,7 +198,8 @@ def test_breakdown_keys_and_input_bound_from_a_sleeping_loader(tmp_path, caplog)
     assert b["input_bound"] == 1.0 and b["data_wait_share"] > 0.25 and b["data_wait_ms"] >= 16.0
     # CPU: the host is the device (busy = host) and idle is the data wait
     assert b["device_busy_ms"] == pytest.approx(b["host_ms"]) and b["idle_ms"] == pytest.approx(b["data_wait_ms"])
-    assert b["step_ms"] == pytest.approx(b["data_wait_ms"] + b["host_ms"], rel=0.05)
+    # each step is its data wait plus its host time (previous batch end -> this batch end), to the float
+    assert all(st.step_s == pytest.approx(st.data_wait_s + st.host_s, rel=1e-9) for st in mon.recent)
     assert mon.input_fixes and mon.input_fixes[0].startswith("num_workers=0")
     assert any("input-bound" in r.message and "num_workers" in r.message for r in caplog.records)
     # the report's time split: the profiled step carries the breakdown

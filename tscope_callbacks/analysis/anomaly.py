@@ -29,7 +29,7 @@ from typing import Any
 
 __all__ = ["StepTimes", "summarize", "loader_settings", "input_fixes", "SlowSteps", "Spikes", "RateLimit", "Snapshot", "Finding",
            "what_grew", "alert_text", "witness", "INPUT_BOUND_SHARE", "SLOW_FACTOR", "SLOW_STEPS", "WINDOW",
-           "MIN_STEPS", "LOSS_SPIKE", "MIN_GAP_STEPS", "GREW_SHARE", "WITNESS_MARGIN", "CONTENTION_RISE",
+           "MIN_STEPS", "LOSS_SPIKE", "MIN_GAP_STEPS", "GREW_SHARE", "WITNESS_MARGIN", "CONTENTION_RISE", "CONTENTION_LOAD",
            "host_contention", "concentrated"]
 
 #: data wait at or above this share of the step (median over the log interval) makes the step input-bound
@@ -50,7 +50,9 @@ LOSS_SPIKE = 3.0
 MIN_GAP_STEPS = 100
 #: a part of the step "grew" when it grew by at least this share of the whole step's growth
 GREW_SHARE = 0.15
-#: other processes' CPU load per CPU rose at least this much over the slow steps: host contention
+#: other processes' CPU load per CPU over the slow steps from which the host is contended (half of every CPU busy
+#: with someone else's work), or its rise from the healthy steps
+CONTENTION_LOAD = 0.5
 CONTENTION_RISE = 0.25
 #: the tensor pipes' active share and the FLOP-count MFU disagree above this many points (absolute, 0-1)
 WITNESS_MARGIN = 0.20
@@ -282,8 +284,9 @@ def what_grew(healthy: Snapshot, now: Snapshot, *, cuda: bool, top: int = 3) -> 
                            f"straggler rank {r}: {ranks[r] * 1e3:.3g} ms vs {min(ranks) * 1e3:.3g} ms on the fastest "
                            f"({ranks[r] / min(ranks):.3g}x)"))
     if host_contention(healthy.load, now.load):
+        was = "" if healthy.load is None else f"{healthy.load:.2f} -> "
         out.append(Finding("host load", "other processes", healthy.load, now.load, "per CPU",
-                           f"other processes' CPU load {healthy.load:.2f} -> {now.load:.2f} per CPU"))
+                           f"other processes' CPU load {was}{now.load:.2f} per CPU"))
     ht, nt = healthy.telemetry, now.telemetry
     a, b = ht.get("sm_clock_mhz"), nt.get("sm_clock_mhz")
     if a and b and b < 0.9 * a:
@@ -298,8 +301,11 @@ def what_grew(healthy: Snapshot, now: Snapshot, *, cuda: bool, top: int = 3) -> 
 
 
 def host_contention(before: float | None, after: float | None) -> bool:
-    """Whether other processes' CPU load (per CPU) rose by :data:`CONTENTION_RISE` or more."""
-    return before is not None and after is not None and after - before >= CONTENTION_RISE
+    """Whether other processes kept the CPUs busy over the slow steps: their load per CPU reached
+    :data:`CONTENTION_LOAD`, or rose by :data:`CONTENTION_RISE` (``before``: over healthy steps)."""
+    if after is None:
+        return False
+    return after >= CONTENTION_LOAD or (before is not None and after - before >= CONTENTION_RISE)
 
 
 def concentrated(healthy: Snapshot, now: Snapshot) -> str | None:
