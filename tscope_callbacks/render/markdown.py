@@ -65,22 +65,9 @@ def _roof_line(r: RoofUsed) -> str:
     return s
 
 
-def header_lines(report: StepReport) -> list[str]:
-    """The figures above the table: device, roofs, precision, step times, MFU/MBU, bound fractions, coverage."""
-    s = report.summary
-    title = " · ".join(str(x) for x in (s.device, s.model, f"step {s.step}" if s.step is not None
-                                        else None) if x)
-    roof = s.roof + (f"; achievable roof: {s.achievable_roof} (\"% of achievable\")" if s.achievable_roof
-                     else "")
-    lines = [f"## Roofline — {title}", "", model_line(report),
-             f"- **Roofs**: {roof}; \"% of roof\" = estimate / measured on the {s.roof} roof; "
-             f"bandwidth {s.bandwidth / 1e9:.4g} GB/s",
-             "- **Roofs used**: " + ("; ".join(_roof_line(r) for r in report.roofs[:4]) or "none (no ops)"),
-             f"- **Precision**: {s.dominant_precision} dominant; MFU per device (this rank's model FLOPs over its "
-             f"step time and one device's peak: under TP/FSDP the local shards' FLOPs) against the {s.mfu_precision} "
-             "matrix roof "
-             f"({s.mfu_peak_flops / 1e12:.4g} TFLOP/s); float32 matmul precision "
-             f"{s.float32_matmul_precision or 'highest'}"]
+def step_lines(report: StepReport) -> list[str]:
+    """The step time and its basis, the expected time, MFU/MBU (and HFU where recompute makes it differ)."""
+    s, lines = report.summary, []
     if s.kernel_model:
         est = (f"expected {_f(s.estimated_step_s, '.4g', 1e3)} ms (sum of shape-aware kernel estimates from "
                f"{s.kernel_model}; roofline bound {_f(s.roof_step_s, '.4g', 1e3)} ms)")
@@ -108,6 +95,26 @@ def header_lines(report: StepReport) -> list[str]:
     else:
         lines += [f"- **Step**: not timed; {est}"
                   + (f"; MFU at the estimate {_p(s.estimated_mfu)}" if s.estimated_mfu is not None else "")]
+    return lines
+
+
+def header_lines(report: StepReport) -> list[str]:
+    """The figures above the table: device, roofs, precision, step times, MFU/MBU, bound fractions, coverage."""
+    s = report.summary
+    title = " · ".join(str(x) for x in (s.device, s.model, f"step {s.step}" if s.step is not None
+                                        else None) if x)
+    roof = s.roof + (f"; achievable roof: {s.achievable_roof} (\"% of achievable\")" if s.achievable_roof
+                     else "")
+    lines = [f"## Roofline — {title}", "", model_line(report),
+             f"- **Roofs**: {roof}; \"% of roof\" = estimate / measured on the {s.roof} roof; "
+             f"bandwidth {s.bandwidth / 1e9:.4g} GB/s",
+             "- **Roofs used**: " + ("; ".join(_roof_line(r) for r in report.roofs[:4]) or "none (no ops)"),
+             f"- **Precision**: {s.dominant_precision} dominant; MFU per device (this rank's model FLOPs over its "
+             f"step time and one device's peak: under TP/FSDP the local shards' FLOPs) against the {s.mfu_precision} "
+             "matrix roof "
+             f"({s.mfu_peak_flops / 1e12:.4g} TFLOP/s); float32 matmul precision "
+             f"{s.float32_matmul_precision or 'highest'}"]
+    lines += step_lines(report)
     lines += environment_lines(report)
     if s.compute_bound_time_frac is not None:
         lines += [f"- **Time** ({_time_basis(s)}): {_p(s.compute_bound_time_frac)} compute-bound · "

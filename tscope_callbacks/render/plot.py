@@ -111,6 +111,19 @@ def _place_labels(ax: Any, fig: Figure, pts: list[dict[str, Any]], n: int) -> No
                     arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.4"} if abs(dy) > 10 else None)
 
 
+def _limits(pts: list[dict[str, Any]], roofs: Sequence[RoofUsed], bw: float) -> tuple[float, float, float, float]:
+    """(x_lo, x_hi, y_lo, y_hi): decades around the points and the ridges."""
+    xs = [p["x"] for p in pts] + [r.ridge for r in roofs]
+    ys = [p["y"] for p in pts] + [r.peak_flops / 1e12 for r in roofs]
+    xs = xs or [1.0]
+    ys = ys or [bw / 1e12]
+    x_lo = 10 ** math.floor(math.log10(min(xs) / 3))
+    x_hi = 10 ** math.ceil(math.log10(max(xs) * 3))
+    y_hi = max(ys) * 4
+    y_lo = min(min(ys) / 3, x_lo * bw / 1e12)
+    return x_lo, x_hi, max(y_lo, y_hi * 1e-7), y_hi
+
+
 def _draw_roofs(ax: Any, roofs: Sequence[RoofUsed], bw: float, x_lo: float, x_hi: float) -> list[Line2D]:
     """The memory slope up to the highest ridge, then one flat roof per precision from its ridge (achievable roofs
     dotted); returns the legend handles."""
@@ -150,16 +163,7 @@ def figure(report: ReportLike, top_labels: int = 8, *, figsize: tuple[float, flo
     roofs = report.roofs
     bw = report.summary.bandwidth
     pts = _points(report)
-    xs = [p["x"] for p in pts] + [r.ridge for r in roofs]
-    ys = [p["y"] for p in pts] + [r.peak_flops / 1e12 for r in roofs]
-    xs = xs or [1.0]
-    ys = ys or [bw / 1e12]
-    x_lo = 10 ** math.floor(math.log10(min(xs) / 3))
-    x_hi = 10 ** math.ceil(math.log10(max(xs) * 3))
-    y_hi = max(ys) * 4
-    y_lo = min(min(ys) / 3, x_lo * bw / 1e12)
-    y_lo = max(y_lo, y_hi * 1e-7)
-
+    x_lo, x_hi, y_lo, y_hi = _limits(pts, roofs, bw)
     handles = _draw_roofs(ax, roofs, bw, x_lo, x_hi)
 
     timed = report.timed
