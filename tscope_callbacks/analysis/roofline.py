@@ -144,6 +144,30 @@ def _coverage(prof: StepProfile) -> float:
 
 
 
+def _mfu_roof(ops: list[OpRoof], roofs: _Roofs, spec: DeviceSpec, fallback: str) -> tuple[str, float]:
+    """(precision, FLOP/s) of the matrix roof MFU is against: the precision of most matrix FLOPs; a measured roof
+    raised by ``_widen`` counts raised."""
+    mat: dict[str, int] = {}
+    for o in ops:
+        if o.matrix and o.flops:
+            mat[o.roof_precision] = mat.get(o.roof_precision, 0) + o.flops
+    mfu_p = max(mat, key=mat.__getitem__) if mat else (fallback or "fp32")
+    precision, _, peak, _ = roofs.get(mfu_p, True)
+    widened = [o.peak for o in ops if o.matrix and o.roof_precision == precision]
+    if widened and getattr(spec, "measured", False):
+        peak = max(peak, max(widened))
+    return precision, peak
+
+
+def _bound_fractions(ops: list[OpRoof], timed: bool) -> dict[str, float | None]:
+    """The share of op time (measured; expected when untimed) per bound."""
+    frac = {b: 0.0 for b in ("compute", "memory", "comm", "uncounted", "overhead")}
+    for o in ops:
+        frac[o.bound] += (o.measured_s or 0.0) if timed else o.expected_s
+    tot = sum(frac.values())
+    return {b: _div(v, tot) for b, v in frac.items()}
+
+
 class RooflineAnalysis:
     """Roofline of one profiled region. Build with :func:`build_roofline` (or ``tscope_callbacks.roofline``).
 
@@ -204,15 +228,7 @@ class RooflineAnalysis:
         #: what ran most (FLOPs; bytes for ops without FLOPs): a float precision, or the dtype of integer/bool
         #: ops (an integer-only model is "int64", not the fp32 roof its ops are placed on)
         self.dominant_precision = _ran(ops) or t.precision or "fp32"
-        mat: dict[str, int] = {}
-        for o in ops:
-            if o.matrix and o.flops:
-                mat[o.roof_precision] = mat.get(o.roof_precision, 0) + o.flops
-        mfu_p = max(mat, key=mat.__getitem__) if mat else (t.precision or "fp32")
-        self.mfu_precision, _, self.mfu_peak_flops, _ = roofs.get(mfu_p, True)  #: the matrix roof MFU is against
-        widened = [o.peak for o in ops if o.matrix and o.roof_precision == self.mfu_precision]
-        if widened and getattr(spec, "measured", False):  # a measured roof raised by ``_widen``: MFU against it
-            self.mfu_peak_flops = max(self.mfu_peak_flops, max(widened))
+        self.mfu_precision, self.mfu_peak_flops = _mfu_roof(ops, roofs, spec, t.precision)  #: MFU's matrix roof
         self.bandwidth = float(spec.bandwidth)
         step = self.measured_step_s
         #: activation-checkpointing re-forward FLOPs; hardware FLOPs = all ops, model FLOPs = without the recompute
@@ -228,15 +244,10 @@ class RooflineAnalysis:
         self.achieved_gbps = _div(_div(t.bytes, step), 1e9)
         self.estimated_mfu = _div(_div(self.model_flops, t.expected_s), self.mfu_peak_flops)
         self.time_basis = "measured" if self.timed else "estimated"
-        frac = {b: 0.0 for b in ("compute", "memory", "comm", "uncounted", "overhead")}
-        for o in ops:
-            frac[o.bound] += (o.measured_s or 0.0) if self.timed else o.expected_s
-        tot = sum(frac.values())
-        self.compute_bound_time_frac = _div(frac["compute"], tot)
-        self.memory_bound_time_frac = _div(frac["memory"], tot)
-        self.uncounted_time_frac = _div(frac["uncounted"], tot)
-        self.overhead_time_frac = _div(frac["overhead"], tot)
-        self.comm_time_frac = _div(frac["comm"], tot)
+        frac = _bound_fractions(ops, self.timed)
+        self.compute_bound_time_frac, self.memory_bound_time_frac = frac["compute"], frac["memory"]
+        self.uncounted_time_frac, self.overhead_time_frac = frac["uncounted"], frac["overhead"]
+        self.comm_time_frac = frac["comm"]
         self.overlap = _overlap(meta, ops)  #: exposed communication, overlap, idle (CUDA kernel timeline)
         #: rows whose time is noise (spread over the merged steps, or an outlier among identical blocks): no advice
         self.noise: Noise = find_noise(self)
