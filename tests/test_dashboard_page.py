@@ -262,7 +262,10 @@ def test_diff_shows_a_change(driver, fit_logdir):
     _, run_dir, steps = fit_logdir
     Select(driver.find_element("css selector", "#diff-select")).select_by_value(f"train:{steps[0]}")
     _wait(driver, lambda d: d.find_elements("css selector", "#diff-headline tr[data-figure]"))
-    a, b = ld.load(run_dir, steps[-1], "train"), ld.load(run_dir, steps[0], "train")
+    # shown: the last step; diffed with the first. The diff reads before -> after: the earlier step is A
+    a, b = ld.load(run_dir, steps[0], "train"), ld.load(run_dir, steps[-1], "train")
+    heads = [c.text for c in driver.find_elements("css selector", "#diff-headline th")]
+    assert heads[1:3] == [f"step {steps[0]}", f"step {steps[-1]}"]
     row = driver.find_element("css selector", '#diff-headline tr[data-figure="MFU"]')
     cells = [c.text for c in row.find_elements("css selector", "td")]
     assert cells[1] == fmt_figure(a["header"]["mfu"]) and cells[2] == fmt_figure(b["header"]["mfu"])

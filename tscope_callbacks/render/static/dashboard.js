@@ -222,7 +222,11 @@
     S.cmp = {stage, step: +step};
     const b = await API.step(S.run, +step, stage);
     if (b.error) { $("#diff").innerHTML = ""; $("#diff").append(h("div", {class: "banner err", text: b.error})); return; }
-    drawDiff(S.rep, b, stepLabel({stage: S.stage, step: S.step}), stepLabel({stage, step}));
+    /* before -> after: the earlier step first */
+    const cur = {rep: S.rep, label: stepLabel({stage: S.stage, step: S.step}), step: S.step};
+    const oth = {rep: b, label: stepLabel({stage, step}), step: +step};
+    const [x, y] = oth.step < cur.step ? [oth, cur] : [cur, oth];
+    drawDiff(x.rep, y.rep, x.label, y.label);
   }
 
   async function loadStep() {
@@ -285,7 +289,8 @@
     const fits = mem.fits;
     const share = num(mem.share) ? mem.share : (num(mem.peak_bytes) && num(mem.device_bytes) && mem.device_bytes ? mem.peak_bytes / mem.device_bytes : null);
     const fitTxt = fits === true ? "fits" : fits === false ? "does NOT fit" : (mem.verdict || "device memory unknown");
-    c.append(card("memory", "Memory peak", H.memory_peak_bytes,
+    const peakKnown = H.memory_peak_bytes && num(H.memory_peak_bytes.value);
+    c.append(card("memory", "Memory peak", H.memory_peak_bytes, !peakKnown ? "not measured in this step" :
       fitTxt + (num(mem.device_bytes) ? " · " + F.pct(share) + " of " + F.bytes(mem.device_bytes) : "") +
       (mem.verdict && !["fits", "does not fit"].includes(mem.verdict) && fits != null ? " · " + mem.verdict : ""),
       fits === false ? "bad" : null));
@@ -625,7 +630,7 @@
     const m = r.memory || {};
     const H = r.header || {};
     const verdict = m.fits === true ? "fits the device" : m.fits === false ? "does NOT fit the device" : (m.verdict || "");
-    $("#mem-basis").textContent = "at the step's peak" + (verdict ? " · " + verdict : "") + (m.basis || (H.memory_peak_bytes || {}).basis ? " · " + (m.basis || H.memory_peak_bytes.basis) : "");
+    $("#mem-basis").textContent = (num(m.peak_bytes) ? "at the step's peak" : "the model's states (no step peak measured in this step)") + (verdict ? " · " + verdict : "") + (m.basis || (H.memory_peak_bytes || {}).basis ? " · " + (m.basis || H.memory_peak_bytes.basis) : "");
     /* the parts of the peak: the states, then what the step held at its peak (saved activations + the rest) */
     const C = m.categories || {};
     const cats = Object.entries(C).filter(([k, v]) => num(v) && v > 0 && !/peak|created|^temporaries$/.test(k));
@@ -757,8 +762,8 @@
     const ht = h("table", {class: "t", id: "diff-headline"});
     ht.append(h("tr", {}, h("th", {text: ""}), h("th", {class: "n", text: la}), h("th", {class: "n", text: lb}), h("th", {class: "n", text: "change"})));
     for (const [n, va, vb, [c, cls]] of head) ht.append(h("tr", {"data-figure": n}, h("td", {text: n}), h("td", {class: "n", text: va}), h("td", {class: "n", text: vb}), h("td", {class: "n " + cls, text: c})));
-    const wrap = h("div", {class: "grid3", style: "margin:6px 0 0"});
-    wrap.append(h("div", {}, ht, notes.length ? h("ul", {class: "muted"}, notes.map((n) => h("li", {text: n}))) : null));
+    el.append(h("div", {style: "max-width:760px"}, ht, notes.length ? h("ul", {class: "muted"}, notes.map((n) => h("li", {text: n}))) : null));
+    const wrap = h("div", {class: "grid2 even", style: "margin:10px 0 0"});
     const tim = (rows, key) => { const m = new Map(); for (const x of rows || []) m.set(key(x), timed ? (x.measured_s || 0) : x.expected_s); return m; };
     for (const [title, kind, keyf, id] of [["Layers", "layer", (x) => x.layer, "diff-layers"], ["Op classes", "category", (x) => x.name, "diff-classes"]]) {
       const ta = tim((a.rows || {})[kind], keyf), tbm = tim((b.rows || {})[kind], keyf);
