@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tscope_callbacks.dashboard.page import run_html  # noqa: E402
+from tscope_callbacks.dashboard.page import run_html
 
 
 def main() -> int:
