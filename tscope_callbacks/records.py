@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OpRecord", "LayerRecord", "StepProfile", "PHASES", "CATEGORIES", "NON_MODEL_PHASES",
+__all__ = ["OpRecord", "LayerRecord", "StepProfile", "CaptureInfo", "INFO_KEYS", "PHASES", "CATEGORIES", "NON_MODEL_PHASES",
            "ATTENTION_CONVENTIONS", "model_flops"]
 
 #: Phases an op can run in. ``recompute`` is a forward re-run inside backward (activation checkpointing);
@@ -162,19 +162,148 @@ class LayerRecord:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-@dataclass
-class StepProfile:
-    """The result of one profiled region: ops in execution order plus per-layer totals.
+@dataclass(frozen=True)
+class CaptureInfo:
+    """What a profiled step's capture and its caller know about it, typed (``StepProfile.info``).
 
-    ``meta`` carries context the analysis needs: ``device`` ("cpu"/"cuda"), ``device_name``,
-    ``float32_matmul_precision``, ``timing`` ("cpu-wall" / "cuda-kernels" / "none"), ``model`` (class name), and
-    the caller's labels (``step``, ``epoch``...).
+    A field that was never set is absent from ``StepProfile.meta`` (``given`` lists the set ones), so a saved
+    profile reads back with the same keys."""
+
+    # the device and the capture
+    device: str | None = None  #: "cpu" / "cuda"
+    device_name: str | None = None
+    timing: str | None = None  #: the op-time source: "cpu-wall" / "cuda-kernels" / "none"
+    model: str | None = None  #: the model's class name
+    torch: str | None = None  #: torch's version
+    inputs: list | None = None  #: [shape, dtype] of the model's tensor inputs at its first call
+    internal_errors: list[str] | None = None  #: tscope's own errors during the capture (logged, not raised)
+    paused_s: float | None = None  #: paused time, left out of wall_time_s (tscope's own checks, validation)
+    capture_cost: dict[str, Any] | None = None  #: tscope's own host seconds, per part (``capture.profile``)
+    clock_origin_ns: int | None = None  #: perf_counter_ns at the region's start (one clock per host)
+    kernels: list | None = None  #: CUDA kernel timeline: [name, start_ns, duration_ns, stream, op index]
+    memory_categories: dict[str, Any] | None = None  #: the step's memory by category (layer details)
+    # precision settings
+    float32_matmul_precision: str | None = None  #: torch's setting during the capture ("highest"/"high"/...)
+    trainer_precision: str | None = None  #: Lightning's precision plugin ("bf16-mixed", ...)
+    attention_flops: str | None = None  #: the model-FLOPs convention of causal attention ("attended"/"full")
+    cudnn_benchmark: bool | None = None
+    conv_channels_last: bool | None = None
+    # compiled modules
+    compiled_modules_run_eagerly: list[str] | None = None
+    compiled_capture: dict[str, Any] | None = None  #: kernels-mode capture of compiled modules
+    replay: dict[str, Any] | None = None  #: a replayed step's match against its source profile
+    # the step and its time basis
+    step: int | None = None  #: the trainer's global step (callbacks)
+    step_time_s: float | None = None  #: the basis of MFU/MBU: never the profiled region's wall time
+    step_time_basis: str | None = None  #: "device-busy" / "op-time" / the callbacks' unprofiled steps
+    device_busy_s: float | None = None
+    device_idle_s: float | None = None
+    outside_ops_s: float | None = None
+    rank_step_times_s: list[float] | None = None  #: per rank, under DDP/FSDP (the world size is its length)
+    given: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+
+    def items(self) -> Iterable[tuple[str, Any]]:
+        """(key, value) of the set fields, under their ``meta`` keys."""
+        return ((k, getattr(self, k)) for k in INFO_KEYS if k in self.given)
+
+    def with_values(self, values: dict[str, Any]) -> CaptureInfo:
+        """A copy with ``values`` (typed keys only) set."""
+        return dataclasses.replace(self, **values, given=self.given | set(values)) if values else self
+
+
+#: the keys of ``StepProfile.meta`` that are typed fields of :class:`CaptureInfo`
+INFO_KEYS = tuple(f.name for f in dataclasses.fields(CaptureInfo) if f.name != "given")
+_INFO_KEYS = frozenset(INFO_KEYS)
+
+
+class MetaView(dict):
+    """``StepProfile.meta`` as a dict (kept for one version): the typed fields under their old keys, then the free
+    ``user`` data. Writes go through to the profile: a typed key to ``info``, any other to ``user``."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: StepProfile) -> None:
+        super().__init__(owner.info.items())
+        dict.update(self, owner.user)
+        self._owner = owner
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        dict.__setitem__(self, key, value)
+        o = self._owner
+        if key in _INFO_KEYS:
+            o.info = o.info.with_values({key: value})
+        else:
+            o.user[key] = value
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for k, v in dict(*args, **kwargs).items():
+            self[k] = v
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def __delitem__(self, key: str) -> None:
+        dict.__delitem__(self, key)
+        o = self._owner
+        if key in _INFO_KEYS:
+            o.info = dataclasses.replace(o.info, **{key: None}, given=o.info.given - {key})
+        else:
+            del o.user[key]
+
+    _MISSING = object()
+
+    def pop(self, key: str, default: Any = _MISSING) -> Any:
+        if key in self:
+            value = self[key]
+            del self[key]
+            return value
+        if default is MetaView._MISSING:
+            raise KeyError(key)
+        return default
+
+    def copy(self) -> dict[str, Any]:
+        return dict(self)
+
+    def __reduce__(self) -> Any:  # pickles and deep-copies as the plain dict it shows
+        return (dict, (dict(self),))
+
+
+def split_meta(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(typed keys, free keys) of an old-style meta dict."""
+    typed = {k: v for k, v in meta.items() if k in _INFO_KEYS}
+    return typed, {k: v for k, v in meta.items() if k not in _INFO_KEYS}
+
+
+@dataclass(init=False)
+class StepProfile:
+    """The result of one profiled region: ops in execution order plus per-layer totals, with ``info`` (what the
+    capture and its caller know, typed: :class:`CaptureInfo`) and ``user`` (free data: the caller's own labels).
+
+    ``meta`` (one version more): the old string-keyed view of both, a dict whose writes go through. The
+    constructor still takes ``meta=`` and splits it (typed keys to ``info``, the rest to ``user``).
     """
 
-    ops: list[OpRecord] = field(default_factory=list)
-    layers: dict[str, LayerRecord] = field(default_factory=dict)
-    wall_time_s: float | None = None  #: host wall time of the whole region
-    meta: dict[str, Any] = field(default_factory=dict)
+    ops: list[OpRecord]
+    layers: dict[str, LayerRecord]
+    wall_time_s: float | None  #: host wall time of the whole region
+    info: CaptureInfo
+    user: dict[str, Any]
+
+    def __init__(self, ops: list[OpRecord] | None = None, layers: dict[str, LayerRecord] | None = None,
+                 wall_time_s: float | None = None, meta: dict[str, Any] | None = None, *,
+                 info: CaptureInfo | None = None, user: dict[str, Any] | None = None) -> None:
+        self.ops = ops if ops is not None else []
+        self.layers = layers if layers is not None else {}
+        self.wall_time_s = wall_time_s
+        typed, free = split_meta(meta or {})
+        self.info = (info or CaptureInfo()).with_values(typed)
+        self.user = {**(user or {}), **free}
+
+    @property
+    def meta(self) -> MetaView:
+        return MetaView(self)
 
     # ---- honest coverage (fvcore-style) ----
     def uncounted_ops(self) -> dict[str, int]:
@@ -215,8 +344,8 @@ class StepProfile:
     @property
     def model_flops(self) -> int:
         """Model FLOPs (what MFU counts, :func:`model_flops`) under the profile's attention convention
-        (``meta["attention_flops"]``, set by ``RooflineCallback(attention_flops=...)``; default "attended")."""
-        return model_flops(self.ops, self.meta.get("attention_flops") or "attended")
+        (``info.attention_flops``, set by ``RooflineCallback(attention_flops=...)``; default "attended")."""
+        return model_flops(self.ops, self.info.attention_flops or "attended")
 
     @property
     def total_bytes(self) -> int:
