@@ -36,6 +36,7 @@ from tscope_callbacks.analysis.roofline import RooflineAnalysis, build_roofline
 from tscope_callbacks.analysis.rows import Opportunity as Finding
 from tscope_callbacks.analysis.rows import Row as RowSum
 from tscope_callbacks.devices.efficiency import KernelModel
+from tscope_callbacks.devices.gpu_arg import UNSET, gpu_alias
 from tscope_callbacks.devices.spec import DeviceSpec
 from tscope_callbacks.records import LayerRecord, StepProfile
 
@@ -49,6 +50,7 @@ class AnalyzeOptions:
     (the device's measured efficiency), False (roofs only) or a KernelModel; ``what_if``: the device the times were
     measured on when it is not ``spec`` (the caller resolves it); ``fsdp_whatif``: an ``analysis.fsdp.fsdp_whatif``
     result to carry; ``eager``: the eager reference's StepReport of a compiled step (``compiled_vs_eager``);
+    ``nonfinite``: the NaN guard's events of the step ({step, layer, op, phase, line, kind});
     ``stage``/``run``/``user``: labels and the user's own data."""
 
     achievable: DeviceSpec | None = None
@@ -58,13 +60,17 @@ class AnalyzeOptions:
     what_if: str | None = None
     fsdp_whatif: dict[str, Any] | None = None
     eager: StepReport | None = None
+    nonfinite: tuple[dict[str, Any], ...] = ()
     stage: str | None = None
     run: str | None = None
     user: dict[str, Any] = field(default_factory=dict)
 
 
-def analyze(profile: StepProfile, spec: DeviceSpec, options: AnalyzeOptions | None = None) -> StepReport:
-    """The StepReport of ``profile`` (a StepProfile) on ``spec`` (a resolved DeviceSpec)."""
+def analyze(profile: StepProfile, gpu: DeviceSpec | None = None, options: AnalyzeOptions | None = None, *,
+            spec: Any = UNSET) -> StepReport:
+    """The StepReport of ``profile`` (a StepProfile) on ``gpu`` (a resolved DeviceSpec: ``ts.get_device_spec``;
+    ``spec=``: its deprecated spelling)."""
+    spec = gpu_alias(gpu, spec, old_name="spec", func="analyze")
     o = options or AnalyzeOptions()
     eng = build_roofline(profile, spec, achievable=o.achievable, precision=o.precision, group_small=o.group_small,
                          kernel_model=o.kernel_model)
@@ -200,7 +206,8 @@ def _header(eng: RooflineAnalysis, model: dict[str, Any], mem: MemorySection | N
         "tokens_per_s": Figure(_fin(model.get("tokens_per_s")), "tokens/s", "tokens in the batch / step time"),
         "samples_per_s": Figure(_fin(model.get("samples_per_s")), "samples/s", "batch size / step time"),
         "memory_peak_bytes": Figure(None if mem is None or mem.peak_bytes is None else float(mem.peak_bytes), "bytes",
-                                    mem.basis if mem is not None else "needs layer details"),
+                                    mem.basis if mem is not None and mem.peak_bytes is not None else
+                                    "needs layer details"),
         "flop_coverage": Figure(_fin(eng.flop_coverage), "fraction", "share of ops with a FLOP formula"),
     }
 
@@ -273,7 +280,7 @@ def report_of(eng: RooflineAnalysis, options: AnalyzeOptions | None = None) -> S
             "category": tuple(_row(r) for r in eng.category_rows), "op_name": tuple(_row(r) for r in eng.op_rows),
             "total": (_row(eng.totals),)}
     what_if = WhatIf(o.what_if, str(eng.spec.name)) if o.what_if else None
-    nonfinite = tuple(json_safe(dict(x)) for x in meta.get("nonfinite") or () if isinstance(x, dict))
+    nonfinite = tuple(json_safe(dict(x)) for x in (o.nonfinite or meta.get("nonfinite") or ()) if isinstance(x, dict))
     return StepReport(
         step=meta.get("step"), stage=o.stage or meta.get("stage"), run=o.run or meta.get("run"),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), device=_device(eng.spec, eng.achievable),
