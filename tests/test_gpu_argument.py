@@ -27,6 +27,16 @@ def test_roofline_spec_is_a_deprecated_alias_of_gpu() -> None:
         ts.roofline(prof, gpu="h100", spec=spec)
 
 
+def test_analyze_spec_is_a_deprecated_alias_of_gpu() -> None:
+    prof, spec = toy_profile(timed=True), a100()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new = ts.analyze(prof, gpu=spec)
+    with pytest.warns(DeprecationWarning, match=r"analyze\(spec=\.\.\.\) is deprecated.*gpu="):
+        old = ts.analyze(prof, spec=spec)
+    assert old.to_dict() | {"created": None} == new.to_dict() | {"created": None} and ts.analyze(prof, spec) == new
+
+
 def test_analyze_model_device_stays_the_torch_device_the_model_runs_on() -> None:
     import torch
 
