@@ -152,3 +152,31 @@ def test_cli_report_reads_a_step_file_back(tmp_path, capsys):
     assert cli_main(["report", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "not valid JSON" in err and len(err.splitlines()) == 1
+
+
+def test_header_figures_by_hand():
+    """One bf16 matmul [4096, 4096] x [4096, 4096] timed 2 ms, a 4 ms unprofiled step, on the A100's roofs."""
+    from tests.profiles import make_profile, matmul, pointwise
+
+    prof = make_profile([matmul(4096, 4096, 4096, time_s=2e-3, layer="fc"),
+                         pointwise(4096 * 4096, dtype="bfloat16", time_s=1e-3, layer="act")],
+                        step_time_s=4e-3, step_time_basis="unprofiled-median", step_time_steps=5)
+    r = analyze(prof, a100(), AnalyzeOptions(kernel_model=False))
+    flops = 2 * 4096**3 + 4096 * 4096  # 137,438,953,472 + 16,777,216 = 137,455,730,688
+    # bytes: matmul reads 2 x 4096^2 x 2 B and writes 4096^2 x 2 B = 100,663,296; relu reads + writes 4096^2 x 2 B
+    # = 67,108,864; total 167,772,160
+    assert r.totals.flops == flops and r.totals.bytes == 167_772_160
+    h = r.header
+    assert h["step_ms"].value == pytest.approx(4.0) and h["step_ms"].basis == "median of 5 unprofiled steps, wall clock"
+    # 137,455,730,688 FLOP / 4 ms = 34.36 TFLOP/s; MFU against the bf16 matrix roof 312 TFLOP/s: 11.01%
+    assert h["achieved_tflops"].value == pytest.approx(flops / 4e-3 / 1e12)
+    assert h["mfu"].value == pytest.approx(flops / 4e-3 / 312e12)
+    # MBU: 167,772,160 B / 4 ms = 41.9 GB/s of 2039 GB/s: 2.06%
+    assert h["mbu"].value == pytest.approx(167_772_160 / 4e-3 / 2.039e12)
+    # the roofline bound of the matmul: 137.4 GFLOP / 312 TFLOP/s = 0.4405 ms (compute-bound: 100.7 MB at 2039 GB/s
+    # is 0.049 ms); the relu's: 67.1 MB / 2039 GB/s = 0.0329 ms; step estimate their sum
+    assert h["estimated_step_ms"].value == pytest.approx((2 * 4096**3 / 312e12 + 67_108_864 / 2.039e12) * 1e3)
+    assert h["flop_coverage"].value == 1.0
+    # time split: the matmul's 2 ms compute-bound, the relu's 1 ms memory-bound
+    assert r.time_split.compute_bound_s == pytest.approx(2e-3) and r.time_split.memory_bound_s == pytest.approx(1e-3)
+    assert r.scalars["mfu"] == h["mfu"].value and r.scalars["measured_step_ms"] == pytest.approx(4.0)
