@@ -316,6 +316,39 @@ def test_step_profile_round_trip():
     assert back.layers["fc1"].output_shapes == [[4, 16]]
 
 
+def test_a_step_profile_is_typed_and_meta_is_its_view():
+    """What the capture knows is typed (``StepProfile.info``), the caller's own labels are free data (``user``), and
+    the old ``meta`` dict shows both under the same keys, writes going through; a saved profile reads back the same."""
+    import json
+
+    model = Net()
+    with ts.profile(model, labels={"step": 7, "run_name": "a"}) as prof:
+        model(torch.randn(4, 8)).sum().backward()
+    res = prof.result
+    info = res.info
+    assert (info.device, info.device_name, info.timing, info.model) == ("cpu", "cpu", "cpu-wall", "Net")
+    assert info.step == 7 and res.user == {"run_name": "a"}  # a typed label is typed, the rest is the user's
+    # a bare CPU capture's step basis: the ops' summed times (never the region's wall time)
+    assert info.step_time_basis == "op-time" and info.step_time_s == pytest.approx(sum(r.time_s for r in res.ops))
+    assert info.float32_matmul_precision == torch.get_float32_matmul_precision()
+    assert set(info.capture_cost) >= {"start_s", "region_s", "build_s", "ops"}
+    assert info.compiled_capture is None and "compiled_capture" in res.meta  # set to None: present, as before
+    assert "device_busy_s" not in res.meta  # never set on the CPU: absent
+    meta = prof.meta
+    assert meta["device"] == "cpu" and meta["step"] == 7 and meta["run_name"] == "a"
+    assert set(meta) == info.given | {"run_name"}
+    prof.meta["step_time_s"] = 0.25  # a caller's measured basis (the callbacks' unprofiled steps)
+    prof.meta.update(step_time_basis="unprofiled steps", note="mine")
+    assert info is not res.info and res.info.step_time_s == 0.25 and res.info.step_time_basis == "unprofiled steps"
+    assert res.user == {"run_name": "a", "note": "mine"}
+    del prof.meta["note"]
+    assert res.user == {"run_name": "a"} and prof.meta.pop("missing", 1) == 1
+    d = json.loads(json.dumps(res.to_dict()))
+    assert d["meta"] == dict(res.meta)  # the saved format keeps the old keys
+    back = ts.StepProfile.from_dict(d)
+    assert back.info == res.info and back.user == res.user and back.meta == res.meta
+
+
 def test_model_tree_walks_as_torch_does():
     """``ModelTree`` (one stack walk per capture) lists what ``named_modules()``/``named_parameters()`` list, in their
     order: a submodule and a parameter shared twice appear once, under their first path; a compile wrapper's path
