@@ -61,7 +61,7 @@ class RooflineReport:
         return built[1]
 
     def __getattr__(self, name: str) -> Any:  # the analysis' tables and figures
-        if name.startswith("__"):
+        if name.startswith("_"):  # dunders, and our own fields before __init__ ran (copy, pickle)
             raise AttributeError(name)
         return getattr(self._analysis, name)
 
