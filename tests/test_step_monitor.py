@@ -182,6 +182,8 @@ def test_bad_arguments_say_what_to_do() -> None:
         StepMonitor(slow_factor=0.5)
     with pytest.raises(ValueError, match="slow_steps must be an int >= 1"):
         StepMonitor(slow_steps=0)
+    with pytest.raises(ValueError, match=r"loss_spike must be a number > 1 \(or None: off\)"):
+        StepMonitor(loss_spike=1.0)
 
 
 # ---------------------------------------------------------------------------------------------- fits on CPU
@@ -256,3 +258,71 @@ def test_loader_settings_read_from_the_trainer() -> None:
     p = _Probe()
     _fit(_Net(_Flags()), 2, p)
     assert p.settings["num_workers"] == 0 and p.settings["pin_memory"] is False
+
+
+class _FakeEvent:
+    """A CUDA event stand-in: ``record`` takes a scripted GPU time; ``query`` is False until ``done`` says so."""
+
+    now = 0.0
+    done = False
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t = None
+
+    def record(self) -> None:
+        self.t = _FakeEvent.now
+
+    def query(self) -> bool:
+        return _FakeEvent.done
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        return (end.t - self.t) * 1e3  # ms, as torch's
+
+
+def test_cuda_breakdown_is_read_once_complete_never_waited(monkeypatch) -> None:
+    from tscope_callbacks.callbacks.clock import BreakdownClock
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    _FakeEvent.done = False
+    c = BreakdownClock(cuda=True)
+    # GPU times: step 0 runs 0.000-0.008, step 1 0.010-0.018 (the stream waits 2 ms for the host between them)
+    for step, (t0, t1) in enumerate(((0.000, 0.008), (0.010, 0.018), (0.020, 0.028))):
+        _FakeEvent.now = t0
+        c.begin(step)
+        _FakeEvent.now = t1
+        assert c.end() is None  # on CUDA nothing is known at the step's end
+    assert c.ready() == []  # the GPU has not passed the events: nothing is read, nothing waits
+    _FakeEvent.done = True
+    out = c.ready()
+    assert [s.step for s in out] == [0, 1, 2] and out[0].dirty  # the first step has no previous end: no basis
+    s1 = out[1]
+    assert s1.busy_s == pytest.approx(0.008) and s1.step_s == pytest.approx(0.010)  # 0.008 -> 0.018
+    assert s1.idle_s == pytest.approx(0.002) and not s1.dirty
+
+
+def test_loss_spike_profiles_the_next_step_and_alerts() -> None:
+    class _Spiky(_Net):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            return loss * 20 if self.global_step == 40 else loss
+
+    mon = StepMonitor()
+    _fit(_Spiky(_Flags()), 50, mon)
+    spikes = [a for a in mon.alerts if a["trigger"]["kind"] == "loss-spike"]
+    assert len(spikes) == 1 and spikes[0]["trigger"]["step"] == 40 and spikes[0]["profile_step"] == 41
+    assert "loss spike at step 40" in spikes[0]["text"]
+
+
+def test_nan_guard_gradient_spike_triggers_a_profile() -> None:
+    class _Spiky(_Net):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            return loss * 1000 if self.global_step == 40 else loss  # gradients 1000x: the guard's 10x spike
+
+    mon = StepMonitor(loss_spike=None)  # the loss trigger off: only the guard's spike may trigger
+    guard = ts.NaNGuardCallback(action="warn")
+    _fit(_Spiky(_Flags()), 50, guard, mon)
+    assert [s["step"] for s in guard.spikes] == [40]
+    kinds = [a["trigger"]["kind"] for a in mon.alerts]
+    assert kinds == ["grad-spike"] and mon.alerts[0]["profile_step"] == 41  # the next step
+    assert "gradient-norm spike at step 40" in mon.alerts[0]["text"]

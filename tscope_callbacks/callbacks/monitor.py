@@ -95,9 +95,10 @@ class StepMonitor(ProfilingCallback):
                  telemetry: bool = True, alert_on_contention: bool = False, raise_errors: bool = False) -> None:
         super().__init__(every_n_steps=None, start_step=0, max_profiles=0, raise_errors=raise_errors)
         for name, v, lo in (("slow_factor", slow_factor, 1.0), ("input_bound_share", input_bound_share, 0.0),
-                            ("loss_spike", 1.0 if loss_spike is None else loss_spike, 1.0)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > lo - (lo == 0.0):
-                raise ValueError(f"{name} must be a number > {lo:g}, got {v!r}")
+                            ("loss_spike", 2.0 if loss_spike is None else loss_spike, 1.0)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > lo:
+                raise ValueError(f"{name} must be a number > {lo:g}{' (or None: off)' * (name == 'loss_spike')}, "
+                                 f"got {v!r}")
         for name, v in (("slow_steps", slow_steps), ("window", window), ("min_steps", min_steps),
                         ("min_gap_steps", min_gap_steps), ("max_alerts", 1 if max_alerts is None else max_alerts)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
