@@ -5,7 +5,7 @@
 LOGDIR: a log dir with tscope step files (e.g. ``tscope demo --steps 160 --every 50 --out demo_logs``). Writes
 ``dashboard_overview.png`` (the cards, the roofline with a tooltip, the opportunities and the time split),
 ``dashboard_tree.png`` (a layer's ops and the layer tree) and ``dashboard_diff.png`` (the memory, NaN and
-over-the-run panels and the diff of the first and last profiled steps). Needs selenium, ``/usr/bin/chromium`` and
+over-the-run panels and the diff with another step: the first, or with ``--step`` the last). Needs selenium, ``/usr/bin/chromium`` and
 ``/usr/bin/chromedriver``.
 """
 
@@ -27,6 +27,7 @@ def main() -> int:
     ap.add_argument("logdir")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs"))
     ap.add_argument("--width", type=int, default=1440)
+    ap.add_argument("--step", default=None, help="the step to show, as '<stage>:<step>' (default: the last)")
     args = ap.parse_args()
 
     from selenium import webdriver
@@ -68,13 +69,18 @@ def main() -> int:
             im.crop((0, 0, im.width, min(im.height, height))).save(png)
             print(f"written {png} ({im.width}x{min(im.height, height)})")
 
+        if args.step:
+            Select(d.find_element("css selector", "#step-select")).select_by_value(args.step)
+            WebDriverWait(d, 10).until(lambda d: d.execute_script(
+                "return tscopeDashboard.state.stage + ':' + tscopeDashboard.state.step") == args.step)
+            time.sleep(0.5)
         # overview: hover the largest uncovered roofline point so the tooltip shows
         d.set_window_size(args.width, 1000)
         pt = d.execute_script("""
             const svg = document.querySelector('svg#roofline').getBoundingClientRect();
             for (const c of document.querySelectorAll('svg#roofline circle.pt')) {
               const b = c.getBoundingClientRect();
-              const upper = b.y + b.height / 2 < svg.y + svg.height * 0.55;
+              const upper = b.y + b.height / 2 < svg.y + svg.height * 0.55 && b.x + b.width / 2 < svg.x + svg.width * 0.6;
               if (upper && document.elementFromPoint(b.x + b.width / 2, b.y + b.height / 2) === c) return c;
             }""")
         if pt is not None:
@@ -91,9 +97,10 @@ def main() -> int:
 
         # memory, NaN, over the run, and the diff of the first and last steps
         sel = Select(d.find_element("css selector", "#diff-select"))
-        firsts = [o.get_attribute("value") for o in sel.options if o.get_attribute("value") and o.is_enabled()]
-        if len(firsts) > 1:
-            sel.select_by_value(firsts[0])
+        others = [o.get_attribute("value") for o in sel.options if o.get_attribute("value") and o.is_enabled()
+                  and o.get_attribute("value") != args.step]
+        if others:
+            sel.select_by_value(others[0] if not args.step else others[-1])
             WebDriverWait(d, 10).until(lambda d: d.find_elements("css selector", "#diff-headline"))
         shot("dashboard_diff.png", "#mem-panel", "#diff-panel")
     finally:

@@ -316,7 +316,7 @@
     const dev = r.device || {};
     const peaks = Object.entries(dev.peaks || {}).filter(([, v]) => num(v) && v > 0).sort((a, b) => b[1] - a[1]);
     const bw = dev.bandwidth;
-    const W = Math.max(420, holder.clientWidth || 640), Hh = 360, m = {l: 84, r: 12, t: 10, b: 36};
+    const W = Math.max(420, holder.clientWidth || 640), Hh = 400, m = {l: 84, r: 12, t: 10, b: 36};
     let xs = pts.map((p) => p.ai), ys = pts.map((p) => p.perf);
     if (peaks.length) ys.push(peaks[0][1]);
     if (!xs.length) xs = [0.1, 100];
@@ -461,15 +461,16 @@
       (H.step_ms && num(H.step_ms.value) ? "measured step (" + H.step_ms.basis + ")" : "expected step");
     if (!ops.length) { el.append(h("div", {class: "empty", text: "no finding above the measured noise"})); return; }
     const ol = h("ol", {class: "opps"});
-    for (const o of ops.slice(0, 8)) {
+    for (const o of ops.slice(0, 5)) {
       ol.append(h("li", {class: "opp"},
         h("div", {}, h("span", {class: "save", text: "−" + F.time(o.saving_s) + (num(o.saving_frac) ? " (" + F.pct(o.saving_frac) + ")" : "")}), " ",
-          h("b", {text: o.title || o.cause || ""}), " ", h("span", {class: "mono muted", text: (o.layer || "(root)") + (o.phase ? " · " + o.phase : "") + (o.op ? " · " + o.op : "")})),
+          h("b", {class: "mono", text: (o.layer || "(root)") + (o.op ? " · " + o.op : "")}), " ", h("span", {text: o.title || o.cause || ""})),
         o.change ? h("div", {class: "why", text: "change: " + o.change}) : null,
         o.cause && o.cause !== o.title ? h("div", {class: "why", text: o.cause}) : null));
     }
     el.append(ol);
     const nm = ((r.noise || {}).marks || []).length;
+    if (ops.length > 5) el.append(h("div", {class: "muted", text: (ops.length - 5) + " more, " + F.time(ops.slice(5).reduce((a, o) => a + (o.saving_s || 0), 0)) + " in all"}));
     if (nm) el.append(h("div", {class: "muted", text: nm + " row(s) marked as noise (no advice given for them)"}));
   }
 
@@ -515,7 +516,7 @@
     TREE.scale = Math.max(stepT, ...TREE.kids.map((k) => { const t = nodeTimes(k); return (t.ft || t.fs) + (t.bt || t.bs); }), 1e-30);
     $("#tree-basis").textContent = "forward / backward time self and total (total includes children) from the layer hooks; bar = total time (blue fwd, orange bwd); memory = allocator growth while the layer ran";
     const tb = h("table", {class: "t", id: "tree-table"});
-    tb.append(h("tr", {}, ["layer", "", "fwd self", "fwd total", "bwd self", "bwd total", "FLOPs", "bytes", "mem fwd", "mem bwd", "params", "input shapes", "output shapes", "grad out shapes", "NaN"].map((c, i) => h("th", {class: i >= 2 && i <= 10 ? "n" : null, text: c}))));
+    tb.append(h("tr", {}, ["layer", "", "fwd self ms", "fwd total ms", "bwd self ms", "bwd total ms", "FLOPs", "bytes", "mem fwd", "mem bwd", "params", "input shapes", "output shapes", "grad out shapes", "NaN"].map((c, i) => h("th", {class: i >= 2 && i <= 10 ? "n" : null, text: c}))));
     el.append(tb);
     const rows = TREE.kids.length === 1 && !TREE.info ? [TREE.kids[0]] : [TREE];
     /* open level by level while the table stays short (a 1000-layer model opens fast) */
