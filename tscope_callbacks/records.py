@@ -50,7 +50,7 @@ MEMORY_CATEGORIES = frozenset({"pointwise", "norm", "softmax", "loss", "reductio
 
 @dataclass(slots=True)
 class OpRecord:
-    """One aten op call, as seen at the dispatcher. (``capture.region.build_result`` builds records positionally,
+    """One aten op call, as seen at the dispatcher. (``capture.build.build_result`` builds records positionally,
     in this field order: add new fields at the end.)"""
 
     op: str  #: overload packet name, e.g. ``"aten.mm"``

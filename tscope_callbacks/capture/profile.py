@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from tscope_callbacks.capture import build
 from tscope_callbacks.capture import region as _session
 from tscope_callbacks.capture.active import NestedProfileError, active_profile, claim, paused, release
 from tscope_callbacks.capture.faults import Faults
@@ -212,10 +213,10 @@ class Profile:
         self.timeline = timeline
         t = _perf_ns()
         try:
-            self.result = _session.build_result(self, st, wall, timeline)
+            self.result = build.build_result(self, st, wall, timeline)
         except Exception as e:
             self._internal_error(e, "building the step's records")
-            self.result = StepProfile(wall_time_s=wall, meta={**_session.base_meta(self, st), **self.labels})
+            self.result = StepProfile(wall_time_s=wall, meta={**build.base_meta(self, st), **self.labels})
         cost.update(region_s=wall, build_s=(_perf_ns() - t) * 1e-9, ops=len(self.result.ops))
         self.result.meta["capture_cost"] = cost
         st.clear_region()

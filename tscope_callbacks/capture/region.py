@@ -1,11 +1,10 @@
-"""What a capture installs for its region and takes down again, and the one pass that builds its result.
+"""What a capture installs for its region and takes down again, and the dispatch mode it runs the region under.
 
 :func:`install` sets up, in order: the compile stance (``eager``), module paths and parameter owners, the per-module
 forward hooks, the optimizer step hooks (phase ``"optimizer"``, ``attribute.optimizer_hooks``), layer details and
-memory tracking, the CUDA kernel timeline and the dispatch mode. :meth:`Installed.remove` takes all of it down on
-every path. :func:`build_result` turns the per-op tuples gathered by the hot path into
-:class:`~tscope_callbacks.records.OpRecord` s, attaches kernel times, builds the layer records and the metadata,
-including the step-time basis (see :func:`step_time`).
+memory tracking, the CUDA kernel timeline and the dispatch mode (:class:`_Mode`: the per-op hot path, which hands
+each op to ``CaptureState.record``). :meth:`Installed.remove` takes all of it down on every path. The result is
+built at stop by ``capture.build``.
 """
 
 from __future__ import annotations
@@ -20,36 +19,31 @@ from torch._C._autograd import _get_sequence_nr
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from tscope_callbacks.capture.attribute import optimizer_hooks
-from tscope_callbacks.capture.compiled import PROVENANCE, CompiledState, is_compiled_wrapper, kernel_recorder
+from tscope_callbacks.capture.compiled import CompiledState, is_compiled_wrapper, kernel_recorder
 from tscope_callbacks.capture.cuda_timing import (
     PAUSED_RANGE,
     KernelTimeline,
-    Timeline,
     cupti_teardown_note,
     timed_call,
 )
 from tscope_callbacks.capture.eager import EagerStance
-from tscope_callbacks.capture.layers import LayerDetails, build_layers
+from tscope_callbacks.capture.layers import LayerDetails
 from tscope_callbacks.capture.memory import MemoryTracker
 from tscope_callbacks.capture.paths import ModelTree, clean_path
-from tscope_callbacks.capture.step_memory import grad_bytes, local_tensor, memory_categories
-from tscope_callbacks.formulas.apply import count_op
+from tscope_callbacks.capture.step_memory import grad_bytes, local_tensor
 from tscope_callbacks.formulas.memo import CountCache
 from tscope_callbacks.formulas.registry import FormulaRegistry
-from tscope_callbacks.records import OpRecord, StepProfile
 
 if TYPE_CHECKING:
     from tscope_callbacks.capture.profile import Profile
     from tscope_callbacks.capture.state import CaptureState
 
-__all__ = ["Installed", "install", "build_result", "base_meta", "count_cache", "resolve_timing",
-           "PAUSED_RANGE", "step_time"]
+__all__ = ["Installed", "install", "count_cache", "resolve_timing", "PAUSED_RANGE"]
 
 log = logging.getLogger("tscope_callbacks")
 
 _WARNED_COMPILED: set[tuple[str, tuple[str, ...]]] = set()
 _CACHES: weakref.WeakKeyDictionary[FormulaRegistry, CountCache] = weakref.WeakKeyDictionary()
-_NAMES: dict[Any, tuple[str, str]] = {}
 
 
 def count_cache(registry: FormulaRegistry) -> CountCache:
@@ -67,10 +61,6 @@ def resolve_timing(model: torch.nn.Module, timing: str | None) -> str:
         dev = next((p.device for p in model.parameters()), None)
         return "cuda" if dev is not None and dev.type == "cuda" and torch.cuda.is_available() else "cpu"
     return timing
-
-
-def _device_of(model: torch.nn.Module) -> torch.device:
-    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 class Installed:
@@ -284,100 +274,3 @@ class _CompiledMode(_Mode):
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         return True
-
-
-def base_meta(p: Profile, st: CaptureState) -> dict[str, Any]:
-    dev = st.tree.device() if st.tree is not None else _device_of(p.model)
-    name = "cpu"
-    if dev.type == "cuda" and torch.cuda.is_available():
-        name = torch.cuda.get_device_name(dev)
-    return {
-        "device": dev.type,
-        "device_name": name,
-        "timing": {"cpu": "cpu-wall", "cuda": "cuda-kernels"}.get(p.timing, "none"),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "model": type(p.model).__name__,
-        "torch": torch.__version__,
-        "internal_errors": list(p.errors),
-        "compiled_modules_run_eagerly": list(st.compiled),
-        "compiled_capture": None if st.cstate is None else {
-            "mode": "kernels", "provenance": PROVENANCE, "graphs": st.cstate.graphs,
-            "kernels_wrapped": st.cstate.kernels, "kernel_records": len(st.fused),
-            "cudagraphs": st.cstate.cudagraphs,
-            "limits": "CUDA-graph replays (mode='reduce-overhead') count in device-busy time without per-kernel "
-                      "records"},
-        "paused_s": st.paused_ns * 1e-9,  #: left out of wall_time_s (tscope's own checks, validation)
-        "inputs": st.inputs or [],  #: [shape, dtype] of the model's tensor inputs at its first call
-    }
-
-
-def step_time(ops: list[OpRecord], wall: float | None, timeline: Timeline | None, timing: str) -> dict[str, Any]:
-    """The step-time basis of a bare capture. The region's wall time measures the profiler, not the model (capture
-    slows the host), so it is never the step time: on CUDA the device-busy time (union of kernel intervals; GPU
-    idle reported apart), on CPU the summed op times (host time outside ops reported apart)."""
-    if timing == "cuda" and timeline is not None:
-        busy = timeline.busy_s
-        return {"step_time_s": busy or None, "step_time_basis": "device-busy", "device_busy_s": busy,
-                "device_idle_s": max(0.0, (wall or 0.0) - busy) if wall else None}
-    if timing == "cpu":
-        op_s = sum(r.time_s or 0.0 for r in ops)
-        return {"step_time_s": op_s or None, "step_time_basis": "op-time", "outside_ops_s":
-                max(0.0, (wall or 0.0) - op_s) if wall else None}
-    return {"step_time_s": None, "step_time_basis": None}
-
-
-def build_result(p: Profile, st: CaptureState, wall: float | None, timeline: Timeline | None) -> StepProfile:
-    for i, (func, args, kwargs, out) in st.deferred.items():  # value-dependent ops on CUDA: counted now, synced
-        f, _, layer, phase, dt = st.pending[i]
-        st.pending[i] = (f, count_op(func, args, kwargs, out, p.registry), layer, phase, dt)
-    if st.cstate is not None:
-        st.cstate.resolve(st.pending)
-    st.masks.apply(st.pending)
-    times = timeline.times if timeline is not None else None
-    tcs = timeline.tensor_core if timeline is not None else None
-    starts = timeline.starts if timeline is not None else None
-    ops = []
-    add = ops.append
-    shapes = p.record_shapes
-    fused, comm, cpu_starts = st.fused, st.comm, st.starts
-    Op = OpRecord
-    seen: dict[int, tuple[str, str]] = {}  # id(op) -> names: every op is alive in the pending list
-    sums: dict[tuple[str, str], list] = {}  # (layer, phase) -> [seconds, flops, bytes]: build_layers' first pass
-    for i, (func, c, layer, phase, dt) in enumerate(st.pending):  # positional: the field order of OpRecord
-        names = seen.get(id(func))
-        if names is None:
-            names = seen[id(func)] = _NAMES.get(func) or _names(func)
-        f = fused.get(i)
-        t = times[i] if times is not None else dt
-        acc = sums.get((layer, phase)) or sums.setdefault((layer, phase), [0.0, 0, 0])
-        acc[0] += t or 0.0
-        acc[1] += c.flops
-        acc[2] += c.bytes_read + c.bytes_written
-        add(Op(names[0], layer, phase, c.flops, c.bytes_read, c.bytes_written, c.dtype,
-               c.input_shapes if shapes else [], t, c.counted, c.category,
-               names[1], c.output_shapes if shapes else [], i, tcs[i] if tcs is not None else None,
-               c.flops_model, c.flops_dense, list(f) if f else [], comm.get(i) if comm else None,
-               starts[i] if starts is not None else cpu_starts.get(i), c.leading_dims))
-    if st.details is not None:
-        st.details.finish()
-    layers = build_layers(p.model, ops, st.details, st.collapse, st.calls, tree=st.tree, sums=sums)
-    meta = {**base_meta(p, st), **step_time(ops, wall, timeline, p.timing), **p.labels}
-    cats = memory_categories(p.model, ops, layers,
-                             params=[prm for _, prm in st.tree.parameters] if st.tree is not None else None,
-                             tracker=st.memory, optimizers=list(st.optimizers.values()),
-                             grads_at_start=st.grads_at_start)
-    st.optimizers.clear()
-    if cats is not None:
-        meta["memory_categories"] = cats
-    if timeline is not None and timeline.kernels:  # the device side, for overlap analysis and traces
-        meta.update(timeline.meta())
-    elif st.timed:
-        meta["clock_origin_ns"] = st.t0  # perf_counter_ns: one clock for every process of a host
-    return StepProfile(ops=ops, layers=layers, wall_time_s=wall, meta=meta)
-
-
-def _names(func: Any) -> tuple[str, str]:
-    """(packet name "aten.mm", overload name "aten.mm.default"), cached per op."""
-    packet = f"{func.namespace}.{func._opname}" if hasattr(func, "_opname") else str(func)
-    _NAMES[func] = (packet, str(func))
-    return _NAMES[func]

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from tscope_callbacks.capture.active import claim, release
+from tscope_callbacks.capture.build import step_time
 from tscope_callbacks.capture.cuda_timing import (
     PAUSED_RANGE,
     KernelRecord,
@@ -41,7 +42,6 @@ from tscope_callbacks.capture.cuda_timing import (
 )
 from tscope_callbacks.capture.faults import Faults
 from tscope_callbacks.capture.layers import add_op_totals
-from tscope_callbacks.capture.region import step_time
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
 __all__ = ["ReplayProfile", "can_replay", "kernel_plan", "align", "MIN_MATCH"]
