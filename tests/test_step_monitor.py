@@ -207,6 +207,8 @@ def test_breakdown_keys_and_input_bound_from_a_sleeping_loader(tmp_path, caplog)
     # the report's time split: the profiled step carries the breakdown
     sb = roof.last_profile.meta["step_breakdown"]
     assert sb["input_bound"] == 1.0 and sb["basis"] == "host wall clock" and "num_workers" in sb["input_fixes"][0]
+    split = ts.analyze(roof.last_profile, roof.spec).time_split
+    assert split.input_s == pytest.approx(sb["data_wait_ms"] / 1e3)  # the StepReport's time split
     # keys written (the file sink's metrics.csv)
     keys = (tmp_path / "tscope" / "metrics.csv").read_text()
     for k in ("data_wait_ms", "host_ms", "device_busy_ms", "idle_ms", "step_ms", "data_wait_share", "input_bound"):

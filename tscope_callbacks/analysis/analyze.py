@@ -150,8 +150,10 @@ def _time_split(eng: RooflineAnalysis) -> TimeSplit:
     for o in eng.op_roofs:
         by[o.bound] += (o.measured_s or 0.0) if eng.timed else o.expected_s
     ov = eng.overlap or {}
+    wait = (eng.meta.get("step_breakdown") or {}).get("data_wait_ms")  # the step monitor's median data wait
     return TimeSplit(by["compute"], by["memory"], by["comm"], by["uncounted"], by["overhead"],
-                     _fin(ov.get("idle_s")) if ov else _fin(eng.meta.get("device_idle_s")), None,
+                     _fin(ov.get("idle_s")) if ov else _fin(eng.meta.get("device_idle_s")),
+                     _fin(wait / 1e3) if isinstance(wait, (int, float)) else None,
                      "measured op time" if eng.timed else "estimated (shape-aware kernel times)")
 
 
