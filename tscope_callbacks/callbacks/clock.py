@@ -254,6 +254,12 @@ class BreakdownClock:
         self._dirty = True  #: the first step (warm-up) is no basis
         #: (step, data wait, host s, start event, end event, previous end event, dirty) of steps not yet read
         self._pending: deque[tuple[int, float, float, Any, Any, Any, bool]] = deque(maxlen=keep)
+        self._free: list[Any] = []  #: events read and done with (reused: no event is created per step)
+
+    def _event(self) -> Any:
+        e = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
 
     def begin(self, step: int) -> None:
         t = time.perf_counter()
@@ -262,8 +268,7 @@ class BreakdownClock:
         self._wait = 0.0 if self._prev_end is None else t - self._prev_end
         self._t0, self._step = t, step
         if self.cuda:
-            self._e0 = torch.cuda.Event(enable_timing=True)
-            self._e0.record()
+            self._e0 = self._event()
 
     def end(self) -> StepTimes | None:
         """Close the running step; on CPU its parts are known now (returned), on CUDA once :meth:`ready` sees them."""
@@ -274,8 +279,7 @@ class BreakdownClock:
         dirty = self._dirty or self._prev_end is None
         out = None
         if self.cuda:
-            e1 = torch.cuda.Event(enable_timing=True)
-            e1.record()
+            e1 = self._event()
             self._pending.append((self._step, self._wait, host, self._e0, e1, self._prev_event, dirty))
             self._prev_event = e1
         else:  # the host is the device: busy = host, idle = the data wait
@@ -298,4 +302,5 @@ class BreakdownClock:
             busy = e0.elapsed_time(e1) / 1e3
             span = prev.elapsed_time(e1) / 1e3 if prev is not None else busy
             out.append(StepTimes(step, wait, host, busy, max(span - busy, 0.0), span, dirty or prev is None))
+            self._free += [e0] if prev is None else [e0, prev]  # this step was the last to need them
         return out
