@@ -190,25 +190,7 @@ class RooflineAnalysis:
         self.flop_coverage, self.tf32 = coverage, tf32
         self.profile: StepProfile | None = None  #: the StepProfile, when the caller attaches it (analyze_model does)
         self.timed = any(o.measured_s is not None for o in ops)
-        typ = {k: getattr(v, "type", "") for k, v in layers.items()}
-
-        def lrow(kind: str, layer: str, phase: str) -> Row:
-            return Row(layer or "(root)", kind, layer=layer, type=typ.get(layer, ""), phase=phase)
-
-        self.layer_rows = self._rows(lambda o: [(o.record.layer, o.record.phase)],
-                                     lambda k: lrow("layer", k[0], k[1]))
-        self.layer_totals = self._rows(lambda o: [o.record.layer], lambda k: lrow("layer_total", k, "total"))
-        self.inclusive = self._rows(lambda o: ancestors(o.record.layer), lambda k: lrow("inclusive", k, "total"))
-        self.category_rows = self._rows(lambda o: [o.record.category],
-                                        lambda k: Row(k, "category", category=k, phase="total"))
-        self.op_rows = self._rows(lambda o: ["(view ops)" if o.record.category == "view" else o.record.op],
-                                  lambda k: Row(k, "op", phase="total"))
-        for r in self.op_rows:
-            r.category = r.ops[0].record.category
-        self.totals = Row("total", "total", phase="total")
-        for o in ops:
-            self.totals.add(o)
-
+        self._build_rows(layers)
         t = self.totals
         self.total_flops, self.total_bytes = t.flops, t.bytes
         self.op_time_s = t.measured_s  #: sum of measured op times (None when untimed)
@@ -252,6 +234,27 @@ class RooflineAnalysis:
         #: rows whose time is noise (spread over the merged steps, or an outlier among identical blocks): no advice
         self.noise: Noise = find_noise(self)
         self.suppressed: list[Opportunity] = []  #: findings not shown: their saving is within the measured noise
+
+    def _build_rows(self, layers: dict[str, LayerRecord]) -> None:
+        """The row tables: layer x phase, layer, inclusive, op class, op name, and the totals."""
+        typ = {k: getattr(v, "type", "") for k, v in layers.items()}
+
+        def lrow(kind: str, layer: str, phase: str) -> Row:
+            return Row(layer or "(root)", kind, layer=layer, type=typ.get(layer, ""), phase=phase)
+
+        self.layer_rows = self._rows(lambda o: [(o.record.layer, o.record.phase)],
+                                     lambda k: lrow("layer", k[0], k[1]))
+        self.layer_totals = self._rows(lambda o: [o.record.layer], lambda k: lrow("layer_total", k, "total"))
+        self.inclusive = self._rows(lambda o: ancestors(o.record.layer), lambda k: lrow("inclusive", k, "total"))
+        self.category_rows = self._rows(lambda o: [o.record.category],
+                                        lambda k: Row(k, "category", category=k, phase="total"))
+        self.op_rows = self._rows(lambda o: ["(view ops)" if o.record.category == "view" else o.record.op],
+                                  lambda k: Row(k, "op", phase="total"))
+        for r in self.op_rows:
+            r.category = r.ops[0].record.category
+        self.totals = Row("total", "total", phase="total")
+        for o in self.op_roofs:
+            self.totals.add(o)
 
     def _rows(self, keys: Any, make: Any) -> list[Row]:
         rows: dict[Any, Row] = {}
