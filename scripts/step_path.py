@@ -18,7 +18,8 @@ Counted (each as distinct call edges ``caller function -> callee function``, and
 - ``into_caller``: calls of a method of the callback object by a function that is not one of its methods (a helper
   handed the callback, ``cb: Any``, calling back into it);
 - ``cb_base_switches``: calls between ``callbacks/roofline_cb.py`` and ``callbacks/base.py`` (either way);
-- ``asks_analysis``: distinct analysis/render/api functions the callbacks' files call directly.
+- ``asks_analysis``: distinct analysis/render/api functions the callbacks' files call directly (a derived field of
+  the typed report, a property in ``analysis/report.py``, is listed apart as a read).
 
 Static counts over the callbacks' files: parameters annotated ``cb: Any``, attribute writes on a parameter named
 ``cb`` (``cb.x = ...``: state set on the callback from outside its class) and attribute reads of it (``cb.x``: a
@@ -80,6 +81,8 @@ class Tracer:
         if callee_file is None:
             return
         back = frame.f_back
+        while back is not None and back.f_code.co_name.startswith("<") and back.f_back is not None:
+            back = back.f_back  # a comprehension's frame: its function is the caller
         caller_file = _rel(back.f_code.co_filename) if back is not None else None
         callee = (callee_file, code.co_qualname)
         caller = (caller_file or "<outside>", back.f_code.co_qualname if back is not None else "")
@@ -170,6 +173,7 @@ def _summarize(t: Tracer) -> dict[str, Any]:
     into: Counter = Counter()
     switch: Counter = Counter()
     asks: set[str] = set()
+    reads: set[str] = set()
     pair = {"callbacks/roofline_cb.py", "callbacks/base.py"}
     for caller, callee, back in t.calls:
         if caller[0] == "<outside>":
@@ -183,13 +187,15 @@ def _summarize(t: Tracer) -> dict[str, Any]:
             switch[edge] += 1
         if caller[0].startswith("callbacks/") and (callee[0].startswith(("analysis/", "render/"))
                                                    or layer(callee[0]) == layer("api.py")):
-            asks.add(f"{callee[0]}:{callee[1]}")
+            # a derived field of the typed report (a property of its frozen dataclasses) is a read, not a request
+            (reads if callee[0] == "analysis/report.py" else asks).add(f"{callee[0]}:{callee[1]}")
     return {"files": len(files), "file_list": files, "post_capture_files": len(t.post),
             "post_capture_file_list": sorted(t.post),
             "up_layer": {"distinct": len(up), "calls": sum(up.values()), "edges": dict(up)},
             "into_caller": {"distinct": len(into), "calls": sum(into.values()), "edges": dict(into)},
             "cb_base_switches": {"distinct": len(switch), "calls": sum(switch.values()), "edges": dict(switch)},
-            "asks_analysis": {"distinct": len(asks), "callees": sorted(asks)}}
+            "asks_analysis": {"distinct": len(asks), "callees": sorted(asks)},
+            "report_reads": sorted(reads)}
 
 
 def static_counts() -> dict[str, Any]:
@@ -250,6 +256,7 @@ def main() -> None:
     print(f"asks_analysis: {out['asks_analysis']['distinct']} distinct callees")
     for c in out["asks_analysis"]["callees"]:
         print(f"    {c}")
+    print(f"reads of the typed report's derived fields: {', '.join(out['report_reads']) or 'none'}")
     print(f"cb: Any parameters: {out['cb_any_params']}; attribute writes on cb: {out['cb_attribute_writes']}; "
           f"attribute reads of cb: {out['cb_attribute_reads']}")
     for s in out["cb_any"] + out["cb_writes"]:

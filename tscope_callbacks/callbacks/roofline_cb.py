@@ -236,36 +236,43 @@ class RooflineCallback(ProfilingCallback):
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        gs = trainer.global_step
-        if gs != self._last_gs and self._clock is not None:  # the first micro-batch of a new optimizer step
-            self._last_gs = gs
-            if self._next_train - gs <= BASIS_STEPS or self._series.pending is not None:
-                try:
-                    self._clock.tick(gs)
-                except Exception as e:  # profiles then use their own basis; the schedule goes on
-                    self._clock = None
-                    self.faults.report("the step clock", e)
-            # a series' report once the steps after it are timed (or a profile starts now)
-            self._release(trainer, pl_module, now="train" in self.schedules and self.schedules["train"].next_due(gs) <= gs)
-            if self.auto_mfu and self.auto.flops and gs % max(trainer.log_every_n_steps, 1) == 0:
-                self._log_windows(trainer, gs)
-        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        if trainer.global_step != self._last_gs and self._clock is not None:  # a new optimizer step's first batch
+            self._last_gs = trainer.global_step
+            self._new_step(trainer, pl_module, trainer.global_step)
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)  # schedule, capture
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # a capture ends: analyse, emit
         if self.auto.running:
+            self._count(trainer, batch)
+
+    def _new_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, gs: int) -> None:
+        """Time the step (near a profile: the step-time basis), release a held series' report once the steps after
+        it are timed (or a profile starts now), and log the automatic MFU's finished windows at logging steps."""
+        if self._next_train - gs <= BASIS_STEPS or self._series.pending is not None:
             try:
-                sig = batch_signature(batch)
-                self.auto.count_micro_batch(*batch_size(sig))
-                # the optimizer stepped: count its FLOPs once; a shape never profiled is counted at this step
-                if trainer.global_step != self._last_gs and self.auto.count_step(sig):
-                    self._recount_at = trainer.global_step
-                    self._next_train = min(self._next_train, trainer.global_step)
-            except Exception as e:  # the automatic MFU stops; profiles go on
-                self.auto_mfu, self.auto.timer = False, None
-                self.faults.report("counting samples and FLOPs per step", e)
+                self._clock.tick(gs)  # type: ignore[union-attr]
+            except Exception as e:  # profiles then use their own basis; the schedule goes on
+                self._clock = None
+                self.faults.report("the step clock", e)
+        self._release(trainer, pl_module, now="train" in self.schedules and self.schedules["train"].next_due(gs) <= gs)
+        if self.auto_mfu and self.auto.flops and gs % max(trainer.log_every_n_steps, 1) == 0:
+            self._log_windows(trainer, gs)
+
+    def _count(self, trainer: pl.Trainer, batch: Any) -> None:
+        """The automatic MFU's window counts every micro-batch's samples and each optimizer step's model FLOPs; a
+        batch shape never profiled is profiled at this step to count them."""
+        try:
+            sig = batch_signature(batch)
+            self.auto.count_micro_batch(*batch_size(sig))
+            if trainer.global_step != self._last_gs and self.auto.count_step(sig):  # the optimizer stepped
+                self._recount_at = trainer.global_step
+                self._next_train = min(self._next_train, trainer.global_step)
+        except Exception as e:  # the automatic MFU stops; profiles go on
+            self.auto_mfu, self.auto.timer = False, None
+            self.faults.report("counting samples and FLOPs per step", e)
 
     def _log_windows(self, trainer: pl.Trainer, step: int, *, final: bool = False) -> None:
         """The automatic MFU at a logging step: the windows the device has finished, logged at their last step."""
@@ -351,7 +358,7 @@ class RooflineCallback(ProfilingCallback):
         self.last_profile, self.last_report, self.last_step_report = result, rr, step.report
         if ctx.stage == "train":  # the automatic MFU counts the FLOPs of this batch shape from now on
             self.auto.learn(ctx.batch_signature, model_flops(result, self.attention_flops),
-                            getattr(rr, "mfu_peak_flops", None))
+                            step.report.summary.mfu_peak_flops if step.report is not None else None)
             self._recount_at = None
         scalars = {metric_key("roofline", k, ctx.stage): v for k, v in io.step_scalars(step, ctx).items()}
         self.history.append({"stage": ctx.stage, "step": ctx.step, "reason": ctx.reason, **scalars})

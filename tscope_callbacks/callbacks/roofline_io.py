@@ -23,6 +23,9 @@ from tscope_callbacks.devices.spec import DeviceSpec
 from tscope_callbacks.records import StepProfile
 
 if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    import torch
+
     from tscope_callbacks.render.report import RooflineReport
 
 __all__ = ["AnalysedStep", "Comparison", "EmitOptions", "emit", "emit_comparison", "step_scalars", "table_text",
@@ -82,7 +85,7 @@ class EmitOptions:
     model: bool = True  #: the ``tscope/model/*`` hyperparameters (once per fit: the callback says when)
 
 
-def gather_traces(trainer: Any, result: StepProfile, ctx: ProfileContext) -> tuple[StepProfile, ...]:
+def gather_traces(trainer: pl.Trainer, result: StepProfile, ctx: ProfileContext) -> tuple[StepProfile, ...]:
     """Every rank's records of this step, for the trace (all ranks call this; a collective under several ranks, on
     scheduled steps only: a recount may happen on one rank)."""
     if trainer.world_size <= 1 or ctx.reason == "recount":
@@ -92,7 +95,7 @@ def gather_traces(trainer: Any, result: StepProfile, ctx: ProfileContext) -> tup
     return tuple(StepProfile.from_dict(d) for d in gather_objects(trainer, result.to_dict()))
 
 
-def fsdp_whatif_of(report: RooflineReport, model: Any, n: int, trainer_precision: str) -> dict[str, Any]:
+def fsdp_whatif_of(report: RooflineReport, model: torch.nn.Module, n: int, trainer_precision: str) -> dict[str, Any]:
     """``fsdp_whatif=N``: the step predicted under FSDP2 over N GPUs (``analysis.fsdp``). Under "-mixed" precision
     parameters are gathered at the low dtype and gradients reduced in fp32 (as ``analyze_model``)."""
     from tscope_callbacks.analysis.fsdp import fsdp_whatif, mixed_policy

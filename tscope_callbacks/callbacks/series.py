@@ -5,9 +5,16 @@ unprofiled steps (:class:`FirstProfileWait`) and the k consecutive profiled step
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tscope_callbacks.records import StepProfile
+
+if TYPE_CHECKING:
+    from tscope_callbacks.callbacks.clock import StepClock
+    from tscope_callbacks.callbacks.session import ProfileContext
+    from tscope_callbacks.capture.faults import Faults
+
+    Profiled = tuple[StepProfile, ProfileContext]  #: a step's records and the context they were captured in
 
 __all__ = ["ProfileSeries", "FirstProfileWait", "MAX_DEFER_STEPS", "AFTER_STEPS"]
 
@@ -23,32 +30,32 @@ class ProfileSeries:
 
     def __init__(self, k: int) -> None:
         self.k = k
-        self.items: list[tuple[StepProfile, Any]] = []
+        self.items: list[Profiled] = []
         self.next: int | None = None
         #: a merged series waiting for the unprofiled steps after it (``AFTER_STEPS``), and the step it waits for
-        self.pending: tuple[StepProfile, Any] | None = None
+        self.pending: Profiled | None = None
         self.pending_until: int | None = None
         self.last_step = -1  #: the last step of the series ``take`` ended
 
-    def hold(self, merged: tuple[StepProfile, Any], last_step: int) -> None:
+    def hold(self, merged: Profiled, last_step: int) -> None:
         """Keep ``merged`` until AFTER_STEPS unprofiled steps after its last profiled step ``last_step`` are timed."""
         self.pending, self.pending_until = merged, last_step + 1 + AFTER_STEPS
 
-    def release(self, step: int | None = None, *, now: bool = False) -> tuple[StepProfile, Any] | None:
+    def release(self, step: int | None = None, *, now: bool = False) -> Profiled | None:
         """The held series when ``step`` reached the step it waits for (or ``now``); it is released."""
         if self.pending is None or not (now or (step is not None and step >= (self.pending_until or 0))):
             return None
         out, self.pending, self.pending_until = self.pending, None, None
         return out
 
-    def begin(self, result: StepProfile, ctx: Any) -> bool:
+    def begin(self, result: StepProfile, ctx: ProfileContext) -> bool:
         """Start a series with a scheduled profile; False when one step is all it takes (k = 1)."""
         if self.k <= 1:
             return False
         self.items, self.next = [(result, ctx)], ctx.step + 1
         return True
 
-    def add(self, result: StepProfile, ctx: Any) -> bool:
+    def add(self, result: StepProfile, ctx: ProfileContext) -> bool:
         """Add the next step's profile; True when the series is complete (or none was running)."""
         if not self.items:
             return True
@@ -58,7 +65,7 @@ class ProfileSeries:
             return False
         return True
 
-    def take(self, faults: Any) -> tuple[StepProfile, Any] | None:
+    def take(self, faults: Faults) -> Profiled | None:
         """The merged profile (each op's median time over the steps) with the first step's context; None when no
         series runs. The series ends."""
         items, self.items, self.next = self.items, [], None
@@ -85,7 +92,7 @@ class FirstProfileWait:
     def waiting(self, step: int) -> bool:
         return self.deferred_from is not None and step > self.deferred_from
 
-    def hold(self, clock: Any, step: int, max_steps: int | None, k: int) -> bool:
+    def hold(self, clock: StepClock, step: int, max_steps: int | None, k: int) -> bool:
         """Whether the profile due at ``step`` waits one more step (it says so once it goes ahead)."""
         waited = step - (self.deferred_from if self.deferred_from is not None else step)
         room = max_steps is None or max_steps < 0 or step + k < max_steps
