@@ -328,3 +328,23 @@ def test_nan_guard_gradient_spike_triggers_a_profile() -> None:
     kinds = [a["trigger"]["kind"] for a in mon.alerts]
     assert kinds == ["grad-spike"] and mon.alerts[0]["profile_step"] == 41  # the next step
     assert "gradient-norm spike at step 40" in mon.alerts[0]["text"]
+
+
+def test_alert_goes_to_wandb_and_the_log(tmp_path, monkeypatch, caplog) -> None:
+    wandb = pytest.importorskip("wandb")
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    sent = []
+    monkeypatch.setattr(wandb.sdk.wandb_run.Run, "alert", lambda self, **kw: sent.append(kw), raising=False)
+    logger = WandbLogger(offline=True, save_dir=str(tmp_path), project="tscope-test")
+    mon = StepMonitor()
+    trainer = pl.Trainer(max_steps=45, callbacks=[mon], logger=logger, **{**FAST, "log_every_n_steps": 10})
+    with caplog.at_level(logging.WARNING, logger="tscope_callbacks"):
+        trainer.fit(_Net(_Flags(), slow="layer"))
+    logger.experiment.finish()
+    assert len(mon.alerts) == 1 and len(sent) == 1
+    assert sent[0]["title"].startswith("Slow steps at step") and "layer 'block.1'" in sent[0]["text"]
+    assert sent[0]["level"] == wandb.AlertLevel.WARN
+    assert any("layer 'block.1'" in r.getMessage() for r in caplog.records)  # and the log line
