@@ -55,6 +55,10 @@ def test_wheel_and_sdist_carry_license_types_and_device_tables(dist: Path) -> No
     for member in ("tscope_callbacks/py.typed", "tscope_callbacks/gpu_specs.json", "tscope_callbacks/devices/data/h100.json"):
         assert member in names, member
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    # the TSCOPE tab: its ES module ships, and TensorBoard finds the plugin through the entry point
+    assert "tscope_callbacks/dashboard/static/index.js" in names
+    eps = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
+    assert "[tensorboard_plugins]\ntscope = tscope_callbacks.dashboard.plugin:TscopePlugin" in eps
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "License-Expression: MIT" in meta and "Classifier: Typing :: Typed" in meta
     assert "Provides-Extra: wandb" in meta and "Provides-Extra: fvcore" in meta
