@@ -237,6 +237,19 @@ def test_hover_shows_the_tooltip_and_click_lists_the_ops(driver, fit_logdir):
     ActionChains(driver).move_by_offset(0, 0).move_to_element(driver.find_element("css selector", "header")).perform()
 
 
+def test_ops_on_demand(driver, fit_logdir):
+    rep = _shown_report(fit_logdir)
+    want = sum(1 for o in rep["ops"] if (o["flops"] or 0) > 0 and (o["bytes"] or 0) > 0
+               and ((o["time_s"] or 0) > 0 or (o["expected_s"] or 0) > 0))
+    assert not driver.find_elements("css selector", "svg#roofline circle.op-pt")
+    driver.find_element("css selector", "#show-ops").click()
+    _wait(driver, lambda d: d.find_elements("css selector", "svg#roofline circle.op-pt"))
+    assert len(driver.find_elements("css selector", "svg#roofline circle.op-pt")) == want > 0
+    assert len(driver.find_elements("css selector", "svg#roofline circle.pt")) == len(_plotted(rep))
+    driver.find_element("css selector", "#show-ops").click()
+    assert not driver.find_elements("css selector", "svg#roofline circle.op-pt")
+
+
 def test_tree_expands_and_collapses(driver):
     rows = lambda: driver.find_elements("css selector", "#tree-table tr.tree-row")  # noqa: E731
     closed = [r for r in rows() if r.find_element("css selector", ".tg").text == "▸"]

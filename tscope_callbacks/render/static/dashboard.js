@@ -231,6 +231,7 @@
 
   async function loadStep() {
     performance.mark("tscope:load");
+    S.opRows = null;
     const rep = await API.step(S.run, S.step, S.stage);
     S.selLayer = null;
     $("#ops-panel").innerHTML = "";
@@ -313,11 +314,19 @@
       if (!(x.flops > 0) || !(x.bytes > 0) || !(t > 0)) { skipped++; continue; }
       pts.push({row: x, ai: x.flops / x.bytes, perf: x.flops / t, t});
     }
+    const opPts = [];
+    if (S.showOps) {
+      if (!S.opRows) { API.ops(S.run, S.step, S.stage, "").then((res) => { S.opRows = res.ops || []; drawRoofline(); }); }
+      for (const o of S.opRows || []) {
+        const t = num(o.time_s) && o.time_s > 0 ? o.time_s : o.expected_s;
+        if (o.flops > 0 && o.bytes > 0 && t > 0) opPts.push({op: o, ai: o.flops / o.bytes, perf: o.flops / t, t});
+      }
+    }
     const dev = r.device || {};
     const peaks = Object.entries(dev.peaks || {}).filter(([, v]) => num(v) && v > 0).sort((a, b) => b[1] - a[1]);
     const bw = dev.bandwidth;
     const W = Math.max(420, holder.clientWidth || 640), Hh = 400, m = {l: 84, r: 12, t: 10, b: 36};
-    let xs = pts.map((p) => p.ai), ys = pts.map((p) => p.perf);
+    let xs = pts.concat(opPts).map((p) => p.ai), ys = pts.concat(opPts).map((p) => p.perf);
     if (peaks.length) ys.push(peaks[0][1]);
     if (!xs.length) xs = [0.1, 100];
     if (!ys.length) ys = [1e9, 1e12];
@@ -389,20 +398,17 @@
     const timed = rows.some((x) => num(x.measured_s) && x.measured_s > 0);
     $("#roof-basis").textContent = "y: FLOPs / " + (timed ? "measured time" : "expected kernel time (untimed step)") +
       "; roofs: " + (dev.measured ? "measured on this machine" : "datasheet peaks") + " per precision, bandwidth " + F.bw(bw) + ". Click a point for its ops.";
-    if (S.showOps) drawOpPoints(g, X, Y, tmax);
-  }
-  async function drawOpPoints(g, X, Y, tmax) {
-    const res = await API.ops(S.run, S.step, S.stage, "");
-    const frag = document.createDocumentFragment();
-    for (const o of res.ops || []) {
-      const t = num(o.time_s) && o.time_s > 0 ? o.time_s : o.expected_s;
-      if (!(o.flops > 0) || !(o.bytes > 0) || !(t > 0)) continue;
-      const c = s("circle", {class: "op-pt", cx: X(o.flops / o.bytes).toFixed(1), cy: Y(o.flops / t).toFixed(1),
-        r: (1.5 + 6 * Math.sqrt(t / tmax)).toFixed(1), fill: phaseColor(o.phase)});
-      c.__op = o;
-      frag.append(c);
+    if (opPts.length) {
+      const frag = document.createDocumentFragment();
+      for (const p of opPts) {
+        const c = s("circle", {class: "op-pt", cx: X(p.ai).toFixed(1), cy: Y(p.perf).toFixed(1),
+          r: (1.5 + 6 * Math.sqrt(Math.min(1, p.t / tmax))).toFixed(1), fill: phaseColor(p.op.phase)});
+        c.__op = p.op;
+        frag.append(c);
+      }
+      g.insertBefore(frag, g.firstChild);
+      legend.append(h("span", {class: "muted", text: "· " + opPts.length + " op points"}));
     }
-    g.insertBefore(frag, g.firstChild);
   }
   function tipRows(pairs) {
     return "<table>" + pairs.filter((p) => p[1] != null && p[1] !== "").map((p) => "<tr><td>" + esc(p[0]) + "</td><td>" + esc(p[1]) + "</td></tr>").join("") + "</table>";
@@ -652,16 +658,16 @@
     const tb = h("table", {class: "t", id: "nan-table"});
     tb.append(h("tr", {}, ["step", "kind", "layer", "op", "phase", "line"].map((c) => h("th", {text: c}))));
     for (const e of ev) tb.append(h("tr", {}, h("td", {text: e.step != null ? e.step : ""}), h("td", {class: "flag", text: e.kind || ""}),
-      h("td", {class: "mono", text: e.layer || ""}), h("td", {class: "mono", text: e.op || ""}), h("td", {text: e.phase || ""}), h("td", {class: "mono muted", text: e.line || ""})));
+      h("td", {class: "mono", text: e.layer || ""}), h("td", {class: "mono", text: e.op || ""}), h("td", {text: e.phase || ""}), h("td", {class: "mono muted", style: "white-space:normal", text: e.line || ""})));
     el.append(h("div", {class: "scroll"}, tb));
   }
-  function kvTable(obj) {
-    const tb = h("table", {class: "t"});
-    for (const [k, v] of Object.entries(obj)) {
-      if (v == null || typeof v === "object") continue;
-      tb.append(h("tr", {}, h("td", {text: k.replace(/_/g, " ")}), h("td", {class: "n", text: typeof v === "number" ? (/_s$/.test(k) ? F.time(v) : /bytes/.test(k) ? F.bytes(v) : sig(v)) : String(v)})));
-    }
-    return tb;
+  function fmtKey(k, v) {
+    if (!num(v)) return v == null ? "–" : typeof v === "object" ? Object.entries(v).map(([a, n]) => a + " ×" + n).join(", ") : String(v);
+    if (/_s$/.test(k)) return F.time(v);
+    if (/bytes/.test(k)) return F.bytes(v);
+    if (/frac|pct/.test(k)) return F.pct(v);
+    if (/^(algbw|busbw|bandwidth)$/.test(k)) return F.bw(v);
+    return sig(v);
   }
   function drawComm(r) {
     const p = $("#comm-panel"), el = $("#comm");
@@ -669,15 +675,20 @@
     const c = r.communication;
     p.style.display = c ? "" : "none";
     if (!c) return;
-    el.append(kvTable(c));
-    for (const [k, v] of Object.entries(c)) {
-      if (Array.isArray(v) && v.length && typeof v[0] === "object") {
-        const cols = Object.keys(v[0]);
-        const tb = h("table", {class: "t"});
-        tb.append(h("tr", {}, cols.map((x) => h("th", {text: x}))));
-        for (const row of v.slice(0, 50)) tb.append(h("tr", {}, cols.map((x) => h("td", {text: typeof row[x] === "number" ? sig(row[x]) : row[x] == null ? "" : String(row[x])}))));
-        el.append(h("h2", {text: k.replace(/_/g, " ")}), tb);
-      }
+    const rows = c.rows || [];
+    if (rows.length) {
+      const cols = [["collective", "collective"], ["group", "group"], ["group_size", "ranks"], ["calls", "calls"], ["bytes", "bytes"],
+        ["time_s", "time"], ["roof_s", "at link roof"], ["algbw", "algbw"], ["busbw", "busbw"], ["pct_of_link", "% of link"], ["layers", "launched from"]];
+      const tb = h("table", {class: "t", id: "comm-table"});
+      tb.append(h("tr", {}, cols.map(([k, l], i) => h("th", {class: i >= 2 && i <= 9 ? "n" : null, text: l}))));
+      for (const row of rows.slice(0, 50)) tb.append(h("tr", {}, cols.map(([k], i) => h("td", {class: i >= 2 && i <= 9 ? "n" : k === "layers" ? "mono muted" : null, text: fmtKey(k, row[k])}))));
+      el.append(h("div", {class: "basis", text: "per collective and process group; algbw = bytes / time, busbw = bytes on each rank's link / time (nccl-tests)"}), tb);
+    }
+    for (const [name, obj] of [["overlap with compute (device timeline)", c.overlap], ["rank skew", c.skew]]) {
+      if (!obj || typeof obj !== "object") continue;
+      const kv = h("div", {class: "kv", style: "grid-template-columns:auto auto;max-width:420px;margin-top:6px"});
+      for (const [k, v] of Object.entries(obj)) if (v == null || typeof v !== "object") kv.append(h("span", {text: k.replace(/_s$/, "").replace(/_frac$/, " share").replace(/_/g, " ")}), h("span", {class: "n", text: fmtKey(k, v)}));
+      el.append(h("h2", {text: name, style: "margin-top:8px"}), kv);
     }
   }
 
