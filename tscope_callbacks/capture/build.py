@@ -13,7 +13,7 @@ from tscope_callbacks.capture.cuda_timing import Timeline
 from tscope_callbacks.capture.layers import build_layers
 from tscope_callbacks.capture.step_memory import memory_categories
 from tscope_callbacks.formulas.apply import count_op
-from tscope_callbacks.records import OpRecord, StepProfile
+from tscope_callbacks.records import CaptureInfo, OpRecord, StepProfile, split_meta
 
 if TYPE_CHECKING:
     from tscope_callbacks.capture.profile import Profile
@@ -29,6 +29,7 @@ def _device_of(model: torch.nn.Module) -> torch.device:
 
 
 def base_meta(p: Profile, st: CaptureState) -> dict[str, Any]:
+    """The capture's facts about its region, under their ``CaptureInfo`` field names."""
     dev = st.tree.device() if st.tree is not None else _device_of(p.model)
     name = "cpu"
     if dev.type == "cuda" and torch.cuda.is_available():
@@ -103,19 +104,21 @@ def build_result(p: Profile, st: CaptureState, wall: float | None, timeline: Tim
     if st.details is not None:
         st.details.finish()
     layers = build_layers(p.model, ops, st.details, st.collapse, st.calls, tree=st.tree, sums=sums)
-    meta = {**base_meta(p, st), **step_time(ops, wall, timeline, p.timing), **p.labels}
+    labels, user = split_meta(p.labels)  # the caller's labels: typed ones (step, a measured basis...) win
+    info = CaptureInfo().with_values({**base_meta(p, st), **step_time(ops, wall, timeline, p.timing), **labels})
     cats = memory_categories(p.model, ops, layers,
                              params=[prm for _, prm in st.tree.parameters] if st.tree is not None else None,
                              tracker=st.memory, optimizers=list(st.optimizers.values()),
                              grads_at_start=st.grads_at_start)
     st.optimizers.clear()
+    device: dict[str, Any] = {}
     if cats is not None:
-        meta["memory_categories"] = cats
+        device["memory_categories"] = cats
     if timeline is not None and timeline.kernels:  # the device side, for overlap analysis and traces
-        meta.update(timeline.meta())
+        device.update(timeline.meta())
     elif st.timed:
-        meta["clock_origin_ns"] = st.t0  # perf_counter_ns: one clock for every process of a host
-    return StepProfile(ops=ops, layers=layers, wall_time_s=wall, meta=meta)
+        device["clock_origin_ns"] = st.t0  # perf_counter_ns: one clock for every process of a host
+    return StepProfile(ops=ops, layers=layers, wall_time_s=wall, info=info.with_values(device), user=user)
 
 
 def _names(func: Any) -> tuple[str, str]:

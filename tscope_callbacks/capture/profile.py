@@ -37,7 +37,7 @@ from tscope_callbacks.capture.faults import Faults
 from tscope_callbacks.capture.paths import Selection
 from tscope_callbacks.capture.state import CaptureState
 from tscope_callbacks.formulas import DEFAULT_REGISTRY, FormulaRegistry
-from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
+from tscope_callbacks.records import CaptureInfo, LayerRecord, OpRecord, StepProfile
 
 __all__ = ["profile", "Profile", "NestedProfileError", "active_profile", "paused"]
 
@@ -49,11 +49,12 @@ _perf_ns = time.perf_counter_ns
 class Profile:
     """A capture session. Use as a context manager, or ``start()``/``stop()`` (stop is idempotent).
 
-    After stop: ``ops``, ``layers``, ``wall_time_s``, ``meta`` and ``result`` (a :class:`StepProfile`);
-    ``timeline`` holds the CUDA kernel timeline (None off CUDA). ``labels`` (and :meth:`label`) are copied into
-    ``meta`` at stop (e.g. the step number, or a ``step_time_s`` measured on unprofiled steps by the caller).
+    After stop: ``ops``, ``layers``, ``wall_time_s``, ``info`` (typed: ``records.CaptureInfo``), ``meta`` (its old
+    dict view) and ``result`` (a :class:`StepProfile`); ``timeline`` holds the CUDA kernel timeline (None off CUDA).
+    ``labels`` (and :meth:`label`) are copied into the result at stop: a typed key (``step``, a ``step_time_s``
+    measured on unprofiled steps by the caller...) into ``info``, any other into ``user``.
 
-    ``meta["capture_cost"]``: tscope's own host seconds -- ``start_s`` (hooks, dispatch mode, Kineto's prepare and
+    ``info.capture_cost``: tscope's own host seconds -- ``start_s`` (hooks, dispatch mode, Kineto's prepare and
     enable), ``region_s`` (start to the device done: the step with the per-op work; ``wall_time_s``), on CUDA
     ``sync_s`` (waiting for the device at stop), ``kineto_s`` (Kineto's teardown and event read-out) and
     ``assign_s`` (kernels to ops), then ``build_s`` (records, layers, memory), and ``ops``.
@@ -117,6 +118,10 @@ class Profile:
     @property
     def wall_time_s(self) -> float | None:
         return self.result.wall_time_s
+
+    @property
+    def info(self) -> CaptureInfo:
+        return self.result.info
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -193,7 +198,7 @@ class Profile:
             return self.result
         wall = None
         timeline = None
-        cost: dict[str, Any] = {"start_s": self._start_s}  #: tscope's own host time, per part (see meta doc)
+        cost: dict[str, Any] = {"start_s": self._start_s}  #: tscope's own host time, per part (see the class doc)
         try:
             if st.paused:  # stopped while paused (e.g. an exception inside a paused block)
                 st.paused = 1
@@ -218,7 +223,7 @@ class Profile:
             self._internal_error(e, "building the step's records")
             self.result = StepProfile(wall_time_s=wall, meta={**build.base_meta(self, st), **self.labels})
         cost.update(region_s=wall, build_s=(_perf_ns() - t) * 1e-9, ops=len(self.result.ops))
-        self.result.meta["capture_cost"] = cost
+        self.result.info = self.result.info.with_values({"capture_cost": cost})
         st.clear_region()
         return self.result
 

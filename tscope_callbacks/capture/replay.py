@@ -154,6 +154,7 @@ class ReplayProfile:
     ops = property(lambda self: self.result.ops)
     layers = property(lambda self: self.result.layers)
     meta = property(lambda self: self.result.meta)
+    info = property(lambda self: self.result.info)
     wall_time_s = property(lambda self: self.result.wall_time_s)
     running = property(lambda self: self._running)  #: between start() and stop()
 
@@ -235,9 +236,10 @@ class ReplayProfile:
         except Exception as e:
             self._internal_error(e, "building the replay's records")
             self.result = StepProfile(wall_time_s=wall, meta={**self.labels, "internal_errors": list(self.errors)})
-        self.result.meta["capture_cost"] = {  # as Profile's (see its doc); the records are the source's copies
+        cost = {  # as Profile's (see its doc); the records are the source's copies
             "start_s": self._start_s, "region_s": wall, **(self._kt.cost if self._kt else {}),
             "build_s": (time.perf_counter_ns() - t) * 1e-9, "ops": len(self.result.ops)}
+        self.result.info = self.result.info.with_values({"capture_cost": cost})
         return self.result
 
     def _internal_error(self, e: BaseException, part: str) -> None:
