@@ -199,3 +199,20 @@ def test_plugin_without_logdir_hints() -> None:
     r = Client(plugin.get_plugin_apps()["/runs"], Response).get("/runs")
     assert json.loads(r.data)["hint"].startswith("tensorboard was started without --logdir")
     assert plugin.is_active() and plugin.frontend_metadata().tab_name == "TSCOPE"
+
+
+def test_series_of_a_run_still_writing_grows(tmp_path: Path) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = tmp_path / "live"
+    w = SummaryWriter(str(run))
+    w.add_scalar("tscope/roofline/mfu", 0.1, 1)
+    w.flush()
+    assert ld.series(run)["mfu"] == [[1, pytest.approx(0.1)]]
+    w.add_scalar("tscope/roofline/mfu", 0.2, 2)  # the same file, appended: read from where the last call stopped
+    w.add_scalar("tscope/roofline/tokens_per_s", 50.0, 2)
+    w.flush()
+    s = ld.series(run)
+    assert s["mfu"] == [[1, pytest.approx(0.1)], [2, pytest.approx(0.2)]] and s["tokens_per_s"] == [[2, 50.0]]
+    assert ld.series(run)["mfu"] == s["mfu"]  # unchanged file: the same points, not read twice
+    w.close()

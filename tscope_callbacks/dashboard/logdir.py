@@ -81,7 +81,6 @@ class _Cache:
 
 _REPORTS = _Cache(16)  # key -> report dict or StepFileError
 _STATUS = _Cache(4096)  # key -> error message or None (readable): small, for the runs index
-_EVENTS = _Cache(256)  # event file key -> {tag: [[step, value], ...]}
 
 
 def _key(path: Path) -> tuple | None:
@@ -273,44 +272,66 @@ def ops(run_dir: str | os.PathLike, step: int, stage: str = "train", layer: str 
 
 
 # ---------------------------------------------------------------------------------------------------- series
-def _event_scalars(path: Path) -> dict[str, list[list[float]]]:
-    """``tscope/roofline/*`` scalars (training stage) of one event file, by bare key."""
-    key = _key(path)
-    if key is None:
-        return {}
-    hit = _EVENTS.get(key)
-    if hit is not None:
-        return hit
-    out: dict[str, list[list[float]]] = {}
-    try:
+class _EventReader:
+    """One event file read incrementally: a file still being written is read from where the last call stopped."""
+
+    def __init__(self, path: Path, ino: int) -> None:
         from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+        self.ino, self.size = ino, -1
+        self.loader = LegacyEventFileLoader(str(path))
+        self.out: dict[str, list[list[float]]] = {}
+
+    def read(self, size: int) -> dict[str, list[list[float]]]:
+        if size == self.size:
+            return self.out
         from tensorboard.util import tensor_util
 
-        for ev in LegacyEventFileLoader(str(path)).Load():
-            if not ev.HasField("summary"):
-                continue
-            for v in ev.summary.value:
-                if not v.tag.startswith(_SERIES_PREFIX):
+        try:
+            for ev in self.loader.Load():
+                if not ev.HasField("summary"):
                     continue
-                bare = v.tag[len(_SERIES_PREFIX):]
-                if "/" in bare:  # other stages (tscope/roofline/<stage>/<key>) and tables
-                    continue
-                kind = v.WhichOneof("value")
-                if kind == "simple_value":
-                    val = float(v.simple_value)
-                elif kind == "tensor":
-                    try:
-                        val = float(tensor_util.make_ndarray(v.tensor).reshape(-1)[0])
-                    except Exception:
+                for v in ev.summary.value:
+                    if not v.tag.startswith(_SERIES_PREFIX):
                         continue
-                else:
-                    continue
-                if math.isfinite(val):
-                    out.setdefault(bare, []).append([int(ev.step), val])
-    except Exception:
-        pass  # a half-written event file: what was read so far (the next call reads it again)
-    _EVENTS.put(key, out)
-    return out
+                    bare = v.tag[len(_SERIES_PREFIX):]
+                    if "/" in bare:  # other stages (tscope/roofline/<stage>/<key>) and tables
+                        continue
+                    kind = v.WhichOneof("value")
+                    if kind == "simple_value":
+                        val = float(v.simple_value)
+                    elif kind == "tensor":
+                        try:
+                            val = float(tensor_util.make_ndarray(v.tensor).reshape(-1)[0])
+                        except Exception:
+                            continue
+                    else:
+                        continue
+                    if math.isfinite(val):
+                        self.out.setdefault(bare, []).append([int(ev.step), val])
+        except Exception:
+            pass  # a record still being written: the next call goes on from the last complete one
+        self.size = size
+        return self.out
+
+
+_READERS: dict[str, _EventReader] = {}
+_READERS_LOCK = threading.Lock()
+
+
+def _event_scalars(path: Path) -> dict[str, list[list[float]]]:
+    """``tscope/roofline/*`` scalars (training stage) of one event file, by bare key; read incrementally."""
+    try:
+        st = path.stat()
+    except OSError:
+        return {}
+    with _READERS_LOCK:
+        r = _READERS.get(str(path))
+        if r is None or r.ino != st.st_ino or st.st_size < r.size:  # new, replaced or truncated: from the start
+            if len(_READERS) > 256:
+                _READERS.clear()
+            r = _READERS[str(path)] = _EventReader(path, st.st_ino)
+        return r.read(st.st_size)
 
 
 def series(run_dir: str | os.PathLike) -> dict:
