@@ -19,7 +19,7 @@ from cli_models import SmallConvNet
 import tscope_callbacks as ts
 from tscope_callbacks.cli import _COMMANDS, main
 
-SUBCOMMANDS = ["demo", "analyze", "specs", "calibrate", "report", "diff"]
+SUBCOMMANDS = ["demo", "analyze", "specs", "calibrate", "report", "diff", "view"]
 
 
 def test_every_subcommand_is_routed() -> None:
