@@ -39,6 +39,10 @@ def test_full_square_attention_reaches_the_report_and_the_windows(tmp_path: Path
     w = windows[-1]
     assert cb.throughput.compute()["mfu"] == pytest.approx(w.flops / w.time_s / rep.mfu_peak_flops, rel=1e-12)
     assert rep.mfu == pytest.approx(rep.model_flops / rep.measured_step_s / rep.mfu_peak_flops, rel=1e-12)
+    # the typed report: its op rows count each op under the same convention, and sum to its model FLOPs
+    step = ts.analyze(prof, test_spec())
+    assert step.summary.model_flops == rep.model_flops
+    assert sum(r.model_flops for r in step.ops if r.phase in ("forward", "backward")) == rep.model_flops
     # tscope diff: the same step counted both ways is the same work, said so
     prof2 = type(prof).from_dict(prof.to_dict())
     prof2.meta["attention_flops"] = "attended"

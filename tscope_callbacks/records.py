@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["OpRecord", "LayerRecord", "StepProfile", "CaptureInfo", "INFO_KEYS", "PHASES", "CATEGORIES", "NON_MODEL_PHASES",
-           "ATTENTION_CONVENTIONS", "model_flops"]
+           "ATTENTION_CONVENTIONS", "model_flops", "op_model_flops"]
 
 #: Phases an op can run in. ``recompute`` is a forward re-run inside backward (activation checkpointing);
 #: ``optimizer`` is set by the caller (e.g. the Lightning callback) around the optimizer step.
@@ -385,10 +385,10 @@ def model_flops(ops: Iterable[OpRecord] | StepProfile, attention: str = "attende
     """
     if attention not in ATTENTION_CONVENTIONS:
         raise ValueError(f"attention_flops must be one of {ATTENTION_CONVENTIONS}, got {attention!r}")
-    full = attention == "full"
-    total = 0
-    for r in ops.ops if isinstance(ops, StepProfile) else ops:
-        if r.phase in NON_MODEL_PHASES:
-            continue
-        total += r.flops_dense if full and r.flops_dense is not None else r.model_flops
-    return total
+    return sum(op_model_flops(r, attention) for r in (ops.ops if isinstance(ops, StepProfile) else ops)
+               if r.phase not in NON_MODEL_PHASES)
+
+
+def op_model_flops(r: OpRecord, attention: str = "attended") -> int:
+    """One op's model FLOPs under an attention convention (:func:`model_flops`; its phase is not considered)."""
+    return r.flops_dense if attention == "full" and r.flops_dense is not None else r.model_flops

@@ -38,7 +38,7 @@ from tscope_callbacks.analysis.rows import Row as RowSum
 from tscope_callbacks.devices.efficiency import KernelModel
 from tscope_callbacks.devices.gpu_arg import UNSET, gpu_alias
 from tscope_callbacks.devices.spec import DeviceSpec
-from tscope_callbacks.records import LayerRecord, StepProfile
+from tscope_callbacks.records import LayerRecord, StepProfile, op_model_flops
 
 __all__ = ["AnalyzeOptions", "analyze", "report_of"]
 
@@ -266,7 +266,7 @@ def report_of(eng: RooflineAnalysis, options: AnalyzeOptions | None = None) -> S
                    for rec in (eng.layer_records or {}).values() if isinstance(rec, LayerRecord) or hasattr(
                        rec, "path"))
     ops = tuple(OpRow(i=int(x.record.index), op=x.record.op, layer=x.record.layer, phase=x.record.phase, category=x.record.category,
-                      flops=int(x.flops), model_flops=int(x.record.model_flops), bytes=int(x.bytes),
+                      flops=int(x.flops), model_flops=op_model_flops(x.record, meta.get("attention_flops") or "attended"), bytes=int(x.bytes),
                       time_s=_fin(x.measured_s), estimate_s=float(x.estimate_s), expected_s=float(x.expected_s),
                       achievable_estimate_s=_fin(x.achievable_estimate_s), bound=x.bound, precision=x.precision,
                       roof_precision=x.roof_precision, matrix=bool(x.matrix), peak=float(x.peak),
