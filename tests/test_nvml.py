@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+from lightning.pytorch.loggers import CSVLogger
 
 from tests.cb_utils import FAST
 from tests.test_step_monitor import _Flags, _Net
@@ -145,12 +147,13 @@ def test_monitor_logs_telemetry_and_flags_the_mfu_witness(pynvml, tmp_path, capl
         def on_fit_start(self, trainer, pl_module):
             mon._tel, mon.telemetry_off = nvml.open_telemetry(0)
 
-    trainer = pl.Trainer(max_steps=40, callbacks=[mon, _Inject(), _Mfu()], default_root_dir=str(tmp_path),
-                         logger=False, **{**FAST, "log_every_n_steps": 10})
+    trainer = pl.Trainer(max_steps=40, callbacks=[mon, _Inject(), _Mfu()],
+                         logger=CSVLogger(str(tmp_path), name="run"), **{**FAST, "log_every_n_steps": 10})
     with caplog.at_level(logging.WARNING, logger="tscope_callbacks"):
         trainer.fit(_Net(_Flags()))
-    rows = [line.split(",") for line in (tmp_path / "tscope" / "metrics.csv").read_text().splitlines()[1:]]
-    got = {(int(s), k): float(v) for s, k, v in rows}
+    with open(tmp_path / "run" / "version_0" / "metrics.csv") as f:
+        got = {(int(row["step"]), k): float(v) for row in csv.DictReader(f) for k, v in row.items()
+               if k.startswith("tscope/") and v != ""}
     # samples at steps 10, 20, 30, 40: windows end at 20, 30, 40 (J/step: 650/10, 660/10, 670/10)
     assert got[(20, "tscope/gpu/energy_j_per_step")] == pytest.approx(65.0)
     assert got[(40, "tscope/gpu/energy_j_per_step")] == pytest.approx(67.0)

@@ -8,6 +8,7 @@ import time
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, Dataset
 
 import tscope_callbacks as ts
@@ -84,8 +85,8 @@ class _Net(pl.LightningModule):
 
 
 def _fit(model: pl.LightningModule, steps: int, *callbacks: pl.Callback, **kw) -> pl.Trainer:
-    trainer = pl.Trainer(max_steps=steps, callbacks=list(callbacks), logger=False,
-                         **{**FAST, "log_every_n_steps": 10, **kw})
+    trainer = pl.Trainer(max_steps=steps, callbacks=list(callbacks), **{"logger": False, **FAST,
+                                                                       "log_every_n_steps": 10, **kw})
     trainer.fit(model)
     return trainer
 
@@ -195,7 +196,7 @@ def test_breakdown_keys_and_input_bound_from_a_sleeping_loader(tmp_path, caplog)
                                plot=False, save_json=False)
     with caplog.at_level(logging.WARNING, logger="tscope_callbacks"):
         # each sample sleeps 1 ms: 16 ms of data wait per batch against a ~1-3 ms step
-        _fit(_Net(_Flags(), sleep_s=0.001), 20, mon, roof, default_root_dir=str(tmp_path))
+        _fit(_Net(_Flags(), sleep_s=0.001), 20, mon, roof, logger=CSVLogger(str(tmp_path), name="run"))
     b = mon.last_breakdown
     assert b["input_bound"] == 1.0 and b["data_wait_share"] > 0.25 and b["data_wait_ms"] >= 16.0
     # CPU: the host is the device (busy = host) and idle is the data wait
@@ -209,10 +210,16 @@ def test_breakdown_keys_and_input_bound_from_a_sleeping_loader(tmp_path, caplog)
     assert sb["input_bound"] == 1.0 and sb["basis"] == "host wall clock" and "num_workers" in sb["input_fixes"][0]
     split = ts.analyze(roof.last_profile, roof.spec).time_split
     assert split.input_s == pytest.approx(sb["data_wait_ms"] / 1e3)  # the StepReport's time split
-    # keys written (the file sink's metrics.csv)
-    keys = (tmp_path / "tscope" / "metrics.csv").read_text()
+    # keys written (the run's logger; without one the monitor writes no files)
+    keys = (tmp_path / "run" / "version_0" / "metrics.csv").read_text().splitlines()[0].split(",")
     for k in ("data_wait_ms", "host_ms", "device_busy_ms", "idle_ms", "step_ms", "data_wait_share", "input_bound"):
         assert f"tscope/step/{k}" in keys
+
+
+def test_no_logger_no_files(tmp_path) -> None:
+    mon = StepMonitor()
+    _fit(_Net(_Flags()), 25, mon, default_root_dir=str(tmp_path))
+    assert mon.last_breakdown and not (tmp_path / "tscope").exists()
 
 
 def test_input_bound_share_is_the_threshold() -> None:

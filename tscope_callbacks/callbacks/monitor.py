@@ -73,14 +73,14 @@ class StepMonitor(ProfilingCallback):
             telemetry still compare).
         telemetry: read NVML on CUDA devices.
         alert_on_contention: also alert when the whole step slowed (nothing concentrated in the data wait, a layer
-            or an op) while other processes' CPU load rose by ``anomaly.CONTENTION_RISE`` per CPU (default: such a
+            or an op) while other processes kept the CPUs busy (``anomaly.host_contention``; default: such a
             slowdown is logged at INFO and kept in ``contended``, not alerted).
         raise_errors: let tscope's own errors propagate (default: one log line per failing part).
 
-    Keys (logging steps, ``log_every_n_steps``): ``tscope/step/{data_wait_ms, host_ms, device_busy_ms, idle_ms,
-    step_ms, data_wait_share, input_bound}`` (medians over the interval's clean steps); with telemetry
-    ``tscope/gpu/{power_w, energy_j_per_step, energy_j_per_token, sm_clock_mhz, throttled, temperature_c,
-    memory_used_mb, tensor_active, mfu_witness_gap}``; alerts as text ``tscope/step/alerts``.
+    Keys (logging steps; with a logger only, as the NaN guard's norms): ``tscope/step/{data_wait_ms, host_ms,
+    device_busy_ms, idle_ms, step_ms, data_wait_share, input_bound}`` (medians over the interval's clean steps);
+    with telemetry ``tscope/gpu/{power_w, energy_j_per_step, energy_j_per_token, sm_clock_mhz, throttled,
+    temperature_c, memory_used_mb, tensor_active, mfu_witness_gap}``; alerts as text ``tscope/step/alerts``.
 
     Attributes: ``alerts`` (dicts: step (when it went out), profile_step, trigger, findings (``anomaly.Finding``),
     text, breakdown and healthy (``summarize`` keys)), ``transients`` (slow runs that went away before
@@ -374,7 +374,7 @@ class StepMonitor(ProfilingCallback):
                                 self.input_bound_share * 100, "; ".join(self.input_fixes))
         if self._tel is not None:
             scalars.update(self._telemetry(trainer, gs, batch))
-        if scalars:
+        if scalars and trainer.loggers:  # always-on series go to the run's loggers only (no files of their own)
             self.sinks(trainer).log_scalars(scalars, gs)
 
     def _telemetry(self, trainer: pl.Trainer, gs: int, batch: Any) -> dict[str, float]:
