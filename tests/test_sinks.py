@@ -221,3 +221,12 @@ def test_facts_of_the_fit_are_hyperparameters_and_tensorboard_gets_a_layout(tmp_
     assert json.loads((tmp_path / "files" / "hparams.json").read_text()) == hp
     rows = list(csv.DictReader((tmp_path / "files" / "metrics.csv").open()))
     assert {r["key"] for r in rows} == {"tscope/roofline/mfu", "tscope/memory/step_peak_mb"}
+
+
+def test_hyperparameters_reach_any_lightning_logger() -> None:
+    """W&B (its run config) and other Lightning loggers get the facts of the fit through ``log_hyperparams``."""
+    calls: list[tuple[str, dict]] = []
+    logger = SimpleNamespace(log_metrics=lambda m, step: calls.append(("metrics", dict(m))),
+                             log_hyperparams=lambda p: calls.append(("hparams", dict(p))))
+    SinkGroup([MetricsSink(logger)], ".").log_scalars({"tscope/roofline/mfu": 0.5, "tscope/model/params_m": 2.0}, 7)
+    assert calls == [("metrics", {"tscope/roofline/mfu": 0.5}), ("hparams", {"tscope/model/params_m": 2.0})]
