@@ -129,3 +129,20 @@ def test_a_failing_fsdp_whatif_is_said_once_and_the_step_is_still_written(tmp_pa
     assert {"step_1.json", "step_3.json", "roofline_table_step_3.md"} <= files
     d = json.loads((tmp_path / "tscope" / "step_3.json").read_text())
     assert d["report"]["fsdp_whatif"] is None and "fsdp_whatif" not in d["profile"]["meta"]
+
+
+def test_the_outputs_take_no_callback() -> None:
+    """roofline_io and auto_mfu never reach back into the callback: no parameter is a callback (``cb``), nothing
+    there reads or writes ``cb.<x>``, and neither module imports the callback's classes."""
+    import ast
+
+    import tscope_callbacks.callbacks.auto_mfu as auto_mfu
+
+    for mod in (io, auto_mfu):
+        tree = ast.parse(Path(mod.__file__).read_text())
+        params = [a.arg for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  for a in f.args.args + f.args.kwonlyargs]
+        assert not {"cb", "callback"} & set(params), mod.__name__
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in ("cb", "callback")], mod.__name__
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not imported & {"tscope_callbacks.callbacks.roofline_cb", "tscope_callbacks.callbacks.base"}
