@@ -216,3 +216,16 @@ def test_series_of_a_run_still_writing_grows(tmp_path: Path) -> None:
     assert s["mfu"] == [[1, pytest.approx(0.1)], [2, pytest.approx(0.2)]] and s["tokens_per_s"] == [[2, 50.0]]
     assert ld.series(run)["mfu"] == s["mfu"]  # unchanged file: the same points, not read twice
     w.close()
+
+
+def test_parsed_files_kept_by_count_and_bytes() -> None:
+    c = ld._Cache(3, max_bytes=100)
+    for i, size in enumerate((40, 40, 40)):  # 120 bytes together: the oldest goes
+        c.put((f"f{i}", 0, size), i)
+    assert ("f0", 0, 40) not in c and ("f1", 0, 40) in c and ("f2", 0, 40) in c
+    c.put(("big", 0, 500), "b")  # larger than the budget alone: kept (the newest always is), the rest go
+    assert ("big", 0, 500) in c and ("f2", 0, 40) not in c
+    d = ld._Cache(2)
+    for i in range(3):
+        d.put((f"g{i}", 0, 1), i)
+    assert ("g0", 0, 1) not in d and d.get(("g2", 0, 1)) == 2

@@ -55,10 +55,11 @@ class StepFileError(ValueError):
 
 # ---------------------------------------------------------------------------------------------------- the cache
 class _Cache:
-    """Parsed files by (path, mtime_ns, size): a changed file is parsed again; at most ``size`` kept."""
+    """Parsed files by (path, mtime_ns, size): a changed file is parsed again; at most ``size`` kept, and (with
+    ``max_bytes``) files of at most that many bytes together (a parsed JSON takes several times its file's size)."""
 
-    def __init__(self, size: int) -> None:
-        self.size, self._d, self._lock = size, OrderedDict(), threading.Lock()
+    def __init__(self, size: int, max_bytes: int | None = None) -> None:
+        self.size, self.max_bytes, self._d, self._lock = size, max_bytes, OrderedDict(), threading.Lock()
 
     def get(self, key: tuple) -> Any:
         with self._lock:
@@ -75,11 +76,13 @@ class _Cache:
         with self._lock:
             self._d[key] = value
             self._d.move_to_end(key)
-            while len(self._d) > self.size:
+            while len(self._d) > self.size or (
+                    self.max_bytes is not None and len(self._d) > 1
+                    and sum(k[2] for k in self._d) > self.max_bytes):
                 self._d.popitem(last=False)
 
 
-_REPORTS = _Cache(16)  # key -> report dict or StepFileError
+_REPORTS = _Cache(16, max_bytes=48_000_000)  # key -> report dict or StepFileError (the newest kept always)
 _STATUS = _Cache(4096)  # key -> error message or None (readable): small, for the runs index
 
 
