@@ -337,11 +337,15 @@ def test_served_page_fetches_the_same_numbers(driver, fit_logdir):
     ready = threading.Event()
     threading.Thread(target=serve, args=(str(root), "127.0.0.1", 0), kwargs={"ready": ready}, daemon=True).start()
     assert ready.wait(10)
-    driver.get(f"http://127.0.0.1:{ready.port}/")
-    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
-    assert {k: driver.find_element("css selector", f"[data-card={k}] .value").text for k in file_cards} == file_cards
-    assert driver.find_elements("css selector", "svg#roofline circle.pt")
-    assert "step 999" in driver.find_element("css selector", "#banner").text
+    try:
+        driver.get(f"http://127.0.0.1:{ready.port}/")
+        _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+        assert {k: driver.find_element("css selector", f"[data-card={k}] .value").text
+                for k in file_cards} == file_cards
+        assert driver.find_elements("css selector", "svg#roofline circle.pt")
+        assert "step 999" in driver.find_element("css selector", "#banner").text
+    finally:
+        ready.server.shutdown()
 
 
 def test_tscope_report_html(fit_logdir, tmp_path):

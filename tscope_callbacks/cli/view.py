@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
 def serve(logdir: str, host: str = "127.0.0.1", port: int = 6007, *, ready: object = None) -> int:
     """Serve the page in its fetching mode with the plugin's four routes, read from ``logdir`` on every request.
-    ``ready``: a ``threading.Event``-like object set once listening (its ``port`` attribute set), for tests."""
+    ``ready``: a ``threading.Event``-like object set once listening (its ``port`` and ``server`` attributes set), for
+    tests."""
     import json
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import parse_qs, urlparse
@@ -127,6 +128,7 @@ def serve(logdir: str, host: str = "127.0.0.1", port: int = 6007, *, ready: obje
     print(f"tscope dashboard of {root} on http://{host}:{srv.server_address[1]}/ (Ctrl-C stops)", flush=True)
     if ready is not None:
         ready.port = srv.server_address[1]  # type: ignore[attr-defined]
+        ready.server = srv  # type: ignore[attr-defined]  (``ready.server.shutdown()`` stops it)
         ready.set()  # type: ignore[attr-defined]
     try:
         srv.serve_forever()
