@@ -56,6 +56,8 @@ PENDING_PRIVATE: dict[str, set[str]] = {
                             "_skips_in_row", "_sticky", "_streak"},
     # the StepReport builder reads the op-class rows' peaks (analysis/rows.py's private field)
     "analysis.analyze": {"_peaks"},
+    # the count cache reads FormulaRegistry._version (a public ``version`` property on the registry would do)
+    "formulas.memo": {"_version"},
 }
 
 
@@ -180,55 +182,91 @@ TORCH_PRIVATE = {n for obj in (torch.Tensor, torch.nn.Module, torch.ops.aten.mm.
                  for n in dir(obj) if _private(n)}
 
 
-def private_members(tree: ast.Module) -> set[str]:
-    """The private names the module's classes define: methods, class attributes, ``self._x``/``cls._x`` writes,
+def class_privates(tree: ast.Module) -> dict[str, set[str]]:
+    """class name -> the private names it defines: methods, class attributes, ``self._x``/``cls._x`` writes,
     dataclass fields and ``__slots__`` entries."""
-    out: set[str] = set()
+    out: dict[str, set[str]] = {}
     for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        names = out.setdefault(cls.name, set())
         for n in cls.body:
             targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
             for t in targets:
                 if isinstance(t, ast.Name) and _private(t.id):
-                    out.add(t.id)
+                    names.add(t.id)
                 if isinstance(t, ast.Name) and t.id == "__slots__" and isinstance(n.value, (ast.Tuple, ast.List)):
-                    out.update(e.value for e in n.value.elts if isinstance(e, ast.Constant) and _private(e.value))
+                    names.update(e.value for e in n.value.elts if isinstance(e, ast.Constant) and _private(e.value))
         for n in ast.walk(cls):
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _private(n.name):
-                out.add(n.name)
+                names.add(n.name)
             elif (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and _private(n.attr)
                   and isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")):
-                out.add(n.attr)
+                names.add(n.attr)
     return out
+
+
+def _foreign(v: ast.expr) -> bool:
+    """Whether ``v._x`` may reach into another object: not ``self``, ``cls`` or ``super()``."""
+    if isinstance(v, ast.Name) and v.id in ("self", "cls"):
+        return False
+    return not (isinstance(v, ast.Call) and getattr(v.func, "id", "") == "super")
 
 
 def private_accesses(tree: ast.Module) -> list[tuple[int, str]]:
     """(line, name) of every ``obj._x`` read or write whose object is not ``self``/``cls``/``super()``."""
-    out = []
+    return [(n.lineno, n.attr) for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and _private(n.attr) and _foreign(n.value)]
+
+
+def _imported_classes(tree: ast.Module) -> dict[str, tuple[str, str]]:
+    """local name -> (module relative to the package, class name) of ``from tscope_callbacks.x import Name``."""
+    out = {}
     for n in ast.walk(tree):
-        if isinstance(n, ast.Attribute) and _private(n.attr):
-            v = n.value
-            if isinstance(v, ast.Name) and v.id in ("self", "cls"):
-                continue
-            if isinstance(v, ast.Call) and getattr(v.func, "id", "") == "super":
-                continue
-            out.append((n.lineno, n.attr))
+        if isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").startswith(TOP + "."):
+            for a in n.names:
+                out[a.asname or a.name] = (_rel(n.module), a.name)
+    return out
+
+
+def _annotated_accesses(tree: ast.Module) -> list[tuple[int, str, str, str]]:
+    """(line, name, module, class) of ``p._x`` where ``p`` is a parameter annotated with a class imported from
+    another package module (``def f(p: Profile)``), whatever the accessing module itself defines."""
+    classes = _imported_classes(tree)
+    out = []
+    for f in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        typed = {}
+        for a in f.args.posonlyargs + f.args.args + f.args.kwonlyargs:
+            ann = a.annotation
+            name = ann.id if isinstance(ann, ast.Name) else ann.value if isinstance(ann, ast.Constant) else None
+            if isinstance(name, str) and name in classes:
+                typed[a.arg] = classes[name]
+        for n in ast.walk(f):
+            if (isinstance(n, ast.Attribute) and _private(n.attr) and isinstance(n.value, ast.Name)
+                    and n.value.id in typed and n.value.id not in ("self", "cls")):
+                out.append((n.lineno, n.attr, *typed[n.value.id]))
     return out
 
 
 def foreign_private_accesses(sources: dict[str, ast.Module]) -> dict[str, dict[str, list[int]]]:
-    """module -> {private name: lines} for accesses to a private member that only *other* modules' classes define
-    (same-module access and torch's own private names are allowed)."""
+    """module -> {private name: lines} for accesses to a private member of another module's class: one that only
+    other modules' classes define, or any defined by the class a parameter is annotated with (``p: Profile``).
+    Same-module access and torch's own private names (``Tensor._version``...) are allowed."""
     owners: dict[str, set[str]] = {}
+    members: dict[tuple[str, str], set[str]] = {}
     for mod, tree in sources.items():
-        for name in private_members(tree):
-            owners.setdefault(name, set()).add(mod)
-    out: dict[str, dict[str, list[int]]] = {}
+        for cls, names in class_privates(tree).items():
+            members[(mod, cls)] = names
+            for name in names:
+                owners.setdefault(name, set()).add(mod)
+    found: dict[str, dict[str, set[int]]] = {}
     for mod, tree in sources.items():
         for line, name in private_accesses(tree):
             defined_by = owners.get(name, set())
             if defined_by and mod not in defined_by and name not in TORCH_PRIVATE:
-                out.setdefault(mod, {}).setdefault(name, []).append(line)
-    return out
+                found.setdefault(mod, {}).setdefault(name, set()).add(line)
+        for line, name, cmod, cls in _annotated_accesses(tree):
+            if cmod != mod and name in members.get((cmod, cls), ()):
+                found.setdefault(mod, {}).setdefault(name, set()).add(line)
+    return {m: {n: sorted(v) for n, v in names.items()} for m, names in found.items()}
 
 
 # ---------------- the package ----------------
@@ -349,6 +387,18 @@ def test_the_private_member_check_catches_a_helper_reaching_into_a_class() -> No
                 self._own += t._version  # own state, and torch's protocol: fine
                 return super()._private_of_base  # a base class's member, through super(): fine
     ''')
-    found = foreign_private_accesses({"capture.profile": owner, "capture.region": helper})
-    assert set(found) == {"capture.region"}
+    # a module with a member of the same name, reading it from another module's class (the parameter's annotation
+    # tells): caught; its own class's member: fine
+    replay = _parse('''
+        from tscope_callbacks.capture.profile import Profile
+
+        class Replay:
+            def __init__(self, source: Profile, other: "Replay"):
+                self._pending = []
+                if source._pending:
+                    other._pending.clear()
+    ''')
+    found = foreign_private_accesses({"capture.profile": owner, "capture.region": helper, "capture.replay": replay})
+    assert set(found) == {"capture.region", "capture.replay"}
     assert found["capture.region"] == {"_pending": [7], "_record": [8], "_depth": [9], "_slot": [9]}
+    assert found["capture.replay"] == {"_pending": [7]}
