@@ -268,11 +268,17 @@
     requestAnimationFrame(() => { window.tscopePainted = performance.now(); document.body.setAttribute("data-ready", "1"); });
   }
 
+  /* "5,157 tokens/s" -> the number large, the unit small (the text stays "5,157 tokens/s") */
+  function cardValue(txt) {
+    const i = txt.indexOf(" ");
+    if (i < 0) return [txt];
+    return [txt.slice(0, i), h("span", {class: "unit", text: txt.slice(i)})];
+  }
   function card(id, label, fig, sub, cls) {
     const txt = typeof fig === "string" ? fig : figText(fig);
     const basis = sub != null ? sub : (fig && fig.basis) || "";
     return h("div", {class: "card" + (cls ? " " + cls : ""), "data-card": id, title: (fig && fig.basis) || basis},
-      h("div", {class: "label", text: label}), h("div", {class: "value", text: txt}), h("div", {class: "sub", text: basis}));
+      h("div", {class: "label", text: label}), h("div", {class: "value"}, cardValue(txt)), h("div", {class: "sub", text: basis}));
   }
   function drawCards(r) {
     const H = r.header || {}, mem = r.memory || {};
@@ -555,7 +561,7 @@
       h("td", {class: "n", text: F.bytes(L.memory_fwd_bytes)}), h("td", {class: "n", text: F.bytes(L.memory_bwd_bytes)}),
       h("td", {class: "n", text: num(L.num_parameters) ? F.count(L.num_parameters, "").trim() : "–"}),
       h("td", {class: "mono muted", text: F.shapes(L.input_shapes)}), h("td", {class: "mono muted", text: F.shapes(L.output_shapes)}),
-      h("td", {class: "mono muted", text: F.shapes(L.grad_output_shapes)}),
+      h("td", {class: "mono muted", text: F.shapes(L.grad_output_shapes), title: L.grad_input_shapes && L.grad_input_shapes.length ? "grad input: " + F.shapes(L.grad_input_shapes) : null}),
       h("td", {class: nan.length ? "flag" : "muted", text: nan.length ? "✖ " + nan.join(", ") : ""}));
     tr.__node = n;
     tr.__open = false;
