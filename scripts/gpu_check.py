@@ -225,12 +225,12 @@ def nan_guard_check(w, device: str, cuda: bool) -> None:
     hist = ts.WatchCallback("all", every_n_steps=4, update_ratio=True)
     fit_window(w, device, [guard, watch, probe, hist], first=4, last=12)
     worst = 0.0
-    for step, total, _ in guard._history.steps:
+    for step, total, _ in guard.grad_history.steps:
         want = float(probe.norms[step].square().sum().sqrt())
         worst = max(worst, abs(total / want - 1))
     check("6. NaN guard: global gradient norm per checked step equals float64 norms (rel 1e-4)",
-          bool(guard._history.steps) and worst <= 1e-4,
-          f"{len(guard._history.steps)} steps, worst relative error {worst:.2e}")
+          bool(guard.grad_history.steps) and worst <= 1e-4,
+          f"{len(guard.grad_history.steps)} steps, worst relative error {worst:.2e}")
     grads = (hist.last or {}).get("gradients") or []
     n = sum(1 for _ in probe.norms)
     check("8. WatchCallback: every gradient histogrammed (all values binned), read without waiting, update ratios",

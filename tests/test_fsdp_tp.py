@@ -169,7 +169,7 @@ LIGHTNING = SHARDED_LM + """
         json.dump({{"steps": [h["step"] for h in roof.history], "global_step": trainer.global_step,
                    "comm": [r.comm for r in p.ops if r.comm], "layers": sorted(lay.last_layers),
                    "skew": p.meta.get("skew"), "errors": p.meta.get("internal_errors"),
-                   "events": [e.to_dict() for e in guard.events], "replay_blocker": guard._replay_blocker,
+                   "events": [e.to_dict() for e in guard.events], "replay_blocker": guard.replay_blocker,
                    "files": sorted(os.listdir(os.path.join(out, "tscope")))}}, f)
 """
 

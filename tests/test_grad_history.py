@@ -181,13 +181,13 @@ def test_the_guard_keeps_exact_norms_alerts_the_spike_and_tells_the_trend(sync, 
     probe = _fit(guard, model, 20)
     assert guard.mode == ("immediate" if sync is None else "deferred")
     # per layer and global, equal to the norms computed independently (float32 per-tensor norms: 1e-5)
-    for step, total, layers in guard._history.steps:
+    for step, total, layers in guard.grad_history.steps:
         want = probe.norms[step]
         assert total == pytest.approx(math.sqrt(sum(v * v for v in want.values())), rel=1e-5)
         fc = math.sqrt(want[f"{SPIKE_LAYER}.weight"] ** 2 + want[f"{SPIKE_LAYER}.bias"] ** 2)
         assert layers[SPIKE_LAYER] == pytest.approx(fc, rel=1e-5)
     # healthy steps only, each once (deferred: the run stops a step after the bad one, which is checked too)
-    assert [s for s, _, _ in guard._history.steps] == list(range(16)) + ([] if sync is None else [17])
+    assert [s for s, _, _ in guard.grad_history.steps] == list(range(16)) + ([] if sync is None else [17])
     (spike, *later) = guard.spikes
     assert spike["step"] == 14 and spike["layer"] == SPIKE_LAYER and spike["ratio"] > 10
     assert [s["step"] for s in later] == [15] + ([] if sync is None else [17])
@@ -195,11 +195,11 @@ def test_the_guard_keeps_exact_norms_alerts_the_spike_and_tells_the_trend(sync, 
     assert alerts and all(SPIKE_LAYER in a and f"; loss {probe.losses[14]:.4g} (median " in a
                           and "; learning rate 0.01" in a for a in alerts)
     # the losses read with the norms are the ones Lightning handed to backward
-    assert [s for s, _ in guard._history.losses] == [s for s, _, _ in guard._history.steps]
-    for step, loss in guard._history.losses:
+    assert [s for s, _ in guard.grad_history.losses] == [s for s, _, _ in guard.grad_history.steps]
+    for step, loss in guard.grad_history.losses:
         assert loss == pytest.approx(probe.losses[step], rel=1e-6)
     assert spike["loss"] == pytest.approx(probe.losses[14], rel=1e-6)
-    assert guard._history.lrs and all(lr == model.lr for _, lr in guard._history.lrs)  # read late too (payload)
+    assert guard.grad_history.lrs and all(lr == model.lr for _, lr in guard.grad_history.lrs)  # read late too (payload)
     (event,) = guard.events
     assert event.step == 16
     assert "first exceeded 10x the median of the steps before at step 14" in event.trend
@@ -230,7 +230,7 @@ def test_a_divergence_at_the_end_of_a_warmup_names_the_learning_rate():
     guard = NaNGuardCallback(action="stop")
     _fit(guard, model, 20)
     # checked before the update of step s, after s scheduler steps: 1e-2 x min(1, (s + 1) / 10)
-    assert [(s, pytest.approx(lr)) for s, lr in guard._history.lrs] == [(s, 1e-2 * min(1.0, (s + 1) / 10))
+    assert [(s, pytest.approx(lr)) for s, lr in guard.grad_history.lrs] == [(s, 1e-2 * min(1.0, (s + 1) / 10))
                                                                           for s in range(16)]
     (event,) = guard.events
     assert event.onset == "built-up" and "while the learning rate rose 10x from 0.001 to 0.01" in event.trend
@@ -247,7 +247,7 @@ def test_norms_are_logged_at_the_log_interval_global_and_per_layer(tmp_path):
     acc.Reload()
     total = acc.Scalars("tscope/grad_norm/total")
     assert [e.step for e in total] == [0, 3]  # log_every_n_steps=3; every step is in the history
-    assert [s for s, _, _ in guard._history.steps] == list(range(6))
+    assert [s for s, _, _ in guard.grad_history.steps] == list(range(6))
     for e in total:
         assert e.value == pytest.approx(math.sqrt(sum(v * v for v in probe.norms[e.step].values())), rel=1e-5)
     assert [e.step for e in acc.Scalars(f"tscope/grad_norm/{SPIKE_LAYER}")] == [0, 3]
@@ -256,7 +256,7 @@ def test_norms_are_logged_at_the_log_interval_global_and_per_layer(tmp_path):
 def test_off_and_validated():
     guard = NaNGuardCallback(grad_norms=False)
     _fit(guard, TinyLM(), 3)
-    assert not guard._history.steps and not guard.spikes
+    assert not guard.grad_history.steps and not guard.spikes
     with pytest.raises(TypeError, match="grad_norms must be a bool"):
         NaNGuardCallback(grad_norms="yes")
     with pytest.raises(ValueError, match="spike_factor must be >= 1"):

@@ -35,7 +35,7 @@ from typing import Any
 
 from tscope_callbacks.capture.paths import owner
 
-__all__ = ["GradHistory", "LayerNorms", "layer_norms", "layer_sums", "global_norm", "owner", "step_loss", "BUILT_UP_NORM",
+__all__ = ["GradHistory", "LayerNorms", "layer_norms", "layer_sums", "global_norm", "owner", "spike_text", "step_loss", "BUILT_UP_NORM",
            "BUILT_UP_LOSS", "MIN_ONSET_STEPS", "LR_ROSE"]
 
 BUILT_UP_NORM = 3.0  #: the last checked step's gradient norm over the median before it, from which it "built up"
@@ -92,6 +92,23 @@ def layer_norms(names: Sequence[str], norms: Sequence[float]) -> dict[str, float
     return {k: math.sqrt(v) for k, v in layer_sums(names, [n * n for n in norms]).items()}
 
 
+def spike_text(spike: Mapping[str, Any], steps_before: int) -> str:
+    """The alert for a gradient spike (:meth:`GradHistory.add`): the norm against the median of the ``steps_before``
+    checked steps before it, the layer that grew most, the loss and the learning rate, and what to do."""
+    step = spike["step"]
+    where = (f"; the layer that grew most: '{spike['layer'] or '<root>'}' ({spike['layer_ratio']:.3g}x its "
+             "median)") if spike["layer"] is not None else ""
+    if spike.get("loss") is not None:
+        where += f"; loss {spike['loss']:.4g}" + (f" (median {spike['loss_median']:.4g})"
+                                                  if spike.get("loss_median") is not None else "")
+    if spike.get("lr") is not None:
+        where += f"; learning rate {spike['lr']:.3g}"
+    return (f"NaN guard: gradient spike at step {step}: global norm {spike['norm']:.4g} = {spike['ratio']:.3g}x the "
+            f"median of the last {steps_before} checked steps ({spike['median']:.4g}){where}. Training goes on "
+            "(values are finite); a lower learning rate, gradient clipping or a look at that layer's inputs often "
+            "prevents the divergence that follows.")
+
+
 def step_loss(values: Sequence[float]) -> float | None:
     """A step's loss from the losses the guard read for it (one per micro-batch, each already divided by
     ``accumulate_grad_batches``: their sum); None when it read none."""
@@ -114,11 +131,14 @@ class GradHistory:
         (``{"step", "norm", "median", "ratio", "layer", "layer_ratio", "loss", "loss_median", "lr"}``) when its
         global norm exceeds ``spike_factor`` x the median before it, else None. Steps with a non-finite norm are not
         recorded (they are the NaN guard's events); a non-finite loss or learning rate is left out."""
-        total = global_norm(norms)
+        total = math.hypot(*norms)  # global_norm
         if not math.isfinite(total):
             return None
         layers = LayerNorms(names, norms)
-        spike = self._spike(step, total, layers)
+        factor = self.spike_factor
+        # a cheap bound first: under f x the smallest norm before it is under f x their median
+        spike = (self._spike(step, total, layers) if factor is not None and len(self.steps) >= self.min_steps
+                 and total > factor * min(self._totals) else None)
         finite_loss = loss is not None and math.isfinite(loss)
         if spike is not None:
             spike["loss"] = float(loss) if finite_loss else None
@@ -135,8 +155,6 @@ class GradHistory:
 
     def _spike(self, step: int, total: float, layers: dict[str, float]) -> dict[str, Any] | None:
         if self.spike_factor is None or len(self.steps) < self.min_steps:
-            return None
-        if total <= self.spike_factor * min(self._totals):  # under f x the smallest: under f x the median
             return None
         med = statistics.median(t for _, t, _ in self.steps)
         if med <= 0 or total <= self.spike_factor * med:

@@ -49,14 +49,14 @@ import torch
 from typing_extensions import override
 
 from tscope_callbacks.analysis import nonfinite as nl
-from tscope_callbacks.analysis.grad_history import GradHistory, step_loss
+from tscope_callbacks.analysis.grad_history import GradHistory, spike_text, step_loss
 from tscope_callbacks.analysis.nonfinite import NonFiniteError, NonFiniteEvent
 from tscope_callbacks.callbacks import nan_steps
 from tscope_callbacks.callbacks.guarded import GuardedCallback
 from tscope_callbacks.callbacks.session import sinks_for
 from tscope_callbacks.callbacks.sinks import METRIC_ROOT, NULL_SINK, metric_key
 from tscope_callbacks.capture import locate as nl_locate
-from tscope_callbacks.capture.profile import paused
+from tscope_callbacks.capture.active import active_profile, paused
 
 __all__ = ["NaNGuardCallback", "NonFiniteError", "NonFiniteEvent"]
 
@@ -136,90 +136,111 @@ class NaNGuardCallback(GuardedCallback):
 
     def _reset(self) -> None:
         self.events: list[NonFiniteEvent] = []
-        self.num_events = self.skipped_steps = self.alerts = self.replays = self.host_syncs = 0
-        self.mode = "immediate"
-        self._snaps: list[nl_locate.StepSnapshot] = []
-        self._losses: list[torch.Tensor] = []
-        self._lr: float | None = None  #: the checked step's learning rate (first param group), for the history
-        self._streak = self._skips_in_row = self._amp_streak = 0
-        self._limiter = nl.AlertLimiter(self.alert_every_s, self.alert_every_n)
-        self._stepped = False
-        self._replay_blocker: str | None = None
-        self._channel = nl.FlagChannel(lag=2)
-        self._sticky: torch.Tensor | None = None
-        self._history = GradHistory(self.history, self.spike_factor)
+        self.num_events = self.skipped_steps = self.alerts = 0
         self.spikes: list[dict[str, Any]] = []
-        self._names: tuple[tuple[int, ...], list[str]] | None = None  #: parameter ids -> names (nan_steps)
+        self._state = nan_steps.GuardState(GradHistory(self.history, self.spike_factor))
+        self._limiter = nl.AlertLimiter(self.alert_every_s, self.alert_every_n)
         self._spike_limiter = nl.AlertLimiter(self.alert_every_s, self.alert_every_n)
+
+    @property
+    def mode(self) -> str:
+        """"deferred" or "immediate": how this fit's flags reach the host (decided at fit start)."""
+        return self._state.mode
+
+    @property
+    def replays(self) -> int:
+        """Replays run to locate bad steps (this fit)."""
+        return self._state.replays
+
+    @property
+    def host_syncs(self) -> int:
+        """Flag reads that synchronized the host (this fit)."""
+        return self._state.host_syncs
+
+    @property
+    def replay_blocker(self) -> str | None:
+        """Why this fit's bad steps are not replayed to name the layer (None: they are)."""
+        return self._state.replay_blocker
+
+    @property
+    def grad_history(self) -> GradHistory:
+        """The checked steps' gradient norms, losses and learning rates (this fit)."""
+        return self._state.history
 
     # ---------------------------------------------------------------- hooks (each delegates, never raises)
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
-        cuda = trainer.strategy.root_device.type == "cuda"
-        self.mode = "deferred" if (self.sync is False or (self.sync is None and cuda)) else "immediate"
-        self._channel.lag = 2 if cuda else 1
-        strategy = type(trainer.strategy).__name__
-        if not pl_module.automatic_optimization:
-            self._replay_blocker = "manual optimization (training_step steps the optimizers itself)"
-        elif "FSDP" in strategy or "ModelParallel" in strategy or "DeepSpeed" in strategy:
-            self._replay_blocker = (f"{strategy}: parameters are sharded, so a replay's forward runs all-gathers that "
-                                    "every rank would have to join; the event names the gradients and ranks instead")
-        elif not (strategy.startswith("SingleDevice") or strategy in ("DDPStrategy", "DDPSpawnStrategy")):
-            self._replay_blocker = f"strategy {strategy} (parameters may be sharded)"
-        elif trainer.world_size > 1 and any(isinstance(m, torch.nn.SyncBatchNorm) for m in pl_module.modules()):
-            self._replay_blocker = "SyncBatchNorm (its forward runs collectives, which a per-rank replay must not)"
-
-    def _due(self, step: int) -> bool:
-        return step % self.every_n_steps == 0
+        self._state = nan_steps.fit_state(self, trainer, pl_module)
 
     def _due_now(self, trainer: pl.Trainer) -> bool:
         """Whether this optimizer step is checked (every step by default: no ``trainer.global_step`` read)."""
-        return self.every_n_steps == 1 or self._due(trainer.global_step)
+        return self.every_n_steps == 1 or self._state.step.completed % self.every_n_steps == 0
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        if self._channel.pending:
+        st = self._state
+        st.batch_idx = batch_idx
+        if st.channel.pending:
             with paused():
-                self._poll(trainer, pl_module, trainer.global_step)
-        if self.locate and self._replay_blocker is None and self._due_now(trainer):
+                self._poll(trainer, pl_module, st.step.completed)
+        if st.snapshot and (self.every_n_steps == 1 or self._due_now(trainer)):
             try:
-                with paused():
-                    self._snaps.append(nl_locate.StepSnapshot.take(batch, batch_idx))
-                del self._snaps[:-256]
+                if active_profile() is None:
+                    st.snaps.append(nl_locate.StepSnapshot.take(batch, batch_idx))
+                else:
+                    with paused():
+                        st.snaps.append(nl_locate.StepSnapshot.take(batch, batch_idx))
+                if len(st.snaps) > 256:
+                    del st.snaps[:-256]
             except Exception as e:
                 self.faults.report("snapshot", e)
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
-        with paused():  # in a profiled step the guard's own ops are not recorded as the user's
-            detached = loss.detach() if isinstance(loss, torch.Tensor) else loss
-            if self._snaps and self._snaps[-1].loss is None:
-                self._snaps[-1].loss = detached
-            if self.check_loss and isinstance(loss, torch.Tensor) and self._due_now(trainer):
-                self._losses.append(detached)
+        if active_profile() is None:
+            self._keep_loss(trainer, loss)
+        else:
+            with paused():  # in a profiled step the guard's own ops are not recorded as the user's
+                self._keep_loss(trainer, loss)
+
+    def _keep_loss(self, trainer: pl.Trainer, loss: torch.Tensor) -> None:
+        st = self._state
+        detached = loss.detach() if isinstance(loss, torch.Tensor) else loss
+        if st.snaps and st.snaps[-1].loss is None:
+            st.snaps[-1].loss = detached
+        if self.check_loss and isinstance(loss, torch.Tensor) and (self.every_n_steps == 1 or self._due_now(trainer)):
+            st.losses.append(detached)
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
-        with paused():  # check and replay inside a profiled step are not the user's work
+        if active_profile() is None:
             self._check_step(trainer, pl_module, optimizer)
+        else:
+            with paused():  # check and replay inside a profiled step are not the user's work
+                self._check_step(trainer, pl_module, optimizer)
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        for opt in trainer.optimizers:  # a found_inf mask set for one step never outlives it
-            opt.__dict__.pop("found_inf", None)
-        if not (self.check_params and self._stepped):
+        st = self._state
+        if st.masked:  # a found_inf mask set for one step never outlives it
+            for opt in st.masked:
+                opt.__dict__.pop("found_inf", None)
+            st.masked.clear()
+        if not (self.check_params and st.stepped):
             return
-        self._stepped = False
+        st.stepped = False
         with paused():
-            nan_steps.check_params(self, trainer, pl_module, batch_idx)
+            event = nan_steps.check_params(self, st, trainer, pl_module, batch_idx)
+            if event is not None:
+                self._act(trainer, [], event, after_update=True)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._channel.pending:  # the last steps' flags: read now (the one wait of a deferred run)
+        if self._state.channel.pending:  # the last steps' flags: read now (the one wait of a deferred run)
             with paused():
                 self._poll(trainer, pl_module, None)
         if self._limiter.suppressed:
@@ -230,43 +251,50 @@ class NaNGuardCallback(GuardedCallback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         for opt in trainer.optimizers:
             opt.__dict__.pop("found_inf", None)
+        self._state.masked.clear()
 
     # ---------------------------------------------------------------- the check
     def _check_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        losses, snaps, self._losses, self._snaps = self._losses, self._snaps, [], []
-        self._stepped = True
-        if not self._due_now(trainer):
+        st = self._state
+        losses, snaps, st.losses, st.snaps = st.losses, st.snaps, [], []
+        st.stepped = True
+        if self.every_n_steps != 1 and not self._due_now(trainer):
             return
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        self._lr = nan_steps.learning_rate(optimizer)
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
-        masked = self.action != "warn"
-        can_mask = bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and scaler is None
-        if self.mode == "deferred" and scaler is None and (not masked or can_mask):
+        params = nan_steps.params_of(st, optimizer)
+        st.lr = nan_steps.learning_rate(optimizer)
+        scaler = st.scaler
+        if st.mode == "deferred" and scaler is None and (
+                self.action == "warn" or getattr(optimizer, "_step_supports_amp_scaling", False)):
             try:
-                nan_steps.push_deferred(self, trainer, optimizer, params, losses, snaps)
+                nan_steps.push_deferred(self, st, trainer, pl_module, optimizer, params, losses, snaps)
                 return
             except Exception as e:
                 self.faults.report("deferred check", e)
         try:
-            nan_steps.check_now(self, trainer, pl_module, params, losses, snaps, scaler)
+            out = nan_steps.check_now(self, st, trainer, pl_module, params, losses, snaps, scaler)
         except NonFiniteError:
             raise
         except Exception as e:  # our check must never break the user's step
             self.faults.report("check", e)
+            return
+        if type(out) is nan_steps.Healthy:
+            self._healthy(trainer, *out)
+        elif out is not None:
+            self._act(trainer, params, out)
 
     def _poll(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int | None) -> None:
         """Act on the deferred flags due at ``step`` (all of them at the end of training)."""
-        for s, values, payload in self._channel.due(step):
+        st = self._state
+        for s, values, payload in st.channel.due(step):
             try:
                 if values[0] == 0.0:
-                    self._streak = self._skips_in_row = 0
+                    st.streak = st.skips_in_row = 0
                     if self.grad_norms:
                         names = payload["grad_names"]
                         self._healthy(trainer, s, names, values[2:2 + len(names)], step_loss(values[2 + len(names):]),
                                       payload.get("lr"))
                     continue
-                event = nan_steps.deferred_event(self, trainer, pl_module, s, values, payload)
+                event = nan_steps.deferred_event(self, st, trainer, pl_module, s, values, payload)
                 if event is not None:
                     self._act(trainer, [], event, masked=self.action != "warn")
             except NonFiniteError:
@@ -288,9 +316,10 @@ class NaNGuardCallback(GuardedCallback):
                                           else ")")) if masked and self.mode == "deferred" else ""
         if action == "skip":
             self.skipped_steps += 1
-            self._skips_in_row += 1
-            event.action = f"update skipped ({self._skips_in_row} in a row, max_skips={self.max_skips}){late}"
-            if self._skips_in_row >= self.max_skips:
+            st = self._state
+            st.skips_in_row += 1
+            event.action = f"update skipped ({st.skips_in_row} in a row, max_skips={self.max_skips}){late}"
+            if st.skips_in_row >= self.max_skips:
                 trainer.should_stop = True
                 event.action += "; max_skips reached: stopping the run"
         elif action == "stop":
@@ -308,42 +337,33 @@ class NaNGuardCallback(GuardedCallback):
                  loss: float | None = None, lr: float | None = None) -> None:
         """A healthy checked step's gradient norms, loss and learning rate: into the history, the norms logged (rank
         zero), a spike alerted."""
+        st = self._state
         try:
-            spike = self._history.add(step, names, norms, loss, lr)
-            every = max(1, int(getattr(trainer, "log_every_n_steps", 50) or 1))
+            spike = st.history.add(step, names, norms, loss, lr)
             # Lightning's log cadence, to the run's loggers only (none: no metrics file of ours either)
-            if step % every == 0 and self._history.steps and trainer.is_global_zero and trainer.loggers:
-                s, total, layers = self._history.steps[-1]
+            if st.log_norms and step % st.log_every == 0 and st.history.steps:
+                s, total, layers = st.history.steps[-1]
                 if s == step:
                     scalars = {metric_key("grad_norm", "total"): total}
                     scalars.update({metric_key("grad_norm", k or "root"): v for k, v in layers.items()})
                     sinks_for(trainer, False).log_scalars(scalars, step)
-            if spike is None:
-                return
-            self.spikes.append(spike)
-            del self.spikes[:-self.max_events or None]
-            if not self._spike_limiter.admit()[0]:
-                return
-            where = (f"; the layer that grew most: '{spike['layer'] or '<root>'}' ({spike['layer_ratio']:.3g}x its "
-                     "median)") if spike["layer"] is not None else ""
-            if spike.get("loss") is not None:
-                where += f"; loss {spike['loss']:.4g}" + (f" (median {spike['loss_median']:.4g})"
-                                                          if spike.get("loss_median") is not None else "")
-            if spike.get("lr") is not None:
-                where += f"; learning rate {spike['lr']:.3g}"
-            self._alert(trainer, f"Gradient spike at step {step}",
-                        f"NaN guard: gradient spike at step {step}: global norm {spike['norm']:.4g} = "
-                        f"{spike['ratio']:.3g}x the median of the last {len(self._history.steps) - 1} checked steps "
-                        f"({spike['median']:.4g}){where}. Training goes on (values are finite); a lower learning rate, "
-                        "gradient clipping or a look at that layer's inputs often prevents the divergence that follows.")
+            if spike is not None:
+                self._spike(trainer, step, spike)
         except Exception as e:
             self.faults.report("gradient norms", e)
+
+    def _spike(self, trainer: pl.Trainer, step: int, spike: dict[str, Any]) -> None:
+        self.spikes.append(spike)
+        del self.spikes[:-self.max_events or None]
+        if self._spike_limiter.admit()[0]:
+            self._alert(trainer, f"Gradient spike at step {step}", spike_text(spike, len(self._state.history.steps) - 1))
 
     def _record(self, trainer: pl.Trainer, event: NonFiniteEvent) -> None:
         if not event.trend:
             try:
-                event.onset, why = self._history.onset(event.step, self.every_n_steps)
-                event.trend = " ".join(p for p in (self._history.trend(), why) if p)
+                history = self._state.history
+                event.onset, why = history.onset(event.step, self.every_n_steps)
+                event.trend = " ".join(p for p in (history.trend(), why) if p)
             except Exception as e:
                 self.faults.report("gradient trend", e)
         self.num_events += 1

@@ -1,16 +1,20 @@
-"""The NaN guard's per-step work: the deferred (sync-free) and immediate flag paths, the bad-step analysis across
-ranks and the parameter check. Functions of the guard (:class:`~.nan_guard.NaNGuardCallback`); see its module
-docstring for what each path guarantees."""
+"""The NaN guard's per-fit state (:class:`GuardState`) and its per-step work: the deferred (sync-free) and immediate
+flag paths, the bad-step analysis across ranks and the parameter check. The functions take the guard
+(:class:`~.nan_guard.NaNGuardCallback`, for its public options and ``faults``) and its state; they return what the
+guard acts on (a :class:`~tscope_callbacks.analysis.nonfinite.NonFiniteEvent`, or a healthy step's norms) and never
+touch the guard's own members. See the guard's module docstring for what each path guarantees."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+import operator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from tscope_callbacks.analysis import nonfinite as nl
-from tscope_callbacks.analysis.grad_history import owner, step_loss
+from tscope_callbacks.analysis.grad_history import GradHistory, owner, step_loss
 from tscope_callbacks.analysis.nonfinite import NonFiniteEvent
 from tscope_callbacks.callbacks.session import gather_floats, gather_objects
 from tscope_callbacks.capture import locate as nl_locate
@@ -19,7 +23,79 @@ from tscope_callbacks.capture.paths import named_parameters
 if TYPE_CHECKING:
     from tscope_callbacks.callbacks.nan_guard import NaNGuardCallback
 
-__all__ = ["push_deferred", "check_now", "deferred_event", "check_params", "learning_rate"]
+__all__ = ["GuardState", "Healthy", "push_deferred", "check_now", "deferred_event", "check_params", "learning_rate",
+           "params_of", "fit_state", "progress_trackers"]
+
+
+@dataclass(eq=False, slots=True)
+class GuardState:
+    """Everything the NaN guard keeps over one fit (a new one at each fit's start). The per-fit caches are read from
+    the trainer once, in ``on_fit_start``: a healthy step reads no Lightning property but ``global_step``."""
+
+    history: GradHistory
+    channel: nl.FlagChannel = field(default_factory=lambda: nl.FlagChannel(lag=2))
+    mode: str = "immediate"  #: "deferred" | "immediate"
+    snaps: list[nl_locate.StepSnapshot] = field(default_factory=list)  #: this step's micro-batches, for a replay
+    losses: list[torch.Tensor] = field(default_factory=list)  #: this step's losses (detached), for the check
+    lr: float | None = None  #: the checked step's learning rate (first param group), for the history
+    streak: int = 0  #: bad steps in a row (the first of a streak is located)
+    skips_in_row: int = 0
+    amp_streak: int = 0  #: GradScaler overflows in a row
+    stepped: bool = False  #: an optimizer step ran in this batch (the parameter check follows it)
+    replay_blocker: str | None = None  #: why a bad step cannot be replayed in this fit (None: it can)
+    sticky: torch.Tensor | None = None  #: the deferred "stop"/"raise" mask, set from the bad step on
+    replays: int = 0
+    host_syncs: int = 0
+    # ---- per-fit caches
+    snapshot: bool = True  #: take a step snapshot (locate on and nothing blocks a replay)
+    scaler: Any = None  #: the precision plugin's GradScaler (fp16), or None
+    world_size: int = 1
+    log_every: int = 50  #: Lightning's log_every_n_steps
+    log_norms: bool = False  #: the norms go to the run's loggers (rank zero, with loggers)
+    masked: list[Any] = field(default_factory=list)  #: optimizers given a ``found_inf`` mask (removed at batch end)
+    #: ``.completed`` is ``trainer.global_step`` / ``trainer.current_epoch`` (:func:`progress_trackers`)
+    step: Any = None
+    epoch: Any = None
+    batch_idx: int = 0  #: the batch's index in its epoch (from on_train_batch_start)
+    #: (the optimizer, its param_groups' lists and their lengths), its flat parameter list and their names
+    params: list[torch.nn.Parameter] = field(default_factory=list)  #: the optimizer's, in group order
+    names: list[str] = field(default_factory=list)  #: their names (clean paths; "?" for one the module lacks)
+
+
+def fit_state(guard: NaNGuardCallback, trainer: Any, pl_module: Any) -> GuardState:
+    """A fit's state: how flags reach the host, whether a bad step can be replayed, and the trainer's settings a
+    healthy step needs, read once here (a healthy step then reads no Lightning property)."""
+    st = GuardState(GradHistory(guard.history, guard.spike_factor))
+    cuda = trainer.strategy.root_device.type == "cuda"
+    st.mode = "deferred" if (guard.sync is False or (guard.sync is None and cuda)) else "immediate"
+    st.channel.lag = 2 if cuda else 1
+    st.scaler = getattr(trainer.precision_plugin, "scaler", None)
+    st.world_size = trainer.world_size
+    st.log_every = max(1, int(getattr(trainer, "log_every_n_steps", 50) or 1))
+    st.log_norms = bool(trainer.is_global_zero and trainer.loggers)
+    st.step, st.epoch = progress_trackers(trainer, pl_module)
+    strategy = type(trainer.strategy).__name__
+    if not pl_module.automatic_optimization:
+        st.replay_blocker = "manual optimization (training_step steps the optimizers itself)"
+    elif "FSDP" in strategy or "ModelParallel" in strategy or "DeepSpeed" in strategy:
+        st.replay_blocker = (f"{strategy}: parameters are sharded, so a replay's forward runs all-gathers that "
+                             "every rank would have to join; the event names the gradients and ranks instead")
+    elif not (strategy.startswith("SingleDevice") or strategy in ("DDPStrategy", "DDPSpawnStrategy")):
+        st.replay_blocker = f"strategy {strategy} (parameters may be sharded)"
+    elif st.world_size > 1 and any(isinstance(m, torch.nn.SyncBatchNorm) for m in pl_module.modules()):
+        st.replay_blocker = "SyncBatchNorm (its forward runs collectives, which a per-rank replay must not)"
+    st.snapshot = guard.locate and st.replay_blocker is None
+    return st
+
+
+class Healthy(NamedTuple):
+    """A healthy checked step, for the history: its gradients' names and norms, loss and learning rate."""
+
+    step: int
+    names: list[str]
+    norms: list[float]
+    loss: float | None
+    lr: float | None
 
 
 def learning_rate(optimizer: Any) -> float | None:
@@ -29,9 +105,58 @@ def learning_rate(optimizer: Any) -> float | None:
         lr = optimizer.param_groups[0].get("lr")
     except (AttributeError, IndexError, TypeError):
         return None
+    if type(lr) is float:
+        return lr
     if isinstance(lr, torch.Tensor):
         return float(lr) if lr.device.type == "cpu" and lr.numel() == 1 else None
     return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
+
+
+_PLAIN = {torch.Tensor}
+
+
+class _Property:
+    """Where Lightning keeps a counter elsewhere: ``completed`` reads the trainer's property."""
+
+    __slots__ = ("trainer", "name")
+
+    def __init__(self, trainer: Any, name: str) -> None:
+        self.trainer, self.name = trainer, name
+
+    @property
+    def completed(self) -> int:
+        return getattr(self.trainer, self.name)
+
+
+def progress_trackers(trainer: Any, pl_module: Any) -> tuple[Any, Any]:
+    """Two objects whose ``completed`` is ``trainer.global_step`` and ``trainer.current_epoch``: Lightning's progress
+    trackers those properties end at (updated in place, also when a checkpoint is restored), read in one attribute
+    load instead of a chain of about ten properties and attributes per read. Checked against the properties here;
+    where they disagree (another Lightning version), adapters that read the properties."""
+    step: Any = _Property(trainer, "global_step")
+    epoch: Any = _Property(trainer, "current_epoch")
+    try:
+        loop = trainer.fit_loop.epoch_loop
+        total = (loop.automatic_optimization.optim_progress.optimizer.step.total if pl_module.automatic_optimization
+                 else loop.manual_optimization.optim_step_progress.total)
+        if type(total.completed) is int and total.completed == trainer.global_step:
+            step = total
+        current = trainer.fit_loop.epoch_progress.current
+        if type(current.completed) is int and current.completed == trainer.current_epoch:
+            epoch = current
+    except Exception:  # the adapters read the properties
+        pass
+    return step, epoch
+
+
+def params_of(st: GuardState, optimizer: Any) -> list[torch.nn.Parameter]:
+    """The optimizer's parameters in group order (read every step: a group added, or a parameter replaced, is
+    seen); the list of the step before when they are the same objects (its names stay valid)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if len(params) == len(st.params) and all(map(operator.is_, params, st.params)):
+        return st.params
+    st.params, st.names = params, []
+    return params
 
 
 def _loss_scalars(losses: list, device: Any) -> list[torch.Tensor]:
@@ -46,63 +171,65 @@ def _loss_values(losses: list, device: Any) -> torch.Tensor | None:
     return torch.stack(_loss_scalars(losses, device)) if losses else None
 
 
-def _all_reduce_max(trainer: Any, t: torch.Tensor) -> None:
+def _all_reduce_max(st: GuardState, t: torch.Tensor) -> None:
     """In place, on the device (NCCL: stream-ordered, no host sync), so every rank masks and reads the same flag."""
     dist = torch.distributed
-    if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+    if st.world_size > 1 and dist.is_available() and dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
 
 
-def push_deferred(guard: NaNGuardCallback, trainer: Any, optimizer: Any, params: list, losses: list,
-                  snaps: list) -> None:
+def push_deferred(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: Any, optimizer: Any,
+                  params: list, losses: list, snaps: list) -> None:
     """Flag the step on the device, mask the update there when the action drops it, queue the flag for a late read.
 
     Queued vector: [any rank bad (0/1), this rank's total norm, per-gradient norms..., per-loss values...]."""
     # local shards under FSDP2/TP (the flag is all-reduced below), and their names for the payload, in one pass
-    grads, names = _grads_and_names(guard, trainer.lightning_module, params)
+    grads, names = _grads_and_names(st, pl_module, params)
     norms = nl.per_tensor_norms(grads)
     dev = norms.device if norms is not None else (losses[0].device if losses else trainer.strategy.root_device)
     loss_vals = _loss_values(losses, dev)
     parts = [t for t in (norms, loss_vals) if t is not None]
     local = torch.cat(parts).sum().reshape(1) if parts else torch.zeros(1, device=dev)
     bad = (~torch.isfinite(local)).float()
-    _all_reduce_max(trainer, bad)
+    _all_reduce_max(st, bad)
     if guard.action != "warn":
         if guard.action in ("stop", "raise"):  # sticky: from the bad step on, no update applies until the stop
-            guard._sticky = bad.clone() if guard._sticky is None else torch.maximum(guard._sticky, bad)
-            optimizer.found_inf = guard._sticky.reshape(())
+            st.sticky = bad.clone() if st.sticky is None else torch.maximum(st.sticky, bad)
+            optimizer.found_inf = st.sticky.reshape(())
         else:
             optimizer.found_inf = bad.reshape(())
+        st.masked.append(optimizer)
     vec = torch.cat([bad, local] + parts)
     payload = {"snaps": snaps, "grad_names": names,
-               "n_losses": len(losses), "epoch": trainer.current_epoch, "lr": guard._lr,
-               "batch_idx": trainer.fit_loop.epoch_loop.batch_idx}
-    guard._channel.push(trainer.global_step, vec, payload)
+               "n_losses": len(losses), "epoch": st.epoch.completed, "lr": st.lr, "batch_idx": st.batch_idx}
+    st.channel.push(st.step.completed, vec, payload)
 
 
-def _grads_and_names(guard: NaNGuardCallback, module: Any, params: list) -> tuple[list, list[str]]:
+def _grads_and_names(st: GuardState, module: Any, params: list) -> tuple[list, list[str]]:
     """The local gradients of ``params`` that exist (``nl.grads_of``) and their parameters' names, in one pass that
-    reads each ``.grad`` once; the name map is rebuilt only when the parameters change."""
-    key = tuple(map(id, params))
-    cached = guard._names
-    if cached is None or cached[0] != key:
+    reads each ``.grad`` once; the names are looked up once per parameter list (:func:`params_of`)."""
+    if params is not st.params or len(st.names) != len(params):
         by_id = {id(p): n for n, p in named_parameters(module)}
-        cached = guard._names = (key, [by_id.get(id(p), "?") for p in params])
-    grads, names = [], []
-    for p, n in zip(params, cached[1]):
-        g = p.grad
-        if g is not None:
-            grads.append(g if type(g) is torch.Tensor else nl.local(g))
-            names.append(n)
-    return grads, names
+        names = [by_id.get(id(p), "?") for p in params]
+        if params is st.params:
+            st.names = names
+    else:
+        names = st.names
+    grads = [g for p in params if (g := p.grad) is not None]
+    if len(grads) != len(params):  # some parameters have no gradient: their names go too
+        names = [n for p, n in zip(params, names) if p.grad is not None]
+    if set(map(type, grads)) <= _PLAIN:  # DTensor gradients (FSDP2/TP) are a subclass: their local shards
+        return grads, names
+    return [nl.local(g) for g in grads], names
 
 
-def _locate(guard: NaNGuardCallback, trainer: Any, pl_module: Any, snaps: list, scaler: Any) -> tuple[Any, str]:
+def _locate(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: Any, snaps: list,
+            scaler: Any) -> tuple[Any, str]:
     """(LocateResult or None, note) for this rank."""
-    if guard._streak > 0:
+    if st.streak > 0:
         return None, "not located again: same streak of non-finite steps as the previous event"
-    if guard._replay_blocker is not None:
-        return None, f"no replay to locate the layer: {guard._replay_blocker}"
+    if st.replay_blocker is not None:
+        return None, f"no replay to locate the layer: {st.replay_blocker}"
     if not snaps:
         return None, "no replay to locate the layer: the step's batch was not captured"
     from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
@@ -112,11 +239,11 @@ def _locate(guard: NaNGuardCallback, trainer: Any, pl_module: Any, snaps: list, 
     res, n = nl_locate.locate_step(pl_module, (lambda b, i: ts(b, i)) if with_idx else (lambda b, i: ts(b)), snaps,
                                    autocast=trainer.precision_plugin.train_step_context,
                                    scale=scaler.scale if scaler is not None else None)
-    guard.replays += n
+    st.replays += n
     return res, ""
 
 
-def _merge(guard: NaNGuardCallback, trainer: Any, info: nl.RankInfo, step: int, epoch: int,
+def _merge(guard: NaNGuardCallback, st: GuardState, trainer: Any, info: nl.RankInfo, step: int, epoch: int,
            batch_idx: int) -> NonFiniteEvent | None:
     try:
         infos = gather_objects(trainer, info)
@@ -125,17 +252,17 @@ def _merge(guard: NaNGuardCallback, trainer: Any, info: nl.RankInfo, step: int, 
         infos = [info]
     bad = [i for i in infos if i is not None and i.bad]
     if not bad:  # the norm overflowed on finite values: not an event
-        guard._streak = guard._skips_in_row = 0
+        st.streak = st.skips_in_row = 0
         return None
-    guard._streak += 1
+    st.streak += 1
     fields = nl.merge_infos(bad, trainer.world_size)
     if fields["batch_idx"] is None:
         fields["batch_idx"] = batch_idx
     return NonFiniteEvent(step=step, epoch=epoch, **fields)
 
 
-def deferred_event(guard: NaNGuardCallback, trainer: Any, pl_module: Any, step: int, values: list[float],
-                   payload: dict) -> NonFiniteEvent | None:
+def deferred_event(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: Any, step: int,
+                   values: list[float], payload: dict) -> NonFiniteEvent | None:
     """The event of a bad step whose flag was read late. Every rank calls it at the same step (collectives)."""
     names = payload["grad_names"]
     norms = values[2:2 + len(names)]
@@ -149,7 +276,7 @@ def deferred_event(guard: NaNGuardCallback, trainer: Any, pl_module: Any, step: 
         info.loss = bad_losses[0] if bad_losses else (loss_vals[-1] if loss_vals else None)
         if guard.locate:
             try:
-                info.located, info.note = _locate(guard, trainer, pl_module, payload["snaps"], None)
+                info.located, info.note = _locate(guard, st, trainer, pl_module, payload["snaps"], None)
             except Exception as e:
                 guard.faults.report("locate", e)
                 info.note = f"analysis failed: {e}"
@@ -158,88 +285,92 @@ def deferred_event(guard: NaNGuardCallback, trainer: Any, pl_module: Any, step: 
                 info.parameters = dict(loc.parameters)  # exact counts from the replayed gradients
         if guard.action in ("skip", "warn"):
             info.note = (info.note + " Read late: a later update may have applied before the replay.").strip()
-    return _merge(guard, trainer, info, step, payload["epoch"], payload["batch_idx"])
+    return _merge(guard, st, trainer, info, step, payload["epoch"], payload["batch_idx"])
 
 
-def check_now(guard: NaNGuardCallback, trainer: Any, pl_module: Any, params: list, losses: list, snaps: list,
-              scaler: Any) -> None:
-    """The immediate path: read the flag at the step (one host sync) and act on it."""
-    vec = norms = None
+def check_now(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: Any, params: list, losses: list,
+              snaps: list, scaler: Any) -> Healthy | NonFiniteEvent | None:
+    """The immediate path: read the flag at the step (one host sync). Returns the healthy step's norms (with
+    ``grad_norms``), the bad step's event, or None (nothing to record)."""
+    vec = None
     names: list[str] = []
+    with_norms = False
     try:
-        grads, names = _grads_and_names(guard, pl_module, params)
+        grads, names = _grads_and_names(st, pl_module, params)
         loss_ts = [nl.local(x) for x in losses]
         if guard.grad_norms and scaler is None and grads:  # per-gradient norms and the losses: one fused norm, one
             norms = nl.tensor_norms(grads)                   # stack, one read
             vec = torch.stack(norms + _loss_scalars(loss_ts, norms[0].device))
+            with_norms = True
         else:
             vec = nl.nonfinite_total(grads + loss_ts)
     except Exception as e:
         guard.faults.report("check", e)
     values = nl.read_now(vec) if vec is not None else [0.0]  # the one read of this step, norms included
-    guard.host_syncs += 1
+    st.host_syncs += 1
     # the flag: the sum on the host (NaN or inf iff some norm or loss is; float64, so finite norms do not overflow)
-    flags = [row[0] for row in gather_floats(trainer, [sum(values)])]
-    if all(math.isfinite(v) for v in flags):
-        guard._streak = guard._skips_in_row = guard._amp_streak = 0
-        if norms is not None:  # [per-gradient norms..., per-loss values...], read together
-            guard._healthy(trainer, trainer.global_step, names, values[:len(names)], step_loss(values[len(names):]),
-                           guard._lr)
-        return
+    total = sum(values)
+    flags = [total] if st.world_size == 1 else [row[0] for row in gather_floats(trainer, [total])]
+    if math.isfinite(total) if st.world_size == 1 else all(math.isfinite(v) for v in flags):
+        st.streak = st.skips_in_row = st.amp_streak = 0
+        if with_norms:  # [per-gradient norms..., per-loss values...], read together
+            n = len(names)
+            return Healthy(st.step.completed, names, values[:n], step_loss(values[n:]), st.lr)
+        return None
     try:
-        event = _bad_step(guard, trainer, pl_module, params, flags, losses, snaps, scaler)
-        if event is not None:
-            guard._act(trainer, params, event)
-    except nl.NonFiniteError:
-        raise
+        return _bad_step(guard, st, trainer, pl_module, params, flags, losses, snaps, scaler)
     except Exception as e:
         guard.faults.report("bad-step handling", e)
+        return None
 
 
-def _bad_step(guard: NaNGuardCallback, trainer: Any, pl_module: Any, params: list, flags: list[float],
-              losses: list, snaps: list, scaler: Any) -> NonFiniteEvent | None:
+def _bad_step(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: Any, params: list,
+              flags: list[float], losses: list, snaps: list, scaler: Any) -> NonFiniteEvent | None:
     rank = trainer.global_rank
     flagged = [r for r, v in enumerate(flags) if not math.isfinite(v)]
     loss_bad = any(not bool(torch.isfinite(x).all()) for x in losses)
     if scaler is not None and not any(row[0] for row in gather_floats(trainer, [float(loss_bad)])):
         if all(bool(torch.isfinite(g).all()) for g in nl.grads_of(params)):
             return None  # the norm overflowed on finite values (identical grads on all ranks under DDP)
-        return _amp_overflow(guard, trainer, scaler, flagged)
+        return _amp_overflow(guard, st, trainer, scaler, flagged)
     try:
         names = {id(p): n for n, p in named_parameters(pl_module)}
         unscale = float(scaler.get_scale()) if scaler is not None else 1.0  # on_before_backward saw the scaled loss
         info = nl.rank_info(rank, [(names.get(id(p), f"param{i}"), p) for i, p in enumerate(params)],
                             rank in flagged, losses, unscale)
         if info.bad and guard.locate:
-            info.located, note = _locate(guard, trainer, pl_module, snaps, scaler)
+            info.located, note = _locate(guard, st, trainer, pl_module, snaps, scaler)
             info.note = note or info.note
     except Exception as e:
         guard.faults.report("locate", e)
         info = nl.RankInfo(rank, bad=rank in flagged, note=f"analysis failed: {e}")
-    return _merge(guard, trainer, info, trainer.global_step, trainer.current_epoch,
+    return _merge(guard, st, trainer, info, trainer.global_step, trainer.current_epoch,
                   trainer.fit_loop.epoch_loop.batch_idx)
 
 
-def _amp_overflow(guard: NaNGuardCallback, trainer: Any, scaler: Any, flagged: list[int]) -> NonFiniteEvent | None:
-    guard._amp_streak += 1
+def _amp_overflow(guard: NaNGuardCallback, st: GuardState, trainer: Any, scaler: Any,
+                  flagged: list[int]) -> NonFiniteEvent | None:
+    st.amp_streak += 1
     scale = float(scaler.get_scale())
     backoff = float(scaler.get_backoff_factor()) if hasattr(scaler, "get_backoff_factor") else 0.5
-    if scale * backoff >= guard.amp_min_scale and guard._amp_streak < guard.amp_max_overflows:
+    if scale * backoff >= guard.amp_min_scale and st.amp_streak < guard.amp_max_overflows:
         return None  # an ordinary overflow: the GradScaler skips the step
-    guard._streak += 1
+    st.streak += 1
     return NonFiniteEvent(step=trainer.global_step, epoch=trainer.current_epoch,
                           batch_idx=trainer.fit_loop.epoch_loop.batch_idx, kind="gradient",
                           ranks=flagged or [trainer.global_rank],
-                          note=f"AMP loss scale collapsed: {guard._amp_streak} overflowing step(s) in a row, "
+                          note=f"AMP loss scale collapsed: {st.amp_streak} overflowing step(s) in a row, "
                                f"scale {scale:g} -> {scale * backoff:g} (amp_min_scale={guard.amp_min_scale:g}, "
                                f"amp_max_overflows={guard.amp_max_overflows}); the GradScaler skips every step.")
 
 
-def check_params(guard: NaNGuardCallback, trainer: Any, pl_module: Any, batch_idx: int) -> None:
-    """After the update (``check_params=True``): non-finite parameters, read at the step (it cannot be undone)."""
+def check_params(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: Any,
+                 batch_idx: int) -> NonFiniteEvent | None:
+    """After the update (``check_params=True``): non-finite parameters, read at the step (it cannot be undone).
+    Returns the event (to act on after the update), or None."""
     step = trainer.global_step - 1  # the update that just ran
-    if not guard._due(step):
-        return
+    if step % guard.every_n_steps:
+        return None
     named = [(n, nl.local(p.detach())) for n, p in named_parameters(pl_module)]
     total = None
     try:
@@ -247,22 +378,20 @@ def check_params(guard: NaNGuardCallback, trainer: Any, pl_module: Any, batch_id
     except Exception as e:
         guard.faults.report("parameter check", e)
     value = nl.read_now(total)[0] if total is not None else 0.0
-    guard.host_syncs += 1
+    st.host_syncs += 1
     if all(math.isfinite(row[0]) for row in gather_floats(trainer, [value])):
-        return
+        return None
     try:
         counts = nl.count_nonfinite(named)
         if not counts:
-            return
+            return None
         first = next(iter(counts))
-        event = NonFiniteEvent(step=step, epoch=trainer.current_epoch, batch_idx=batch_idx, kind="parameter",
-                               layer=owner(first), parameters=counts,
-                               num_nonfinite=sum(counts.values()), ranks=list(range(trainer.world_size)),
-                               max_abs_grad=nl.max_abs_finite([p for _, p in named]), counts="parameters",
-                               note="found after the optimizer step (check_params); layer owns the first "
-                                    "non-finite parameter in definition order")
-        guard._act(trainer, [], event, after_update=True)
-    except nl.NonFiniteError:
-        raise
+        return NonFiniteEvent(step=step, epoch=trainer.current_epoch, batch_idx=batch_idx, kind="parameter",
+                              layer=owner(first), parameters=counts,
+                              num_nonfinite=sum(counts.values()), ranks=list(range(trainer.world_size)),
+                              max_abs_grad=nl.max_abs_finite([p for _, p in named]), counts="parameters",
+                              note="found after the optimizer step (check_params); layer owns the first "
+                                   "non-finite parameter in definition order")
     except Exception as e:
         guard.faults.report("parameter event", e)
+        return None
