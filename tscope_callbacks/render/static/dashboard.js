@@ -322,7 +322,7 @@
     }
     const opPts = [];
     if (S.showOps) {
-      if (!S.opRows) { API.ops(S.run, S.step, S.stage, "").then((res) => { S.opRows = res.ops || []; drawRoofline(); }); }
+      if (!S.opRows) { API.ops(S.run, S.step, S.stage, "").then((res) => { S.opRows = res.ops || []; S.opNote = res.note || null; drawRoofline(); }); }
       for (const o of S.opRows || []) {
         const t = num(o.time_s) && o.time_s > 0 ? o.time_s : o.expected_s;
         if (o.flops > 0 && o.bytes > 0 && t > 0) opPts.push({op: o, ai: o.flops / o.bytes, perf: o.flops / t, t});
@@ -413,7 +413,7 @@
         frag.append(c);
       }
       g.insertBefore(frag, g.firstChild);
-      legend.append(h("span", {class: "muted", text: "· " + opPts.length + " op points"}));
+      legend.append(h("span", {class: "muted", text: "· " + opPts.length + " op points" + (S.opNote ? " (" + S.opNote + ")" : "")}));
     }
   }
   function tipRows(pairs) {
