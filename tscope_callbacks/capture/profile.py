@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -38,6 +38,10 @@ from tscope_callbacks.capture.paths import Selection
 from tscope_callbacks.capture.state import CaptureState
 from tscope_callbacks.formulas import DEFAULT_REGISTRY, FormulaRegistry
 from tscope_callbacks.records import CaptureInfo, LayerRecord, OpRecord, StepProfile
+
+if TYPE_CHECKING:
+    from tscope_callbacks.capture.cuda_timing import Timeline
+    from tscope_callbacks.capture.replay import ReplayProfile
 
 __all__ = ["profile", "Profile", "NestedProfileError", "active_profile", "paused"]
 
@@ -96,7 +100,7 @@ class Profile:
         self.raise_errors = raise_errors
         self.labels: dict[str, Any] = dict(labels or {})
         self.result = StepProfile()
-        self.timeline: Any = None
+        self.timeline: Timeline | None = None
         self.errors: list[str] = []
         #: where internal errors are logged (once per part): the owning callback's, or this profile's own
         self.faults = faults if faults is not None else Faults("capture", raise_errors=raise_errors)
@@ -242,7 +246,8 @@ class Profile:
         self.faults.report(part, e)
 
 
-def profile(model: torch.nn.Module, *, replay: Any = None, **kwargs: Any) -> Any:
+def profile(model: torch.nn.Module, *, replay: Profile | ReplayProfile | None = None,
+            **kwargs: Any) -> Profile | ReplayProfile:
     """Profile a region (forward, backward, optimizer step) of ``model``. See :class:`Profile` for options.
 
     >>> with profile(model) as prof:
