@@ -84,7 +84,7 @@ def _row(r: RowSum) -> Row:
                compute_s=r.compute_s, uncounted_s=r.uncounted_s, uncounted_ops=dict(r.uncounted_ops),
                largest_matmul=tuple(r.largest_matmul) if r.largest_matmul else None,
                largest_matmul_flops=int(r.largest_matmul_flops), precisions=dict(r.precisions),
-               peaks=dict(r._peaks), bandwidth=float(r.bandwidth),
+               peaks=dict(r.peaks), bandwidth=float(r.bandwidth),
                all_comm=bool(r.ops) and all(x.record.category == "comm" for x in r.ops))
 
 

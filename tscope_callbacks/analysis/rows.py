@@ -146,7 +146,7 @@ class Row:
     largest_matmul_flops: int = 0
     precisions: dict[str, int] = field(default_factory=dict)  #: precision -> FLOPs (bytes when no FLOPs)
     bandwidth: float = 0.0
-    _peaks: dict[str, float] = field(default_factory=dict, repr=False)
+    peaks: dict[str, float] = field(default_factory=dict, repr=False)  #: precision -> FLOP/s roof of its ops
     ops: list[OpRoof] = field(default_factory=list, repr=False)
 
     def add(self, o: OpRoof) -> None:
@@ -167,7 +167,7 @@ class Row:
         self.bandwidth = o.bandwidth
         if r.category != "view":
             self.precisions[o.precision] = self.precisions.get(o.precision, 0) + (r.flops or r.bytes)
-            self._peaks.setdefault(o.precision, o.peak)
+            self.peaks.setdefault(o.precision, o.peak)
         if r.counted and r.category != "view" and (r.flops or r.bytes):
             self.n_work += 1
         if not r.counted:
@@ -189,7 +189,7 @@ class Row:
     @property
     def ridge(self) -> float | None:
         """Effective ridge: (FLOPs / sum of flops/peak) / bandwidth; the dominant precision's when no FLOPs."""
-        peak = _div(self.flops, self.compute_s) or self._peaks.get(self.precision)
+        peak = _div(self.flops, self.compute_s) or self.peaks.get(self.precision)
         return _div(peak, self.bandwidth)
 
     @property

@@ -137,7 +137,7 @@ def count_op(
     """FLOPs, ideal bytes, category, dtype and shapes of one op call (``func(*args, **kwargs) -> out``)."""
     kwargs = kwargs or {}
     hot = _HOT.get(func)
-    version = getattr(registry, "_version", None)
+    version = getattr(registry, "version", None)
     if hot is None or hot[0] is not registry or hot[1] != version:
         hot = _HOT[func] = (registry, version, registry.lookup(func), op_plan(func))
     formula = hot[2]

@@ -74,7 +74,7 @@ class CountCache:
         self.hits = self.misses = 0
         #: id(op) -> (op, key function or None when value-dependent), for the registry at version ``_version``
         self._kinds: dict[int, tuple[Any, Any]] = {}
-        self._version = registry._version
+        self._version = registry.version
         self._dtype = torch.get_default_dtype()
 
     def _kind(self, func: Any) -> tuple[Any, Any]:
@@ -106,10 +106,10 @@ class CountCache:
         return self
 
     def count(self, func: Any, args: tuple, kwargs: dict | None, out: Any) -> OpCount:
-        if self._version != self.registry._version:  # a formula was added or replaced: memoized counts may be stale
+        if self._version != self.registry.version:  # a formula was added or replaced: memoized counts may be stale
             self.memo.clear()
             self._kinds.clear()
-            self._version = self.registry._version
+            self._version = self.registry.version
         k = self._kinds.get(id(func))
         if k is None or k[0] is not func:
             k = self._kind(func)

@@ -78,6 +78,11 @@ class FormulaRegistry:
         self._cache.clear()
         self._version += 1
 
+    @property
+    def version(self) -> int:
+        """Bumped on every change (a formula or fallback added or replaced), so callers may cache lookups."""
+        return self._version
+
     def add_fallback(self, fn: Callable[[Any], Formula | None]) -> None:
         self._fallbacks.append(fn)
         self._cache.clear()
