@@ -310,12 +310,14 @@ class RooflineCallback(ProfilingCallback):
     @override
     def _on_profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
                     ctx: ProfileContext) -> None:
-        if ctx.reason == "eager-reference":  # the eager reference of a compiled model: compared with the last
-            if self.spec is not None and ctx.is_global_zero:
+        if ctx.reason == "eager-reference":  # the eager reference of a compiled model: the last compiled step's
+            if self.spec is not None and ctx.is_global_zero:  # report again, with the comparison, at this step
                 self.eager_report = self._roofline(result)
                 if self.last_report is not None:
-                    io.emit_comparison(io.Comparison.of(self.last_report, self.eager_report), self.sinks(trainer),
-                                       ctx, self.top)
+                    eager = self.eager_report.step_report
+                    compiled = self._with(self.last_report, eager=eager).step_report
+                    io.emit_comparison(io.Comparison(compiled.step, eager.step, compiled.compiled_vs_eager or ()),
+                                       self.sinks(trainer), ctx, self.top)
             return
         if ctx.reason == "repeat":
             if self._series.add(result, ctx):
@@ -395,7 +397,12 @@ class RooflineCallback(ProfilingCallback):
         if (self.compare_eager and ctx.stage == "train" and self.eager_report is not None
                 and result.meta.get("compiled_capture")):
             extra["eager"] = self.eager_report.step_report
-        return RooflineReport(rr.analysis, dataclasses.replace(rr.options, **extra)) if extra else rr
+        return self._with(rr, **extra) if extra else rr
+
+    @staticmethod
+    def _with(rr: RooflineReport, **options: Any) -> RooflineReport:
+        """The same analysis with more analysis options (its StepReport is built from them)."""
+        return RooflineReport(rr.analysis, dataclasses.replace(rr.options, **options))
 
     def _roofline(self, result: StepProfile) -> RooflineReport:
         from tscope_callbacks.api import roofline

@@ -42,18 +42,11 @@ class Comparison:
 
     compiled_step: int | None
     eager_step: int | None
-    rows: tuple[dict[str, Any], ...]
+    rows: tuple[dict[str, Any], ...]  #: ``StepReport.compiled_vs_eager``
 
     @property
     def speedup(self) -> float | None:
         return self.rows[-1].get("speedup") if self.rows else None
-
-    @classmethod
-    def of(cls, compiled: RooflineReport, eager: RooflineReport) -> Comparison:
-        """Of two analysed steps (the eager reference's own step: the compiled report came before it)."""
-        from tscope_callbacks.analysis.compare import compiled_vs_eager
-
-        return cls(compiled.meta.get("step"), eager.meta.get("step"), tuple(compiled_vs_eager(compiled, eager)))
 
 
 @dataclass(frozen=True)
