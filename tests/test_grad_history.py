@@ -263,3 +263,43 @@ def test_off_and_validated():
         NaNGuardCallback(spike_factor=0.5)
     with pytest.raises(ValueError, match="history must be >= 2"):
         NaNGuardCallback(history=1)
+
+
+def test_steps_and_epochs_come_from_lightnings_trackers_also_after_a_resume(tmp_path):
+    # the guard reads global_step and current_epoch as one attribute of the progress trackers those properties end
+    # at: equal to the properties at every optimizer step, with gradient accumulation, across epochs and a resume
+    from tscope_callbacks.callbacks.nan_steps import TrainerCounter, progress_trackers
+
+    class Probe(Callback):
+        def __init__(self) -> None:
+            self.rows, self.kinds = [], None
+
+        def on_fit_start(self, trainer, pl_module):
+            self.trackers = progress_trackers(trainer, pl_module)
+            self.kinds = [type(t) for t in self.trackers]
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            step, epoch = self.trackers
+            self.rows.append((step.completed, epoch.completed, trainer.global_step, trainer.current_epoch))
+
+    def fit(guard, probe, max_steps, ckpt=None):
+        trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, callbacks=[guard, probe], logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             accumulate_grad_batches=2, limit_train_batches=6)
+        trainer.fit(TinyLM(), ckpt_path=ckpt)
+        return trainer
+
+    first, probe = NaNGuardCallback(), Probe()
+    trainer = fit(first, probe, 4)
+    trainer.save_checkpoint(tmp_path / "mid.ckpt")
+    resumed, probe2 = NaNGuardCallback(), Probe()
+    fit(resumed, probe2, 8, ckpt=str(tmp_path / "mid.ckpt"))
+    for p in (probe, probe2):
+        assert TrainerCounter not in p.kinds  # Lightning's own trackers, not the adapters
+        assert all(s == gs and e == ge for s, e, gs, ge in p.rows), p.rows
+    # 6 batches an epoch, 2 per optimizer step: 3 steps an epoch; the resumed fit goes on from step 4 (the epoch
+    # Lightning resumes a mid-epoch checkpoint at is its own business: the trackers say what the property says)
+    assert [r[2:] for r in probe.rows] == [(0, 0), (1, 0), (2, 0), (3, 1)]
+    assert [r[2] for r in probe2.rows] == [4, 5, 6, 7] and probe2.rows[0][3] >= 1
+    assert [s for s, _, _ in first.grad_history.steps] == [0, 1, 2, 3]
+    assert [s for s, _, _ in resumed.grad_history.steps] == [4, 5, 6, 7]

@@ -199,18 +199,21 @@ class NaNGuardCallback(GuardedCallback):
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
-        if active_profile() is None:
-            self._keep_loss(trainer, loss)
-        else:
+        if active_profile() is not None:
             with paused():  # in a profiled step the guard's own ops are not recorded as the user's
-                self._keep_loss(trainer, loss)
+                return self._keep_loss(trainer, loss)
+        return self._keep_loss(trainer, loss)
 
     def _keep_loss(self, trainer: pl.Trainer, loss: torch.Tensor) -> None:
         st = self._state
-        detached = loss.detach() if isinstance(loss, torch.Tensor) else loss
+        if not isinstance(loss, torch.Tensor):
+            if st.snaps and st.snaps[-1].loss is None:
+                st.snaps[-1].loss = loss
+            return
+        detached = loss.detach()
         if st.snaps and st.snaps[-1].loss is None:
             st.snaps[-1].loss = detached
-        if self.check_loss and isinstance(loss, torch.Tensor) and (self.every_n_steps == 1 or self._due_now(trainer)):
+        if self.check_loss and (self.every_n_steps == 1 or self._due_now(trainer)):
             st.losses.append(detached)
 
     @override

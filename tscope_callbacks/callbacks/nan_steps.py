@@ -115,7 +115,7 @@ def learning_rate(optimizer: Any) -> float | None:
 _PLAIN = {torch.Tensor}
 
 
-class _Property:
+class TrainerCounter:
     """Where Lightning keeps a counter elsewhere: ``completed`` reads the trainer's property."""
 
     __slots__ = ("trainer", "name")
@@ -133,8 +133,8 @@ def progress_trackers(trainer: Any, pl_module: Any) -> tuple[Any, Any]:
     trackers those properties end at (updated in place, also when a checkpoint is restored), read in one attribute
     load instead of a chain of about ten properties and attributes per read. Checked against the properties here;
     where they disagree (another Lightning version), adapters that read the properties."""
-    step: Any = _Property(trainer, "global_step")
-    epoch: Any = _Property(trainer, "current_epoch")
+    step: Any = TrainerCounter(trainer, "global_step")
+    epoch: Any = TrainerCounter(trainer, "current_epoch")
     try:
         loop = trainer.fit_loop.epoch_loop
         total = (loop.automatic_optimization.optim_progress.optimizer.step.total if pl_module.automatic_optimization
@@ -162,7 +162,7 @@ def params_of(st: GuardState, optimizer: Any) -> list[torch.nn.Parameter]:
 def _loss_scalars(losses: list, device: Any) -> list[torch.Tensor]:
     """Each loss summed to one float32 scalar on ``device``, without a sync (they ride in the flag vector read for the
     step: the history's losses). A float32 scalar there already (the usual loss) is taken as it is: no op."""
-    return [(x.detach() if x.requires_grad else x) if x.dtype == torch.float32 and x.dim() == 0 and x.device == device
+    return [(x.detach() if x.requires_grad else x) if x.dtype is torch.float32 and x.ndim == 0 and x.device == device
             else x.detach().float().sum().to(device) for x in losses]
 
 
