@@ -31,6 +31,7 @@ from tscope_callbacks.analysis.estimate import MEMORY_BOUND, gemm_dims
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.layer_advice import Context, layer_findings
 from tscope_callbacks.analysis.rows import Opportunity, OpRoof
+from tscope_callbacks.analysis.view import RooflineView
 from tscope_callbacks.devices.efficiency import ITEMSIZE
 
 __all__ = ["opportunities", "LAUNCH_BOUND_S", "MIN_SAVING_SHARE", "pad_to"]
@@ -323,7 +324,7 @@ def _pattern(layer: str) -> str:
     return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", layer) if layer else layer
 
 
-def opportunities(report: Any, top: int = 5) -> list[Opportunity]:
+def opportunities(report: RooflineView, top: int = 5) -> list[Opportunity]:
     """Findings, largest predicted saving first (uncounted time last), each with cause, fix and saving. The same
     finding in repeated blocks (``h.0.mlp`` ... ``h.11.mlp``) is one opportunity: savings summed, layers listed."""
     model = getattr(report, "kernel_model", None)

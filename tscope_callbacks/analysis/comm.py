@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.analysis.view import RooflineView
 from tscope_callbacks.formulas.intervals import merge_intervals, union_length
 
 __all__ = ["comm_rows", "comm_summary", "overlap", "skew"]
@@ -85,7 +86,7 @@ def skew(per_rank: Sequence[Sequence[tuple[str, float, float]]]) -> dict[str, An
             "slowest_rank": max(range(len(last)), key=last.__getitem__)}
 
 
-def comm_rows(report: Any) -> list[dict[str, Any]]:
+def comm_rows(report: RooflineView) -> list[dict[str, Any]]:
     """Per (collective, group): ``collective``, ``group``, ``group_size``, ``calls``, ``bytes`` (S summed),
     ``time_s`` (None untimed), ``algbw`` and ``busbw`` (bytes/s; None on a CPU host or untimed), ``pct_of_link``,
     ``roof_s`` (link bytes / link roof), ``layers`` (launched from), ``phases``; largest time (bytes) first."""
@@ -118,7 +119,7 @@ def comm_rows(report: Any) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (-(r["time_s"] or 0.0), -r["bytes"]))
 
 
-def comm_summary(report: Any) -> dict[str, float]:
+def comm_summary(report: RooflineView) -> dict[str, float]:
     """Scalars of the communication section (bare names; the callbacks log them under ``tscope/comm/``)."""
     rows = comm_rows(report)
     out: dict[str, float] = {}

@@ -12,11 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.analysis.view import RooflineView
 
 __all__ = ["compiled_vs_eager", "compile_speedup"]
 
 
-def _by_layer(report: Any) -> dict[str, Any]:
+def _by_layer(report: RooflineView) -> dict[str, Any]:
     return {r.layer: r for r in report.layer_totals}
 
 

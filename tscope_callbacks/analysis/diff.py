@@ -17,6 +17,7 @@ from typing import Any
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.fmt import fig
 from tscope_callbacks.analysis.model_summary import model_summary
+from tscope_callbacks.analysis.view import RooflineView
 from tscope_callbacks.records import model_flops
 
 __all__ = ["StepDiff", "diff_reports"]
@@ -107,7 +108,7 @@ def _change(a: float | None, b: float | None, *, lower_better: bool = False, poi
     return txt
 
 
-def _peak(report: Any) -> float | None:
+def _peak(report: RooflineView) -> float | None:
     cats = report.meta.get("memory_categories") or {}
     v = cats.get("step_peak") if isinstance(cats, dict) else None
     return float(v) if isinstance(v, (int, float)) and v > 0 else None

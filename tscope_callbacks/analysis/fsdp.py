@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from tscope_callbacks.analysis.fsdp_memory import FsdpUnit, fsdp_memory, unit_of
+from tscope_callbacks.analysis.view import RooflineReportView, RooflineView
 from tscope_callbacks.capture.paths import clean_path
 from tscope_callbacks.devices.precision import TORCH_DTYPES, normalize_precision
 
@@ -195,7 +196,7 @@ def mixed_policy(precision: str) -> tuple[torch.dtype | None, torch.dtype | None
     return TORCH_DTYPES.get(normalize_precision(precision)), torch.float32
 
 
-def fsdp_whatif(report: Any, model: torch.nn.Module, n: int, *, units: Sequence[str] | str | None = None,
+def fsdp_whatif(report: RooflineReportView, model: torch.nn.Module, n: int, *, units: Sequence[str] | str | None = None,
                 param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
                 reshard_after_forward: bool = True, link_efficiency: float = LINK_EFFICIENCY,
                 latency_s: float = LATENCY_S, gpus_per_node: int = GPUS_PER_NODE,
@@ -221,8 +222,9 @@ def fsdp_whatif(report: Any, model: torch.nn.Module, n: int, *, units: Sequence[
     root = next((u for u in us if not u.path), None)
     numel_tr = sum(p.numel() for p in model.parameters() if p.requires_grad)
     share = sum(u.padded_trainable for u in us) / shard / numel_tr if numel_tr else 0.0
+    what_if = report.options.what_if  # the step's times were measured on another device than the roofs'
     mem = fsdp_memory(report, us, share, reshard_after_forward, two_grads=reduce_dtype not in (None, param_dtype),
-                      drop_casts=param_dtype is not None)
+                      drop_casts=param_dtype is not None, what_if=what_if)
     n_back = len(blocks) if reshard_after_forward else 0
     comm: dict[str, Any] = {
         "all_gather": {"calls": len(us) + n_back,
@@ -256,7 +258,7 @@ def fsdp_whatif(report: Any, model: torch.nn.Module, n: int, *, units: Sequence[
         comm["all_reduce"]["time_s"] = sum(t_ar(u.reduce_bytes // shard) for u in us)
     paths = [u.path for u in blocks]
     per: dict[tuple[str, str], float] = {}
-    measured = report.timed and not report.meta.get("what_if")  # times of another device: its expected times
+    measured = report.timed and not what_if  # times of another device: its expected times
     for o in report.op_roofs:
         r = o.record
         s = (o.measured_s or 0.0) if measured else o.expected_s
@@ -281,12 +283,12 @@ def fsdp_whatif(report: Any, model: torch.nn.Module, n: int, *, units: Sequence[
     return out
 
 
-def _link(report: Any, group: int, gpus_per_node: int, network_bw: float) -> tuple[str, float | None]:
+def _link(report: RooflineView, group: int, gpus_per_node: int, network_bw: float) -> tuple[str, float | None]:
     """(name, bandwidth per direction) of the link a collective over ``group`` GPUs runs on: the device's fastest
     link within a node, the network beyond."""
     if group > gpus_per_node:
         return "network", float(network_bw)
-    if getattr(report.spec, "link_bandwidth", None):
+    if report.spec.link_bandwidth:
         return report.spec.link_name, float(report.spec.link_bandwidth)
     return "", None
 

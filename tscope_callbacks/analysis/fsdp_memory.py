@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tscope_callbacks.analysis.memory_fit import report_capacity, verdict
+from tscope_callbacks.analysis.view import RooflineView
 
 __all__ = ["FsdpUnit", "fsdp_memory", "unit_of"]
 
@@ -46,8 +47,8 @@ def unit_of(layer: str, paths: Sequence[str]) -> str:
     return best
 
 
-def fsdp_memory(report: Any, us: list[FsdpUnit], share: float, reshard: bool, two_grads: bool,
-                drop_casts: bool) -> dict[str, Any]:
+def fsdp_memory(report: RooflineView, us: list[FsdpUnit], share: float, reshard: bool, two_grads: bool,
+                drop_casts: bool, what_if: str | None = None) -> dict[str, Any]:
     """This rank's memory at the step's peak: the shards, the buffers and, at each op of the profiled step, its
     activations and temporaries (``live_no_grads``; the optimizer's temporaries divided like its state) plus what
     FSDP holds unsharded then (module doc). Without that timeline (older profiles, no layer details) the sum of the
@@ -79,7 +80,7 @@ def fsdp_memory(report: Any, us: list[FsdpUnit], share: float, reshard: bool, tw
     mem["peak"] = (sum(int(mem[k] or 0) for k in ("params", "grads", "optimizer_state", "buffers", "activations",
                                                   "gathered_params", "unsharded_grads"))
                    if mem["activations"] is not None else None)
-    cap = mem["capacity"] = report_capacity(report)
+    cap = mem["capacity"] = report_capacity(report.spec, what_if)
     mem["share"] = mem["peak"] / cap if cap and mem["peak"] else None
     mem["verdict"] = verdict(mem["peak"], cap) if mem["share"] is not None else None
     return mem

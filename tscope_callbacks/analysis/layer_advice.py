@@ -24,6 +24,7 @@ import math
 from typing import Any
 
 from tscope_callbacks.analysis.rows import OpRoof
+from tscope_callbacks.analysis.view import RooflineView
 
 __all__ = ["layer_findings", "ACTIVATIONS", "ACTIVATION_BACKWARDS", "MONOTONE"]
 
@@ -63,7 +64,7 @@ def _pad8(c: int) -> int:
 class Context:
     """What the rules look at besides a layer's own ops: the step's ops in execution order, the profile's labels."""
 
-    def __init__(self, report: Any) -> None:
+    def __init__(self, report: RooflineView) -> None:
         self.meta = report.meta
         self.seq = sorted((o for o in report.op_roofs if o.record.category != "view"), key=lambda o: o.record.index)
         self.pos = {o.record.index: i for i, o in enumerate(self.seq)}

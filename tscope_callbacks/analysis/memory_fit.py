@@ -9,7 +9,11 @@ cached blocks), so a step within 90% of the device is flagged as tight.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tscope_callbacks.analysis.view import RooflineReportView
+    from tscope_callbacks.devices.spec import DeviceSpec
 
 __all__ = ["memory_fit", "report_memory_fit", "report_capacity", "verdict", "TIGHT"]
 
@@ -21,10 +25,10 @@ def verdict(peak: int, capacity: int) -> str:
     return "fits" if peak <= TIGHT * capacity else "tight" if peak <= capacity else "does not fit"
 
 
-def report_capacity(report: Any) -> int | None:
-    """The memory a report's step is checked against: its device's; None for a what-if (the step ran on another
-    device than the roofs')."""
-    return None if report.meta.get("what_if") else getattr(report.spec, "memory_bytes", None)
+def report_capacity(spec: DeviceSpec, what_if: str | None = None) -> int | None:
+    """The memory a report's step is checked against: its device's (``spec``, the roofs'); None for a what-if
+    (``what_if``, the device the step ran on, when it is another than the roofs')."""
+    return None if what_if else spec.memory_bytes
 
 
 def memory_fit(mc: dict[str, Any] | None, capacity: int | None) -> dict[str, Any] | None:
@@ -52,6 +56,6 @@ def memory_fit(mc: dict[str, Any] | None, capacity: int | None) -> dict[str, Any
     return out
 
 
-def report_memory_fit(report: Any) -> dict[str, Any] | None:
+def report_memory_fit(report: RooflineReportView) -> dict[str, Any] | None:
     """:func:`memory_fit` of a report's step against :func:`report_capacity`."""
-    return memory_fit(report.meta.get("memory_categories"), report_capacity(report))
+    return memory_fit(report.meta.get("memory_categories"), report_capacity(report.spec, report.options.what_if))

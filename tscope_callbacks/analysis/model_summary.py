@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.analysis.view import RooflineView
 from tscope_callbacks.records import MATRIX_CATEGORIES, model_flops
 
 __all__ = ["batch_counts", "model_summary", "summary_scalars"]
@@ -31,7 +32,7 @@ def batch_counts(inputs: list) -> tuple[int, int]:
     return shape[0], shape[0] * shape[1] if len(shape) == 2 and "int" in str(dtype) else 0
 
 
-def model_summary(report: Any) -> dict[str, Any]:
+def model_summary(report: RooflineView) -> dict[str, Any]:
     """The summary of a report (``RooflineAnalysis``) and its layer records; JSON-safe."""
     root = report.layer_records.get("") if report.layer_records else None
     ops = [o.record for o in report.op_roofs]

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tscope_callbacks.analysis.view import RooflineView
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
 __all__ = ["merge_steps", "find_noise", "Noise", "NoiseMark", "NOISY_SPREAD", "OUTLIER_RATIO", "NOISE_FLOOR_SHARE",
@@ -155,7 +156,7 @@ def _signature(ops: list[Any]) -> tuple:
     return tuple((o.record.op, repr(o.record.input_shapes)) for o in sorted(ops, key=lambda o: o.record.index))
 
 
-def find_noise(report: Any) -> Noise:
+def find_noise(report: RooflineView) -> Noise:
     """Noise marks of a roofline analysis (``report.layer_rows``, ``report.measured_step_s``): see module doc."""
     rows = [r for r in report.layer_rows if r.measured_s is not None and r.kind == "layer"]
     step = report.measured_step_s or sum(r.measured_s for r in rows) or 0.0
