@@ -50,7 +50,8 @@ class AnalyzeOptions:
     (the device's measured efficiency), False (roofs only) or a KernelModel; ``what_if``: the device the times were
     measured on when it is not ``spec`` (the caller resolves it); ``fsdp_whatif``: an ``analysis.fsdp.fsdp_whatif``
     result to carry; ``eager``: the eager reference's StepReport of a compiled step (``compiled_vs_eager``);
-    ``nonfinite``: the NaN guard's events of the step ({step, layer, op, phase, line, kind});
+    ``nonfinite``: the NaN guard's events of the step ({step, layer, op, phase, line, kind}); ``grad_spikes``: its
+    gradient spikes (``GradHistory.add``'s dicts: step, norm, median, ratio, layer, layer_ratio, loss, ...);
     ``stage``/``run``/``user``: labels and the user's own data."""
 
     achievable: DeviceSpec | None = None
@@ -61,6 +62,7 @@ class AnalyzeOptions:
     fsdp_whatif: dict[str, Any] | None = None
     eager: StepReport | None = None
     nonfinite: tuple[dict[str, Any], ...] = ()
+    grad_spikes: tuple[dict[str, Any], ...] = ()
     stage: str | None = None
     run: str | None = None
     user: dict[str, Any] = field(default_factory=dict)
@@ -75,6 +77,9 @@ def analyze(profile: StepProfile, gpu: DeviceSpec | None = None, options: Analyz
     eng = build_roofline(profile, spec, achievable=o.achievable, precision=o.precision, group_small=o.group_small,
                          kernel_model=o.kernel_model)
     return report_of(eng, o)
+
+
+_LAYER_MEMORY = ("memory_fwd_bytes", "memory_bwd_bytes", "peak_fwd_bytes", "peak_bwd_bytes", "saved_bytes")
 
 
 def _row(r: RowSum) -> Row:
@@ -261,8 +266,12 @@ def report_of(eng: RooflineAnalysis, options: AnalyzeOptions | None = None) -> S
     mem = _memory(eng, bool(o.what_if))
     summary = _summary(eng)
     fsdp = json_safe(o.fsdp_whatif) if o.fsdp_whatif else (json_safe(meta.get("fsdp_whatif")) or None)
-    layers = tuple(_load(LayerInfo, json_safe({f.name: getattr(rec, f.name) for f in dataclasses.fields(LayerInfo)
-                                               if hasattr(rec, f.name)}))
+    # the capture leaves the per-layer memory at 0 when its memory tracker did not run (no layer details): the
+    # step's tracked peak is then None too, and these figures are not measured (null), not zero
+    mem_measured = (meta.get("memory_categories") or {}).get("step_tracked_peak") is not None
+    unmeasured = {} if mem_measured else dict.fromkeys(_LAYER_MEMORY)
+    layers = tuple(_load(LayerInfo, json_safe({**{f.name: getattr(rec, f.name) for f in dataclasses.fields(LayerInfo)
+                                                  if hasattr(rec, f.name)}, **unmeasured}))
                    for rec in (eng.layer_records or {}).values() if isinstance(rec, LayerRecord) or hasattr(
                        rec, "path"))
     ops = tuple(OpRow(i=int(x.record.index), op=x.record.op, layer=x.record.layer, phase=x.record.phase, category=x.record.category,
@@ -283,6 +292,7 @@ def report_of(eng: RooflineAnalysis, options: AnalyzeOptions | None = None) -> S
             "total": (_row(eng.totals),)}
     what_if = WhatIf(o.what_if, str(eng.spec.name)) if o.what_if else None
     nonfinite = tuple(json_safe(dict(x)) for x in (o.nonfinite or meta.get("nonfinite") or ()) if isinstance(x, dict))
+    spikes = tuple(json_safe(dict(x)) for x in (o.grad_spikes or meta.get("grad_spikes") or ()) if isinstance(x, dict))
     return StepReport(
         step=meta.get("step"), stage=o.stage or meta.get("stage"), run=o.run or meta.get("run"),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), device=_device(eng.spec, eng.achievable),
@@ -292,4 +302,4 @@ def report_of(eng: RooflineAnalysis, options: AnalyzeOptions | None = None) -> S
         compiled_vs_eager=_compared(eng, o.eager) if o.eager is not None else None, what_if=what_if,
         opportunities=tuple(_opportunity(x, step) for x in opps), nonfinite=nonfinite,
         noise=_noise(eng, suppressed, step), context=_context(meta), scalars=dict(eng.scalars()),
-        area_scalars=_area_scalars(eng, model, mem, fsdp), user=json_safe(dict(o.user)))
+        area_scalars=_area_scalars(eng, model, mem, fsdp), user=json_safe(dict(o.user)), grad_spikes=spikes)

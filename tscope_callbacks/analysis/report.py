@@ -30,7 +30,8 @@ JSON (``StepReport.to_dict()`` / ``StepReport.from_dict(d)``; ``json.dumps(d, al
           estimate_s, expected_s, pct_of_roof, bound, precision, roof_precision, matrix, peak, dtype, input_shapes,
           output_shapes, counted, start_s}
     layers: [LayerInfo]  the LayerRecord fields (path, type, calls, num_parameters, shapes, memory, times, FLOPs,
-          bytes, nonfinite_* flags)
+          bytes, nonfinite_* flags); memory_fwd_bytes, memory_bwd_bytes, peak_fwd_bytes, peak_bwd_bytes and
+          saved_bytes are null when the step's per-layer memory was not measured (no layer details)
     roofs: [RoofUsed]  the roofs the ops were placed on, most FLOPs first
     model: {params, params_trainable, size_mb, flops_forward, flops_step, macs_forward, macs_step, micro_batches,
           activations_mb, activations_source, latency_ms, latency_source, forward_ms, batch, samples_per_s,
@@ -41,6 +42,8 @@ JSON (``StepReport.to_dict()`` / ``StepReport.from_dict(d)``; ``json.dumps(d, al
     opportunities: [Opportunity]  {title, layer, op, phase, type, kind, cause, change, saving_s, saving_frac,
           recoverable_s, measured_s, estimate_s, bound, intensity, ridge, attained, evidence}, largest saving first
     nonfinite: [{step, layer, op, phase, line, kind}]
+    grad_spikes: [{step, norm, median, ratio, layer, layer_ratio, loss, loss_median, lr}]   the NaN guard's gradient
+          spikes (``analysis.grad_history.GradHistory.add``) up to this step; [] when none were passed
     noise: {steps, floor_s, marks: [...], spread: [[layer, phase, s]], suppressed: [Opportunity]}
     context: the run's facts the report prints (RunContext: timing, model name, float32 matmul precision, step-time
           window and spread, environment, compiled capture, roof notes, merged steps, capture cost, ...)
@@ -384,11 +387,13 @@ class LayerInfo:
     param_bytes: int = 0
     grad_bytes: int = 0
     output_bytes: int = 0
-    memory_fwd_bytes: int = 0
-    memory_bwd_bytes: int = 0
-    peak_fwd_bytes: int = 0
-    peak_bwd_bytes: int = 0
-    saved_bytes: int = 0
+    #: the per-layer memory (``capture.memory``): None when it was not measured (a profile without layer details,
+    #: where the capture leaves these at 0)
+    memory_fwd_bytes: int | None = 0
+    memory_bwd_bytes: int | None = 0
+    peak_fwd_bytes: int | None = 0
+    peak_bwd_bytes: int | None = 0
+    saved_bytes: int | None = 0
     forward_s: float = 0.0
     backward_s: float = 0.0
     self_forward_s: float = 0.0
@@ -536,6 +541,7 @@ class StepReport:
     scalars: dict[str, float]
     area_scalars: dict[str, dict[str, float]]
     user: dict[str, Any] = field(default_factory=dict)
+    grad_spikes: tuple[dict[str, Any], ...] = ()
 
     # ---- tables
     @property

@@ -12,10 +12,13 @@ Nothing here raises for bad input: a file that cannot be read is listed with its
   ``StepReport.to_dict()``, schema ``"tscope.step_report"`` version 2), or ``{"error": "<one line>"}`` for a missing,
   corrupt, half-written or older-schema file (the message names the schema version found).
 - ``series(run_dir) -> {"mfu": [[step, value], ...], "step_ms": ..., "tokens_per_s": ..., ...,
+  "step/data_wait_ms": ..., "gpu/power_w": ..., "alerts": [[step, text], ...],
   "profiles": {"mfu": [[step, value], ...], ...}}``: every ``tscope/roofline/<key>`` scalar of the run's event files
-  (the profiled steps and the automatic MFU windows, training stage) under its bare key, sorted by step; where no
-  event file holds a key, the profiled steps' header figures fill it. ``"profiles"`` holds the header figures of the
-  readable step files only (the page marks the profiled steps with them).
+  (the profiled steps and the automatic MFU windows, training stage) under its bare key, sorted by step; the step
+  monitor's ``tscope/step/<key>`` and ``tscope/gpu/<key>`` scalars as ``step/<key>`` and ``gpu/<key>``, and its
+  anomaly alerts (the text ``tscope/step/alerts``) under ``"alerts"``; where no event file holds a key, the profiled
+  steps' header figures fill it. ``"profiles"`` holds the header figures of the readable step files only (the page
+  marks the profiled steps with them).
 - ``ops(run_dir, step, stage, layer) -> {"ops": [...], "total": int, "note": str|None}``: the step's ops in execution
   order, those of ``layer`` and its sub-modules (``layer`` empty: all ops, at most ``OPS_CAP`` with a note).
 """
@@ -44,7 +47,8 @@ HINT = ("No tscope data in this log dir. Add the callback to your Trainer and tr
 _STEP_RE = re.compile(r"^(?:(?P<stage>[a-z]+)_)?step_(?P<step>\d+)\.json$")
 _NOT_STEPS = {"trace", "layers"}  # trace_step_<N>.json, layers_step_<N>.json: other outputs
 _FILE_ONLY = ("profile", "device_spec")
-_SERIES_PREFIX = "tscope/roofline/"
+_SERIES_PREFIXES = (("tscope/roofline/", ""), ("tscope/step/", "step/"), ("tscope/gpu/", "gpu/"))
+_ALERTS_TAG = "tscope/step/alerts"
 _HEADER_SERIES = ("mfu", "mbu", "hfu", "step_ms", "estimated_step_ms", "achieved_tflops", "tokens_per_s",
                   "samples_per_s", "memory_peak_bytes", "flop_coverage")
 
@@ -275,6 +279,25 @@ def ops(run_dir: str | os.PathLike, step: int, stage: str = "train", layer: str 
 
 
 # ---------------------------------------------------------------------------------------------------- series
+def _bare(tag: str) -> str | None:
+    """The series key of a scalar tag (``tscope/roofline/mfu`` -> ``mfu``, ``tscope/step/host_ms`` ->
+    ``step/host_ms``), None for other tags, other stages (``tscope/roofline/<stage>/<key>``) and tables."""
+    for pre, alias in _SERIES_PREFIXES:
+        if tag.startswith(pre):
+            rest = tag[len(pre):]
+            return None if not rest or "/" in rest else alias + rest
+    return None
+
+
+def _text_of(tensor: Any) -> str:
+    """The text of a text summary's tensor (TensorBoard's text plugin: a string tensor, one or more entries)."""
+    try:
+        vals = [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in tensor.string_val]
+    except Exception:
+        return ""
+    return "\n".join(v for v in vals if v).strip()
+
+
 class _EventReader:
     """One event file read incrementally: a file still being written is read from where the last call stopped."""
 
@@ -284,6 +307,7 @@ class _EventReader:
         self.ino, self.size = ino, -1
         self.loader = LegacyEventFileLoader(str(path))
         self.out: dict[str, list[list[float]]] = {}
+        self.alerts: list[list[Any]] = []  #: [step, text] of each ``tscope/step/alerts`` entry
 
     def read(self, size: int) -> dict[str, list[list[float]]]:
         if size == self.size:
@@ -295,10 +319,13 @@ class _EventReader:
                 if not ev.HasField("summary"):
                     continue
                 for v in ev.summary.value:
-                    if not v.tag.startswith(_SERIES_PREFIX):
+                    if v.tag.startswith(_ALERTS_TAG) and v.WhichOneof("value") == "tensor":
+                        text = _text_of(v.tensor)
+                        if text:
+                            self.alerts.append([int(ev.step), text])
                         continue
-                    bare = v.tag[len(_SERIES_PREFIX):]
-                    if "/" in bare:  # other stages (tscope/roofline/<stage>/<key>) and tables
+                    bare = _bare(v.tag)
+                    if bare is None:
                         continue
                     kind = v.WhichOneof("value")
                     if kind == "simple_value":
@@ -322,19 +349,20 @@ _READERS: dict[str, _EventReader] = {}
 _READERS_LOCK = threading.Lock()
 
 
-def _event_scalars(path: Path) -> dict[str, list[list[float]]]:
-    """``tscope/roofline/*`` scalars (training stage) of one event file, by bare key; read incrementally."""
+def _event_scalars(path: Path) -> tuple[dict[str, list[list[float]]], list[list[Any]]]:
+    """The series scalars of one event file (``tscope/roofline/*`` training stage, ``tscope/step/*``,
+    ``tscope/gpu/*``) by key (:func:`_bare`), and its alerts; read incrementally."""
     try:
         st = path.stat()
     except OSError:
-        return {}
+        return {}, []
     with _READERS_LOCK:
         r = _READERS.get(str(path))
         if r is None or r.ino != st.st_ino or st.st_size < r.size:  # new, replaced or truncated: from the start
             if len(_READERS) > 256:
                 _READERS.clear()
             r = _READERS[str(path)] = _EventReader(path, st.st_ino)
-        return r.read(st.st_size)
+        return r.read(st.st_size), list(r.alerts)
 
 
 def series(run_dir: str | os.PathLike) -> dict:
@@ -345,8 +373,11 @@ def series(run_dir: str | os.PathLike) -> dict:
         files = sorted(p for p in run_dir.iterdir() if p.name.startswith("events.out.tfevents"))
     except OSError:
         files = []
+    alerts: list[list[Any]] = []
     for f in files:
-        for k, pts in _event_scalars(f).items():
+        scalars, file_alerts = _event_scalars(f)
+        alerts += file_alerts
+        for k, pts in scalars.items():
             d = merged.setdefault(k, {})
             for s, v in pts:
                 d[int(s)] = v  # a later event at the same step wins, as in TensorBoard
@@ -369,4 +400,6 @@ def series(run_dir: str | os.PathLike) -> dict:
             d.setdefault(s, v)
     out: dict[str, Any] = {k: [[s, d[s]] for s in sorted(d)] for k, d in sorted(merged.items())}
     out["profiles"] = {k: [[s, d[s]] for s in sorted(d)] for k, d in sorted(profiles.items())}
+    if alerts:
+        out["alerts"] = sorted(alerts, key=lambda a: a[0])
     return out
