@@ -355,3 +355,20 @@ def test_alert_goes_to_wandb_and_the_log(tmp_path, monkeypatch, caplog) -> None:
     assert sent[0]["title"].startswith("Slow steps at step") and "layer 'block.1'" in sent[0]["text"]
     assert sent[0]["level"] == wandb.AlertLevel.WARN
     assert any("layer 'block.1'" in r.getMessage() for r in caplog.records)  # and the log line
+
+
+def test_no_silence_warning_and_validate_keeps_the_fits_state(recwarn) -> None:
+    class _WithVal(_Net):
+        def validation_step(self, batch, batch_idx):
+            return self.training_step(batch, batch_idx)
+
+        def val_dataloader(self):
+            return self.train_dataloader()
+
+    mon = StepMonitor()
+    trainer = _fit(_WithVal(_Flags(), slow="layer"), 45, mon, limit_val_batches=2, val_check_interval=1.0,
+                   limit_train_batches=100)
+    assert len(mon.alerts) == 1 and mon.last_breakdown
+    trainer.validate(trainer.lightning_module, verbose=False)
+    assert len(mon.alerts) == 1 and mon.last_breakdown  # setup("validate") resets nothing
+    assert not [w for w in recwarn if "StepMonitor" in str(w.message)]  # it has no schedule to explain

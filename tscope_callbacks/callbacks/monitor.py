@@ -1,10 +1,7 @@
-"""``StepMonitor``: an always-on step monitor -- where every step's time goes (data wait, host, device busy, idle),
-GPU power, clocks and energy, and a diagnostic profile when a step gets slow or the loss or gradient norm spikes.
-
-The maths is in ``analysis.anomaly`` (breakdown, triggers, what grew), the timing in ``callbacks.clock``
-(``BreakdownClock``: CUDA events read once complete, no host sync), NVML in ``devices.nvml`` and the per-layer host
-time of a diagnostic step in ``capture.module_clock``.
-"""
+"""``StepMonitor``: where every step's time goes (data wait, host, device busy, idle), GPU power, clocks and energy,
+and a diagnostic profile when a step gets slow or the loss or gradient norm spikes. The maths is in
+``analysis.anomaly``, the timing in ``callbacks.clock.BreakdownClock`` (CUDA events read once complete: no host
+sync), NVML in ``devices.nvml``, each layer's host time in ``capture.module_clock``."""
 
 from __future__ import annotations
 
@@ -118,6 +115,7 @@ class StepMonitor(ProfilingCallback):
         self.recent: deque[an.StepTimes] = deque(maxlen=self.window)  #: healthy clean steps
         self.interval: list[an.StepTimes] = []  #: steps since the last logging step
         self.alerts: list[dict[str, Any]] = []
+        self.contended: list[dict[str, Any]] = []
         self.transients = 0
         self.last_breakdown: dict[str, float] = {}
         self.input_fixes: list[str] = []
@@ -131,23 +129,21 @@ class StepMonitor(ProfilingCallback):
         self._snap: an.Snapshot | None = None  #: the diagnosis under way (its profile's step)
         self._confirm: list[an.StepTimes] = []  #: the clean steps after it
         self._layer_steps: list[dict[str, float]] = []  #: each layer's forward host time in those steps
-        self._slow_run: list[an.StepTimes] = []
-        self._slow_trigger_run: list[an.StepTimes] = []
-        self.contended: list[dict[str, Any]] = []
-        self._load_since: Any = None
-        self._load_snap: Any = None
+        self._slow_run, self._slow_trigger_run = [], []  # (StepTimes) the running slow run; the trigger's
+        self._load_since = self._load_snap = None  #: CPU counters (others' load over the diagnosis, the interval)
         self._load_healthy: float | None = None
         self._losses_pending: deque[tuple[int, Any, Any]] = deque(maxlen=64)
         self._tel: Any = None
         self.tel_last: dict[str, Any] = {}
-        self._guard: Any = None
-        self._guard_seen = 0
+        self._guard, self._guard_seen = None, 0  #: a NaN guard in the trainer, and its spikes seen
         self._loader: dict[str, Any] = {}
         self._input_told = self._witness_told = False
 
     # ------------------------------------------------------------------ setup
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if str(getattr(stage, "value", stage)) != "fit":
+            return  # validate/test/predict: the fit's alerts and breakdown stay
         dev = trainer.strategy.root_device
         self._reset(dev.type == "cuda")
         if self.cuda and self.telemetry:
@@ -389,6 +385,10 @@ class StepMonitor(ProfilingCallback):
                 self._witness_told = True
                 log.warning("tscope StepMonitor: %s (GPM tensor-pipe share vs FLOP-count MFU, step %d).", flag, gs)
         return out
+
+    @override
+    def _explain_silence(self, trainer: pl.Trainer, fn: str) -> None:
+        """Nothing to explain: the monitor has no profile schedule (its profiles are triggered)."""
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
