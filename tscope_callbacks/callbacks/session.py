@@ -11,7 +11,7 @@ import functools
 import logging
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,6 +19,12 @@ from tscope_callbacks.analysis.model_summary import batch_counts
 from tscope_callbacks.callbacks.sink_setup import build_sinks
 from tscope_callbacks.callbacks.sinks import NULL_SINK, Sink
 from tscope_callbacks.records import StepProfile
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from tscope_callbacks.callbacks.base import ProfilingCallback
+    from tscope_callbacks.capture.profile import Profile
 
 __all__ = ["ProfileContext", "Capture", "batch_signature", "signature_inputs", "batch_size", "gather_floats", "gather_objects", "running", "set_running", "abort",
            "sinks_for", "forget_trainer", "dirty_clocks", "register_clock", "replay_source", "after_capture"]
@@ -87,7 +93,7 @@ def batch_size(sig: tuple) -> tuple[int, int]:
     return batch_counts(signature_inputs(sig))
 
 
-def gather_floats(trainer: Any, values: list[float], device: Any = None) -> list[list[float]]:
+def gather_floats(trainer: pl.Trainer, values: list[float], device: Any = None) -> list[list[float]]:
     """One float list per rank (the one all-gather of the callbacks; every rank must call it at the same point).
     A single process returns ``[values]`` without any collective."""
     if trainer.world_size <= 1:
@@ -97,7 +103,7 @@ def gather_floats(trainer: Any, values: list[float], device: Any = None) -> list
     return [[float(v) for v in row] for row in g.reshape(trainer.world_size, len(values)).tolist()]
 
 
-def gather_objects(trainer: Any, obj: Any) -> list[Any]:
+def gather_objects(trainer: pl.Trainer, obj: Any) -> list[Any]:
     """One picklable object per rank (rare paths only: a bad step's analysis); ``[obj]`` on a single process."""
     if trainer.world_size <= 1:
         return [obj]
@@ -109,8 +115,8 @@ def gather_objects(trainer: Any, obj: Any) -> list[Any]:
 class Capture:
     """One capture shared by the callbacks due at the same step."""
 
-    def __init__(self, trainer: Any, stage: str, step: int, members: list, profile: Any, signature: tuple,
-                 reason: str, scheduled: bool, key: tuple = ()) -> None:
+    def __init__(self, trainer: pl.Trainer, stage: str, step: int, members: list[ProfilingCallback],
+                 profile: Profile | None, signature: tuple, reason: str, scheduled: bool, key: tuple = ()) -> None:
         self.trainer, self.stage, self.step, self.members = trainer, stage, step, members
         self.key = key  #: what a replay of this capture must share with it (stage, batch shapes, options)
         self.profile, self.signature, self.reason, self.scheduled = profile, signature, reason, scheduled
@@ -165,7 +171,7 @@ class Capture:
 _RUNNING: Capture | None = None
 #: per trainer: capture key -> the full CUDA capture later steps of that key are replayed from (None: replay failed
 #: for that key once; every later profile of it is a full capture)
-_SOURCES: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+_SOURCES: weakref.WeakKeyDictionary[Any, dict[tuple, Profile | None]] = weakref.WeakKeyDictionary()
 _SINKS: weakref.WeakKeyDictionary[Any, dict[bool, Sink]] = weakref.WeakKeyDictionary()
 _CLOCKS: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 
@@ -190,7 +196,7 @@ def abort() -> None:
             log.warning("tscope: error while stopping a profile: %s", e)
 
 
-def sinks_for(trainer: Any, raise_errors: bool) -> Sink:
+def sinks_for(trainer: pl.Trainer, raise_errors: bool) -> Sink:
     """The trainer's sink group, shared by its tscope callbacks (a failure is warned once). Ranks other than zero,
     and ``fast_dev_run`` (which, like Lightning's loggers and checkpoints, writes nothing), get a do-nothing sink."""
     if not trainer.is_global_zero or trainer.fast_dev_run:
@@ -201,24 +207,24 @@ def sinks_for(trainer: Any, raise_errors: bool) -> Sink:
     return groups[raise_errors]
 
 
-def register_clock(trainer: Any, clock: Any) -> None:
+def register_clock(trainer: pl.Trainer, clock: Any) -> None:
     """Clocks (anything with ``mark_dirty()``) told when the running interval holds non-training work."""
     clocks = _CLOCKS.setdefault(trainer, [])
     if clock not in clocks:
         clocks.append(clock)
 
 
-def dirty_clocks(trainer: Any) -> None:
+def dirty_clocks(trainer: pl.Trainer) -> None:
     for c in _CLOCKS.get(trainer, ()):
         c.mark_dirty()
 
 
-def replay_source(trainer: Any, key: tuple) -> Any:
+def replay_source(trainer: pl.Trainer, key: tuple) -> Profile | None:
     """The full capture a step of ``key`` can be replayed from (``capture.replay``), or None."""
     return _SOURCES.get(trainer, {}).get(key)
 
 
-def after_capture(trainer: Any, key: tuple, prof: Any, result: StepProfile | None) -> None:
+def after_capture(trainer: pl.Trainer, key: tuple, prof: Profile | None, result: StepProfile | None) -> None:
     """Keep a full capture with CUDA kernel records as the replay source of its key; a replay whose kernels did
     not match its source ends replays of that key (said once in the log)."""
     if prof is None or result is None or not key:
@@ -237,7 +243,7 @@ def after_capture(trainer: Any, key: tuple, prof: Any, result: StepProfile | Non
         sources[key] = prof
 
 
-def forget_trainer(trainer: Any) -> None:
+def forget_trainer(trainer: pl.Trainer) -> None:
     _SINKS.pop(trainer, None)
     _CLOCKS.pop(trainer, None)
     _SOURCES.pop(trainer, None)
