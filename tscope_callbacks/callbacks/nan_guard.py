@@ -102,7 +102,9 @@ class NaNGuardCallback(GuardedCallback):
     Attributes: ``events`` (list[NonFiniteEvent]), ``num_events``, ``skipped_steps``, ``alerts`` (alerts emitted on
     this rank), ``replays`` (replays run), ``mode`` ("deferred"/"immediate", decided at fit start), ``host_syncs``
     (flag reads that synchronized the host), ``spikes`` (gradient spikes: step, norm, median, ratio, layer, loss,
-    learning rate). Keys: text ``tscope/nan``, scalars ``tscope/nan/events``, ``tscope/grad_norm/*``.
+    learning rate), ``grad_history`` (the checked steps' norms, losses and learning rates: a
+    :class:`~tscope_callbacks.analysis.grad_history.GradHistory`), ``replay_blocker`` (why this fit's bad steps are
+    not replayed, or None). Keys: text ``tscope/nan``, scalars ``tscope/nan/events``, ``tscope/grad_norm/*``.
     """
 
     _passthrough = (NonFiniteError,)  #: action="raise" ends the fit on purpose
@@ -144,7 +146,7 @@ class NaNGuardCallback(GuardedCallback):
 
     @property
     def mode(self) -> str:
-        """"deferred" or "immediate": how this fit's flags reach the host (decided at fit start)."""
+        """How this fit's flags reach the host: "deferred" or "immediate" (decided at fit start)."""
         return self._state.mode
 
     @property
