@@ -35,6 +35,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 SHOTS = {
     "tensorboard_scalars.png": ("#scalars&tagFilter=tscope%2Froofline%2F&_smoothingWeight=0", "1400,1300"),
     "tensorboard_text.png": ("#text&tagFilter=tscope%2Froofline%2Ftable", "1600,1000"),
+    "tensorboard_images.png": ("#images&tagFilter=tscope%2F", "1400,700"),
 }
 
 

@@ -113,9 +113,9 @@ class LayerProfilerCallback(ProfilingCallback):
         sinks.log_table(key("rows"), layer_rows(layers), log_step)
         if self.plot:
             try:
-                from tscope_callbacks.render.plot import layer_bars
+                from tscope_callbacks.render.plot import card_layer_bars
 
-                sinks.log_figure(key("bars"), layer_bars(layers), log_step)
+                sinks.log_figure(key("bars"), card_layer_bars(layers), log_step)  # sized for the image card
             except Exception as e:
                 self.faults.report("drawing the layer bars", e)
         if self.save_json:

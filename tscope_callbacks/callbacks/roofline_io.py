@@ -211,10 +211,10 @@ def emit(step: AnalysedStep, sinks: Sink, ctx: ProfileContext, opts: EmitOptions
         sinks.log_scatter(key("roofline", "scatter"), rows, "intensity", "achieved_gflops_per_s", at,
                           title="layer roofline: intensity (FLOP/byte) vs achieved GFLOP/s")
         if opts.plot:
-            from tscope_callbacks.render.plot import figure
+            from tscope_callbacks.render.plot import card_figure
 
-            try:
-                sinks.log_figure(key("roofline", "plot"), figure(report), at)
+            try:  # sized for the logger's image card (TensorBoard shows it 350 px wide); report.plot() is full size
+                sinks.log_figure(key("roofline", "plot"), card_figure(report), at)
             except Exception as e:
                 faults.report("drawing the roofline plot", e)
 

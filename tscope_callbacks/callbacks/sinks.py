@@ -194,7 +194,7 @@ class FileSink(Sink):
         self._path(key, step, "md").write_text(markdown + "\n")
 
     def log_figure(self, key: str, figure: Any, step: int) -> None:
-        figure.savefig(self._path(key, step, "png"), dpi=100)
+        figure.savefig(self._path(key, step, "png"), dpi=figure.dpi)  # the pixels TensorBoard's image gets
 
     def alert(self, key: str, title: str, text: str, step: int, wait_s: float = 0.0) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)

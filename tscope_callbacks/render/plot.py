@@ -24,7 +24,8 @@ from matplotlib.ticker import FuncFormatter
 from tscope_callbacks.analysis.report import ReportLike, RoofUsed, StepReport, step_report_of
 from tscope_callbacks.records import LayerRecord
 
-__all__ = ["figure", "plot", "PHASE_COLORS", "PRECISION_COLORS"]
+__all__ = ["figure", "plot", "card_figure", "card_layer_bars", "displayed_font_px", "CARD_WIDTH_PX", "PHASE_COLORS",
+           "PRECISION_COLORS"]
 
 PHASE_COLORS = {"forward": "#1f77b4", "backward": "#ff7f0e", "recompute": "#9467bd", "optimizer": "#2ca02c"}
 PRECISION_COLORS = {"bf16": "#d62728", "fp16": "#e377c2", "tf32": "#17becf", "fp32": "#8c564b", "fp64": "#7f7f7f",
@@ -71,7 +72,18 @@ def _group_label(g: list[dict[str, Any]]) -> str:
     return f"{name} ({_SHORT.get(r.phase, r.phase)}) ×{len(g)}"
 
 
-def _place_labels(ax: Any, fig: Figure, pts: list[dict[str, Any]], n: int) -> None:
+def _shorten(label: str, max_chars: int) -> str:
+    """A long "a.b.c.d (bwd) ×2" label as its last path parts: "…c.d (bwd) ×2"."""
+    name, sep, tail = label.partition(" (")
+    parts = name.split(".")
+    while len(parts) > 1 and len(".".join(parts)) + len(sep + tail) + 1 > max_chars:
+        parts.pop(0)
+    short = ".".join(parts)
+    return (short if short == name else "…" + short) + sep + tail
+
+
+def _place_labels(ax: Any, fig: Figure, pts: list[dict[str, Any]], n: int, fontsize: float = 8,
+                  marker: tuple[float, float] = (25, 900), max_chars: int | None = None) -> None:
     """Label the n largest points (or groups of coinciding ones): per label, the first candidate offset whose box
     stays inside the axes and overlaps no marker, text, legend or earlier label (label boxes estimated from the
     text length; no draw needed, as the limits and the axes box are fixed)."""
@@ -81,15 +93,17 @@ def _place_labels(ax: Any, fig: Figure, pts: list[dict[str, Any]], n: int) -> No
     boxes = [tuple(a.get_window_extent(renderer).extents) for a in obstacles]
     for p in pts:  # the markers themselves are obstacles too
         x, y = ax.transData.transform((p["x"], p["y"]))
-        r = math.sqrt(25 + 900 * p["share"]) / 2 * px
+        r = math.sqrt(marker[0] + marker[1] * p["share"]) / 2 * px
         boxes.append((x - r, y - r, x + r, y + r))
     ax0, ay0, ax1, ay1 = ax.get_window_extent(renderer).extents
     offsets = [(8, 6), (8, -14), (-8, 6), (-8, -14), (14, 22), (14, -30), (-14, 22), (-14, -30), (24, 38), (24, -46),
                (-24, 38), (-24, -46), (0, 54), (0, -62), (-40, 20), (-40, -28)]
     for g in _groups(ax, pts, px)[:n]:
         p, label = g[0], _group_label(g)
+        if max_chars:
+            label = _shorten(label, max_chars)
         x, y = p["px"]
-        w, h = len(label) * 8 * 0.62 * px, 8 * 1.3 * px
+        w, h = len(label) * fontsize * 0.62 * px, fontsize * 1.3 * px
         best: tuple[float, tuple[int, int], tuple[float, float, float, float]] | None = None
         for dx, dy in offsets:  # first candidate without overlap, else the one overlapping least
             x0 = x + dx * px - (w if dx < 0 else 0)
@@ -106,7 +120,7 @@ def _place_labels(ax: Any, fig: Figure, pts: list[dict[str, Any]], n: int) -> No
         chosen = best[1]
         boxes.append(best[2])
         dx, dy = chosen
-        ax.annotate(label, (p["x"], p["y"]), xytext=(dx, dy), textcoords="offset points", fontsize=8,
+        ax.annotate(label, (p["x"], p["y"]), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
                     ha="right" if dx < 0 else "left", va="bottom", zorder=4,
                     arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.4"} if abs(dy) > 10 else None)
 
@@ -124,7 +138,8 @@ def _limits(pts: list[dict[str, Any]], roofs: Sequence[RoofUsed], bw: float) -> 
     return x_lo, x_hi, max(y_lo, y_hi * 1e-7), y_hi
 
 
-def _draw_roofs(ax: Any, roofs: Sequence[RoofUsed], bw: float, x_lo: float, x_hi: float) -> list[Line2D]:
+def _draw_roofs(ax: Any, roofs: Sequence[RoofUsed], bw: float, x_lo: float, x_hi: float,
+                ridge_fontsize: float | None = 7) -> list[Line2D]:
     """The memory slope up to the highest ridge, then one flat roof per precision from its ridge (achievable roofs
     dotted); returns the legend handles."""
     ridge_max = max((r.ridge for r in roofs), default=x_hi)
@@ -136,8 +151,9 @@ def _draw_roofs(ax: Any, roofs: Sequence[RoofUsed], bw: float, x_lo: float, x_hi
         peak = r.peak_flops / 1e12
         ax.plot([r.ridge, x_hi], [peak, peak], color=c, lw=1.8, ls=ls)
         ax.plot([r.ridge], [peak], marker="o", ms=5, color=c)
-        ax.annotate(f"ridge {r.ridge:.3g}", (r.ridge, peak), xytext=(-4, 4), textcoords="offset points",
-                    fontsize=7, ha="right", color=c)
+        if ridge_fontsize:
+            ax.annotate(f"ridge {r.ridge:.3g}", (r.ridge, peak), xytext=(-4, 4), textcoords="offset points",
+                        fontsize=ridge_fontsize, ha="right", color=c)
         kind = "matrix" if r.matrix else "vector"
         handles.append(Line2D([], [], color=c, ls=ls, lw=1.8, label=f"{r.precision} {kind} {peak:.4g} TFLOP/s"))
         a_peak, a_bw = r.achievable_peak_flops, r.achievable_bandwidth
@@ -242,4 +258,108 @@ def layer_bars(layers: Mapping[str, LayerRecord], top: int = 15, *, dpi: int = 1
     ax_m.legend(loc="lower right", fontsize=8)
     fig.suptitle(f"layers by self time (top {len(rows)})", fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+# Figures for a logger's image card. TensorBoard's Images tab shows an image 350 CSS px wide (measured in
+# TensorBoard 2.21, Chromium: the <img> box of every card, whatever the image's own size) until "Show actual image
+# size" is ticked; the full 1200 px plot is shrunk 3.4x there and its 8 pt labels read about 4 px. A card figure is
+# 3.5 in wide at 200 dpi (700 px: sharp on a 2x screen, halved on a 1x one), so 1 pt = 350 / (3.5 x 72) = 1.39 px on
+# the card: its smallest text, 8 pt, reads 11.1 px. Fewer labels (the 3 largest layers), no ridge labels, short
+# legends. ``report.plot(path)`` and ``figure`` keep the full-size figure.
+CARD_WIDTH_PX = 350  #: the width, in CSS px, at which TensorBoard's Images tab shows an image
+CARD_WIDTH_IN = 3.5
+CARD_DPI = 200
+CARD_FONT_PT = 8.0  #: the smallest text on a card figure
+
+
+def displayed_font_px(points: float, fig: Figure, width_px: float = CARD_WIDTH_PX) -> float:
+    """The height in screen px of a ``points`` font of ``fig`` when the image is shown ``width_px`` wide."""
+    return points * fig.dpi / 72.0 * width_px / (fig.get_figwidth() * fig.dpi)
+
+
+def _roof_label(r: RoofUsed) -> str:
+    return f"{r.precision} {'matrix' if r.matrix else 'vector'} {r.peak_flops / 1e12:.3g} TF/s"
+
+
+def card_figure(report: ReportLike, top_labels: int = 3) -> Figure:
+    """The roofline for a logger's image card (TensorBoard's Images tab, W&B media): 700 x 600 px, text 8 pt or more
+    (11 px or more at the card's 350 px), the 3 largest layer x phase points labelled."""
+    report = step_report_of(report)
+    fs = CARD_FONT_PT
+    fig = Figure(figsize=(CARD_WIDTH_IN, 3.0), dpi=CARD_DPI)
+    FigureCanvasAgg(fig)
+    fig.subplots_adjust(left=0.2, right=0.95, bottom=0.14, top=0.85)
+    ax = fig.add_subplot()
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    bw = report.summary.bandwidth
+    pts = _points(report)
+    x_lo, x_hi, y_lo, y_hi = _limits(pts, report.roofs, bw)
+    _draw_roofs(ax, report.roofs, bw, x_lo, x_hi, ridge_fontsize=None)
+    handles = [Line2D([], [], color="0.2", lw=1.5, label=f"memory {bw / 1e9:.3g} GB/s")]
+    handles += [Line2D([], [], color=PRECISION_COLORS.get(r.precision, "0.5"), ls="-" if r.matrix else "--", lw=1.5,
+                       label=_roof_label(r)) for r in report.roofs]
+    timed = report.timed
+    present = {p["row"].phase for p in pts}
+    for phase in [ph for ph in PHASE_COLORS if ph in present] + sorted(present - set(PHASE_COLORS)):
+        sel = [p for p in pts if p["row"].phase == phase]
+        c = PHASE_COLORS.get(phase, "0.5")
+        ax.scatter([p["x"] for p in sel], [p["y"] for p in sel], s=[10 + 250 * p["share"] for p in sel],
+                   facecolors=c if timed else "none", edgecolors=c if not timed else "black",
+                   linewidths=0.5 if timed else 1.2, alpha=0.75 if timed else 1.0, zorder=3,
+                   label=_SHORT.get(phase, phase))
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_ylim(y_lo, y_hi)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.tick_params(labelsize=fs)
+    ax.set_xlabel("FLOP / byte", fontsize=fs, labelpad=1)
+    ax.set_ylabel("TFLOP/s" + ("" if timed else " (estimated)"), fontsize=fs, labelpad=1)
+    ax.grid(True, which="major", color="0.9", lw=0.5)
+    s = report.summary
+    head = " · ".join(str(v) for v in ("roofline", s.device, f"step {s.step}" if s.step is not None else None) if v)
+    if timed:
+        sub = f"MFU {(s.mfu or 0):.1%} · MBU {(s.mbu or 0):.1%} · {(s.measured_step_s or 0) * 1e3:.4g} ms"
+    else:
+        sub = f"untimed (hollow) · estimated {s.estimated_step_s * 1e3:.4g} ms"
+    ax.set_title(f"{head}\n{sub}", fontsize=fs + 1)
+    leg = ax.legend(handles=handles, loc="upper left", fontsize=fs, handlelength=1.5, borderpad=0.3,
+                    labelspacing=0.2, framealpha=0.8)
+    ax.add_artist(leg)
+    if pts:
+        ax.legend(loc="lower right", fontsize=fs, markerscale=0.6, borderpad=0.3, labelspacing=0.2, handletextpad=0.2,
+                  framealpha=0.8)
+        _place_labels(ax, fig, pts, top_labels, fontsize=fs, marker=(10, 250), max_chars=22)
+    return fig
+
+
+def card_layer_bars(layers: Mapping[str, LayerRecord], top: int = 8) -> Figure:
+    """Per-layer forward/backward self time for a logger's image card: the ``top`` layers by self time, each name
+    above its bar (the full path at 8 pt: 11 px or more at the card's 350 px). Memory is in the layer table."""
+    rows = [L for p, L in layers.items() if p and (L.self_forward_s or L.self_backward_s)]
+    rows.sort(key=lambda L: -(L.self_forward_s + L.self_backward_s))
+    rows = rows[:top][::-1]
+    fs = CARD_FONT_PT
+    n = max(len(rows), 3)
+    fig = Figure(figsize=(CARD_WIDTH_IN, 0.36 * n + 0.85), dpi=CARD_DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    y = list(range(len(rows)))
+    fwd = [L.self_forward_s * 1e3 for L in rows]
+    bwd = [L.self_backward_s * 1e3 for L in rows]
+    ax.barh(y, fwd, height=0.4, align="edge", color="#4c72b0", label="forward")
+    ax.barh(y, bwd, left=fwd, height=0.4, align="edge", color="#dd8452", label="backward")
+    for i, L in enumerate(rows):
+        ax.text(0, i + 0.45, L.path, fontsize=fs, va="bottom", ha="left", clip_on=False)
+    ax.set_ylim(-0.15, n)
+    ax.set_yticks([])
+    ax.set_xlim(0, max((f + b for f, b in zip(fwd, bwd)), default=1.0) * 1.02 or 1.0)
+    ax.tick_params(labelsize=fs)
+    ax.set_xlabel("self time (ms)", fontsize=fs, labelpad=1)
+    ax.legend(loc="lower right", fontsize=fs, borderpad=0.3, labelspacing=0.2, framealpha=0.8)
+    ax.set_title(f"layers by self time (top {len(rows)})", fontsize=fs + 1)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout(pad=0.3)
     return fig
