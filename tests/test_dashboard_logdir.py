@@ -137,6 +137,25 @@ def test_series_from_the_event_files_and_the_headers(logdir: Path) -> None:
     assert not any(k.startswith("model.") for k in s)
 
 
+def test_series_holds_the_step_monitors_scalars_and_alerts(tmp_path: Path) -> None:
+    """``tscope/step/*`` and ``tscope/gpu/*`` become ``step/<key>`` and ``gpu/<key>``; the text ``tscope/step/alerts``
+    (torch's add_text writes it as ``tscope/step/alerts/text_summary``) becomes ``alerts``: [step, text]."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    w = SummaryWriter(str(tmp_path))
+    for st in (10, 20):
+        w.add_scalar("tscope/step/data_wait_ms", st / 10, st)
+        w.add_scalar("tscope/gpu/power_w", 300.0 + st, st)
+        w.add_scalar("tscope/step/sub/key", 1.0, st)  # deeper keys are not series
+    w.add_text("tscope/step/alerts", "steps 30-34 took 33 ms: host time grew", 34)
+    w.add_text("tscope/nan", "not an alert", 34)
+    w.close()
+    s = ld.series(tmp_path)
+    assert s["step/data_wait_ms"] == [[10, 1.0], [20, 2.0]] and s["gpu/power_w"] == [[10, 310.0], [20, 320.0]]
+    assert s["alerts"] == [[34, "steps 30-34 took 33 ms: host time grew"]]
+    assert not any(k.startswith("step/sub") for k in s)
+
+
 # ------------------------------------------------------------------------------------------------ plugin routes
 @pytest.fixture()
 def client(logdir: Path):

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 
 import pytest
 
@@ -384,3 +385,224 @@ def test_wandb_gets_the_page_at_each_profile(tmp_path, monkeypatch):
     assert len(pages) == 2, pages  # steps 1 and 4
     text = pages[-1].read_text(encoding="utf-8")
     assert text.startswith("<!DOCTYPE html>") and 'data-tscope-step="run/train/' in text and "<script src" not in text
+
+
+# ---------- measured or not; the report's optional sections; the step monitor; new steps ----------
+
+def _mlp_profile(layer_details: bool):
+    import torch
+
+    import tscope_callbacks as ts
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    with ts.profile(model, layer_details=layer_details) as prof:
+        model(torch.randn(16, 32)).sum().backward()
+    return model, prof.result, ts.get_device_spec("NVIDIA A100-SXM4-80GB")
+
+
+_LAYER_MEMORY = ("memory_fwd_bytes", "memory_bwd_bytes", "peak_fwd_bytes", "peak_bwd_bytes", "saved_bytes")
+
+
+def test_layer_memory_is_null_when_not_measured():
+    """Without layer details the capture's memory tracker does not run and leaves the per-layer memory at 0: the
+    report says null (not measured), and reads back null; with layer details the measured bytes stay."""
+    from tscope_callbacks.analysis.analyze import analyze
+    from tscope_callbacks.analysis.report import StepReport
+
+    _, res, spec = _mlp_profile(False)
+    d = analyze(res, spec).to_dict()
+    assert d["layers"] and all(L[k] is None for L in d["layers"] for k in _LAYER_MEMORY)
+    assert StepReport.from_dict(json.loads(json.dumps(d))).to_dict()["layers"] == d["layers"]
+    _, res, spec = _mlp_profile(True)
+    layers = {L["path"]: L for L in analyze(res, spec).to_dict()["layers"]}
+    # Linear(32, 64) forward on 16 rows creates its 16 x 64 fp32 output: 4,096 bytes of growth (a multiple of 512)
+    assert layers["0"]["memory_fwd_bytes"] == 16 * 64 * 4
+    assert all(isinstance(L[k], int) for L in layers.values() for k in _LAYER_MEMORY)
+
+
+def test_layer_memory_kept_when_the_tracker_ran():
+    """GPU semantics: a profile whose memory tracker ran (its step_tracked_peak is set, as on CUDA with layer
+    details) keeps every layer's figures, zeros included (a measured zero)."""
+    from tests.profiles import a100, toy_profile
+    from tscope_callbacks.analysis.analyze import analyze
+
+    p = toy_profile(True)
+    p.meta["device"] = "cuda"
+    p.meta["memory_categories"] = {"params": 1 << 20, "grads": 1 << 20, "step_tracked_peak": 3 << 20}
+    p.layers["blocks.0.fc"].memory_fwd_bytes = 1 << 25
+    layers = {L.path: L for L in analyze(p, a100()).layers}
+    assert layers["blocks.0.fc"].memory_fwd_bytes == 1 << 25 and layers["blocks.1.fc"].memory_fwd_bytes == 0
+    del p.meta["memory_categories"]["step_tracked_peak"]
+    assert analyze(p, a100()).layers[0].memory_fwd_bytes is None
+
+
+def _sections_logdir(root):
+    """A run whose step carries every optional section, each from its own code path (the FSDP what-if, an eager
+    reference, a what-if device, a gradient spike from GradHistory, the step monitor's data wait), and an event file
+    with the step monitor's series and one anomaly alert."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    import tscope_callbacks as ts
+    from tscope_callbacks.analysis.analyze import AnalyzeOptions, analyze
+    from tscope_callbacks.analysis.fsdp import fsdp_whatif
+    from tscope_callbacks.analysis.grad_history import GradHistory
+
+    model, res, spec = _mlp_profile(True)
+    res.meta["step"] = 5
+    res.meta["step_breakdown"] = {"data_wait_ms": 2.5}  # the step monitor's median data wait
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CPU times on an A100's roofs: the what-if warning, said once per process
+        fsdp = fsdp_whatif(ts.roofline(res, spec), model, 8)
+    hist = GradHistory(min_steps=3, spike_factor=5.0)
+    names = ["0.weight", "0.bias", "2.weight", "2.bias"]
+    for i in range(4):
+        hist.add(i, names, [1.0, 0.1, 1.0, 0.1])
+    spike = hist.add(4, names, [1.0, 0.1, 40.0, 0.1])
+    assert spike is not None and spike["layer"] == "2"
+    rep = analyze(res, spec, AnalyzeOptions(what_if="a 2-core CPU", fsdp_whatif=fsdp, eager=analyze(res, spec),
+                                            grad_spikes=(spike,))).to_dict()
+    run = root / "sec"
+    (run / "tscope").mkdir(parents=True)
+    (run / "tscope" / "step_5.json").write_text(json.dumps({"profile": None, "device": None, "report": rep}))
+    w = SummaryWriter(str(run))
+    for st in range(10, 101, 10):
+        slow = st >= 60
+        w.add_scalar("tscope/step/data_wait_ms", 9.0 if slow else 0.5, st)
+        w.add_scalar("tscope/step/host_ms", 20.0, st)
+        w.add_scalar("tscope/step/device_busy_ms", 18.0, st)
+        w.add_scalar("tscope/step/idle_ms", 11.0 if slow else 2.5, st)
+        w.add_scalar("tscope/gpu/energy_j_per_token", 0.02 + st / 1e4, st)
+        w.add_scalar("tscope/gpu/power_w", 350.0 - st, st)
+        w.add_scalar("tscope/gpu/sm_clock_mhz", 1980.0 - (300 if slow else 0), st)
+    w.add_text("tscope/step/alerts", "steps 60-64 took 36 ms: data wait 0.5 -> 9 ms", 65)
+    w.close()
+    return rep
+
+
+def test_unmeasured_layer_memory_shows_a_dash(driver, tmp_path):
+    from tscope_callbacks.analysis.analyze import analyze
+
+    _, res, spec = _mlp_profile(False)
+    page = tmp_path / "nomem.html"
+    page.write_text(report_html(analyze(res, spec), run="nomem"), encoding="utf-8")
+    driver.get(page.as_uri())
+    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    driver.find_element("css selector", "#tree-expand").click()
+    rows = driver.find_elements("css selector", "#tree-table tr.tree-row")
+    assert len(rows) == 4  # (model), 0, 1, 2
+    for r in rows:
+        cells = r.find_elements("css selector", "td")
+        for c in cells[8:10]:  # mem fwd, mem bwd
+            assert c.text == "–" and "not measured" in c.get_attribute("title")
+    assert "0 B" not in driver.find_element("css selector", "#tree-table").text
+
+
+def test_sections_and_step_monitor_are_shown(driver, tmp_path):
+    rep = _sections_logdir(tmp_path)
+    page = tmp_path / "sec.html"
+    page.write_text(run_html(str(tmp_path)), encoding="utf-8")
+    driver.get(page.as_uri())
+    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    css = lambda sel: driver.find_elements("css selector", sel)  # noqa: E731
+    # compiled vs eager: one row per layer and the total, speedup = eager / compiled
+    rows = css("#cve-table tr[data-layer]")
+    assert [r.get_attribute("data-layer") for r in rows] == [x["layer"] for x in rep["compiled_vs_eager"]]
+    total = rows[-1].find_elements("css selector", "td")
+    t = rep["compiled_vs_eager"][-1]
+    assert total[1].text == sig(t["compiled_ms"]) and total[3].text == sig(t["speedup"]) + "x"
+    # the FSDP what-if: its per-GPU peak, and the collectives
+    assert css("#fsdp-panel")[0].is_displayed()
+    peak = driver.find_element("css selector", '#fsdp-memory [data-key="peak"]').text
+    assert peak == fmt_figure({"value": rep["fsdp_whatif"]["memory"]["peak"], "unit": "B"})
+    assert "all gather" in driver.find_element("css selector", "#fsdp-comm").text
+    # the what-if device
+    banner = driver.find_element("css selector", "#whatif-banner").text
+    assert "a 2-core CPU" in banner and rep["what_if"]["roofs_of"] in banner
+    # the gradient spike: step, layer and the norm ratio
+    sp = rep["grad_spikes"][0]
+    cells = [c.text for c in driver.find_elements("css selector", "#spike-table tr.spike td")]
+    assert cells[:3] == ["4", "2", sig(sp["ratio"]) + "x"]
+    # input-bound time in the time split: 2.5 ms of data wait
+    assert "input-bound (data wait)" in driver.find_element("css selector", "#split").text
+    assert "2.5 ms" in driver.find_element("css selector", "#split").text
+    # the step monitor's series, read through logdir.series; the alert at its step
+    lines = css("#charts [data-series=step_breakdown] path[data-line]")
+    assert sorted(x.get_attribute("data-line") for x in lines) == sorted(
+        ["step/data_wait_ms", "step/host_ms", "step/device_busy_ms", "step/idle_ms"])
+    for k in ("energy_per_token", "power", "sm_clock"):
+        assert len(css(f"#charts [data-series={k}] svg circle")) == 10, k
+    # a mark on each chart whose steps span step 65: the monitor's four (10-100), not MFU, step time and samples/s
+    # (their one point, step 5)
+    marked = [m.find_element("xpath", "ancestor::div[@data-series]").get_attribute("data-series")
+              for m in css("#charts line.alert-mark[data-step='65']")]
+    assert sorted(marked) == ["energy_per_token", "power", "sm_clock", "step_breakdown"]
+    alert = driver.find_element("css selector", "#alerts li.alert[data-step='65']").text
+    assert "data wait 0.5 -> 9 ms" in alert
+    assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_sections_absent_are_not_shown(driver, fit_logdir, page_file):
+    driver.get(page_file.as_uri())
+    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    rep = _shown_report(fit_logdir)
+    assert rep["compiled_vs_eager"] is None and rep["fsdp_whatif"] is None and rep["what_if"] is None
+    for sel in ("#cve-panel", "#fsdp-panel"):
+        assert not driver.find_element("css selector", sel).is_displayed()
+    assert not driver.find_elements("css selector", "#whatif-banner, #spike-table, #charts [data-series=power]")
+    assert "no gradient spike" in driver.find_element("css selector", "#nan").text
+
+
+def test_tensorboard_mode_picks_up_new_steps(driver, fit_logdir, tmp_path):
+    """The fetching page polls ``runs`` (every 10 s while visible): a step written after it opened joins the step
+    selector, and the step the user picked stays selected."""
+    import threading
+
+    from selenium.webdriver.support.ui import Select
+
+    from tscope_callbacks.cli.view import serve
+
+    root, run_dir, steps = fit_logdir
+    live = tmp_path / "live"
+    shutil.copytree(root, live)
+    live_run = live / run_dir.relative_to(root)
+    ready = threading.Event()
+    threading.Thread(target=serve, args=(str(live), "127.0.0.1", 0), kwargs={"ready": ready}, daemon=True).start()
+    assert ready.wait(10)
+    try:
+        driver.get(f"http://127.0.0.1:{ready.port}/")
+        _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+        assert driver.execute_script("return window.tscopeDashboard.state.pollMs") == 10000
+        Select(driver.find_element("css selector", "#step-select")).select_by_value(f"train:{steps[0]}")
+        _wait(driver, lambda d: d.execute_script("return window.tscopeDashboard.state.rep.step") == steps[0])
+        new = steps[-1] + 100
+        shutil.copy(live_run / "tscope" / f"step_{steps[-1]}.json", live_run / "tscope" / f"step_{new}.json")
+        changed = driver.execute_async_script(
+            "const done = arguments[arguments.length - 1]; window.tscopeDashboard.poll().then(done);")
+        assert changed is True
+        values = [o.get_attribute("value") for o in Select(driver.find_element("css selector", "#step-select")).options]
+        assert f"train:{new}" in values
+        assert driver.find_element("css selector", "#step-select").get_attribute("value") == f"train:{steps[0]}"
+        assert driver.execute_script("return window.tscopeDashboard.state.step") == steps[0]
+        assert driver.execute_async_script(
+            "const done = arguments[arguments.length - 1]; window.tscopeDashboard.poll().then(done);") is False
+    finally:
+        ready.server.shutdown()
+
+
+def test_fresh_fit_writes_version_2_step_files_read_without_reanalysis(fit_logdir, monkeypatch):
+    """The callbacks write ``{"profile", "device", "report": StepReport.to_dict()}``; the dashboard reads the report
+    as it is (the version-1 path, which re-analyses a profile, is never taken)."""
+    _, run_dir, steps = fit_logdir
+
+    def no_reanalysis(path):
+        raise AssertionError(f"version-1 re-analysis taken for {path}")
+
+    monkeypatch.setattr(ld, "_legacy", no_reanalysis)
+    for st in steps:
+        path = run_dir / "tscope" / f"step_{st}.json"
+        raw = json.loads(path.read_text())
+        assert set(raw) == {"profile", "device", "report"}
+        assert raw["report"]["schema"] == "tscope.step_report" and raw["report"]["version"] == 2
+        d = ld.read_step_file(path)
+        assert d["header"] == raw["report"]["header"] and d["step"] == st

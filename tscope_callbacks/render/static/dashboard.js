@@ -147,7 +147,7 @@
         h("label", {}, "step", h("select", {id: "step-select", onchange: (e) => selectStep(e.target.value)})),
         h("label", {}, "diff with", h("select", {id: "diff-select", onchange: (e) => selectDiff(e.target.value)})),
         h("span", {id: "device"})),
-      h("div", {id: "banner"}),
+      h("div", {id: "banner"}), h("div", {id: "whatif"}),
       h("section", {id: "cards"}),
       h("div", {class: "grid2"},
         h("div", {class: "panel", id: "roof-panel"},
@@ -169,8 +169,11 @@
         h("div", {class: "panel", id: "mem-panel"}, h("h2", {text: "Memory by category"}), h("div", {class: "basis", id: "mem-basis"}), h("div", {id: "mem"})),
         h("div", {class: "panel", id: "nan-panel"}, h("h2", {text: "NaN / Inf and gradient spikes"}), h("div", {class: "basis", id: "nan-basis"}), h("div", {id: "nan"}))),
       h("div", {class: "panel", id: "comm-panel", style: "display:none"}, h("h2", {text: "Communication"}), h("div", {id: "comm"})),
+      h("div", {class: "panel", id: "cve-panel", style: "display:none"}, h("h2", {text: "Compiled vs eager"}),
+        h("div", {class: "basis", text: "per layer: op time of the compiled step and of its eager reference; speedup = eager / compiled; % of roof of the compiled layer"}), h("div", {id: "cve"})),
+      h("div", {class: "panel", id: "fsdp-panel", style: "display:none"}, h("h2", {text: "FSDP what-if"}), h("div", {class: "basis", id: "fsdp-basis"}), h("div", {id: "fsdp"})),
       h("div", {class: "panel", id: "series-panel"}, h("h2", {text: "Over the run"}),
-        h("div", {class: "basis", text: "profiled steps and the callbacks' automatic windows"}), h("div", {class: "charts", id: "charts"})),
+        h("div", {class: "basis", text: "profiled steps and the callbacks' automatic windows; the step monitor's breakdown and GPU telemetry at its logging steps, when the run has them; red lines: anomaly alerts"}), h("div", {class: "charts", id: "charts"}), h("div", {id: "alerts"})),
       h("div", {class: "panel", id: "diff-panel"}, h("h2", {text: "Step diff"}), h("div", {id: "diff"},
         h("div", {class: "empty", text: "choose a step to compare in “diff with”"}))),
       h("div", {id: "tooltip"}));
@@ -264,6 +267,9 @@
     drawMemory(r);
     drawNaN(r);
     drawComm(r);
+    drawCompiled(r);
+    drawFsdp(r);
+    drawWhatIf(r);
     if (S.cmp) selectDiff(S.cmp.stage + ":" + S.cmp.step);
     requestAnimationFrame(() => { window.tscopePainted = performance.now(); document.body.setAttribute("data-ready", "1"); });
   }
@@ -526,7 +532,8 @@
     const root = TREE.info || {};
     const stepT = (root.forward_s || 0) + (root.backward_s || 0) || 1e-30;
     TREE.scale = Math.max(stepT, ...TREE.kids.map((k) => { const t = nodeTimes(k); return (t.ft || t.fs) + (t.bt || t.bs); }), 1e-30);
-    $("#tree-basis").textContent = "forward / backward time self and total (total includes children) from the layer hooks; bar = total time (blue fwd, orange bwd); memory = allocator growth while the layer ran";
+    $("#tree-basis").textContent = "forward / backward time self and total (total includes children) from the layer hooks; bar = total time (blue fwd, orange bwd); memory = allocator growth while the layer ran" +
+      ((r.layers || []).some((L) => !num(L.memory_fwd_bytes)) ? " (not measured in this step: –)" : "");
     const tb = h("table", {class: "t", id: "tree-table"});
     tb.append(h("tr", {}, ["layer", "", "fwd self ms", "fwd total ms", "bwd self ms", "bwd total ms", "FLOPs", "bytes", "mem fwd", "mem bwd", "params", "input shapes", "output shapes", "grad out shapes", "NaN"].map((c, i) => h("th", {class: i >= 2 && i <= 10 ? "n" : null, text: c}))));
     el.append(tb);
@@ -541,6 +548,17 @@
     for (const n of rows) insertNode(tb, null, n, 0, openDepth);
   }
   const KIDS_SHOWN = 100;
+  /* layer times: "–" in an untimed step (an analysis without timing leaves them at 0, which is not a measurement) */
+  function timeCell(v) {
+    if (S.rep && (S.rep.summary || {}).timed === false) return h("td", {class: "n muted", "data-unmeasured": "1", title: "untimed step: layer times not measured", text: "–"});
+    return h("td", {class: "n", text: F.ms(v)});
+  }
+  const NOT_MEASURED = "not measured in this step: per-layer memory needs a profile with layer details";
+  /* a memory figure: "–" with the reason when it was not measured (null), never a 0 that was not measured */
+  function memCell(v, peak) {
+    if (!num(v)) return h("td", {class: "n muted", "data-unmeasured": "1", title: NOT_MEASURED, text: "–"});
+    return h("td", {class: "n", title: num(peak) ? "peak above the start: " + F.bytes(peak) : null, text: F.bytes(v)});
+  }
   function treeRow(n, depth) {
     const L = n.info || {}, t = nodeTimes(n);
     const tot = (t.ft != null ? t.ft : t.fs) + (t.bt != null ? t.bt : t.bs);
@@ -555,10 +573,9 @@
         h("span", {class: "tg", text: n.kids.length ? "▸" : ""}), h("span", {class: "p", text: name}), h("span", {class: "ty", text: L.type || (n.row && n.row.type) || ""}))),
       h("td", {}, h("span", {class: "tbar", title: F.time(tot)}, h("span", {class: "f", style: "left:0;width:" + Math.min(100, fw).toFixed(1) + "%"}),
         h("span", {class: "b", style: "left:" + Math.min(100, fw).toFixed(1) + "%;width:" + Math.min(100 - Math.min(100, fw), bw).toFixed(1) + "%"}))),
-      h("td", {class: "n", text: F.ms(t.fs)}), h("td", {class: "n", text: F.ms(t.ft)}),
-      h("td", {class: "n", text: F.ms(t.bs)}), h("td", {class: "n", text: F.ms(t.bt)}),
+      timeCell(t.fs), timeCell(t.ft), timeCell(t.bs), timeCell(t.bt),
       h("td", {class: "n", text: F.flops(flops)}), h("td", {class: "n", text: F.bytes(bytes)}),
-      h("td", {class: "n", text: F.bytes(L.memory_fwd_bytes)}), h("td", {class: "n", text: F.bytes(L.memory_bwd_bytes)}),
+      memCell(L.memory_fwd_bytes, L.peak_fwd_bytes), memCell(L.memory_bwd_bytes, L.peak_bwd_bytes),
       h("td", {class: "n", text: num(L.num_parameters) ? F.count(L.num_parameters, "").trim() : "–"}),
       h("td", {class: "mono muted", text: F.shapes(L.input_shapes)}), h("td", {class: "mono muted", text: F.shapes(L.output_shapes)}),
       h("td", {class: "mono muted", text: F.shapes(L.grad_output_shapes), title: L.grad_input_shapes && L.grad_input_shapes.length ? "grad input: " + F.shapes(L.grad_input_shapes) : null}),
@@ -615,7 +632,7 @@
   /* ---------- time split, memory, NaN, communication ---------- */
   const SPLIT = [["compute_bound_s", "compute-bound", "#1a73e8"], ["memory_bound_s", "memory-bound", "#e8710a"],
     ["communication_s", "communication", "#9334e6"], ["uncounted_s", "uncounted ops", "#d93025"], ["overhead_s", "overhead", "#80868b"],
-    ["idle_s", "idle", "#dadce0"], ["input_s", "input", "#188038"]];
+    ["idle_s", "idle", "#dadce0"], ["input_s", "input-bound (data wait)", "#188038"]];
   function stacked(el, parts, fmt) {
     const total = parts.reduce((a, p) => a + (p[1] || 0), 0) || 1e-30;
     const bar = h("div", {class: "stack"});
@@ -659,13 +676,76 @@
     const el = $("#nan");
     el.innerHTML = "";
     const ev = r.nonfinite || [];
-    $("#nan-basis").textContent = "non-finite outputs or gradients per layer, and the op and source line where known";
-    if (!ev.length) { el.append(h("div", {class: "empty", text: "none in this step"})); return; }
+    $("#nan-basis").textContent = "non-finite outputs or gradients per layer, and the op and source line where known; gradient spikes: the global norm over the median of the checked steps before it";
+    drawSpikes(el, r.grad_spikes || []);
+    if (!ev.length) { el.prepend(h("div", {class: "empty", text: "no NaN / Inf in this step"})); return; }
     const tb = h("table", {class: "t", id: "nan-table"});
     tb.append(h("tr", {}, ["step", "kind", "layer", "op", "phase", "line"].map((c) => h("th", {text: c}))));
     for (const e of ev) tb.append(h("tr", {}, h("td", {text: e.step != null ? e.step : ""}), h("td", {class: "flag", text: e.kind || ""}),
       h("td", {class: "mono", text: e.layer || ""}), h("td", {class: "mono", text: e.op || ""}), h("td", {text: e.phase || ""}), h("td", {class: "mono muted", style: "white-space:normal", text: e.line || ""})));
-    el.append(h("div", {class: "scroll"}, tb));
+    el.prepend(h("div", {class: "scroll"}, tb));
+  }
+  function drawSpikes(el, sp) {
+    if (!sp.length) { el.append(h("div", {class: "empty", text: "no gradient spike up to this step"})); return; }
+    const tb = h("table", {class: "t", id: "spike-table"});
+    tb.append(h("tr", {}, [["step"], ["layer that grew most"], ["norm / median", 1], ["layer / its median", 1], ["norm", 1], ["median", 1], ["loss", 1]].map(([c, n]) => h("th", {class: n ? "n" : null, text: c}))));
+    for (const x of sp) tb.append(h("tr", {class: "spike", "data-step": x.step},
+      h("td", {text: x.step != null ? x.step : ""}), h("td", {class: "mono", text: x.layer == null ? "–" : (x.layer || "(root)")}),
+      h("td", {class: "n flag", text: num(x.ratio) ? sig(x.ratio) + "x" : "–"}), h("td", {class: "n", text: num(x.layer_ratio) ? sig(x.layer_ratio) + "x" : "–"}),
+      h("td", {class: "n", text: sig(x.norm)}), h("td", {class: "n", text: sig(x.median)}), h("td", {class: "n", text: sig(x.loss)})));
+    el.append(h("h2", {text: "Gradient spikes (" + sp.length + ")", style: "margin-top:8px"}), h("div", {class: "scroll", style: "max-height:200px"}, tb));
+  }
+  /* ---------- compiled vs eager, FSDP what-if, what-if ---------- */
+  function drawCompiled(r) {
+    const p = $("#cve-panel"), el = $("#cve");
+    el.innerHTML = "";
+    const rows = r.compiled_vs_eager || [];
+    p.style.display = rows.length ? "" : "none";
+    if (!rows.length) return;
+    const tb = h("table", {class: "t", id: "cve-table"});
+    tb.append(h("tr", {}, ["layer", "compiled ms", "eager ms", "speedup", "% of roof", "ops compiled / eager"].map((c, i) => h("th", {class: i ? "n" : null, text: c}))));
+    for (const x of rows.slice(0, 40)) tb.append(h("tr", {"data-layer": x.layer, class: x.layer === "(total)" ? "total" : null},
+      h("td", {class: "mono", text: x.layer}), h("td", {class: "n", text: num(x.compiled_ms) ? sig(x.compiled_ms) : "–"}),
+      h("td", {class: "n", text: num(x.eager_ms) ? sig(x.eager_ms) : "–"}),
+      h("td", {class: "n " + (num(x.speedup) ? (x.speedup >= 1 ? "chg-good" : "chg-bad") : ""), text: num(x.speedup) ? sig(x.speedup) + "x" : "–"}),
+      h("td", {class: "n", text: F.pct(x.compiled_pct_of_roof)}), h("td", {class: "n muted", text: (x.compiled_ops != null ? x.compiled_ops : "–") + " / " + (x.eager_ops != null ? x.eager_ops : "–")})));
+    if (rows.length > 40) tb.append(h("tr", {}, h("td", {colspan: 6, class: "muted", text: (rows.length - 40) + " more layers"})));
+    el.append(h("div", {class: "scroll", style: "max-height:320px"}, tb));
+  }
+  function drawFsdp(r) {
+    const p = $("#fsdp-panel"), el = $("#fsdp");
+    el.innerHTML = "";
+    const w = r.fsdp_whatif;
+    p.style.display = w ? "" : "none";
+    if (!w) return;
+    $("#fsdp-basis").textContent = "this step's per-GPU memory, collectives and step time, modelled under FSDP2 over " + w.n + " GPUs" +
+      (w.shard_size && w.shard_size !== w.n ? " (HSDP: shard groups of " + w.shard_size + ")" : "") + (w.link ? " on " + w.link + (num(w.link_bandwidth) ? " (" + F.bw(w.link_bandwidth) + ")" : "") : "") + "; an estimate, not a measurement";
+    const wrap = h("div", {class: "grid3"});
+    el.append(wrap);
+    const fmt = (sect, k, v) => typeof v === "string" ? v : typeof v === "boolean" ? (v ? "yes" : "no") :
+      (k === "share" || k === "mfu" || /frac/.test(k)) ? F.pct(Math.abs(v) < 1e-9 ? 0 : v) : /_s$/.test(k) ? F.time(v) : sect === "memory" ? F.bytes(v) : sig(v);
+    for (const [sect, title, id] of [["memory", "memory per GPU", "fsdp-memory"], ["time", "step time per GPU", "fsdp-time"]]) {
+      const obj = w[sect];
+      if (!obj || typeof obj !== "object") continue;
+      const box = h("div", {class: "kv", id, style: "grid-template-columns:auto auto"});
+      for (const [k, v] of Object.entries(obj)) if (k !== "basis" && (v == null || typeof v !== "object"))
+        box.append(h("span", {text: k.replace(/_s$/, "").replace(/_/g, " ")}), h("span", {class: "n", "data-key": k, text: v == null ? "–" : fmt(sect, k, v)}));
+      wrap.append(h("div", {}, h("h2", {text: title, style: "margin-top:6px"}), box, obj.basis ? h("div", {class: "muted", text: obj.basis}) : null));
+    }
+    const comm = w.comm || {};
+    const tb = h("table", {class: "t", id: "fsdp-comm"});
+    tb.append(h("tr", {}, ["collective", "calls", "bytes"].map((c, i) => h("th", {class: i ? "n" : null, text: c}))));
+    for (const [k, v] of Object.entries(comm)) if (v && typeof v === "object") tb.append(h("tr", {}, h("td", {text: k.replace(/_/g, " ")}), h("td", {class: "n", text: sig(v.calls)}), h("td", {class: "n", text: F.bytes(v.bytes)})));
+    wrap.append(h("div", {}, h("h2", {text: "collectives per step", style: "margin-top:6px"}), tb));
+  }
+  function drawWhatIf(r) {
+    const el = $("#whatif");
+    el.innerHTML = "";
+    const w = r.what_if;
+    if (!w) return;
+    el.append(h("div", {class: "banner hint", id: "whatif-banner", "data-measured-on": w.measured_on, "data-roofs-of": w.roofs_of,
+      text: "What-if: the times were measured on " + w.measured_on + " and are placed on the roofs of " + w.roofs_of +
+        ". MFU and % of roof read the step as if it had run on " + w.roofs_of + " at the measured speed; the expected times are " + w.roofs_of + "'s."}));
   }
   function fmtKey(k, v) {
     if (!num(v)) return v == null ? "–" : typeof v === "object" ? Object.entries(v).map(([a, n]) => a + " ×" + n).join(", ") : String(v);
@@ -699,20 +779,40 @@
   }
 
   /* ---------- over-time charts ---------- */
+  const BREAKDOWN = [["step/data_wait_ms", "data wait", "#188038"], ["step/host_ms", "host", "#1a73e8"],
+    ["step/device_busy_ms", "device busy", "#e8710a"], ["step/idle_ms", "idle", "#80868b"]];
   async function drawSeries() {
     const el = $("#charts");
-    el.innerHTML = "";
     const ser = await API.series(S.run) || {};
-    const specs = [["mfu", "MFU", F.pct], ["step_ms", "step time", (v) => F.time(v / 1e3)], ["tokens_per_s", "tokens/s", (v) => F.count(v, "")]];
+    S.series = ser;
+    el.innerHTML = "";
+    const alerts = Array.isArray(ser.alerts) ? ser.alerts : [];
+    const ms = (v) => F.time(v / 1e3);
+    const specs = [["mfu", "MFU", F.pct], ["step_ms", "step time", ms], ["tokens_per_s", "tokens/s", (v) => F.count(v, "")]];
     if (!(ser.tokens_per_s || []).length && (ser.samples_per_s || []).length) specs[2] = ["samples_per_s", "samples/s", (v) => F.count(v, "")];
-    for (const [k, label, fmt] of specs) el.append(lineChart(label, ser[k] || [], fmt, k));
+    for (const [k, label, fmt] of specs) el.append(lineChart(label, [{pts: ser[k] || []}], fmt, k, alerts));
+    /* the step monitor's series, where the run has them */
+    const parts = BREAKDOWN.filter(([k]) => (ser[k] || []).length).map(([k, name, color]) => ({name, color, pts: ser[k], key: k}));
+    if (parts.length) el.append(lineChart("step breakdown (median per log interval)", parts, ms, "step_breakdown", alerts));
+    const gpu = [["gpu/energy_j_per_token", "energy per token", (v) => sig(v) + " J", "energy_per_token"],
+      ["gpu/power_w", "power", (v) => sig(v) + " W", "power"], ["gpu/sm_clock_mhz", "SM clock", (v) => v >= 1000 ? sig(v / 1000) + " GHz" : sig(v) + " MHz", "sm_clock"]];
+    for (const [k, label, fmt, id] of gpu) if ((ser[k] || []).length) el.append(lineChart(label, [{pts: ser[k]}], fmt, id, alerts));
+    const box = $("#alerts");
+    box.innerHTML = "";
+    if (alerts.length) {
+      const ul = h("ul", {class: "alerts"});
+      for (const [st, text] of alerts) ul.append(h("li", {class: "alert", "data-step": st}, h("b", {text: "step " + st + ": "}), h("span", {text: text})));
+      box.append(h("h2", {text: "Anomaly alerts (" + alerts.length + ")", style: "margin-top:8px"}), ul);
+    }
   }
-  function lineChart(label, pts, fmt, id) {
+  function lineChart(label, lines, fmt, id, alerts) {
     const W = 420, Hh = 150, m = {l: 58, r: 10, t: 8, b: 22};
     const box = h("div", {class: "chart", "data-series": id});
-    box.append(h("h3", {text: label + (pts.length ? " · last " + fmt(pts[pts.length - 1][1]) : "")}));
-    if (!pts.length) { box.append(h("div", {class: "empty", text: "no points in this run"})); return box; }
-    const xs = pts.map((p) => p[0]), ys = pts.map((p) => p[1]);
+    const all = lines.flatMap((l) => l.pts);
+    const last = lines.length === 1 && all.length ? " · last " + fmt(all[all.length - 1][1]) : "";
+    box.append(h("h3", {text: label + last}));
+    if (!all.length) { box.append(h("div", {class: "empty", text: "no points in this run"})); return box; }
+    const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
     let xa = Math.min(...xs), xb = Math.max(...xs), ya = Math.min(0, ...ys), yb = Math.max(...ys) * 1.08 || 1;
     if (xa === xb) { xa -= 1; xb += 1; }
     const X = (v) => m.l + (v - xa) / (xb - xa) * (W - m.l - m.r), Y = (v) => Hh - m.b - (v - ya) / (yb - ya) * (Hh - m.t - m.b);
@@ -720,9 +820,20 @@
     const g = s("g", {class: "grid"}), ax = s("g", {class: "axis"});
     for (let i = 0; i <= 3; i++) { const v = ya + (yb - ya) * i / 3; g.append(s("line", {x1: m.l, x2: W - m.r, y1: Y(v), y2: Y(v)})); ax.append(s("text", {x: m.l - 5, y: Y(v) + 4, "text-anchor": "end"}, fmt(v))); }
     ax.append(s("text", {x: m.l, y: Hh - 5}, "step " + xa), s("text", {x: W - m.r, y: Hh - 5, "text-anchor": "end"}, "step " + xb));
-    svg.append(g, ax, s("path", {d: pts.map((p, i) => (i ? "L" : "M") + X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1)).join(""), fill: "none", stroke: "#1a73e8", "stroke-width": 1.5}));
-    for (const p of pts) { const c = s("circle", {cx: X(p[0]), cy: Y(p[1]), r: 2.5, fill: "#1a73e8"}); c.append(s("title", {}, "step " + p[0] + ": " + fmt(p[1]))); svg.append(c); }
+    svg.append(g, ax);
+    for (const [st, text] of alerts || []) {
+      if (st < xa || st > xb) continue;
+      const ln = s("line", {class: "alert-mark", "data-step": st, x1: X(st), x2: X(st), y1: m.t, y2: Hh - m.b});
+      ln.append(s("title", {}, "step " + st + ": " + text));
+      svg.append(ln);
+    }
+    for (const l of lines) {
+      const col = l.color || "#1a73e8";
+      svg.append(s("path", {d: l.pts.map((p, i) => (i ? "L" : "M") + X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1)).join(""), fill: "none", stroke: col, "stroke-width": 1.5, "data-line": l.key || null}));
+      for (const p of l.pts) { const c = s("circle", {cx: X(p[0]), cy: Y(p[1]), r: 2.5, fill: col}); c.append(s("title", {}, (l.name ? l.name + ", " : "") + "step " + p[0] + ": " + fmt(p[1]))); svg.append(c); }
+    }
     box.append(svg);
+    if (lines.length > 1) box.append(h("div", {class: "legend"}, lines.map((l) => h("span", {}, h("i", {style: "background:" + l.color}), l.name))));
     return box;
   }
 
@@ -803,6 +914,7 @@
   /* ---------- start ---------- */
   async function start() {
     skeleton();
+    startPolling();
     let idx;
     try { idx = await API.runs(); } catch (e) { banner("err", "cannot read the run list: " + esc(e)); return; }
     S.runs = (idx && idx.runs) || [];
@@ -815,6 +927,31 @@
     await selectRun(withSteps.run);
     if (bad.length && !$("#banner").textContent) banner("err", "Unreadable step files (the rest is shown):<br>" + bad.map(esc).join("<br>"));
   }
-  window.tscopeDashboard = {API, F, figText, state: S};
+  /* ---------- TensorBoard mode: new steps of a run still training appear on their own ---------- */
+  const POLL_MS = 10000;
+  const stepsKey = (r) => r ? r.steps.map((x) => x.stage + ":" + x.step + ":" + (x.readable !== false)).join(",") : "";
+  async function poll() {
+    let idx;
+    try { idx = await API.runs(); } catch (e) { return false; }
+    const runs = (idx && idx.runs) || [];
+    if (!runs.length) return false;
+    if (!S.runs.length || S.rep == null && !S.run) { S.runs = runs; $("#banner").innerHTML = ""; const w = runs.find((r) => r.steps.some((x) => x.readable !== false)) || runs[0]; await selectRun(w.run); return true; }
+    const before = S.runs.find((r) => r.run === S.run), after = runs.find((r) => r.run === S.run);
+    const changed = stepsKey(before) !== stepsKey(after) || runs.map((r) => r.run).join("\n") !== S.runs.map((r) => r.run).join("\n");
+    S.runs = runs;
+    if (!changed) return false;
+    /* the selectors gain the new steps; the user's run, step and diff stay selected */
+    fillSelectors();
+    if (stepsKey(before) !== stepsKey(after)) drawSeries();
+    if (S.step == null && after) { const ok = after.steps.filter((x) => x.readable !== false); const last = ok[ok.length - 1]; if (last) { S.stage = last.stage; S.step = last.step; fillSelectors(); await loadStep(); } }
+    return true;
+  }
+  function startPolling() {
+    if (API.mode !== "tensorboard" || S.pollTimer) return;
+    S.pollMs = POLL_MS;
+    S.pollTimer = setInterval(() => { if (document.visibilityState === "visible") poll(); }, POLL_MS);
+    document.addEventListener("visibilitychange", () => { if (document.visibilityState === "visible") poll(); });
+  }
+  window.tscopeDashboard = {API, F, figText, state: S, poll};
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start); else start();
 })();
