@@ -131,12 +131,12 @@ def _summary(eng: RooflineAnalysis) -> Summary:
 
 
 def _memory(eng: RooflineAnalysis, what_if: bool) -> MemorySection | None:
-    from tscope_callbacks.analysis.memory_fit import memory_fit
+    from tscope_callbacks.analysis.memory_fit import memory_fit, report_capacity
 
     mc = eng.meta.get("memory_categories")
     if not mc:
         return None
-    cap = None if what_if else getattr(eng.spec, "memory_bytes", None)
+    cap = report_capacity(eng.spec, "what-if" if what_if else None)
     fit = memory_fit(mc, cap) or {}
     cats: dict[str, int | float | None] = {"weights": mc.get("params")}
     for k, v in mc.items():

@@ -45,8 +45,8 @@ class DiffRow:
 class StepDiff:
     """The comparison of two reports (``a``: before, ``b``: after)."""
 
-    a: Any
-    b: Any
+    a: RooflineView
+    b: RooflineView
     labels: tuple[str, str] = ("A", "B")
     headline: list[tuple[str, Any, Any, str]] = field(default_factory=list)  #: (figure, A, B, change)
     layers: list[DiffRow] = field(default_factory=list)  #: largest |change| first
@@ -114,7 +114,7 @@ def _peak(report: RooflineView) -> float | None:
     return float(v) if isinstance(v, (int, float)) and v > 0 else None
 
 
-def diff_reports(a: Any, b: Any, labels: tuple[str, str] = ("A", "B")) -> StepDiff:
+def diff_reports(a: RooflineView, b: RooflineView, labels: tuple[str, str] = ("A", "B")) -> StepDiff:
     """Compare two ``RooflineReport``s (module doc)."""
     timed = a.timed and b.timed
     d = StepDiff(a, b, labels, basis="measured op time" if timed else "expected kernel time")
