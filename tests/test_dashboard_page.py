@@ -498,10 +498,27 @@ def test_unmeasured_layer_memory_shows_a_dash(driver, tmp_path):
     assert "0 B" not in driver.find_element("css selector", "#tree-table").text
 
 
+def test_untimed_step_shows_no_layer_times(driver, tmp_path):
+    """An untimed analysis leaves the layers' times at 0: the tree shows "–" (untimed), not 0."""
+    from tests.profiles import a100, toy_profile
+    from tscope_callbacks.analysis.analyze import analyze
+
+    page = tmp_path / "untimed.html"
+    page.write_text(report_html(analyze(toy_profile(False), a100()), run="untimed"), encoding="utf-8")
+    driver.get(page.as_uri())
+    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    rows = driver.find_elements("css selector", "#tree-table tr.tree-row")
+    assert rows
+    for r in rows:
+        cells = r.find_elements("css selector", "td")[2:6]  # fwd self, fwd total, bwd self, bwd total
+        assert [c.text for c in cells] == ["–"] * 4 and all("untimed" in c.get_attribute("title") for c in cells)
+
+
 def test_sections_and_step_monitor_are_shown(driver, tmp_path):
     rep = _sections_logdir(tmp_path)
     page = tmp_path / "sec.html"
     page.write_text(run_html(str(tmp_path)), encoding="utf-8")
+    driver.get_log("browser")  # the earlier pages' entries (a served page's favicon 404)
     driver.get(page.as_uri())
     _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
     css = lambda sel: driver.find_elements("css selector", sel)  # noqa: E731

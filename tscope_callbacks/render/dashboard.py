@@ -6,7 +6,8 @@ Two modes, one JS data layer (``static/dashboard.js``, ``API``):
   ``window.TSCOPE_BASE`` when the host sets it): ``runs``, ``step?run=&step=&stage=``, ``ops?run=&step=&stage=&layer=``
   and ``series?run=``.
 - **Standalone mode** (``page_html(data)``): the data is inline. ``<script type="application/json" id="tscope-data">``
-  holds ``{"runs": [...], "hint": null, "steps": {}, "ops": {}, "series": {"<run>": {...}}}``; each step's report
+  holds ``{"runs": [...], "hint": null, "steps": {}, "ops": {}, "series": {"<run>": {...}}}`` (a run's series:
+  ``dashboard.logdir.series``' keys, ``"alerts"`` included); each step's report
   (without its ops) is in its own ``<script type="application/json" data-tscope-step="<run>/<stage>/<step>">`` and its
   ops in ``<script type="application/json" data-tscope-ops="<run>/<stage>/<step>">`` (columnar: ``{"cols": [...],
   "rows": [[...]], "note": str|null}``), each parsed only when the page needs it (the ops: a click on a layer, or the
@@ -22,8 +23,20 @@ Selectors (for browser tests):
   (``data-precision``); the tooltip ``#tooltip``; a click lists the layer's ops in ``#ops-panel`` (``#ops-table``)
 - layer tree: ``#tree-table tr.tree-row`` (``data-path``, ``data-depth``; a click on the name cell toggles;
   ``.open`` when expanded), ``#tree-expand``, ``#tree-collapse``
-- opportunities ``#opps li.opp``; time split ``#split``; memory ``#mem``; NaN events ``#nan-table``; communication
-  ``#comm-panel``; over-time charts ``#charts [data-series=mfu|step_ms|tokens_per_s]``
+- the tree's memory and time cells: ``td[data-unmeasured]`` ("–", the reason in ``title``) where the report holds
+  null (per-layer memory without layer details) or the step is untimed
+- opportunities ``#opps li.opp``; time split ``#split`` (``input_s``: "input-bound (data wait)"); memory ``#mem``;
+  NaN events ``#nan-table``; gradient spikes ``#spike-table tr.spike`` (``data-step``); communication
+  ``#comm-panel``; compiled vs eager ``#cve-table tr[data-layer]``; FSDP what-if ``#fsdp-panel`` (``#fsdp-memory
+  [data-key]``, ``#fsdp-time``, ``#fsdp-comm``); the what-if device ``#whatif-banner``; panels of absent sections
+  are hidden
+- over-time charts ``#charts [data-series=mfu|step_ms|tokens_per_s]``, and, when the run has the step monitor's
+  series, ``[data-series=step_breakdown]`` (``path[data-line="step/<key>"]``), ``energy_per_token``, ``power``,
+  ``sm_clock``; anomaly alerts: ``line.alert-mark[data-step]`` in each chart spanning the step, and ``#alerts
+  li.alert[data-step]``
+- TensorBoard mode polls ``runs`` every 10 s while ``document.visibilityState`` is visible (and when the page becomes
+  visible): new steps join the selectors, the selected run, step and diff stay (``window.tscopeDashboard.poll()``:
+  one poll, resolves true when the list changed; ``state.pollMs``)
 - diff: ``#diff`` (``#diff-headline tr[data-figure]``, ``#diff-layers``, ``#diff-classes``)
 - ``body[data-ready="1"]`` once a step is drawn (``window.tscopePainted``: its ``performance.now()``)
 """

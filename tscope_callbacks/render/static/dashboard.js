@@ -741,11 +741,12 @@
   function drawWhatIf(r) {
     const el = $("#whatif");
     el.innerHTML = "";
-    const w = r.what_if;
+    const w = r.what_if, est = (r.header || {}).estimated_step_ms;
     if (!w) return;
     el.append(h("div", {class: "banner hint", id: "whatif-banner", "data-measured-on": w.measured_on, "data-roofs-of": w.roofs_of,
       text: "What-if: the times were measured on " + w.measured_on + " and are placed on the roofs of " + w.roofs_of +
-        ". MFU and % of roof read the step as if it had run on " + w.roofs_of + " at the measured speed; the expected times are " + w.roofs_of + "'s."}));
+        ". MFU and % of roof read the step as if it had run on " + w.roofs_of + " at the measured speed; the expected times are " + w.roofs_of + "'s" +
+        (est && num(est.value) ? " (expected step there: " + figText(est) + ", " + est.basis + ")" : "") + "."}));
   }
   function fmtKey(k, v) {
     if (!num(v)) return v == null ? "–" : typeof v === "object" ? Object.entries(v).map(([a, n]) => a + " ×" + n).join(", ") : String(v);
