@@ -623,3 +623,31 @@ def test_fresh_fit_writes_version_2_step_files_read_without_reanalysis(fit_logdi
         assert raw["report"]["schema"] == "tscope.step_report" and raw["report"]["version"] == 2
         d = ld.read_step_file(path)
         assert d["header"] == raw["report"]["header"] and d["step"] == st
+
+
+def test_fit_reports_the_guards_gradient_spikes(tmp_path):
+    """RooflineCallback beside a NaNGuardCallback: the step file's report carries the guard's spikes up to its step
+    (the loss x1000 at step 12 makes its gradient norm ~1000x the median of the 12 steps before it)."""
+    import lightning.pytorch as pl
+
+    from tests.models import TinyLM
+    from tscope_callbacks import NaNGuardCallback, RooflineCallback
+
+    class Spiky(TinyLM):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            return loss * 1000.0 if self.global_step == 12 else loss
+
+    guard = NaNGuardCallback(action="warn")
+    cb = RooflineCallback(gpu="NVIDIA A100-SXM4-80GB", every_n_steps=100, start_step=13, profile_steps=1,
+                          wait_for_warmup=False, plot=False, compare_eager=False, replay=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pl.Trainer(max_steps=14, logger=pl.loggers.CSVLogger(str(tmp_path)), callbacks=[guard, cb],
+                   enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                   accelerator="cpu", devices=1, log_every_n_steps=1).fit(Spiky())
+    assert [s["step"] for s in guard.spikes][:1] == [12]
+    (path,) = tmp_path.rglob("step_13.json")
+    spikes = ld.read_step_file(path)["grad_spikes"]
+    assert [s["step"] for s in spikes] == [12] and spikes[0]["ratio"] > 100
+    assert spikes[0] == pytest.approx(guard.spikes[0])

@@ -397,6 +397,12 @@ class RooflineCallback(ProfilingCallback):
         if (self.compare_eager and ctx.stage == "train" and self.eager_report is not None
                 and result.meta.get("compiled_capture")):
             extra["eager"] = self.eager_report.step_report
+        # the NaN guard's gradient spikes up to this step (its public ``spikes``), for the report and the dashboard
+        guard = next((c for c in trainer.callbacks if type(c).__name__ == "NaNGuardCallback"), None)
+        spikes = tuple(dict(x) for x in getattr(guard, "spikes", None) or ()
+                       if isinstance(x, dict) and isinstance(x.get("step"), int) and x["step"] <= ctx.step)
+        if spikes:
+            extra["grad_spikes"] = spikes
         return self._with(rr, **extra) if extra else rr
 
     @staticmethod
