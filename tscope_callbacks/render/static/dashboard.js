@@ -532,7 +532,7 @@
     const root = TREE.info || {};
     const stepT = (root.forward_s || 0) + (root.backward_s || 0) || 1e-30;
     TREE.scale = Math.max(stepT, ...TREE.kids.map((k) => { const t = nodeTimes(k); return (t.ft || t.fs) + (t.bt || t.bs); }), 1e-30);
-    $("#tree-basis").textContent = "forward / backward time self and total (total includes children) from the layer hooks; bar = total time (blue fwd, orange bwd); memory = allocator growth while the layer ran" +
+    $("#tree-basis").textContent = "forward / backward time self and total (total includes children) from the layer hooks; bar = total time (blue fwd, orange bwd); memory = the bytes the layer's forward / backward added (allocator readings on CUDA, tracked live storages on CPU)" +
       ((r.layers || []).some((L) => !num(L.memory_fwd_bytes)) ? " (not measured in this step: –)" : "");
     const tb = h("table", {class: "t", id: "tree-table"});
     tb.append(h("tr", {}, ["layer", "", "fwd self ms", "fwd total ms", "bwd self ms", "bwd total ms", "FLOPs", "bytes", "mem fwd", "mem bwd", "params", "input shapes", "output shapes", "grad out shapes", "NaN"].map((c, i) => h("th", {class: i >= 2 && i <= 10 ? "n" : null, text: c}))));
