@@ -1,9 +1,10 @@
-"""The images logged to a logger (TensorBoard's Images tab, W&B media) are readable at the card's size.
+"""The images logged to a logger (TensorBoard's Images and Time Series tabs, W&B media) are readable as shown.
 
-TensorBoard's Images tab shows every image 350 CSS px wide until "Show actual image size" is ticked (measured in
-TensorBoard 2.21 in headless Chromium: the <img> box of each card). A card figure is 3.5 in x 200 dpi = 700 px wide,
-so on the card 1 pt = 200 / 72 px x 350 / 700 = 1.389 px; its smallest text, 8 pt, is 11.1 px there (the full-size
-``report.plot`` figure, 1200 px at 120 dpi, shows its 8 pt labels at 8 x 120 / 72 x 350 / 1200 = 3.9 px)."""
+Until "Show actual image size" is ticked TensorBoard fits an image into a box (measured in TensorBoard 2.21 in
+headless Chromium, the <img> boxes): 350 px wide in the Images tab, 215 px high in the Time Series tab. A card figure
+is 3.5 x 2.15 in at 200 dpi = 700 x 430 px, shown at half size in both: 1 pt = 200 / 72 / 2 = 1.389 px, so its
+smallest text, 8 pt, is 11.1 px (the full-size ``report.plot`` figure, 1200 x 720 px at 120 dpi, shows its 8 pt
+labels at 8 x 120 / 72 x min(350 / 1200, 215 / 720) = 3.9 px)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import tscope_callbacks as ts
 from tscope_callbacks import api
 from tscope_callbacks.demo.model import GPTConfig, TinyGPT
 from tscope_callbacks.render.plot import (
+    CARD_HEIGHT_PX,
     CARD_WIDTH_PX,
     card_figure,
     card_layer_bars,
@@ -49,13 +51,14 @@ def test_display_arithmetic():
     assert displayed_font_px(8, full) == pytest.approx(8 * 120 / 72 * 350 / 1200)  # 3.9 px: unreadable
     card = card_figure(api.roofline(toy_profile(), a100(), kernel_model=False))
     assert displayed_font_px(8, card) == pytest.approx(8 * 200 / 72 * 350 / 700)  # 11.1 px
-    assert CARD_WIDTH_PX == 350
+    assert displayed_font_px(8, card) == pytest.approx(8 * 200 / 72 * 215 / 430)  # the same in Time Series
+    assert (CARD_WIDTH_PX, CARD_HEIGHT_PX) == (350, 215)
 
 
 @pytest.mark.parametrize("timed", [True, False])
 def test_card_roofline_size_and_fonts(timed):
     fig = card_figure(api.roofline(toy_profile(timed), a100(), kernel_model=False))
-    assert _pixels(fig) == (700, 600)
+    assert _pixels(fig) == (700, 430)
     texts = _texts(fig)
     labels = [t for t in fig.axes[0].texts]
     assert 1 <= len(labels) <= 3  # the largest layer x phase points, no ridge labels
@@ -65,7 +68,7 @@ def test_card_roofline_size_and_fonts(timed):
     assert not small
     # everything drawn (titles, axis labels, tick labels in view, legends, point labels) inside the image
     x0, y0, x1, y1 = fig.get_tightbbox(fig.canvas.get_renderer()).extents * fig.dpi
-    assert x0 >= 0 and y0 >= 0 and x1 <= 700 + 1 and y1 <= 600 + 1, (x0, y0, x1, y1)
+    assert x0 >= 0 and y0 >= 0 and x1 <= 700 + 1 and y1 <= 430 + 1, (x0, y0, x1, y1)
 
 
 def test_card_layer_bars_size_and_fonts():
@@ -74,12 +77,13 @@ def test_card_layer_bars_size_and_fonts():
     with ts.profile(model, layer_details=True) as p:
         model(torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))).sum().backward()
     fig = card_layer_bars(p.layers, top=5)
-    w, h = _pixels(fig)
-    assert w == 700 and h == round((0.36 * 5 + 0.85) * 200)
+    assert _pixels(fig) == (700, 430)
     by_time = sorted((L for k, L in p.layers.items() if k), key=lambda L: -(L.self_forward_s + L.self_backward_s))
-    names = [t.get_text() for t in fig.axes[0].texts]
+    names = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert names[::-1] == [L.path for L in by_time[:5]]  # the largest at the top, the full path
     assert all(displayed_font_px(t.get_fontsize(), fig) >= MIN_PX for t in _texts(fig))
+    x0, y0, x1, y1 = fig.get_tightbbox(fig.canvas.get_renderer()).extents * fig.dpi
+    assert x0 >= 0 and y0 >= 0 and x1 <= 700 + 1 and y1 <= 430 + 1, (x0, y0, x1, y1)  # no name cut off
 
 
 def test_tensorboard_logs_the_card_images(tmp_path: Path):
@@ -92,9 +96,9 @@ def test_tensorboard_logs_the_card_images(tmp_path: Path):
     acc = EventAccumulator(trainer.logger.log_dir, size_guidance={"images": 0})
     acc.Reload()
     (plot,) = acc.Images("tscope/roofline/plot")
-    assert (plot.width, plot.height) == (700, 600)  # shown 350 px wide: 8 pt text at 11.1 px
+    assert (plot.width, plot.height) == (700, 430)  # shown 350 x 215 px: 8 pt text at 11.1 px
     (bars,) = acc.Images("tscope/layers/bars")
-    assert bars.width == 700
+    assert (bars.width, bars.height) == (700, 430)
 
 
 def test_csv_logger_writes_the_card_png(tmp_path: Path):
@@ -106,4 +110,4 @@ def test_csv_logger_writes_the_card_png(tmp_path: Path):
                          logger=pl.loggers.CSVLogger(tmp_path, name="csv"), **FAST)
     trainer.fit(TinyLM())
     head = (Path(trainer.logger.log_dir) / "tscope" / "roofline_plot_step_1.png").read_bytes()[:24]
-    assert struct.unpack(">II", head[16:24]) == (700, 600)  # the figure's own 200 dpi, as in TensorBoard
+    assert struct.unpack(">II", head[16:24]) == (700, 430)  # the figure's own 200 dpi, as in TensorBoard

@@ -24,8 +24,8 @@ from matplotlib.ticker import FuncFormatter
 from tscope_callbacks.analysis.report import ReportLike, RoofUsed, StepReport, step_report_of
 from tscope_callbacks.records import LayerRecord
 
-__all__ = ["figure", "plot", "card_figure", "card_layer_bars", "displayed_font_px", "CARD_WIDTH_PX", "PHASE_COLORS",
-           "PRECISION_COLORS"]
+__all__ = ["figure", "plot", "card_figure", "card_layer_bars", "displayed_font_px", "CARD_WIDTH_PX", "CARD_HEIGHT_PX",
+           "PHASE_COLORS", "PRECISION_COLORS"]
 
 PHASE_COLORS = {"forward": "#1f77b4", "backward": "#ff7f0e", "recompute": "#9467bd", "optimizer": "#2ca02c"}
 PRECISION_COLORS = {"bf16": "#d62728", "fp16": "#e377c2", "tf32": "#17becf", "fp32": "#8c564b", "fp64": "#7f7f7f",
@@ -261,36 +261,48 @@ def layer_bars(layers: Mapping[str, LayerRecord], top: int = 15, *, dpi: int = 1
     return fig
 
 
-# Figures for a logger's image card. TensorBoard's Images tab shows an image 350 CSS px wide (measured in
-# TensorBoard 2.21, Chromium: the <img> box of every card, whatever the image's own size) until "Show actual image
-# size" is ticked; the full 1200 px plot is shrunk 3.4x there and its 8 pt labels read about 4 px. A card figure is
-# 3.5 in wide at 200 dpi (700 px: sharp on a 2x screen, halved on a 1x one), so 1 pt = 350 / (3.5 x 72) = 1.39 px on
-# the card: its smallest text, 8 pt, reads 11.1 px. Fewer labels (the 3 largest layers), no ridge labels, short
-# legends. ``report.plot(path)`` and ``figure`` keep the full-size figure.
+# Figures for a logger's image card. TensorBoard shows an image in a box until "Show actual image size" is ticked
+# (measured in TensorBoard 2.21, headless Chromium): 350 px wide in the Images tab, 215 px high (and at most the
+# card's ~370 px wide) in the Time Series tab. The full 1200 x 720 px plot is shrunk 3.4x there and its 8 pt labels
+# read about 4 px. A card figure is 3.5 x 2.15 in at 200 dpi (700 x 430 px: sharp on a 2x screen), which both boxes
+# show at half size: 1 pt = 200 / 72 / 2 = 1.39 px, so its smallest text, 8 pt, reads 11.1 px. Fewer labels (the 3
+# largest layer x phase points), no ridge labels, short legends. ``report.plot(path)`` and ``figure`` keep the
+# full-size figure.
 CARD_WIDTH_PX = 350  #: the width, in CSS px, at which TensorBoard's Images tab shows an image
-CARD_WIDTH_IN = 3.5
+CARD_HEIGHT_PX = 215  #: the height of the image box of TensorBoard's Time Series tab
+CARD_WIDTH_IN, CARD_HEIGHT_IN = 3.5, 2.15
 CARD_DPI = 200
 CARD_FONT_PT = 8.0  #: the smallest text on a card figure
 
 
-def displayed_font_px(points: float, fig: Figure, width_px: float = CARD_WIDTH_PX) -> float:
-    """The height in screen px of a ``points`` font of ``fig`` when the image is shown ``width_px`` wide."""
-    return points * fig.dpi / 72.0 * width_px / (fig.get_figwidth() * fig.dpi)
+def displayed_font_px(points: float, fig: Figure, width_px: float = CARD_WIDTH_PX,
+                      height_px: float = CARD_HEIGHT_PX) -> float:
+    """The height in screen px of a ``points`` font of ``fig`` when the image is fitted into a ``width_px`` x
+    ``height_px`` box (TensorBoard's Images tab fits the width; its Time Series tab the height; the smaller scale
+    of the two)."""
+    w, h = fig.get_figwidth() * fig.dpi, fig.get_figheight() * fig.dpi
+    return points * fig.dpi / 72.0 * min(width_px / w, height_px / h)
 
 
 def _roof_label(r: RoofUsed) -> str:
     return f"{r.precision} {'matrix' if r.matrix else 'vector'} {r.peak_flops / 1e12:.3g} TF/s"
 
 
+def _card_axes(fig: Figure) -> Any:
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.tick_params(labelsize=CARD_FONT_PT, pad=2)
+    return ax
+
+
 def card_figure(report: ReportLike, top_labels: int = 3) -> Figure:
-    """The roofline for a logger's image card (TensorBoard's Images tab, W&B media): 700 x 600 px, text 8 pt or more
-    (11 px or more at the card's 350 px), the 3 largest layer x phase points labelled."""
+    """The roofline for a logger's image card (TensorBoard's Images and Time Series tabs, W&B media): 700 x 430 px,
+    text 8 pt or more (11 px or more in TensorBoard's boxes), the 3 largest layer x phase points labelled."""
     report = step_report_of(report)
     fs = CARD_FONT_PT
-    fig = Figure(figsize=(CARD_WIDTH_IN, 3.0), dpi=CARD_DPI)
-    FigureCanvasAgg(fig)
-    fig.subplots_adjust(left=0.2, right=0.95, bottom=0.14, top=0.85)
-    ax = fig.add_subplot()
+    fig = Figure(figsize=(CARD_WIDTH_IN, CARD_HEIGHT_IN), dpi=CARD_DPI)
+    ax = _card_axes(fig)
+    fig.subplots_adjust(left=0.17, right=0.94, bottom=0.19, top=0.9)
     ax.set_xscale("log")
     ax.set_yscale("log")
     bw = report.summary.bandwidth
@@ -305,7 +317,7 @@ def card_figure(report: ReportLike, top_labels: int = 3) -> Figure:
     for phase in [ph for ph in PHASE_COLORS if ph in present] + sorted(present - set(PHASE_COLORS)):
         sel = [p for p in pts if p["row"].phase == phase]
         c = PHASE_COLORS.get(phase, "0.5")
-        ax.scatter([p["x"] for p in sel], [p["y"] for p in sel], s=[10 + 250 * p["share"] for p in sel],
+        ax.scatter([p["x"] for p in sel], [p["y"] for p in sel], s=[8 + 200 * p["share"] for p in sel],
                    facecolors=c if timed else "none", edgecolors=c if not timed else "black",
                    linewidths=0.5 if timed else 1.2, alpha=0.75 if timed else 1.0, zorder=3,
                    label=_SHORT.get(phase, phase))
@@ -313,53 +325,48 @@ def card_figure(report: ReportLike, top_labels: int = 3) -> Figure:
     ax.set_ylim(y_lo, y_hi)
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-    ax.tick_params(labelsize=fs)
     ax.set_xlabel("FLOP / byte", fontsize=fs, labelpad=1)
-    ax.set_ylabel("TFLOP/s" + ("" if timed else " (estimated)"), fontsize=fs, labelpad=1)
+    ax.set_ylabel("TFLOP/s" + ("" if timed else " (est.)"), fontsize=fs, labelpad=1)
     ax.grid(True, which="major", color="0.9", lw=0.5)
     s = report.summary
-    head = " · ".join(str(v) for v in ("roofline", s.device, f"step {s.step}" if s.step is not None else None) if v)
+    step = f"step {s.step} · " if s.step is not None else ""
     if timed:
-        sub = f"MFU {(s.mfu or 0):.1%} · MBU {(s.mbu or 0):.1%} · {(s.measured_step_s or 0) * 1e3:.4g} ms"
+        title = (f"{step}MFU {(s.mfu or 0):.1%} · MBU {(s.mbu or 0):.1%} · "
+                 f"{(s.measured_step_s or 0) * 1e3:.4g} ms")
     else:
-        sub = f"untimed (hollow) · estimated {s.estimated_step_s * 1e3:.4g} ms"
-    ax.set_title(f"{head}\n{sub}", fontsize=fs + 1)
-    leg = ax.legend(handles=handles, loc="upper left", fontsize=fs, handlelength=1.5, borderpad=0.3,
-                    labelspacing=0.2, framealpha=0.8)
+        title = f"{step}untimed (hollow) · estimated {s.estimated_step_s * 1e3:.4g} ms"
+    ax.set_title(title, fontsize=fs + 0.5, pad=3)
+    leg = ax.legend(handles=handles, loc="upper left", fontsize=fs, handlelength=1.4, borderpad=0.25,
+                    labelspacing=0.1, handletextpad=0.4, framealpha=0.8)
     ax.add_artist(leg)
     if pts:
-        ax.legend(loc="lower right", fontsize=fs, markerscale=0.6, borderpad=0.3, labelspacing=0.2, handletextpad=0.2,
-                  framealpha=0.8)
-        _place_labels(ax, fig, pts, top_labels, fontsize=fs, marker=(10, 250), max_chars=22)
+        ax.legend(loc="lower right", fontsize=fs, markerscale=0.6, borderpad=0.25, labelspacing=0.1,
+                  handletextpad=0.1, framealpha=0.8)
+        _place_labels(ax, fig, pts, top_labels, fontsize=fs, marker=(8, 200), max_chars=22)
     return fig
 
 
-def card_layer_bars(layers: Mapping[str, LayerRecord], top: int = 8) -> Figure:
-    """Per-layer forward/backward self time for a logger's image card: the ``top`` layers by self time, each name
-    above its bar (the full path at 8 pt: 11 px or more at the card's 350 px). Memory is in the layer table."""
+def card_layer_bars(layers: Mapping[str, LayerRecord], top: int = 7) -> Figure:
+    """Per-layer forward/backward self time for a logger's image card (700 x 430 px, as :func:`card_figure`): the
+    ``top`` layers by self time, largest first, each full path beside its bar at 8 pt. Memory is in the layer
+    table."""
     rows = [L for p, L in layers.items() if p and (L.self_forward_s or L.self_backward_s)]
     rows.sort(key=lambda L: -(L.self_forward_s + L.self_backward_s))
     rows = rows[:top][::-1]
     fs = CARD_FONT_PT
-    n = max(len(rows), 3)
-    fig = Figure(figsize=(CARD_WIDTH_IN, 0.36 * n + 0.85), dpi=CARD_DPI)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    fig = Figure(figsize=(CARD_WIDTH_IN, CARD_HEIGHT_IN), dpi=CARD_DPI)
+    ax = _card_axes(fig)
     y = list(range(len(rows)))
     fwd = [L.self_forward_s * 1e3 for L in rows]
     bwd = [L.self_backward_s * 1e3 for L in rows]
-    ax.barh(y, fwd, height=0.4, align="edge", color="#4c72b0", label="forward")
-    ax.barh(y, bwd, left=fwd, height=0.4, align="edge", color="#dd8452", label="backward")
-    for i, L in enumerate(rows):
-        ax.text(0, i + 0.45, L.path, fontsize=fs, va="bottom", ha="left", clip_on=False)
-    ax.set_ylim(-0.15, n)
-    ax.set_yticks([])
-    ax.set_xlim(0, max((f + b for f, b in zip(fwd, bwd)), default=1.0) * 1.02 or 1.0)
-    ax.tick_params(labelsize=fs)
+    ax.barh(y, fwd, height=0.7, color="#4c72b0", label="forward")
+    ax.barh(y, bwd, left=fwd, height=0.7, color="#dd8452", label="backward")
+    ax.set_yticks(y, [L.path for L in rows], fontsize=fs)
+    ax.set_ylim(-0.6, max(len(rows), 3) - 0.4)
     ax.set_xlabel("self time (ms)", fontsize=fs, labelpad=1)
-    ax.legend(loc="lower right", fontsize=fs, borderpad=0.3, labelspacing=0.2, framealpha=0.8)
-    ax.set_title(f"layers by self time (top {len(rows)})", fontsize=fs + 1)
-    for side in ("top", "right", "left"):
+    ax.legend(loc="lower right", fontsize=fs, borderpad=0.25, labelspacing=0.1, framealpha=0.8)
+    ax.set_title(f"layers by self time (top {len(rows)})", fontsize=fs + 0.5, pad=3)
+    for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     fig.tight_layout(pad=0.3)
     return fig
