@@ -27,11 +27,11 @@ PER_LAYER = {"attended": {"forward": 16_842_752, "backward": 33_685_504},
 FULL_MINUS_ATTENDED = 100_270_080
 
 
-def _gpt2(attn_pdrop: float, train: bool = True):
+def _gpt2(attn_pdrop: float, train: bool = True, impl: str = "sdpa"):
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=256,
                                   attn_pdrop=attn_pdrop, resid_pdrop=0.0, embd_pdrop=0.0,
-                                  attn_implementation="sdpa")
+                                  attn_implementation=impl)
     model = transformers.GPT2LMHeadModel(cfg).train(train)
     x = torch.randint(0, 128, (4, 256), generator=torch.Generator().manual_seed(1))
     with ts.profile(model) as prof:
@@ -105,6 +105,17 @@ def test_gpt2_eval_is_unchanged_by_attention_dropout():
         assert model_flops(dropped, convention) == model_flops(plain, convention)
         assert _attention(dropped, convention) == {(f"transformer.h.{i}.attn", "forward"):
                                                    PER_LAYER[convention]["forward"] for i in range(2)}
+
+
+def test_hf_eager_attention_with_cpu_dropout_counts_its_gemms_as_without():
+    # HF eager attention drops out with F.dropout, which a CPU runs as empty_like/bernoulli_/div_/mul (CUDA:
+    # native_dropout): its GEMMs count the attended pairs as without dropout (per layer as above)
+    dropped, plain = _gpt2(0.1, impl="eager"), _gpt2(0.0, impl="eager")
+    for convention in ("attended", "full"):
+        want = {(f"transformer.h.{i}.attn", ph): PER_LAYER[convention][ph] for i in range(2)
+                for ph in ("forward", "backward")}
+        assert _attention(dropped, convention) == _attention(plain, convention) == want, convention
+        assert model_flops(dropped, convention) == model_flops(plain, convention), convention
 
 
 @pytest.mark.parametrize("mask", ["is_causal", "bool"])
