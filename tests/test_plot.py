@@ -71,3 +71,36 @@ def test_figure_is_thread_safe_and_handles_degenerate_profiles():
     for t in threads:
         t.join()
     assert not errors
+
+
+def _widened_report():
+    """A measured CPU-like roof (fp32 100 GFLOP/s, 25 GB/s) that a relu beat: 1e6 fp32 elements read and written =
+    8e6 B in 0.2 ms = 40 GB/s > 25 GB/s, so analysis.roofs.widen raises the bandwidth roof to 40 GB/s."""
+    spec = DeviceSpec(name="cpu", flops={"fp32": 100e9}, bandwidth=25e9, measured=True)
+    prof = make_profile([pointwise(1_000_000, time_s=2e-4, layer="act"),
+                         matmul(256, 256, 256, dtype="float32", layer="fc", time_s=1e-3)])
+    return api.roofline(prof, spec).step_report
+
+
+def test_widened_bandwidth_is_the_roof_drawn_and_the_device_one_dashed():
+    rep = _widened_report()
+    assert rep.summary.bandwidth == 25e9 and rep.roofs[0].bandwidth == 40e9  # 8e6 B / 2e-4 s
+    assert any("bandwidth roof widened from 25 to 40 GB/s" in n for n in rep.context.roof_notes)
+    fig = figure(rep)
+    (ax,) = fig.axes
+    slopes = []
+    for ln in ax.get_lines():
+        x, y = ln.get_xdata(), ln.get_ydata()
+        if len(x) == 2 and x[1] > x[0] and y[1] > y[0]:
+            slopes.append((round(y[0] * 1e12 / x[0] / 1e9, 6), ln.get_linestyle()))
+    # the solid memory roof is the widened 40 GB/s one (it meets the 100 GFLOP/s roof at its ridge 2.5 FLOP/B);
+    # the device's 25 GB/s is drawn dashed
+    assert (40.0, "-") in slopes and (25.0, "--") in slopes, slopes
+    solid = next(ln for ln in ax.get_lines() if ln.get_linestyle() == "-" and len(ln.get_xdata()) == 2
+                 and ln.get_ydata()[1] > ln.get_ydata()[0])
+    assert abs(solid.get_xdata()[1] - 2.5) < 1e-9 and abs(solid.get_ydata()[1] - 0.1) < 1e-12
+    legend = [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else []
+    legend += [t.get_text() for a in ax.artists for t in getattr(a, "get_texts", lambda: [])()]
+    assert any("memory 40 GB/s" in t for t in legend) and any("25 GB/s" in t for t in legend), legend
+    assert any("widened from 25 to 40 GB/s" in t.get_text() for t in fig.texts)
+    assert "of 25 GB/s" in ax.get_title()

@@ -134,8 +134,19 @@ def _limits(pts: list[dict[str, Any]], roofs: Sequence[RoofUsed], bw: float) -> 
     x_lo = 10 ** math.floor(math.log10(min(xs) / 3))
     x_hi = 10 ** math.ceil(math.log10(max(xs) * 3))
     y_hi = max(ys) * 4
-    y_lo = min(min(ys) / 3, x_lo * bw / 1e12)
+    y_lo = min(min(ys) / 3, x_lo * min(bw, roof_bandwidth(roofs, bw)) / 1e12)
     return x_lo, x_hi, max(y_lo, y_hi * 1e-7), y_hi
+
+
+def roof_bandwidth(roofs: Sequence[RoofUsed], device_bw: float) -> float:
+    """The bandwidth the ops were placed on (the roofs' own: a measured roof an op beat is widened,
+    ``analysis.roofs.widen``), else the device's."""
+    return max((r.bandwidth for r in roofs if r.bandwidth and math.isfinite(r.bandwidth)), default=device_bw)
+
+
+def roof_notes_text(report: StepReport) -> str:
+    """The report's roof notes (why a roof was widened / beaten) on one line, without markdown."""
+    return "; ".join(n.replace("`", "") for n in report.context.roof_notes)
 
 
 def _draw_roofs(ax: Any, roofs: Sequence[RoofUsed], bw: float, x_lo: float, x_hi: float,
@@ -143,8 +154,14 @@ def _draw_roofs(ax: Any, roofs: Sequence[RoofUsed], bw: float, x_lo: float, x_hi
     """The memory slope up to the highest ridge, then one flat roof per precision from its ridge (achievable roofs
     dotted); returns the legend handles."""
     ridge_max = max((r.ridge for r in roofs), default=x_hi)
-    ax.plot([x_lo, ridge_max], [x_lo * bw / 1e12, ridge_max * bw / 1e12], color="0.2", lw=1.8)
-    handles = [Line2D([], [], color="0.2", lw=1.8, label=f"memory {bw / 1e9:.4g} GB/s")]
+    used = roof_bandwidth(roofs, bw)
+    ax.plot([x_lo, ridge_max], [x_lo * used / 1e12, ridge_max * used / 1e12], color="0.2", lw=1.8)
+    handles = [Line2D([], [], color="0.2", lw=1.8, label=f"memory {used / 1e9:.4g} GB/s"
+                      + (" (widened)" if used != bw else ""))]
+    if used != bw and bw > 0:  # the device's (measured / datasheet) bandwidth the roof was widened from: dashed
+        top = max((r.peak_flops for r in roofs), default=bw * x_hi)
+        ax.plot([x_lo, top / bw], [x_lo * bw / 1e12, top / 1e12], color="0.45", lw=1.2, ls="--")
+        handles.append(Line2D([], [], color="0.45", lw=1.2, ls="--", label=f"device {bw / 1e9:.4g} GB/s (not used)"))
     for r in roofs:
         c = PRECISION_COLORS.get(r.precision, "0.5")
         ls = "-" if r.matrix else "--"
@@ -201,7 +218,8 @@ def figure(report: ReportLike, top_labels: int = 8, *, figsize: tuple[float, flo
     title = " · ".join(str(v) for v in (s.device, s.model, f"step {s.step}" if s.step is not None
                                         else None) if v)
     if timed:
-        sub = (f"MFU {(s.mfu or 0):.1%} ({s.mfu_precision}) · MBU {(s.mbu or 0):.1%} · measured "
+        mbu_bw = f" (of {bw / 1e9:.4g} GB/s)" if roof_bandwidth(roofs, bw) != bw else ""
+        sub = (f"MFU {(s.mfu or 0):.1%} ({s.mfu_precision}) · MBU {(s.mbu or 0):.1%}{mbu_bw} · measured "
                f"{(s.measured_step_s or 0) * 1e3:.4g} ms ({s.step_time_basis_text}) · roofline estimate "
                f"{s.estimated_step_s * 1e3:.4g} ms")
     else:
@@ -216,6 +234,9 @@ def figure(report: ReportLike, top_labels: int = 8, *, figsize: tuple[float, flo
             h.set_sizes([40])
     if pts:
         _place_labels(ax, fig, pts, top_labels)
+    notes = roof_notes_text(report)
+    if notes:
+        fig.text(0.99, 0.01, notes, fontsize=7, color="0.3", ha="right", wrap=True)
     skipped = len(report.rows["layer_phase"]) - len(pts)
     if skipped:
         fig.text(0.01, 0.01, f"not shown: {skipped} layer x phase row{'s' if skipped > 1 else ''} without FLOPs or "
@@ -309,7 +330,8 @@ def card_figure(report: ReportLike, top_labels: int = 3) -> Figure:
     pts = _points(report)
     x_lo, x_hi, y_lo, y_hi = _limits(pts, report.roofs, bw)
     _draw_roofs(ax, report.roofs, bw, x_lo, x_hi, ridge_fontsize=None)
-    handles = [Line2D([], [], color="0.2", lw=1.5, label=f"memory {bw / 1e9:.3g} GB/s")]
+    used = roof_bandwidth(report.roofs, bw)
+    handles = [Line2D([], [], color="0.2", lw=1.5, label=f"memory {used / 1e9:.3g} GB/s")]
     handles += [Line2D([], [], color=PRECISION_COLORS.get(r.precision, "0.5"), ls="-" if r.matrix else "--", lw=1.5,
                        label=_roof_label(r)) for r in report.roofs]
     timed = report.timed
