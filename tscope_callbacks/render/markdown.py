@@ -87,21 +87,36 @@ def step_lines(report: StepReport) -> list[str]:
                   f"- **MFU** {_p(s.mfu)} · **MBU** {_p(s.mbu)} · {_f(s.achieved_tflops, '.4g')} TFLOP/s · "
                   f"{_f(s.achieved_gbps, '.4g')} GB/s achieved"]
         if s.hardware_flops != s.model_flops:
-            rec = (f"{_n(s.recompute_flops / 1e9)} GFLOP of activation-checkpointing recompute, "
-                   if s.recompute_flops else "")
-            lines += [f"- **HFU** {_p(s.hfu)} (hardware FLOPs: everything that ran, incl. {rec}attention "
-                      f"backward's recomputed scores) vs **MFU** {_p(s.mfu)} (model FLOPs: without recompute, "
-                      "attention backward as 2x its forward)"]
+            lines += [hfu_line(report)]
     else:
         lines += [f"- **Step**: not timed; {est}"
                   + (f"; MFU at the estimate {_p(s.estimated_mfu)}" if s.estimated_mfu is not None else "")]
     return lines
 
 
+def hfu_line(report: StepReport) -> str:
+    """HFU vs MFU, naming only what this step's hardware FLOPs hold beyond its model FLOPs: activation-checkpointing
+    recompute, the optimizer's update, a fused attention backward's recomputed scores (each only when present)."""
+    s = report.summary
+    opt = sum(o.flops for o in report.ops if o.phase == "optimizer")
+    attn = any(o.category == "attention" and o.phase == "backward" and o.flops != o.model_flops for o in report.ops)
+    extra = ([f"{_n(s.recompute_flops / 1e9)} GFLOP of activation-checkpointing recompute"] if s.recompute_flops
+             else []) + ([f"the optimizer's {_n(opt / 1e9)} GFLOP"] if opt else []) \
+        + (["attention backward's recomputed scores"] if attn else [])
+    without = [w for w, on in (("recompute", s.recompute_flops), ("the optimizer", opt)) if on]
+    model = (["without " + " or ".join(without)] if without else []) \
+        + (["attention backward as 2x its forward"] if attn else [])
+    return (f"- **HFU** {_p(s.hfu)} (hardware FLOPs: everything that ran"
+            + (f", incl. {', '.join(extra)}" if extra else "") + f") vs **MFU** {_p(s.mfu)} (model FLOPs"
+            + (f": {', '.join(model)}" if model else "") + ")")
+
+
 def header_lines(report: StepReport) -> list[str]:
     """The figures above the table: device, roofs, precision, step times, MFU/MBU, bound fractions, coverage."""
     s = report.summary
-    title = " · ".join(str(x) for x in (s.device, s.model, f"step {s.step}" if s.step is not None
+    device = (f"what-if on {s.device}, measured on {report.what_if.measured_on}" if report.what_if is not None
+              else s.device)
+    title = " · ".join(str(x) for x in (device, s.model, f"step {s.step}" if s.step is not None
                                         else None) if x)
     roof = s.roof + (f"; achievable roof: {s.achievable_roof} (\"% of achievable\")" if s.achievable_roof
                      else "")
@@ -310,7 +325,7 @@ def to_markdown(report: ReportLike, top: int = 20) -> str:
     lines += ["", "### Opportunities" + (" (by predicted saving)" if report.timed or exp else " (by expected time)"),
               ""]
     lines += [f"{i}. {opportunity_line(o, report.summary.measured_step_s)}" for i, o in enumerate(opps, 1)]
-    held = noise_lines(report)  # the noise marks and the findings within the noise
+    held = noise_lines(report, top)  # the noise marks and the findings within the noise
     if not opps:
         lines.append("(none above the measured noise: see below)" if held else "(none: every layer is at its roof)")
     lines += held

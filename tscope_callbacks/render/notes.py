@@ -69,8 +69,9 @@ def environment_lines(report: StepReport) -> list[str]:
     return out
 
 
-def noise_lines(report: StepReport) -> list[str]:
-    """Rows whose time is noise and findings within the measured noise: named, with no advice."""
+def noise_lines(report: StepReport, top: int | None = None) -> list[str]:
+    """Rows whose time is noise and findings within the measured noise: named, with no advice; at most ``top``
+    entries (the slowest noisy rows first), then how many more there are (``report.noise`` holds them all)."""
     noise = report.noise
     marks = list(noise.marks)
     held = list(noise.suppressed)
@@ -88,4 +89,8 @@ def noise_lines(report: StepReport) -> list[str]:
                   else f"the measured spread of its times over the steps ({_f(spread, '.3g', 1e3)} ms)")
         out.append(f"- `{o.layer or '(root)'}` {what} — predicted saving {_f(o.saving_s, '.3g', 1e3)} ms is within "
                    f"{within}: not a finding")
+    n = len(out) - 3
+    if top is not None and n > max(top, 0):
+        out = out[:3 + max(top, 0)] + [f"- ... and {n - max(top, 0)} more (a larger `top` lists them; the JSON report "
+                                       "holds them all)"]
     return out

@@ -1,0 +1,84 @@
+"""The markdown report's text says only what holds for this step: the noise section keeps to ``top`` entries, the
+HFU line names only what the step's hardware FLOPs hold beyond its model FLOPs, and a what-if report says so in its
+heading. Deterministic fake profiles (tests/profiles.py), no timing assertion."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+from profiles import a100, make_profile, matmul, op, pointwise
+
+from tscope_callbacks import api
+from tscope_callbacks.analysis.noise import merge_steps
+from tscope_callbacks.records import LayerRecord
+
+N = 1 << 22
+
+
+def _step(step: int, blocks: int, spike: bool):
+    """``blocks`` identical blocks (a bf16 GEMM then a GELU); with ``spike`` every GELU takes 8x its usual 0.63 ms."""
+    ops = []
+    for b in range(blocks):
+        ops += [matmul(4096, 1024, 1024, layer=f"blocks.{b}.fc", time_s=4e-3),
+                pointwise(N, name="aten.gelu", layer=f"blocks.{b}.act", time_s=(5.04 if spike else 0.63) * 1e-3)]
+    layers = {"": LayerRecord(path="", type="Toy")}
+    for b in range(blocks):
+        layers[f"blocks.{b}.fc"] = LayerRecord(path=f"blocks.{b}.fc", type="Linear")
+        layers[f"blocks.{b}.act"] = LayerRecord(path=f"blocks.{b}.act", type="GELU")
+    return make_profile(ops, layers=layers, step=step, step_time_s=80e-3, step_time_basis="unprofiled-median")
+
+
+def test_the_noise_section_lists_at_most_top_entries_and_says_how_many_more():
+    # 12 GELUs spike in step 11 (5.04 vs 0.63 ms): each is a noise mark, 12 entries in all
+    rep = api.roofline(merge_steps([_step(10, 12, False), _step(11, 12, True), _step(12, 12, False)]), a100())
+    assert len(rep.noise.marks) == 12
+    noise = rep.to_markdown(top=5).split("### Noise")[1].strip().splitlines()[1:]
+    entries = [ln for ln in noise if ln.startswith("- `")]
+    assert len(entries) == 5, noise
+    assert noise[-1].startswith("- ... and 7 more")  # 12 - 5
+    full = rep.to_markdown(top=20).split("### Noise")[1]
+    assert full.count("\n- `") == 12 and "more (" not in full
+
+
+def _mlp(optimizer: bool):
+    ops = [matmul(64, 256, 64, layer="fc", time_s=1e-4), matmul(64, 256, 64, layer="fc", phase="backward",
+                                                               time_s=2e-4)]
+    if optimizer:
+        ops.append(op("aten._foreach_add_", phase="optimizer", flops=16384, read=65536, written=32768,
+                      time_s=1e-5))
+    return make_profile(ops, layers={"": LayerRecord(path="", type="MLP"), "fc": LayerRecord(path="fc",
+                                                                                             type="Linear")},
+                        step_time_s=1e-3, step_time_basis="unprofiled-median")
+
+
+def _hfu(md: str) -> str:
+    return next(ln for ln in md.splitlines() if ln.startswith("- **HFU**"))
+
+
+def test_the_hfu_line_names_attention_recompute_only_when_the_step_has_it():
+    # an MLP: hardware FLOPs exceed model FLOPs only by the optimizer's 16,384 FLOPs; no attention anywhere
+    line = _hfu(api.roofline(_mlp(True), a100()).to_markdown())
+    assert "attention" not in line and "optimizer" in line
+    # a fused attention backward that recomputes the scores (flops_model below flops): named
+    prof = _mlp(False)
+    attn = op("aten._scaled_dot_product_flash_attention_backward", layer="attn", phase="backward",
+              flops=5_000_000, category="attention", time_s=1e-4)
+    attn = dataclasses.replace(attn, flops_model=4_000_000, index=len(prof.ops))
+    prof.ops.append(attn)
+    line = _hfu(api.roofline(prof, a100()).to_markdown())
+    assert "attention backward's recomputed scores" in line and "optimizer" not in line
+    assert "recompute," not in line  # no activation checkpointing in this step
+
+
+def test_a_what_if_reports_heading_names_both_devices():
+    prof = _mlp(True)
+    prof.meta["device"] = "cpu"  # measured on this machine's CPU, placed on the A100's roofs
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the what-if warning (once per process)
+        rep = api.roofline(prof, a100())
+    assert rep.step_report.what_if is not None
+    head = rep.to_markdown().splitlines()[0]
+    assert head.startswith("## Roofline — what-if on NVIDIA A100-SXM4-80GB, measured on this machine's CPU · ")
+    same = api.roofline(_mlp(True), a100()).to_markdown().splitlines()[0]
+    assert same.startswith("## Roofline — NVIDIA A100-SXM4-80GB") and "what-if" not in same
