@@ -7,7 +7,9 @@ CPU roof, cached per machine); analysis never resolves: its callers pass a ``Dev
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
+import re
 from typing import Any
 
 import torch
@@ -58,7 +60,50 @@ def get_device_spec(gpu: str | os.PathLike[str] | DeviceSpec | torch.device | No
         if torch.cuda.is_available():
             return _cuda_spec(torch.cuda.current_device(), table=table)
         return _cpu_spec(cache=cache, budget_s=budget_s)
-    return spec_table.resolve(device, extra_table=table)
+    try:
+        return spec_table.resolve(device, extra_table=table)
+    except spec_table.UnknownDeviceError:
+        hit = _common_spelling(device, table)
+        if hit is None:
+            raise
+        return hit
+
+
+#: memory sizes (GB) a bare number after a model stands for ("h100-sxm5-80" = "h100-sxm5-80gb")
+_MEMORY_GB = frozenset({"12", "16", "24", "32", "40", "48", "80", "94", "96", "141", "144", "192", "256", "288"})
+_VENDOR = frozenset({"nvidia", "tesla", "amd", "instinct"})
+_MEMORY_KIND = frozenset({"hbm2", "hbm2e", "hbm3", "hbm3e"})
+
+
+def _common_spelling(name: str, table: Any) -> DeviceSpec | None:
+    """The row a common spelling of a device names, when the table's names, aliases and patterns miss it: the
+    vendor and memory kind left out, a bare memory size read as GB ("80" -> "80gb", "80 gb" -> "80gb"), the words in
+    any order ("h100 80gb sxm" = "h100-sxm-80gb"); "sxm5"/"sxm4" also tried as "sxm". At least the model and one more
+    word; None unless exactly one row fits (never a guess between rows)."""
+    words = spec_table.norm_key(name).split()
+    toks: list[str] = []
+    for w in words:
+        if w == "gb" and toks and toks[-1].endswith("gb"):
+            continue
+        if w in _VENDOR or w in _MEMORY_KIND:
+            continue
+        toks.append(f"{w}gb" if w in _MEMORY_GB and toks else w)
+    if not 2 <= len(toks) <= 5:  # a bare model ("NVIDIA H100": which H100?) stays unknown, as the table has it
+        return None
+    variants = {tuple(toks), tuple("sxm" if re.fullmatch(r"sxm\d", t) else t for t in toks)}
+    tables = ([spec_table.load_table(table)] if table is not None else []) + [spec_table.builtin_table()]
+    hits: dict[str, DeviceSpec] = {}
+    for v in variants:
+        for perm in itertools.permutations(v):
+            for t in tables:
+                try:
+                    spec = t.lookup(" ".join(perm))
+                except spec_table.AmbiguousDeviceError:
+                    return None
+                if spec is not None:
+                    hits[spec.name] = spec
+                    break
+    return next(iter(hits.values())) if len(hits) == 1 else None
 
 
 def _cuda_spec(index: int, *, table: Any) -> DeviceSpec:
