@@ -326,7 +326,7 @@ def test_report_rerenders_an_analyze_json(capsys: pytest.CaptureFixture[str], tm
     assert main(["analyze", "cli_models:SmallConvNet", "--input-shape", "4,3,32,32", "--gpu", "a100",
                  "--json", str(out_json)]) == 0
     first = capsys.readouterr().out
-    assert main(["report", str(out_json), "--gpu", "a100", "--csv", str(tmp_path / "rows.csv")]) == 0
+    assert main(["report", str(out_json), "--gpu", "a100", "--csv", str(tmp_path / "rows.csv"), "--print"]) == 0
     again = capsys.readouterr().out
     assert again.splitlines()[0] == first.splitlines()[0]
     assert (tmp_path / "rows.csv").read_text().count("\n") > 3

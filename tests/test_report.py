@@ -169,7 +169,8 @@ def test_cli_routes_report_here():
 
 def test_cli_report_prints_table_and_writes_plot(tmp_path, capsys):
     png, out_csv = tmp_path / "roof.png", tmp_path / "roof.csv"
-    rc = cli_main(["report", str(_save(tmp_path, True)), "--top", "5", "--plot", str(png), "--csv", str(out_csv)])
+    rc = cli_main(["report", str(_save(tmp_path, True)), "--top", "5", "--plot", str(png), "--csv", str(out_csv),
+                   "--print"])  # with file outputs the table is printed when asked
     out = capsys.readouterr().out
     assert rc == 0 and "| layer | type | phase |" in out and "### Opportunities" in out
     assert png.stat().st_size > 10_000 and out_csv.stat().st_size > 0

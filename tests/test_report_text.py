@@ -82,3 +82,26 @@ def test_a_what_if_reports_heading_names_both_devices():
     assert head.startswith("## Roofline — what-if on NVIDIA A100-SXM4-80GB, measured on this machine's CPU · ")
     same = api.roofline(_mlp(True), a100()).to_markdown().splitlines()[0]
     assert same.startswith("## Roofline — NVIDIA A100-SXM4-80GB") and "what-if" not in same
+
+
+def test_cli_report_with_file_outputs_prints_one_line_per_file(tmp_path, capsys):
+    """`tscope report X --html OUT` used to print the whole markdown report too; now one line per file written,
+    and the report only with --print (or --markdown), or when no file is asked for."""
+    import json
+
+    from profiles import toy_profile
+
+    from tscope_callbacks.cli import main
+
+    path = tmp_path / "step.json"
+    path.write_text(json.dumps({"profile": toy_profile().to_dict(), "device": a100().to_dict()}))
+    html, out_csv = tmp_path / "step.html", tmp_path / "rows.csv"
+    assert main(["report", str(path), "--html", str(html), "--csv", str(out_csv)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines() == [f"CSV written to {out_csv}", f"dashboard page written to {html}"]
+    assert html.stat().st_size > 1000 and out_csv.stat().st_size > 0
+    assert main(["report", str(path), "--html", str(html), "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## Roofline — ") and out.rstrip().endswith(f"dashboard page written to {html}")
+    assert main(["report", str(path)]) == 0
+    assert capsys.readouterr().out.startswith("## Roofline — ")

@@ -5,6 +5,9 @@ callbacks write as ``tscope/step_<N>.json``; read back as it is, without re-anal
 device), or a profiled step to analyse: ``StepProfile.to_dict()``, or a version 1 wrapper ``{"profile": {...},
 "device": {...} | "name"}`` (what ``tscope analyze --json`` writes). The device of a re-analysis is, in order:
 ``--gpu``, the wrapper's device, the profile's ``meta["device_name"]``.
+
+Output: the markdown report on stdout; with file outputs (``--csv``, ``--plot``, ``--html``, ``--trace``) one line per
+file written instead, and the report too only with ``--print`` (``--markdown``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the dashboard page of the step here (one self-contained file, no network)")
     p.add_argument("--trace", default=None, type=output_file, metavar="OUT.json",
                    help="write a Chrome/Perfetto trace of the step here (ui.perfetto.dev; HTA/TraceLens read it)")
+    p.add_argument("--print", "--markdown", dest="print_markdown", action="store_true",
+                   help="print the markdown report too when writing files (printed by default only when no "
+                        "--csv/--plot/--html/--trace is given; with them, one line per file written)")
 
 
 def spec_from_dict(d: dict[str, Any]) -> Any:
@@ -113,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
         print(f"tscope report: {msg or type(e).__name__}", file=sys.stderr)
         return 2
-    print(markdown.to_markdown(report, top=args.top))
+    if getattr(args, "print_markdown", False) or not any((args.csv, args.plot, args.html, args.trace)):
+        print(markdown.to_markdown(report, top=args.top))
     if args.csv:
         legacy.to_csv(report, args.csv)
         print(f"CSV written to {args.csv}")
@@ -121,10 +128,10 @@ def run(args: argparse.Namespace) -> int:
         plot.plot(report, args.plot)
         print(f"plot written to {args.plot}")
     if args.html:
-        from tscope_callbacks.render.dashboard import report_html
+        from tscope_callbacks.dashboard.page import report_html, run_name_of
 
         with open(args.html, "w", encoding="utf-8") as fh:
-            fh.write(report_html(report))
+            fh.write(report_html(report, run=report.run or run_name_of(args.path)))
         print(f"dashboard page written to {args.html}")
     if args.trace:
         if prof is None:
