@@ -122,6 +122,7 @@ class GradHistory:
         self.spike_factor, self.min_steps = spike_factor, min_steps
         self.steps: deque[tuple[int, float, Mapping[str, float]]] = deque(maxlen=window)  #: (step, global, per layer)
         self._totals: deque[float] = deque(maxlen=window)  #: the global norms of ``steps`` (a cheap spike bound)
+        self._floor = math.inf  #: the smallest of ``_totals``
         self.losses: deque[tuple[int, float]] = deque(maxlen=window)  #: (step, loss) of the steps that had one
         self.lrs: deque[tuple[int, float]] = deque(maxlen=window)  #: (step, learning rate) of the steps that had one
 
@@ -136,9 +137,11 @@ class GradHistory:
             return None
         layers = LayerNorms(names, norms)
         factor = self.spike_factor
-        # a cheap bound first: under f x the smallest norm before it is under f x their median
-        spike = (self._spike(step, total, layers) if factor is not None and len(self.steps) >= self.min_steps
-                 and total > factor * min(self._totals) else None)
+        totals = self._totals
+        # a cheap bound first: under f x the smallest norm before it is under f x their median (the smallest kept up
+        # to date as steps come and go: a full min only when the smallest one leaves the window)
+        spike = (self._spike(step, total, layers) if factor is not None and total > factor * self._floor
+                 and len(totals) >= self.min_steps else None)
         finite_loss = loss is not None and math.isfinite(loss)
         if spike is not None:
             spike["loss"] = float(loss) if finite_loss else None
@@ -146,7 +149,12 @@ class GradHistory:
                                     if finite_loss and self.losses else None)
             spike["lr"] = lr
         self.steps.append((step, total, layers))
-        self._totals.append(total)
+        gone = totals[0] if len(totals) == totals.maxlen else None
+        totals.append(total)
+        if total <= self._floor:
+            self._floor = total
+        elif gone is not None and gone <= self._floor:
+            self._floor = min(totals)
         if finite_loss:
             self.losses.append((step, float(loss)))
         if lr is not None and math.isfinite(lr):

@@ -56,7 +56,8 @@ from tscope_callbacks.callbacks.guarded import GuardedCallback
 from tscope_callbacks.callbacks.session import sinks_for
 from tscope_callbacks.callbacks.sinks import METRIC_ROOT, NULL_SINK, metric_key
 from tscope_callbacks.capture import locate as nl_locate
-from tscope_callbacks.capture.active import active_profile, paused
+from tscope_callbacks.capture import active as _active
+from tscope_callbacks.capture.active import paused
 
 __all__ = ["NaNGuardCallback", "NonFiniteError", "NonFiniteEvent"]
 
@@ -188,40 +189,32 @@ class NaNGuardCallback(GuardedCallback):
             with paused():
                 self._poll(trainer, pl_module, st.step.completed)
         if st.snapshot and (self.every_n_steps == 1 or self._due_now(trainer)):
+            snaps = st.snaps
             try:
-                if active_profile() is None:
-                    st.snaps.append(nl_locate.StepSnapshot.take(batch, batch_idx))
+                if _active._ACTIVE is None:
+                    snaps.append(nl_locate.StepSnapshot.take(batch, batch_idx))
                 else:
                     with paused():
-                        st.snaps.append(nl_locate.StepSnapshot.take(batch, batch_idx))
-                if len(st.snaps) > 256:
-                    del st.snaps[:-256]
+                        snaps.append(nl_locate.StepSnapshot.take(batch, batch_idx))
+                if len(snaps) > 256:
+                    del snaps[:-256]
             except Exception as e:
                 self.faults.report("snapshot", e)
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
-        if active_profile() is not None:
-            with paused():  # in a profiled step the guard's own ops are not recorded as the user's
-                return self._keep_loss(trainer, loss)
-        return self._keep_loss(trainer, loss)
-
-    def _keep_loss(self, trainer: pl.Trainer, loss: torch.Tensor) -> None:
+        """Keeps the loss tensor itself (no op: the check reads it with the norms, under the optimizer's no-grad)."""
         st = self._state
-        if not isinstance(loss, torch.Tensor):
-            if st.snaps and st.snaps[-1].loss is None:
-                st.snaps[-1].loss = loss
-            return
-        detached = loss.detach()
-        if st.snaps and st.snaps[-1].loss is None:
-            st.snaps[-1].loss = detached
-        if self.check_loss and (self.every_n_steps == 1 or self._due_now(trainer)):
-            st.losses.append(detached)
+        snaps = st.snaps
+        if snaps and snaps[-1].loss is None:
+            snaps[-1].loss = loss
+        if self.check_loss and isinstance(loss, torch.Tensor) and (self.every_n_steps == 1 or self._due_now(trainer)):
+            st.losses.append(loss)
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
-        if active_profile() is None:
+        if _active._ACTIVE is None:
             self._check_step(trainer, pl_module, optimizer)
         else:
             with paused():  # check and replay inside a profiled step are not the user's work

@@ -152,9 +152,12 @@ def progress_trackers(trainer: Any, pl_module: Any) -> tuple[Any, Any]:
 def params_of(st: GuardState, optimizer: Any) -> list[torch.nn.Parameter]:
     """The optimizer's parameters in group order (read every step: a group added, or a parameter replaced, is
     seen); the list of the step before when they are the same objects (its names stay valid)."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
+    groups = optimizer.param_groups
+    # one group (the usual case): its list compared in place, no new list unless it changed
+    params = groups[0]["params"] if len(groups) == 1 else [p for g in groups for p in g["params"]]
     if len(params) == len(st.params) and all(map(operator.is_, params, st.params)):
         return st.params
+    params = list(params)
     st.params, st.names = params, []
     return params
 
@@ -297,13 +300,26 @@ def check_now(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: 
     with_norms = False
     try:
         grads, names = _grads_and_names(st, pl_module, params)
-        loss_ts = [nl.local(x) for x in losses]
-        if guard.grad_norms and scaler is None and grads:  # per-gradient norms and the losses: one fused norm, one
-            norms = nl.tensor_norms(grads)                   # stack, one read
-            vec = torch.stack(norms + _loss_scalars(loss_ts, norms[0].device))
-            with_norms = True
-        else:
-            vec = nl.nonfinite_total(grads + loss_ts)
+        # the losses as on_before_backward handed them (not detached there: no op), read under no-grad (a torch
+        # optimizer runs this hook inside its closure's enable_grad)
+        loss_ts = losses if all(type(x) is torch.Tensor for x in losses) else [nl.local(x) for x in losses]
+        grad_mode = torch.is_grad_enabled()
+        if grad_mode:
+            torch._C._set_grad_enabled(False)
+        try:
+            if guard.grad_norms and scaler is None and grads:  # per-gradient norms and the losses: one fused norm,
+                norms = nl.tensor_norms(grads)                   # one stack, one read
+                if loss_ts:
+                    dev = norms[0].device
+                    norms += [x if x.dtype is torch.float32 and x.ndim == 0 and x.device == dev
+                              else x.float().sum().to(dev) for x in loss_ts]
+                vec = torch.stack(norms)
+                with_norms = True
+            else:
+                vec = nl.nonfinite_total(grads + loss_ts)
+        finally:
+            if grad_mode:
+                torch._C._set_grad_enabled(True)
     except Exception as e:
         guard.faults.report("check", e)
     values = nl.read_now(vec) if vec is not None else [0.0]  # the one read of this step, norms included
@@ -315,6 +331,8 @@ def check_now(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: 
         st.streak = st.skips_in_row = st.amp_streak = 0
         if with_norms:  # [per-gradient norms..., per-loss values...], read together
             n = len(names)
+            if len(values) == n:
+                return Healthy(st.step.completed, names, values, None, st.lr)
             return Healthy(st.step.completed, names, values[:n], step_loss(values[n:]), st.lr)
         return None
     try:

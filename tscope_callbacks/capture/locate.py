@@ -58,31 +58,46 @@ class LocateResult:
     origin: str = ""  # the op that made the first non-finite value, and its line (``capture.op_origin``)
 
 
-@dataclass
 class StepSnapshot:
     """Per micro-batch: batch reference, batch tensor versions, torch's RNG states (CPU and CUDA: dropout and any
     torch draw replay exactly; a step drawing from numpy or Python's ``random`` may replay differently, which the
-    replay detects and reports), and (later) the loss it produced."""
+    replay detects and reports), and (later) the loss it produced (the tensor ``training_step`` returned)."""
 
-    batch: Any
-    batch_idx: int
-    rng: RngState
-    versions: list[tuple[torch.Tensor, int]]
-    loss: torch.Tensor | None = None
+    __slots__ = ("batch", "batch_idx", "rng", "versions", "loss")
+
+    def __init__(self, batch: Any, batch_idx: int, rng: RngState, versions: list[tuple[torch.Tensor, int]],
+                 loss: torch.Tensor | None = None) -> None:
+        self.batch, self.batch_idx, self.rng, self.versions, self.loss = batch, batch_idx, rng, versions, loss
 
     @classmethod
     def take(cls, batch: Any, batch_idx: int) -> StepSnapshot:
         """Taken before every checked step: a tensor, or a flat tuple, list or dict of tensors (most batches) skip
         the general walk."""
-        if type(batch) is torch.Tensor:
-            tensors: Any = (batch,)
+        tb = type(batch)
+        if tb is torch.Tensor:
+            versions = [(batch, batch._version)]
         else:
-            flat = batch.values() if type(batch) is dict else batch if type(batch) in (tuple, list) else None
-            tensors = flat if flat is not None and all(type(t) is torch.Tensor for t in flat) else iter_tensors(batch)
-        return cls(batch, batch_idx, RngState(host=False), [(t, t._version) for t in tensors])
+            versions = None
+            flat = batch.values() if tb is dict else batch if tb is tuple or tb is list else None
+            if flat is not None:
+                try:
+                    versions = [(t, t._version) for t in flat if type(t) is torch.Tensor or _not_tensor(t)]
+                except _Nested:
+                    versions = None
+            if versions is None:
+                versions = [(t, t._version) for t in iter_tensors(batch)]
+        return cls(batch, batch_idx, RngState.torch_only(), versions)
 
     def mutated(self) -> bool:
         return any(t._version != v for t, v in self.versions)
+
+
+class _Nested(Exception):
+    """A flat batch holds something other than tensors: walk it in full."""
+
+
+def _not_tensor(t: Any) -> bool:
+    raise _Nested
 
 
 class _Tracer:
