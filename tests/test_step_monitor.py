@@ -372,3 +372,25 @@ def test_no_silence_warning_and_validate_keeps_the_fits_state(recwarn) -> None:
     trainer.validate(trainer.lightning_module, verbose=False)
     assert len(mon.alerts) == 1 and mon.last_breakdown  # setup("validate") resets nothing
     assert not [w for w in recwarn if "StepMonitor" in str(w.message)]  # it has no schedule to explain
+
+
+def _roof(**kw) -> ts.RooflineCallback:
+    spec = ts.DeviceSpec(name="test-cpu", flops={"fp32": 1e11}, bandwidth=2e10, source="tests", measured=True,
+                         vendor="cpu")
+    return ts.RooflineCallback(gpu=spec, plot=False, save_json=False, **kw)
+
+
+def test_on_by_default_inside_roofline_callback() -> None:
+    # profiles at steps 5-7, 25-27 and 45-47 (3-step series): their steps are no basis and raise no alert
+    roof = _roof(start_step=5, every_n_steps=20)
+    trainer = _fit(_Net(_Flags()), 60, roof)
+    assert [c for c in trainer.callbacks if isinstance(c, StepMonitor)] == [roof.monitor]
+    assert roof.monitor.last_breakdown["steps"] > 0 and roof.monitor.alerts == []
+    assert roof.last_profile.meta["step_breakdown"]["basis"] == "host wall clock"
+    mine = StepMonitor()  # a monitor the trainer already has is the one: not a second
+    trainer = _fit(_Net(_Flags()), 3, mine, _roof())
+    assert [c for c in trainer.callbacks if isinstance(c, StepMonitor)] == [mine]
+    trainer = _fit(_Net(_Flags()), 3, _roof(monitor=False))
+    assert not [c for c in trainer.callbacks if isinstance(c, StepMonitor)]
+    with pytest.raises(TypeError, match="monitor must be True, False or a StepMonitor, got str"):
+        _roof(monitor="yes")

@@ -19,6 +19,7 @@ _EXPORTS = {
     "LayerProfilerCallback": "callbacks.layers_cb",
     "NaNGuardCallback": "callbacks.nan_guard",
     "WatchCallback": "callbacks.watch",
+    "StepMonitor": "callbacks.monitor",
     "NonFiniteEvent": "analysis.nonfinite",
     "NonFiniteError": "analysis.nonfinite",
     # any loop: profile a region, place it on the roofline

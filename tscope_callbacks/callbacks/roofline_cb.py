@@ -17,6 +17,7 @@ from tscope_callbacks.callbacks import session
 from tscope_callbacks.callbacks.auto_mfu import MAX_SIGNATURES, AutoMFU
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
 from tscope_callbacks.callbacks.clock import StepClock
+from tscope_callbacks.callbacks.monitor import StepMonitor
 from tscope_callbacks.callbacks.series import AFTER_STEPS, FirstProfileWait, ProfileSeries
 from tscope_callbacks.callbacks.session import batch_signature, batch_size
 from tscope_callbacks.callbacks.sinks import metric_key
@@ -92,6 +93,12 @@ class RooflineCallback(ProfilingCallback):
         wait_for_warmup: the first profile waits until 5 unprofiled steps in a row agree (warm-up over: the step-time
             basis), at most 16 steps past its scheduled step and never past the last ``profile_steps`` steps of
             ``max_steps``; its report says from which step it moved. False: profile exactly on schedule.
+        monitor: the always-on step monitor (:class:`~tscope_callbacks.callbacks.monitor.StepMonitor`): every step's
+            data wait, host, device-busy and idle time (``tscope/step/*``), input-bound verdicts naming the DataLoader
+            fix, GPU power, clocks and energy (``tscope/gpu/*``, with the ``nvml`` extra) and a diagnostic profile when
+            steps get slow or the loss or gradient norm spikes, with an alert naming what grew. True: one with its
+            defaults; a ``StepMonitor``: that one; False: off. Added to the trainer's callbacks at setup (unless the
+            trainer has one).
         every_n_steps, start_step, max_profiles, profile_first, stages, raise_errors: see
             :class:`~tscope_callbacks.callbacks.base.ProfilingCallback`.
 
@@ -137,7 +144,8 @@ class RooflineCallback(ProfilingCallback):
                  save_json: bool = True, save_trace: bool = False, auto_mfu: bool = True,
                  attention_flops: str = "attended",
                  compare_eager: bool = True, replay: bool = True, fsdp_whatif: int | None = None, history: int = 32,
-                 profile_steps: int = 3, wait_for_warmup: bool = True, every_n_steps: int | None = 500, start_step: int = 10,
+                 profile_steps: int = 3, wait_for_warmup: bool = True, monitor: bool | StepMonitor = True,
+                 every_n_steps: int | None = 500, start_step: int = 10,
                  max_profiles: int | None = None, profile_first: bool = True,
                  stages: str | list[str] | tuple[str, ...] = ("train",), raise_errors: bool = False) -> None:
         super().__init__(every_n_steps=every_n_steps, start_step=start_step, max_profiles=max_profiles,
@@ -186,6 +194,9 @@ class RooflineCallback(ProfilingCallback):
         self._recount_at: int | None = None  #: a step whose batch shape is new: profile it to count its FLOPs
         self._model_logged = False  #: ``tscope/model/*`` are logged once per fit
         self.profile_steps, self.wait_for_warmup = profile_steps, wait_for_warmup
+        if not isinstance(monitor, (bool, StepMonitor)):
+            raise TypeError(f"monitor must be True, False or a StepMonitor, got {type(monitor).__name__}")
+        self.monitor = StepMonitor() if monitor is True else (monitor or None)
         self._series = ProfileSeries(profile_steps)  #: the running k-step series
         self._wait = FirstProfileWait(wait_for_warmup)  #: the first profile's wait for warmed-up steps
 
@@ -215,6 +226,8 @@ class RooflineCallback(ProfilingCallback):
         self._series = ProfileSeries(self.profile_steps)
         session.register_clock(trainer, self._clock)
         session.register_clock(trainer, self.auto.start(cuda))
+        if self.monitor is not None and not any(isinstance(c, StepMonitor) for c in trainer.callbacks):
+            trainer.callbacks.append(self.monitor)  # its own hooks from here (Lightning calls it in this loop too)
         if self.spec is not None or isinstance(self.gpu, DeviceSpec):
             return  # resolved at construction
         from tscope_callbacks.devices.resolve import get_device_spec
