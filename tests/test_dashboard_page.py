@@ -233,8 +233,15 @@ def test_hover_shows_the_tooltip_and_click_lists_the_ops(driver, fit_logdir):
     ActionChains(driver).click(pt).perform()
     _wait(driver, lambda d: d.find_elements("css selector", "#ops-table tr td.mono"))
     head = driver.find_element("css selector", "#ops-panel h2").text
-    n_ops = sum(1 for o in rep["ops"] if o["layer"] == layer or o["layer"].startswith(layer + "."))
+    of_layer = [o for o in rep["ops"] if o["layer"] == layer or o["layer"].startswith(layer + ".")]
+    # the clicked phase's ops; "all phases" lists the layer's ops of every phase
+    assert head == f"Ops of {layer or '(root)'} · {phase} ({sum(o['phase'] == phase for o in of_layer)})"
+    driver.find_element("css selector", "#ops-all-phases").click()
+    _wait(driver, lambda d: "·" not in d.find_element("css selector", "#ops-panel h2").text)
+    head = driver.find_element("css selector", "#ops-panel h2").text
+    n_ops = len(of_layer)
     assert head == f"Ops of {layer or '(root)'} ({n_ops})"
+    driver.find_element("css selector", "#ops-all-phases").click()
     ActionChains(driver).move_by_offset(0, 0).move_to_element(driver.find_element("css selector", "header")).perform()
 
 
@@ -358,6 +365,8 @@ def test_tscope_report_html(fit_logdir, tmp_path):
     text = out.read_text(encoding="utf-8")
     data = json.loads(re.search(r'data-tscope-step="[^"]+">(.*?)</script>', text, re.S)[1])
     assert data["header"]["mfu"] == ld.load(run_dir, steps[-1], "train")["header"]["mfu"]
+    # the run is named by the step file's run directory (tiny/version_0), not "run"
+    assert "<title>tscope · tiny/version_0 · step" in text and '"run": "tiny/version_0"' in text.replace('":"', '": "')
 
 
 def test_wandb_gets_the_page_at_each_profile(tmp_path, monkeypatch):
@@ -651,3 +660,137 @@ def test_fit_reports_the_guards_gradient_spikes(tmp_path):
     spikes = ld.read_step_file(path)["grad_spikes"]
     assert [s["step"] for s in spikes] == [12] and spikes[0]["ratio"] > 100
     assert spikes[0] == pytest.approx(guard.spikes[0])
+
+
+# ---------- a measured roof an op beat, a busy machine, identical layers: one step on its own page ----------
+def _widened_report() -> dict:
+    """A measured CPU-like roof (fp32 100 GFLOP/s, 25 GB/s) that a relu beat: 1e6 fp32 elements read and written =
+    8e6 B in 0.2 ms = 40 GB/s, so the analysis widens the bandwidth roof to 40 GB/s (analysis.roofs.widen). Two
+    identical layers (blocks.0.fc, blocks.1.fc: the same 256^3 fp32 matmul in 1 ms) sit on one spot; blocks.0.fc
+    has a backward op too. The machine was busy and torch oversubscribed it (2 threads, 1.5 of 2 CPUs busy)."""
+    from tests.profiles import make_profile, matmul, pointwise
+    from tscope_callbacks import api
+    from tscope_callbacks.devices.spec import DeviceSpec
+
+    spec = DeviceSpec(name="cpu", flops={"fp32": 100e9}, bandwidth=25e9, measured=True)
+    prof = make_profile([pointwise(1_000_000, time_s=2e-4, layer="act"),
+                         matmul(256, 256, 256, dtype="float32", layer="blocks.0.fc", time_s=1e-3),
+                         matmul(256, 256, 256, dtype="float32", layer="blocks.1.fc", time_s=1e-3),
+                         matmul(256, 256, 512, dtype="float32", layer="blocks.0.fc", phase="backward", time_s=3e-3)],
+                        host_cpus=2, host_others_load_per_cpu=0.75, host_busy=True, host_oversubscribed=True,
+                        torch_threads=2, step=7)
+    return api.roofline(prof, spec).step_report.to_dict()
+
+
+@pytest.fixture(scope="module")
+def widened_page(driver, tmp_path_factory):
+    rep = _widened_report()
+    page = tmp_path_factory.mktemp("widened") / "step.html"
+    page.write_text(report_html(rep, run="busy"), encoding="utf-8")
+    driver.get(page.as_uri())
+    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    return rep
+
+
+def test_the_drawn_memory_roof_is_the_one_percent_of_roof_uses(driver, widened_page):
+    rep = widened_page
+    assert rep["summary"]["bandwidth"] == 25e9 and rep["roofs"][0]["bandwidth"] == 40e9  # 8e6 B / 2e-4 s
+    ax = json.loads(driver.find_element("css selector", "svg#roofline").get_attribute("data-axes"))
+
+    def data(px: float, py: float) -> tuple[float, float]:  # pixels -> (FLOP/B, FLOP/s) on the log axes
+        fx = (px - ax["left"]) / (ax["right"] - ax["left"])
+        fy = (ax["bottom"] - py) / (ax["bottom"] - ax["top"])
+        return 10 ** (ax["x0"] + fx * (ax["x1"] - ax["x0"])), 10 ** (ax["y0"] + fy * (ax["y1"] - ax["y0"]))
+
+    def slope(path) -> float:
+        pts = [tuple(map(float, p.split(","))) for p in re.findall(r"[-\d.e]+,[-\d.e]+", path.get_attribute("d"))]
+        (xa, ya), (xb, yb) = data(*pts[0]), data(*pts[1])
+        return ya / xa if abs(yb / xb - ya / xa) < 1e-3 * ya / xa else float("nan")
+
+    roof = driver.find_element("css selector", 'svg#roofline path.roof[data-precision="fp32"]')
+    assert abs(slope(roof) / rep["roofs"][0]["bandwidth"] - 1) < 0.02, slope(roof)  # the widened 40 GB/s
+    dev = driver.find_element("css selector", "svg#roofline path.roof-device[data-bandwidth]")
+    assert dev.get_attribute("stroke-dasharray") and abs(slope(dev) / 25e9 - 1) < 0.02  # the measured one, dashed
+    keys = driver.find_element("css selector", "#roof-keys").text
+    assert "memory 40 GB/s" in keys and "measured 25 GB/s" in keys, keys
+    # the % of roof of the relu: 40 GB/s on a 40 GB/s roof = 100%, which only the drawn roof gives
+    relu = next(r for r in rep["rows"]["layer_phase"] if r["layer"] == "act")
+    assert abs(relu["pct_of_roof"] - 1.0) < 1e-9
+    assert "measured bandwidth 25 GB/s" in driver.find_element("css selector", '[data-card="mbu"] .sub').text
+
+
+def test_environment_warnings_are_a_banner(driver, widened_page):
+    items = {li.get_attribute("data-warning"): li.text
+             for li in driver.find_elements("css selector", "#env-banner li")}
+    assert "1.5 busy cores" in items["oversubscribed"] and "torch.set_num_threads(1)" in items["oversubscribed"]
+    assert "0.75 of each of the 2 CPUs" in items["busy"]
+    assert "bandwidth roof widened from 25 to 40 GB/s" in items["roof-note"]
+    # at the top of the page: above the cards
+    top = driver.find_element("css selector", "#env-banner").location["y"]
+    assert top < driver.find_element("css selector", "#cards").location["y"]
+
+
+def test_points_at_one_spot_can_each_be_hovered_and_phase_ops_listed(driver, widened_page):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    pts = driver.find_elements("css selector", 'svg#roofline circle.pt[data-phase="forward"][data-same="2"]')
+    assert sorted(p.get_attribute("data-layer") for p in pts) == ["blocks.0.fc", "blocks.1.fc"]
+    assert len({(p.get_attribute("cx"), p.get_attribute("cy")) for p in pts}) == 2  # spread apart
+    for p in pts:  # each one on top somewhere: hoverable
+        assert driver.execute_script("""const c = arguments[0], b = c.getBoundingClientRect();
+            for (const [fx, fy] of [[.5,.5],[.2,.5],[.8,.5],[.5,.2],[.5,.8]])
+              if (document.elementFromPoint(b.x + b.width * fx, b.y + b.height * fy) === c) return true;
+            return false;""", p)
+    ActionChains(driver).move_to_element(pts[0]).perform()
+    tip = driver.find_element("css selector", "#tooltip")
+    _wait(driver, lambda d: tip.is_displayed())
+    assert "2 layers here" in tip.text and "blocks.0.fc forward" in tip.text and "blocks.1.fc forward" in tip.text
+    legend = [e.get_attribute("data-phase") for e in driver.find_elements("css selector", "#roof-legend .phase-key")]
+    assert legend == ["forward", "backward"]
+    bwd = driver.find_element("css selector", 'svg#roofline circle.pt[data-layer="blocks.0.fc"][data-phase="backward"]')
+    driver.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", bwd)
+    _wait(driver, lambda d: d.find_elements("css selector", "#ops-table tr td.mono"))
+    phases = lambda: [r.find_elements("css selector", "td")[2].text  # noqa: E731
+                      for r in driver.find_elements("css selector", "#ops-table tr") if r.find_elements("css selector", "td")]
+    assert phases() == ["backward"]
+    driver.find_element("css selector", "#ops-all-phases").click()
+    _wait(driver, lambda d: len(phases()) == 2)
+    assert sorted(phases()) == ["backward", "forward"]
+    ActionChains(driver).move_to_element(driver.find_element("css selector", "header")).perform()
+
+
+def test_single_step_page_has_no_diff_and_no_one_dot_charts(driver, widened_page):
+    assert Select_value(driver, "#run-select") == "busy"
+    assert not driver.find_element("css selector", "#diff-select").is_displayed()
+    assert not driver.find_element("css selector", "#diff-panel").is_displayed()
+    assert "2 or more steps" in driver.find_element("css selector", "#series-few").text
+    assert not driver.find_elements("css selector", "#charts svg")
+
+
+def Select_value(driver, css: str) -> str:
+    from selenium.webdriver.support.ui import Select
+
+    return Select(driver.find_element("css selector", css)).first_selected_option.get_attribute("value")
+
+
+def test_diff_offers_only_the_other_steps(driver, page_file, fit_logdir):
+    from selenium.webdriver.support.ui import Select
+
+    _, _, steps = fit_logdir
+    driver.get(page_file.as_uri())
+    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    cur = Select_value(driver, "#step-select")
+    offered = [o.get_attribute("value") for o in Select(driver.find_element("css selector", "#diff-select")).options]
+    assert cur not in offered and f"train:{steps[0]}" in offered
+    Select(driver.find_element("css selector", "#step-select")).select_by_value(f"train:{steps[0]}")
+    offered = [o.get_attribute("value") for o in Select(driver.find_element("css selector", "#diff-select")).options]
+    assert f"train:{steps[0]}" not in offered and cur in offered
+
+
+def test_tree_last_column_header_is_not_clipped_when_expanded(driver, page_file):
+    driver.get(page_file.as_uri())
+    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    driver.find_element("css selector", "#tree-expand").click()
+    over = driver.execute_script("""const t = document.querySelector('#tree'), th = [...document.querySelectorAll('#tree-table th')].pop();
+        return [th.textContent, th.getBoundingClientRect().right - t.getBoundingClientRect().left - t.clientWidth, t.scrollWidth - t.clientWidth];""")
+    assert over[0] == "NaN/Inf" and over[1] <= 0.5 and over[2] <= 0, over

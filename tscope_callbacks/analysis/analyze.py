@@ -206,7 +206,9 @@ def _header(eng: RooflineAnalysis, model: dict[str, Any], mem: MemorySection | N
         "step_ms": Figure(_fin(ms(eng.measured_step_s)), "ms", basis),
         "estimated_step_ms": Figure(_fin(ms(eng.estimated_step_s)), "ms", est),
         "mfu": Figure(_fin(eng.mfu), "fraction", mfu_b),
-        "mbu": Figure(_fin(eng.mbu), "fraction", "bytes / step time / bandwidth"),
+        "mbu": Figure(_fin(eng.mbu), "fraction", "bytes / step time / "
+                      f"{'measured' if getattr(eng.spec, 'measured', False) else 'datasheet'} bandwidth "
+                      f"{eng.bandwidth / 1e9:.4g} GB/s"),
         "hfu": Figure(_fin(eng.hfu), "fraction", "hardware FLOPs (recompute included) / step time / "
                       f"{eng.mfu_precision} matrix roof"),
         "achieved_tflops": Figure(_fin(eng.achieved_tflops), "TFLOP/s", "all FLOPs / step time"),

@@ -17,11 +17,23 @@ from tscope_callbacks.render.dashboard import (
     standalone_data,
 )
 
-__all__ = ["page_html", "standalone_data", "report_html", "run_html", "fmt_figure", "sig", "write_html", "pack_ops",
+__all__ = ["page_html", "standalone_data", "report_html", "run_html", "run_name_of", "fmt_figure", "sig", "write_html", "pack_ops",
            "series_from_reports", "OPS_BUDGET_BYTES"]
 
 
 # ---------- a logdir or run directory ----------
+
+def run_name_of(path: str) -> str:
+    """The run a step file belongs to, by its directory: ``<run>/tscope/step_N.json`` -> ``<run>`` (a Lightning
+    ``version_N`` directory with its parent: ``tiny/version_0``); a file elsewhere -> its directory's name."""
+    d = os.path.dirname(os.path.abspath(path))
+    if os.path.basename(d) == "tscope":
+        d = os.path.dirname(d)
+    name = os.path.basename(d)
+    if name.startswith("version_") and os.path.basename(os.path.dirname(d)):
+        name = os.path.basename(os.path.dirname(d)) + "/" + name
+    return name or os.path.splitext(os.path.basename(path))[0] or "run"
+
 
 def run_html(path: str, *, title: str | None = None, ops_budget: int = OPS_BUDGET_BYTES) -> str:
     """Every run with step files at or under ``path`` (a log dir, a run directory, or one step JSON) as one page,
@@ -30,7 +42,7 @@ def run_html(path: str, *, title: str | None = None, ops_budget: int = OPS_BUDGE
     from tscope_callbacks.dashboard import logdir as ld
 
     if os.path.isfile(path):
-        run = os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(path)))) or "run"
+        run = run_name_of(path)
         try:
             d = ld.read_step_file(path)
         except ld.StepFileError as e:

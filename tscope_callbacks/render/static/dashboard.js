@@ -147,7 +147,7 @@
         h("label", {}, "step", h("select", {id: "step-select", onchange: (e) => selectStep(e.target.value)})),
         h("label", {}, "diff with", h("select", {id: "diff-select", onchange: (e) => selectDiff(e.target.value)})),
         h("span", {id: "device"})),
-      h("div", {id: "banner"}), h("div", {id: "whatif"}),
+      h("div", {id: "banner"}), h("div", {id: "env"}), h("div", {id: "whatif"}),
       h("section", {id: "cards"}),
       h("div", {class: "grid2"},
         h("div", {class: "panel", id: "roof-panel"},
@@ -194,14 +194,26 @@
     rs.value = S.run;
     const run = S.runs.find((r) => r.run === S.run) || {steps: []};
     const ss = $("#step-select"), ds = $("#diff-select");
-    ss.innerHTML = ""; ds.innerHTML = "";
-    ds.append(h("option", {value: "", text: "—"}));
+    ss.innerHTML = "";
     for (const st of run.steps) {
       const v = st.stage + ":" + st.step;
       ss.append(h("option", {value: v, text: stepLabel(st), disabled: st.readable === false ? "" : null}));
-      ds.append(h("option", {value: v, text: stepLabel(st), disabled: st.readable === false ? "" : null}));
     }
     ss.value = S.stage + ":" + S.step;
+    fillDiff();
+  }
+  /* "diff with": the run's other steps (never the one shown); no diff at all for a run of one readable step */
+  function fillDiff() {
+    const run = S.runs.find((r) => r.run === S.run) || {steps: []};
+    const ds = $("#diff-select"), cur = S.stage + ":" + S.step;
+    ds.innerHTML = "";
+    ds.append(h("option", {value: "", text: "—"}));
+    const others = run.steps.filter((st) => st.stage + ":" + st.step !== cur);
+    for (const st of others) ds.append(h("option", {value: st.stage + ":" + st.step, text: stepLabel(st), disabled: st.readable === false ? "" : null}));
+    const one = !others.some((st) => st.readable !== false);
+    ds.parentElement.style.display = one ? "none" : "";
+    $("#diff-panel").style.display = one ? "none" : "";
+    if (S.cmp && S.cmp.stage + ":" + S.cmp.step === cur) S.cmp = null;
     ds.value = S.cmp ? S.cmp.stage + ":" + S.cmp.step : "";
   }
   async function selectRun(run) {
@@ -217,6 +229,8 @@
   async function selectStep(v) {
     const [stage, step] = v.split(":");
     S.stage = stage; S.step = +step;
+    fillDiff();
+    if (!S.cmp) selectDiff("");
     await loadStep();
   }
   async function selectDiff(v) {
@@ -257,6 +271,7 @@
     $("#device").title = dev.source || "";
     const mark = (n) => performance.mark("tscope:" + n);
     mark("render");
+    drawEnv(r);
     drawCards(r);
     drawRoofline();
     mark("roofline");
@@ -272,6 +287,37 @@
     drawWhatIf(r);
     if (S.cmp) selectDiff(S.cmp.stage + ":" + S.cmp.step);
     requestAnimationFrame(() => { window.tscopePainted = performance.now(); document.body.setAttribute("data-ready", "1"); });
+  }
+
+  /* the warnings the text report leads with, from the report's typed fields: the machine (other processes' load,
+     torch's threads against the CPUs: render/notes.py environment_lines), a roof measured under load, the roof
+     notes (a widened or beaten roof), the rows marked noise */
+  const BUSY_LOAD_PER_CPU = 0.25;  /* devices.calibrate.BUSY_LOAD_PER_CPU */
+  function envWarnings(r) {
+    const c = r.context || {}, dev = r.device || {}, out = [];
+    const load = c.host_others_load_per_cpu;
+    if (c.host_cpus != null && c.host_busy && num(load))
+      out.push(["busy", "Busy machine: other processes kept " + load.toFixed(2) + " of each of the " + c.host_cpus + " CPUs busy during the timed steps, so times are inflated and noisy (compare runs on an idle machine)."]);
+    if (c.host_cpus != null && c.host_oversubscribed) {
+      const cpus = c.host_cpus, threads = c.torch_threads || 0, busy = (num(load) ? load : 0) * cpus;
+      const fewer = Math.max(1, Math.floor(cpus - busy));
+      out.push(["oversubscribed", "Oversubscribed: torch's " + threads + " thread(s)" + (busy ? " plus " + busy.toFixed(1) + " busy cores" : "") +
+        " exceed the " + cpus + " CPUs (threads wait for each other; " + (fewer < threads ? "torch.set_num_threads(" + fewer + ")" : "fewer threads cannot help: a quieter machine or time does") + ")."]);
+    }
+    if (num(dev.load_per_cpu) && dev.load_per_cpu >= BUSY_LOAD_PER_CPU)
+      out.push(["roof-load", "Roof measured under load: other processes kept " + dev.load_per_cpu.toFixed(2) + " of each CPU busy while the CPU roof was measured: roofs are low and % of roof high (tscope calibrate --no-cache on an idle machine)."]);
+    for (const n of c.roof_notes || []) out.push(["roof-note", "Roof note: " + String(n).replace(/`/g, "")]);
+    const nm = ((r.noise || {}).marks || []).length;
+    if (nm) out.push(["noise", nm + " layer×phase row(s) marked as noise: their times disagree across steps or with identical blocks; no advice for them."]);
+    return out;
+  }
+  function drawEnv(r) {
+    const el = $("#env");
+    el.innerHTML = "";
+    const w = envWarnings(r);
+    if (!w.length) return;
+    el.append(h("div", {class: "banner warn", id: "env-banner"}, h("b", {text: "How far these times can be trusted"}),
+      h("ul", {}, w.map(([k, t]) => h("li", {"data-warning": k, text: t})))));
   }
 
   /* "5,157 tokens/s" -> the number large, the unit small (the text stays "5,157 tokens/s") */
@@ -312,6 +358,20 @@
   }
 
   /* ---------- roofline ---------- */
+  const PHASE_ORDER = ["forward", "backward", "recompute", "optimizer"];
+  /* [[precision, peak drawn, device peak]] (highest first) and the bandwidth drawn: the report's roofs (what the
+     ops were placed on, widened where an op beat a measured roof), the device's peaks for precisions no op used */
+  function roofsDrawn(r) {
+    const dev = r.device || {}, used = {};
+    let bw = 0;
+    for (const x of r.roofs || []) {
+      if (num(x.bandwidth) && x.bandwidth > bw) bw = x.bandwidth;
+      if (x.matrix && num(x.peak_flops) && x.peak_flops > (used[x.precision] || 0)) used[x.precision] = x.peak_flops;
+    }
+    const peaks = Object.entries(dev.peaks || {}).filter(([, v]) => num(v) && v > 0)
+      .map(([p, v]) => [p, used[p] || v, v]).sort((a, b) => b[1] - a[1]);
+    return {peaks, bw: bw || dev.bandwidth};
+  }
   const ROOF_COLORS = ["#3c4043", "#1a73e8", "#9334e6", "#e8710a", "#188038", "#d01884", "#80868b"];
   function drawRoofline() {
     const r = S.rep;
@@ -335,8 +395,11 @@
       }
     }
     const dev = r.device || {};
-    const peaks = Object.entries(dev.peaks || {}).filter(([, v]) => num(v) && v > 0).sort((a, b) => b[1] - a[1]);
-    const bw = dev.bandwidth;
+    /* the roofs the ops were placed on (r.roofs: a measured roof an op beat is widened, analysis.roofs.widen) are
+       the ones drawn, so the drawn roof is the one "% of roof" uses; the device's own figures, where they differ,
+       are drawn dashed */
+    const used = roofsDrawn(r);
+    const peaks = used.peaks, bw = used.bw, devBw = dev.bandwidth;
     const W = Math.max(420, holder.clientWidth || 640), Hh = 400, m = {l: 84, r: 12, t: 10, b: 36};
     let xs = pts.concat(opPts).map((p) => p.ai), ys = pts.concat(opPts).map((p) => p.perf);
     if (peaks.length) ys.push(peaks[0][1]);
@@ -349,7 +412,8 @@
     if (y1 - y0 < 2) y0 = y1 - 2;
     const X = (v) => m.l + (Math.log10(v) - x0) / (x1 - x0) * (W - m.l - m.r);
     const Y = (v) => Hh - m.b - (Math.log10(v) - y0) / (y1 - y0) * (Hh - m.t - m.b);
-    const svg = s("svg", {id: "roofline", width: W, height: Hh, viewBox: "0 0 " + W + " " + Hh});
+    const svg = s("svg", {id: "roofline", width: W, height: Hh, viewBox: "0 0 " + W + " " + Hh,
+      "data-axes": JSON.stringify({x0, x1, y0, y1, left: m.l, right: W - m.r, top: m.t, bottom: Hh - m.b})});
     const grid = s("g", {class: "grid"}), axis = s("g", {class: "axis"});
     for (let e = x0; e <= x1; e++) {
       const px = X(10 ** e);
@@ -369,47 +433,68 @@
     const roofs = s("g", {"clip-path": "url(#roof-clip)"});
     const legend = $("#roof-legend");
     legend.innerHTML = "";
-    const labels = [], roofLabels = s("g", {class: "roof-labels"});
+    /* roof labels go into a key under the chart (on the chart they sat under the points) */
+    const keys = h("div", {class: "legend roof-keys", id: "roof-keys"});
+    const keyLine = (col, dash, txt, attrs) => h("span", Object.assign({}, attrs || {}),
+      h("b", {class: "swatch", style: "border-top:2px " + (dash ? "dashed " : "solid ") + col}), txt);
     if (num(bw)) {
-      peaks.forEach(([prec, pk], i) => {
+      const xa = 10 ** x0, xb = 10 ** x1;
+      peaks.forEach(([prec, pk, devPk], i) => {
         const col = ROOF_COLORS[i % ROOF_COLORS.length], ridge = pk / bw;
-        const xa = 10 ** x0, xb = 10 ** x1;
         const d = "M" + X(xa) + "," + Y(Math.max(xa * bw, 10 ** (y0 - 3))) + " L" + X(ridge) + "," + Y(pk) + " L" + X(xb) + "," + Y(pk);
-        roofs.append(s("path", {class: "roof", d, stroke: col, "stroke-dasharray": i ? "5 3" : null, "data-precision": prec}));
-        labels.push([Y(pk) - 4, col, prec + " " + F.rate(pk)]);
+        roofs.append(s("path", {class: "roof", d, stroke: col, "data-precision": prec, "data-peak": pk, "data-bandwidth": bw}));
+        let txt = prec + " " + F.rate(pk);
+        if (num(devPk) && devPk !== pk) {
+          roofs.append(s("path", {class: "roof-device", d: "M" + X(devPk / bw) + "," + Y(devPk) + " L" + X(xb) + "," + Y(devPk), stroke: col, "stroke-dasharray": "5 3", "data-precision": prec, "data-peak": devPk}));
+          txt += " (widened from " + F.rate(devPk) + ", dashed)";
+        }
+        keys.append(keyLine(col, false, txt, {"data-precision": prec}));
       });
-      let prev = -1e9;
-      for (const [y, col, txt] of labels.sort((a, b) => a[0] - b[0])) {
-        const yy = Math.max(y, prev + 12);
-        prev = yy;
-        roofLabels.append(s("text", {x: W - m.r - 4, y: yy, "text-anchor": "end", style: "fill:" + col + ";font-weight:500"}, txt));
+      if (num(devBw) && devBw > 0 && Math.abs(devBw - bw) > 1e-6 * bw) {
+        const top = peaks.length ? peaks[0][1] : xb * devBw;
+        roofs.append(s("path", {class: "roof-device", "data-bandwidth": devBw, stroke: "#80868b", "stroke-dasharray": "5 3",
+          d: "M" + X(xa) + "," + Y(Math.max(xa * devBw, 10 ** (y0 - 3))) + " L" + X(top / devBw) + "," + Y(top)}));
       }
-      roofLabels.append(s("text", {x: X(10 ** x0) + 4, y: Y(Math.max(10 ** x0 * bw, 10 ** y0)) - 10, style: "fill:#5f6368"}, "memory " + F.bw(bw)));
+      keys.prepend(keyLine("#3c4043", false, "memory " + F.bw(bw), {id: "roof-key-memory", "data-bandwidth": bw}));
+      if (num(devBw) && Math.abs(devBw - bw) > 1e-6 * bw)
+        keys.append(keyLine("#80868b", true, (dev.measured ? "measured " : "datasheet ") + F.bw(devBw) + " (not used: an op beat it)", {id: "roof-key-device", "data-bandwidth": devBw}));
     }
     svg.append(roofs);
     const g = s("g", {"clip-path": "url(#roof-clip)"});
-    svg.append(roofLabels);
     const tmax = Math.max(1e-30, ...pts.map((p) => p.t));
     pts.sort((a, b) => b.t - a.t);
+    /* points at the same spot (identical layers): spread around it so each can be hovered and clicked, and each
+       one's tooltip names the others there */
+    const spots = new Map();
+    for (const p of pts) { const k = X(p.ai).toFixed(0) + "," + Y(p.perf).toFixed(0); if (!spots.has(k)) spots.set(k, []); spots.get(k).push(p); }
+    for (const grp of spots.values()) {
+      if (grp.length < 2) continue;
+      grp.forEach((p, i) => { const a = 2 * Math.PI * i / grp.length; p.dx = 5 * Math.cos(a); p.dy = 5 * Math.sin(a); p.same = grp.map((q) => q.row); });
+    }
     for (const p of pts) {
       const rad = 2.5 + 13 * Math.sqrt(p.t / tmax);
-      const c = s("circle", {class: "pt", cx: X(p.ai).toFixed(1), cy: Y(p.perf).toFixed(1), r: rad.toFixed(1),
-        fill: phaseColor(p.row.phase), "data-layer": p.row.layer, "data-phase": p.row.phase});
+      const c = s("circle", {class: "pt", cx: (X(p.ai) + (p.dx || 0)).toFixed(1), cy: (Y(p.perf) + (p.dy || 0)).toFixed(1), r: rad.toFixed(1),
+        fill: phaseColor(p.row.phase), "data-layer": p.row.layer, "data-phase": p.row.phase, "data-same": p.same ? p.same.length : null});
       c.__row = p.row;
+      c.__same = p.same || null;
       if (S.selLayer != null && p.row.layer === S.selLayer) c.classList.add("sel");
       g.append(c);
     }
     svg.append(g);
-    svg.addEventListener("mousemove", (e) => { const t = e.target; if (t.__row) showTip(e, t.__row, false); else if (t.__op) showTip(e, t.__op, true); else hideTip(); });
+    svg.addEventListener("mousemove", (e) => { const t = e.target; if (t.__row) showTip(e, t.__row, false, t.__same); else if (t.__op) showTip(e, t.__op, true); else hideTip(); });
     svg.addEventListener("mouseleave", hideTip);
-    svg.addEventListener("click", (e) => { const t = e.target; if (t.__row) showLayerOps(t.__row.layer); });
+    svg.addEventListener("click", (e) => { const t = e.target; if (t.__row) showLayerOps(t.__row.layer, t.__row.phase); });
     holder.append(svg);
-    const phases = [...new Set(pts.map((p) => p.row.phase))];
-    for (const ph of phases) legend.append(h("span", {}, h("i", {style: "background:" + phaseColor(ph)}), ph));
+    const present = new Set(pts.map((p) => p.row.phase));
+    const phases = PHASE_ORDER.filter((ph) => present.has(ph)).concat([...present].filter((ph) => !PHASE_ORDER.includes(ph)).sort());
+    for (const ph of phases) legend.append(h("span", {class: "phase-key", "data-phase": ph}, h("i", {style: "background:" + phaseColor(ph)}), ph));
     legend.append(h("span", {class: "muted", text: "size: time · " + pts.length + " layer×phase points" + (skipped ? " (" + skipped + " rows without FLOPs or bytes not drawn)" : "")}));
     const timed = rows.some((x) => num(x.measured_s) && x.measured_s > 0);
     $("#roof-basis").textContent = "y: FLOPs / " + (timed ? "measured time" : "expected kernel time (untimed step)") +
-      "; roofs: " + (dev.measured ? "measured on this machine" : "datasheet peaks") + " per precision, bandwidth " + F.bw(bw) + ". Click a point for its ops.";
+      "; roofs: " + (dev.measured ? "measured on this machine" : "datasheet peaks") + " per precision, bandwidth " + F.bw(bw) +
+      (num(devBw) && Math.abs(devBw - bw) > 1e-6 * bw ? " (widened from the " + (dev.measured ? "measured " : "datasheet ") + F.bw(devBw) + ": see the note above)" : "") +
+      "; % of roof is against these roofs. Click a point for its ops.";
+    legend.before(keys);
     if (opPts.length) {
       const frag = document.createDocumentFragment();
       for (const p of opPts) {
@@ -425,7 +510,7 @@
   function tipRows(pairs) {
     return "<table>" + pairs.filter((p) => p[1] != null && p[1] !== "").map((p) => "<tr><td>" + esc(p[0]) + "</td><td>" + esc(p[1]) + "</td></tr>").join("") + "</table>";
   }
-  function showTip(e, x, isOp) {
+  function showTip(e, x, isOp, same) {
     const tip = $("#tooltip");
     const t = isOp ? x.time_s : x.measured_s;
     const name = isOp ? x.op : (x.layer || "(root)");
@@ -435,7 +520,8 @@
       ["intensity", F.intensity(x.bytes ? x.flops / x.bytes : null)],
       ["measured", num(t) ? F.ms(t) + " ms" : "untimed"], ["expected", F.ms(x.expected_s) + " ms"],
       ["% of roof", F.pct(x.pct_of_roof)], ["bound", x.bound], ["precision", x.precision],
-      ["shapes", isOp ? F.shapes(x.input_shapes) : null]]);
+      ["shapes", isOp ? F.shapes(x.input_shapes) : null]]) +
+      (same && same.length > 1 ? "<div class='same'>" + same.length + " layers here: " + same.map((q) => esc((q.layer || "(root)") + " " + q.phase)).join(", ") + "</div>" : "");
     tip.style.display = "block";
     const w = tip.offsetWidth, hh = tip.offsetHeight;
     let lx = e.clientX + 14, ly = e.clientY + 12;
@@ -445,15 +531,21 @@
   }
   function hideTip() { $("#tooltip").style.display = "none"; }
 
-  async function showLayerOps(layer) {
+  async function showLayerOps(layer, phase) {
     S.selLayer = layer;
+    S.selPhase = phase || null;
     document.querySelectorAll("svg#roofline circle.pt").forEach((c) => c.classList.toggle("sel", c.__row && c.__row.layer === layer));
     const p = $("#ops-panel");
     const res = await API.ops(S.run, S.step, S.stage, layer);
     p.innerHTML = "";
-    const ops = res.ops || [];
-    p.append(h("div", {class: "tools"}, h("button", {onclick: () => { p.innerHTML = ""; S.selLayer = null; document.querySelectorAll("svg#roofline circle.sel").forEach((c) => c.classList.remove("sel")); }}, "close")),
-      h("h2", {text: "Ops of " + (layer || "(root)") + " (" + ops.length + ")"}),
+    /* the root's point is its own ops (an empty layer asks the API for every op) */
+    const allOps = (res.ops || []).filter((o) => layer || !o.layer);
+    const ops = S.selPhase && !S.allPhases ? allOps.filter((o) => o.phase === S.selPhase) : allOps;
+    p.append(h("div", {class: "tools"},
+      S.selPhase ? h("label", {}, h("input", {type: "checkbox", id: "ops-all-phases", checked: S.allPhases ? "" : null,
+        onchange: (e) => { S.allPhases = e.target.checked; showLayerOps(layer, phase); }}), "all phases (" + allOps.length + ")") : null,
+      h("button", {onclick: () => { p.innerHTML = ""; S.selLayer = null; document.querySelectorAll("svg#roofline circle.sel").forEach((c) => c.classList.remove("sel")); }}, "close")),
+      h("h2", {text: "Ops of " + (layer || "(root)") + (S.selPhase && !S.allPhases ? " · " + S.selPhase : "") + " (" + ops.length + ")"}),
       h("div", {class: "basis", text: "in execution order; time measured per op, expected = shape-aware kernel time" + (res.note ? " · " + res.note : "")}));
     const tb = h("table", {class: "t", id: "ops-table"});
     tb.append(h("tr", {}, ["#", "op", "phase", "FLOPs", "bytes", "FLOP/B", "ms", "expected ms", "% roof", "bound", "dtype", "input shapes"].map((c, i) => h("th", {class: i >= 3 && i <= 8 ? "n" : null, text: c}))));
@@ -535,7 +627,8 @@
     $("#tree-basis").textContent = "forward / backward time self and total (total includes children) from the layer hooks; bar = total time (blue fwd, orange bwd); memory = the bytes the layer's forward / backward added (allocator readings on CUDA, tracked live storages on CPU)" +
       ((r.layers || []).some((L) => !num(L.memory_fwd_bytes)) ? " (not measured in this step: –)" : "");
     const tb = h("table", {class: "t", id: "tree-table"});
-    tb.append(h("tr", {}, ["layer", "", "fwd self ms", "fwd total ms", "bwd self ms", "bwd total ms", "FLOPs", "bytes", "mem fwd", "mem bwd", "params", "input shapes", "output shapes", "grad out shapes", "NaN"].map((c, i) => h("th", {class: i >= 2 && i <= 10 ? "n" : null, text: c}))));
+    tb.append(h("tr", {}, ["layer", "", "fwd self ms", "fwd total ms", "bwd self ms", "bwd total ms", "FLOPs", "bytes", "mem fwd", "mem bwd", "params", "in shapes", "out shapes", "grad shapes", "NaN/Inf"].map((c, i) => h("th", {class: i >= 2 && i <= 10 ? "n" : null, text: c,
+      title: {"in shapes": "input shapes", "out shapes": "output shapes", "grad shapes": "gradient output shapes (hover a cell: input gradients)", "NaN/Inf": "non-finite outputs or gradients"}[c] || null}))));
     el.append(tb);
     const rows = TREE.kids.length === 1 && !TREE.info ? [TREE.kids[0]] : [TREE];
     /* open level by level while the table stays short (a 1000-layer model opens fast) */
@@ -577,7 +670,7 @@
       h("td", {class: "n", text: F.flops(flops)}), h("td", {class: "n", text: F.bytes(bytes)}),
       memCell(L.memory_fwd_bytes, L.peak_fwd_bytes), memCell(L.memory_bwd_bytes, L.peak_bwd_bytes),
       h("td", {class: "n", text: num(L.num_parameters) ? F.count(L.num_parameters, "").trim() : "–"}),
-      h("td", {class: "mono muted", text: F.shapes(L.input_shapes)}), h("td", {class: "mono muted", text: F.shapes(L.output_shapes)}),
+      h("td", {class: "mono muted", text: F.shapes(L.input_shapes), title: F.shapes(L.input_shapes) || null}), h("td", {class: "mono muted", text: F.shapes(L.output_shapes), title: F.shapes(L.output_shapes) || null}),
       h("td", {class: "mono muted", text: F.shapes(L.grad_output_shapes), title: L.grad_input_shapes && L.grad_input_shapes.length ? "grad input: " + F.shapes(L.grad_input_shapes) : null}),
       h("td", {class: nan.length ? "flag" : "muted", text: nan.length ? "✖ " + nan.join(", ") : ""}));
     tr.__node = n;
@@ -798,6 +891,12 @@
     const gpu = [["gpu/energy_j_per_token", "energy per token", (v) => sig(v) + " J", "energy_per_token"],
       ["gpu/power_w", "power", (v) => sig(v) + " W", "power"], ["gpu/sm_clock_mhz", "SM clock", (v) => v >= 1000 ? sig(v / 1000) + " GHz" : sig(v) + " MHz", "sm_clock"]];
     for (const [k, label, fmt, id] of gpu) if ((ser[k] || []).length) el.append(lineChart(label, [{pts: ser[k]}], fmt, id, alerts));
+    const boxes = [...el.children];
+    if (boxes.length && boxes.every((b) => b.hasAttribute("data-few") || b.querySelector(".empty"))) {
+      const one = boxes.find((b) => b.hasAttribute("data-few"));
+      el.innerHTML = "";
+      el.append(h("div", {class: "empty", id: "series-few", text: (one ? "one profiled step in this run" : "no points in this run") + ": the charts over the run need 2 or more steps"}));
+    }
     const box = $("#alerts");
     box.innerHTML = "";
     if (alerts.length) {
@@ -813,6 +912,11 @@
     const last = lines.length === 1 && all.length ? " · last " + fmt(all[all.length - 1][1]) : "";
     box.append(h("h3", {text: label + last}));
     if (!all.length) { box.append(h("div", {class: "empty", text: "no points in this run"})); return box; }
+    if (new Set(all.map((p) => p[0])).size < 2) {
+      box.setAttribute("data-few", "1");
+      box.append(h("div", {class: "empty", text: "one point (step " + all[0][0] + "): a chart over the run needs 2 or more steps"}));
+      return box;
+    }
     const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
     let xa = Math.min(...xs), xb = Math.max(...xs), ya = Math.min(0, ...ys), yb = Math.max(...ys) * 1.08 || 1;
     if (xa === xb) { xa -= 1; xb += 1; }
