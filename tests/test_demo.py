@@ -77,6 +77,12 @@ def test_demo_nan_guard_names_the_layer(tmp_path: Path, capsys: pytest.CaptureFi
     assert "at step 15" in event
     assert "in layer 'model.blocks.1.mlp.fc'" in event
     assert "stopping the run" in event
+    # the first line also names the op and the line that made the NaN (the demo's injecting hook); the alert is a
+    # few short lines, onset second, and never points at another layer to "look there first" once the origin is known
+    assert "first NaN made by aten.mul in the forward, called at lightning.py:" in event
+    alert = out.split("event(s). First:\n", 1)[1].split("\n\n", 1)[0].split("\n=")[0].splitlines()
+    assert alert[0].strip() == event.strip() and alert[1].startswith("  - Onset: sudden.") and len(alert) <= 7
+    assert "look there first" not in out and "model.ln_f" not in out
     assert "tscope demo: 16 steps in" in out  # action="stop": the run ends after the bad step (update dropped)
     assert "tensorboard --logdir" not in out  # CSV logger: no TensorBoard command
     metrics = next(out_dir.rglob("metrics.csv")).read_text()

@@ -105,3 +105,32 @@ def test_cli_report_with_file_outputs_prints_one_line_per_file(tmp_path, capsys)
     assert out.startswith("## Roofline — ") and out.rstrip().endswith(f"dashboard page written to {html}")
     assert main(["report", str(path)]) == 0
     assert capsys.readouterr().out.startswith("## Roofline — ")
+
+
+def test_the_nan_alert_is_short_lines_origin_first_and_no_lead_after_a_sudden_onset():
+    from tscope_callbacks.analysis.grad_history import GradHistory
+    from tscope_callbacks.analysis.nonfinite import NonFiniteEvent
+
+    h = GradHistory(window=64, spike_factor=10.0)
+    names = ["enc.w", "dec.w"]
+    for s in range(12):
+        h.add(s, names, [1.0, 1.0])
+    for s, g in ((12, 3.0), (13, 30.0), (14, 300.0)):  # dec grows 300x by step 14
+        h.add(s, names, [1.0, g])
+    assert "'dec'" in h.trend() and "look there first" in h.trend()  # origin unknown: where to look
+    assert "'dec'" in h.trend("secondary") and "secondary evidence" in h.trend("secondary")
+    assert "look there first" not in h.trend("secondary") and "'dec'" not in h.trend("off")
+    origin = ("first NaN made by aten.mul in the forward, called at train.py:87 in hook: return out * nan; "
+              "its inputs were finite: float32[4x8] min -1 max 2")
+    ev = NonFiniteEvent(step=15, epoch=0, batch_idx=15, kind="activation", layer="blocks.1.fc", ranks=[0],
+                        action="stopping the run", origin=origin, loss=float("nan"),
+                        trend=h.trend("off") + " Onset: sudden. Steady before.",
+                        note=f"Origin: {origin}. Other words.")
+    lines = str(ev).splitlines()
+    assert lines[0] == ("NaN guard: non-finite activation at step 15 in layer 'blocks.1.fc': first NaN made by "
+                        "aten.mul in the forward, called at train.py:87 in hook: return out * nan. "
+                        "Action: stopping the run.")
+    assert lines[1] == "- Onset: sudden. Steady before."
+    assert lines[2] == "- Inputs of that op (all finite): float32[4x8] min -1 max 2."
+    assert lines[-1] == "- Note: Other words." and str(ev).count("first NaN made by") == 1
+    assert all(len(ln) < 300 for ln in lines)

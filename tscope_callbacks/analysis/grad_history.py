@@ -232,11 +232,16 @@ class GradHistory:
         first, last = self.lrs[0][1], self.lrs[-1][1]
         return (first, last, last / first) if last / first >= LR_ROSE else None
 
-    def trend(self) -> str:
+    def trend(self, layer_pointer: str = "lead") -> str:
         """What the recorded steps say before a non-finite step (empty without history): the global norm's median
         and its last value, the first step above ``spike_factor`` x the median of the steps before it, the loss's
         median and last value, the learning rate, and the layer whose norm grew most at the last step against its own
-        median. The event's onset (:meth:`onset`) follows it in ``event.trend``."""
+        median. The event's onset (:meth:`onset`) follows it in ``event.trend``.
+
+        ``layer_pointer``: how that layer is named -- ``"lead"`` (where to look first: the origin is not known and the
+        onset may be gradual), ``"secondary"`` (the op that made the first non-finite value is known: the layer is
+        only evidence of how the gradients moved before it) or ``"off"`` (not named: a sudden onset, where the growth
+        before the step says nothing about its cause)."""
         if not self.steps:
             return ""
         totals = [t for _, t, _ in self.steps]
@@ -260,8 +265,10 @@ class GradHistory:
             (s0, lr0), (s1, lr1) = self.lrs[0], self.lrs[-1]
             parts.append(f"Learning rate: {lr1:.3g} at step {s1}" + (f" ({lr0:.3g} at step {s0})." if lr1 != lr0
                                                                      else ", constant over the window."))
-        layer, r = self._grew_most(last_layers, before=last_step)
+        layer, r = self._grew_most(last_layers, before=last_step) if layer_pointer != "off" else (None, None)
         if layer is not None and r is not None and r > 1.5:
             parts.append(f"Layer whose gradient grew most by step {last_step}: '{layer or '<root>'}' "
-                         f"({last_layers[layer]:.4g}, {r:.3g}x its median): look there first.")
+                         f"({last_layers[layer]:.4g}, {r:.3g}x its median)"
+                         + (": look there first." if layer_pointer == "lead" else
+                            " (secondary evidence: the first non-finite value appeared where named above)."))
         return " ".join(parts)

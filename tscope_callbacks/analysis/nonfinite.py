@@ -193,33 +193,50 @@ class NonFiniteEvent:
     #: weights were found non-finite by the replay: kind "parameter"), or the "parameters" after the update
     #: (``check_params``)
     counts: str = "gradients"
+    #: the op that made the first non-finite value and the source line that called it, with its inputs
+    #: (``capture.op_origin``, from the replay); "" when not found
+    origin: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def __str__(self) -> str:
+        """A short multi-line alert: the first line says the step, the layer and -- when the replay found it -- the op
+        and the source line that made the first non-finite value, and the action; then the onset, then the
+        evidence, one line each (markdown list items)."""
         where = f"in layer '{self.layer or '<root>'}'" if self.layer is not None else "(layer not located)"
         what = {"activation": "first non-finite output (forward order)", "loss": "non-finite loss",
                 "gradient": "first non-finite gradient (backward order)",
                 "parameter": "non-finite parameter"}.get(self.kind, self.kind)
-        parts = [f"NaN guard: non-finite {self.kind} at step {self.step} (epoch {self.epoch}, batch {self.batch_idx}) "
-                 f"on rank(s) {self.ranks}: {what} {where}."]
+        origin, _, inputs = self.origin.partition("; its inputs were finite: ")
+        first = (f"NaN guard: non-finite {self.kind} at step {self.step} {where}: "
+                 + (f"{origin}." if origin else f"{what}.")
+                 + (f" Action: {self.action}." if self.action else ""))
+        trend, onset = self.trend, ""
+        if "Onset:" in trend:
+            cut = trend.index("Onset:")
+            trend, onset = trend[:cut].strip(), trend[cut:].strip()
+        lines = [first, onset]
+        if inputs:
+            lines.append(f"Inputs of that op (all finite): {inputs}.")
+        counts = [f"Epoch {self.epoch}, batch {self.batch_idx}, rank(s) {self.ranks}."]
         if self.parameters:
             shown = ", ".join(n if c < 0 else f"{n} ({c})" for n, c in list(self.parameters.items())[:5])
             more = len(self.parameters) - 5
             label = self.counts
             count = (f"; {self.num_nonfinite} non-finite elements" if all(c >= 0 for c in self.parameters.values())
                      else "")
-            parts.append(f"Non-finite {label}: {shown}{f' and {more} more' if more > 0 else ''}{count}.")
+            counts.append(f"Non-finite {label}: {shown}{f' and {more} more' if more > 0 else ''}{count}.")
         if self.loss is not None:
-            parts.append(f"Loss {self.loss:.6g}.")
+            counts.append(f"Loss {self.loss:.6g}.")
         if self.max_abs_grad is not None:
             one = self.counts.removesuffix("s")
-            parts.append(f"Every finite {one} is 0." if self.max_abs_grad == 0 else
-                         f"Largest finite |{one}| {self.max_abs_grad:.4g}.")
-        parts += [f"Before it: {self.trend}" if self.trend else "",
-                  f"Action: {self.action}." if self.action else "", f"Note: {self.note}" if self.note else ""]
-        return " ".join(p for p in parts if p)
+            counts.append(f"Every finite {one} is 0." if self.max_abs_grad == 0 else
+                          f"Largest finite |{one}| {self.max_abs_grad:.4g}.")
+        note = self.note.replace(f"Origin: {self.origin}.", "").strip() if self.origin else self.note
+        lines += [" ".join(counts), f"Before it: {trend}" if trend else "", f"Note: {note}" if note else ""]
+        lines = [ln for ln in lines if ln]
+        return "\n".join([lines[0], *(f"- {ln}" for ln in lines[1:])])
 
 
 class NonFiniteError(RuntimeError):
@@ -274,7 +291,7 @@ def merge_infos(bad: list[RankInfo], world_size: int) -> dict[str, Any]:
         notes.append(f"Origin: {loc.origin}.")
     if world_size > 1 and len(origin) < world_size:
         notes.append("Other ranks saw it only through the DDP gradient all-reduce.")
-    return dict(batch_idx=loc.batch_idx if loc is not None else None, kind=loc.kind if loc is not None else ("loss" if src.loss_bad else "gradient"),
+    return dict(origin=loc.origin if loc is not None else "", batch_idx=loc.batch_idx if loc is not None else None, kind=loc.kind if loc is not None else ("loss" if src.loss_bad else "gradient"),
                 layer=loc.layer if loc is not None else None, parameters=params,
                 loss=src.loss if src.loss is not None else (loc.loss if loc is not None else None),
                 num_nonfinite=sum(params.values()), max_abs_grad=src.max_abs, ranks=origin,

@@ -361,7 +361,11 @@ class NaNGuardCallback(GuardedCallback):
             try:
                 history = self._state.history
                 event.onset, why = history.onset(event.step, self.every_n_steps)
-                event.trend = " ".join(p for p in (history.trend(), why) if p)
+                # the layer whose gradient grew most leads only where nothing better is known: never after a sudden
+                # onset, and as secondary evidence once the replay found the op that made the first non-finite value
+                pointer = ("off" if event.onset == "sudden" else "secondary" if event.origin or event.layer is not None
+                           else "lead")
+                event.trend = " ".join(p for p in (history.trend(pointer), why) if p)
             except Exception as e:
                 self.faults.report("gradient trend", e)
         self.num_events += 1

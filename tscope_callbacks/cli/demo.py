@@ -149,7 +149,8 @@ def _print_summary(trainer, roof, guard, logger, args, took: float) -> None:
     else:
         print("\nAutomatic MFU: not logged (it needs a logging step after the first profiled step and a device roof)")
     if guard.events:
-        print(f"\nNaN guard: {len(guard.events)} event(s). First:\n  {guard.events[0]}")
+        first = str(guard.events[0]).replace("\n", "\n  ")
+        print(f"\nNaN guard: {len(guard.events)} event(s). First:\n  {first}")
     log_dir = Path(getattr(logger, "log_dir", None) or getattr(logger, "save_dir", None) or args.out).resolve()
     print(f"\nLogs: {log_dir}")
     if args.logger == "tensorboard":
