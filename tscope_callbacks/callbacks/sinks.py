@@ -21,7 +21,11 @@ per directory for the files) and skipped for that call; training never stops bec
 Facts of the fit, not series: the keys of ``HPARAM_AREAS`` (``tscope/model/*``, the model summary, and the memory
 categories ``tscope/memory/{weights,grads,optimizer_state,activations_saved}_mb``) go to the loggers' hyperparameters (``log_hyperparams``: TensorBoard's
 HPARAMS tab and ``hparams.yaml``, the W&B run config, CSVLogger's ``hparams.yaml``; ``hparams.json`` for the file
-sink) instead of a one-point scalar chart; the dashboard shows them per step. TensorBoard also gets a custom-scalars
+sink) instead of a one-point scalar chart; the dashboard shows them per step. The model summary's step figures
+(``STEP_FIGURES``: its latency and throughput, measured at one step) are not facts of the fit and are not written.
+Writing the hyperparameters never creates TensorBoard's ``hp_metric`` chart (Lightning's ``TensorBoardLogger`` logs
+``hp_metric = -1`` when ``log_hyperparams`` is called without metrics and ``default_hp_metric`` is on: the
+TensorBoard sink writes the HPARAMS session itself instead). TensorBoard also gets a custom-scalars
 layout (``CUSTOM_SCALARS``, its CUSTOM SCALARS tab) grouping MFU, step time and throughput.
 """
 
@@ -41,6 +45,8 @@ __all__ = [
     "HPARAM_AREAS",
     "CUSTOM_SCALARS",
     "is_hparam",
+    "STEP_FIGURES",
+    "is_step_figure",
     "metric_key",
     "NULL_SINK",
     "NullSink",
@@ -68,6 +74,12 @@ METRIC_ROOT = "tscope"
 #: peak, ``step_peak_mb``, and ``device_share`` stay series: they are measured at each profile)
 HPARAM_AREAS = {"model": None, "memory": ("weights_mb", "grads_mb", "optimizer_state_mb", "activations_saved_mb")}
 
+#: the model summary's figures measured at the one step it was made from (the first profile, often a warm-up step):
+#: not facts of the fit, so never hyperparameters, and not one-point charts either: they are not written. The series
+#: ``tscope/roofline/measured_step_ms`` (each profile), ``step_ms``, ``samples_per_s`` and ``tokens_per_s`` (each
+#: logging step) carry them over the run, and the dashboard shows the summary of each profiled step
+STEP_FIGURES = {"model": ("latency_ms", "samples_per_s", "tokens_per_s")}
+
 #: TensorBoard's custom-scalars layout (written once per run with the first ``tscope/roofline/*`` scalar); each
 #: chart's tags are regular expressions
 CUSTOM_SCALARS = {
@@ -87,10 +99,17 @@ def metric_key(area: str, name: str, stage: str = "train") -> str:
     return f"{METRIC_ROOT}/{area}/{name}" if stage == "train" else f"{METRIC_ROOT}/{area}/{stage}/{name}"
 
 
-def is_hparam(key: str) -> bool:
-    """A key of ``HPARAM_AREAS`` (``tscope/model/*``, ``tscope/memory/weights_mb``...): logged as a hyperparameter."""
+def is_step_figure(key: str) -> bool:
+    """A key of ``STEP_FIGURES`` (``tscope/model/latency_ms``...): measured at one step, not a fact of the fit."""
     parts = key.split("/", 2)
-    if len(parts) != 3 or parts[0] != METRIC_ROOT or parts[1] not in HPARAM_AREAS:
+    return len(parts) == 3 and parts[0] == METRIC_ROOT and parts[2] in STEP_FIGURES.get(parts[1], ())
+
+
+def is_hparam(key: str) -> bool:
+    """A key of ``HPARAM_AREAS`` (``tscope/model/*``, ``tscope/memory/weights_mb``...): logged as a hyperparameter
+    (``STEP_FIGURES`` excepted)."""
+    parts = key.split("/", 2)
+    if len(parts) != 3 or parts[0] != METRIC_ROOT or parts[1] not in HPARAM_AREAS or is_step_figure(key):
         return False
     names = HPARAM_AREAS[parts[1]]
     return names is None or parts[2] in names
@@ -392,7 +411,7 @@ class SinkGroup(Sink):
                 self._failed(s.key, f"the {s.name} sink failed in {method}", e)
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
-        series = {k: v for k, v in scalars.items() if not is_hparam(k)}
+        series = {k: v for k, v in scalars.items() if not is_hparam(k) and not is_step_figure(k)}
         facts = {k: v for k, v in scalars.items() if is_hparam(k)}
         if series:
             self._each("log_scalars", series, step)

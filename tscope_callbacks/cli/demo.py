@@ -67,7 +67,8 @@ def _logger(kind: str, out: str):
         return CSVLogger(out, name="tscope_demo")
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    return TensorBoardLogger(out, name="tscope_demo")
+    # no placeholder hp_metric = -1 chart: Lightning writes one when it logs DemoLM's hyperparameters without a metric
+    return TensorBoardLogger(out, name="tscope_demo", default_hp_metric=False)
 
 
 class _NoTips(logging.Filter):
