@@ -24,6 +24,8 @@ import torch
 __all__ = ["RngState", "preserved_rng", "rng_preserving"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+_CPU_GENERATOR = torch.default_generator  #: what torch.get_rng_state() reads
+_CUDA_BUILT = torch.cuda._is_compiled()  #: a CPU-only torch never initialises CUDA
 
 
 class RngState:
@@ -44,8 +46,8 @@ class RngState:
         """``RngState(host=False)`` without the keyword handling: the NaN guard takes one before every checked step
         (torch's CPU generator state, a 5 KB copy, and the CUDA generators' when CUDA is initialised)."""
         s = object.__new__(cls)
-        s.cpu = torch.get_rng_state()
-        s.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        s.cpu = _CPU_GENERATOR.get_state()  # torch.get_rng_state()
+        s.cuda = torch.cuda.get_rng_state_all() if _CUDA_BUILT and torch.cuda.is_initialized() else None
         s.python = s.numpy = None
         return s
 

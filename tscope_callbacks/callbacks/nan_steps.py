@@ -60,6 +60,7 @@ class GuardState:
     #: (the optimizer, its param_groups' lists and their lengths), its flat parameter list and their names
     params: list[torch.nn.Parameter] = field(default_factory=list)  #: the optimizer's, in group order
     names: list[str] = field(default_factory=list)  #: their names (clean paths; "?" for one the module lacks)
+    plain_grads: bool = False  #: ``params``' gradients were plain tensors (no DTensor shards to take)
 
 
 def fit_state(guard: NaNGuardCallback, trainer: Any, pl_module: Any) -> GuardState:
@@ -158,7 +159,7 @@ def params_of(st: GuardState, optimizer: Any) -> list[torch.nn.Parameter]:
     if len(params) == len(st.params) and all(map(operator.is_, params, st.params)):
         return st.params
     params = list(params)
-    st.params, st.names = params, []
+    st.params, st.names, st.plain_grads = params, [], False
     return params
 
 
@@ -222,7 +223,10 @@ def _grads_and_names(st: GuardState, module: Any, params: list) -> tuple[list, l
     if len(grads) != len(params):  # some parameters have no gradient: their names go too
         names = [n for p, n in zip(params, names) if p.grad is not None]
     if set(map(type, grads)) <= _PLAIN:  # DTensor gradients (FSDP2/TP) are a subclass: their local shards
+        # this parameter list's gradients are plain tensors (a parameter's gradient type does not change)
+        st.plain_grads = bool(grads) and params is st.params
         return grads, names
+    st.plain_grads = False
     return [nl.local(g) for g in grads], names
 
 
@@ -299,10 +303,17 @@ def check_now(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: 
     names: list[str] = []
     with_norms = False
     try:
-        grads, names = _grads_and_names(st, pl_module, params)
+        if params is st.params and st.plain_grads and len(st.names) == len(params):  # the usual step: plain tensors
+            names = st.names
+            grads = [g for p in params if (g := p.grad) is not None]
+            if len(grads) != len(params):  # some parameters have no gradient: their names go too
+                names = [n for p, n in zip(params, names) if p.grad is not None]
+        else:
+            grads, names = _grads_and_names(st, pl_module, params)
         # the losses as on_before_backward handed them (not detached there: no op), read under no-grad (a torch
         # optimizer runs this hook inside its closure's enable_grad)
-        loss_ts = losses if all(type(x) is torch.Tensor for x in losses) else [nl.local(x) for x in losses]
+        loss_ts = (losses if not losses or (len(losses) == 1 and type(losses[0]) is torch.Tensor)
+                   else [nl.local(x) for x in losses])
         grad_mode = torch.is_grad_enabled()
         if grad_mode:
             torch._C._set_grad_enabled(False)
@@ -331,7 +342,11 @@ def check_now(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: 
         st.streak = st.skips_in_row = st.amp_streak = 0
         if with_norms:  # [per-gradient norms..., per-loss values...], read together
             n = len(names)
-            if len(values) == n:
+            k = len(values) - n  # the losses' values follow the norms (one: taken off in place, no copies)
+            if k == 1:
+                loss = values.pop()
+                return Healthy(st.step.completed, names, values, loss, st.lr)
+            if k == 0:
                 return Healthy(st.step.completed, names, values, None, st.lr)
             return Healthy(st.step.completed, names, values[:n], step_loss(values[n:]), st.lr)
         return None
