@@ -794,3 +794,71 @@ def test_tree_last_column_header_is_not_clipped_when_expanded(driver, page_file)
     over = driver.execute_script("""const t = document.querySelector('#tree'), th = [...document.querySelectorAll('#tree-table th')].pop();
         return [th.textContent, th.getBoundingClientRect().right - t.getBoundingClientRect().left - t.clientWidth, t.scrollWidth - t.clientWidth];""")
     assert over[0] == "NaN/Inf" and over[1] <= 0.5 and over[2] <= 0, over
+
+
+# ---------- TensorBoard's Text tab: the tables fit, no word broken ----------
+def _tb_text_page(markdown_texts: list[str], path) -> None:
+    """The markdown as TensorBoard's Text tab shows it: its own renderer (plugin_util.markdown_to_safe_html), each
+    text in a cell that breaks words anywhere once the content overflows (``word-break: break-word``), 1106 px wide
+    (the card in a 1600 px window), table cells as TensorBoard 2.21 styles them (padding 6px 13px, 16 px Roboto, 1 px
+    borders, collapsed): all read from the computed styles of its Text tab in headless Chromium."""
+    from tensorboard.plugin_util import markdown_to_safe_html
+
+    cards = "".join(f'<div class="card" style="width:1106px;word-break:break-word;margin:8px 0">'
+                    f'{markdown_to_safe_html(t)}</div>' for t in markdown_texts)
+    css = ("body{font:16px Roboto,sans-serif}table{border-collapse:collapse}"
+           "td,th{padding:6px 13px;border:1px solid #e0e0e0;font-size:16px}")
+    path.write_text(f"<!doctype html><html><head><style>{css}</style></head><body>{cards}</body></html>",
+                    encoding="utf-8")
+
+
+_BROKEN_WORDS_JS = """
+  const broken = [];
+  for (const c of document.querySelectorAll('td, th')) {
+    const tw = document.createTreeWalker(c, NodeFilter.SHOW_TEXT);
+    let n;
+    while ((n = tw.nextNode())) {
+      const re = /[^\\s\\u00a0]+/g; let m;
+      while ((m = re.exec(n.data))) {
+        const rg = document.createRange(); rg.setStart(n, m.index); rg.setEnd(n, m.index + m[0].length);
+        if (new Set([...rg.getClientRects()].filter((r) => r.width > 0).map((r) => Math.round(r.top))).size > 1)
+          broken.push(m[0]);
+      }
+    }
+  }
+  return broken;"""
+
+
+def _deep_layers():
+    """A GPT-like tree four levels deep (model.blocks.N.attn.qkv ...), times of tens of ms, MB of memory."""
+    from tscope_callbacks.records import LayerRecord
+
+    paths = [("", "DemoLM"), ("model", "TinyGPT"), ("model.blocks", "ModuleList")]
+    for b in range(2):
+        paths += [(f"model.blocks.{b}", "Block"), (f"model.blocks.{b}.attn", "CausalSelfAttention"),
+                  (f"model.blocks.{b}.attn.qkv", "Linear"), (f"model.blocks.{b}.attn.proj", "Linear"),
+                  (f"model.blocks.{b}.mlp", "MLP"), (f"model.blocks.{b}.mlp.fc", "Linear"),
+                  (f"model.blocks.{b}.mlp.proj", "Linear")]
+    return {p: LayerRecord(path=p, type=t, forward_s=0.023917, backward_s=0.031657, self_forward_s=0.001249,
+                           self_backward_s=0.012345, calls=1, flops_fwd=986_100_000, flops_bwd=1_987_800_000,
+                           output_bytes=2_097_152, memory_fwd_bytes=19_997_000, memory_bwd_bytes=-17_853_000)
+            for p, t in paths}
+
+
+def test_tensorboard_text_tables_break_no_word(driver, tmp_path):
+    from tscope_callbacks.render.layer_table import render_tree_markdown
+    from tscope_callbacks.render.tables import rows_to_markdown
+
+    tree = render_tree_markdown(_deep_layers(), root_name="DemoLM", title="tscope layers -- train step 10")
+    # the roofline callback's layer rows (roofline_io: tscope/roofline/layers), as the TensorBoard sink logs them
+    rows = [{"layer": f"model.blocks.{b}.mlp.{n}", "type": "Linear", "bound": "compute", "intensity": 37.5,
+             "achieved_gflops_per_s": 74.78, "gflops": 0.4032, "mb": 10.75, "measured_ms": 23.917,
+             "estimated_ms": 4.27, "calls": 1} for b in range(2) for n in ("fc", "proj")]
+    table = rows_to_markdown(rows, max_cols=9)
+    assert "| layer | type | bound | FLOP/B | GFLOP/s | GFLOP | MB | ms | est. ms |" in table
+    assert "\u00a0ms" in tree and "`qkv`" in tree
+    page = tmp_path / "tb_text.html"
+    _tb_text_page([tree, table], page)
+    driver.get(page.as_uri())
+    assert driver.find_elements("css selector", "td")
+    assert driver.execute_script(_BROKEN_WORDS_JS) == []

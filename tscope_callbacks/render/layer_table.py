@@ -75,19 +75,40 @@ def render_tree_table(
     return "\n".join(out)
 
 
+_MD_COLUMNS = ("Module", "self fwd", "fwd", "self bwd", "bwd", "GFLOP", "mem fwd", "mem bwd", "calls")
+
+
+def _short_time(seconds: float) -> str:
+    """``"15.5\u00a0ms"``: 3 significant digits, the unit joined by a non-breaking space."""
+    seconds = max(seconds, 0.0)
+    for scale, unit in ((1.0, "s"), (1e-3, "ms")):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g}\u00a0{unit}"
+    return f"{seconds * 1e6:.3g}\u00a0us"
+
+
+def _short_mb(b: int | float) -> str:
+    return f"{b / _MB:.3g}\u00a0MB"
+
+
 def render_tree_markdown(layers: Mapping[str, LayerRecord], *, root_name: str | None = None,
                          title: str | None = None) -> str:
-    """The same table as markdown, for TensorBoard's text plugin and W&B: a real table (it wraps instead of being
-    cut off on the right), the tree indented with non-breaking spaces, times and sizes right-aligned."""
-    rows = _rows(layers, root_name)
+    """The tree table as markdown, for TensorBoard's Text tab and W&B: a real table (it wraps instead of being cut
+    off on the right), the tree indented with non-breaking spaces, times and sizes right-aligned. TensorBoard breaks
+    a word anywhere once a table is wider than its card, so this one is narrow: short headers, 3-digit times and
+    sizes with their unit joined by a non-breaking space, FLOPs forward + backward in one column, no output size
+    (the text table of :func:`render_tree_table` and the CSV rows have every column)."""
     out = [f"**{title}**", ""] if title else []
-    out.append("| " + " | ".join(_COLUMNS) + " |")
-    out.append("|:--|" + "|".join("--:" for _ in _COLUMNS[1:]) + "|")
-    for r in rows:
-        label = r[0]
+    out.append("| " + " | ".join(_MD_COLUMNS) + " |")
+    out.append("|:--|" + "|".join("--:" for _ in _MD_COLUMNS[1:]) + "|")
+    name = root_name or (layers[""].type if "" in layers and layers[""].type else "model")
+    for label, path in _tree_order(layers, name):
+        L = layers[path]
         stripped = label.lstrip("│ ├└─")
         depth = (len(label) - len(stripped)) // 4
-        cells = ["&nbsp;" * (3 * depth) + f"`{stripped}`", *r[1:]]
+        cells = ["&nbsp;" * (2 * depth) + f"`{stripped}`", _short_time(L.self_forward_s), _short_time(L.forward_s),
+                 _short_time(L.self_backward_s), _short_time(L.backward_s), f"{(L.flops_fwd + L.flops_bwd) / 1e9:.3g}",
+                 _short_mb(L.memory_fwd_bytes), _short_mb(L.memory_bwd_bytes), str(L.calls)]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 

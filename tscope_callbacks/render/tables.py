@@ -11,6 +11,14 @@ _NAME_COLS = ("layer", "name", "path", "module", "op")
 
 Row = Mapping[str, Any]
 
+# A narrow view's column headers (TensorBoard's Text tab breaks a word anywhere once a table is wider than the card,
+# so a table must fit: short headers; the CSV / W&B tables keep the keys)
+SHORT_HEADERS = {"achieved_gflops_per_s": "GFLOP/s", "intensity": "FLOP/B", "measured_ms": "ms",
+                 "estimated_ms": "est. ms", "gflops": "GFLOP", "mb": "MB", "forward_ms": "fwd ms",
+                 "backward_ms": "bwd ms", "self_forward_ms": "self fwd", "self_backward_ms": "self bwd",
+                 "gflops_fwd": "GFLOP fwd", "gflops_bwd": "GFLOP bwd", "output_mb": "out MB",
+                 "mem_fwd_mb": "mem fwd", "mem_bwd_mb": "mem bwd", "pct_of_roof": "% roof"}
+
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
@@ -22,7 +30,7 @@ def rows_to_markdown(rows: Sequence[Row], *, max_cols: int | None = None) -> str
     """A list of dicts (same keys) as a markdown table. ``max_cols``: a table to read in a narrow text view
     (TensorBoard): long-text columns (shapes) left out first, then the columns past ``max_cols``, never the row's
     name (the first column, a ``layer``/``name``/``path``/``module``/``op`` column); a last line says what was left
-    out and where the full table is."""
+    out and where the full table is; the headers are the short ones of ``SHORT_HEADERS`` (the keys otherwise)."""
     if not rows:
         return "(empty)"
     cols = list(rows[0].keys())
@@ -44,7 +52,8 @@ def rows_to_markdown(rows: Sequence[Row], *, max_cols: int | None = None) -> str
                 dropped.append(c)
         cols = kept
     num = [all(isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool) for r in rows) for c in cols]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("--:" if n else ":--" for n in num) + "|"]
+    heads = [SHORT_HEADERS.get(c, c) for c in cols] if max_cols is not None else cols
+    lines = ["| " + " | ".join(heads) + " |", "|" + "|".join("--:" if n else ":--" for n in num) + "|"]
     for r in rows:
         lines.append("| " + " | ".join(_fmt(r.get(c, "")).replace("|", "\\|") for c in cols) + " |")
     if dropped:
