@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -144,11 +145,6 @@ def roof_bandwidth(roofs: Sequence[RoofUsed], device_bw: float) -> float:
     return max((r.bandwidth for r in roofs if r.bandwidth and math.isfinite(r.bandwidth)), default=device_bw)
 
 
-def roof_notes_text(report: StepReport) -> str:
-    """The report's roof notes (why a roof was widened / beaten) on one line, without markdown."""
-    return "; ".join(n.replace("`", "") for n in report.context.roof_notes)
-
-
 def _draw_roofs(ax: Any, roofs: Sequence[RoofUsed], bw: float, x_lo: float, x_hi: float,
                 ridge_fontsize: float | None = 7) -> list[Line2D]:
     """The memory slope up to the highest ridge, then one flat roof per precision from its ridge (achievable roofs
@@ -218,8 +214,7 @@ def figure(report: ReportLike, top_labels: int = 8, *, figsize: tuple[float, flo
     title = " · ".join(str(v) for v in (s.device, s.model, f"step {s.step}" if s.step is not None
                                         else None) if v)
     if timed:
-        mbu_bw = f" (of {bw / 1e9:.4g} GB/s)" if roof_bandwidth(roofs, bw) != bw else ""
-        sub = (f"MFU {(s.mfu or 0):.1%} ({s.mfu_precision}) · MBU {(s.mbu or 0):.1%}{mbu_bw} · measured "
+        sub = (f"MFU {(s.mfu or 0):.1%} ({s.mfu_precision}) · MBU {(s.mbu or 0):.1%} · measured "
                f"{(s.measured_step_s or 0) * 1e3:.4g} ms ({s.step_time_basis_text}) · roofline estimate "
                f"{s.estimated_step_s * 1e3:.4g} ms")
     else:
@@ -234,10 +229,16 @@ def figure(report: ReportLike, top_labels: int = 8, *, figsize: tuple[float, flo
             h.set_sizes([40])
     if pts:
         _place_labels(ax, fig, pts, top_labels)
-    notes = roof_notes_text(report)
-    if notes:
-        fig.text(0.99, 0.01, notes, fontsize=7, color="0.3", ha="right", wrap=True)
     skipped = len(report.rows["layer_phase"]) - len(pts)
+    notes = [n.replace("`", "") for n in report.context.roof_notes]
+    if notes and roof_bandwidth(roofs, bw) != bw:
+        notes.append(f"MBU uses the device's {bw / 1e9:.4g} GB/s; % of roof and the roofs drawn use the widened "
+                     f"{roof_bandwidth(roofs, bw) / 1e9:.4g} GB/s")
+    if notes:  # why a roof was widened / beaten, under the x label (7 pt: about 170 characters a line at 10 in)
+        lines = [ln for n in notes for ln in textwrap.wrap("Roof note: " + n, 170, subsequent_indent="    ")]
+        fig.subplots_adjust(bottom=0.09 + 0.022 * len(lines))
+        for i, ln in enumerate(reversed(lines)):
+            fig.text(0.01, 0.01 + 0.022 * (i + (1 if skipped else 0)), ln, fontsize=7, color="0.3")
     if skipped:
         fig.text(0.01, 0.01, f"not shown: {skipped} layer x phase row{'s' if skipped > 1 else ''} without FLOPs or "
                  "bytes (uncounted / views)", fontsize=7, color="0.4")
