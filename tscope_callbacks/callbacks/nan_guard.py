@@ -180,61 +180,90 @@ class NaNGuardCallback(GuardedCallback):
         """Whether this optimizer step is checked (every step by default: no ``trainer.global_step`` read)."""
         return self.every_n_steps == 1 or self._state.step.completed % self.every_n_steps == 0
 
+    # The four hooks of every step guard themselves (the same try/except GuardedCallback wraps around a hook, written
+    # in place: no wrapper call per hook; ``_tscope_guarded`` tells GuardedCallback not to wrap them again).
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        st = self._state
-        st.batch_idx = batch_idx
-        if st.channel.pending:
-            with paused():
-                self._poll(trainer, pl_module, st.step.completed)
-        if st.snapshot and (self.every_n_steps == 1 or self._due_now(trainer)):
-            snaps = st.snaps
-            try:
-                if _active._ACTIVE is None:
-                    snaps.append(nl_locate.StepSnapshot.take(batch, batch_idx))
-                else:
-                    with paused():
+        try:
+            st = self._state
+            st.batch_idx = batch_idx
+            if st.channel.pending:
+                with paused():
+                    self._poll(trainer, pl_module, st.step.completed)
+            if st.snapshot and (self.every_n_steps == 1 or self._due_now(trainer)):
+                snaps = st.snaps
+                try:
+                    if _active._ACTIVE is None:
                         snaps.append(nl_locate.StepSnapshot.take(batch, batch_idx))
-                if len(snaps) > 256:
-                    del snaps[:-256]
-            except Exception as e:
-                self.faults.report("snapshot", e)
+                    else:
+                        with paused():
+                            snaps.append(nl_locate.StepSnapshot.take(batch, batch_idx))
+                    if len(snaps) > 256:
+                        del snaps[:-256]
+                except Exception as e:
+                    self.faults.report("snapshot", e)
+        except self._passthrough:
+            raise
+        except Exception as e:
+            self.faults.report("its on_train_batch_start hook", e)
+
+    on_train_batch_start._tscope_guarded = True  # type: ignore[attr-defined]
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
-        """Keeps the loss tensor itself (no op: the check reads it with the norms, under the optimizer's no-grad)."""
-        st = self._state
-        snaps = st.snaps
-        if snaps and snaps[-1].loss is None:
-            snaps[-1].loss = loss
-        if self.check_loss and isinstance(loss, torch.Tensor) and (self.every_n_steps == 1 or self._due_now(trainer)):
-            st.losses.append(loss)
+        """Keeps the loss tensor itself (no op: the check reads it with the norms, under no-grad)."""
+        try:
+            st = self._state
+            snaps = st.snaps
+            if snaps and snaps[-1].loss is None:
+                snaps[-1].loss = loss
+            if self.check_loss and isinstance(loss, torch.Tensor) and (self.every_n_steps == 1
+                                                                        or self._due_now(trainer)):
+                st.losses.append(loss)
+        except Exception as e:
+            self.faults.report("its on_before_backward hook", e)
+
+    on_before_backward._tscope_guarded = True  # type: ignore[attr-defined]
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
-        if _active._ACTIVE is None:
-            self._check_step(trainer, pl_module, optimizer)
-        else:
-            with paused():  # check and replay inside a profiled step are not the user's work
+        try:
+            if _active._ACTIVE is None:
                 self._check_step(trainer, pl_module, optimizer)
+            else:
+                with paused():  # check and replay inside a profiled step are not the user's work
+                    self._check_step(trainer, pl_module, optimizer)
+        except self._passthrough:
+            raise
+        except Exception as e:
+            self.faults.report("its on_before_optimizer_step hook", e)
+
+    on_before_optimizer_step._tscope_guarded = True  # type: ignore[attr-defined]
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        st = self._state
-        if st.masked:  # a found_inf mask set for one step never outlives it
-            for opt in st.masked:
-                opt.__dict__.pop("found_inf", None)
-            st.masked.clear()
-        if not (self.check_params and st.stepped):
-            return
-        st.stepped = False
-        with paused():
-            event = nan_steps.check_params(self, st, trainer, pl_module, batch_idx)
-            if event is not None:
-                self._act(trainer, [], event, after_update=True)
+        try:
+            st = self._state
+            if st.masked:  # a found_inf mask set for one step never outlives it
+                for opt in st.masked:
+                    opt.__dict__.pop("found_inf", None)
+                st.masked.clear()
+            if not (self.check_params and st.stepped):
+                return
+            st.stepped = False
+            with paused():
+                event = nan_steps.check_params(self, st, trainer, pl_module, batch_idx)
+                if event is not None:
+                    self._act(trainer, [], event, after_update=True)
+        except self._passthrough:
+            raise
+        except Exception as e:
+            self.faults.report("its on_train_batch_end hook", e)
+
+    on_train_batch_end._tscope_guarded = True  # type: ignore[attr-defined]
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
