@@ -717,6 +717,7 @@ def test_the_drawn_memory_roof_is_the_one_percent_of_roof_uses(driver, widened_p
     relu = next(r for r in rep["rows"]["layer_phase"] if r["layer"] == "act")
     assert abs(relu["pct_of_roof"] - 1.0) < 1e-9
     assert "measured bandwidth 25 GB/s" in driver.find_element("css selector", '[data-card="mbu"] .sub').text
+    assert driver.find_element("css selector", "#device").text.endswith("40 GB/s (widened from 25 GB/s)")
 
 
 def test_environment_warnings_are_a_banner(driver, widened_page):

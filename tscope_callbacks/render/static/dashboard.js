@@ -266,8 +266,9 @@
   function render() {
     const r = S.rep;
     const dev = r.device || {};
+    const drawnBw = roofsDrawn(r).bw;
     $("#device").textContent = (dev.name || "device ?") + (dev.measured ? " · measured roof" : "") +
-      (num(dev.bandwidth) ? " · " + F.bw(dev.bandwidth) : "");
+      (num(drawnBw) ? " · " + F.bw(drawnBw) + (num(dev.bandwidth) && Math.abs(dev.bandwidth - drawnBw) > 1e-6 * drawnBw ? " (widened from " + F.bw(dev.bandwidth) + ")" : "") : "");
     $("#device").title = dev.source || "";
     const mark = (n) => performance.mark("tscope:" + n);
     mark("render");
