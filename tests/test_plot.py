@@ -105,3 +105,15 @@ def test_widened_bandwidth_is_the_roof_drawn_and_the_device_one_dashed():
     notes = [t.get_text() for t in fig.texts]
     assert any("widened from 25 to 40 GB/s" in t for t in notes)
     assert any("MBU uses the device's 25 GB/s" in t for t in notes), notes
+
+
+def test_card_labels_the_device_bandwidth_it_draws_dashed():
+    from tscope_callbacks.render.plot import card_figure
+
+    fig = card_figure(_widened_report())
+    (ax,) = fig.axes
+    texts = [t.get_text() for a in ax.artists for t in getattr(a, "get_texts", lambda: [])()]
+    texts += [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "memory 40 GB/s" in texts and "device 25 GB/s" in texts, texts
+    assert any(ln.get_linestyle() == "--" and abs(ln.get_ydata()[0] * 1e12 / ln.get_xdata()[0] - 25e9) < 1e3
+               for ln in ax.get_lines() if len(ln.get_xdata()) == 2)

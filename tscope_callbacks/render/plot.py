@@ -333,6 +333,8 @@ def card_figure(report: ReportLike, top_labels: int = 3) -> Figure:
     _draw_roofs(ax, report.roofs, bw, x_lo, x_hi, ridge_fontsize=None)
     used = roof_bandwidth(report.roofs, bw)
     handles = [Line2D([], [], color="0.2", lw=1.5, label=f"memory {used / 1e9:.3g} GB/s")]
+    if used != bw and bw > 0:  # the device's bandwidth the roof was widened from, drawn dashed
+        handles.append(Line2D([], [], color="0.45", lw=1.2, ls="--", label=f"device {bw / 1e9:.3g} GB/s"))
     handles += [Line2D([], [], color=PRECISION_COLORS.get(r.precision, "0.5"), ls="-" if r.matrix else "--", lw=1.5,
                        label=_roof_label(r)) for r in report.roofs]
     timed = report.timed
