@@ -287,8 +287,7 @@ class NaNGuardCallback(GuardedCallback):
         st.stepped = True
         if self.every_n_steps != 1 and not self._due_now(trainer):
             return
-        params = nan_steps.params_of(st, optimizer)
-        st.lr = nan_steps.learning_rate(optimizer)
+        params = nan_steps.step_params(st, optimizer)
         scaler = st.scaler
         if st.mode == "deferred" and scaler is None and (
                 self.action == "warn" or getattr(optimizer, "_step_supports_amp_scaling", False)):

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from tscope_callbacks.callbacks.nan_guard import NaNGuardCallback
 
 __all__ = ["GuardState", "Healthy", "push_deferred", "check_now", "deferred_event", "check_params", "learning_rate",
-           "params_of", "fit_state", "progress_trackers"]
+           "params_of", "step_params", "fit_state", "progress_trackers"]
 
 
 @dataclass(eq=False, slots=True)
@@ -161,6 +161,24 @@ def params_of(st: GuardState, optimizer: Any) -> list[torch.nn.Parameter]:
     params = list(params)
     st.params, st.names, st.plain_grads = params, [], False
     return params
+
+
+def step_params(st: GuardState, optimizer: Any) -> list[torch.nn.Parameter]:
+    """:func:`params_of`, with the first group's learning rate put in ``st.lr`` (:func:`learning_rate`): the param
+    groups read once per checked step."""
+    try:
+        groups = optimizer.param_groups
+        g0 = groups[0]
+        lr = g0["lr"]
+        params = g0["params"] if len(groups) == 1 else [p for g in groups for p in g["params"]]
+    except (AttributeError, IndexError, KeyError, TypeError):  # no groups, or no rate: the general readers
+        st.lr = learning_rate(optimizer)
+        return params_of(st, optimizer)
+    st.lr = lr if type(lr) is float else learning_rate(optimizer)
+    cached = st.params
+    if len(params) == len(cached) and all(map(operator.is_, params, cached)):
+        return cached
+    return params_of(st, optimizer)
 
 
 def _loss_scalars(losses: list, device: Any) -> list[torch.Tensor]:
@@ -320,7 +338,12 @@ def check_now(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: 
         try:
             if guard.grad_norms and scaler is None and grads:  # per-gradient norms and the losses: one fused norm,
                 norms = nl.tensor_norms(grads)                   # one stack, one read
-                if loss_ts:
+                if len(loss_ts) == 1:  # the usual step: one float32 scalar loss on the gradients' device
+                    x = loss_ts[0]
+                    norms.append(x if x.dtype is torch.float32 and x.ndim == 0
+                                 and x.device == norms[0].device
+                                 else x.float().sum().to(norms[0].device))
+                elif loss_ts:
                     dev = norms[0].device
                     norms += [x if x.dtype is torch.float32 and x.ndim == 0 and x.device == dev
                               else x.float().sum().to(dev) for x in loss_ts]
