@@ -6,6 +6,7 @@ touch the guard's own members. See the guard's module docstring for what each pa
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from dataclasses import dataclass, field
@@ -114,6 +115,8 @@ def learning_rate(optimizer: Any) -> float | None:
 
 
 _PLAIN = {torch.Tensor}
+_GRAD = operator.attrgetter("grad")
+_NONES = itertools.repeat(None)
 
 
 class TrainerCounter:
@@ -323,9 +326,10 @@ def check_now(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: 
     try:
         if params is st.params and st.plain_grads and len(st.names) == len(params):  # the usual step: plain tensors
             names = st.names
-            grads = [g for p in params if (g := p.grad) is not None]
-            if len(grads) != len(params):  # some parameters have no gradient: their names go too
-                names = [n for p, n in zip(params, names) if p.grad is not None]
+            grads = list(map(_GRAD, params))  # each .grad read once, in C
+            if any(map(operator.is_, grads, _NONES)):  # some parameters have no gradient: they and their names go
+                names = [n for g, n in zip(grads, names) if g is not None]
+                grads = [g for g in grads if g is not None]
         else:
             grads, names = _grads_and_names(st, pl_module, params)
         # the losses as on_before_backward handed them (not detached there: no op), read under no-grad (a torch
