@@ -863,3 +863,35 @@ def test_tensorboard_text_tables_break_no_word(driver, tmp_path):
     driver.get(page.as_uri())
     assert driver.find_elements("css selector", "td")
     assert driver.execute_script(_BROKEN_WORDS_JS) == []
+
+
+def test_tensorboard_text_report_tables_break_no_word(driver, tmp_path):
+    """The whole report (tscope/roofline/table) as the TensorBoard sink logs it: its layer x phase table with GPT-like
+    paths and types fits the card once narrowed (short headers, fwd/bwd, no type column); the markdown the files get
+    is the full one, and it would break words there."""
+    from tests.profiles import a100, make_profile, matmul
+    from tscope_callbacks import api
+    from tscope_callbacks.render.markdown import to_markdown
+    from tscope_callbacks.render.tables import narrow_markdown
+    from tscope_callbacks.records import LayerRecord
+
+    ops, layers = [], {}
+    for b in range(2):
+        for name, typ in (("attn", "CausalSelfAttention"), ("attn.qkv", "Linear"), ("mlp.fc", "Linear"),
+                          ("mlp.proj", "Linear")):
+            path = f"model.blocks.{b}.{name}"
+            layers[path] = LayerRecord(path=path, type=typ)
+            for ph, t in (("forward", 1.6e-3), ("backward", 3.2e-3)):
+                ops.append(matmul(512, 768, 768, dtype="float32", layer=path, phase=ph, time_s=t))
+    md = to_markdown(api.roofline(make_profile(ops, layers=layers), a100()), top=12)
+    narrow = narrow_markdown(md)
+    assert "| layer | phase | GFLOP |" in narrow and "| bwd |" in narrow and "CausalSelfAttention" not in narrow
+    assert [ln for ln in md.splitlines() if not ln.startswith("|")] == \
+        [ln for ln in narrow.splitlines() if not ln.startswith("|")]  # the text around the tables unchanged
+    page = tmp_path / "tb_report.html"
+    _tb_text_page([md], page)
+    driver.get(page.as_uri())
+    assert driver.execute_script(_BROKEN_WORDS_JS)  # the full markdown breaks words in the card
+    _tb_text_page([narrow], page)
+    driver.get(page.as_uri())
+    assert driver.execute_script(_BROKEN_WORDS_JS) == []

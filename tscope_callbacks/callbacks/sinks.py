@@ -60,7 +60,7 @@ __all__ = [
     "rows_to_markdown",
 ]
 
-from tscope_callbacks.render.tables import rows_to_markdown
+from tscope_callbacks.render.tables import narrow_markdown, rows_to_markdown
 
 log = logging.getLogger("tscope_callbacks")
 
@@ -310,7 +310,8 @@ class TensorBoardSink(Sink):
         save_hparams_to_yaml(os.path.join(lg.log_dir, "hparams.yaml"), lg.hparams)
 
     def log_text(self, key: str, markdown: str, step: int) -> None:
-        self.logger.experiment.add_text(key, markdown, global_step=step)
+        # tables narrowed: TensorBoard's Text tab breaks words anywhere once a table is wider than its card
+        self.logger.experiment.add_text(key, narrow_markdown(markdown), global_step=step)
 
     def log_figure(self, key: str, figure: Any, step: int) -> None:
         self.logger.experiment.add_figure(key, figure, global_step=step, close=False)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["rows_to_markdown"]
+__all__ = ["rows_to_markdown", "narrow_markdown"]
 
 _NAME_COLS = ("layer", "name", "path", "module", "op")
 
@@ -59,3 +60,36 @@ def rows_to_markdown(rows: Sequence[Row], *, max_cols: int | None = None) -> str
     if dropped:
         lines += ["", f"({len(dropped)} more columns -- {', '.join(dropped)} -- in the CSV / W&B table)"]
     return "\n".join(lines)
+
+
+# The report's table headers and phase names, shortened for a narrow view
+_NARROW_HEADERS = {"measured ms": "ms", "% of roof": "% roof", "measured/roof": "×roof", "GFLOPs": "GFLOP",
+                   "expected ms": "exp. ms", "estimated ms": "est. ms"}
+_NARROW_PHASES = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "recompute": "recomp"}
+
+
+def narrow_markdown(markdown: str) -> str:
+    """``markdown`` for TensorBoard's Text tab, which breaks words anywhere once a table is wider than its card
+    ("comput e"): in every table the long headers shortened (``measured ms`` -> ``ms``, ``% of roof`` -> ``% roof``
+    ...), a ``phase`` column's values abbreviated (fwd, bwd, opt) and a wide table's ``type`` column left out (the
+    layer path names it); the text outside tables is unchanged. The file outputs keep the full markdown."""
+    out: list[str] = []
+    phase_col = drop = None
+    for line in markdown.split("\n"):
+        if not line.startswith("|") or not line.rstrip().endswith("|"):
+            phase_col = drop = None
+            out.append(line)
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
+        if phase_col is None:  # the header row
+            phase_col = cells.index("phase") if "phase" in cells else -1
+            # a wide table (a layer x phase table) loses its module type column: the layer path names it
+            drop = cells.index("type") if "type" in cells and len(cells) > 8 else -1
+            cells = [_NARROW_HEADERS.get(c, c) for c in cells]
+        elif 0 <= phase_col < len(cells):
+            cells[phase_col] = _NARROW_PHASES.get(cells[phase_col], cells[phase_col])
+        if drop is not None and 0 <= drop < len(cells):
+            del cells[drop]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
