@@ -137,7 +137,7 @@ def test_cli_report_reads_a_step_file_back(tmp_path, capsys):
     path.write_text(json.dumps({"profile": toy_profile(True).to_dict(), "device": a100().to_dict(),
                                 "report": rep.step_report.to_dict()}))
     trace = tmp_path / "trace.json"
-    assert cli_main(["report", str(path), "--top", "4", "--trace", str(trace)]) == 0
+    assert cli_main(["report", str(path), "--top", "4", "--trace", str(trace), "--print"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(markdown.to_markdown(rep.step_report, top=4))
     assert json.loads(trace.read_text())["traceEvents"]
