@@ -222,6 +222,21 @@ def test_no_logger_no_files(tmp_path) -> None:
     assert mon.last_breakdown and not (tmp_path / "tscope").exists()
 
 
+def test_no_input_bound_verdict_from_a_few_steps(caplog) -> None:
+    # the same sleeping loader (16 ms of data wait a step), logged at every step, but a fit of 6 steps: fewer clean
+    # steps than MIN_VERDICT_STEPS (the first is warm-up), so no warning and no fixes; the series still has the wait
+    mon = StepMonitor()
+    with caplog.at_level(logging.WARNING, logger="tscope_callbacks"):
+        _fit(_Net(_Flags(), sleep_s=0.001), 6, mon, log_every_n_steps=1)
+    assert an.MIN_VERDICT_STEPS > 5
+    assert mon.last_breakdown["data_wait_ms"] >= 16.0 and mon.last_breakdown["input_bound"] == 0.0
+    assert not mon.input_fixes and not any("input-bound" in r.message for r in caplog.records)
+    # one-step log intervals add up: 20 steps logged at every step reach a verdict
+    mon = StepMonitor()
+    _fit(_Net(_Flags(), sleep_s=0.001), 20, mon, log_every_n_steps=1)
+    assert mon.last_breakdown["input_bound"] == 1.0 and mon.input_fixes
+
+
 def test_input_bound_share_is_the_threshold() -> None:
     # no sleep: collating 16 samples in the training process is still a real data wait (about 25% of this ~1 ms
     # step here), but under a 90% threshold the run is not input-bound

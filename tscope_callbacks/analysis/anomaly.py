@@ -29,11 +29,15 @@ from typing import Any
 
 __all__ = ["StepTimes", "summarize", "loader_settings", "input_fixes", "SlowSteps", "Spikes", "RateLimit", "Snapshot", "Finding",
            "what_grew", "alert_text", "witness", "INPUT_BOUND_SHARE", "SLOW_FACTOR", "SLOW_STEPS", "WINDOW",
-           "MIN_STEPS", "LOSS_SPIKE", "MIN_GAP_STEPS", "GREW_SHARE", "WITNESS_MARGIN", "CONTENTION_RISE", "CONTENTION_LOAD",
+           "MIN_STEPS", "MIN_VERDICT_STEPS", "VERDICT_WINDOW", "LOSS_SPIKE", "MIN_GAP_STEPS", "GREW_SHARE", "WITNESS_MARGIN", "CONTENTION_RISE", "CONTENTION_LOAD",
            "host_contention", "concentrated"]
 
 #: data wait at or above this share of the step (median over the log interval) makes the step input-bound
 INPUT_BOUND_SHARE = 0.10
+#: fewest clean steps behind an input-bound verdict (the warning and its fixes): one slow first batch is no finding
+MIN_VERDICT_STEPS = 8
+#: the verdict is the median over at most this many recent clean steps (log intervals of one step add up)
+VERDICT_WINDOW = 64
 #: a step is slow above this many times the rolling median of the healthy steps before it ...
 SLOW_FACTOR = 2.0
 #: ... for this many steps in a row (one slow step is noise: a preemption, a checkpoint, a log flush)

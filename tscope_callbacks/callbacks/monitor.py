@@ -114,6 +114,7 @@ class StepMonitor(ProfilingCallback):
         self.limit = an.RateLimit(self.min_gap_steps, self.max_alerts)
         self.recent: deque[an.StepTimes] = deque(maxlen=self.window)  #: healthy clean steps
         self.interval: list[an.StepTimes] = []  #: steps since the last logging step
+        self._verdict: deque[an.StepTimes] = deque(maxlen=an.VERDICT_WINDOW)  #: recent clean steps (input-bound)
         self.alerts: list[dict[str, Any]] = []
         self.contended: list[dict[str, Any]] = []
         self.transients = 0
@@ -357,11 +358,17 @@ class StepMonitor(ProfilingCallback):
             self._load_healthy = load if load is not None else self._load_healthy
         self._load_snap = cpu_snapshot()
         out = an.summarize(steps, self.input_bound_share)
+        self._verdict.extend(s for s in steps if not s.dirty)
         scalars: dict[str, float] = {}
         if out:
+            # the verdict needs evidence: the median over the recent clean steps, from MIN_VERDICT_STEPS of them
+            verdict = (an.summarize(list(self._verdict), self.input_bound_share)
+                       if len(self._verdict) >= an.MIN_VERDICT_STEPS else {})
+            out["input_bound"] = verdict.get("input_bound", 0.0)
             self.last_breakdown = out
             scalars.update({metric_key("step", k): v for k, v in out.items() if k != "steps"})
             if out["input_bound"] and not self._input_told:
+                out = {**out, "data_wait_share": verdict["data_wait_share"], "steps": verdict["steps"]}
                 self._input_told = True
                 self.input_fixes = an.input_fixes(self._loader, self.cuda)
                 if trainer.is_global_zero:
