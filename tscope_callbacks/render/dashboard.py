@@ -49,6 +49,8 @@ import math
 from importlib import resources
 from typing import Any
 
+from tscope_callbacks.analysis.report import ReportLike, step_report_of
+
 __all__ = ["page_html", "standalone_data", "report_html", "fmt_figure", "sig", "pack_ops", "series_from_reports",
            "OPS_BUDGET_BYTES"]
 
@@ -192,12 +194,10 @@ def pack_ops(ops: list[dict[str, Any]], budget: int = OPS_BUDGET_BYTES) -> dict[
     return out
 
 
-def _as_dict(report: Any) -> dict[str, Any]:
+def _as_dict(report: ReportLike | dict[str, Any]) -> dict[str, Any]:
     """The contract dict of a StepReport, of an object carrying one (``ts.roofline``'s report), or the dict itself."""
     if isinstance(report, dict):
         return report
-    from tscope_callbacks.analysis.report import step_report_of
-
     return step_report_of(report).to_dict()
 
 
@@ -245,7 +245,7 @@ def standalone_data(reports: list[tuple[str, dict[str, Any]]], *, series: dict[s
             "hint": hint, "steps": steps, "ops": ops, "series": ser}
 
 
-def report_html(report: Any, *, run: str | None = None, title: str | None = None) -> str:
+def report_html(report: ReportLike | dict[str, Any], *, run: str | None = None, title: str | None = None) -> str:
     """One step as a self-contained page (``StepReport.to_html()``)."""
     d = _as_dict(report)
     name = run or d.get("run") or "run"
