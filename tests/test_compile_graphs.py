@@ -63,3 +63,41 @@ def test_nan_replay_on_a_compiled_model_compiles_nothing(tmp_path: Path) -> None
     after = _fit(tmp_path / "nan", [guard, BadWeights()], "eager", steps=12)
     assert guard.replays >= 1 and guard.events[0].layer == "model.blocks.1.mlp.fc"
     assert after == plain
+
+
+def test_module_clock_puts_no_hook_inside_a_compiled_module() -> None:
+    # the step monitor's per-layer host clock, running while the model compiles: a compile wrapper is one layer,
+    # nothing below it or below a module compiled in place is hooked (their hooks were traced: time.perf_counter is
+    # a graph break), and a module called from a compiled function traces its hooks as no-ops
+    from tscope_callbacks.capture.module_clock import ModuleClock, timed_modules
+
+    def run(clocked: bool) -> tuple[dict[str, int], dict[str, float]]:
+        torch._dynamo.reset()
+        counters.clear()
+        net = torch.nn.Sequential(torch.nn.Linear(4, 4),
+                                  torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), torch.nn.Linear(4, 2))
+        net[1] = torch.compile(net[1], backend="eager")
+        net[2].compile(backend="eager")
+        assert [p for p, _ in timed_modules(net)] == ["", "0", "1"]
+        clock = ModuleClock(net)
+        if clocked:
+            clock.start()
+        x = torch.randn(3, 4)
+        net(x)
+        times = clock.stop()
+        net(x)
+        return _dynamo_state(), times
+
+    plain, _ = run(False)
+    clocked, times = run(True)
+    assert set(times) == {"", "0", "1"} and times["1"] > 0
+    assert clocked == plain and plain["unique_graphs"] >= 1
+
+    torch._dynamo.reset()
+    counters.clear()
+    inner = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    fn = torch.compile(lambda t: inner(t) * 2, backend="eager")
+    clock = ModuleClock(inner)
+    clock.start()
+    fn(torch.randn(3, 4))
+    assert clock.stop() == {} and not counters["graph_break"]
