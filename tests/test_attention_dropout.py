@@ -143,3 +143,33 @@ def test_sdpa_dropout_counts_what_sdpa_without_dropout_counts(mask):
                          if r.op == "aten.bmm" and r.phase == ph) for ph in ("forward", "backward")}
         assert gemms == want[convention], convention
         assert model_flops(runs[0.1], convention) == model_flops(runs[0.0], convention), convention
+
+
+def test_a_reused_storage_address_does_not_carry_an_earlier_layers_scale(monkeypatch):
+    # the math path scales Q and K by a number and copies them ahead of its Q K^T GEMM; each copy joins the scale's
+    # entry by storage address. When layer 2's copy lands at the address of layer 1's dead copy (the allocator reuses
+    # it: T5 train on CPU, about one process in 10-30), the copy joined layer 1's stale entry, so layer 2's GEMM took
+    # layer 1's scale and its own Q scale (2*4*32*32 = 8,192 FLOPs) counted as model FLOPs, forward and backward.
+    # The reuse simulated here by a storage id both copies share
+    from tscope_callbacks.capture import masks
+
+    real_sid = masks.storage_id
+    monkeypatch.setattr(masks, "storage_id", lambda t: getattr(t, "_fake_sid", None) or real_sid(t))
+    ea, mute = masks.EagerAttention(masks.MaskCounts()), lambda: __import__("contextlib").nullcontext()
+    aten, seq = torch.ops.aten, iter(range(1, 100))
+
+    def layer(first: int) -> masks._Chain:
+        q, k = torch.randn(2, 4, 8), torch.randn(2, 8, 4)
+        qs, ks = q * 0.5, k * 0.5
+        ea.forward(first, aten.mul.Tensor, "pointwise", (q, 0.5), qs, next(seq), mute)
+        ea.forward(first + 1, aten.mul.Tensor, "pointwise", (k, 0.5), ks, next(seq), mute)
+        qc = qs.clone()
+        qc._fake_sid = 12345  # the same address in both layers
+        ea.forward(first + 2, aten.clone.default, "memory", (qs,), qc, next(seq), mute)
+        scores = torch.bmm(qc, ks)
+        ea.forward(first + 3, aten.bmm.default, "matmul", (qc, ks), scores, next(seq), mute)
+        return ea._chain_of(scores)
+
+    assert layer(0).scaled == 0
+    chain = layer(10)  # layer 1's tensors are dead: its entries stale
+    assert chain.scaled == 10 and {10, 11} <= set(chain.ops) and 0 not in chain.ops

@@ -317,8 +317,12 @@ class EagerAttention:
                     sid = storage_id(out)
                 except (RuntimeError, TypeError):
                     return
-                if sid in self._scaled:
-                    self._scaled[sid][0].append(weakref.ref(out))
+                old = self._scaled.get(sid)
+                # a live entry is this storage's (a view of a scaled tensor or of its copy); a dead one is an
+                # earlier layer's whose storage address the allocator reused: replaced, or this copy would carry
+                # the earlier scale's index and the Q K^T GEMM would miss its own scale (address-dependent flake)
+                if old is not None and any(r() is not None for r in old[0]):
+                    old[0].append(weakref.ref(out))
                 else:
                     self._remember(self._scaled, out, ([weakref.ref(out)], hit[1]))
 
