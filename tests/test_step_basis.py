@@ -123,3 +123,41 @@ def test_environment_is_named_in_the_header():
                         host_others_load_per_cpu=0.01, host_busy=False, host_oversubscribed=False)
     md = api.roofline(idle, test_spec()).to_markdown()
     assert "- **Environment**: idle (other processes: 0.01 per CPU" in md and "Roof measured under load" not in md
+
+
+def test_a_deferred_first_profile_is_not_cut_by_the_next_scheduled_one(tmp_path, monkeypatch):
+    # the step time settles at step 8 (made so: the clock has ticked at steps 0-8): the first profile, due at 5, waits
+    # until 8, where the profile scheduled at 10 used to cut its 3-step series ([8, 9]) and left no unprofiled step
+    # after it (its basis); the next profile now moves to the first scheduled step past them (20)
+    def settle(self) -> bool:
+        if self.settled_from is None and len(self._stamps) > 8:
+            self.settled_from = 3
+        return self.settled_from is not None
+
+    monkeypatch.setattr(StepClock, "settle", settle)
+    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=5, every_n_steps=10, monitor=False)
+    _, saved = _fit(tmp_path, cb, max_steps=45)
+    first = saved[0]["profile"]["meta"]
+    assert first["deferred_from"] == 5 and first["merged_steps"] == [8, 9, 10]
+    assert max(first["step_time_sample_steps"]) > 10  # unprofiled steps after the series
+    assert [d["profile"]["meta"]["step"] for d in saved] == [8, 20, 30, 40]
+    assert all(len(d["profile"]["meta"]["merged_steps"]) == 3 for d in saved)
+
+
+def test_the_step_monitors_layer_timing_steps_are_no_step_time_basis(tmp_path, monkeypatch):
+    # the monitor's baseline profile (after 3 healthy steps) is followed by 3 steps with ModuleClock's forward hooks
+    # on every layer (slower): RooflineCallback's step clock (and MFU windows) must leave them out
+    from tscope_callbacks.capture import module_clock
+
+    ran: list[int] = []
+    start = module_clock.ModuleClock.start
+    monkeypatch.setattr(module_clock.ModuleClock, "start",
+                        lambda self: (ran.append(self.model.trainer.global_step), start(self))[1])
+    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=12, every_n_steps=100, wait_for_warmup=False,
+                             monitor=ts.StepMonitor(min_steps=3))
+    _, saved = _fit(tmp_path, cb, max_steps=25)
+    assert len(ran) == 3 and max(ran) < 12
+    stamps = {s: dirty for s, _, dirty, _ in cb._clock._stamps}
+    assert all(stamps[m + 1] for m in ran)  # each interval from a ModuleClock step's start to the next step's
+    for d in saved:
+        assert not set(ran) & set(d["profile"]["meta"]["step_time_sample_steps"])

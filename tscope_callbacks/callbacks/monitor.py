@@ -210,6 +210,9 @@ class StepMonitor(ProfilingCallback):
         if self._modclock is not None:
             self._layer_steps.append(self._modclock.stop())
             self._modclock = None
+            # its forward hooks slowed this step: no step-time basis nor MFU window (RooflineCallback's clocks). Said
+            # at the step's end, before the next step's tick, whatever the order of the callbacks' batch-start hooks
+            session.dirty_clocks(trainer)
         if st is not None:
             self._add(trainer, st)
         if self.loss_spike is not None:

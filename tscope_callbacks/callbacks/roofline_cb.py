@@ -448,6 +448,21 @@ class RooflineCallback(ProfilingCallback):
         return super()._due(stage, step)
 
     @override
+    def _claim(self, stage: str, step: int) -> None:
+        sched = self.schedules.get("train")
+        span = self.profile_steps + AFTER_STEPS
+        first_deferred = (stage == "train" and self._wait.deferred_from is not None and sched.taken == 0
+                          and (sched.every_n_steps is None or sched.every_n_steps >= span))
+        super()._claim(stage, step)
+        if first_deferred and self.profile_steps > 1:
+            # the first profile moved off its scheduled step (warm-up): its series and the unprofiled steps timed
+            # after it (its basis) are not cut by the next scheduled profile, which moves to the first scheduled step
+            # past them (where they do not reach it, the schedule is unchanged; a schedule denser than a series and
+            # its basis, every_n_steps < profile_steps + AFTER_STEPS, is kept as asked)
+            sched.reserve(step + span)
+            self._next_train = sched.next_due(step + 1)
+
+    @override
     def _train_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         step = trainer.global_step
         if self._eager_at is not None and step >= self._eager_at and not self.schedules["train"].is_due(step):

@@ -76,7 +76,7 @@ class Schedule:
     max_profiles: int | None = None
     profile_first: bool = True
     taken: int = 0  #: profiles taken so far (restored on resume)
-    last_step: int = -1  #: the last step profiled (never profiled twice, also after resume)
+    last_step: int = -1  #: the last step profiled or reserved (never profiled twice, also after resume)
 
     def __post_init__(self) -> None:
         _check_int("every_n_steps", self.every_n_steps, minimum=1, allow_none=True,
@@ -116,6 +116,11 @@ class Schedule:
         """Record that ``step`` was profiled."""
         self.taken += 1
         self.last_step = step
+
+    def reserve(self, until: int) -> None:
+        """No step before ``until`` is due any more: the last profile spans the steps up to it (a series and the
+        unprofiled steps timed after it). Kept across a resume like ``last_step``."""
+        self.last_step = max(self.last_step, until - 1)
 
     def steps(self, max_steps: int) -> list[int]:
         """The steps in ``[0, max_steps)`` a fresh copy of this schedule would profile (for docs and tests)."""
