@@ -452,6 +452,7 @@ class RooflineCallback(ProfilingCallback):
         sched = self.schedules.get("train")
         span = self.profile_steps + AFTER_STEPS
         first_deferred = (stage == "train" and self._wait.deferred_from is not None and sched.taken == 0
+                          and step > self._wait.deferred_from
                           and (sched.every_n_steps is None or sched.every_n_steps >= span))
         super()._claim(stage, step)
         if first_deferred and self.profile_steps > 1:
