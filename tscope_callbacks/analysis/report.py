@@ -217,8 +217,81 @@ class TimeSplit:
     basis: str
 
 
+class RowFigures:
+    """The figures a table row derives from its sums (both the analysis' accumulating row and the report's frozen
+    one): dominant precision, intensity, effective ridge, bound, % of roof, recoverable time and the ratios. The row
+    provides ``flops``, ``bytes``, ``compute_s``, ``precisions``, ``peaks``, ``bandwidth``, ``n_work``,
+    ``uncounted_ops``, ``all_comm``, ``measured_s``, ``estimate_s``, ``expected_s`` and ``achievable_estimate_s``."""
+
+    flops: int
+    bytes: int
+    compute_s: float
+    precisions: dict[str, int]
+    peaks: dict[str, float]
+    bandwidth: float
+    n_work: int
+    uncounted_ops: dict[str, int]
+    measured_s: float | None
+    estimate_s: float
+    expected_s: float
+    achievable_estimate_s: float | None
+
+    @property
+    def all_comm(self) -> bool:  # overridden by a field or property of the row
+        return False
+
+    @property
+    def precision(self) -> str:
+        """Dominant precision (most FLOPs; most bytes when the row has no FLOPs)."""
+        return max(self.precisions, key=self.precisions.__getitem__) if self.precisions else ""
+
+    @property
+    def intensity(self) -> float | None:
+        return _div(self.flops, self.bytes)
+
+    @property
+    def ridge(self) -> float | None:
+        """Effective ridge: (FLOPs / sum of flops/peak) / bandwidth; the dominant precision's when no FLOPs."""
+        peak = _div(self.flops, self.compute_s) or self.peaks.get(self.precision)
+        return _div(peak, self.bandwidth)
+
+    @property
+    def bound(self) -> str:
+        if self.all_comm:
+            return "comm"
+        if not self.n_work:
+            return "uncounted" if self.uncounted_ops else "overhead"
+        if self.bytes == 0:
+            return "compute"
+        return "compute" if (self.intensity or 0.0) >= (self.ridge or math.inf) else "memory"
+
+    @property
+    def attained(self) -> float | None:
+        """Fraction of the (datasheet) roof: estimate / measured."""
+        return _div(self.estimate_s, self.measured_s)
+
+    @property
+    def attained_achievable(self) -> float | None:
+        return _div(self.achievable_estimate_s, self.measured_s)
+
+    @property
+    def recoverable_s(self) -> float | None:
+        """Measured time above the shape-aware expectation (what a better kernel or less overhead would save)."""
+        return None if self.measured_s is None else max(0.0, self.measured_s - self.expected_s)
+
+    @property
+    def ratio(self) -> float | None:
+        """measured / roofline bound (1.0 = on the roof)."""
+        return _div(self.measured_s, self.estimate_s)
+
+    @property
+    def expected_ratio(self) -> float | None:
+        """measured / shape-aware expectation (1.0 = as fast as the library does this shape)."""
+        return _div(self.measured_s, self.expected_s)
+
+
 @dataclass(frozen=True)
-class Row:
+class Row(RowFigures):
     """A table row: the sums over a set of ops (a layer x phase, a layer, an op class, an op name, a group of small
     rows, the total). Derived figures are properties of the stored sums."""
 
@@ -249,49 +322,6 @@ class Row:
     @property
     def calls(self) -> int:
         return self.n_ops
-
-    @property
-    def precision(self) -> str:
-        return max(self.precisions, key=self.precisions.__getitem__) if self.precisions else ""
-
-    @property
-    def intensity(self) -> float | None:
-        return _div(self.flops, self.bytes)
-
-    @property
-    def ridge(self) -> float | None:
-        peak = _div(self.flops, self.compute_s) or self.peaks.get(self.precision)
-        return _div(peak, self.bandwidth)
-
-    @property
-    def bound(self) -> str:
-        if self.all_comm:
-            return "comm"
-        if not self.n_work:
-            return "uncounted" if self.uncounted_ops else "overhead"
-        if self.bytes == 0:
-            return "compute"
-        return "compute" if (self.intensity or 0.0) >= (self.ridge or math.inf) else "memory"
-
-    @property
-    def attained(self) -> float | None:
-        return _div(self.estimate_s, self.measured_s)
-
-    @property
-    def attained_achievable(self) -> float | None:
-        return _div(self.achievable_estimate_s, self.measured_s)
-
-    @property
-    def recoverable_s(self) -> float | None:
-        return None if self.measured_s is None else max(0.0, self.measured_s - self.expected_s)
-
-    @property
-    def ratio(self) -> float | None:
-        return _div(self.measured_s, self.estimate_s)
-
-    @property
-    def expected_ratio(self) -> float | None:
-        return _div(self.measured_s, self.expected_s)
 
     @property
     def counted_share(self) -> float | None:

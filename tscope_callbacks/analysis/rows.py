@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.analysis.report import RowFigures
 from tscope_callbacks.records import OpRecord
 
 __all__ = ["OpRoof", "Row", "Opportunity"]
@@ -122,7 +123,7 @@ def _mnk(rec: OpRecord) -> tuple[int, int, int] | None:
 
 
 @dataclass
-class Row:
+class Row(RowFigures):
     """Aggregate of a set of ops (a layer x phase, a layer, an op class, an op name, or a group of small rows)."""
 
     name: str
@@ -178,53 +179,9 @@ class Row:
             self.largest_matmul, self.largest_matmul_flops = mnk, r.flops
 
     @property
-    def precision(self) -> str:
-        """Dominant precision (most FLOPs; most bytes when the row has no FLOPs)."""
-        return max(self.precisions, key=self.precisions.__getitem__) if self.precisions else ""
-
-    @property
-    def intensity(self) -> float | None:
-        return _div(self.flops, self.bytes)
-
-    @property
-    def ridge(self) -> float | None:
-        """Effective ridge: (FLOPs / sum of flops/peak) / bandwidth; the dominant precision's when no FLOPs."""
-        peak = _div(self.flops, self.compute_s) or self.peaks.get(self.precision)
-        return _div(peak, self.bandwidth)
-
-    @property
-    def bound(self) -> str:
-        if self.ops and all(o.record.category == "comm" for o in self.ops):
-            return "comm"
-        if not self.n_work:
-            return "uncounted" if self.uncounted_ops else "overhead"
-        if self.bytes == 0:
-            return "compute"
-        return "compute" if (self.intensity or 0.0) >= (self.ridge or math.inf) else "memory"
-
-    @property
-    def attained(self) -> float | None:
-        """Fraction of the (datasheet) roof: estimate / measured."""
-        return _div(self.estimate_s, self.measured_s)
-
-    @property
-    def attained_achievable(self) -> float | None:
-        return _div(self.achievable_estimate_s, self.measured_s)
-
-    @property
-    def recoverable_s(self) -> float | None:
-        """Measured time above the shape-aware expectation (what a better kernel or less overhead would save)."""
-        return None if self.measured_s is None else max(0.0, self.measured_s - self.expected_s)
-
-    @property
-    def ratio(self) -> float | None:
-        """measured / roofline bound (1.0 = on the roof)."""
-        return _div(self.measured_s, self.estimate_s)
-
-    @property
-    def expected_ratio(self) -> float | None:
-        """measured / shape-aware expectation (1.0 = as fast as the library does this shape)."""
-        return _div(self.measured_s, self.expected_s)
+    def all_comm(self) -> bool:
+        """Every op of the row is a collective."""
+        return bool(self.ops) and all(o.record.category == "comm" for o in self.ops)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict (no inf/nan: missing figures are None)."""
