@@ -235,6 +235,8 @@ class RowFigures:
     estimate_s: float
     expected_s: float
     achievable_estimate_s: float | None
+    layer: str
+    type: str
 
     @property
     def all_comm(self) -> bool:  # overridden by a field or property of the row
@@ -288,6 +290,26 @@ class RowFigures:
     def expected_ratio(self) -> float | None:
         """measured / shape-aware expectation (1.0 = as fast as the library does this shape)."""
         return _div(self.measured_s, self.expected_s)
+
+
+def layer_point_rows(rows: typing.Iterable[RowFigures]) -> list[dict[str, Any]]:
+    """Per layer row (all phases, self attribution): where it sits on the roofline, as table rows (JSON-safe): the
+    ``tscope/roofline/layers`` table and the W&B scatter. Rows without FLOPs and bytes are left out."""
+    def fin(v: float | None) -> float | None:
+        return v if v is not None and math.isfinite(v) else None
+
+    out = []
+    for r in rows:
+        if r.flops == 0 and r.bytes == 0:
+            continue
+        ms = r.measured_s
+        out.append({
+            "layer": r.layer or "(root)", "type": r.type, "bound": r.bound, "intensity": fin(r.intensity),
+            "achieved_gflops_per_s": fin(r.flops / ms / 1e9) if ms else None, "gflops": r.flops / 1e9,
+            "mb": r.bytes / 1e6, "measured_ms": ms * 1e3 if ms is not None else None,
+            "estimated_ms": r.expected_s * 1e3, "roof_ms": r.estimate_s * 1e3, "attained": fin(r.attained),
+        })
+    return out
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from tscope_callbacks.analysis.diagnose import explain
 from tscope_callbacks.analysis.estimate import expected_s
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.noise import Noise, find_noise
+from tscope_callbacks.analysis.report import layer_point_rows
 from tscope_callbacks.analysis.roofs import beaten as _beaten
 from tscope_callbacks.analysis.roofs import overlap_of as _overlap
 from tscope_callbacks.analysis.roofs import widen as _widen
@@ -375,18 +376,4 @@ class RooflineAnalysis:
 
 def layer_points(report: RooflineAnalysis) -> list[dict[str, Any]]:
     """Per layer (all phases, self attribution): where it sits on the roofline, as table rows (JSON-safe)."""
-    def fin(v: float | None) -> float | None:
-        return v if v is not None and math.isfinite(v) else None
-
-    rows = []
-    for r in report.layer_totals:
-        if r.flops == 0 and r.bytes == 0:
-            continue
-        ms = r.measured_s
-        rows.append({
-            "layer": r.layer or "(root)", "type": r.type, "bound": r.bound, "intensity": fin(r.intensity),
-            "achieved_gflops_per_s": fin(r.flops / ms / 1e9) if ms else None, "gflops": r.flops / 1e9,
-            "mb": r.bytes / 1e6, "measured_ms": ms * 1e3 if ms is not None else None,
-            "estimated_ms": r.expected_s * 1e3, "roof_ms": r.estimate_s * 1e3, "attained": fin(r.attained),
-        })
-    return rows
+    return layer_point_rows(report.layer_totals)

@@ -10,12 +10,11 @@ DeviceSpec (for re-analysis) and, under ``"report"``, the StepReport's JSON (``S
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tscope_callbacks.analysis.report import StepReport
+from tscope_callbacks.analysis.report import StepReport, layer_point_rows
 from tscope_callbacks.callbacks.session import ProfileContext
 from tscope_callbacks.callbacks.sinks import Sink, metric_key
 from tscope_callbacks.capture.faults import Faults
@@ -118,21 +117,7 @@ def step_scalars(step: AnalysedStep, ctx: ProfileContext) -> dict[str, float]:
 def layer_points(report: StepReport) -> list[dict[str, Any]]:
     """Per layer (all phases, self attribution): where it sits on the roofline, as table rows (JSON-safe): the
     ``tscope/roofline/layers`` table and the W&B scatter."""
-    def fin(v: float | None) -> float | None:
-        return v if v is not None and math.isfinite(v) else None
-
-    rows = []
-    for r in report.rows["layer"]:
-        if r.flops == 0 and r.bytes == 0:
-            continue
-        ms = r.measured_s
-        rows.append({
-            "layer": r.layer or "(root)", "type": r.type, "bound": r.bound, "intensity": fin(r.intensity),
-            "achieved_gflops_per_s": fin(r.flops / ms / 1e9) if ms else None, "gflops": r.flops / 1e9,
-            "mb": r.bytes / 1e6, "measured_ms": ms * 1e3 if ms is not None else None,
-            "estimated_ms": r.expected_s * 1e3, "roof_ms": r.estimate_s * 1e3, "attained": fin(r.attained),
-        })
-    return rows
+    return layer_point_rows(report.rows["layer"])
 
 
 def table_text(step: AnalysedStep, ctx: ProfileContext, top: int) -> str:
