@@ -871,9 +871,9 @@ def test_tensorboard_text_report_tables_break_no_word(driver, tmp_path):
     is the full one, and it would break words there."""
     from tests.profiles import a100, make_profile, matmul
     from tscope_callbacks import api
+    from tscope_callbacks.records import LayerRecord
     from tscope_callbacks.render.markdown import to_markdown
     from tscope_callbacks.render.tables import narrow_markdown
-    from tscope_callbacks.records import LayerRecord
 
     ops, layers = [], {}
     for b in range(2):

@@ -55,8 +55,8 @@ from tscope_callbacks.callbacks import nan_steps
 from tscope_callbacks.callbacks.guarded import GuardedCallback
 from tscope_callbacks.callbacks.session import sinks_for
 from tscope_callbacks.callbacks.sinks import METRIC_ROOT, NULL_SINK, metric_key
-from tscope_callbacks.capture import locate as nl_locate
 from tscope_callbacks.capture import active as _active
+from tscope_callbacks.capture import locate as nl_locate
 from tscope_callbacks.capture.active import paused
 
 __all__ = ["NaNGuardCallback", "NonFiniteError", "NonFiniteEvent"]
