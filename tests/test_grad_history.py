@@ -303,3 +303,58 @@ def test_steps_and_epochs_come_from_lightnings_trackers_also_after_a_resume(tmp_
     assert [r[2] for r in probe2.rows] == [4, 5, 6, 7] and probe2.rows[0][3] >= 1
     assert [s for s, _, _ in first.grad_history.steps] == [0, 1, 2, 3]
     assert [s for s, _, _ in resumed.grad_history.steps] == [4, 5, 6, 7]
+
+
+def test_healthy_steps_enter_the_history_in_batches_but_a_spike_is_alerted_at_its_own_step():
+    # the history takes healthy steps 16 at a time (a cheaper step), yet what anyone reads is complete: a spike is
+    # in guard.spikes at the end of its own step, the history read mid-fit holds every checked step up to it
+    from tscope_callbacks.callbacks import nan_guard
+
+    model = TinyLM(optimizer="adamw-fused")
+    _spiking(model, spike_step=22, nan_step=None)
+    seen = {}
+
+    class Reader(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            s = trainer.global_step - 1  # the step that just ran
+            seen[s] = [x["step"] for x in guard.spikes]
+            if s == 5:  # a read of the history flushes the queue: steps 0..5, none missing
+                seen["history@5"] = [st for st, _, _ in guard.grad_history.steps]
+
+    guard = NaNGuardCallback(action="warn")
+    pl.Trainer(max_steps=24, accelerator="cpu", devices=1, callbacks=[guard, Reader()], logger=False,
+               enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False).fit(model)
+    assert nan_guard.HISTORY_BATCH == 16
+    assert seen["history@5"] == list(range(6))
+    assert seen[21] == [] and seen[22] == [22]  # alerted at step 22 itself, not at the next batch of 16
+    assert [s for s, _, _ in guard.grad_history.steps] == list(range(24))  # the end of training flushes the rest
+
+
+def test_a_parameter_replaced_in_the_optimizers_list_is_checked_at_once():
+    # the guard reads the gradients from the optimizer's own list each step (compared one by one with its cached list
+    # only every IDENTITY_EVERY steps): a parameter swapped into that list is checked from the next step on
+    from tscope_callbacks.callbacks import nan_steps
+
+    model = TinyLM()
+    swapped = {}
+
+    class Swap(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step == 3 and not swapped:  # a new Parameter object in place of the fc weight
+                opt = trainer.optimizers[0]
+                fc = pl_module.get_submodule(SPIKE_LAYER)
+                params = opt.param_groups[0]["params"]
+                i = next(i for i, p in enumerate(params) if p is fc.weight)
+                new = torch.nn.Parameter(fc.weight.detach().clone())
+                opt.state[new] = opt.state.pop(fc.weight, {})
+                fc.weight = params[i] = new
+                swapped["step"] = 3
+            if trainer.global_step == 5:  # its gradient non-finite: only the new object holds it
+                pl_module.get_submodule(SPIKE_LAYER).weight.register_hook(lambda g: g * NAN)
+
+    guard = NaNGuardCallback(action="warn", locate=False)
+    pl.Trainer(max_steps=8, accelerator="cpu", devices=1, callbacks=[Swap(), guard], logger=False,
+               enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False).fit(model)
+    assert nan_steps.IDENTITY_EVERY > 5  # the swap falls between two one-by-one comparisons
+    assert [e.step for e in guard.events][:1] == [5]
+    assert f"{SPIKE_LAYER}.weight" in str(guard.events[0])

@@ -122,7 +122,7 @@ class GradHistory:
         self.spike_factor, self.min_steps = spike_factor, min_steps
         self.steps: deque[tuple[int, float, Mapping[str, float]]] = deque(maxlen=window)  #: (step, global, per layer)
         self._totals: deque[float] = deque(maxlen=window)  #: the global norms of ``steps`` (a cheap spike bound)
-        self._floor = math.inf  #: the smallest of ``_totals``
+        self.floor = math.inf  #: the smallest of ``_totals`` (a spike needs a global norm over spike_factor x it)
         self.losses: deque[tuple[int, float]] = deque(maxlen=window)  #: (step, loss) of the steps that had one
         self.lrs: deque[tuple[int, float]] = deque(maxlen=window)  #: (step, learning rate) of the steps that had one
 
@@ -140,7 +140,7 @@ class GradHistory:
         totals = self._totals
         # a cheap bound first: under f x the smallest norm before it is under f x their median (the smallest kept up
         # to date as steps come and go: a full min only when the smallest one leaves the window)
-        spike = (self._spike(step, total, layers) if factor is not None and total > factor * self._floor
+        spike = (self._spike(step, total, layers) if factor is not None and total > factor * self.floor
                  and len(totals) >= self.min_steps else None)
         finite_loss = loss is not None and math.isfinite(loss)
         if spike is not None:
@@ -151,10 +151,10 @@ class GradHistory:
         self.steps.append((step, total, layers))
         gone = totals[0] if len(totals) == totals.maxlen else None
         totals.append(total)
-        if total <= self._floor:
-            self._floor = total
-        elif gone is not None and gone <= self._floor:
-            self._floor = min(totals)
+        if total <= self.floor:
+            self.floor = total
+        elif gone is not None and gone <= self.floor:
+            self.floor = min(totals)
         if finite_loss:
             self.losses.append((step, float(loss)))
         if lr is not None and math.isfinite(lr):

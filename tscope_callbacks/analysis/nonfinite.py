@@ -22,8 +22,8 @@ from tscope_callbacks.capture.step_memory import local_tensor
 from tscope_callbacks.capture.tensors import count_nonfinite, floating, iter_tensors
 
 __all__ = ["NonFiniteEvent", "NonFiniteError", "LocateResult", "RankInfo", "FlagChannel", "count_nonfinite",
-           "iter_tensors", "max_abs_finite", "merge_infos", "nonfinite_total", "per_tensor_norms", "rank_info", "tensor_norms",
-           "read_now", "sync_points", "AlertLimiter"]
+           "iter_tensors", "max_abs_finite", "merge_infos", "nonfinite_total", "norm_vector", "per_tensor_norms",
+           "rank_info", "tensor_norms", "read_now", "sync_points", "AlertLimiter"]
 
 
 def local(t: Any) -> Any:
@@ -61,6 +61,20 @@ def per_tensor_norms(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     """float32 vector: one L2 norm per tensor, in order (non-finite where the tensor has a NaN/Inf, or, rarely, where
     finite values overflow; callers confirm). One fused ``_foreach_norm`` per (device, dtype) group, no host sync."""
     return torch.stack(tensor_norms(tensors)) if tensors else None
+
+
+def norm_vector(tensors: list[torch.Tensor], scalars: list[torch.Tensor]) -> torch.Tensor:
+    """The fused norm of a checked step: one float32 vector ``[L2 norm of each of tensors..., each of scalars...]``
+    on the tensors' device, from one ``_foreach_norm`` over the tensors (:func:`tensor_norms`) and one ``stack`` of
+    its per-tensor results with the scalars -- the two ops ``torch.nn.utils.get_total_norm`` runs before its final
+    norm. ``tensors`` must not be empty. A scalar (a loss) that is already a float32 0-d tensor on that device is
+    stacked as it is (no op); any other is summed to one there. Run under no-grad (a loss requires grad)."""
+    norms = tensor_norms(tensors)
+    if scalars:
+        dev = norms[0].device
+        norms += [x if x.dtype is torch.float32 and x.ndim == 0 and x.device == dev else x.float().sum().to(dev)
+                  for x in scalars]
+    return torch.stack(norms)
 
 
 def tensor_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

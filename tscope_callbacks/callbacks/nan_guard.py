@@ -42,6 +42,7 @@ Alerts (rank zero, through the sinks): ``logging`` warning on logger ``"tscope_c
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import lightning.pytorch as pl
@@ -63,6 +64,7 @@ __all__ = ["NaNGuardCallback", "NonFiniteError", "NonFiniteEvent"]
 
 _log = logging.getLogger("tscope_callbacks")
 ACTIONS = ("warn", "skip", "stop", "raise")
+HISTORY_BATCH = 16  #: healthy steps queued before they enter the history together (see ``_healthy``)
 
 
 def _checked(name: str, v: Any, minimum: float, typ: type = int) -> Any:
@@ -103,7 +105,8 @@ class NaNGuardCallback(GuardedCallback):
     Attributes: ``events`` (list[NonFiniteEvent]), ``num_events``, ``skipped_steps``, ``alerts`` (alerts emitted on
     this rank), ``replays`` (replays run), ``mode`` ("deferred"/"immediate", decided at fit start), ``host_syncs``
     (flag reads that synchronized the host), ``spikes`` (gradient spikes: step, norm, median, ratio, layer, loss,
-    learning rate), ``grad_history`` (the checked steps' norms, losses and learning rates: a
+    learning rate; a spike is there at the end of its own step, or within ``HISTORY_BATCH`` steps in the rare case
+    the quick bound misses it, and all of them after ``fit``), ``grad_history`` (the checked steps' norms, losses and learning rates: a
     :class:`~tscope_callbacks.analysis.grad_history.GradHistory`), ``replay_blocker`` (why this fit's bad steps are
     not replayed, or None). Keys: text ``tscope/nan``, scalars ``tscope/nan/events``, ``tscope/grad_norm/*``.
     """
@@ -167,8 +170,11 @@ class NaNGuardCallback(GuardedCallback):
 
     @property
     def grad_history(self) -> GradHistory:
-        """The checked steps' gradient norms, losses and learning rates (this fit)."""
-        return self._state.history
+        """The checked steps' gradient norms, losses and learning rates (this fit, up to the last checked step)."""
+        st = self._state
+        if st.pending:
+            self._flush_history(st.trainer)
+        return st.history
 
     # ---------------------------------------------------------------- hooks (each delegates, never raises)
     @override
@@ -270,12 +276,16 @@ class NaNGuardCallback(GuardedCallback):
         if self._state.channel.pending:  # the last steps' flags: read now (the one wait of a deferred run)
             with paused():
                 self._poll(trainer, pl_module, None)
+        if self._state.pending:
+            self._flush_history(trainer)
         if self._limiter.suppressed:
             self._alert(trainer, "NaN guard summary", f"NaN guard: {self._limiter.suppressed} non-finite event(s) "
                         f"since the last alert were not alerted; {self.num_events} event(s) in total this run.")
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._state.pending:  # a fit that ended without on_train_end (an exception): its last healthy steps
+            self._flush_history(trainer)
         for opt in trainer.optimizers:
             opt.__dict__.pop("found_inf", None)
         self._state.masked.clear()
@@ -361,22 +371,39 @@ class NaNGuardCallback(GuardedCallback):
 
     def _healthy(self, trainer: pl.Trainer, step: int, names: list[str], norms: list[float],
                  loss: float | None = None, lr: float | None = None) -> None:
-        """A healthy checked step's gradient norms, loss and learning rate: into the history, the norms logged (rank
-        zero), a spike alerted."""
+        """A healthy checked step's gradient norms, loss and learning rate, queued for the history. The queue enters
+        it (:meth:`_flush_history`: spikes found and alerted, norms logged) when it holds ``HISTORY_BATCH`` steps, at
+        a logged step, and at once when the step's global norm clears the quick spike bound (over ``spike_factor``
+        x the smallest norm in the history): a spike is alerted at its own step; only a spike hidden by that bound's
+        staleness waits, at most ``HISTORY_BATCH`` steps. Every reader of the history (``grad_history``, an event's
+        trend, the end of training) flushes it first."""
         st = self._state
-        try:
-            spike = st.history.add(step, names, norms, loss, lr)
-            # Lightning's log cadence, to the run's loggers only (none: no metrics file of ours either)
-            if st.log_norms and step % st.log_every == 0 and st.history.steps:
-                s, total, layers = st.history.steps[-1]
-                if s == step:
-                    scalars = {metric_key("grad_norm", "total"): total}
-                    scalars.update({metric_key("grad_norm", k or "root"): v for k, v in layers.items()})
-                    sinks_for(trainer, False).log_scalars(scalars, step)
-            if spike is not None:
-                self._spike(trainer, step, spike)
-        except Exception as e:
-            self.faults.report("gradient norms", e)
+        pending = st.pending
+        pending.append((step, names, norms, loss, lr))
+        if (len(pending) >= HISTORY_BATCH or (st.log_norms and step % st.log_every == 0)
+                or (self.spike_factor is not None and math.hypot(*norms) > self.spike_factor * st.history.floor)):
+            self._flush_history(trainer)
+
+    def _flush_history(self, trainer: pl.Trainer | None) -> None:
+        """The queued healthy steps into the history, in order: spikes alerted, norms logged at Lightning's cadence
+        (rank zero, to the run's loggers only)."""
+        st = self._state
+        rows, st.pending = st.pending, []
+        for step, names, norms, loss, lr in rows:
+            try:
+                spike = st.history.add(step, names, norms, loss, lr)
+                if trainer is None:
+                    continue
+                if st.log_norms and step % st.log_every == 0 and st.history.steps:
+                    s, total, layers = st.history.steps[-1]
+                    if s == step:
+                        scalars = {metric_key("grad_norm", "total"): total}
+                        scalars.update({metric_key("grad_norm", k or "root"): v for k, v in layers.items()})
+                        sinks_for(trainer, False).log_scalars(scalars, step)
+                if spike is not None:
+                    self._spike(trainer, step, spike)
+            except Exception as e:
+                self.faults.report("gradient norms", e)
 
     def _spike(self, trainer: pl.Trainer, step: int, spike: dict[str, Any]) -> None:
         self.spikes.append(spike)
@@ -385,6 +412,8 @@ class NaNGuardCallback(GuardedCallback):
             self._alert(trainer, f"Gradient spike at step {step}", spike_text(spike, len(self._state.history.steps) - 1))
 
     def _record(self, trainer: pl.Trainer, event: NonFiniteEvent) -> None:
+        if self._state.pending:  # the steps before it, complete
+            self._flush_history(trainer)
         if not event.trend:
             try:
                 history = self._state.history

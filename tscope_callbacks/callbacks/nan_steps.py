@@ -62,6 +62,13 @@ class GuardState:
     params: list[torch.nn.Parameter] = field(default_factory=list)  #: the optimizer's, in group order
     names: list[str] = field(default_factory=list)  #: their names (clean paths; "?" for one the module lacks)
     plain_grads: bool = False  #: ``params``' gradients were plain tensors (no DTensor shards to take)
+    #: one param group: the optimizer's own list (the same object at every step, read live) and the steps until its
+    #: parameters are next compared one by one with ``params`` (:func:`step_params`)
+    source: list | None = None
+    recheck: int = 0
+    #: healthy steps (step, names, norms, loss, lr) not yet in ``history`` (the guard's ``_healthy``)
+    pending: list[tuple] = field(default_factory=list)
+    trainer: Any = None  #: this fit's trainer (a read of the history flushes ``pending`` through its sinks)
 
 
 def fit_state(guard: NaNGuardCallback, trainer: Any, pl_module: Any) -> GuardState:
@@ -87,6 +94,7 @@ def fit_state(guard: NaNGuardCallback, trainer: Any, pl_module: Any) -> GuardSta
     elif st.world_size > 1 and any(isinstance(m, torch.nn.SyncBatchNorm) for m in pl_module.modules()):
         st.replay_blocker = "SyncBatchNorm (its forward runs collectives, which a per-rank replay must not)"
     st.snapshot = guard.locate and st.replay_blocker is None
+    st.trainer = trainer
     return st
 
 
@@ -162,13 +170,19 @@ def params_of(st: GuardState, optimizer: Any) -> list[torch.nn.Parameter]:
     if len(params) == len(st.params) and all(map(operator.is_, params, st.params)):
         return st.params
     params = list(params)
-    st.params, st.names, st.plain_grads = params, [], False
+    st.params, st.names, st.plain_grads, st.recheck = params, [], False, 0
     return params
+
+
+IDENTITY_EVERY = 16  #: the optimizer's parameters are compared one by one with the cached list every this many steps
 
 
 def step_params(st: GuardState, optimizer: Any) -> list[torch.nn.Parameter]:
     """:func:`params_of`, with the first group's learning rate put in ``st.lr`` (:func:`learning_rate`): the param
-    groups read once per checked step."""
+    groups read once per checked step. With one param group whose list is the same object as at the last step and as
+    long, that list is returned as it is (the gradients are read from the optimizer's own list, so a parameter
+    replaced in it is checked at once) and compared one by one with the cached one only every
+    :data:`IDENTITY_EVERY` steps (until then a replaced parameter's norm may be logged under the old name)."""
     try:
         groups = optimizer.param_groups
         g0 = groups[0]
@@ -178,9 +192,14 @@ def step_params(st: GuardState, optimizer: Any) -> list[torch.nn.Parameter]:
         st.lr = learning_rate(optimizer)
         return params_of(st, optimizer)
     st.lr = lr if type(lr) is float else learning_rate(optimizer)
+    if params is st.source and len(params) == len(st.params):
+        st.recheck -= 1
+        if st.recheck > 0:
+            return params
     cached = st.params
     if len(params) == len(cached) and all(map(operator.is_, params, cached)):
-        return cached
+        st.source, st.recheck = (params if len(groups) == 1 else None), IDENTITY_EVERY
+        return params if len(groups) == 1 else cached
     return params_of(st, optimizer)
 
 
@@ -233,10 +252,11 @@ def push_deferred(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_modu
 def _grads_and_names(st: GuardState, module: Any, params: list) -> tuple[list, list[str]]:
     """The local gradients of ``params`` that exist (``nl.grads_of``) and their parameters' names, in one pass that
     reads each ``.grad`` once; the names are looked up once per parameter list (:func:`params_of`)."""
-    if params is not st.params or len(st.names) != len(params):
+    cached = params is st.params or params is st.source  # the source: the same parameters (step_params)
+    if not cached or len(st.names) != len(params):
         by_id = {id(p): n for n, p in named_parameters(module)}
         names = [by_id.get(id(p), "?") for p in params]
-        if params is st.params:
+        if cached:
             st.names = names
     else:
         names = st.names
@@ -245,7 +265,7 @@ def _grads_and_names(st: GuardState, module: Any, params: list) -> tuple[list, l
         names = [n for p, n in zip(params, names) if p.grad is not None]
     if set(map(type, grads)) <= _PLAIN:  # DTensor gradients (FSDP2/TP) are a subclass: their local shards
         # this parameter list's gradients are plain tensors (a parameter's gradient type does not change)
-        st.plain_grads = bool(grads) and params is st.params
+        st.plain_grads = bool(grads) and cached
         return grads, names
     st.plain_grads = False
     return [nl.local(g) for g in grads], names
@@ -324,7 +344,8 @@ def check_now(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: 
     names: list[str] = []
     with_norms = False
     try:
-        if params is st.params and st.plain_grads and len(st.names) == len(params):  # the usual step: plain tensors
+        if ((params is st.params or params is st.source) and st.plain_grads
+                and len(st.names) == len(params)):  # the usual step: plain tensors
             names = st.names
             grads = list(map(_GRAD, params))  # each .grad read once, in C
             if any(map(operator.is_, grads, _NONES)):  # some parameters have no gradient: they and their names go
@@ -340,18 +361,8 @@ def check_now(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: 
         if grad_mode:
             torch._C._set_grad_enabled(False)
         try:
-            if guard.grad_norms and scaler is None and grads:  # per-gradient norms and the losses: one fused norm,
-                norms = nl.tensor_norms(grads)                   # one stack, one read
-                if len(loss_ts) == 1:  # the usual step: one float32 scalar loss on the gradients' device
-                    x = loss_ts[0]
-                    norms.append(x if x.dtype is torch.float32 and x.ndim == 0
-                                 and x.device == norms[0].device
-                                 else x.float().sum().to(norms[0].device))
-                elif loss_ts:
-                    dev = norms[0].device
-                    norms += [x if x.dtype is torch.float32 and x.ndim == 0 and x.device == dev
-                              else x.float().sum().to(dev) for x in loss_ts]
-                vec = torch.stack(norms)
+            if guard.grad_norms and scaler is None and grads:  # the per-gradient norms and the losses: one fused
+                vec = nl.norm_vector(grads, loss_ts)             # norm (one _foreach_norm, one stack), one read
                 with_norms = True
             else:
                 vec = nl.nonfinite_total(grads + loss_ts)
