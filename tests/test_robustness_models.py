@@ -3,6 +3,7 @@ parameter-free, very deep. Each fit is compared bit for bit with the same fit wi
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from pathlib import Path
@@ -250,6 +251,7 @@ def test_parameter_free_model(tmp_path: Path) -> None:
 def _deep_profile_time(n: int) -> float:
     model = nn.Sequential(*(nn.Linear(4, 4) for _ in range(n)))
     x = torch.randn(2, 4)
+    gc.collect()  # the garbage the suite's earlier tests left is not this profile's to sweep
     t0 = time.perf_counter()
     with ts.profile(model, layer_details=True, check_finite=True) as p:
         model(x).sum().backward()
@@ -265,6 +267,6 @@ def _deep_profile_time(n: int) -> float:
 
 def test_1000_layers_profile_and_report_scale_linearly() -> None:
     _deep_profile_time(50)  # warm-up (formula plans, imports)
-    t250 = min(_deep_profile_time(250) for _ in range(2))
-    t1000 = min(_deep_profile_time(1000) for _ in range(2))
+    t250 = min(_deep_profile_time(250) for _ in range(3))
+    t1000 = min(_deep_profile_time(1000) for _ in range(3))
     assert t1000 / t250 < 8, (t250, t1000)  # linear: ~4, quadratic: ~16
