@@ -94,3 +94,17 @@ def test_the_union_of_intervals_is_written_once() -> None:
                     and rel != "formulas/intervals.py"):
                 hits.append(_where(rel, n))
     assert hits == [], f"an interval union outside formulas.intervals: {hits}"
+
+
+def test_step_files_are_read_by_one_reader_with_one_error_class() -> None:
+    # the CLI, the report loader and the dashboard read a saved step file through analysis.report.read_step_json and
+    # raise its StepFileError: a second class of that name, or a second JSON parse of a step file, is a second reader
+    classes = [_where(rel, n) for rel, tree in _modules() for n in ast.walk(tree)
+               if isinstance(n, ast.ClassDef) and n.name == "StepFileError"]
+    assert classes == ["analysis/report.py:" + classes[0].split(":")[1]] and len(classes) == 1, classes
+    readers = ("analysis/report.py", "cli/report.py", "cli/diff.py", "api.py", "dashboard/logdir.py",
+               "dashboard/interim.py", "dashboard/page.py")
+    parses = [_where(rel, n) for rel, tree in _modules() if rel in readers for n in ast.walk(tree)
+              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("load", "loads")
+              and isinstance(n.func.value, ast.Name) and n.func.value.id == "json"]
+    assert [p for p in parses if not p.startswith("analysis/report.py:")] == [], parses

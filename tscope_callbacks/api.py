@@ -43,7 +43,8 @@ from tscope_callbacks.records import StepProfile
 from tscope_callbacks.render.report import RooflineReport
 from tscope_callbacks.rng import rng_preserving
 
-__all__ = ["ModelRunError", "analyze_model", "build_inputs", "input_shapes", "profile_model", "roofline"]
+__all__ = ["ModelRunError", "analyze_model", "build_inputs", "input_shapes", "load_profile_file", "profile_model",
+           "roofline"]
 
 
 
@@ -92,6 +93,37 @@ def roofline(prof: StepProfile, gpu: DeviceSpec | str | None = None, *, achievab
 
 
 _WARNED_WHAT_IF: set[tuple[str, str]] = set()
+
+
+def load_profile_file(path: str, data: dict[str, Any] | None = None) -> tuple[StepProfile, DeviceSpec | str | None]:
+    """(profile, device) from a saved JSON: ``StepProfile.to_dict()`` alone, or a step file's ``{"profile",
+    "device"}`` (the device as a ``gpu_specs.json`` row, a name, or None). ``data``: the file's JSON, when already
+    read with :func:`~tscope_callbacks.analysis.report.read_step_json`. Raises ValueError (a ``StepFileError`` for
+    the file itself) with one line that names the file and what is wrong."""
+    from tscope_callbacks.analysis.report import read_step_json
+
+    if data is None:
+        data = read_step_json(path)
+    prof = data.get("profile", data)
+    if not isinstance(prof, dict) or not isinstance(prof.get("ops"), list):
+        raise ValueError(f"{path} is not a profiled step (expected StepProfile.to_dict() or {{'profile': ...}})")
+    try:
+        profile = StepProfile.from_dict(prof)
+    except (TypeError, AttributeError, KeyError) as e:
+        raise ValueError(f"{path}: malformed profile ({e})") from None
+    dev = data.get("device") if "profile" in data else None
+    if isinstance(dev, dict):
+        have = [k for k in ("flops", "bandwidth") if k in dev]
+        if len(have) == 1:  # a roof row with half its roofs: say which field, not "unknown device"
+            need = "bandwidth (bytes/s)" if have == ["flops"] else "flops (peak FLOP/s per precision)"
+            raise ValueError(f"{path}: the device row {dev.get('name', '')!r} has no {need}; add it to the file, or "
+                             "pass --gpu NAME (`tscope specs` lists the known devices)")
+        try:
+            dev = (DeviceSpec.from_dict(dev, where="the profile's device") if "flops" in dev and "bandwidth" in dev
+                   else dev.get("name"))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: malformed device ({e})") from None
+    return profile, dev
 
 
 def timing_device_mismatch(meta: dict[str, Any], spec: DeviceSpec) -> str | None:

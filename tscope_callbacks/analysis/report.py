@@ -71,8 +71,8 @@ from typing import Any
 
 from tscope_callbacks.analysis.fmt import div as _div
 
-__all__ = ["SCHEMA", "VERSION", "StepReport", "load_step_file", "ReportLike", "HasStepReport", "step_report_of",
-           "StepFileError", "Figure", "DeviceInfo", "Summary", "MemorySection", "TimeSplit", "Row", "OpRow",
+__all__ = ["SCHEMA", "VERSION", "StepReport", "load_step_file", "read_step_json", "ReportLike", "HasStepReport",
+           "step_report_of", "StepFileError", "Figure", "DeviceInfo", "Summary", "MemorySection", "TimeSplit", "Row", "OpRow",
            "LayerInfo", "RoofUsed", "Opportunity", "NoiseSection", "NoiseMarkInfo", "RunContext", "WhatIf",
            "merge_rows", "json_safe"]
 
@@ -720,18 +720,40 @@ def _load(tp: Any, v: Any) -> Any:
     return v
 
 
-def load_step_file(path: str | os.PathLike[str]) -> StepReport:
-    """The StepReport of a step file (``<log_dir>/tscope/step_<N>.json``). Raises :class:`StepFileError` with one
-    line for a missing, unreadable, corrupt or half-written file, or one of another schema or version (a version 1
-    file: re-analyse its profile with ``tscope report``)."""
+def read_step_json(path: str | os.PathLike[str], label: str | None = None) -> dict[str, Any]:
+    """The JSON object in a step file (or any saved profile), read once: the one reader of the CLI, the report
+    loader and the dashboard. Raises :class:`StepFileError` with one line naming ``label`` (the path by default) for
+    a missing or unreadable file, one that is not text, empty, corrupt or half-written JSON, or not a JSON object."""
+    label = os.fspath(path) if label is None else label
     try:
-        with open(path) as fh:
-            data = json.load(fh)
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
     except OSError as e:
-        raise StepFileError(f"cannot read {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise StepFileError(f"{path} is not valid JSON, perhaps half-written ({e})") from None
-    if isinstance(data, dict) and data.get("schema") != SCHEMA and "profile" in data:
+        raise StepFileError(f"cannot read {label}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise StepFileError(f"{label}: not a text file (corrupt)") from None
+    if not text.strip():
+        raise StepFileError(f"{label}: empty, perhaps half-written (a run still writing it shows it once complete)")
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        raise StepFileError(f"{label} is not valid JSON, perhaps half-written or corrupt "
+                            f"({getattr(e, 'msg', e)}{where})") from None
+    if not isinstance(data, dict):
+        raise StepFileError(f"{label}: not a profiled step (a JSON {type(data).__name__} where a JSON object was "
+                            "expected)")
+    return data
+
+
+def load_step_file(path: str | os.PathLike[str], data: dict[str, Any] | None = None) -> StepReport:
+    """The StepReport of a step file (``<log_dir>/tscope/step_<N>.json``; ``data``: its JSON, when already read
+    with :func:`read_step_json`). Raises :class:`StepFileError` with one line for a missing, unreadable, corrupt or
+    half-written file, or one of another schema or version (a version 1 file: re-analyse its profile with
+    ``tscope report``)."""
+    if data is None:
+        data = read_step_json(path)
+    if data.get("schema") != SCHEMA and "profile" in data:
         rep = data.get("report")
         if rep is None:
             raise StepFileError(f"{path} has no report (the step had no device roof): `tscope report {path} --gpu "

@@ -23,13 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tscope_callbacks.analysis.diff import diff_reports
-    from tscope_callbacks.api import roofline
-    from tscope_callbacks.cli.report import load
+    from tscope_callbacks.api import load_profile_file, roofline
 
     reports = []
     for path in (args.a, args.b):
         try:
-            prof, dev = load(path)
+            prof, dev = load_profile_file(path)
             reports.append(roofline(prof, args.gpu or dev or None))
         except (LookupError, ValueError, OSError) as e:
             msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)

@@ -13,18 +13,16 @@ file written instead, and the report too only with ``--print`` (``--markdown``).
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
 from typing import Any
 
-from tscope_callbacks.analysis.report import StepReport, load_step_file
+from tscope_callbacks.analysis.report import StepReport, load_step_file, read_step_json
 from tscope_callbacks.cli.args import output_file, positive_int
 from tscope_callbacks.records import StepProfile
 from tscope_callbacks.render import legacy, markdown, plot
 from tscope_callbacks.render.trace import save_trace
 
-__all__ = ["add_arguments", "run", "load", "spec_from_dict"]
+__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,60 +42,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--csv/--plot/--html/--trace is given; with them, one line per file written)")
 
 
-def spec_from_dict(d: dict[str, Any]) -> Any:
-    """A DeviceSpec from a ``gpu_specs.json``-style row (``DeviceSpec.to_dict()``; ``achievable`` nested)."""
-    from tscope_callbacks.devices.spec import DeviceSpec
-
-    if hasattr(DeviceSpec, "from_dict"):
-        return DeviceSpec.from_dict(d, where="the profile's device")
-    names = {f.name for f in dataclasses.fields(DeviceSpec)}
-    kw = {k: v for k, v in d.items() if k in names}
-    if isinstance(kw.get("achievable"), dict):
-        kw["achievable"] = spec_from_dict(kw["achievable"])
-    return DeviceSpec(**kw)
-
-
-def load(path: str) -> tuple[StepProfile, Any]:
-    """(profile, device or None) from a saved JSON; raises ValueError with a one-line message when unusable."""
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except OSError as e:
-        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
-    prof = data.get("profile", data) if isinstance(data, dict) else None
-    if not isinstance(prof, dict) or not isinstance(prof.get("ops"), list):
-        raise ValueError(f"{path} is not a profiled step (expected StepProfile.to_dict() or {{'profile': ...}})")
-    try:
-        profile = StepProfile.from_dict(prof)
-    except (TypeError, AttributeError, KeyError) as e:
-        raise ValueError(f"{path}: malformed profile ({e})") from None
-    dev = data.get("device") if "profile" in data else None
-    if isinstance(dev, dict):
-        have = [k for k in ("flops", "bandwidth") if k in dev]
-        if len(have) == 1:  # a roof row with half its roofs: say which field, not "unknown device"
-            need = "bandwidth (bytes/s)" if have == ["flops"] else "flops (peak FLOP/s per precision)"
-            raise ValueError(f"{path}: the device row {dev.get('name', '')!r} has no {need}; add it to the file, or "
-                             "pass --gpu NAME (`tscope specs` lists the known devices)")
-        try:
-            dev = spec_from_dict(dev) if "flops" in dev and "bandwidth" in dev else dev.get("name")
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}: malformed device ({e})") from None
-    return profile, dev
-
-
-def _stored(path: str) -> tuple[StepReport, StepProfile | None] | None:
-    """The StepReport of a version 2 step file and its profile (when the file keeps it); None for other files."""
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return None  # load() says why
-    if not isinstance(data, dict) or not ("schema" in data or isinstance(data.get("report"), dict)
-                                          and "schema" in data["report"]):
+def _stored(path: str, data: dict[str, Any]) -> tuple[StepReport, StepProfile | None] | None:
+    """The StepReport of a version 2 step file (``data``: its JSON) and its profile (when the file keeps it); None
+    for other files."""
+    if not ("schema" in data or isinstance(data.get("report"), dict) and "schema" in data["report"]):
         return None
-    report = load_step_file(path)  # StepFileError: another version, malformed
+    report = load_step_file(path, data)  # StepFileError: another version, malformed
     prof = data.get("profile")
     try:
         return report, StepProfile.from_dict(prof) if isinstance(prof, dict) else None
@@ -106,14 +56,15 @@ def _stored(path: str) -> tuple[StepReport, StepProfile | None] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tscope_callbacks.api import roofline
+    from tscope_callbacks.api import load_profile_file, roofline
 
     try:
-        stored = None if args.gpu else _stored(args.path)
+        data = read_step_json(args.path)  # the file read once
+        stored = None if args.gpu else _stored(args.path, data)
         if stored is not None:
             report, prof = stored
         else:
-            prof, dev = load(args.path)
+            prof, dev = load_profile_file(args.path, data)
             report = roofline(prof, args.gpu or dev or None).step_report
     except (LookupError, ValueError, OSError) as e:  # StepFileError, UnknownDeviceError, a bad spec JSON path
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)

@@ -6,41 +6,31 @@ report dict: its profile is analysed again on its recorded device (as ``tscope r
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any
 
+from tscope_callbacks.analysis.report import StepFileError
+
 __all__ = ["report_dict_from_file", "StepFileError"]
-
-
-class StepFileError(ValueError):
-    """A step file that cannot be shown (corrupt, half-written, or of an unknown layout); the message says why."""
 
 
 def report_dict_from_file(path: str, *, run: str | None = None) -> dict[str, Any]:
     """The StepReport dict of a saved step file (version 2 as it is; version 1 re-analysed from its profile);
     :class:`StepFileError` with a one-line reason when unusable."""
-    from tscope_callbacks.analysis.report import SCHEMA, VERSION
-    from tscope_callbacks.api import roofline
-    from tscope_callbacks.cli.report import load
+    from tscope_callbacks.analysis.report import SCHEMA, VERSION, read_step_json
+    from tscope_callbacks.api import load_profile_file, roofline
 
     name = os.path.basename(path)
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except OSError as e:
-        raise StepFileError(f"cannot read {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise StepFileError(f"{name} is not valid JSON (corrupt or still being written: {e})") from None
-    rep = data.get("report") if isinstance(data, dict) and "schema" not in data else data
+    data = read_step_json(path, name)
+    rep = data.get("report") if "schema" not in data else data
     if isinstance(rep, dict) and rep.get("schema") == SCHEMA:
         if rep.get("version") != VERSION:
             raise StepFileError(f"{name}: schema {SCHEMA} version {rep.get('version')}; this dashboard reads "
                                 f"version {VERSION}")
         return rep
     try:
-        prof, dev = load(path)
+        prof, dev = load_profile_file(path, data)
         d = roofline(prof, dev or None).step_report.to_dict()
     except (LookupError, ValueError, OSError, TypeError) as e:
         raise StepFileError(f"{name}: {e}") from None

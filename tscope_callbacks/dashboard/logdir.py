@@ -25,7 +25,6 @@ Nothing here raises for bad input: a file that cannot be read is listed with its
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -33,6 +32,8 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
+
+from tscope_callbacks.analysis.report import StepFileError, read_step_json
 
 __all__ = ["HINT", "OPS_CAP", "SCHEMA", "SCHEMA_VERSION", "StepFileError", "load", "ops", "read_step_file",
            "scan", "series", "step_path"]
@@ -53,8 +54,6 @@ _HEADER_SERIES = ("mfu", "mbu", "hfu", "step_ms", "estimated_step_ms", "achieved
                   "samples_per_s", "memory_peak_bytes", "flop_coverage")
 
 
-class StepFileError(ValueError):
-    """A step file that cannot be shown: its one-line message says why and what to do."""
 
 
 # ---------------------------------------------------------------------------------------------------- the cache
@@ -107,47 +106,22 @@ def _older(version: Any, name: str) -> StepFileError:
 
 
 def _legacy(path: Path) -> dict | None:
-    """A version-1 file (``{"profile", "device", "report"}``) mapped onto the version-2 dict by the report module's
-    own loader or the dashboard's interim mapping (``dashboard/interim.py``), when either can."""
-    loaders = []
-    for mod, attr in (("tscope_callbacks.report", "load_step_file"),
-                      ("tscope_callbacks.analysis.report", "load_step_file"),
-                      ("tscope_callbacks.dashboard.interim", "report_dict_from_file")):
-        try:
-            loaders.append(getattr(__import__(mod, fromlist=[attr]), attr))
-        except (ImportError, AttributeError):
-            continue
-    for loader in loaders:
-        try:
-            d = loader(path) if loader.__name__ == "load_step_file" else loader(str(path))
-            d = d.to_dict() if hasattr(d, "to_dict") else d
-        except Exception:
-            continue
-        if isinstance(d, dict) and d.get("schema") == SCHEMA and d.get("version") == SCHEMA_VERSION:
-            return d
-    return None
+    """A version-1 file (``{"profile", "device", "report"}``) as the version-2 dict: its profile analysed again
+    (:func:`~tscope_callbacks.dashboard.interim.report_dict_from_file`), when it can be."""
+    from tscope_callbacks.dashboard.interim import report_dict_from_file
+
+    try:
+        d = report_dict_from_file(str(path))
+    except Exception:  # a file this cannot map says so through _older()
+        return None
+    return d if isinstance(d, dict) and d.get("schema") == SCHEMA and d.get("version") == SCHEMA_VERSION else None
 
 
 def read_step_file(path: str | os.PathLike) -> dict:
     """The StepReport dict in one step file; ``StepFileError`` (one line) when it cannot be shown."""
     path = Path(path)
     name = path.name
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise StepFileError(f"{name}: cannot be read ({e.strerror or e})") from None
-    except UnicodeDecodeError:
-        raise StepFileError(f"{name}: not a text file (corrupt)") from None
-    if not text.strip():
-        raise StepFileError(f"{name}: empty (half-written: the run may still be writing it)")
-    try:
-        d = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as e:
-        where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
-        raise StepFileError(f"{name}: corrupt or half-written JSON ({getattr(e, 'msg', e)}{where}); "
-                            "a run still writing it shows it once complete") from None
-    if not isinstance(d, dict):
-        raise StepFileError(f"{name}: not a step report (a JSON {type(d).__name__}, not an object)")
+    d = read_step_json(path, name)
     rep = d["report"] if "report" in d and "schema" not in d else d
     if rep is None:
         raise StepFileError(f"{name}: holds no report (the profile had no device roof: pass gpu=... to the "
