@@ -105,7 +105,7 @@ def test_unknown_gpu_exits_2_with_closest_names(capsys: pytest.CaptureFixture[st
 def test_analyze_tinygpt(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out_json = tmp_path / "tinygpt.json"
     rc = main(["analyze", "tscope_callbacks.demo.model:TinyGPT", "--input-shape", "8,64", "--input-dtype", "long",
-               "--gpu", "h100", "--precision", "bf16", "--json", str(out_json)])
+               "--gpu", "h100", "--precision", "bf16", "--json", str(out_json), "--print"])
     assert rc == 0
     out = capsys.readouterr().out
     assert out.startswith("## Roofline — NVIDIA H100 SXM · TinyGPT")
@@ -129,13 +129,14 @@ def test_analyze_a_hugging_face_config(capsys: pytest.CaptureFixture[str], tmp_p
              "num_key_value_heads": 2, "vocab_size": 256}
     common = ["--input-shape", "2,16", "--gpu", "h100", "--precision", "bf16", "--backward"]
     a, b = tmp_path / "a.json", tmp_path / "b.json"
-    assert main(["analyze", "hf:llama", "--kwargs", json.dumps(small), "--json", str(a), *common]) == 0
+    assert main(["analyze", "hf:llama", "--kwargs", json.dumps(small), "--json", str(a), *common, "--print"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("## Roofline — NVIDIA H100 SXM · LlamaForCausalLM") and "FLOP coverage 100%" in out
     cfg = transformers.LlamaConfig(**small)
     cfg.save_pretrained(tmp_path / "cfg")
     assert main(["analyze", f"hf:{tmp_path / 'cfg'}", "--json", str(b), *common]) == 0
-    capsys.readouterr()
+    out = capsys.readouterr().out  # a file written: one line saying so, not the report
+    assert out.startswith(f"JSON written to {b}") and len(out.strip().splitlines()) == 1
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(cfg)
     direct = ts.analyze_model(model, input_shape=[(2, 16)], gpu="h100", precision="bf16", backward=True)
@@ -152,8 +153,9 @@ def test_analyze_helper_model_resnet_shape(capsys: pytest.CaptureFixture[str], t
     rc = main(["analyze", "cli_models:SmallConvNet", "--input-shape", "32,3,224,224", "--gpu", "h100",
                "--precision", "bf16", "--json", str(out_json), "--plot", str(tmp_path / "roof.png")])
     assert rc == 0
-    out = capsys.readouterr().out
-    assert "NVIDIA H100 SXM · SmallConvNet" in out
+    out = capsys.readouterr().out  # files written: one line each, no report
+    assert out.startswith("plot written to") and "JSON written to" in out and len(out.strip().splitlines()) == 2
+    assert "re-renders it for NVIDIA H100 SXM" in out
     assert (tmp_path / "roof.png").stat().st_size > 0
     ops = json.loads(out_json.read_text())["profile"]["ops"]
     by_layer = {o["layer"]: o["flops"] for o in ops if o["category"] in ("conv", "matmul")}
@@ -165,7 +167,7 @@ def test_report_on_an_analyze_json_keeps_the_analysed_device(capsys: pytest.Capt
     # used to re-rate the meta profile on this machine's CPU (0.02 ms on the H100 became 528 ms)
     out_json = tmp_path / "gpt.json"
     assert main(["analyze", "tscope_callbacks.demo.model:TinyGPT", "--input-shape", "8,64", "--gpu", "h100",
-                 "--precision", "bf16-mixed", "--json", str(out_json)]) == 0
+                 "--precision", "bf16-mixed", "--json", str(out_json), "--print"]) == 0
     first = capsys.readouterr().out
     data = json.loads(out_json.read_text())
     assert data["device"]["name"] == "NVIDIA H100 SXM" and data["profile"]["meta"]["device_name"] == "NVIDIA H100 SXM"
@@ -197,7 +199,7 @@ def test_analyze_fsdp_what_if_and_its_report(capsys: pytest.CaptureFixture[str],
     out_json = tmp_path / "fsdp.json"
     assert main(["analyze", "tscope_callbacks.demo.model:TinyGPT", "--input-shape", "8,64", "--gpu", "h100",
                  "--precision", "bf16-mixed", "--backward", "--optimizer", "adamw", "--fsdp", "4",
-                 "--json", str(out_json)]) == 0
+                 "--json", str(out_json), "--print"]) == 0
     out = capsys.readouterr().out
     # demo TinyGPT (vocab 512, d 128, seq 64, 2 blocks): 2 blocks + the root gathered forward, the blocks again in
     # backward: 5 all-gathers; 3 reduce-scatters
@@ -324,7 +326,7 @@ def test_analyze_target_errors_say_what_to_do(capsys: pytest.CaptureFixture[str]
 def test_report_rerenders_an_analyze_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out_json = tmp_path / "conv.json"
     assert main(["analyze", "cli_models:SmallConvNet", "--input-shape", "4,3,32,32", "--gpu", "a100",
-                 "--json", str(out_json)]) == 0
+                 "--json", str(out_json), "--print"]) == 0
     first = capsys.readouterr().out
     assert main(["report", str(out_json), "--gpu", "a100", "--csv", str(tmp_path / "rows.csv"), "--print"]) == 0
     again = capsys.readouterr().out

@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top", type=positive_int, default=20, help="rows in the table (default 20)")
     p.add_argument("--plot", default=None, type=output_file, help="write the roofline plot PNG here")
     p.add_argument("--json", default=None, type=output_file, help="write the report JSON here")
+    p.add_argument("--print", "--markdown", dest="print_markdown", action="store_true",
+                   help="print the markdown report too when writing files (printed by default only when no "
+                        "--plot/--json is given; with them, one line per file written)")
 
 
 def load_target(target: str) -> Any:
@@ -207,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
         return fail(e.message(cli=True))
     except (ValueError, TypeError) as e:  # an option the analysis refused; its message names the argument
         return fail(_cli_words(str(e)))
-    print(report.to_markdown(top=args.top))
+    if args.print_markdown or not (args.plot or args.json):
+        print(report.to_markdown(top=args.top))
     if args.plot:
         report.plot(args.plot)
         print(f"plot written to {args.plot}")
