@@ -358,3 +358,23 @@ def test_a_parameter_replaced_in_the_optimizers_list_is_checked_at_once():
     assert nan_steps.IDENTITY_EVERY > 5  # the swap falls between two one-by-one comparisons
     assert [e.step for e in guard.events][:1] == [5]
     assert f"{SPIKE_LAYER}.weight" in str(guard.events[0])
+
+
+def test_the_guard_keeps_no_trainer_alive_after_the_fit():
+    # its history is flushed at the fit's end, so the guard needs the trainer no longer: a guard kept for its events
+    # and history must not keep the trainer, and through it the model and the optimizer, in memory
+    import gc
+    import weakref
+
+    guard = NaNGuardCallback(action="warn")
+    trainer = pl.Trainer(max_steps=5, accelerator="cpu", devices=1, callbacks=[guard], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    model = TinyLM()
+    trainer.fit(model)
+    assert [s for s, _, _ in guard.grad_history.steps] == list(range(5))
+    refs = weakref.ref(trainer), weakref.ref(model)
+    # Lightning binds every callback's log/log_dict to the module (callback_connector): not the guard's reference
+    del guard.log, guard.log_dict, trainer, model
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    assert len(guard.grad_history.steps) == 5  # still readable

@@ -289,6 +289,7 @@ class NaNGuardCallback(GuardedCallback):
         for opt in trainer.optimizers:
             opt.__dict__.pop("found_inf", None)
         self._state.masked.clear()
+        self._state.trainer = None  # the guard outlives the fit: it keeps no trainer (nor its model) alive
 
     # ---------------------------------------------------------------- the check
     def _check_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
@@ -392,7 +393,9 @@ class NaNGuardCallback(GuardedCallback):
         for step, names, norms, loss, lr in rows:
             try:
                 spike = st.history.add(step, names, norms, loss, lr)
-                if trainer is None:
+                if trainer is None:  # no fit to log or alert through (not expected: the fit's end flushes)
+                    if spike is not None:
+                        self.spikes.append(spike)
                     continue
                 if st.log_norms and step % st.log_every == 0 and st.history.steps:
                     s, total, layers = st.history.steps[-1]
