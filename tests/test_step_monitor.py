@@ -208,8 +208,19 @@ def test_breakdown_keys_and_input_bound_from_a_sleeping_loader(tmp_path, caplog)
     # the report's time split: the profiled step carries the breakdown
     sb = roof.last_profile.meta["step_breakdown"]
     assert sb["input_bound"] == 1.0 and sb["basis"] == "host wall clock" and "num_workers" in sb["input_fixes"][0]
-    split = ts.analyze(roof.last_profile, roof.spec).time_split
+    rep = ts.analyze(roof.last_profile, roof.spec)
+    split = rep.time_split
     assert split.input_s == pytest.approx(sb["data_wait_ms"] / 1e3)  # the StepReport's time split
+    assert split.input_share == pytest.approx(sb["data_wait_share"]) and split.input_steps == sb["steps"] >= 8
+    assert split.input_bound and split.input_fixes[0].startswith("num_workers=0")
+    # the markdown report says it, with the wait, its share, and what to change
+    from tscope_callbacks.analysis.report import StepReport
+    from tscope_callbacks.render.markdown import to_markdown
+
+    (line,) = [ln for ln in to_markdown(rep).splitlines() if ln.startswith("- **Input**")]
+    assert f"waits {sb['data_wait_ms']:.4g} ms for its batch" in line and "**input-bound**" in line
+    assert f"median of the last {int(sb['steps'])} steps" in line and "set num_workers" in line
+    assert StepReport.from_dict(rep.to_dict()).time_split == split  # through the step file
     # keys written (the run's logger; without one the monitor writes no files)
     keys = (tmp_path / "run" / "version_0" / "metrics.csv").read_text().splitlines()[0].split(",")
     for k in ("data_wait_ms", "host_ms", "device_busy_ms", "idle_ms", "step_ms", "data_wait_share", "input_bound"):

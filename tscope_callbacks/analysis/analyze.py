@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from tscope_callbacks.analysis.anomaly import INPUT_BOUND_SHARE, MIN_VERDICT_STEPS
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.report import (
     AchievableInfo,
@@ -155,11 +156,16 @@ def _time_split(eng: RooflineAnalysis) -> TimeSplit:
     for o in eng.op_roofs:
         by[o.bound] += (o.measured_s or 0.0) if eng.timed else o.expected_s
     ov = eng.overlap or {}
-    wait = (eng.meta.get("step_breakdown") or {}).get("data_wait_ms")  # the step monitor's median data wait
+    bd = eng.meta.get("step_breakdown") or {}  # the step monitor's medians over its recent clean steps
+    wait, share, steps = bd.get("data_wait_ms"), _fin(bd.get("data_wait_share")), bd.get("steps")
+    steps = int(steps) if isinstance(steps, (int, float)) and math.isfinite(steps) else None
+    threshold = _fin(bd.get("input_bound_share")) or INPUT_BOUND_SHARE
+    bound = share is not None and share >= threshold and steps is not None and steps >= MIN_VERDICT_STEPS
     return TimeSplit(by["compute"], by["memory"], by["comm"], by["uncounted"], by["overhead"],
                      _fin(ov.get("idle_s")) if ov else _fin(eng.meta.get("device_idle_s")),
                      _fin(wait / 1e3) if isinstance(wait, (int, float)) else None,
-                     "measured op time" if eng.timed else "estimated (shape-aware kernel times)")
+                     "measured op time" if eng.timed else "estimated (shape-aware kernel times)",
+                     share, steps, bound, tuple(str(f) for f in bd.get("input_fixes") or ()) if bound else ())
 
 
 def _context(meta: dict[str, Any]) -> RunContext:

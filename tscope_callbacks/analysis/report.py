@@ -215,6 +215,12 @@ class TimeSplit:
     idle_s: float | None
     input_s: float | None  #: data-loading wait (None until a step monitor fills it)
     basis: str
+    #: the data wait's share of the step and the clean steps it is the median of (the step monitor's)
+    input_share: float | None = None
+    input_steps: int | None = None
+    #: the step is input-bound: a share at or above the monitor's threshold over enough steps for a verdict
+    input_bound: bool = False
+    input_fixes: tuple[str, ...] = ()  #: what to change in the DataLoader, read from its settings
 
 
 class RowFigures:
