@@ -154,6 +154,31 @@ def test_series_holds_the_step_monitors_scalars_and_alerts(tmp_path: Path) -> No
     assert s["step/data_wait_ms"] == [[10, 1.0], [20, 2.0]] and s["gpu/power_w"] == [[10, 310.0], [20, 320.0]]
     assert s["alerts"] == [[34, "steps 30-34 took 33 ms: host time grew"]]
     assert not any(k.startswith("step/sub") for k in s)
+    # the run's alerts file says the same alert (the sinks write both): shown once; one only in the file is added;
+    # another key (the NaN guard's) and a half-written last line are not step alerts
+    lines = [{"step": 34, "key": "tscope/step/alerts", "title": "Slow steps", "text": "steps 30-34 took 33 ms: host "
+              "time grew"}, {"step": 12, "key": "tscope/step/alerts", "title": "Loss spike", "text": "loss spike at 12"},
+             {"step": 13, "key": "tscope/nan", "title": "NaN", "text": "a NaN"}]
+    _write(tmp_path / "tscope" / "alerts.jsonl", "".join(json.dumps(a) + "\n" for a in lines) + '{"step": 50, "te')
+    assert ld.series(tmp_path)["alerts"] == [[12, "loss spike at 12"], [34, "steps 30-34 took 33 ms: host time grew"]]
+
+
+def test_a_csv_run_shows_the_step_monitors_alerts_from_its_alerts_file(tmp_path: Path) -> None:
+    # no event files (CSVLogger, W&B): the alerts come from <log_dir>/tscope/alerts.jsonl, which the sinks write
+    from lightning.pytorch.loggers import CSVLogger
+
+    from tscope_callbacks.callbacks.sinks import CSVSink, SinkGroup
+
+    logger = CSVLogger(str(tmp_path), name="run")
+    group = SinkGroup([CSVSink(logger)], logger.log_dir)
+    group.alert("tscope/step/alerts", "Slow steps at step 40", "steps 36-40 took 2.1x the median: data wait grew", 40)
+    group.alert("tscope/nan", "Non-finite gradient at step 41", "NaN guard: ...", 41)
+    run = Path(logger.log_dir)
+    saved = [json.loads(x) for x in (run / "tscope" / "alerts.jsonl").read_text().splitlines()]
+    assert [(a["step"], a["key"], a["title"]) for a in saved] == [
+        (40, "tscope/step/alerts", "Slow steps at step 40"), (41, "tscope/nan", "Non-finite gradient at step 41")]
+    assert not any(p.name.startswith("events.out") for p in run.iterdir())
+    assert ld.series(run)["alerts"] == [[40, "steps 36-40 took 2.1x the median: data wait grew"]]
 
 
 # ------------------------------------------------------------------------------------------------ plugin routes

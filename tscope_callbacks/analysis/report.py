@@ -71,13 +71,16 @@ from typing import Any
 
 from tscope_callbacks.analysis.fmt import div as _div
 
-__all__ = ["SCHEMA", "VERSION", "StepReport", "load_step_file", "read_step_json", "ReportLike", "HasStepReport",
+__all__ = ["SCHEMA", "VERSION", "ALERTS_FILE", "StepReport", "load_step_file", "read_step_json", "read_alerts_file", "ReportLike", "HasStepReport",
            "step_report_of", "StepFileError", "Figure", "DeviceInfo", "Summary", "MemorySection", "TimeSplit", "Row", "OpRow",
            "LayerInfo", "RoofUsed", "Opportunity", "NoiseSection", "NoiseMarkInfo", "RunContext", "WhatIf",
            "merge_rows", "json_safe"]
 
 SCHEMA = "tscope.step_report"
 VERSION = 2
+#: ``<log_dir>/tscope/alerts.jsonl``: every alert of a run (the step monitor's, the NaN guard's), one JSON object a
+#: line (``step``, ``key``, ``title``, ``text``), whatever the logger: what an offline dashboard shows without events
+ALERTS_FILE = "alerts.jsonl"
 
 
 def json_safe(x: Any) -> Any:
@@ -750,6 +753,25 @@ def read_step_json(path: str | os.PathLike[str], label: str | None = None) -> di
         raise StepFileError(f"{label}: not a profiled step (a JSON {type(data).__name__} where a JSON object was "
                             "expected)")
     return data
+
+
+def read_alerts_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The alerts in an :data:`ALERTS_FILE`, in order; a missing file is none, and a line that is not a JSON object
+    with an int ``step`` and a str ``text`` (a line still being written) is left out. Never raises."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    out = []
+    for line in lines:
+        try:
+            a = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            continue
+        if isinstance(a, dict) and type(a.get("step")) is int and isinstance(a.get("text"), str):
+            out.append(a)
+    return out
 
 
 def load_step_file(path: str | os.PathLike[str], data: dict[str, Any] | None = None) -> StepReport:

@@ -60,6 +60,7 @@ __all__ = [
     "rows_to_markdown",
 ]
 
+from tscope_callbacks.analysis.report import ALERTS_FILE
 from tscope_callbacks.render.tables import narrow_markdown, rows_to_markdown
 
 log = logging.getLogger("tscope_callbacks")
@@ -440,9 +441,17 @@ class SinkGroup(Sink):
         self._each("log_histograms", key, hists, step)
 
     def alert(self, key: str, title: str, text: str, step: int, wait_s: float = 0.0) -> None:
-        """Log a warning on logger ``tscope_callbacks`` and alert through every backend that has alerts."""
+        """Log a warning on logger ``tscope_callbacks``, alert through every backend that has alerts, and append the
+        alert to ``<log_dir>/tscope/alerts.jsonl`` (whatever the logger: the offline dashboard reads it)."""
         log.warning("%s", text)
         self._each("alert", key, title, text, step, wait_s)
+        path = self.files_dir / ALERTS_FILE
+        try:
+            self.files_dir.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": int(step), "key": key, "title": title, "text": text}) + "\n")
+        except Exception as e:
+            self._failed(("files", str(self.files_dir)), f"the files sink failed writing {path}", e)
 
     def write_json(self, name: str, obj: Any) -> Path | None:
         """Write ``obj`` as ``<log_dir>/tscope/<name>`` (atomically). A failure (e.g. an unwritable directory) is

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from tscope_callbacks.analysis.report import StepFileError, read_step_json
+from tscope_callbacks.analysis.report import ALERTS_FILE, StepFileError, read_alerts_file, read_step_json
 
 __all__ = ["HINT", "OPS_CAP", "SCHEMA", "SCHEMA_VERSION", "StepFileError", "load", "ops", "read_step_file",
            "scan", "series", "step_path"]
@@ -374,6 +374,11 @@ def series(run_dir: str | os.PathLike) -> dict:
             d.setdefault(s, v)
     out: dict[str, Any] = {k: [[s, d[s]] for s in sorted(d)] for k, d in sorted(merged.items())}
     out["profiles"] = {k: [[s, d[s]] for s in sorted(d)] for k, d in sorted(profiles.items())}
+    # the run's alerts file holds them whatever the logger (a TensorBoard run has each in its events too: once)
+    alerts += [[a["step"], a["text"]] for a in read_alerts_file(run_dir / "tscope" / ALERTS_FILE)
+               if a.get("key") == _ALERTS_TAG]
+    seen: set[tuple[int, str]] = set()
+    alerts = [a for a in sorted(alerts, key=lambda a: a[0]) if (a[0], a[1]) not in seen and not seen.add((a[0], a[1]))]
     if alerts:
-        out["alerts"] = sorted(alerts, key=lambda a: a[0])
+        out["alerts"] = alerts
     return out
