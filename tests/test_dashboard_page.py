@@ -895,3 +895,18 @@ def test_tensorboard_text_report_tables_break_no_word(driver, tmp_path):
     _tb_text_page([narrow], page)
     driver.get(page.as_uri())
     assert driver.execute_script(_BROKEN_WORDS_JS) == []
+
+
+def test_switching_steps_keeps_one_roof_key(driver, fit_logdir):
+    # each render of the roofline replaces its key of roofs under the chart: after three switches there is one key,
+    # and it lists the roofs of the step shown
+    from selenium.webdriver.support.ui import Select
+
+    _, run_dir, steps = fit_logdir
+    for st in (steps[0], steps[-1], steps[0]):
+        Select(driver.find_element("css selector", "#step-select")).select_by_value(f"train:{st}")
+        _wait(driver, lambda d, st=st: d.execute_script("return window.tscopeDashboard.state.rep.step") == st)
+    keys = driver.find_elements("css selector", ".roof-keys")
+    assert len(keys) == 1 and len(driver.find_elements("css selector", "#roof-legend")) == 1
+    bw = ld.load(run_dir, steps[0], "train")["device"]["bandwidth"]
+    assert keys[0].text.count("GB/s") >= 1 and f"{bw / 1e9:.3g}" in keys[0].text.replace(",", "")

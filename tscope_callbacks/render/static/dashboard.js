@@ -435,6 +435,8 @@
     const legend = $("#roof-legend");
     legend.innerHTML = "";
     /* roof labels go into a key under the chart (on the chart they sat under the points) */
+    const stale = $("#roof-keys");  /* a re-render (another step) replaces the key, never adds one */
+    if (stale) stale.remove();
     const keys = h("div", {class: "legend roof-keys", id: "roof-keys"});
     const keyLine = (col, dash, txt, attrs) => h("span", Object.assign({}, attrs || {}),
       h("b", {class: "swatch", style: "border-top:2px " + (dash ? "dashed " : "solid ") + col}), txt);
