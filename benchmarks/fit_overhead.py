@@ -301,7 +301,7 @@ class _BareCheck(pl.Callback):
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         from tscope_callbacks.analysis import nonfinite
 
-        grads = [p.grad for p in optimizer.param_groups[0]["params"] if p.grad is not None]
+        grads = [g for p in optimizer.param_groups[0]["params"] if (g := p.grad) is not None]  # each read once
         with torch.no_grad():
             vec = nonfinite.norm_vector(grads, [self.loss])
         if not math.isfinite(sum(vec.tolist())):
