@@ -897,12 +897,14 @@ def test_tensorboard_text_report_tables_break_no_word(driver, tmp_path):
     assert driver.execute_script(_BROKEN_WORDS_JS) == []
 
 
-def test_switching_steps_keeps_one_roof_key(driver, fit_logdir):
+def test_switching_steps_keeps_one_roof_key(driver, fit_logdir, page_file):
     # each render of the roofline replaces its key of roofs under the chart: after three switches there is one key,
     # and it lists the roofs of the step shown
     from selenium.webdriver.support.ui import Select
 
     _, run_dir, steps = fit_logdir
+    driver.get(page_file.as_uri())  # the fit's page (a test above may have opened another)
+    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
     for st in (steps[0], steps[-1], steps[0]):
         Select(driver.find_element("css selector", "#step-select")).select_by_value(f"train:{st}")
         _wait(driver, lambda d, st=st: d.execute_script("return window.tscopeDashboard.state.rep.step") == st)
@@ -910,3 +912,41 @@ def test_switching_steps_keeps_one_roof_key(driver, fit_logdir):
     assert len(keys) == 1 and len(driver.find_elements("css selector", "#roof-legend")) == 1
     bw = ld.load(run_dir, steps[0], "train")["device"]["bandwidth"]
     assert keys[0].text.count("GB/s") >= 1 and f"{bw / 1e9:.3g}" in keys[0].text.replace(",", "")
+
+
+def test_an_estimate_page_says_estimate_and_shows_its_expected_mfu(driver, tmp_path):
+    # tscope analyze --json, then tscope report --html: no trained step, so the page is labelled an estimate, named
+    # after its file, and its MFU card is the MFU at the expected step time (what the text report prints)
+    from tscope_callbacks.cli import main
+
+    out = tmp_path / "tinygpt.json"
+    assert main(["analyze", "tscope_callbacks.demo.model:TinyGPT", "--input-shape", "8,64", "--gpu", "h100",
+                 "--precision", "bf16", "--json", str(out)]) == 0
+    page = tmp_path / "tinygpt.html"
+    assert main(["report", str(out), "--html", str(page)]) == 0
+    from tscope_callbacks.api import load_profile_file, roofline
+
+    prof, dev = load_profile_file(str(out))
+    est = roofline(prof, dev).step_report.summary.estimated_mfu
+    assert est is not None and est > 0
+    driver.get(page.as_uri())
+    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    assert driver.title == "tscope · tinygpt · estimate"
+    sel = driver.find_element("css selector", "#step-select")
+    assert sel.find_elements("css selector", "option")[0].text == "estimate (no trained step)"
+    assert driver.find_element("css selector", "[data-card=mfu] .label").text.lower() == "mfu (expected)"  # CSS caps
+    assert driver.find_element("css selector", "[data-card=mfu] .value").text == fmt_figure(
+        {"value": est, "unit": "fraction"})
+    assert "at the expected step time" in driver.find_element("css selector", "[data-card=mfu] .sub").text
+    # its opportunities: each fix said once (the cause may already carry it), and a finding without a timed saving
+    # shows "–", not "−–"
+    opps = driver.find_elements("css selector", "#opps li.opp")
+    assert opps
+    for li in opps:
+        text = li.text
+        assert "−–" not in text, text
+        for line in (ln for ln in text.splitlines() if ln.startswith("change: ")):
+            assert text.count(line.removeprefix("change: ")) == 1, text
+        fix = re.search(r"Fix: (.+?)\. Saves", text)
+        if fix:
+            assert text.count(fix.group(1)) == 1, text

@@ -5,6 +5,7 @@ TensorBoard plugin and the tests import."""
 from __future__ import annotations
 
 import os
+import re
 
 from tscope_callbacks.render.dashboard import (
     OPS_BUDGET_BYTES,
@@ -25,7 +26,11 @@ __all__ = ["page_html", "standalone_data", "report_html", "run_html", "run_name_
 
 def run_name_of(path: str) -> str:
     """The run a step file belongs to, by its directory: ``<run>/tscope/step_N.json`` -> ``<run>`` (a Lightning
-    ``version_N`` directory with its parent: ``tiny/version_0``); a file elsewhere -> its directory's name."""
+    ``version_N`` directory with its parent: ``tiny/version_0``); a step file elsewhere -> its directory's name; any
+    other file (``tscope analyze --json gpt2.json``) -> its own name (``gpt2``)."""
+    base = os.path.basename(path)
+    if not re.fullmatch(r"(?:[a-z]+_)?step_\d+\.json", base):  # a saved analysis, say gpt2.json: its own name
+        return os.path.splitext(base)[0] or "run"
     d = os.path.dirname(os.path.abspath(path))
     if os.path.basename(d) == "tscope":
         d = os.path.dirname(d)

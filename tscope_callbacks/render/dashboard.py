@@ -229,11 +229,14 @@ def standalone_data(reports: list[tuple[str, dict[str, Any]]], *, series: dict[s
     for run, d in reports:
         d = dict(d)
         stage, step = d.get("stage") or "train", d.get("step")
+        entry = {"readable": True, "error": None}
+        if step is None:  # an estimate (tscope analyze, ts.analyze_model): no trained step; listed as such
+            entry["label"] = "estimate (no trained step)"
         step = 0 if step is None else int(step)
         k = f"{run}/{stage}/{step}"
         ops[k] = pack_ops(d.pop("ops", None) or [], ops_budget)
         steps[k] = d
-        runs.setdefault(run, []).append({"step": step, "stage": stage, "readable": True, "error": None})
+        runs.setdefault(run, []).append({"step": step, "stage": stage, **entry})
         by_run.setdefault(run, []).append(d)
     for run, stage, step, err in unreadable or []:
         runs.setdefault(run, []).append({"step": step, "stage": stage, "readable": False, "error": err})
@@ -249,5 +252,5 @@ def report_html(report: ReportLike | dict[str, Any], *, run: str | None = None, 
     """One step as a self-contained page (``StepReport.to_html()``)."""
     d = _as_dict(report)
     name = run or d.get("run") or "run"
-    t = title or f"tscope · {name} · step {d.get('step')}"
+    t = title or f"tscope · {name} · " + (f"step {d['step']}" if d.get("step") is not None else "estimate")
     return page_html(standalone_data([(name, d)]), title=t)

@@ -186,7 +186,7 @@
   }
 
   /* ---------- selectors ---------- */
-  function stepLabel(st) { return (st.stage === "train" ? "" : st.stage + " ") + "step " + st.step + (st.readable === false ? " (unreadable)" : ""); }
+  function stepLabel(st) { return st.label || (st.stage === "train" ? "" : st.stage + " ") + "step " + st.step + (st.readable === false ? " (unreadable)" : ""); }
   function fillSelectors() {
     const rs = $("#run-select");
     rs.innerHTML = "";
@@ -341,7 +341,12 @@
     const estimated = !(H.step_ms && num(H.step_ms.value));
     c.append(card("step_time", "Step time" + (estimated ? " (expected)" : ""), stepFig,
       estimated ? "no measured step: " + ((stepFig && stepFig.basis) || "") : null));
-    c.append(card("mfu", "MFU", H.mfu));
+    /* an estimate has no measured step: its MFU is the one at the expected step time (the report's "MFU at the
+       estimate"), labelled so */
+    const sm = r.summary || {};
+    const estMfu = estimated && !(H.mfu && num(H.mfu.value)) && num(sm.estimated_mfu) ?
+      {value: sm.estimated_mfu, unit: "fraction", basis: "at the expected step time: " + ((H.mfu && H.mfu.basis) || "")} : null;
+    c.append(card("mfu", "MFU" + (estMfu ? " (expected)" : ""), estMfu || H.mfu));
     c.append(card("mbu", "MBU", H.mbu));
     c.append(card("hfu", "HFU", H.hfu));
     const thr = H.tokens_per_s && num(H.tokens_per_s.value) ? H.tokens_per_s : H.samples_per_s;
@@ -576,9 +581,10 @@
     const ol = h("ol", {class: "opps"});
     for (const o of ops.slice(0, 5)) {
       ol.append(h("li", {class: "opp"},
-        h("div", {}, h("span", {class: "save", text: "−" + F.time(o.saving_s) + (num(o.saving_frac) ? " (" + F.pct(o.saving_frac) + ")" : "")}), " ",
+        h("div", {}, h("span", {class: "save", text: (num(o.saving_s) ? "−" + F.time(o.saving_s) : "–") + (num(o.saving_frac) ? " (" + F.pct(o.saving_frac) + ")" : "")}), " ",
           h("b", {class: "mono", text: (o.layer || "(root)") + (o.op ? " · " + o.op : "")}), " ", h("span", {text: o.title || o.cause || ""})),
-        o.change ? h("div", {class: "why", text: "change: " + o.change}) : null,
+        /* the cause may already end with the fix ("... Fix: <change>. Saves ..."): said once */
+        o.change && !(o.cause || "").includes(o.change) ? h("div", {class: "why", text: "change: " + o.change}) : null,
         o.cause && o.cause !== o.title ? h("div", {class: "why", text: o.cause}) : null));
     }
     el.append(ol);
