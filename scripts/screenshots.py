@@ -47,10 +47,9 @@ def latest_step_json(logdir: Path) -> Path:
 
 
 def render_plot(step_json: Path, out: Path) -> None:
-    from tscope_callbacks.api import roofline
-    from tscope_callbacks.cli.report import load
+    from tscope_callbacks.api import load_profile_file, roofline
 
-    prof, dev = load(str(step_json))
+    prof, dev = load_profile_file(str(step_json))
     roofline(prof, dev).plot(out)
     print(f"wrote {out} (from {step_json})")
 
