@@ -43,6 +43,9 @@ def test_demo_prints_table_opportunities_mfu_and_tensorboard_command(
     run_dir = out_dir / "tscope_demo" / "version_0"
     assert list(run_dir.glob("events.out.tfevents.*"))
     assert sorted(p.name for p in (run_dir / "tscope").glob("step_*.json")) == ["step_10.json", "step_20.json"]
+    dash = next(line for line in out.splitlines() if line.startswith("The dashboard:"))
+    assert f"tscope view {out_dir.resolve()}" in dash and "TSCOPE tab" in dash
+    assert _runnable(dash.split()[2])
     again = next(line for line in out.splitlines() if line.startswith("Re-render a profiled step:"))
     assert f"tscope report {run_dir.resolve() / 'tscope' / 'step_20.json'}" in again
     assert _runnable(again.split()[4])

@@ -163,6 +163,9 @@ def _print_summary(trainer, roof, guard, logger, args, took: float) -> None:
     saved = sorted(log_dir.glob("tscope/step_*.json"), key=_step_of)
     if saved:
         tscope = command("tscope", "tscope_callbacks.cli")
+        out = shlex.quote(str(Path(args.out).resolve()))
+        print(f"The dashboard:  {tscope} view {out}   (one HTML page of every profiled step"
+              + ("; also the TSCOPE tab in TensorBoard)" if args.logger == "tensorboard" else ")"))
         print(f"Re-render a profiled step:  {tscope} report {shlex.quote(str(saved[-1]))} --plot roofline.png")
 
 
