@@ -111,3 +111,21 @@ def test_csv_logger_writes_the_card_png(tmp_path: Path):
     trainer.fit(TinyLM())
     head = (Path(trainer.logger.log_dir) / "tscope" / "roofline_plot_step_1.png").read_bytes()[:24]
     assert struct.unpack(">II", head[16:24]) == (700, 430)  # the figure's own 200 dpi, as in TensorBoard
+
+
+def test_an_untimed_plot_uses_the_expected_kernel_time_like_the_dashboard() -> None:
+    # an estimate (meta device, no timing): a point's y is FLOPs / its expected (shape-aware kernel) time, the basis
+    # of the dashboard's roofline and of the text report; a misaligned GEMM (N = 50257, not a multiple of 8) is
+    # expected below its roof, so it must not be drawn on it
+    import torch
+
+    import tscope_callbacks as ts
+    from tscope_callbacks.render.plot import _points
+
+    model = torch.nn.Sequential(torch.nn.Linear(768, 50257))
+    rep = ts.analyze_model(model, input_shape=(8 * 1024, 768), gpu="h100", precision="bf16").step_report
+    assert not rep.timed
+    pts = _points(rep)
+    assert pts and all(p["y"] == p["row"].flops / p["row"].expected_s / 1e12 for p in pts)
+    below = [p for p in pts if p["row"].expected_s > p["row"].estimate_s * 1.01]
+    assert below, [(p["row"].name, p["row"].expected_s, p["row"].estimate_s) for p in pts]

@@ -4,7 +4,8 @@ Built on ``matplotlib.figure.Figure`` with the Agg canvas (never ``pyplot``): th
 behind, usable from a callback (``figure(report)`` for sinks that call ``add_figure``).
 x = arithmetic intensity (FLOP/B), y = attained FLOP/s (TFLOP/s); one point per layer x phase, size by its share of
 step time; memory slope, one flat roof per precision in the profile (matrix solid, vector dashed, achievable dotted),
-ridge points marked. Untimed profiles plot their estimates as hollow markers (they sit on the roof by definition).
+ridge points marked. Untimed profiles plot their expected times (the shape-aware kernel estimates: on the roof, or
+below it where the kernel model expects a shortfall, as the dashboard draws them) as hollow markers.
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ _SHORT = {"forward": "fwd", "backward": "bwd", "recompute": "recomp", "optimizer
 
 
 def _points(report: StepReport) -> list[dict[str, Any]]:
-    """Plottable layer x phase rows: positive FLOPs and bytes; y from measured time (estimate when untimed)."""
+    """Plottable layer x phase rows: positive FLOPs and bytes; y from measured time (untimed: the expected,
+    shape-aware kernel time, the dashboard's basis too)."""
     total = (report.summary.op_time_s if report.timed else report.summary.estimated_step_s) or 0.0
     pts = []
     for r in report.rows["layer_phase"]:
-        t = r.measured_s if report.timed else r.estimate_s
+        t = r.measured_s if report.timed else r.expected_s
         if r.flops <= 0 or r.bytes <= 0 or not t:
             continue
         pts.append({"row": r, "x": r.flops / r.bytes, "y": r.flops / t / 1e12, "share": t / total if total else 0.0,
