@@ -229,3 +229,7 @@ def test_llama_style_chains_name_their_fused_kernel():
     assert sw.layer == "mlp" and "`LigerSwiGLUMLP`" in sw.fix and sw.evidence["ops"] == 5
     assert sw.evidence["mb_before"] == pytest.approx(14 * n / 1e6) and sw.evidence["mb_after"] == pytest.approx(8 * n / 1e6)
     assert [o.layer for o in fusions].count("mlp") == 1  # its ops are not found again as a generic chain
+    # the StepReport's (and the dashboard's) titles name the chain: several fusion findings tell apart at a glance
+    titles = {o.evidence.get("chain"): o.title for o in rep.step_report.opportunities if o.kind == "fusion"}
+    assert titles["rmsnorm"] == "fusion (RMSNorm)" and titles["rope"] == "fusion (rotary embedding)"
+    assert titles["swiglu"] == "fusion (SwiGLU)"

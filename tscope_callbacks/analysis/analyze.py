@@ -94,9 +94,17 @@ def _row(r: RowSum) -> Row:
                all_comm=bool(r.ops) and all(x.record.category == "comm" for x in r.ops))
 
 
+#: a fusion finding's chain (``analysis.advice``) as its title says it
+_CHAINS = {"optimizer": "optimizer update", "loss": "loss", "gelu": "GELU", "rmsnorm": "RMSNorm",
+           "rope": "rotary embedding", "swiglu": "SwiGLU"}
+
+
 def _opportunity(o: Finding, step: float | None) -> Opportunity:
     ev = json_safe(dict(o.evidence or {}))
     title = (f"{o.phase} below expected" if o.kind == "below_expected" else o.kind.replace("_", " "))
+    chain = _CHAINS.get(str(ev.get("chain"))) if o.kind == "fusion" else None
+    if chain:  # several fusion findings of one layer (the root's: loss, optimizer) tell apart at a glance
+        title += f" ({chain})"
     return Opportunity(title=title, layer=o.layer, op=str(ev.get("op") or ""), phase=o.phase, type=o.type,
                        kind=o.kind, cause=o.reason, change=o.fix, saving_s=_fin(o.saving_s),
                        saving_frac=_fin(_div(o.saving_s, step)), recoverable_s=_fin(o.recoverable_s),

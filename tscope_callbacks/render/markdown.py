@@ -294,7 +294,7 @@ def opportunity_line(o: Opportunity, step: float | None) -> str:
     """One opportunity as a line: a finding with its cause, fix and saving, or a row below its expectation."""
     where = f"`{o.layer or '(root)'}`"
     if o.kind != "below_expected":
-        return f"{where} — **{o.kind.replace('_', ' ')}**: {o.cause}"
+        return f"{where} — **{o.title}**: {o.cause}"
     t = (f"{o.recoverable_s * 1e3:.3g} ms recoverable" + (f" ({_pct(o.recoverable_s / step)} of step)" if step
          else "")) if o.recoverable_s is not None else f"{o.estimate_s * 1e3:.3g} ms expected"
     return f"{where} {o.phase} — {t}: {o.cause}"

@@ -84,7 +84,7 @@ def noise_lines(report: StepReport, top: int | None = None) -> list[str]:
         noise_s = o.evidence.get("noise_s") if o.evidence else None
         spread = noise_s if noise_s is not None else noise.spread_of(o.layer, o.phase)
         floor = noise.floor_s
-        what = o.kind.replace("_", " ") if o.kind != "below_expected" else f"{o.phase} below expected"
+        what = o.title  # the kind ("fusion (loss)"; "forward below expected")
         within = (f"the steps' typical deviation on this busy machine ({_f(floor, '.3g', 1e3)} ms)" if floor >= spread
                   else f"the measured spread of its times over the steps ({_f(spread, '.3g', 1e3)} ms)")
         out.append(f"- `{o.layer or '(root)'}` {what} — predicted saving {_f(o.saving_s, '.3g', 1e3)} ms is within "
