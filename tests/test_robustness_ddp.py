@@ -7,6 +7,7 @@ the combination.) Runs as a subprocess under a timeout, so a hang fails the test
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ddp_harness import run_ddp, skip_ddp
@@ -61,7 +62,10 @@ def test_all_callbacks_two_process_ddp_with_a_nan_on_one_rank(tmp_path: Path) ->
     assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == ["version_0"]  # one set of logs
     log_dir = tmp_path / "tb" / "version_0"
     assert sorted(p.name for p in (log_dir / "tscope").iterdir()) == [
-        "layers_step_1.json", "layers_step_2.json", "step_1.json", "step_2.json"]
+        "alerts.jsonl", "layers_step_1.json", "layers_step_2.json", "step_1.json", "step_2.json"]
+    # rank zero wrote the NaN alert once (the event names rank 1)
+    (alert,) = [json.loads(x) for x in (log_dir / "tscope" / "alerts.jsonl").read_text().splitlines()]
+    assert alert["key"] == "tscope/nan" and alert["step"] >= 2 and "net.2" in alert["text"]
     acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     assert {"tscope/roofline/mfu", "tscope/roofline/step_ms_max", "tscope/nan/events"} <= set(acc.Tags()["scalars"])
