@@ -103,12 +103,20 @@ def test_markdown_has_columns_header_and_opportunities():
     assert "% of achievable" in roofline(toy_profile(), a100(achievable=ach)).to_markdown()
 
 
-def test_markdown_untimed_leaves_measured_blank():
+def test_markdown_untimed_has_no_measured_columns():
     md = roofline(toy_profile(timed=False), a100()).to_markdown()
     assert "not timed" in md and "estimated 1.605 ms" in md
     assert "**Time** (estimated)" in md and "outside ops" not in md
+    assert "untimed: every time is an estimate (roof ms: the roofline bound" in md and "% of roof\" =" not in md
+    # an estimate measured nothing: the tables drop the measured time and the % of roof instead of leaving them blank
+    (head,) = [ln for ln in md.splitlines() if ln.startswith("| layer |")]
+    assert head == "| layer | type | phase | GFLOPs | MB | FLOP/B | bound | roof ms |"
     line = next(ln for ln in md.splitlines() if ln.startswith("| `blocks.0.fc` | Linear | forward"))
-    assert line.endswith("| compute | 0.4405 |  |  |")
+    assert line.endswith("| compute | 0.4405 |")
+    (cls,) = [ln for ln in md.splitlines() if ln.startswith("| class |")]
+    assert cls == "| class | ops | GFLOPs | MB | roof ms |" and "### By op class (roof, untimed)" in md
+    timed = roofline(toy_profile(), a100()).to_markdown()
+    assert "| roof ms | measured ms | % of roof |" in timed and "measured/roof" in timed
 
 
 def test_csv_has_every_row_ungrouped(tmp_path):

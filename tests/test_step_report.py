@@ -88,7 +88,10 @@ def test_load_step_file_reads_both_layouts(tmp_path):
 
 # ---------------- every output is a function of the StepReport alone ----------------
 def _reports():
+    from tscope_callbacks import api
     from tscope_callbacks.api import roofline
+
+    api._WARNED_WHAT_IF.clear()  # warned once per (devices) pair and process: an earlier test may have had it
 
     yield roofline(toy_profile(True), a100()).step_report
     yield roofline(toy_profile(False), a100()).step_report

@@ -136,8 +136,11 @@ def header_lines(report: StepReport) -> list[str]:
     roof = s.roof + (f"; achievable roof: {s.achievable_roof} (\"% of achievable\")" if s.achievable_roof
                      else "")
     lines = [f"## Roofline — {title}", "", model_line(report),
-             f"- **Roofs**: {roof}; \"% of roof\" = estimate / measured on the {s.roof} roof; "
-             f"bandwidth {s.bandwidth / 1e9:.4g} GB/s",
+             f"- **Roofs**: {roof}; " + (f"\"% of roof\" = estimate / measured on the {s.roof} roof; " if report.timed
+                                         else "untimed: every time is an estimate (roof ms: the roofline bound"
+                                         + ("; expected ms: the shape-aware kernel time" if s.has_kernel_model
+                                            else "") + "); ")
+             + f"bandwidth {s.bandwidth / 1e9:.4g} GB/s",
              "- **Roofs used**: " + ("; ".join(_roof_line(r) for r in report.roofs[:4]) or "none (no ops)"),
              f"- **Precision**: {s.dominant_precision} dominant; MFU per device (this rank's model FLOPs over its "
              f"step time and one device's peak: under TP/FSDP the local shards' FLOPs) against the {s.mfu_precision} "
@@ -249,10 +252,14 @@ def model_line(report: StepReport) -> str:
     return "- **Model**: " + "; ".join(parts)
 
 
-def _cells(r: Row, ach: bool, expected: bool = False, noise: NoiseSection | None = None) -> list[str]:
+def _cells(r: Row, ach: bool, expected: bool = False, noise: NoiseSection | None = None,
+           timed: bool = True) -> list[str]:
+    """A table row's cells, in :func:`columns`' order (untimed: no measured time, no % of roof)."""
     c = [r.name if r.kind != "layer" and r.kind != "layer_total" else f"`{r.name}`", r.type, r.phase,
          _n(r.flops / 1e9), _n(r.bytes / 1e6), _g(r.intensity), r.bound, _f(r.estimate_s, ".4g", 1e3)]
     c += [_f(r.expected_s, ".4g", 1e3)] if expected else []
+    if not timed:
+        return c
     noisy = noise is not None and r.kind == "layer" and noise.is_marked(r.layer, r.phase)
     c += [_f(r.measured_s, ".4g", 1e3) + " (noise)" * noisy, _p(r.attained) if r.bound != "uncounted" else ""]
     return c + [_p(r.attained_achievable) if r.bound != "uncounted" else ""] if ach else c
@@ -313,6 +320,8 @@ def columns(report: StepReport) -> list[str]:
     """The table's columns: "expected ms" (shape-aware kernel estimate) only when a kernel model applies (GPU specs);
     "% of achievable" only with an achievable roof."""
     cols = [c for c in COLUMNS if c != "expected ms" or report.summary.has_kernel_model]
+    if not report.timed:  # an estimate: nothing measured, so no measured time and no % of roof to show
+        return [c for c in cols if c not in ("measured ms", "% of roof")]
     return cols + (["% of achievable"] if report.summary.has_achievable else [])
 
 
@@ -320,21 +329,22 @@ def to_markdown(report: ReportLike, top: int = 20) -> str:
     """Header figures, the layer x phase table (top rows + grouped rest + total), the op-class comparison and the
     opportunities list."""
     report = step_report_of(report)
-    ach, exp = report.summary.has_achievable, report.summary.has_kernel_model
+    ach, exp, timed = report.summary.has_achievable, report.summary.has_kernel_model, report.timed
     head = columns(report)
-    rows = [_cells(r, ach, exp, report.noise) for r in report.table("layer", top=top)]
-    tot = _cells(report.totals, ach, exp)
+    rows = [_cells(r, ach, exp, report.noise, timed) for r in report.table("layer", top=top)]
+    tot = _cells(report.totals, ach, exp, timed=timed)
     tot[0], tot[2] = "**total**", ""
     lines = header_lines(report) + ["", "### Layers (self time, forward and backward apart)", ""]
     lines += _md_table(head, rows + [tot])
+    measured = lambda r: ([_f(r.measured_s, ".4g", 1e3), _f(r.ratio, ".3g")]  # noqa: E731
+                          + ([_f(r.expected_ratio, ".3g")] if exp else []) + [_p(r.attained)]) if timed else []
     cat_rows = [[r.name, str(r.n_ops), _n(r.flops / 1e9), _n(r.bytes / 1e6), _f(r.estimate_s, ".4g", 1e3)]
-                + ([_f(r.expected_s, ".4g", 1e3)] if exp else [])
-                + [_f(r.measured_s, ".4g", 1e3), _f(r.ratio, ".3g")] + ([_f(r.expected_ratio, ".3g")] if exp else [])
-                + [_p(r.attained)] for r in report.table("category")]
-    lines += ["", "### By op class (measured vs roof" + (" and expected)" if exp else ")"), ""]
+                + ([_f(r.expected_s, ".4g", 1e3)] if exp else []) + measured(r) for r in report.table("category")]
+    lines += ["", "### By op class (" + (("measured vs roof" + (" and expected)" if exp else ")")) if timed
+                                         else "roof" + (" and expected, untimed)" if exp else ", untimed)")), ""]
     lines += _md_table(["class", "ops", "GFLOPs", "MB", "roof ms"] + (["expected ms"] if exp else [])
-                       + ["measured ms", "measured/roof"] + (["measured/expected"] if exp else []) + ["% of roof"],
-                       cat_rows)
+                       + ((["measured ms", "measured/roof"] + (["measured/expected"] if exp else []) + ["% of roof"])
+                          if timed else []), cat_rows)
     lines += comm_lines(report) + fsdp_lines(report)
     opps = report.opportunities[:5]
     lines += ["", "### Opportunities" + (" (by predicted saving)" if report.timed or exp else " (by expected time)"),
@@ -365,11 +375,11 @@ def to_console(report: ReportLike, top: int = 20, console: Console | None = None
         t.add_column(h, justify="left" if i < 3 or h == "bound" else "right")
     style = {"compute": "green", "memory": "yellow", "uncounted": "red", "overhead": "dim"}
     for r in report.table("layer", top=top):
-        cells = _cells(r, ach, exp)
+        cells = _cells(r, ach, exp, timed=report.timed)
         cells[0] = r.name
         cells[6] = f"[{style.get(r.bound, '')}]{r.bound}[/]" if r.bound in style else r.bound
         t.add_row(*cells)
-    tot = _cells(report.totals, ach, exp)
+    tot = _cells(report.totals, ach, exp, timed=report.timed)
     tot[0], tot[2] = "total", ""
     t.add_row(*tot, style="bold")
     con.print(t)
