@@ -148,3 +148,21 @@ def _saved_step(tmp_path: Path) -> Path:
         rep = ts.analyze_model(_mlp(), input_shape=[(4, 8)], gpu="h100")
         out.write_text(json.dumps({"profile": rep.profile.to_dict(), "device": rep.spec.to_dict()}))
     return out
+
+
+def test_a_3d_shape_for_token_ids_is_warned_about(capsys):
+    # an embedding-first model given (batch, seq, hidden): the ids would be 3-D and every id would get its own
+    # embedding row (GPT-2: 1.6 PFLOP and a 57 s step for 8,1024,768) -- said, with the shape to give instead
+    import torch
+
+    import tscope_callbacks as ts
+
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 16), torch.nn.Linear(16, 4))
+    with pytest.warns(UserWarning, match=r"Sequential takes token ids first.*input shape \(8, 64, 128\).*e\.g\. "
+                      r"8,64"):
+        ts.analyze_model(model, input_shape=(8, 64, 128), gpu="h100")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the usual (batch, seq) ids: no warning
+        ts.analyze_model(model, input_shape=(8, 64), gpu="h100")

@@ -281,6 +281,11 @@ def profile_model(
         vocab = token_input(model) if not input_dtypes else None
         if vocab is not None:  # token ids first (an embedding cannot take bf16 "indices")
             shapes = input_shapes(input_shape)
+            if len(shapes[0]) > 2:  # (batch, seq, hidden) given for ids: every id becomes a row of embeddings
+                warnings.warn(f"tscope: {type(model).__name__} takes token ids first (it starts with an embedding), "
+                              f"so input shape {tuple(shapes[0])} is taken as {len(shapes[0])}-D ids and each id "
+                              "gets its own embedding row; token ids are usually (batch, seq), e.g. "
+                              f"{shapes[0][0]},{shapes[0][1]} (--input-shape / input_shape)", stacklevel=2)
             inputs = build_inputs(shapes[:1], dtype=torch.long, device=device, high=max(vocab, 1))
             inputs += build_inputs(shapes[1:], dtype=dtype, device=device) if shapes[1:] else []
         else:
