@@ -166,3 +166,19 @@ def test_a_3d_shape_for_token_ids_is_warned_about(capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the usual (batch, seq) ids: no warning
         ts.analyze_model(model, input_shape=(8, 64), gpu="h100")
+
+
+def test_the_cli_prints_a_warning_as_one_line_of_its_own(tmp_path):
+    # a warning under the CLI reads as the command's note: no "file.py:83: UserWarning" and no source line after it
+    import subprocess
+    import sys
+
+    (tmp_path / "emb.py").write_text("import torch\n\ndef build():\n"
+                                     "    return torch.nn.Sequential(torch.nn.Embedding(100, 16), torch.nn.Linear(16, 4))\n")
+    r = subprocess.run([sys.executable, "-m", "tscope_callbacks.cli", "analyze", "emb:build", "--input-shape", "8,64,16",
+                        "--gpu", "h100", "--json", str(tmp_path / "e.json")], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stderr.splitlines() if "token ids" in ln]
+    assert line.startswith("tscope analyze: Sequential takes token ids first") and "UserWarning" not in r.stderr
+    assert "return func(" not in r.stderr and "warnings.warn" not in r.stderr

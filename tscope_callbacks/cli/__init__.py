@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 # subcommand -> (module, help). Each module defines ``add_arguments(parser)`` and ``run(args) -> int``.
 _COMMANDS = {
@@ -48,6 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_missing", None):
         print(f"tscope {args.command}: not available in this build", file=sys.stderr)
         return 2
+    fmt = warnings.formatwarning
+
+    def note(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             line: str | None = None) -> str:
+        """A warning as the command's own one-line note, not Python's "file:line: UserWarning" and a source line."""
+        text = str(message)
+        text = text.removeprefix("tscope: ").removeprefix(f"tscope {args.command}: ")
+        return f"tscope {args.command}: {text}\n"
+
+    warnings.formatwarning = note
     try:
         return int(importlib.import_module(args._module).run(args) or 0)
     except BrokenPipeError:  # `tscope report X | head`: the reader left; not an error of ours
@@ -57,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 0
+    finally:
+        warnings.formatwarning = fmt
 
 
 if __name__ == "__main__":
