@@ -207,7 +207,8 @@ def test_roofline_has_one_point_per_layer_and_phase(driver, fit_logdir):
     assert len(drawn) == len(set(drawn)) == len(_plotted(rep)) > 5
     assert set(drawn) == _plotted(rep)
     roofs = {r.get_attribute("data-precision") for r in driver.find_elements("css selector", "svg#roofline path.roof")}
-    assert roofs == {k for k, v in rep["device"]["peaks"].items() if v}
+    # the precisions the step ran in (its roofs, as the text report's "Roofs used"), not every peak of the device
+    assert roofs == {r["precision"] for r in rep["roofs"]} and roofs <= {k for k, v in rep["device"]["peaks"].items() if v}
 
 
 def test_hover_shows_the_tooltip_and_click_lists_the_ops(driver, fit_logdir):
@@ -938,10 +939,13 @@ def test_an_estimate_page_says_estimate_and_shows_its_expected_mfu(driver, tmp_p
     assert driver.find_element("css selector", "[data-card=mfu] .value").text == fmt_figure(
         {"value": est, "unit": "fraction"})
     assert "at the expected step time" in driver.find_element("css selector", "[data-card=mfu] .sub").text
+    # the roofs drawn are the precisions the estimate ran in, as in its text report and PNG: not the H100's fp8/int8
+    drawn = {r.get_attribute("data-precision") for r in driver.find_elements("css selector", "svg#roofline path.roof")}
+    assert "bf16" in drawn and not drawn & {"fp8", "int8"}, drawn
     # its opportunities: each fix said once (the cause may already carry it), and a finding without a timed saving
     # shows "–", not "−–"
     opps = driver.find_elements("css selector", "#opps li.opp")
-    assert opps
+    assert opps and not any("below expected" in li.text for li in opps)  # nothing was measured to be below it
     for li in opps:
         text = li.text
         assert "−–" not in text, text

@@ -101,7 +101,10 @@ _CHAINS = {"optimizer": "optimizer update", "loss": "loss", "gelu": "GELU", "rms
 
 def _opportunity(o: Finding, step: float | None) -> Opportunity:
     ev = json_safe(dict(o.evidence or {}))
-    title = (f"{o.phase} below expected" if o.kind == "below_expected" else o.kind.replace("_", " "))
+    if o.kind == "below_expected":  # untimed: nothing measured to be below its expectation, so say where it stands
+        title = f"{o.phase} below expected" if o.measured_s is not None else f"{o.phase}, {o.bound}-bound (untimed)"
+    else:
+        title = o.kind.replace("_", " ")
     chain = _CHAINS.get(str(ev.get("chain"))) if o.kind == "fusion" else None
     if chain:  # several fusion findings of one layer (the root's: loss, optimizer) tell apart at a glance
         title += f" ({chain})"

@@ -374,7 +374,10 @@
       if (num(x.bandwidth) && x.bandwidth > bw) bw = x.bandwidth;
       if (x.matrix && num(x.peak_flops) && x.peak_flops > (used[x.precision] || 0)) used[x.precision] = x.peak_flops;
     }
-    const peaks = Object.entries(dev.peaks || {}).filter(([, v]) => num(v) && v > 0)
+    /* the precisions the step ran in (its roofs), as the text report's "Roofs used" and the PNG: a device's other
+       peaks (fp8, int8 on a bf16 step) are not drawn; without roofs (no ops), the device's */
+    const ran = new Set((r.roofs || []).map((x) => x.precision));
+    const peaks = Object.entries(dev.peaks || {}).filter(([p, v]) => num(v) && v > 0 && (!ran.size || ran.has(p)))
       .map(([p, v]) => [p, used[p] || v, v]).sort((a, b) => b[1] - a[1]);
     return {peaks, bw: bw || dev.bandwidth};
   }
@@ -448,7 +451,7 @@
     if (num(bw)) {
       const xa = 10 ** x0, xb = 10 ** x1;
       peaks.forEach(([prec, pk, devPk], i) => {
-        const col = ROOF_COLORS[i % ROOF_COLORS.length], ridge = pk / bw;
+        const col = ROOF_COLORS[1 + i % (ROOF_COLORS.length - 1)], ridge = pk / bw;  /* [0]: the memory roof's */
         const d = "M" + X(xa) + "," + Y(Math.max(xa * bw, 10 ** (y0 - 3))) + " L" + X(ridge) + "," + Y(pk) + " L" + X(xb) + "," + Y(pk);
         roofs.append(s("path", {class: "roof", d, stroke: col, "data-precision": prec, "data-peak": pk, "data-bandwidth": bw}));
         let txt = prec + " " + F.rate(pk);
