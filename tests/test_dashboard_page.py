@@ -928,8 +928,12 @@ def test_an_estimate_page_says_estimate_and_shows_its_expected_mfu(driver, tmp_p
     from tscope_callbacks.api import load_profile_file, roofline
 
     prof, dev = load_profile_file(str(out))
-    est = roofline(prof, dev).step_report.summary.estimated_mfu
+    sm = roofline(prof, dev).step_report.summary
+    est = sm.estimated_mfu
     assert est is not None and est > 0
+    # MBU and HFU at the expected step time, by their definitions: bytes (FLOPs) / expected step / the roof
+    assert sm.estimated_mbu == pytest.approx(sm.total_bytes / sm.estimated_step_s / sm.bandwidth, rel=1e-12)
+    assert sm.estimated_hfu == pytest.approx(sm.hardware_flops / sm.estimated_step_s / sm.mfu_peak_flops, rel=1e-12)
     driver.get(page.as_uri())
     _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
     assert driver.title == "tscope · tinygpt · estimate"
@@ -939,6 +943,10 @@ def test_an_estimate_page_says_estimate_and_shows_its_expected_mfu(driver, tmp_p
     assert driver.find_element("css selector", "[data-card=mfu] .value").text == fmt_figure(
         {"value": est, "unit": "fraction"})
     assert "at the expected step time" in driver.find_element("css selector", "[data-card=mfu] .sub").text
+    for k, v in (("mbu", sm.estimated_mbu), ("hfu", sm.estimated_hfu)):
+        assert driver.find_element("css selector", f"[data-card={k}] .label").text.lower() == f"{k} (expected)"
+        assert driver.find_element("css selector", f"[data-card={k}] .value").text == fmt_figure(
+            {"value": v, "unit": "fraction"})
     # the roofs drawn are the precisions the estimate ran in, as in its text report and PNG: not the H100's fp8/int8
     drawn = {r.get_attribute("data-precision") for r in driver.find_elements("css selector", "svg#roofline path.roof")}
     assert "bf16" in drawn and not drawn & {"fp8", "int8"}, drawn

@@ -6,6 +6,7 @@ import argparse
 import csv
 import functools
 import json
+import re
 import sys
 
 import pytest
@@ -108,6 +109,7 @@ def test_markdown_untimed_has_no_measured_columns():
     assert "not timed" in md and "estimated 1.605 ms" in md
     assert "**Time** (estimated)" in md and "outside ops" not in md
     assert "untimed: every time is an estimate (roof ms: the roofline bound" in md and "% of roof\" =" not in md
+    assert re.search(r"MFU at the estimate [\d.]+%, MBU [\d.]+%", md)
     # an estimate measured nothing: the tables drop the measured time and the % of roof instead of leaving them blank
     (head,) = [ln for ln in md.splitlines() if ln.startswith("| layer |")]
     assert head == "| layer | type | phase | GFLOPs | MB | FLOP/B | bound | roof ms |"

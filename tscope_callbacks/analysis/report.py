@@ -187,6 +187,9 @@ class Summary:
     group_small: float  #: the share of time and FLOPs under which table rows are grouped
     has_kernel_model: bool
     has_achievable: bool
+    #: HFU and MBU at the expected step time, as ``estimated_mfu`` (optional: older step files load without them)
+    estimated_hfu: float | None = None
+    estimated_mbu: float | None = None
 
 
 @dataclass(frozen=True)

@@ -225,7 +225,10 @@ class RooflineAnalysis:
         self.mbu = _div(_div(t.bytes, step), self.bandwidth)
         self.achieved_tflops = _div(_div(t.flops, step), 1e12)  #: what the hardware did (recompute included)
         self.achieved_gbps = _div(_div(t.bytes, step), 1e9)
+        #: the same at the expected step time (an estimate's figures; a measured step's too, for comparison)
         self.estimated_mfu = _div(_div(self.model_flops, t.expected_s), self.mfu_peak_flops)
+        self.estimated_hfu = _div(_div(self.hardware_flops, t.expected_s), self.mfu_peak_flops)
+        self.estimated_mbu = _div(_div(t.bytes, t.expected_s), self.bandwidth)
         self.time_basis = "measured" if self.timed else "estimated"
         frac = _bound_fractions(ops, self.timed)
         self.compute_bound_time_frac, self.memory_bound_time_frac = frac["compute"], frac["memory"]

@@ -90,7 +90,9 @@ def step_lines(report: StepReport) -> list[str]:
             lines += [hfu_line(report)]
     else:
         lines += [f"- **Step**: not timed; {est}"
-                  + (f"; MFU at the estimate {_p(s.estimated_mfu)}" if s.estimated_mfu is not None else "")]
+                  + (f"; MFU at the estimate {_p(s.estimated_mfu)}" if s.estimated_mfu is not None else "")
+                  + (f", MBU {_p(s.estimated_mbu)}" if s.estimated_mfu is not None and s.estimated_mbu is not None
+                     else "")]
     return lines + input_lines(report)
 
 

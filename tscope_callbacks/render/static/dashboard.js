@@ -344,11 +344,12 @@
     /* an estimate has no measured step: its MFU is the one at the expected step time (the report's "MFU at the
        estimate"), labelled so */
     const sm = r.summary || {};
-    const estMfu = estimated && !(H.mfu && num(H.mfu.value)) && num(sm.estimated_mfu) ?
-      {value: sm.estimated_mfu, unit: "fraction", basis: "at the expected step time: " + ((H.mfu && H.mfu.basis) || "")} : null;
-    c.append(card("mfu", "MFU" + (estMfu ? " (expected)" : ""), estMfu || H.mfu));
-    c.append(card("mbu", "MBU", H.mbu));
-    c.append(card("hfu", "HFU", H.hfu));
+    const atEstimate = (fig, key) => estimated && !(fig && num(fig.value)) && num(sm[key]) ?
+      {value: sm[key], unit: "fraction", basis: "at the expected step time: " + ((fig && fig.basis) || "")} : null;
+    for (const [id, label, key] of [["mfu", "MFU", "estimated_mfu"], ["mbu", "MBU", "estimated_mbu"], ["hfu", "HFU", "estimated_hfu"]]) {
+      const est = atEstimate(H[id], key);
+      c.append(card(id, label + (est ? " (expected)" : ""), est || H[id]));
+    }
     const thr = H.tokens_per_s && num(H.tokens_per_s.value) ? H.tokens_per_s : H.samples_per_s;
     c.append(card("tokens_per_s", thr === H.tokens_per_s ? "Tokens/s" : "Samples/s", thr));
     const fits = mem.fits;
