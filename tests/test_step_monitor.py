@@ -213,6 +213,7 @@ def test_breakdown_keys_and_input_bound_from_a_sleeping_loader(tmp_path, caplog)
     assert split.input_s == pytest.approx(sb["data_wait_ms"] / 1e3)  # the StepReport's time split
     assert split.input_share == pytest.approx(sb["data_wait_share"]) and split.input_steps == sb["steps"] >= 8
     assert split.input_bound and split.input_fixes[0].startswith("num_workers=0")
+    assert split.input_bound == bool(sb["input_bound"])  # the monitor's verdict, not a second rule
     # the markdown report says it, with the wait, its share, and what to change
     from tscope_callbacks.analysis.report import StepReport
     from tscope_callbacks.render.markdown import to_markdown

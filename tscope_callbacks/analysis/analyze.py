@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from tscope_callbacks.analysis.anomaly import INPUT_BOUND_SHARE, MIN_VERDICT_STEPS
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.report import (
     AchievableInfo,
@@ -170,8 +169,7 @@ def _time_split(eng: RooflineAnalysis) -> TimeSplit:
     bd = eng.meta.get("step_breakdown") or {}  # the step monitor's medians over its recent clean steps
     wait, share, steps = bd.get("data_wait_ms"), _fin(bd.get("data_wait_share")), bd.get("steps")
     steps = int(steps) if isinstance(steps, (int, float)) and math.isfinite(steps) else None
-    threshold = _fin(bd.get("input_bound_share")) or INPUT_BOUND_SHARE
-    bound = share is not None and share >= threshold and steps is not None and steps >= MIN_VERDICT_STEPS
+    bound = bool(bd.get("input_bound"))  # the monitor's own verdict (its threshold, over its verdict window)
     return TimeSplit(by["compute"], by["memory"], by["comm"], by["uncounted"], by["overhead"],
                      _fin(ov.get("idle_s")) if ov else _fin(eng.meta.get("device_idle_s")),
                      _fin(wait / 1e3) if isinstance(wait, (int, float)) else None,

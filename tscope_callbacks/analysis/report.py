@@ -224,7 +224,7 @@ class TimeSplit:
     #: the data wait's share of the step and the clean steps it is the median of (the step monitor's)
     input_share: float | None = None
     input_steps: int | None = None
-    #: the step is input-bound: a share at or above the monitor's threshold over enough steps for a verdict
+    #: the step is input-bound: the step monitor's verdict (its threshold, over its verdict window)
     input_bound: bool = False
     input_fixes: tuple[str, ...] = ()  #: what to change in the DataLoader, read from its settings
 
