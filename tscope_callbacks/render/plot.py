@@ -49,6 +49,21 @@ def _points(report: StepReport) -> list[dict[str, Any]]:
     return pts
 
 
+def _scatter_phases(ax: Any, pts: list[dict[str, Any]], timed: bool, *, size: tuple[float, float],
+                    widths: tuple[float, float], short: bool) -> None:
+    """The points, one scatter per phase (known phases first, in their order), sized ``size[0] + size[1] x`` their
+    share of the step; untimed: hollow with black edges (``widths``: timed, untimed edge width); labelled by phase
+    (``short``: "fwd", "bwd", ...)."""
+    present = {p["row"].phase for p in pts}
+    for phase in [ph for ph in PHASE_COLORS if ph in present] + sorted(present - set(PHASE_COLORS)):
+        sel = [p for p in pts if p["row"].phase == phase]
+        c = PHASE_COLORS.get(phase, "0.5")
+        ax.scatter([p["x"] for p in sel], [p["y"] for p in sel], s=[size[0] + size[1] * p["share"] for p in sel],
+                   facecolors=c if timed else "none", edgecolors=c if not timed else "black",
+                   linewidths=widths[0] if timed else widths[1], alpha=0.75 if timed else 1.0, zorder=3,
+                   label=_SHORT.get(phase, phase) if short else phase)
+
+
 def _groups(ax: Any, pts: list[dict[str, Any]], px: float) -> list[list[dict[str, Any]]]:
     """Points of one phase within 4 px of each other (repeated blocks) share a label; largest groups first."""
     groups: list[list[dict[str, Any]]] = []
@@ -198,13 +213,7 @@ def figure(report: ReportLike, top_labels: int = 8, *, figsize: tuple[float, flo
     handles = _draw_roofs(ax, roofs, bw, x_lo, x_hi)
 
     timed = report.timed
-    present = {p["row"].phase for p in pts}
-    for phase in [ph for ph in PHASE_COLORS if ph in present] + sorted(present - set(PHASE_COLORS)):
-        sel = [p for p in pts if p["row"].phase == phase]
-        c = PHASE_COLORS.get(phase, "0.5")
-        ax.scatter([p["x"] for p in sel], [p["y"] for p in sel], s=[25 + 900 * p["share"] for p in sel],
-                   facecolors=c if timed else "none", edgecolors=c if not timed else "black", linewidths=0.8 if
-                   timed else 1.6, alpha=0.75 if timed else 1.0, zorder=3, label=phase)
+    _scatter_phases(ax, pts, timed, size=(25, 900), widths=(0.8, 1.6), short=False)
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(y_lo, y_hi)
     for axis in (ax.xaxis, ax.yaxis):
@@ -340,14 +349,7 @@ def card_figure(report: ReportLike, top_labels: int = 3) -> Figure:
     handles += [Line2D([], [], color=PRECISION_COLORS.get(r.precision, "0.5"), ls="-" if r.matrix else "--", lw=1.5,
                        label=_roof_label(r)) for r in report.roofs]
     timed = report.timed
-    present = {p["row"].phase for p in pts}
-    for phase in [ph for ph in PHASE_COLORS if ph in present] + sorted(present - set(PHASE_COLORS)):
-        sel = [p for p in pts if p["row"].phase == phase]
-        c = PHASE_COLORS.get(phase, "0.5")
-        ax.scatter([p["x"] for p in sel], [p["y"] for p in sel], s=[8 + 200 * p["share"] for p in sel],
-                   facecolors=c if timed else "none", edgecolors=c if not timed else "black",
-                   linewidths=0.5 if timed else 1.2, alpha=0.75 if timed else 1.0, zorder=3,
-                   label=_SHORT.get(phase, phase))
+    _scatter_phases(ax, pts, timed, size=(8, 200), widths=(0.5, 1.2), short=True)
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(y_lo, y_hi)
     for axis in (ax.xaxis, ax.yaxis):
