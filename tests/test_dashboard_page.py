@@ -8,6 +8,7 @@ Skipped, with the reason, only when selenium, ``/usr/bin/chromium`` or ``/usr/bi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -80,8 +81,7 @@ def driver(page_file):
     opts.binary_location = CHROMIUM
     d = webdriver.Chrome(service=Service(DRIVER), options=opts)
     d.set_page_load_timeout(60)
-    d.get(page_file.as_uri())
-    _wait(d, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    _open(d, page_file.as_uri())
     yield d
     d.quit()
 
@@ -90,6 +90,29 @@ def _wait(d, cond, timeout: float = 20):
     from selenium.webdriver.support.ui import WebDriverWait
 
     return WebDriverWait(d, timeout).until(cond)
+
+
+def _open(d, url: str) -> None:
+    """Load ``url`` and wait until the page has drawn its data (``body[data-ready=1]``)."""
+    d.get(url)
+    _wait(d, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+
+
+@contextlib.contextmanager
+def _served(driver, root):
+    """``tscope view --serve`` of ``root`` on a free port, its page open in ``driver``; the server stopped after."""
+    import threading
+
+    from tscope_callbacks.cli.view import serve
+
+    ready = threading.Event()
+    threading.Thread(target=serve, args=(str(root), "127.0.0.1", 0), kwargs={"ready": ready}, daemon=True).start()
+    assert ready.wait(10)
+    try:
+        _open(driver, f"http://127.0.0.1:{ready.port}/")
+        yield
+    finally:
+        ready.server.shutdown()
 
 
 def _shown_report(fit_logdir) -> dict:
@@ -336,25 +359,14 @@ def test_tscope_view_writes_the_page(fit_logdir, tmp_path, capsys):
 
 def test_served_page_fetches_the_same_numbers(driver, fit_logdir):
     """``tscope view --serve``: the page in its fetching mode (the plugin's four routes) shows what the file shows."""
-    import threading
-
-    from tscope_callbacks.cli.view import serve
-
     root, _, _ = fit_logdir
     file_cards = {k: driver.find_element("css selector", f"[data-card={k}] .value").text
                   for k in ("step_time", "mfu", "memory")}
-    ready = threading.Event()
-    threading.Thread(target=serve, args=(str(root), "127.0.0.1", 0), kwargs={"ready": ready}, daemon=True).start()
-    assert ready.wait(10)
-    try:
-        driver.get(f"http://127.0.0.1:{ready.port}/")
-        _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    with _served(driver, root):
         assert {k: driver.find_element("css selector", f"[data-card={k}] .value").text
                 for k in file_cards} == file_cards
         assert driver.find_elements("css selector", "svg#roofline circle.pt")
         assert "step 999" in driver.find_element("css selector", "#banner").text
-    finally:
-        ready.server.shutdown()
 
 
 def test_tscope_report_html(fit_logdir, tmp_path):
@@ -496,8 +508,7 @@ def test_unmeasured_layer_memory_shows_a_dash(driver, tmp_path):
     _, res, spec = _mlp_profile(False)
     page = tmp_path / "nomem.html"
     page.write_text(report_html(analyze(res, spec), run="nomem"), encoding="utf-8")
-    driver.get(page.as_uri())
-    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    _open(driver, page.as_uri())
     driver.find_element("css selector", "#tree-expand").click()
     rows = driver.find_elements("css selector", "#tree-table tr.tree-row")
     assert len(rows) == 4  # (model), 0, 1, 2
@@ -515,8 +526,7 @@ def test_untimed_step_shows_no_layer_times(driver, tmp_path):
 
     page = tmp_path / "untimed.html"
     page.write_text(report_html(analyze(toy_profile(False), a100()), run="untimed"), encoding="utf-8")
-    driver.get(page.as_uri())
-    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    _open(driver, page.as_uri())
     rows = driver.find_elements("css selector", "#tree-table tr.tree-row")
     assert rows
     for r in rows:
@@ -529,8 +539,7 @@ def test_sections_and_step_monitor_are_shown(driver, tmp_path):
     page = tmp_path / "sec.html"
     page.write_text(run_html(str(tmp_path)), encoding="utf-8")
     driver.get_log("browser")  # the earlier pages' entries (a served page's favicon 404)
-    driver.get(page.as_uri())
-    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    _open(driver, page.as_uri())
     css = lambda sel: driver.find_elements("css selector", sel)  # noqa: E731
     # compiled vs eager: one row per layer and the total, speedup = eager / compiled
     rows = css("#cve-table tr[data-layer]")
@@ -570,8 +579,7 @@ def test_sections_and_step_monitor_are_shown(driver, tmp_path):
 
 
 def test_sections_absent_are_not_shown(driver, fit_logdir, page_file):
-    driver.get(page_file.as_uri())
-    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    _open(driver, page_file.as_uri())
     rep = _shown_report(fit_logdir)
     assert rep["compiled_vs_eager"] is None and rep["fsdp_whatif"] is None and rep["what_if"] is None
     for sel in ("#cve-panel", "#fsdp-panel"):
@@ -583,22 +591,13 @@ def test_sections_absent_are_not_shown(driver, fit_logdir, page_file):
 def test_tensorboard_mode_picks_up_new_steps(driver, fit_logdir, tmp_path):
     """The fetching page polls ``runs`` (every 10 s while visible): a step written after it opened joins the step
     selector, and the step the user picked stays selected."""
-    import threading
-
     from selenium.webdriver.support.ui import Select
-
-    from tscope_callbacks.cli.view import serve
 
     root, run_dir, steps = fit_logdir
     live = tmp_path / "live"
     shutil.copytree(root, live)
     live_run = live / run_dir.relative_to(root)
-    ready = threading.Event()
-    threading.Thread(target=serve, args=(str(live), "127.0.0.1", 0), kwargs={"ready": ready}, daemon=True).start()
-    assert ready.wait(10)
-    try:
-        driver.get(f"http://127.0.0.1:{ready.port}/")
-        _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    with _served(driver, live):
         assert driver.execute_script("return window.tscopeDashboard.state.pollMs") == 10000
         Select(driver.find_element("css selector", "#step-select")).select_by_value(f"train:{steps[0]}")
         _wait(driver, lambda d: d.execute_script("return window.tscopeDashboard.state.rep.step") == steps[0])
@@ -613,8 +612,6 @@ def test_tensorboard_mode_picks_up_new_steps(driver, fit_logdir, tmp_path):
         assert driver.execute_script("return window.tscopeDashboard.state.step") == steps[0]
         assert driver.execute_async_script(
             "const done = arguments[arguments.length - 1]; window.tscopeDashboard.poll().then(done);") is False
-    finally:
-        ready.server.shutdown()
 
 
 def test_fresh_fit_writes_version_2_step_files_read_without_reanalysis(fit_logdir, monkeypatch):
@@ -688,8 +685,7 @@ def widened_page(driver, tmp_path_factory):
     rep = _widened_report()
     page = tmp_path_factory.mktemp("widened") / "step.html"
     page.write_text(report_html(rep, run="busy"), encoding="utf-8")
-    driver.get(page.as_uri())
-    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    _open(driver, page.as_uri())
     return rep
 
 
@@ -779,8 +775,7 @@ def test_diff_offers_only_the_other_steps(driver, page_file, fit_logdir):
     from selenium.webdriver.support.ui import Select
 
     _, _, steps = fit_logdir
-    driver.get(page_file.as_uri())
-    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    _open(driver, page_file.as_uri())
     cur = Select_value(driver, "#step-select")
     offered = [o.get_attribute("value") for o in Select(driver.find_element("css selector", "#diff-select")).options]
     assert cur not in offered and f"train:{steps[0]}" in offered
@@ -790,8 +785,7 @@ def test_diff_offers_only_the_other_steps(driver, page_file, fit_logdir):
 
 
 def test_tree_last_column_header_is_not_clipped_when_expanded(driver, page_file):
-    driver.get(page_file.as_uri())
-    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    _open(driver, page_file.as_uri())
     driver.find_element("css selector", "#tree-expand").click()
     over = driver.execute_script("""const t = document.querySelector('#tree'), th = [...document.querySelectorAll('#tree-table th')].pop();
         return [th.textContent, th.getBoundingClientRect().right - t.getBoundingClientRect().left - t.clientWidth, t.scrollWidth - t.clientWidth];""")
@@ -904,8 +898,7 @@ def test_switching_steps_keeps_one_roof_key(driver, fit_logdir, page_file):
     from selenium.webdriver.support.ui import Select
 
     _, run_dir, steps = fit_logdir
-    driver.get(page_file.as_uri())  # the fit's page (a test above may have opened another)
-    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    _open(driver, page_file.as_uri())  # the fit's page (a test above may have opened another)
     for st in (steps[0], steps[-1], steps[0]):
         Select(driver.find_element("css selector", "#step-select")).select_by_value(f"train:{st}")
         _wait(driver, lambda d, st=st: d.execute_script("return window.tscopeDashboard.state.rep.step") == st)
@@ -934,8 +927,7 @@ def test_an_estimate_page_says_estimate_and_shows_its_expected_mfu(driver, tmp_p
     # MBU and HFU at the expected step time, by their definitions: bytes (FLOPs) / expected step / the roof
     assert sm.estimated_mbu == pytest.approx(sm.total_bytes / sm.estimated_step_s / sm.bandwidth, rel=1e-12)
     assert sm.estimated_hfu == pytest.approx(sm.hardware_flops / sm.estimated_step_s / sm.mfu_peak_flops, rel=1e-12)
-    driver.get(page.as_uri())
-    _wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    _open(driver, page.as_uri())
     assert driver.title == "tscope · tinygpt · estimate"
     sel = driver.find_element("css selector", "#step-select")
     assert sel.find_elements("css selector", "option")[0].text == "estimate (no trained step)"
