@@ -15,14 +15,15 @@ from tscope_callbacks.analysis.report import StepFileError
 __all__ = ["report_dict_from_file", "StepFileError"]
 
 
-def report_dict_from_file(path: str, *, run: str | None = None) -> dict[str, Any]:
-    """The StepReport dict of a saved step file (version 2 as it is; version 1 re-analysed from its profile);
-    :class:`StepFileError` with a one-line reason when unusable."""
+def report_dict_from_file(path: str, *, run: str | None = None, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The StepReport dict of a saved step file (version 2 as it is; version 1 re-analysed from its profile; ``data``:
+    the file's JSON, when already read); :class:`StepFileError` with a one-line reason when unusable."""
     from tscope_callbacks.analysis.report import SCHEMA, VERSION, read_step_json
     from tscope_callbacks.api import load_profile_file, roofline
 
     name = os.path.basename(path)
-    data = read_step_json(path, name)
+    if data is None:
+        data = read_step_json(path, name)
     rep = data.get("report") if "schema" not in data else data
     if isinstance(rep, dict) and rep.get("schema") == SCHEMA:
         if rep.get("version") != VERSION:

@@ -105,13 +105,14 @@ def _older(version: Any, name: str) -> StepFileError:
                          "again with the installed tscope_callbacks")
 
 
-def _legacy(path: Path) -> dict | None:
-    """A version-1 file (``{"profile", "device", "report"}``) as the version-2 dict: its profile analysed again
-    (:func:`~tscope_callbacks.dashboard.interim.report_dict_from_file`), when it can be."""
+def _legacy(path: Path, data: dict) -> dict | None:
+    """A version-1 file (``{"profile", "device", "report"}``; ``data``: its JSON, already read) as the version-2
+    dict: its profile analysed again (:func:`~tscope_callbacks.dashboard.interim.report_dict_from_file`), when it
+    can be."""
     from tscope_callbacks.dashboard.interim import report_dict_from_file
 
     try:
-        d = report_dict_from_file(str(path))
+        d = report_dict_from_file(str(path), data=data)
     except Exception:  # a file this cannot map says so through _older()
         return None
     return d if isinstance(d, dict) and d.get("schema") == SCHEMA and d.get("version") == SCHEMA_VERSION else None
@@ -137,7 +138,7 @@ def read_step_file(path: str | os.PathLike) -> dict:
     if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
         raise StepFileError(f"{name}: step-report schema version {version}, newer than this dashboard's "
                             f"{SCHEMA_VERSION}: upgrade tscope_callbacks")
-    legacy = _legacy(path)
+    legacy = _legacy(path, d)
     if legacy is not None:
         return legacy
     raise _older(version if schema == SCHEMA else None, name)
