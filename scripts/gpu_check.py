@@ -14,7 +14,10 @@ Workload: HF GPT-2 124M from a config, batch 8x1024, bf16 autocast, fused AdamW.
 7. a compiled model's steps after two profiles as fast as before (within 2%) and Dynamo's counters unchanged;
 8. WatchCallback: every gradient histogrammed, read without waiting, update ratios;
 9. a matmul overflowing from a huge finite weight: the NaN guard's replay names the layer, and the op and line that
-   made the first inf (``capture.op_origin``).
+   made the first inf (``capture.op_origin``);
+10. profiling never changes training: a seeded bf16-mixed Lightning fit on the GPU (dropout, shuffled loader) with
+    every callback and ``gpu="auto"`` (empty roof cache) ends with the plain fit's weights, losses and CUDA and CPU
+    random states, bit for bit (a second plain fit first shows the plain fit itself is reproducible there).
 
     python scripts/gpu_check.py [--out benchmarks/results/gpu_check_<device>.md]
     python scripts/gpu_check.py --smoke      # CPU, tiny model: exercises the script (CUDA-only lines say SKIP)
@@ -193,6 +196,8 @@ def main() -> int:
     compile_check(w, device, cuda)
     # 9. the op origin of a NaN event
     nan_origin_check(w, device)
+    # 10. training unchanged
+    training_unchanged_check(device)
     lines = [f"# GPU check: {name}", "", f"torch {torch.__version__}, CUDA {torch.version.cuda}", "",
              "| | check | result |", "|---|---|---|"] + [f"| {s} | {n} | {d_} |" for s, n, d_ in RESULTS]
     lines += ["", "## Capture cost", "", text]
@@ -293,6 +298,78 @@ def compile_check(w, device: str, cuda: bool) -> None:
           f"{before * 1e3:.2f} ms -> {after * 1e3:.2f} ms")
     check("7. Dynamo graphs unchanged by profiling", dict(counters["stats"]) == graphs,
           f"{graphs} -> {dict(counters['stats'])}")
+
+
+def training_unchanged_check(device: str) -> None:
+    import os
+    import tempfile
+
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Net(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Dropout(0.2),
+                                           torch.nn.Linear(256, 1))
+            self.losses: list[float] = []
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self(x).float(), y)
+            self.losses.append(loss.detach())
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+        def train_dataloader(self):
+            g = torch.Generator().manual_seed(3)
+            x, y = torch.randn(512, 64, generator=g), torch.randn(512, 1, generator=g)
+            return DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)
+
+    def run(callbacks: list) -> tuple[Net, list[float], tuple]:
+        pl.seed_everything(0, verbose=False)
+        model = Net()
+        with tempfile.TemporaryDirectory() as d:
+            trainer = pl.Trainer(default_root_dir=d, accelerator="gpu" if device == "cuda" else "cpu", devices=1,
+                                 precision="bf16-mixed", max_steps=10, callbacks=callbacks, logger=False,
+                                 enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+            trainer.fit(model)
+        states = (torch.get_rng_state(),) + ((torch.cuda.get_rng_state(),) if device == "cuda" else ())
+        return model.cpu(), [float(v) for v in model.losses], states
+
+    def same(a, b) -> bool:
+        sa, sb = a[0].state_dict(), b[0].state_dict()
+        return (all(torch.equal(sa[k], sb[k]) for k in sa) and a[1] == b[1]
+                and all(torch.equal(x, y) for x, y in zip(a[2], b[2])))
+
+    old = os.environ.get("TSCOPE_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["TSCOPE_CACHE_DIR"] = cache  # no cached roof: gpu="auto" resolves (and, on a CPU, measures) one
+        try:
+            plain, again = run([]), run([])
+            sched = dict(start_step=1, every_n_steps=2)
+            cbs = [ts.RooflineCallback(gpu="auto", **sched), ts.LayerProfilerCallback(**sched),
+                   ts.NaNGuardCallback(), ts.WatchCallback(every_n_steps=2)]
+            profiled = run(cbs)
+        finally:
+            if old is None:
+                os.environ.pop("TSCOPE_CACHE_DIR", None)
+            else:
+                os.environ["TSCOPE_CACHE_DIR"] = old
+    if not same(plain, again):
+        check("10. training unchanged by every callback (bit for bit)", None,
+              "two plain fits differ on this machine: nothing to compare against")
+        return
+    wmax = max(float((a.float() - b.float()).abs().max()) for a, b in
+               zip(plain[0].state_dict().values(), profiled[0].state_dict().values()))
+    check("10. training unchanged by every callback, gpu=\"auto\" (bit for bit)", same(plain, profiled),
+          f"weights max |dw| {wmax:g}, losses {'equal' if plain[1] == profiled[1] else 'differ'} over "
+          f"{len(plain[1])} steps, random states {'equal' if all(torch.equal(x, y) for x, y in zip(plain[2], profiled[2])) else 'differ'}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ step() {  # step NAME SECONDS COMMAND...
     [ -s "$TSCOPE_CACHE_DIR/gemm_tables.json" ] && cp "$TSCOPE_CACHE_DIR/gemm_tables.json" "$LOG/"
 }
 declare -A CMD=(
-  [gpu_check]="230 python3 scripts/gpu_check.py"
+  [gpu_check]="260 python3 scripts/gpu_check.py"
   [roofline]="80 python3 benchmarks/roofline_accuracy.py --gpu --write"
   [capture]="100 python3 benchmarks/gpu_capture_overhead.py --runs 5 --write --cprofile $LOG/capture_cprofile.txt"
   [compiled]="150 python3 benchmarks/gpu_compiled_profile.py --runs 10 --write"
