@@ -104,8 +104,8 @@ def loader(w: Workload, steps: int) -> DataLoader:
 
 
 class Window(pl.Callback):
-    """Times steps [first, last) of a fit: a CUDA event (wall clock on CPU) at the start of step ``first`` and of
-    step ``last``, read after the fit -- nothing synchronizes inside the window."""
+    """Times steps [first, last) of a fit: a CUDA event (wall clock on CPU) at the start of each step from ``first``
+    to ``last``, read after the fit -- nothing synchronizes inside the window (recording an event does not)."""
 
     def __init__(self, first: int, last: int) -> None:
         self.first, self.last = first, last
@@ -114,7 +114,7 @@ class Window(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         gs = trainer.global_step
-        if gs in (self.first, self.last) and gs not in self.stamps:
+        if self.first <= gs <= self.last and gs not in self.stamps:
             if trainer.strategy.root_device.type == "cuda":
                 ev = torch.cuda.Event(enable_timing=True)
                 ev.record()
@@ -124,17 +124,26 @@ class Window(pl.Callback):
 
                 self.stamps[gs] = time.perf_counter()
 
+    def step_ms(self) -> list[float]:
+        """ms of each step ``first`` .. ``last - 1`` (start of a step to the start of the next)."""
+        out = []
+        for i in range(self.first, self.last):
+            a, b = self.stamps[i], self.stamps[i + 1]
+            if isinstance(a, float):
+                out.append((b - a) * 1e3)
+            else:
+                b.synchronize()
+                out.append(a.elapsed_time(b))
+        return out
+
     def ms_per_step(self) -> float:
-        a, b = self.stamps[self.first], self.stamps[self.last]
-        if isinstance(a, float):
-            return (b - a) * 1e3 / (self.last - self.first)
-        b.synchronize()
-        return a.elapsed_time(b) / (self.last - self.first)
+        steps = self.step_ms()
+        return sum(steps) / len(steps)
 
 
-def fit_window(w: Workload, device: str, callbacks: list, *, first: int, last: int, detect_anomaly: bool = False,
-               seed: int = 0) -> tuple[float, pl.Trainer]:
-    """ms per step over [first, last) of a Lightning fit (bf16-mixed on CUDA) with ``callbacks`` added."""
+def fit_steps(w: Workload, device: str, callbacks: list, *, first: int, last: int, detect_anomaly: bool = False,
+              seed: int = 0) -> tuple[list[float], pl.Trainer]:
+    """ms of each step in [first, last) of a Lightning fit (bf16-mixed on CUDA) with ``callbacks`` added."""
     torch.manual_seed(seed)
     win = Window(first, last)
     trainer = pl.Trainer(max_steps=last + 1, accelerator="gpu" if device == "cuda" else "cpu", devices=1,
@@ -142,7 +151,14 @@ def fit_window(w: Workload, device: str, callbacks: list, *, first: int, last: i
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, log_every_n_steps=10, detect_anomaly=detect_anomaly)
     trainer.fit(LM(w), loader(w, last + 1))
-    return win.ms_per_step(), trainer
+    return win.step_ms(), trainer
+
+
+def fit_window(w: Workload, device: str, callbacks: list, *, first: int, last: int, detect_anomaly: bool = False,
+               seed: int = 0) -> tuple[float, pl.Trainer]:
+    """ms per step over [first, last) of a Lightning fit (bf16-mixed on CUDA) with ``callbacks`` added."""
+    steps, trainer = fit_steps(w, device, callbacks, first=first, last=last, detect_anomaly=detect_anomaly, seed=seed)
+    return sum(steps) / len(steps), trainer
 
 
 def paired(configs: dict[str, Any], runs: int) -> dict[str, list[float]]:
