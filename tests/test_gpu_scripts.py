@@ -24,6 +24,7 @@ def test_gpu_check_smoke() -> None:
     assert "[PASS] 7. Dynamo graphs unchanged by profiling" in out
     assert "[SKIP] 6. NaN guard" in out
     assert "[PASS] 9. NaN guard: the replay names the layer and the op + line" in out
+    assert '[PASS] 10. training unchanged by every callback, gpu="auto" (bit for bit)' in out
 
 
 def test_gpu_benchmarks_smoke() -> None:
@@ -31,6 +32,9 @@ def test_gpu_benchmarks_smoke() -> None:
     assert "detect_anomaly=True" in out
     out = _run("benchmarks/gpu_fit_overhead.py", "--smoke", "--runs", "1")
     assert "automatic MFU" in out
+    # the step monitor's baseline profile is found and left out of the always-on figure, its cost reported apart
+    assert "the step monitor's healthy-baseline profile" in out and "- always-on: callbacks/plain" in out
+    assert "- one-time: the profiles inside the window (step 10: scheduled profile; step 2" in out
     out = _run("benchmarks/roofline_accuracy.py", "--smoke")
     assert "measured / expected" in out and "analyze_model on meta" in out and "Top opportunities" in out
     out = _run("benchmarks/gpu_compiled_profile.py", "--smoke", "--runs", "2")

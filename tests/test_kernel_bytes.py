@@ -97,7 +97,8 @@ def test_launch_counts_of_multi_kernel_ops():
 
 
 #: the H100 GPT-2 step (12 x 768, vocab 50257, batch 8 x 1024, bf16 autocast, fused AdamW), kernel time per op class
-#: from the profiler's kernel records (benchmarks/results/roofline_accuracy_gpu.md, NVIDIA H100 80GB HBM3)
+#: from the profiler's kernel records (benchmarks/results/roofline_accuracy_gpu.md as recorded on an NVIDIA H100 80GB
+#: HBM3 on 2026-11-23, commit a59f682; that file now holds the H200 run of 2026-11-26)
 H100_GPT2_MS = {"embedding": 0.30, "matmul": 21.73, "attention": 2.47, "softmax": 4.35, "norm": 2.58, "pointwise": 18.34,
                 "memory": 10.24, "busy": 63.10, "optimizer": 1.33, "forward": 24.60,
                 # its three lm_head GEMMs (issue "Estimates and advice"): forward 6.651 ms, backward 8.585 ms; the
