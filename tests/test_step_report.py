@@ -182,4 +182,7 @@ def test_header_figures_by_hand():
     assert h["flop_coverage"].value == 1.0
     # time split: the matmul's 2 ms compute-bound, the relu's 1 ms memory-bound
     assert r.time_split.compute_bound_s == pytest.approx(2e-3) and r.time_split.memory_bound_s == pytest.approx(1e-3)
+    # the parts add up to the 4 ms unprofiled step: 3 ms of op time and 1 ms outside the ops (not the capture's own
+    # wall time, slowed by the capture)
+    assert r.time_split.step_s == pytest.approx(4e-3) and r.time_split.idle_s == pytest.approx(1e-3)
     assert r.scalars["mfu"] == h["mfu"].value and r.scalars["measured_step_ms"] == pytest.approx(4.0)

@@ -165,16 +165,20 @@ def _time_split(eng: RooflineAnalysis) -> TimeSplit:
     by = {b: 0.0 for b in ("compute", "memory", "comm", "uncounted", "overhead")}
     for o in eng.op_roofs:
         by[o.bound] += (o.measured_s or 0.0) if eng.timed else o.expected_s
-    ov = eng.overlap or {}
     bd = eng.meta.get("step_breakdown") or {}  # the step monitor's medians over its recent clean steps
     wait, share, steps = bd.get("data_wait_ms"), _fin(bd.get("data_wait_share")), bd.get("steps")
     steps = int(steps) if isinstance(steps, (int, float)) and math.isfinite(steps) else None
     bound = bool(bd.get("input_bound"))  # the monitor's own verdict (its threshold, over its verdict window)
+    # the rest of the measured step beside its op time (the capture's own wall time, and the device idle inside it,
+    # are slowed by the capture: never the basis)
+    step, ops = _fin(eng.measured_step_s), _fin(eng.op_time_s) if eng.timed else None
+    timed_step = step if step and ops else None
     return TimeSplit(by["compute"], by["memory"], by["comm"], by["uncounted"], by["overhead"],
-                     _fin(ov.get("idle_s")) if ov else _fin(eng.meta.get("device_idle_s")),
+                     max(0.0, step - ops) if timed_step else None,
                      _fin(wait / 1e3) if isinstance(wait, (int, float)) else None,
                      "measured op time" if eng.timed else "estimated (shape-aware kernel times)",
-                     share, steps, bound, tuple(str(f) for f in bd.get("input_fixes") or ()) if bound else ())
+                     share, steps, bound, tuple(str(f) for f in bd.get("input_fixes") or ()) if bound else (),
+                     timed_step)
 
 
 def _context(meta: dict[str, Any]) -> RunContext:

@@ -19,7 +19,8 @@ JSON (``StepReport.to_dict()`` / ``StepReport.from_dict(d)``; ``json.dumps(d, al
     memory: {peak_bytes, device_bytes, fits, verdict, share, states_bytes, rest_bytes, shard_over, basis,
              categories: {weights, grads, optimizer_state, activations_saved, step_tracked_peak, sharded_params...}}
              | null (no memory figures: a profile without layer details)
-    time_split: {compute_bound_s, memory_bound_s, communication_s, uncounted_s, overhead_s, idle_s, input_s, basis}
+    time_split: {compute_bound_s, memory_bound_s, communication_s, uncounted_s, overhead_s, idle_s, input_s, basis,
+                 step_s}
     rows: {layer_phase, layer, inclusive, category, op_name, total: [Row]}
           Row: the stored sums {name, kind, layer, type, phase, category, n_ops, n_work, flops, bytes, measured_s,
           estimate_s, expected_s, achievable_estimate_s, compute_s, uncounted_s, uncounted_ops, largest_matmul,
@@ -211,7 +212,12 @@ class MemorySection:
 
 @dataclass(frozen=True)
 class TimeSplit:
-    """The step's op time by bound (seconds; measured, or estimated when untimed: ``basis``)."""
+    """The step's op time by bound (seconds; measured, or estimated when untimed: ``basis``), and ``idle_s``, the rest
+    of the measured step: ``step_s`` (the unprofiled steps' median, MFU's basis) minus the measured op time -- on
+    CUDA the device doing no op work, on CPU host time between ops (Python, hooks, data loading). The parts add up to
+    ``step_s``. None without a measured step (a capture's own wall time is slowed by the capture: never a basis).
+    ``input_s`` is the host's wait for each batch, a figure beside the split, not a part of it (on a GPU the device
+    may still be running queued work while the host waits)."""
 
     compute_bound_s: float
     memory_bound_s: float
@@ -227,6 +233,7 @@ class TimeSplit:
     #: the step is input-bound: the step monitor's verdict (its threshold, over its verdict window)
     input_bound: bool = False
     input_fixes: tuple[str, ...] = ()  #: what to change in the DataLoader, read from its settings
+    step_s: float | None = None  #: the measured step the parts add up to (None: untimed, or no step measured)
 
 
 class RowFigures:

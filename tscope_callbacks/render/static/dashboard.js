@@ -738,7 +738,7 @@
   /* ---------- time split, memory, NaN, communication ---------- */
   const SPLIT = [["compute_bound_s", "compute-bound", "#1a73e8"], ["memory_bound_s", "memory-bound", "#e8710a"],
     ["communication_s", "communication", "#9334e6"], ["uncounted_s", "uncounted ops", "#d93025"], ["overhead_s", "overhead", "#80868b"],
-    ["idle_s", "idle", "#dadce0"], ["input_s", "input-bound (data wait)", "#188038"]];
+    ["idle_s", "idle", "#dadce0"]];
   function stacked(el, parts, fmt) {
     const total = parts.reduce((a, p) => a + (p[1] || 0), 0) || 1e-30;
     const bar = h("div", {class: "stack"});
@@ -753,11 +753,26 @@
   function drawSplit(r) {
     const el = $("#split");
     el.innerHTML = "";
-    const t = r.time_split || {};
-    $("#split-basis").textContent = t.basis || "";
-    const parts = SPLIT.filter(([k]) => k !== "input_s" || num(t[k])).map(([k, l, c]) => [l, t[k], c]);
+    let t = r.time_split || {};
+    const cuda = /^cuda/.test((r.summary || {}).timing || "");
+    const hs = (r.header || {}).step_ms || {};
+    if (!num(t.step_s) && /^measured/.test(t.basis || "") && num(hs.value)) {
+      /* a step file written before the split carried its step: the rest of the header's measured step */
+      const ops = SPLIT.filter(([k]) => k !== "idle_s").reduce((a, [k]) => a + (num(t[k]) ? t[k] : 0), 0);
+      t = Object.assign({}, t, {step_s: hs.value / 1e3, idle_s: Math.max(0, hs.value / 1e3 - ops)});
+    }
+    /* the parts add up to the measured step: op time by bound, and the rest of the step ("idle") */
+    $("#split-basis").textContent = (t.basis || "") + (num(t.step_s) ? " + the rest of the " + F.time(t.step_s) + " step (median of the unprofiled steps)" : "");
+    const idle = cuda ? "idle (no op work on the device)" : "outside ops (host: Python, hooks, data)";
+    const parts = SPLIT.map(([k, l, c]) => [k === "idle_s" ? idle : l, t[k], c]);
     if (!parts.some((p) => num(p[1]) && p[1] > 0)) { el.append(h("div", {class: "empty", text: "no timed ops in this step"})); return; }
     stacked(el, parts, F.time);
+    if (num(t.input_s)) {  /* the host's wait for each batch: beside the split, not a part of it */
+      const how = (num(t.input_share) ? F.pct(t.input_share) + " of the step, " : "") + (t.input_steps ? "median of the last " + t.input_steps + " steps" : "median of the recent steps");
+      el.append(h("div", {class: "input-wait" + (t.input_bound ? " flag" : ""), id: "split-input"},
+        "data wait: each step waits " + F.time(t.input_s) + " for its batch (" + how + ")" +
+        (t.input_bound ? " -- input-bound" + ((t.input_fixes || []).length ? ": " + t.input_fixes.join("; ") : "") : "")));
+    }
   }
   const MEM_COLORS = ["#1a73e8", "#e8710a", "#188038", "#9334e6", "#d01884", "#12b5cb", "#80868b", "#f9ab00"];
   function drawMemory(r) {
@@ -978,7 +993,11 @@
     const rel = b / a - 1;
     let t = (rel >= 0 ? "+" : "") + sig(rel * 100) + "%";
     let cls = "";
-    if (opts.lowerBetter && b && b !== a) { t += b < a ? " (" + sig(a / b) + "x faster)" : " (" + sig(b / a) + "x slower)"; cls = b < a ? "chg-good" : "chg-bad"; }
+    if (opts.lowerBetter && b && b !== a) {
+      const f = b < a ? a / b : b / a;  /* the factor only where it reads as more than 1.00x */
+      if (f >= 1.005) t += " (" + (f < 10 ? f.toFixed(2) : sig(f)) + "x " + (b < a ? "faster" : "slower") + ")";
+      cls = b < a ? "chg-good" : "chg-bad";
+    }
     else if (opts.higherBetter) cls = rel > 0 ? "chg-good" : rel < 0 ? "chg-bad" : "";
     return [t, cls];
   }
