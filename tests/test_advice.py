@@ -113,6 +113,15 @@ def test_repeated_blocks_are_one_opportunity_with_summed_saving():
     one = 4 * 60e-6 - model_for(H100).memory_s("pointwise", 2 * 8 * 1024 * 3072 * 2)
     assert o.layer == "h.*.act" and o.evidence["layers"] == ["h.0.act", "h.1.act", "h.2.act"]
     assert o.saving_s == pytest.approx(3 * one) and "in each of 3 layers" in o.reason
+    # per layer, as counted: 402.7 MB before (evidence mb_before), 100.7 MB fused
+    assert "move 402.7 MB, each writing what the next reads back; fused, about 100.7 MB" in o.reason
+    # a chain 25x as large: 25 x 402.653184 = 10,066.3 MB, written without an exponent (an H200 GPT-2 step's loss
+    # chain read "1.235e+04 MB")
+    n = 25 * 8 * 1024 * 3072
+    big = [pointwise(n, name=f"aten.{x}", dtype="bfloat16", layer="h.0.act", time_s=25 * 60e-6)
+           for x in ("pow", "mul", "add", "tanh")]
+    b = next(o for o in _report(big, step_time_s=10e-3).opportunities() if o.kind == "fusion")
+    assert "move 10,066 MB, each writing" in b.reason and "about 2,517 MB" in b.reason and "e+" not in b.reason
 
 
 def test_no_fusion_advice_for_compiled_modules():

@@ -29,6 +29,7 @@ from typing import Any
 
 from tscope_callbacks.analysis.estimate import MEMORY_BOUND, gemm_dims
 from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.analysis.fmt import n as _n
 from tscope_callbacks.analysis.layer_advice import Context, layer_findings
 from tscope_callbacks.analysis.rows import Opportunity, OpRoof
 from tscope_callbacks.analysis.view import RooflineView
@@ -220,8 +221,8 @@ def _fusion(ops: list[OpRoof], model: Any, compiled: bool, param_bytes: int = 0,
                 "rmsnorm": " of the RMSNorm", "rope": " of the rotary embedding", "swiglu": " of the SwiGLU"}.get(kind, "")
         out.append(("fusion", now - after,
                     f"{n} memory-bound ops{what} in {len(runs)} chain(s) move "
-                    f"{before_b / 1e6:.4g} MB, each writing what the next reads back; fused, about "
-                    f"{fused_b / 1e6:.4g} MB: expected {_ms(after)} instead of {_ms(now)}",
+                    f"{_n(before_b / 1e6)} MB, each writing what the next reads back; fused, about "
+                    f"{_n(fused_b / 1e6)} MB: expected {_ms(after)} instead of {_ms(now)}",
                     _FIXES[kind], {"ops": n, "mb_before": before_b / 1e6, "mb_after": fused_b / 1e6,
                                    "chain": kind, "phases": sorted({run[0].record.phase for run in runs})}))
     return out
@@ -267,7 +268,7 @@ def _swiglu(by_layer: dict[str, list[OpRoof]], model: Any, compiled: bool) -> tu
         claimed.update(o.record.index for o in found)
         out[layer] = [("fusion", now - after,
                        f"{len(found)} memory-bound ops of the SwiGLU (SiLU, gating product and their backward) move "
-                       f"{before_b / 1e6:.4g} MB between the GEMMs; fused, about {after_b / 1e6:.4g} MB: expected "
+                       f"{_n(before_b / 1e6)} MB between the GEMMs; fused, about {_n(after_b / 1e6)} MB: expected "
                        f"{_ms(after)} instead of {_ms(now)}", _FIXES["swiglu"],
                        {"ops": len(found), "mb_before": before_b / 1e6, "mb_after": after_b / 1e6,
                         "chain": "swiglu"})]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tscope_callbacks.analysis.fmt import n as _n
 from tscope_callbacks.analysis.rows import OpRoof
 from tscope_callbacks.analysis.view import RooflineView
 
@@ -115,7 +116,7 @@ def _conv(ops: list[OpRoof], ctx: Context) -> list[tuple]:
         lib = "cuDNN's tensor-core kernels" if ctx.cuda else "oneDNN"
         out.append(("channels_last", saving,
                     f"{len(four)} convolutions take NCHW (channels-first) tensors, which {lib} convert to and from "
-                    f"channels-last around each call: {moved / 1e6:.4g} MB read and written again, {_ms(saving)} at "
+                    f"channels-last around each call: {_n(moved / 1e6)} MB read and written again, {_ms(saving)} at "
                     f"{four[0].bandwidth / 1e9:.4g} GB/s",
                     "convert the model and its inputs to channels-last: `model = model.to(memory_format="
                     "torch.channels_last)` and `x = x.to(memory_format=torch.channels_last)` in the step",
@@ -174,7 +175,7 @@ def _batchnorm(ops: list[OpRoof], ctx: Context) -> list[tuple]:
         return []
     return [("bn_fusion", saving,
              f"BatchNorm's output is written and read back by the activation after it ({pairs} pair(s), forward and "
-             f"backward): {moved / 1e6:.4g} MB that a fused kernel never moves, {_ms(saving)}",
+             f"backward): {_n(moved / 1e6)} MB that a fused kernel never moves, {_ms(saving)}",
              "`torch.compile` the model (Inductor fuses BatchNorm with the activation after it, forward and backward); "
              "for inference, fold BatchNorm into the preceding convolution", {"pairs": pairs, "mb": moved / 1e6})]
 
@@ -204,7 +205,7 @@ def _pooling(ops: list[OpRoof], ctx: Context) -> list[tuple]:
             bwd = next((o for o in ops if o.record.phase == "backward" and "max_pool" in o.record.op), None)
             saving = min(_t(pool) + _t(bwd), 2 * b * 7 / 8 / pool.bandwidth)
             out.append(("pool_indices", saving,
-                        f"max pooling keeps {_numel(idx):,} int64 indices for its backward ({b / 1e6:.4g} MB written, "
+                        f"max pooling keeps {_numel(idx):,} int64 indices for its backward ({_n(b / 1e6)} MB written, "
                         f"read again in backward); 1-byte window offsets move 1/8 of that: {_ms(saving)} less",
                         "`torch.compile` the model: Inductor's max pooling stores int8 offsets within each window "
                         "instead of int64 indices", {"mb": b / 1e6}))
@@ -256,7 +257,7 @@ def _embedding(ops: list[OpRoof], ctx: Context) -> list[tuple]:
         saving = min(_t(o), (v - n) * d * _ITEM.get(r.dtype, 4) / o.bandwidth)
         out.append(("embedding_sparse", saving,
                     f"the embedding's gradient is a dense {v:,} x {d} table although the step looks up {n:,} rows: "
-                    f"{(v - n) * d * _ITEM.get(r.dtype, 4) / 1e6:.4g} MB of zero rows written, {_ms(saving)}",
+                    f"{_n((v - n) * d * _ITEM.get(r.dtype, 4) / 1e6)} MB of zero rows written, {_ms(saving)}",
                     "`nn.Embedding(..., sparse=True)` with `torch.optim.SparseAdam` (or SGD) for its weight: the "
                     "gradient and the optimizer update then cover the looked-up rows only (the optimizer's saving "
                     "comes on top)", {"rows": v, "looked_up": n}))
