@@ -674,7 +674,7 @@ def _widened_report() -> dict:
     8e6 B in 0.2 ms = 40 GB/s, so the analysis widens the bandwidth roof to 40 GB/s (analysis.roofs.widen). Two
     identical layers (blocks.0.fc, blocks.1.fc: the same 256^3 fp32 matmul in 1 ms) sit on one spot; blocks.0.fc
     has a backward op too. The machine was busy and torch oversubscribed it (2 threads, 1.5 of 2 CPUs busy)."""
-    from tests.profiles import a100, make_profile, matmul, pointwise
+    from tests.profiles import make_profile, matmul, pointwise
     from tscope_callbacks import api
     from tscope_callbacks.devices.spec import DeviceSpec
 
@@ -970,7 +970,6 @@ def test_time_split_adds_up_to_the_measured_step(driver, tmp_path, timing):
     own idle time (on a real H200 GPT-2 fit the GPU idled 117 ms inside a capture of a 56 ms step, and the bar read
     86% idle)."""
     from tests.profiles import a100, make_profile, matmul, pointwise
-
     from tscope_callbacks.analysis.analyze import AnalyzeOptions, analyze
 
     prof = make_profile([matmul(4096, 4096, 4096, time_s=2e-3, layer="fc"),
