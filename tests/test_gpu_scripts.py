@@ -35,6 +35,9 @@ def test_gpu_benchmarks_smoke() -> None:
     # the step monitor's baseline profile is found and left out of the always-on figure, its cost reported apart
     assert "the step monitor's healthy-baseline profile" in out and "- always-on: callbacks/plain" in out
     assert "- one-time: the profiles inside the window (step 10: scheduled profile; step 2" in out
+    out = _run("benchmarks/gpu_guard_host.py", "--smoke", "--runs", "1")
+    assert "The guard's hooks, host µs per step" in out and "the whole deferred check" in out
+    assert "- guard / plain = " in out
     out = _run("benchmarks/roofline_accuracy.py", "--smoke")
     assert "measured / expected" in out and "analyze_model on meta" in out and "Top opportunities" in out
     out = _run("benchmarks/gpu_compiled_profile.py", "--smoke", "--runs", "2")
