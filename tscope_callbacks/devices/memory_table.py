@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["MEMORY_CASES", "PRECISIONS", "memory_sizes", "measure_memory_rows"]
+__all__ = ["MEMORY_CASES", "PRECISIONS", "LOSS_ROWS", "memory_sizes", "measure_memory_rows"]
 
 _VOCAB, _WIDTH = 50257, 768  #: GPT-2's vocabulary and width: the shapes of its loss and embedding
 Run = Callable[[], None]
@@ -104,8 +104,18 @@ PRECISIONS = {"bf16": torch.bfloat16, "fp32": torch.float32}
 Timer = Callable[[str, int, str], "list[tuple[str, str, int, float]] | None"]
 
 
-def memory_sizes(quick: bool = False) -> list[int]:
-    """Elements per case: 1M to 128M (quick: 2M, 8M, 32M), training-step tensor sizes."""
+#: the loss's rows (tokens of a step): its forward ``nll_loss`` runs one block per call, so its time follows the row
+#: count and a curve measured on fewer rows than a step has does not extend to it (sized by elements, 128M elements
+#: of a 50257 vocabulary were 2,670 rows; GPT-2's 8x1024 step has 8,192)
+LOSS_ROWS = (1024, 4096, 16384)
+LOSS_ROWS_QUICK = (2048, 8192)
+
+
+def memory_sizes(quick: bool = False, case: str | None = None) -> list[int]:
+    """Elements per case: 1M to 128M (quick: 2M, 8M, 32M), training-step tensor sizes; the loss (``cross_entropy``)
+    by its rows: :data:`LOSS_ROWS` tokens over GPT-2's vocabulary (up to 823M elements: 3.3 GB of fp32 logits)."""
+    if case == "cross_entropy":
+        return [r * _VOCAB for r in (LOSS_ROWS_QUICK if quick else LOSS_ROWS)]
     return [1 << 21, 1 << 23, 1 << 25] if quick else [1 << e for e in range(20, 28, 2)] + [1 << 27]
 
 
@@ -118,7 +128,7 @@ def measure_memory_rows(timer: Timer, *, quick: bool = False,
     classes: dict[str, str] = {}
     for case in MEMORY_CASES:
         for prec in PRECISIONS:
-            for numel in memory_sizes(quick):
+            for numel in memory_sizes(quick, case):
                 for op, cat, nbytes, seconds in timer(case, numel, prec) or []:
                     if seconds > 0 and nbytes > 0:
                         out.setdefault(op, {}).setdefault(prec, []).append([float(nbytes), float(seconds)])
