@@ -525,19 +525,35 @@ def test_unmeasured_layer_memory_shows_a_dash(driver, tmp_path):
     assert "0 B" not in driver.find_element("css selector", "#tree-table").text
 
 
-def test_untimed_step_shows_no_layer_times(driver, tmp_path):
-    """An untimed analysis leaves the layers' times at 0: the tree shows "–" (untimed), not 0."""
+def test_untimed_step_shows_expected_layer_times(driver, tmp_path):
+    """An untimed analysis (an estimate) leaves the layer hooks' times at 0, which is no measurement: the tree shows
+    each layer's expected kernel time instead, marked expected -- self from its own ops' rows, total with its
+    children's -- never a 0."""
     from tests.profiles import a100, toy_profile
     from tscope_callbacks.analysis.analyze import analyze
 
+    rep = analyze(toy_profile(False), a100())
     page = tmp_path / "untimed.html"
-    page.write_text(report_html(analyze(toy_profile(False), a100()), run="untimed"), encoding="utf-8")
+    page.write_text(report_html(rep, run="untimed"), encoding="utf-8")
     _open(driver, page.as_uri())
+    # expected seconds per (layer, phase) from the report's own rows
+    exp: dict[tuple[str, str], float] = {}
+    for x in rep.rows["layer_phase"]:
+        exp[(x.layer, x.phase)] = exp.get((x.layer, x.phase), 0.0) + x.expected_s
     rows = driver.find_elements("css selector", "#tree-table tr.tree-row")
-    assert rows
+    assert rows and "expected kernel time per layer" in driver.find_element("css selector", "#tree-basis").text
+    ms = lambda s: sig(s * 1e3)  # noqa: E731  (the page's F.ms)
+    checked = 0
     for r in rows:
+        path = r.get_attribute("data-path")
         cells = r.find_elements("css selector", "td")[2:6]  # fwd self, fwd total, bwd self, bwd total
-        assert [c.text for c in cells] == ["–"] * 4 and all("untimed" in c.get_attribute("title") for c in cells)
+        assert all(c.get_attribute("data-expected") == "1" and "expected" in c.get_attribute("title") for c in cells)
+        below = [k for k in exp if k[0] == path or k[0].startswith(path + ".") or path == ""]
+        want = [exp.get((path, "forward"), 0.0), sum(exp[k] for k in below if k[1] == "forward"),
+                exp.get((path, "backward"), 0.0), sum(exp[k] for k in below if k[1] == "backward")]
+        assert [c.text for c in cells] == [ms(v) for v in want], path
+        checked += any(v > 0 for v in want)
+    assert checked >= 3  # blocks.0.fc's matmuls (forward and backward), and the blocks above them
 
 
 def test_sections_and_step_monitor_are_shown(driver, tmp_path):

@@ -623,7 +623,18 @@
     order(nodes.get(""));
     return nodes.get("");
   }
+  const untimed = () => !!(S.rep && (S.rep.summary || {}).timed === false);
+  /* an untimed step (an estimate): each layer's expected kernel time, self from its own ops' rows, total with its
+     children's (the hooks timed nothing: their zeros are not measurements) */
+  function expectedTimes(n) {
+    if (n._exp) return n._exp;
+    let ft = n.self.forward || 0, bt = n.self.backward || 0;
+    for (const k of n.kids) { const e = expectedTimes(k); ft += e.ft; bt += e.bt; }
+    n._exp = {fs: n.self.forward || 0, bs: n.self.backward || 0, ft, bt};
+    return n._exp;
+  }
   function nodeTimes(n) {
+    if (untimed()) return expectedTimes(n);
     const L = n.info || {};
     const fs = num(L.self_forward_s) ? L.self_forward_s : (n.self.forward || 0);
     const bs = num(L.self_backward_s) ? L.self_backward_s : (n.self.backward || 0);
@@ -637,7 +648,7 @@
     const root = TREE.info || {};
     const stepT = (root.forward_s || 0) + (root.backward_s || 0) || 1e-30;
     TREE.scale = Math.max(stepT, ...TREE.kids.map((k) => { const t = nodeTimes(k); return (t.ft || t.fs) + (t.bt || t.bs); }), 1e-30);
-    $("#tree-basis").textContent = "forward / backward time self and total (total includes children) from the layer hooks; bar = total time (blue fwd, orange bwd); memory = the bytes the layer's forward / backward added (allocator readings on CUDA, tracked live storages on CPU)" +
+    $("#tree-basis").textContent = (untimed() ? "expected kernel time per layer, forward / backward, self and total (total includes children): an estimate, nothing was timed; bar = total expected time (blue fwd, orange bwd)" : "forward / backward time self and total (total includes children) from the layer hooks; bar = total time (blue fwd, orange bwd)") + "; memory = the bytes the layer's forward / backward added (allocator readings on CUDA, tracked live storages on CPU)" +
       ((r.layers || []).some((L) => !num(L.memory_fwd_bytes)) ? " (not measured in this step: –)" : "");
     const tb = h("table", {class: "t", id: "tree-table"});
     tb.append(h("tr", {}, ["layer", "", "fwd self ms", "fwd total ms", "bwd self ms", "bwd total ms", "FLOPs", "bytes", "mem fwd", "mem bwd", "params", "in shapes", "out shapes", "grad shapes", "NaN/Inf"].map((c, i) => h("th", {class: i >= 2 && i <= 10 ? "n" : null, text: c,
@@ -654,9 +665,9 @@
     for (const n of rows) insertNode(tb, null, n, 0, openDepth);
   }
   const KIDS_SHOWN = 100;
-  /* layer times: "–" in an untimed step (an analysis without timing leaves them at 0, which is not a measurement) */
+  /* layer times: in an untimed step, the expected kernel time, marked as such (never the hooks' unmeasured zeros) */
   function timeCell(v) {
-    if (S.rep && (S.rep.summary || {}).timed === false) return h("td", {class: "n muted", "data-unmeasured": "1", title: "untimed step: layer times not measured", text: "–"});
+    if (untimed()) return h("td", {class: "n muted est", "data-expected": "1", title: "expected kernel time (untimed step: layer times not measured)", text: F.ms(v)});
     return h("td", {class: "n", text: F.ms(v)});
   }
   const NOT_MEASURED = "not measured in this step: per-layer memory needs a profile with layer details";
