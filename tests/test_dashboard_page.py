@@ -998,7 +998,7 @@ def test_time_split_adds_up_to_the_measured_step(driver, tmp_path, timing):
     _open(driver, page.as_uri())
     text = driver.find_element("css selector", "#split").text
     # 2 ms compute-bound + 1 ms memory-bound + 1 ms outside the ops = the 4 ms step: 50%, 25%, 25%
-    rest = "idle (no op work on the device)" if timing == "cuda" else "outside ops (host: Python, hooks, data)"
+    rest = "no kernel running (gaps between kernels, waits for the host)" if timing == "cuda" else "outside ops (host: Python, hooks, data)"
     assert f"{rest}\n1 ms\n25%" in text and "compute-bound\n2 ms\n50%" in text and "memory-bound\n1 ms\n25%" in text
     assert "397" not in text and not driver.find_elements("css selector", "#split-input")
     assert "the 4 ms step" in driver.find_element("css selector", "#split-basis").text

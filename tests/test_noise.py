@@ -43,6 +43,19 @@ def test_merge_takes_each_ops_median_and_keeps_its_times():
     assert merge_steps(steps[:1]) is steps[0]
 
 
+def test_merge_puts_the_regions_idle_on_its_walls_basis():
+    # an H200 GPT-2 profile of steps 100-102 printed "GPU idle 116.8 ms during the capture; captured region 57.23 ms
+    # wall": the idle was the first step's (a full capture: a 171 ms region), the wall the median of the three
+    steps = [_step(100, (0.63, 0.63)), _step(101, (0.62, 0.62)), _step(102, (0.64, 0.64))]
+    for p, wall, busy in zip(steps, (0.1714, 0.05723, 0.0571), (0.0546, 0.0546, 0.0547)):
+        p.wall_time_s = wall
+        p.meta.update(device_busy_s=busy, device_idle_s=wall - busy)
+    m = merge_steps(steps)
+    # medians: wall 57.23 ms; idle of 116.8, 2.63 and 2.4 ms: 2.63 ms (not the first step's 116.8)
+    assert m.wall_time_s == pytest.approx(0.05723) and m.meta["device_idle_s"] == pytest.approx(0.05723 - 0.0546)
+    assert m.meta["device_busy_s"] == pytest.approx(0.0546) and m.meta["device_idle_s"] <= m.wall_time_s
+
+
 def test_a_spike_in_one_of_k_steps_is_marked_noise_and_gets_no_advice():
     # the measured example: block 0's GELU took 5.13 ms in one step, block 1's identical GELU 0.63 ms
     steps = [_step(10, (0.63, 0.63)), _step(11, (5.13, 0.62)), _step(12, (0.61, 0.64))]

@@ -40,10 +40,15 @@ def _key(r: OpRecord) -> tuple:
     return (r.op, r.layer, r.phase, repr(r.input_shapes))
 
 
+#: figures of one step's captured region, merged as medians like its wall time
+_REGION_FIELDS = ("device_busy_s", "device_idle_s", "outside_ops_s")
+
+
 def merge_steps(profiles: Sequence[StepProfile]) -> StepProfile:
     """One profile from several of the same step shape: the first one's records and meta, each op's ``time_s`` the
     median of its times in the steps where it ran (matched by op, layer, phase, shapes and occurrence), its times
-    kept in ``time_samples``; each layer's times the median of its times. ``meta["merged_steps"]`` lists the steps."""
+    kept in ``time_samples``; each layer's times the median of its times; the region's wall, busy and idle times
+    their medians. ``meta["merged_steps"]`` lists the steps."""
     if not profiles:
         raise ValueError("merge_steps needs at least one profile")
     first = profiles[0]
@@ -77,6 +82,12 @@ def merge_steps(profiles: Sequence[StepProfile]) -> StepProfile:
         layers[path] = rec
     walls = [p.wall_time_s for p in profiles if p.wall_time_s is not None]
     meta = dict(first.meta)
+    # the device's busy and idle time of the captured region, on the same basis as its wall time: the median over the
+    # steps (the first step's own were a full capture's, far longer than a replayed step's region)
+    for k in _REGION_FIELDS:
+        vals = [v for p in profiles if isinstance(v := p.meta.get(k), (int, float))]
+        if vals:
+            meta[k] = statistics.median(vals)
     meta["merged_steps"] = [p.meta.get("step") for p in profiles]
     meta["matched_ops"] = sum(1 for r in ops if r.time_samples and len(r.time_samples) == len(profiles))
     return StepProfile(ops=ops, layers=layers, wall_time_s=statistics.median(walls) if walls else None, meta=meta)

@@ -51,7 +51,7 @@ def _outside_ops(s: Summary) -> str:
     step, ops = s.measured_step_s, s.op_time_s if s.timed else None
     if not step or not ops or s.step_time_source == "op-time" or step - ops < 0.01 * step:
         return ""
-    where = ("the device did no op work (launch- or host-bound)" if str(s.timing).startswith("cuda")
+    where = ("no kernel running: gaps between kernels and waits for the host" if str(s.timing).startswith("cuda")
              else "host time between ops: Python, hooks, data loading")
     return f"; outside ops: {_f(step - ops, '.4g', 1e3)} ms of the {_f(step, '.4g', 1e3)} ms step " \
            f"({_pct((step - ops) / step)}): {where}"

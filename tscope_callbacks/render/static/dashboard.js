@@ -774,7 +774,7 @@
     }
     /* the parts add up to the measured step: op time by bound, and the rest of the step ("idle") */
     $("#split-basis").textContent = (t.basis || "") + (num(t.step_s) ? " + the rest of the " + F.time(t.step_s) + " step (median of the unprofiled steps)" : "");
-    const idle = cuda ? "idle (no op work on the device)" : "outside ops (host: Python, hooks, data)";
+    const idle = cuda ? "no kernel running (gaps between kernels, waits for the host)" : "outside ops (host: Python, hooks, data)";
     const parts = SPLIT.map(([k, l, c]) => [k === "idle_s" ? idle : l, t[k], c]);
     if (!parts.some((p) => num(p[1]) && p[1] > 0)) { el.append(h("div", {class: "empty", text: "no timed ops in this step"})); return; }
     stacked(el, parts, F.time);
