@@ -1002,3 +1002,37 @@ def test_time_split_adds_up_to_the_measured_step(driver, tmp_path, timing):
     assert f"{rest}\n1 ms\n25%" in text and "compute-bound\n2 ms\n50%" in text and "memory-bound\n1 ms\n25%" in text
     assert "397" not in text and not driver.find_elements("css selector", "#split-input")
     assert "the 4 ms step" in driver.find_element("css selector", "#split-basis").text
+
+
+def test_diff_reads_small_changes_plainly(driver, tmp_path):
+    """Noise-sized changes keep their digits and are not coloured; real ones are (an H200 diff of steps 10 and 100
+    read "1x" for 1.005 and painted +0.006 ms red)."""
+    from selenium.webdriver.support.ui import Select
+
+    from tests.profiles import a100, make_profile, matmul, pointwise
+    from tscope_callbacks.analysis.analyze import AnalyzeOptions, analyze
+
+    def step(n: int, fc_ms: float, act_ms: float, step_ms: float) -> dict:
+        p = make_profile([matmul(4096, 4096, 4096, time_s=fc_ms * 1e-3, layer="fc"),
+                          pointwise(4096 * 4096, dtype="bfloat16", time_s=act_ms * 1e-3, layer="act")],
+                         step=n, step_time_s=step_ms * 1e-3, step_time_basis="unprofiled-median", step_time_steps=5)
+        return {"profile": None, "device": None,
+                "report": analyze(p, a100(), AnalyzeOptions(kernel_model=False)).to_dict()}
+
+    run = tmp_path / "run"
+    (run / "tscope").mkdir(parents=True)
+    # fc 2 -> 2.01 ms (1.005x: noise-sized), act 1 -> 1.2 ms (1.2x), the step 4 -> 4.0001 ms (+0.0025%)
+    for n, args in ((1, (2.0, 1.0, 4.0)), (2, (2.01, 1.2, 4.0001))):
+        (run / "tscope" / f"step_{n}.json").write_text(json.dumps(step(n, *args)))
+    page = tmp_path / "diff.html"
+    page.write_text(run_html(str(run)), encoding="utf-8")
+    _open(driver, page.as_uri())
+    Select(driver.find_element("css selector", "#diff-select")).select_by_value("train:1")
+    _wait(driver, lambda d: d.find_elements("css selector", "#diff-layers tr"))
+    rows = {r.find_elements("css selector", "td")[0].text: r.find_elements("css selector", "td")
+            for r in driver.find_elements("css selector", "#diff-layers tr")[1:]}
+    assert rows["fc"][4].text == "1.005x" and rows["act"][4].text == "1.200x"
+    assert "chg-" not in rows["fc"][3].get_attribute("class") and "chg-bad" in rows["act"][3].get_attribute("class")
+    cells = driver.find_element("css selector", "#diff-headline tr[data-figure='step time']").find_elements(
+        "css selector", "td")
+    assert cells[3].text == "+0.00%" and "chg-" not in cells[3].get_attribute("class")

@@ -40,6 +40,16 @@ def test_headline_layers_and_classes():
     json.dumps(d.to_dict())
 
 
+def test_small_changes_and_large_figures_read_plainly():
+    # an H200 GPT-2 diff of steps 10 and 100 printed "-0.1% (1x faster)" and "step peak MiB 1.286e+04"
+    from tscope_callbacks.analysis.diff import _change, _ms
+
+    assert _change(56.198, 56.129, lower_better=True) == "-0.1%"  # 1.001x: no factor that reads "1x" or "1.00x"
+    assert _change(4.0, 3.6, lower_better=True) == "-10.0% (1.11x faster)"
+    assert _change(3.6, 4.0, lower_better=True) == "+11.1% (1.11x slower)"
+    assert _ms(12.86) == "12,860" and _ms(0.05613) == "56.13"  # thousands separated, never an exponent
+
+
 def test_different_work_is_said_and_not_timed_against():
     more = toy_profile()
     more.ops.append(matmul(4096, 4096, 4096, layer="blocks.1.fc", time_s=0.5e-3))

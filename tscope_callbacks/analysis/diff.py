@@ -16,6 +16,7 @@ from typing import Any
 
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.fmt import fig
+from tscope_callbacks.analysis.fmt import n as _n
 from tscope_callbacks.analysis.model_summary import model_summary
 from tscope_callbacks.analysis.view import RooflineView
 from tscope_callbacks.records import model_flops
@@ -82,7 +83,7 @@ class StepDiff:
 
 
 def _ms(s: float | None) -> str:
-    return fig(s, ".4g", 1e3)
+    return _n(s * 1e3) if s is not None else ""
 
 
 def _throughput(summary: dict[str, Any]) -> float | None:
@@ -104,7 +105,9 @@ def _change(a: float | None, b: float | None, *, lower_better: bool = False, poi
     rel = b / a - 1
     txt = f"{rel:+.1%}"
     if lower_better and b and b != a:
-        txt += f" ({a / b:.3g}x faster)" if b < a else f" ({b / a:.3g}x slower)"
+        f = a / b if b < a else b / a  # the factor only where it reads as more than 1.00x
+        if f >= 1.005:
+            txt += f" ({f:.2f}x {'faster' if b < a else 'slower'})"
     return txt
 
 
@@ -144,7 +147,7 @@ def diff_reports(a: RooflineView, b: RooflineView, labels: tuple[str, str] = ("A
         ("step ms" + ("" if sa is not None and sb is not None else " (expected)"), _ms(step_a), _ms(step_b),
          _change(step_a, step_b, lower_better=True) if d.same_work else "(different work)"),
         ("MFU", fig(a.mfu, ".2%"), fig(b.mfu, ".2%"), _change(a.mfu, b.mfu, points=True)),
-        ("model GFLOP per step", fig(fa, ".4g", 1e-9), fig(fb, ".4g", 1e-9), _change(fa, fb)),
+        ("model GFLOP per step", _n(fa / 1e9) if fa is not None else "", _n(fb / 1e9) if fb is not None else "", _change(fa, fb)),
         ("tokens/s" if ma.get("tokens_per_s") else "samples/s", fig(_throughput(ma), ",.0f"),
          fig(_throughput(mb), ",.0f"), _change(_throughput(ma), _throughput(mb))),
         ("op time ms", _ms((a.op_time_s or 0) if timed else None), _ms((b.op_time_s or 0) if timed else None),
@@ -152,7 +155,7 @@ def diff_reports(a: RooflineView, b: RooflineView, labels: tuple[str, str] = ("A
         ("ops", str(len(a.op_roofs)), str(len(b.op_roofs)), _change(len(a.op_roofs), len(b.op_roofs))),
     ]
     if pa is not None or pb is not None:
-        d.headline.append(("step peak MiB", fig(pa, ".4g", 2**-20), fig(pb, ".4g", 2**-20), _change(pa, pb)))
+        d.headline.append(("step peak MiB", _n(pa / 2**20) if pa is not None else "", _n(pb / 2**20) if pb is not None else "", _change(pa, pb)))
     for attr, rows in (("layers", "layer_totals"), ("classes", "category_rows")):
         ta, tb = _times(getattr(a, rows), timed), _times(getattr(b, rows), timed)
         out = [DiffRow(k, ta.get(k), tb.get(k)) for k in sorted(set(ta) | set(tb))]  # ties by name

@@ -51,7 +51,9 @@
       return sig(sec * 1e9) + " ns";
     },
     ms(sec) { return num(sec) ? sig(sec * 1e3) : "–"; },
-    pct(r) { return num(r) ? sig(r * 100) + "%" : "–"; },
+    pct(r) { return !num(r) ? "–" : r !== 0 && Math.abs(r) < 1e-4 ? "<0.01%" : sig(r * 100) + "%"; },
+    /* a ratio near 1 keeps its digits (1.005x, 0.996x), where three significant figures would read "1x" */
+    ratio(x) { return !num(x) ? "–" : (x >= 0.1 && x < 10 ? x.toFixed(3) : sig(x)) + "x"; },
     bytes(b) { return scaled(b, ["B", "KiB", "MiB", "GiB", "TiB"], 1024); },
     flops(f) { return scaled(f, ["FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"], 1000); },
     rate(f) { return scaled(f, ["FLOP/s", "kFLOP/s", "MFLOP/s", "GFLOP/s", "TFLOP/s", "PFLOP/s"], 1000); },
@@ -996,20 +998,23 @@
       peak: (r.memory || {}).peak_bytes, device: (r.device || {}).name,
     };
   }
+  const NOISE_REL = 0.01;  /* changes under 1% are shown, not coloured */
   function change(a, b, opts) {
     opts = opts || {};
     if (!num(a) || !num(b)) return ["", ""];
     if (opts.points) { const d = (b - a) * 100; return [(d >= 0 ? "+" : "") + sig(d) + " pts", d > 0 ? "chg-good" : d < 0 ? "chg-bad" : ""]; }
     if (!a) return ["", ""];
     const rel = b / a - 1;
-    let t = (rel >= 0 ? "+" : "") + sig(rel * 100) + "%";
+    const p = rel * 100;  /* two decimals below 10% ("-0.12%", "-0.00%"), never a long tail */
+    let t = (rel >= 0 ? "+" : "-") + (Math.abs(p) < 10 ? Math.abs(p).toFixed(2) : sig(Math.abs(p))) + "%";
     let cls = "";
+    const real = Math.abs(rel) >= NOISE_REL;  /* smaller changes are not coloured: they are noise-sized */
     if (opts.lowerBetter && b && b !== a) {
       const f = b < a ? a / b : b / a;  /* the factor only where it reads as more than 1.00x */
       if (f >= 1.005) t += " (" + (f < 10 ? f.toFixed(2) : sig(f)) + "x " + (b < a ? "faster" : "slower") + ")";
-      cls = b < a ? "chg-good" : "chg-bad";
+      cls = real ? (b < a ? "chg-good" : "chg-bad") : "";
     }
-    else if (opts.higherBetter) cls = rel > 0 ? "chg-good" : rel < 0 ? "chg-bad" : "";
+    else if (opts.higherBetter) cls = !real ? "" : rel > 0 ? "chg-good" : rel < 0 ? "chg-bad" : "";
     return [t, cls];
   }
   function drawDiff(a, b, la, lb) {
@@ -1051,7 +1056,7 @@
       for (const r of rows.slice(0, 12)) {
         const ratio = r.a && r.b != null ? r.b / r.a : null;
         t.append(h("tr", {}, h("td", {class: "mono", text: r.name || "(root)"}), h("td", {class: "n", text: F.ms(r.a)}), h("td", {class: "n", text: F.ms(r.b)}),
-          h("td", {class: "n " + (r.d < 0 ? "chg-good" : r.d > 0 ? "chg-bad" : ""), text: (r.d >= 0 ? "+" : "") + sig(r.d * 1e3)}), h("td", {class: "n", text: ratio != null ? sig(ratio) + "x" : ""})));
+          h("td", {class: "n " + (ratio != null && Math.abs(ratio - 1) < NOISE_REL ? "" : r.d < 0 ? "chg-good" : r.d > 0 ? "chg-bad" : ""), text: (r.d >= 0 ? "+" : "") + sig(r.d * 1e3)}), h("td", {class: "n", text: ratio != null ? F.ratio(ratio) : ""})));
       }
       if (rows.length > 12) { const rest = rows.slice(12); t.append(h("tr", {}, h("td", {class: "muted", text: "(" + rest.length + " more)"}), h("td", {class: "n", text: F.ms(rest.reduce((s1, r) => s1 + (r.a || 0), 0))}), h("td", {class: "n", text: F.ms(rest.reduce((s1, r) => s1 + (r.b || 0), 0))}), h("td", {class: "n", text: sig(rest.reduce((s1, r) => s1 + r.d, 0) * 1e3)}), h("td", {}))); }
       wrap.append(h("div", {}, h("h2", {text: title + " (" + basis + ")"}), h("div", {class: "scroll", style: "max-height:300px"}, t)));
