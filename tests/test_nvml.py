@@ -163,3 +163,30 @@ def test_monitor_logs_telemetry_and_flags_the_mfu_witness(pynvml, tmp_path, capl
     assert (20, "tscope/gpu/energy_j_per_token") not in got  # float features: no tokens counted
     msgs = [r.message for r in caplog.records if "tensor pipes" in r.message]
     assert len(msgs) == 1 and "MFU is 5.0%" in msgs[0]  # 61.5% active vs 5% MFU: beyond the 20-point margin
+
+
+def test_an_interval_with_tscopes_own_work_logs_no_energy_per_step(pynvml, tmp_path) -> None:
+    # a profile, its report or timed layers inside a logging interval (session.dirty_clocks) put tscope's time into
+    # the energy counter's difference: on an H200 GPT-2 fit those intervals read twice the energy per token
+    from tscope_callbacks.callbacks import session
+
+    mon = StepMonitor()
+
+    class _Inject(pl.Callback):
+        def on_fit_start(self, trainer, pl_module):
+            mon._tel, mon.telemetry_off = nvml.open_telemetry(0)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == 25:
+                session.dirty_clocks(trainer)  # what a profile's end or a report's analysis does
+
+    trainer = pl.Trainer(max_steps=40, callbacks=[mon, _Inject()], logger=CSVLogger(str(tmp_path), name="run"),
+                         **{**FAST, "log_every_n_steps": 10})
+    trainer.fit(_Net(_Flags()))
+    with open(tmp_path / "run" / "version_0" / "metrics.csv") as f:
+        got = {(int(row["step"]), k): float(v) for row in csv.DictReader(f) for k, v in row.items()
+               if k.startswith("tscope/") and v != ""}
+    # windows end at 20, 30, 40 (650/10, 660/10, 670/10 J a step); the one holding step 25 is left out
+    assert got[(20, "tscope/gpu/energy_j_per_step")] == pytest.approx(65.0)
+    assert (30, "tscope/gpu/energy_j_per_step") not in got and (30, "tscope/gpu/power_w") in got
+    assert got[(40, "tscope/gpu/energy_j_per_step")] == pytest.approx(67.0)

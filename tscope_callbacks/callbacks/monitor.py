@@ -33,6 +33,19 @@ log = logging.getLogger("tscope_callbacks")
 CONFIRM_STEPS = 3
 
 
+class _Work:
+    """Registered with the session's clocks: ``mark_dirty()`` (a profile ended, a report was written, layers were
+    timed) says the running logging interval holds tscope's own work."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def mark_dirty(self) -> None:
+        self.seen = True
+
+
 class StepMonitor(ProfilingCallback):
     """Always-on step monitor (on by default inside ``RooflineCallback``; usable alone).
 
@@ -135,6 +148,7 @@ class StepMonitor(ProfilingCallback):
         self._load_healthy: float | None = None
         self._losses_pending: deque[tuple[int, Any, Any]] = deque(maxlen=64)
         self._tel: Any = None
+        self._work = _Work()  #: whether the logging interval held tscope's own work (profiles, reports)
         self.tel_last: dict[str, Any] = {}
         self._guard, self._guard_seen = None, 0  #: a NaN guard in the trainer, and its spikes seen
         self._loader: dict[str, Any] = {}
@@ -147,6 +161,7 @@ class StepMonitor(ProfilingCallback):
             return  # validate/test/predict: the fit's alerts and breakdown stay
         dev = trainer.strategy.root_device
         self._reset(dev.type == "cuda")
+        session.register_clock(trainer, self._work)  # told when a step holds tscope's own work
         if self.cuda and self.telemetry:
             from tscope_callbacks.devices.nvml import open_telemetry
 
@@ -379,7 +394,13 @@ class StepMonitor(ProfilingCallback):
                                 "%d steps, threshold %.0f%%). %s.", out["data_wait_share"] * 100, out["steps"],
                                 self.input_bound_share * 100, "; ".join(self.input_fixes))
         if self._tel is not None:
-            scalars.update(self._telemetry(trainer, gs, batch))
+            tel = self._telemetry(trainer, gs, batch)
+            if self._work.seen:  # the interval held tscope's own work (a profile, its report, timed layers): its
+                # energy per step and per token are not the training's (an H200 fit read 2x at those intervals)
+                for k in ("energy_j_per_step", "energy_j_per_token"):
+                    tel.pop(metric_key("gpu", k), None)
+            scalars.update(tel)
+        self._work.seen = False
         if scalars and trainer.loggers:  # always-on series go to the run's loggers only (no files of their own)
             self.sinks(trainer).log_scalars(scalars, gs)
 
