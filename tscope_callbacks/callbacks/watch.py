@@ -34,7 +34,7 @@ from typing_extensions import override
 from tscope_callbacks.analysis import histograms as H
 from tscope_callbacks.analysis.grad_history import global_norm, layer_norms, layer_sums
 from tscope_callbacks.callbacks.guarded import GuardedCallback
-from tscope_callbacks.callbacks.session import sinks_for
+from tscope_callbacks.callbacks.session import dirty_clocks, sinks_for
 from tscope_callbacks.callbacks.sinks import METRIC_ROOT, metric_key
 from tscope_callbacks.capture.paths import named_parameters
 from tscope_callbacks.capture.profile import paused
@@ -101,6 +101,7 @@ class WatchCallback(GuardedCallback):
         if trainer.global_step % self.every_n_steps:
             return
         self._guard("the histograms", self._launch, trainer, optimizer)
+        dirty_clocks(trainer)  # tscope's own work in this step: no step-time basis nor automatic-MFU window
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
@@ -228,6 +229,7 @@ class WatchCallback(GuardedCallback):
                 ev.synchronize()
                 self.host_waits += 1
             self._log(trainer, item)
+            dirty_clocks(trainer)  # the read-out and the loggers' writes ran in this step
         self._pending = keep
 
     def _log(self, trainer: Any, item: dict) -> None:
