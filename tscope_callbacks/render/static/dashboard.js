@@ -412,7 +412,7 @@
        are drawn dashed */
     const used = roofsDrawn(r);
     const peaks = used.peaks, bw = used.bw, devBw = dev.bandwidth;
-    const W = Math.max(420, holder.clientWidth || 640), Hh = 400, m = {l: 84, r: 12, t: 10, b: 36};
+    const W = Math.max(420, holder.clientWidth || 640), Hh = 400, m = {l: 84, r: 22, t: 10, b: 36};  /* r: room for the last x label */
     let xs = pts.concat(opPts).map((p) => p.ai), ys = pts.concat(opPts).map((p) => p.perf);
     if (peaks.length) ys.push(peaks[0][1]);
     if (!xs.length) xs = [0.1, 100];
@@ -468,6 +468,11 @@
         const top = peaks.length ? peaks[0][1] : xb * devBw;
         roofs.append(s("path", {class: "roof-device", "data-bandwidth": devBw, stroke: "#80868b", "stroke-dasharray": "5 3",
           d: "M" + X(xa) + "," + Y(Math.max(xa * devBw, 10 ** (y0 - 3))) + " L" + X(top / devBw) + "," + Y(top)}));
+      }
+      if (peaks.length) {  /* the shared memory slope, drawn over the roofs' own in the key's colour */
+        const top = Math.max(...peaks.map((p) => p[1]));
+        roofs.append(s("path", {class: "roof-memory", stroke: "#3c4043", "data-bandwidth": bw,
+          d: "M" + X(xa) + "," + Y(Math.max(xa * bw, 10 ** (y0 - 3))) + " L" + X(top / bw) + "," + Y(top)}));
       }
       keys.prepend(keyLine("#3c4043", false, "memory " + F.bw(bw), {id: "roof-key-memory", "data-bandwidth": bw}));
       if (num(devBw) && Math.abs(devBw - bw) > 1e-6 * bw)
