@@ -232,6 +232,12 @@ def test_roofline_has_one_point_per_layer_and_phase(driver, fit_logdir):
     roofs = {r.get_attribute("data-precision") for r in driver.find_elements("css selector", "svg#roofline path.roof")}
     # the precisions the step ran in (its roofs, as the text report's "Roofs used"), not every peak of the device
     assert roofs == {r["precision"] for r in rep["roofs"]} and roofs <= {k for k, v in rep["device"]["peaks"].items() if v}
+    # the memory slope is drawn in the colour of its key (one line, the roofs' shared bandwidth)
+    (mem,) = driver.find_elements("css selector", "svg#roofline path.roof-memory")
+    key = driver.find_element("css selector", "#roof-key-memory")
+    assert mem.get_attribute("data-bandwidth") == key.get_attribute("data-bandwidth")
+    assert mem.get_attribute("stroke") == "#3c4043" and "#3c4043" in key.get_attribute("innerHTML").replace(
+        "rgb(60, 64, 67)", "#3c4043")
 
 
 def test_hover_shows_the_tooltip_and_click_lists_the_ops(driver, fit_logdir):
