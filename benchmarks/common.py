@@ -110,6 +110,14 @@ def write(name: str, text: str, reproduce: str) -> Path:
     return out
 
 
+def publish(text: str, args: Any, stem: str) -> None:
+    """A GPU benchmark's result: printed; with ``--write`` (and not ``--smoke``) also written to
+    ``benchmarks/results/<stem>.md`` with the command that reproduces it (``benchmarks/<stem>.py --write``)."""
+    print(text)
+    if args.write and not args.smoke:
+        write(f"{stem}.md", text, f"python benchmarks/{stem}.py --write")
+
+
 def cost_lines(profiles: dict[str, Any], plain_s: float) -> list[str]:
     """Where a profiled step's extra time went: each capture's ``meta["capture_cost"]`` (tscope's own host seconds
     per part) as a table, with the region's excess over a plain step per op -- the per-op hot path."""

@@ -14,7 +14,7 @@ import argparse
 import sys
 
 import torch
-from common import BareMode, cost_lines, count_ops, cprofile_top, interleaved, write
+from common import BareMode, cost_lines, count_ops, cprofile_top, interleaved, publish
 from gpu_workload import FULL, SMOKE, device_for, hand_count, ready
 
 import tscope_callbacks as ts
@@ -113,9 +113,7 @@ def main() -> int:
     ap.add_argument("--cprofile", default=None, help="also write a cProfile (top functions) of one profiled step here")
     args = ap.parse_args()
     text, _ = measure(args.runs, args.smoke, args.cprofile)
-    print(text)
-    if args.write and not args.smoke:
-        write("gpu_capture_overhead.md", text, "python benchmarks/gpu_capture_overhead.py --write")
+    publish(text, args, "gpu_capture_overhead")
     return 0
 
 

@@ -16,7 +16,7 @@ import argparse
 import sys
 
 import torch
-from common import interleaved, median_time, write
+from common import interleaved, median_time, publish
 from gpu_workload import FULL, SMOKE, build, device_for, train_step
 from torch._dynamo.utils import counters
 
@@ -110,9 +110,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     text, ok = measure(args.runs, args.smoke)
-    print(text)
-    if args.write and not args.smoke:
-        write("gpu_compiled_profile.md", text, "python benchmarks/gpu_compiled_profile.py --write")
+    publish(text, args, "gpu_compiled_profile")
     return 0 if ok else 1
 
 

@@ -28,7 +28,7 @@ import argparse
 import sys
 
 import torch
-from common import write
+from common import publish
 from gpu_workload import FULL, SMOKE, device_for, fit_steps, hand_count, med, paired
 
 import tscope_callbacks as ts
@@ -119,9 +119,7 @@ def main() -> int:
         lines.append(f"- automatic MFU {auto:.2%} vs hand count {hand:.2%} over the plain step ({roof.attention_flops} "
                      f"attention): ratio {auto / hand:.3f} (target within 3%): {'PASS' if ok else 'FAIL'}")
     text = "\n".join(lines)
-    print(text)
-    if args.write and not args.smoke:
-        write("gpu_fit_overhead.md", text, "python benchmarks/gpu_fit_overhead.py --write")
+    publish(text, args, "gpu_fit_overhead")
     return 0
 
 

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 import torch
-from common import write
+from common import publish
 from gpu_workload import SMOKE, Workload, build, device_for, fit_steps, med, paired
 
 from tscope_callbacks import NaNGuardCallback
@@ -139,9 +139,7 @@ def main() -> int:
               f"- guard / plain = {g / p:.3f} on this launch-bound step (target <= 1.05): "
               f"{'PASS' if g / p <= 1.05 else 'FAIL'}"]
     text = "\n".join(lines)
-    print(text)
-    if args.write and not args.smoke:
-        write("gpu_guard_host.md", text, "python benchmarks/gpu_guard_host.py --write")
+    publish(text, args, "gpu_guard_host")
     return 0
 
 

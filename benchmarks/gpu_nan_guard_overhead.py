@@ -17,7 +17,7 @@ import warnings
 
 import lightning.pytorch as pl
 import torch
-from common import write
+from common import publish
 from gpu_workload import FULL, SMOKE, device_for, fit_window, med, paired
 
 from tscope_callbacks import NaNGuardCallback
@@ -86,9 +86,7 @@ def main() -> int:
               f"- synchronizing calls from tscope code on healthy steps (set_sync_debug_mode): {len(watch.ours)} "
               f"({watch.ours[:3]}); from anything: {watch.all}"]
     text = "\n".join(lines)
-    print(text)
-    if args.write and not args.smoke:
-        write("gpu_nan_guard_overhead.md", text, "python benchmarks/gpu_nan_guard_overhead.py --write")
+    publish(text, args, "gpu_nan_guard_overhead")
     return 0
 
 
