@@ -22,7 +22,7 @@ from tscope_callbacks.capture.step_memory import local_tensor
 from tscope_callbacks.capture.tensors import count_nonfinite, floating, iter_tensors
 
 __all__ = ["NonFiniteEvent", "NonFiniteError", "LocateResult", "RankInfo", "FlagChannel", "count_nonfinite",
-           "iter_tensors", "max_abs_finite", "merge_infos", "nonfinite_total", "norm_vector", "per_tensor_norms",
+           "iter_tensors", "loss_scalar", "max_abs_finite", "merge_infos", "nonfinite_total", "norm_vector", "per_tensor_norms",
            "rank_info", "tensor_norms", "read_now", "sync_points", "AlertLimiter"]
 
 
@@ -72,9 +72,17 @@ def norm_vector(tensors: list[torch.Tensor], scalars: list[torch.Tensor]) -> tor
     norms = tensor_norms(tensors)
     if scalars:
         dev = norms[0].device
-        norms += [x if x.dtype is torch.float32 and x.ndim == 0 and x.device == dev else x.float().sum().to(dev)
-                  for x in scalars]
+        norms += [loss_scalar(x, dev) for x in scalars]
     return torch.stack(norms)
+
+
+def loss_scalar(x: torch.Tensor, device: Any, detach: bool = False) -> torch.Tensor:
+    """A loss as one float32 scalar on ``device``, to stack with the gradient norms: a float32 0-d tensor there
+    already (the usual loss) as it is -- no op; any other summed there. ``detach``: outside no-grad (the deferred
+    path), cut from the graph."""
+    if x.dtype is torch.float32 and x.ndim == 0 and x.device == device:
+        return x.detach() if detach and x.requires_grad else x
+    return (x.detach() if detach else x).float().sum().to(device)
 
 
 def tensor_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -204,10 +204,9 @@ def step_params(st: GuardState, optimizer: Any) -> list[torch.nn.Parameter]:
 
 
 def _loss_scalars(losses: list, device: Any) -> list[torch.Tensor]:
-    """Each loss summed to one float32 scalar on ``device``, without a sync (they ride in the flag vector read for the
-    step: the history's losses). A float32 scalar there already (the usual loss) is taken as it is: no op."""
-    return [(x.detach() if x.requires_grad else x) if x.dtype is torch.float32 and x.ndim == 0 and x.device == device
-            else x.detach().float().sum().to(device) for x in losses]
+    """Each loss as one float32 scalar on ``device`` (``nonfinite.loss_scalar``, detached: this path runs outside
+    no-grad), without a sync (they ride in the flag vector read for the step: the history's losses)."""
+    return [nl.loss_scalar(x, device, detach=True) for x in losses]
 
 
 def _loss_values(losses: list, device: Any) -> torch.Tensor | None:
