@@ -186,3 +186,14 @@ def test_header_figures_by_hand():
     # wall time, slowed by the capture)
     assert r.time_split.step_s == pytest.approx(4e-3) and r.time_split.idle_s == pytest.approx(1e-3)
     assert r.scalars["mfu"] == h["mfu"].value and r.scalars["measured_step_ms"] == pytest.approx(4.0)
+
+
+def test_a_row_slower_than_its_roof_is_titled_by_what_it_is_measured_against():
+    """With a kernel model (GPUs) a slow row is "below expected" (its shape-aware kernel time); without one (a CPU)
+    its expectation is its roof, and the title says so; an untimed row says where it stands."""
+    for model, title in ((True, "below expected"), (False, "below its roof")):
+        opps = [o for o in analyze(toy_profile(True), a100(), AnalyzeOptions(kernel_model=model)).opportunities
+                if o.kind == "below_expected"]
+        assert len(opps) >= 5 and all(o.title == f"{o.phase} {title}" for o in opps), (model, opps)
+    untimed = [o for o in analyze(toy_profile(False), a100()).opportunities if o.kind == "below_expected"]
+    assert untimed and all(o.title == f"{o.phase}, {o.bound}-bound (untimed)" for o in untimed)

@@ -98,10 +98,12 @@ _CHAINS = {"optimizer": "optimizer update", "loss": "loss", "gelu": "GELU", "rms
            "rope": "rotary embedding", "swiglu": "SwiGLU"}
 
 
-def _opportunity(o: Finding, step: float | None) -> Opportunity:
+def _opportunity(o: Finding, step: float | None, kernel_model: bool = True) -> Opportunity:
     ev = json_safe(dict(o.evidence or {}))
-    if o.kind == "below_expected":  # untimed: nothing measured to be below its expectation, so say where it stands
-        title = f"{o.phase} below expected" if o.measured_s is not None else f"{o.phase}, {o.bound}-bound (untimed)"
+    if o.kind == "below_expected":  # untimed: nothing measured to be below its expectation, so say where it stands;
+        # without a kernel model (a CPU) the expectation is the op's roof
+        title = (f"{o.phase}, {o.bound}-bound (untimed)" if o.measured_s is None
+                 else f"{o.phase} below expected" if kernel_model else f"{o.phase} below its roof")
     else:
         title = o.kind.replace("_", " ")
     chain = _CHAINS.get(str(ev.get("chain"))) if o.kind == "fusion" else None
@@ -204,7 +206,7 @@ def _noise(eng: RooflineAnalysis, suppressed: list[Finding], step: float | None)
                   for m in n.marks.values())
     spread = tuple((k[0], k[1], float(v)) for k, v in n.spread.items())
     return NoiseSection(int(n.steps), float(n.floor_s), marks, spread,
-                        tuple(_opportunity(o, step) for o in suppressed))
+                        tuple(_opportunity(o, step, eng.kernel_model is not None) for o in suppressed))
 
 
 def _communication(eng: RooflineAnalysis) -> dict[str, Any] | None:
@@ -321,6 +323,6 @@ def report_of(eng: RooflineAnalysis, options: AnalyzeOptions | None = None) -> S
         time_split=_time_split(eng), rows=rows, ops=ops, layers=layers, roofs=roofs, model=model,
         communication=_communication(eng), fsdp_whatif=fsdp,
         compiled_vs_eager=_compared(eng, o.eager) if o.eager is not None else None, what_if=what_if,
-        opportunities=tuple(_opportunity(x, step) for x in opps), nonfinite=nonfinite,
+        opportunities=tuple(_opportunity(x, step, eng.kernel_model is not None) for x in opps), nonfinite=nonfinite,
         noise=_noise(eng, suppressed, step), context=_context(meta), scalars=dict(eng.scalars()),
         area_scalars=_area_scalars(eng, model, mem, fsdp), user=json_safe(dict(o.user)), grad_spikes=spikes)
