@@ -1018,21 +1018,26 @@ def test_diff_reads_small_changes_plainly(driver, tmp_path):
     from tests.profiles import a100, make_profile, matmul, pointwise
     from tscope_callbacks.analysis.analyze import AnalyzeOptions, analyze
 
-    def step(n: int, fc_ms: float, act_ms: float, step_ms: float) -> dict:
+    from dataclasses import replace
+
+    def step(n: int, fc_ms: float, act_ms: float, step_ms: float, wider: float = 1.0) -> dict:
         p = make_profile([matmul(4096, 4096, 4096, time_s=fc_ms * 1e-3, layer="fc"),
                           pointwise(4096 * 4096, dtype="bfloat16", time_s=act_ms * 1e-3, layer="act")],
                          step=n, step_time_s=step_ms * 1e-3, step_time_basis="unprofiled-median", step_time_steps=5)
+        spec = replace(a100(), flops={**a100().flops, "bf16": 312e12 * wider})
         return {"profile": None, "device": None,
-                "report": analyze(p, a100(), AnalyzeOptions(kernel_model=False)).to_dict()}
+                "report": analyze(p, spec, AnalyzeOptions(kernel_model=False)).to_dict()}
 
     run = tmp_path / "run"
     (run / "tscope").mkdir(parents=True)
     # fc 2 -> 2.01 ms (1.005x: noise-sized), act 1 -> 1.2 ms (1.2x), the step 4 -> 4.0001 ms (+0.0025%)
-    for n, args in ((1, (2.0, 1.0, 4.0)), (2, (2.01, 1.2, 4.0001))):
+    # step 3: step 1 again on a 4% wider matrix roof (a measured roof widened differently)
+    for n, args in ((1, (2.0, 1.0, 4.0)), (2, (2.01, 1.2, 4.0001)), (3, (2.0, 1.0, 4.0, 1.04))):
         (run / "tscope" / f"step_{n}.json").write_text(json.dumps(step(n, *args)))
     page = tmp_path / "diff.html"
     page.write_text(run_html(str(run)), encoding="utf-8")
     _open(driver, page.as_uri())
+    Select(driver.find_element("css selector", "#step-select")).select_by_value("train:2")
     Select(driver.find_element("css selector", "#diff-select")).select_by_value("train:1")
     _wait(driver, lambda d: d.find_elements("css selector", "#diff-layers tr"))
     rows = {r.find_elements("css selector", "td")[0].text: r.find_elements("css selector", "td")
@@ -1042,3 +1047,10 @@ def test_diff_reads_small_changes_plainly(driver, tmp_path):
     cells = driver.find_element("css selector", "#diff-headline tr[data-figure='step time']").find_elements(
         "css selector", "td")
     assert cells[3].text == "+0.00%" and "chg-" not in cells[3].get_attribute("class")
+    # the same step on a wider roof: MFU reads lower, and the change is on one roof: none
+    Select(driver.find_element("css selector", "#step-select")).select_by_value("train:3")
+    _wait(driver, lambda d: d.find_elements("css selector", "#diff-headline tr[data-figure='MFU']"))
+    Select(driver.find_element("css selector", "#diff-select")).select_by_value("train:1")
+    _wait(driver, lambda d: "MFU roofs differ" in d.find_element("css selector", "#diff").text)
+    mfu = driver.find_element("css selector", "#diff-headline tr[data-figure='MFU']").find_elements("css selector", "td")
+    assert mfu[1].text != mfu[2].text and mfu[3].text == "+0 pts" and "chg-" not in mfu[3].get_attribute("class")

@@ -75,3 +75,19 @@ def test_cli_diff(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     assert main(["diff", str(a), str(tmp_path / "missing.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tscope diff: cannot read") and len(err.strip().splitlines()) == 1
+
+
+def test_mfu_change_is_on_one_roof_when_the_steps_roofs_differ():
+    # two CPU steps whose measured matrix roofs were widened by different amounts (99.05 vs 95.43 GFLOP/s in a demo
+    # run) showed "MFU +2.5 pts" for the same work in the same time; here the same step on a 312 and a 324.48
+    # (4% wider) TFLOP/s bf16 roof
+    from dataclasses import replace
+
+    spec_a = a100()
+    spec_b = replace(spec_a, flops={**spec_a.flops, "bf16": 312e12 * 1.04})
+    a, b = roofline(toy_profile(), spec_a), roofline(toy_profile(), spec_b)
+    assert b.mfu == pytest.approx(a.mfu / 1.04)  # the same step reads 4% lower MFU on the wider roof
+    d = diff_reports(a, b)
+    head = {name: ch for name, _, _, ch in d.headline}
+    assert head["MFU"] == "+0 pts"  # on A's roof: B's MFU x 324.48 / 312 = A's
+    assert any("MFU roofs differ (312,000 vs 324,480 GFLOP/s)" in n for n in d.notes), d.notes

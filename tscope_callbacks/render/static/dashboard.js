@@ -1001,13 +1001,17 @@
       thrLabel: num((H.tokens_per_s || {}).value) ? "tokens/s" : "samples/s",
       opTime: cats.reduce((a, x) => a + (x.measured_s || 0), 0), nOps: cats.reduce((a, x) => a + (x.calls || x.n_ops || 0), 0),
       peak: (r.memory || {}).peak_bytes, device: (r.device || {}).name,
+      mfuPeak: (r.summary || {}).mfu_peak_flops, noiseFloor: (r.noise || {}).floor_s || 0,
     };
   }
   const NOISE_REL = 0.01;  /* changes under 1% are shown, not coloured */
   function change(a, b, opts) {
     opts = opts || {};
     if (!num(a) || !num(b)) return ["", ""];
-    if (opts.points) { const d = (b - a) * 100; return [(d >= 0 ? "+" : "") + sig(d) + " pts", d > 0 ? "chg-good" : d < 0 ? "chg-bad" : ""]; }
+    if (opts.points) {
+      const d = Math.round((b - a) * 100 * 1e9) / 1e9, real = a && Math.abs(b / a - 1) >= NOISE_REL;  /* no float noise */
+      return [(d >= 0 ? "+" : "") + sig(d) + " pts", !real ? "" : d > 0 ? "chg-good" : d < 0 ? "chg-bad" : ""];
+    }
     if (!a) return ["", ""];
     const rel = b / a - 1;
     const p = rel * 100;  /* two decimals below 10% ("-0.12%", "-0.00%"), never a long tail */
@@ -1035,9 +1039,16 @@
     if (A.stepMs != null && B.stepMs != null && A.basis !== B.basis) notes.push("the step times have different bases: " + A.basis + " vs " + B.basis);
     const sa = A.stepMs != null ? A.stepMs / 1e3 : A.estMs / 1e3, sb = B.stepMs != null ? B.stepMs / 1e3 : B.estMs / 1e3;
     const both = A.stepMs != null && B.stepMs != null;
+    /* MFU is against each step's matrix roof; a measured roof widened where an op beat it differs from step to step:
+       the change is then on the first step's roof (the same FLOPs in less time, not a moved roof) */
+    let mfuB = B.mfu;
+    if (num(A.mfuPeak) && num(B.mfuPeak) && num(B.mfu) && Math.abs(B.mfuPeak / A.mfuPeak - 1) > 1e-3) {
+      mfuB = B.mfu * B.mfuPeak / A.mfuPeak;
+      notes.push("the steps' MFU roofs differ (" + F.rate(A.mfuPeak) + " vs " + F.rate(B.mfuPeak) + "): the MFU change is on " + la + "'s roof (" + lb + " there: " + F.pct(mfuB) + ")");
+    }
     const head = [
       ["step time" + (both ? "" : " (expected)"), F.time(sa), F.time(sb), same ? change(sa, sb, {lowerBetter: true}) : ["(different work)", ""]],
-      ["MFU", F.pct(A.mfu), F.pct(B.mfu), change(A.mfu, B.mfu, {points: true})],
+      ["MFU", F.pct(A.mfu), F.pct(B.mfu), change(A.mfu, mfuB, {points: true})],
       ["model FLOPs per step", F.flops(A.flops), F.flops(B.flops), change(A.flops, B.flops)],
       [A.thrLabel, F.count(A.thr, ""), F.count(B.thr, ""), change(A.thr, B.thr, {higherBetter: true})],
       ["op time", timed ? F.time(A.opTime) : "–", timed ? F.time(B.opTime) : "–", timed ? change(A.opTime, B.opTime, {lowerBetter: true}) : ["", ""]],
@@ -1051,6 +1062,9 @@
     for (const [n, va, vb, [c, cls]] of head) ht.append(h("tr", {"data-figure": n}, h("td", {text: n}), h("td", {class: "n", text: va}), h("td", {class: "n", text: vb}), h("td", {class: "n " + cls, text: c})));
     el.append(h("div", {style: "max-width:760px"}, ht, notes.length ? h("ul", {class: "muted"}, notes.map((n) => h("li", {text: n}))) : null));
     const wrap = h("div", {class: "grid2 even", style: "margin:10px 0 0"});
+    /* a row's change is coloured when it is over 1% and over the steps' noise floor (their times' own spread) */
+    const floor = Math.max(A.noiseFloor || 0, B.noiseFloor || 0);
+    const real = (r, ratio) => ratio != null && Math.abs(ratio - 1) >= NOISE_REL && Math.abs(r.d) >= floor;
     const tim = (rows, key) => { const m = new Map(); for (const x of rows || []) m.set(key(x), timed ? (x.measured_s || 0) : x.expected_s); return m; };
     for (const [title, kind, keyf, id] of [["Layers", "layer", (x) => x.layer, "diff-layers"], ["Op classes", "category", (x) => x.name, "diff-classes"]]) {
       const ta = tim((a.rows || {})[kind], keyf), tbm = tim((b.rows || {})[kind], keyf);
@@ -1061,9 +1075,9 @@
       for (const r of rows.slice(0, 12)) {
         const ratio = r.a && r.b != null ? r.b / r.a : null;
         t.append(h("tr", {}, h("td", {class: "mono", text: r.name || "(root)"}), h("td", {class: "n", text: F.ms(r.a)}), h("td", {class: "n", text: F.ms(r.b)}),
-          h("td", {class: "n " + (ratio != null && Math.abs(ratio - 1) < NOISE_REL ? "" : r.d < 0 ? "chg-good" : r.d > 0 ? "chg-bad" : ""), text: (r.d >= 0 ? "+" : "") + sig(r.d * 1e3)}), h("td", {class: "n", text: ratio != null ? F.ratio(ratio) : ""})));
+          h("td", {class: "n " + (!real(r, ratio) ? "" : r.d < 0 ? "chg-good" : r.d > 0 ? "chg-bad" : ""), text: (r.d >= 0 ? "+" : "") + sig(r.d * 1e3)}), h("td", {class: "n", text: ratio != null ? F.ratio(ratio) : ""})));
       }
-      if (rows.length > 12) { const rest = rows.slice(12); t.append(h("tr", {}, h("td", {class: "muted", text: "(" + rest.length + " more)"}), h("td", {class: "n", text: F.ms(rest.reduce((s1, r) => s1 + (r.a || 0), 0))}), h("td", {class: "n", text: F.ms(rest.reduce((s1, r) => s1 + (r.b || 0), 0))}), h("td", {class: "n", text: sig(rest.reduce((s1, r) => s1 + r.d, 0) * 1e3)}), h("td", {}))); }
+      if (rows.length > 12) { const rest = rows.slice(12); t.append(h("tr", {}, h("td", {class: "muted", text: "(" + rest.length + " more)"}), h("td", {class: "n", text: F.ms(rest.reduce((s1, r) => s1 + (r.a || 0), 0))}), h("td", {class: "n", text: F.ms(rest.reduce((s1, r) => s1 + (r.b || 0), 0))}), h("td", {class: "n", text: (rest.reduce((s1, r) => s1 + r.d, 0) >= 0 ? "+" : "") + sig(rest.reduce((s1, r) => s1 + r.d, 0) * 1e3)}), h("td", {}))); }
       wrap.append(h("div", {}, h("h2", {text: title + " (" + basis + ")"}), h("div", {class: "scroll", style: "max-height:300px"}, t)));
     }
     el.append(wrap);
