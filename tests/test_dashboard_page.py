@@ -1013,12 +1013,12 @@ def test_time_split_adds_up_to_the_measured_step(driver, tmp_path, timing):
 def test_diff_reads_small_changes_plainly(driver, tmp_path):
     """Noise-sized changes keep their digits and are not coloured; real ones are (an H200 diff of steps 10 and 100
     read "1x" for 1.005 and painted +0.006 ms red)."""
+    from dataclasses import replace
+
     from selenium.webdriver.support.ui import Select
 
     from tests.profiles import a100, make_profile, matmul, pointwise
     from tscope_callbacks.analysis.analyze import AnalyzeOptions, analyze
-
-    from dataclasses import replace
 
     def step(n: int, fc_ms: float, act_ms: float, step_ms: float, wider: float = 1.0) -> dict:
         p = make_profile([matmul(4096, 4096, 4096, time_s=fc_ms * 1e-3, layer="fc"),
