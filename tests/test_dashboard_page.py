@@ -1054,3 +1054,31 @@ def test_diff_reads_small_changes_plainly(driver, tmp_path):
     _wait(driver, lambda d: "MFU roofs differ" in d.find_element("css selector", "#diff").text)
     mfu = driver.find_element("css selector", "#diff-headline tr[data-figure='MFU']").find_elements("css selector", "td")
     assert mfu[1].text != mfu[2].text and mfu[3].text == "+0 pts" and "chg-" not in mfu[3].get_attribute("class")
+
+
+def test_cpu_step_breakdown_draws_each_line_once(driver, tmp_path):
+    """On a CPU the step monitor's device busy is its host time and its idle the data wait (the same points): one
+    line each, named for both, instead of two lines drawn on top of each other."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from tests.profiles import a100, toy_profile
+    from tscope_callbacks.analysis.analyze import analyze
+
+    run = tmp_path / "cpu"
+    (run / "tscope").mkdir(parents=True)
+    rep = analyze(toy_profile(True), a100()).to_dict()
+    (run / "tscope" / "step_5.json").write_text(json.dumps({"profile": None, "device": None, "report": rep}))
+    w = SummaryWriter(str(run))
+    for st in range(10, 61, 10):
+        for k, v in (("data_wait_ms", 0.8), ("idle_ms", 0.8), ("host_ms", 48.0 + st / 100),
+                     ("device_busy_ms", 48.0 + st / 100)):
+            w.add_scalar(f"tscope/step/{k}", v, st)
+    w.close()
+    page = tmp_path / "cpu.html"
+    page.write_text(run_html(str(run)), encoding="utf-8")
+    _open(driver, page.as_uri())
+    _wait(driver, lambda d: d.find_elements("css selector", "#charts [data-series=step_breakdown] path[data-line]"))
+    box = driver.find_element("css selector", "#charts [data-series=step_breakdown]")
+    lines = sorted(x.get_attribute("data-line") for x in box.find_elements("css selector", "path[data-line]"))
+    assert lines == ["step/data_wait_ms", "step/host_ms"]
+    assert "host = device busy" in box.text and "data wait = idle" in box.text

@@ -932,7 +932,14 @@
     if (!(ser.tokens_per_s || []).length && (ser.samples_per_s || []).length) specs[2] = ["samples_per_s", "samples/s", (v) => F.count(v, "")];
     for (const [k, label, fmt] of specs) el.append(lineChart(label, [{pts: ser[k] || []}], fmt, k, alerts));
     /* the step monitor's series, where the run has them */
-    const parts = BREAKDOWN.filter(([k]) => (ser[k] || []).length).map(([k, name, color]) => ({name, color, pts: ser[k], key: k}));
+    let parts = BREAKDOWN.filter(([k]) => (ser[k] || []).length).map(([k, name, color]) => ({name, color, pts: ser[k], key: k}));
+    /* on a CPU the host is the device: device busy is the host time and idle the data wait, the same points; one
+       line each, named for both (two lines drawn on top of each other showed two of four legend entries) */
+    const same = (a, b) => a.length === b.length && a.every((p, i) => p[0] === b[i][0] && p[1] === b[i][1]);
+    for (const [dup, of, also] of [["step/device_busy_ms", "step/host_ms", "device busy"], ["step/idle_ms", "step/data_wait_ms", "idle"]]) {
+      const d = parts.find((p) => p.key === dup), o = parts.find((p) => p.key === of);
+      if (d && o && same(d.pts, o.pts)) { parts = parts.filter((p) => p !== d); o.name += " = " + also; }
+    }
     if (parts.length) el.append(lineChart("step breakdown (median per log interval)", parts, ms, "step_breakdown", alerts));
     const gpu = [["gpu/energy_j_per_token", "energy per token", (v) => sig(v) + " J", "energy_per_token"],
       ["gpu/power_w", "power", (v) => sig(v) + " W", "power"], ["gpu/sm_clock_mhz", "SM clock", (v) => v >= 1000 ? sig(v / 1000) + " GHz" : sig(v) + " MHz", "sm_clock"]];
