@@ -48,6 +48,10 @@ def test_small_changes_and_large_figures_read_plainly():
     assert _change(4.0, 3.6, lower_better=True) == "-10.0% (1.11x faster)"
     assert _change(3.6, 4.0, lower_better=True) == "+11.1% (1.11x slower)"
     assert _ms(12.86) == "12,860" and _ms(0.05613) == "56.13"  # thousands separated, never an exponent
+    from tscope_callbacks.analysis.diff import _ratio
+
+    assert (_ratio(1.005), _ratio(0.9531), _ratio(1.03), _ratio(12.5), _ratio(None)) == (
+        "1.005x", "0.953x", "1.030x", "12.5x", "–")  # one format near 1 (it read "1x", "0.953x" and "1.03x")
 
 
 def test_different_work_is_said_and_not_timed_against():

@@ -59,19 +59,19 @@ class StepDiff:
     def to_markdown(self, top: int = 15) -> str:
         la, lb = self.labels
         lines = [f"## Step diff — {la} → {lb}", "", f"| | {la} | {lb} | change |", "|---|---|---|---|"]
-        lines += [f"| {name} | {va} | {vb} | {ch} |" for name, va, vb, ch in self.headline]
+        lines += [f"| {name} | {va or '–'} | {vb or '–'} | {ch} |" for name, va, vb, ch in self.headline]
         lines += [""] + [f"- {n}" for n in self.notes]
         for title, rows in ((f"Layers ({self.basis}, self time, all phases; largest change first)", self.layers),
                             (f"Op classes ({self.basis})", self.classes)):
             lines += ["", f"### {title}", "", f"| name | {la} ms | {lb} ms | change ms | {lb}/{la} |",
                       "|---|---|---|---|---|"]
             for r in rows[:top]:
-                lines.append(f"| `{r.name or '(root)'}` | {_ms(r.a_s)} | {_ms(r.b_s)} | {r.delta_s * 1e3:+.4g} | "
-                             f"{'' if r.ratio is None else f'{r.ratio:.3g}x'} |")
+                lines.append(f"| `{r.name or '(root)'}` | {_ms(r.a_s) or '–'} | {_ms(r.b_s) or '–'} | "
+                             f"{r.delta_s * 1e3:+.3g} | {_ratio(r.ratio)} |")
             if len(rows) > top:
                 rest = rows[top:]
                 lines.append(f"| ({len(rest)} more) | {_ms(sum(r.a_s or 0 for r in rest))} | "
-                             f"{_ms(sum(r.b_s or 0 for r in rest))} | {sum(r.delta_s for r in rest) * 1e3:+.4g} | |")
+                             f"{_ms(sum(r.b_s or 0 for r in rest))} | {sum(r.delta_s for r in rest) * 1e3:+.3g} | |")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -80,6 +80,13 @@ class StepDiff:
         return {"labels": list(self.labels), "same_work": self.same_work, "basis": self.basis, "notes": self.notes,
                 "headline": [{"figure": n, "a": a, "b": b, "change": c} for n, a, b, c in self.headline],
                 "layers": rows(self.layers), "classes": rows(self.classes)}
+
+
+def _ratio(r: float | None) -> str:
+    """B / A: three decimals near 1 (1.005x, 0.953x; three significant figures read "1x"), else 3 figures."""
+    if r is None:
+        return "–"
+    return f"{r:.3f}x" if 0.1 <= r < 10 else f"{r:.3g}x"
 
 
 def _ms(s: float | None) -> str:
