@@ -95,7 +95,17 @@ def compiled_step():
                    for k, v in kernels[id(mod)].items() if k.startswith("cpp_fused"))
     with ts.profile(m) as pe:
         step(m)
+    _AGAIN["profile"] = lambda: _profiled(cm, step)
     return pc, pe, before, after, restored
+
+
+_AGAIN: dict = {}  #: the compiled step profiled once more, for checks that time it (see the coverage test)
+
+
+def _profiled(cm, step):
+    with ts.profile(cm) as p:
+        step(cm)
+    return p
 
 
 def test_compiled_execution_is_recorded_without_recompiling(compiled_step):
@@ -133,7 +143,13 @@ def test_compiled_step_time_coverage(compiled_step):
     # wrapper and our recording); the report's step basis is their sum (CPU)
     timed = sum(r.time_s or 0.0 for r in pc.ops)
     assert pc.meta["step_time_basis"] == "op-time" and pc.meta["step_time_s"] == pytest.approx(timed)
-    assert timed / pc.wall_time_s > 0.3
+    # a timing: the best of up to three profiled steps, since a shared machine's pause inside one region (CI once
+    # saw 14 ms of op time in a 394 ms region; here 12 of 16-19 ms) is not the capture's cost
+    shares = [timed / pc.wall_time_s]
+    while max(shares) <= 0.3 and len(shares) < 3:
+        p = _AGAIN["profile"]()
+        shares.append(sum(r.time_s or 0.0 for r in p.ops) / p.wall_time_s)
+    assert max(shares) > 0.3, shares
 
 
 def test_report_says_compiled_and_gives_no_fusion_advice(compiled_step):
