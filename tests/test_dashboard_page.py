@@ -548,6 +548,9 @@ def test_untimed_step_shows_expected_layer_times(driver, tmp_path):
         exp[(x.layer, x.phase)] = exp.get((x.layer, x.phase), 0.0) + x.expected_s
     rows = driver.find_elements("css selector", "#tree-table tr.tree-row")
     assert rows and "expected kernel time per layer" in driver.find_element("css selector", "#tree-basis").text
+    heads = [th.text for th in driver.find_elements("css selector", "#tree-table th")][2:6]
+    assert heads == ["fwd self ms, expected", "fwd total ms, expected", "bwd self ms, expected",
+                     "bwd total ms, expected"]
     ms = lambda s: sig(s * 1e3)  # noqa: E731  (the page's F.ms)
     checked = 0
     for r in rows:

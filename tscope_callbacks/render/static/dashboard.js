@@ -658,7 +658,8 @@
     $("#tree-basis").textContent = (untimed() ? "expected kernel time per layer, forward / backward, self and total (total includes children): an estimate, nothing was timed; bar = total expected time (blue fwd, orange bwd)" : "forward / backward time self and total (total includes children) from the layer hooks; bar = total time (blue fwd, orange bwd)") + "; memory = the bytes the layer's forward / backward added (allocator readings on CUDA, tracked live storages on CPU)" +
       ((r.layers || []).some((L) => !num(L.memory_fwd_bytes)) ? " (not measured in this step: –)" : "");
     const tb = h("table", {class: "t", id: "tree-table"});
-    tb.append(h("tr", {}, ["layer", "", "fwd self ms", "fwd total ms", "bwd self ms", "bwd total ms", "FLOPs", "bytes", "mem fwd", "mem bwd", "params", "in shapes", "out shapes", "grad shapes", "NaN/Inf"].map((c, i) => h("th", {class: i >= 2 && i <= 10 ? "n" : null, text: c,
+    const tc = (c) => untimed() ? c.replace(" ms", " ms, expected") : c;  /* an estimate says so in its headers */
+    tb.append(h("tr", {}, ["layer", "", tc("fwd self ms"), tc("fwd total ms"), tc("bwd self ms"), tc("bwd total ms"), "FLOPs", "bytes", "mem fwd", "mem bwd", "params", "in shapes", "out shapes", "grad shapes", "NaN/Inf"].map((c, i) => h("th", {class: i >= 2 && i <= 10 ? "n" : null, text: c,
       title: {"in shapes": "input shapes", "out shapes": "output shapes", "grad shapes": "gradient output shapes (hover a cell: input gradients)", "NaN/Inf": "non-finite outputs or gradients"}[c] || null}))));
     el.append(tb);
     const rows = TREE.kids.length === 1 && !TREE.info ? [TREE.kids[0]] : [TREE];
