@@ -136,10 +136,6 @@ class Window(pl.Callback):
                 out.append(a.elapsed_time(b))
         return out
 
-    def ms_per_step(self) -> float:
-        steps = self.step_ms()
-        return sum(steps) / len(steps)
-
 
 def fit_steps(w: Workload, device: str, callbacks: list, *, first: int, last: int, detect_anomaly: bool = False,
               seed: int = 0) -> tuple[list[float], pl.Trainer]:
