@@ -89,8 +89,13 @@ def _ratio(r: float | None) -> str:
     return f"{r:.3f}x" if 0.1 <= r < 10 else f"{r:.3g}x"
 
 
+def _num(x: float | None, scale: float = 1.0) -> str:
+    """``x * scale``, thousands separated (never an exponent); "" when missing."""
+    return _n(x * scale) if x is not None else ""
+
+
 def _ms(s: float | None) -> str:
-    return _n(s * 1e3) if s is not None else ""
+    return _num(s, 1e3)
 
 
 def _throughput(summary: dict[str, Any]) -> float | None:
@@ -149,11 +154,11 @@ def diff_reports(a: RooflineView, b: RooflineView, labels: tuple[str, str] = ("A
         d.notes.append(f"the step times have different bases: {a.step_time_source} vs {b.step_time_source}")
     # MFU is against each step's matrix roof; a measured roof widened where an op beat it differs from step to step:
     # the change is then on the first step's roof
-    mfu_b, pa_, pb_ = b.mfu, getattr(a, "mfu_peak_flops", None), getattr(b, "mfu_peak_flops", None)
-    if mfu_b is not None and pa_ and pb_ and abs(pb_ / pa_ - 1) > 1e-3:
-        mfu_b = mfu_b * pb_ / pa_
-        d.notes.append(f"the steps' MFU roofs differ ({_n(pa_ / 1e9)} vs {_n(pb_ / 1e9)} GFLOP/s): the MFU change is "
-                       f"on {labels[0]}'s roof ({labels[1]} there: {mfu_b:.2%})")
+    mfu_b, roof_a, roof_b = b.mfu, a.mfu_peak_flops, b.mfu_peak_flops
+    if mfu_b is not None and roof_a and roof_b and abs(roof_b / roof_a - 1) > 1e-3:
+        mfu_b = mfu_b * roof_b / roof_a
+        d.notes.append(f"the steps' MFU roofs differ ({_num(roof_a, 1e-9)} vs {_num(roof_b, 1e-9)} GFLOP/s): the MFU "
+                       f"change is on {labels[0]}'s roof ({labels[1]} there: {mfu_b:.2%})")
     ma, mb = model_summary(a), model_summary(b)
     pa, pb = _peak(a), _peak(b)
     step_a, step_b = sa or a.estimated_step_s, sb or b.estimated_step_s
@@ -161,7 +166,7 @@ def diff_reports(a: RooflineView, b: RooflineView, labels: tuple[str, str] = ("A
         ("step ms" + ("" if sa is not None and sb is not None else " (expected)"), _ms(step_a), _ms(step_b),
          _change(step_a, step_b, lower_better=True) if d.same_work else "(different work)"),
         ("MFU", fig(a.mfu, ".2%"), fig(b.mfu, ".2%"), _change(a.mfu, mfu_b, points=True)),
-        ("model GFLOP per step", _n(fa / 1e9) if fa is not None else "", _n(fb / 1e9) if fb is not None else "", _change(fa, fb)),
+        ("model GFLOP per step", _num(fa, 1e-9), _num(fb, 1e-9), _change(fa, fb)),
         ("tokens/s" if ma.get("tokens_per_s") else "samples/s", fig(_throughput(ma), ",.0f"),
          fig(_throughput(mb), ",.0f"), _change(_throughput(ma), _throughput(mb))),
         ("op time ms", _ms((a.op_time_s or 0) if timed else None), _ms((b.op_time_s or 0) if timed else None),
@@ -169,7 +174,7 @@ def diff_reports(a: RooflineView, b: RooflineView, labels: tuple[str, str] = ("A
         ("ops", str(len(a.op_roofs)), str(len(b.op_roofs)), _change(len(a.op_roofs), len(b.op_roofs))),
     ]
     if pa is not None or pb is not None:
-        d.headline.append(("step peak MiB", _n(pa / 2**20) if pa is not None else "", _n(pb / 2**20) if pb is not None else "", _change(pa, pb)))
+        d.headline.append(("step peak MiB", _num(pa, 2**-20), _num(pb, 2**-20), _change(pa, pb)))
     for attr, rows in (("layers", "layer_totals"), ("classes", "category_rows")):
         ta, tb = _times(getattr(a, rows), timed), _times(getattr(b, rows), timed)
         out = [DiffRow(k, ta.get(k), tb.get(k)) for k in sorted(set(ta) | set(tb))]  # ties by name
