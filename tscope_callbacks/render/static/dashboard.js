@@ -1073,6 +1073,7 @@
     /* a row's change is coloured when it is over 1% and over the steps' noise floor (their times' own spread) */
     const floor = Math.max(A.noiseFloor || 0, B.noiseFloor || 0);
     const real = (r, ratio) => ratio != null && Math.abs(ratio - 1) >= NOISE_REL && Math.abs(r.d) >= floor;
+    const signedMs = (d) => (d >= 0 ? "+" : "") + sig(d * 1e3);
     const tim = (rows, key) => { const m = new Map(); for (const x of rows || []) m.set(key(x), timed ? (x.measured_s || 0) : x.expected_s); return m; };
     for (const [title, kind, keyf, id] of [["Layers", "layer", (x) => x.layer, "diff-layers"], ["Op classes", "category", (x) => x.name, "diff-classes"]]) {
       const ta = tim((a.rows || {})[kind], keyf), tbm = tim((b.rows || {})[kind], keyf);
@@ -1083,9 +1084,13 @@
       for (const r of rows.slice(0, 12)) {
         const ratio = r.a && r.b != null ? r.b / r.a : null;
         t.append(h("tr", {}, h("td", {class: "mono", text: r.name || "(root)"}), h("td", {class: "n", text: F.ms(r.a)}), h("td", {class: "n", text: F.ms(r.b)}),
-          h("td", {class: "n " + (!real(r, ratio) ? "" : r.d < 0 ? "chg-good" : r.d > 0 ? "chg-bad" : ""), text: (r.d >= 0 ? "+" : "") + sig(r.d * 1e3)}), h("td", {class: "n", text: ratio != null ? F.ratio(ratio) : ""})));
+          h("td", {class: "n " + (!real(r, ratio) ? "" : r.d < 0 ? "chg-good" : r.d > 0 ? "chg-bad" : ""), text: signedMs(r.d)}), h("td", {class: "n", text: ratio != null ? F.ratio(ratio) : ""})));
       }
-      if (rows.length > 12) { const rest = rows.slice(12); t.append(h("tr", {}, h("td", {class: "muted", text: "(" + rest.length + " more)"}), h("td", {class: "n", text: F.ms(rest.reduce((s1, r) => s1 + (r.a || 0), 0))}), h("td", {class: "n", text: F.ms(rest.reduce((s1, r) => s1 + (r.b || 0), 0))}), h("td", {class: "n", text: (rest.reduce((s1, r) => s1 + r.d, 0) >= 0 ? "+" : "") + sig(rest.reduce((s1, r) => s1 + r.d, 0) * 1e3)}), h("td", {}))); }
+      if (rows.length > 12) {
+        const rest = rows.slice(12), sum = (f) => rest.reduce((s1, r) => s1 + (f(r) || 0), 0);
+        t.append(h("tr", {}, h("td", {class: "muted", text: "(" + rest.length + " more)"}), h("td", {class: "n", text: F.ms(sum((r) => r.a))}),
+          h("td", {class: "n", text: F.ms(sum((r) => r.b))}), h("td", {class: "n", text: signedMs(sum((r) => r.d))}), h("td", {})));
+      }
       wrap.append(h("div", {}, h("h2", {text: title + " (" + basis + ")"}), h("div", {class: "scroll", style: "max-height:300px"}, t)));
     }
     el.append(wrap);
