@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install lint docs docs-serve dist clean
+.PHONY: demo test test-all install lint docs docs-serve dist clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/tscope demo
 
+# `make test`: the suite without the tests marked slow (a few minutes on 2 cores); `make test-all`: every test
+# (the multi-process DDP/FSDP fits, inductor, packaging, the GPU scripts' CPU smoke), before each release
 test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
+
+test-all: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)

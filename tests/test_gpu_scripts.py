@@ -1,5 +1,8 @@
 """The GPU verification script and benchmarks run end to end in their CPU smoke mode (their CUDA-only checks say
-SKIP): a script that can only be run on a rented GPU must not first fail there on a typo."""
+SKIP): a script that can only be run on a rented GPU must not first fail there on a typo.
+
+Slow (80 s: each script imports torch and runs its CPU smoke model): `make test-all` runs them; in `make test`,
+tests/test_script_imports.py resolves every package name each script imports."""
 
 from __future__ import annotations
 
@@ -7,6 +10,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 

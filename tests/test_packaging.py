@@ -4,7 +4,7 @@ the wheel installs into a fresh venv that already has torch without touching tha
 The fresh venv sees this environment's packages the way ``python -m venv --system-site-packages`` sees a system
 Python's: a ``.pth`` line puts this environment's site-packages after the venv's own. The install goes through
 ``--no-index`` and a constraints file pinning the installed torch (the README's recipe), so nothing is downloaded
-and torch cannot be replaced. Takes about a minute on a 2-core CPU.
+and torch cannot be replaced. Takes about a minute on a 2-core CPU: marked slow (`make test-all` runs it).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 def _env() -> dict[str, str]:
