@@ -33,7 +33,7 @@ TOP = "tscope_callbacks"
 #: lowest first; a module may import modules of its own layer or below. "" is the package's top level (its
 #: ``__init__``, which reaches every layer's public names): only the layers above it may import it
 LAYERS: list[tuple[str, ...]] = [
-    ("records", "rng"),
+    ("records", "rng", "hostclock"),
     ("devices", "formulas"),
     ("capture",),
     ("analysis",),

@@ -15,6 +15,7 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 
 from tests.cb_utils import FAST
+from tests.scripted_host import StepCost
 from tests.test_step_monitor import _Flags, _Net
 from tscope_callbacks.callbacks.monitor import StepMonitor
 from tscope_callbacks.devices import nvml
@@ -140,14 +141,16 @@ class _Mfu(pl.Callback):
     last_mfu = 0.05
 
 
-def test_monitor_logs_telemetry_and_flags_the_mfu_witness(pynvml, tmp_path, caplog) -> None:
+def test_monitor_logs_telemetry_and_flags_the_mfu_witness(pynvml, host, tmp_path, caplog) -> None:
+    # every step takes 5 ms on the scripted host: no slow-step diagnosis (tscope's own work, which drops an
+    # interval's energy) can start because the machine is busy
     mon = StepMonitor()
 
     class _Inject(pl.Callback):  # a CPU run: open the fake GPU's telemetry as the monitor does on CUDA
         def on_fit_start(self, trainer, pl_module):
             mon._tel, mon.telemetry_off = nvml.open_telemetry(0)
 
-    trainer = pl.Trainer(max_steps=40, callbacks=[mon, _Inject(), _Mfu()],
+    trainer = pl.Trainer(max_steps=40, callbacks=[mon, _Inject(), _Mfu(), StepCost(host)],
                          logger=CSVLogger(str(tmp_path), name="run"), **{**FAST, "log_every_n_steps": 10})
     with caplog.at_level(logging.WARNING, logger="tscope_callbacks"):
         trainer.fit(_Net(_Flags()))
@@ -165,7 +168,7 @@ def test_monitor_logs_telemetry_and_flags_the_mfu_witness(pynvml, tmp_path, capl
     assert len(msgs) == 1 and "MFU is 5.0%" in msgs[0]  # 61.5% active vs 5% MFU: beyond the 20-point margin
 
 
-def test_an_interval_with_tscopes_own_work_logs_no_energy_per_step(pynvml, tmp_path) -> None:
+def test_an_interval_with_tscopes_own_work_logs_no_energy_per_step(pynvml, host, tmp_path) -> None:
     # a profile, its report or timed layers inside a logging interval (session.dirty_clocks) put tscope's time into
     # the energy counter's difference: on an H200 GPT-2 fit those intervals read twice the energy per token
     from tscope_callbacks.callbacks import session
@@ -180,7 +183,8 @@ def test_an_interval_with_tscopes_own_work_logs_no_energy_per_step(pynvml, tmp_p
             if trainer.global_step == 25:
                 session.dirty_clocks(trainer)  # what a profile's end or a report's analysis does
 
-    trainer = pl.Trainer(max_steps=40, callbacks=[mon, _Inject()], logger=CSVLogger(str(tmp_path), name="run"),
+    trainer = pl.Trainer(max_steps=40, callbacks=[mon, _Inject(), StepCost(host)],
+                         logger=CSVLogger(str(tmp_path), name="run"),
                          **{**FAST, "log_every_n_steps": 10})
     trainer.fit(_Net(_Flags()))
     with open(tmp_path / "run" / "version_0" / "metrics.csv") as f:

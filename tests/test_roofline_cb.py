@@ -18,6 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader
 
 import tscope_callbacks as ts
+from tests.scripted_host import ScriptedHost, StepCost
 from tscope_callbacks.analysis.model_summary import model_summary
 
 KEYS = ["mfu", "mbu", "achieved_tflops", "measured_step_ms", "estimated_step_ms", "compute_bound_time_frac",
@@ -376,12 +377,13 @@ def test_fsdp_whatif_option_adds_the_section_and_scalars(tmp_path: Path) -> None
     assert "### FSDP over 4 GPUs (what-if, per GPU)" in (log_dir / "tscope" / "roofline_table_step_1.md").read_text()
 
 
-def test_the_step_a_report_is_written_in_is_no_mfu_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_step_a_report_is_written_in_is_no_mfu_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          host: ScriptedHost) -> None:
     """A profile series is analysed and written a few steps after it (once the steps after it are timed), inside a
     training step: that step's window is dropped, not logged as a slow window. On an H200 GPT-2 fit the report's
-    ~0.4 s of host work made one 10-step window read 95 ms a step and an automatic MFU of 7% against 11.8%."""
-    import time
+    ~0.4 s of host work made one 10-step window read 95 ms a step and an automatic MFU of 7% against 11.8%.
 
+    On the scripted host every step takes 5 ms and the report 300 ms: the windows are exact at any load."""
     from tscope_callbacks.callbacks import roofline_cb
 
     written: list[int] = []
@@ -389,20 +391,21 @@ def test_the_step_a_report_is_written_in_is_no_mfu_window(tmp_path: Path, monkey
 
     def slow_analyse(self, trainer, pl_module, result, ctx):  # the report's host work, made unmistakable: 0.3 s
         written.append(trainer.global_step)
-        time.sleep(0.3)
+        host.advance(0.3)
         return original(self, trainer, pl_module, result, ctx)
 
     monkeypatch.setattr(roofline_cb.RooflineCallback, "_analyse", slow_analyse)
     cb = ts.RooflineCallback(gpu=test_spec(), start_step=3, every_n_steps=12, profile_steps=3, wait_for_warmup=False)
-    _fit(tmp_path, [cb], max_steps=32, logger=CSVLogger(tmp_path, name="csv"), log_every_n_steps=1)
+    _fit(tmp_path, [cb, StepCost(host, 0.005)], max_steps=32, logger=CSVLogger(tmp_path, name="csv"),
+         log_every_n_steps=1)
     # the series of steps 3-5 and 15-17, each written steps later (not in its own steps); the automatic MFU runs from
     # the first report on, so the second is written inside its windows
     assert len(written) >= 2 and written[0] > 5 and written[1] > 17, written
     rows = list(csv.DictReader((tmp_path / "csv" / "version_0" / "metrics.csv").open()))
     ms = {int(r["step"]): float(r["tscope/roofline/step_ms"]) for r in rows if r.get("tscope/roofline/step_ms")}
     assert ms, "windows were logged"
-    # every logged window is a plain step of this tiny model (milliseconds), none holds the 300 ms of the report
-    assert max(ms.values()) < 150, ms
+    # every logged window is a plain 5 ms step, none holds the 300 ms of the report
+    assert list(ms.values()) == [pytest.approx(5.0)] * len(ms), ms
     # the report is written at the start of a step, before the window running since the step before closes (it is
     # logged at its last step): that window holds the 300 ms, and is dropped
     assert written[1] - 1 not in ms and written[1] in ms

@@ -2,7 +2,7 @@
 
 On CUDA a timestamp is a ``torch.cuda.Event`` recorded on the current stream; it is read (``elapsed_time``) only
 once ``query()`` says the GPU has passed it, never by waiting, so the CPU keeps running ahead of the device. On CPU
-it is ``time.perf_counter()``.
+it is the host clock (``hostclock.host_time``: ``time.perf_counter`` unless a test scripted it).
 
 Two uses:
 
@@ -21,7 +21,6 @@ Two uses:
 from __future__ import annotations
 
 import statistics
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +29,7 @@ import torch
 
 from tscope_callbacks.analysis.anomaly import StepTimes
 from tscope_callbacks.devices.calibrate import CpuSnapshot, cpu_snapshot, host_environment
+from tscope_callbacks.hostclock import host_time
 
 __all__ = ["Stamp", "StepClock", "StepBasis", "WindowTimer", "PendingWindow", "BreakdownClock", "SETTLE_STEPS", "SETTLE_TOL",
            "MIN_BASIS_STEPS"]
@@ -54,7 +54,7 @@ class Stamp:
             self.t = None
         else:
             self.event = None
-            self.t = time.perf_counter()
+            self.t = host_time()
 
     def ready(self) -> bool:
         return self.event is None or bool(self.event.query())
@@ -262,7 +262,7 @@ class BreakdownClock:
         return e
 
     def begin(self, step: int) -> None:
-        t = time.perf_counter()
+        t = host_time()
         if self._t0 is not None:  # a step that never ended (an exception, a skipped batch): left out
             self._dirty = True
         self._wait = 0.0 if self._prev_end is None else t - self._prev_end
@@ -274,7 +274,7 @@ class BreakdownClock:
         """Close the running step; on CPU its parts are known now (returned), on CUDA once :meth:`ready` sees them."""
         if self._t0 is None:
             return None
-        t = time.perf_counter()
+        t = host_time()
         host = t - self._t0
         dirty = self._dirty or self._prev_end is None
         out = None

@@ -15,13 +15,13 @@ its clean path: the user's name), nothing below it; a module compiled in place (
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
 from tscope_callbacks.capture.compiled import is_compiled_wrapper
 from tscope_callbacks.capture.paths import clean_path
+from tscope_callbacks.hostclock import host_time
 
 __all__ = ["ModuleClock", "timed_modules"]
 
@@ -73,14 +73,14 @@ class ModuleClock:
     def _pre(self, *_: Any) -> None:
         if _is_compiling():
             return  # traced inside a compiled function: a no-op there, no graph break
-        self._stack.append([time.perf_counter(), 0.0])
+        self._stack.append([host_time(), 0.0])
 
     def _post(self, path: str) -> Any:
         def hook(*_: Any) -> None:
             if _is_compiling() or not self._stack:
                 return
             t0, children = self._stack.pop()
-            inc = time.perf_counter() - t0
+            inc = host_time() - t0
             self.inclusive[path] = self.inclusive.get(path, 0.0) + inc
             self.self_s[path] = self.self_s.get(path, 0.0) + inc - children
             if self._stack:

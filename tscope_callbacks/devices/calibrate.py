@@ -32,6 +32,7 @@ from tscope_callbacks.devices.cache import cache_dir, cache_get, cache_put, spec
 from tscope_callbacks.devices.gemm import gemm_flops
 from tscope_callbacks.devices.gpu_arg import UNSET, gpu_alias
 from tscope_callbacks.devices.spec import DeviceSpec, UnknownDeviceError
+from tscope_callbacks.hostclock import CpuCounters, cpu_counters
 from tscope_callbacks.rng import rng_preserving
 
 __all__ = ["DEFAULT_CPU_BUDGET_S", "BUSY_LOAD_PER_CPU", "CpuSnapshot", "cpu_snapshot", "others_load_per_cpu",
@@ -121,30 +122,12 @@ def _time_copy(allot_s: float, *, max_bytes: int = 256 << 20) -> tuple[float, in
     return 2.0 * nbytes / best, nbytes
 
 
-@dataclass(frozen=True)
-class CpuSnapshot:
-    """CPU time counters at one moment: wall clock, all CPUs' busy seconds (``/proc/stat``; None where the OS has
-    none) and this process's own CPU seconds (all its threads)."""
-
-    wall: float
-    system_busy_s: float | None
-    own_s: float
-
-
-def _system_busy_s() -> float | None:
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = f.readline().split()
-        if fields[0] != "cpu":
-            return None
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
-        return (user + nice + system + irq + softirq + steal) / float(os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
+#: CPU time counters at one moment (``hostclock.CpuCounters``: wall clock, all CPUs' busy seconds, own CPU seconds)
+CpuSnapshot = CpuCounters
 
 
 def cpu_snapshot() -> CpuSnapshot:
-    return CpuSnapshot(time.perf_counter(), _system_busy_s(), time.process_time())
+    return cpu_counters()
 
 
 def others_load_per_cpu(since: CpuSnapshot, now: CpuSnapshot | None = None) -> float | None:
