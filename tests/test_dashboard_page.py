@@ -17,8 +17,9 @@ import warnings
 
 import pytest
 
+from tscope_callbacks.analysis.fmt import figure_text, sig
 from tscope_callbacks.dashboard import logdir as ld
-from tscope_callbacks.dashboard.page import fmt_figure, page_html, report_html, run_html, sig, standalone_data
+from tscope_callbacks.dashboard.page import page_html, report_html, run_html, standalone_data
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -132,20 +133,13 @@ def _plotted(rep: dict) -> set[tuple[str, str]]:
     return out
 
 
+def _card_text(fig: dict | None) -> str:
+    """A header figure as its card shows it: the one formatter's text (the page's JavaScript prints the same:
+    tests/js/format_cases.json)."""
+    return figure_text((fig or {}).get("value"), (fig or {}).get("unit") or "")
+
+
 # ---------- no browser needed ----------
-
-def test_sig_and_figures_format_with_units():
-    assert sig(0.002163) == "0.00216" and sig(28.58) == "28.6" and sig(1611.4) == "1,611" and sig(0) == "0"
-    assert fmt_figure({"value": 28.58, "unit": "ms"}) == "28.6 ms"
-    assert fmt_figure({"value": 0.4, "unit": "ms"}) == "400 µs"
-    assert fmt_figure({"value": 0.002163, "unit": "ratio"}) == "0.216%"
-    assert fmt_figure({"value": 675976, "unit": "B"}) == "660 KiB"  # 675,976 / 1024 = 660.1
-    assert fmt_figure({"value": 3 * 2**30, "unit": "B"}) == "3 GiB"
-    assert fmt_figure({"value": 0.0004, "unit": "TFLOP/s"}) == "400 MFLOP/s"  # 4e-4 x 1e12 = 4e8
-    assert fmt_figure({"value": 2239.3, "unit": "tokens/s"}) == "2,239 tokens/s"
-    assert fmt_figure({"value": 2.5e6, "unit": "tokens/s"}) == "2.5 M tokens/s"
-    assert fmt_figure({"value": None, "unit": "ms"}) == "–"
-
 
 def test_standalone_file_is_self_contained(page_file):
     text = page_file.read_text(encoding="utf-8")
@@ -211,14 +205,14 @@ def test_cards_show_the_reports_numbers(driver, fit_logdir):
     rep = _shown_report(fit_logdir)
     h = rep["header"]
     card = lambda k: driver.find_element("css selector", f"[data-card={k}] .value").text  # noqa: E731
-    assert card("step_time") == fmt_figure(h["step_ms"])
+    assert card("step_time") == _card_text(h["step_ms"])
     assert re.fullmatch(r"[\d.,]+ (ms|s|µs)", card("step_time"))
-    mfu_pct = float(f"{h['mfu']['value'] * 100:.3g}")  # 3 significant digits of the percentage, by hand
-    assert card("mfu") == fmt_figure(h["mfu"]) == f"{mfu_pct:g}%"
-    assert card("mbu") == fmt_figure(h["mbu"]) and card("hfu") == fmt_figure(h["hfu"])
-    assert card("tokens_per_s") == fmt_figure(h["tokens_per_s"]) and card("tokens_per_s").endswith("tokens/s")
-    assert card("memory") == fmt_figure(h["memory_peak_bytes"])
-    assert card("flop_coverage") == fmt_figure(h["flop_coverage"])
+    mfu = h["mfu"]["value"]  # 3 significant digits of the percentage, by hand ("<0.01%" below a ten-thousandth)
+    assert card("mfu") == _card_text(h["mfu"]) == (f"{float(f'{mfu * 100:.3g}'):g}%" if mfu >= 1e-4 else "<0.01%")
+    assert card("mbu") == _card_text(h["mbu"]) and card("hfu") == _card_text(h["hfu"])
+    assert card("tokens_per_s") == _card_text(h["tokens_per_s"]) and card("tokens_per_s").endswith("tokens/s")
+    assert card("memory") == _card_text(h["memory_peak_bytes"])
+    assert card("flop_coverage") == _card_text(h["flop_coverage"])
     basis = driver.find_element("css selector", "[data-card=step_time] .sub").text
     assert basis and basis.split(",")[0] in h["step_ms"]["basis"]
 
@@ -319,7 +313,7 @@ def test_diff_shows_a_change(driver, fit_logdir):
     assert heads[1:3] == [f"step {steps[0]}", f"step {steps[-1]}"]
     row = driver.find_element("css selector", '#diff-headline tr[data-figure="MFU"]')
     cells = [c.text for c in row.find_elements("css selector", "td")]
-    assert cells[1] == fmt_figure(a["header"]["mfu"]) and cells[2] == fmt_figure(b["header"]["mfu"])
+    assert cells[1] == _card_text(a["header"]["mfu"]) and cells[2] == _card_text(b["header"]["mfu"])
     d_pts = (b["header"]["mfu"]["value"] - a["header"]["mfu"]["value"]) * 100
     assert cells[3] == f"{'+' if d_pts >= 0 else ''}{sig(d_pts)} pts"
     step_row = driver.find_element("css selector", "#diff-headline tr[data-figure='step time']")
@@ -581,7 +575,7 @@ def test_sections_and_step_monitor_are_shown(driver, tmp_path):
     # the FSDP what-if: its per-GPU peak, and the collectives
     assert css("#fsdp-panel")[0].is_displayed()
     peak = driver.find_element("css selector", '#fsdp-memory [data-key="peak"]').text
-    assert peak == fmt_figure({"value": rep["fsdp_whatif"]["memory"]["peak"], "unit": "B"})
+    assert peak == _card_text({"value": rep["fsdp_whatif"]["memory"]["peak"], "unit": "B"})
     assert "all gather" in driver.find_element("css selector", "#fsdp-comm").text
     # the what-if device
     banner = driver.find_element("css selector", "#whatif-banner").text
@@ -965,12 +959,12 @@ def test_an_estimate_page_says_estimate_and_shows_its_expected_mfu(driver, tmp_p
     sel = driver.find_element("css selector", "#step-select")
     assert sel.find_elements("css selector", "option")[0].text == "estimate (no trained step)"
     assert driver.find_element("css selector", "[data-card=mfu] .label").text.lower() == "mfu (expected)"  # CSS caps
-    assert driver.find_element("css selector", "[data-card=mfu] .value").text == fmt_figure(
+    assert driver.find_element("css selector", "[data-card=mfu] .value").text == _card_text(
         {"value": est, "unit": "fraction"})
     assert "at the expected step time" in driver.find_element("css selector", "[data-card=mfu] .sub").text
     for k, v in (("mbu", sm.estimated_mbu), ("hfu", sm.estimated_hfu)):
         assert driver.find_element("css selector", f"[data-card={k}] .label").text.lower() == f"{k} (expected)"
-        assert driver.find_element("css selector", f"[data-card={k}] .value").text == fmt_figure(
+        assert driver.find_element("css selector", f"[data-card={k}] .value").text == _card_text(
             {"value": v, "unit": "fraction"})
     # the roofs drawn are the precisions the estimate ran in, as in its text report and PNG: not the H100's fp8/int8
     drawn = {r.get_attribute("data-precision") for r in driver.find_elements("css selector", "svg#roofline path.roof")}
@@ -1013,9 +1007,10 @@ def test_time_split_adds_up_to_the_measured_step(driver, tmp_path, timing):
     assert "the 4 ms step" in driver.find_element("css selector", "#split-basis").text
 
 
-def test_diff_reads_small_changes_plainly(driver, tmp_path):
-    """Noise-sized changes keep their digits and are not coloured; real ones are (an H200 diff of steps 10 and 100
-    read "1x" for 1.005 and painted +0.006 ms red)."""
+def test_diff_marks_changes_within_the_steps_noise(driver, tmp_path):
+    """The diff the page shows is the Python one (analysis.diff), served inline: a change within the two steps'
+    noise is marked so and not coloured, one beyond it is; near-1 ratios keep their digits (an H200 diff of steps 10
+    and 100 read "1x" for 1.005 and painted +0.006 ms red); MFU is compared on one roof."""
     from dataclasses import replace
 
     from selenium.webdriver.support.ui import Select
@@ -1024,17 +1019,20 @@ def test_diff_reads_small_changes_plainly(driver, tmp_path):
     from tscope_callbacks.analysis.analyze import AnalyzeOptions, analyze
 
     def step(n: int, fc_ms: float, act_ms: float, step_ms: float, wider: float = 1.0) -> dict:
-        p = make_profile([matmul(4096, 4096, 4096, time_s=fc_ms * 1e-3, layer="fc"),
-                          pointwise(4096 * 4096, dtype="bfloat16", time_s=act_ms * 1e-3, layer="act")],
-                         step=n, step_time_s=step_ms * 1e-3, step_time_basis="unprofiled-median", step_time_steps=5)
+        fc = matmul(4096, 4096, 4096, time_s=fc_ms * 1e-3, layer="fc")
+        act = pointwise(4096 * 4096, dtype="bfloat16", time_s=act_ms * 1e-3, layer="act")
+        for o in (fc, act):  # three profiled steps each, 10 µs apart: a spread of 0.02 ms per row
+            o.time_samples = [o.time_s - 1e-5, o.time_s, o.time_s + 1e-5]
+        p = make_profile([fc, act], step=n, step_time_s=step_ms * 1e-3, step_time_basis="unprofiled-median",
+                         step_time_steps=5, step_time_spread_s=0.05e-3, merged_steps=[n, n + 1, n + 2])
         spec = replace(a100(), flops={**a100().flops, "bf16": 312e12 * wider})
         return {"profile": None, "device": None,
                 "report": analyze(p, spec, AnalyzeOptions(kernel_model=False)).to_dict()}
 
     run = tmp_path / "run"
     (run / "tscope").mkdir(parents=True)
-    # fc 2 -> 2.01 ms (1.005x: noise-sized), act 1 -> 1.2 ms (1.2x), the step 4 -> 4.0001 ms (+0.0025%)
-    # step 3: step 1 again on a 4% wider matrix roof (a measured roof widened differently)
+    # fc 2 -> 2.01 ms (1.005x, within its noise of sqrt(2) x 0.02 ms), act 1 -> 1.2 ms (1.2x, beyond it), the step
+    # 4 -> 4.0001 ms (+0.0025%, within 0.07 ms); step 3: step 1 again on a 4% wider matrix roof
     for n, args in ((1, (2.0, 1.0, 4.0)), (2, (2.01, 1.2, 4.0001)), (3, (2.0, 1.0, 4.0, 1.04))):
         (run / "tscope" / f"step_{n}.json").write_text(json.dumps(step(n, *args)))
     page = tmp_path / "diff.html"
@@ -1046,17 +1044,20 @@ def test_diff_reads_small_changes_plainly(driver, tmp_path):
     rows = {r.find_elements("css selector", "td")[0].text: r.find_elements("css selector", "td")
             for r in driver.find_elements("css selector", "#diff-layers tr")[1:]}
     assert rows["fc"][4].text == "1.005x" and rows["act"][4].text == "1.200x"
-    assert "chg-" not in rows["fc"][3].get_attribute("class") and "chg-bad" in rows["act"][3].get_attribute("class")
+    assert rows["fc"][3].get_attribute("data-verdict") == "noise" and "chg-bad" not in rows["fc"][3].get_attribute("class")
+    assert rows["act"][3].get_attribute("data-verdict") == "worse" and "chg-bad" in rows["act"][3].get_attribute("class")
     cells = driver.find_element("css selector", "#diff-headline tr[data-figure='step time']").find_elements(
         "css selector", "td")
-    assert cells[3].text == "+0.00%" and "chg-" not in cells[3].get_attribute("class")
+    assert cells[3].text.startswith("+0.00%") and cells[3].get_attribute("data-verdict") == "noise"
+    assert cells[4].text == "±70.7 µs"  # sqrt(2) x 0.05 ms: both steps' typical deviation
     # the same step on a wider roof: MFU reads lower, and the change is on one roof: none
     Select(driver.find_element("css selector", "#step-select")).select_by_value("train:3")
     _wait(driver, lambda d: d.find_elements("css selector", "#diff-headline tr[data-figure='MFU']"))
     Select(driver.find_element("css selector", "#diff-select")).select_by_value("train:1")
     _wait(driver, lambda d: "MFU roofs differ" in d.find_element("css selector", "#diff").text)
     mfu = driver.find_element("css selector", "#diff-headline tr[data-figure='MFU']").find_elements("css selector", "td")
-    assert mfu[1].text != mfu[2].text and mfu[3].text == "+0 pts" and "chg-" not in mfu[3].get_attribute("class")
+    assert mfu[1].text != mfu[2].text and mfu[3].text.startswith("+0 pts")
+    assert mfu[3].get_attribute("data-verdict") == "noise"
 
 
 def test_cpu_step_breakdown_draws_each_line_once(driver, tmp_path):

@@ -57,6 +57,10 @@ def test_wheel_and_sdist_carry_license_types_and_device_tables(dist: Path) -> No
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     # the TSCOPE tab: its ES module ships, and TensorBoard finds the plugin through the entry point
     assert "tscope_callbacks/dashboard/static/index.js" in names
+    # the dashboard page's JavaScript modules (inlined into the page at run time)
+    js = Path(ROOT, "tscope_callbacks/render/static/js")
+    for f in sorted(js.glob("*.js")):
+        assert f"tscope_callbacks/render/static/js/{f.name}" in names, f.name
     eps = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert "[tensorboard_plugins]\ntscope = tscope_callbacks.dashboard.plugin:TscopePlugin" in eps
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()

@@ -224,7 +224,10 @@ def test_tab_cards_roofline_tooltip_tree_and_diff(tab, server: str) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
-    from tscope_callbacks.dashboard.page import fmt_figure
+    from tscope_callbacks.analysis.fmt import figure_text
+
+    def fmt_figure(fig):
+        return figure_text((fig or {}).get("value"), (fig or {}).get("unit") or "")
 
     d = tab
     steps = _good_steps(server)

@@ -196,7 +196,8 @@ def _context(meta: dict[str, Any]) -> RunContext:
                       roof_notes=tuple(str(n) for n in meta.get("roof_notes") or ()),
                       compiled_capture=json_safe(meta.get("compiled_capture")) or None,
                       compiled_modules_run_eagerly=tup(meta.get("compiled_modules_run_eagerly")) or None,
-                      micro_batches=int(meta.get("micro_batches") or 1))
+                      micro_batches=int(meta.get("micro_batches") or 1),
+                      attention_flops=meta.get("attention_flops"))
 
 
 def _noise(eng: RooflineAnalysis, suppressed: list[Finding], step: float | None) -> NoiseSection:

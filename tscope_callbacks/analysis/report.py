@@ -581,6 +581,7 @@ class RunContext:
     compiled_capture: dict[str, Any] | None = None
     compiled_modules_run_eagerly: tuple[str, ...] | None = None
     micro_batches: int = 1
+    attention_flops: str | None = None  #: the model-FLOPs convention of causal attention ("attended"/"full")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from tscope_callbacks.analysis.report import ReportLike
 from tscope_callbacks.cli.args import output_file, positive_int
 
 __all__ = ["add_arguments", "run"]
@@ -21,15 +22,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, type=output_file, metavar="OUT.json", help="write the comparison as JSON here")
 
 
+def _report(path: str, gpu: str | None) -> ReportLike:
+    """The step's saved report (what the callback wrote: the numbers the dashboard shows); with ``gpu``, or for a
+    file without one, its profile analysed."""
+    from tscope_callbacks.analysis.report import StepFileError, load_step_file
+    from tscope_callbacks.api import load_profile_file, roofline
+
+    if gpu is None:
+        try:
+            return load_step_file(path)
+        except StepFileError:
+            pass  # a profile without a report (or of another version): analysed below, or its one-line error
+    prof, dev = load_profile_file(path)
+    return roofline(prof, gpu or dev or None)
+
+
 def run(args: argparse.Namespace) -> int:
     from tscope_callbacks.analysis.diff import diff_reports
-    from tscope_callbacks.api import load_profile_file, roofline
 
     reports = []
     for path in (args.a, args.b):
         try:
-            prof, dev = load_profile_file(path)
-            reports.append(roofline(prof, args.gpu or dev or None))
+            reports.append(_report(path, args.gpu))
         except (LookupError, ValueError, OSError) as e:
             msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
             print(f"tscope diff: {msg or type(e).__name__}", file=sys.stderr)

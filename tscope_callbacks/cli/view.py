@@ -52,32 +52,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def serve(logdir: str, host: str = "127.0.0.1", port: int = 6007, *, ready: object = None) -> int:
-    """Serve the page in its fetching mode with the plugin's four routes, read from ``logdir`` on every request.
-    ``ready``: a ``threading.Event``-like object set once listening (its ``port`` and ``server`` attributes set), for
-    tests."""
-    import json
+    """Serve the page in its fetching mode with the plugin's data routes (``dashboard.routes``), read from ``logdir``
+    on every request. ``ready``: a ``threading.Event``-like object set once listening (its ``port`` and ``server``
+    attributes set), for tests."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import parse_qs, urlparse
 
-    from tscope_callbacks.dashboard import logdir as ld
     from tscope_callbacks.dashboard.page import page_html
+    from tscope_callbacks.dashboard.routes import Routes
 
     page = page_html(None, title=f"tscope · {os.path.basename(os.path.abspath(logdir))}").encode("utf-8")
-    root = os.path.abspath(logdir)
-
-    def run_dir(name: str | None) -> str:
-        if name is None:
-            raise ValueError("missing run")
-        d = os.path.abspath(os.path.join(root, name))
-        if os.path.commonpath([d, root]) != root:
-            raise ValueError(f"run {name!r} is outside the log dir")
-        return d
-
-    def step_args(q: dict) -> tuple[int, str]:
-        try:
-            return int(q.get("step", [""])[0]), q.get("stage", ["train"])[0] or "train"
-        except ValueError:
-            raise ValueError("step must be a whole number") from None
+    routes = Routes(os.path.abspath(logdir))
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, fmt: str, *a: object) -> None:  # quiet: one line per request is noise here
@@ -93,39 +78,21 @@ def serve(logdir: str, host: str = "127.0.0.1", port: int = 6007, *, ready: obje
 
         def do_GET(self) -> None:
             u = urlparse(self.path)
-            q = parse_qs(u.query)
             route = u.path.rstrip("/").rsplit("/", 1)[-1]
-            try:
-                if route in ("", "index.html"):
-                    return self._send(page, "text/html; charset=utf-8")
-                if route == "runs":
-                    out = ld.scan(root)
-                    for r in out["runs"]:
-                        r.pop("dir", None)
-                elif route == "step":
-                    step, stage = step_args(q)
-                    out = {k: v for k, v in ld.load(run_dir(q.get("run", [None])[0]), step, stage).items()
-                           if k != "ops"}
-                elif route == "ops":
-                    step, stage = step_args(q)
-                    out = ld.ops(run_dir(q.get("run", [None])[0]), step, stage, q.get("layer", [""])[0])
-                elif route == "series":
-                    out = ld.series(run_dir(q.get("run", [None])[0]))
-                else:
-                    self.send_error(404)
-                    return None
-            except ValueError as e:
-                out = {"error": str(e)}
-            except Exception as e:  # never takes the server down
-                out = {"error": f"{type(e).__name__}: {e}"}
-            return self._send(json.dumps(out, allow_nan=False).encode("utf-8"), "application/json")
+            if route in ("", "index.html"):
+                return self._send(page, "text/html; charset=utf-8")
+            body = routes.answer(route, {k: v[0] for k, v in parse_qs(u.query).items()})
+            if body is None:
+                self.send_error(404)
+                return None
+            return self._send(body, "application/json")
 
     try:
         srv = ThreadingHTTPServer((host, port), Handler)
     except OSError as e:
         print(f"tscope view: cannot listen on {host}:{port}: {e.strerror or e} (pass --port)", file=sys.stderr)
         return 2
-    print(f"tscope dashboard of {root} on http://{host}:{srv.server_address[1]}/ (Ctrl-C stops)", flush=True)
+    print(f"tscope dashboard of {os.path.abspath(logdir)} on http://{host}:{srv.server_address[1]}/ (Ctrl-C stops)", flush=True)
     if ready is not None:
         ready.port = srv.server_address[1]  # type: ignore[attr-defined]
         ready.server = srv  # type: ignore[attr-defined]  (``ready.server.shutdown()`` stops it)

@@ -3,11 +3,14 @@
 Shared by the TensorBoard plugin (``dashboard/plugin.py``) and the standalone page (``tscope view``, ``to_html``).
 Nothing here raises for bad input: a file that cannot be read is listed with its error, and the rest is shown.
 
-- ``scan(logdir) -> {"runs": [{"run", "dir", "steps": [{"step", "stage", "readable", "error"}]}], "hint"}``:
+- ``scan(logdir) -> {"runs": [{"run", "dir", "steps": [{"step", "stage", "readable", "error", "details"}], "open"}],
+  "hint"}``:
   every directory under ``logdir`` holding ``tscope/step_<N>.json`` or ``tscope/<stage>_step_<N>.json`` is a run,
   named as TensorBoard names it (its path relative to ``logdir``; ``"."`` for ``logdir`` itself). The files are
   listed again on every call, so a run still being written shows its new steps; a file is parsed again only when
-  its (path, mtime, size) changed. ``hint`` says how to add the callback when no run holds tscope data.
+  its (path, mtime, size) changed. ``details``: the step has layer details; ``open``: the step the page opens the run
+  on (``render.dashboard.open_step``), ``"<stage>:<step>"`` or None. ``hint`` says how to add the callback when no
+  run holds tscope data.
 - ``load(run_dir, step, stage="train") -> dict``: the step's StepReport dict (the contract of
   ``StepReport.to_dict()``, schema ``"tscope.step_report"`` version 2), or ``{"error": "<one line>"}`` for a missing,
   corrupt, half-written or older-schema file (the message names the schema version found).
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tscope_callbacks.analysis.report import ALERTS_FILE, StepFileError, read_alerts_file, read_step_json
+from tscope_callbacks.render.dashboard import layer_details, open_step
 
 __all__ = ["HINT", "OPS_CAP", "SCHEMA", "SCHEMA_VERSION", "StepFileError", "load", "ops", "read_step_file",
            "scan", "series", "step_path"]
@@ -86,7 +90,7 @@ class _Cache:
 
 
 _REPORTS = _Cache(16, max_bytes=48_000_000)  # key -> report dict or StepFileError (the newest kept always)
-_STATUS = _Cache(4096)  # key -> error message or None (readable): small, for the runs index
+_STATUS = _Cache(4096)  # key -> (error message or None (readable), layer details): small, for the runs index
 
 
 def _key(path: Path) -> tuple | None:
@@ -155,25 +159,26 @@ def _parse_cached(path: Path) -> dict:
         except StepFileError as e:
             hit = e
         _REPORTS.put(key, hit)
-        _STATUS.put(key, str(hit) if isinstance(hit, StepFileError) else None)
+        _STATUS.put(key, (str(hit), False) if isinstance(hit, StepFileError) else (None, layer_details(hit)))
     if isinstance(hit, StepFileError):
         raise hit
     return hit
 
 
-def _status(path: Path) -> str | None:
-    """None when the file is readable, else its error (parsed once per (path, mtime, size))."""
+def _status(path: Path) -> tuple[str | None, bool]:
+    """(None when the file is readable, else its error; whether it has layer details), parsed once per (path, mtime,
+    size)."""
     key = _key(path)
     if key is None:
-        return f"{path.name}: removed while listing"
+        return f"{path.name}: removed while listing", False
     if key not in _STATUS:
         try:
             _parse_cached(path)
         except StepFileError:
             pass
         except Exception as e:  # never let one file break the index
-            _STATUS.put(key, f"{path.name}: cannot be read ({type(e).__name__}: {e})")
-    return _STATUS.get(key)
+            _STATUS.put(key, (f"{path.name}: cannot be read ({type(e).__name__}: {e})", False))
+    return _STATUS.get(key) or (None, False)
 
 
 # ---------------------------------------------------------------------------------------------------- the index
@@ -222,9 +227,9 @@ def scan(logdir: str | os.PathLike) -> dict:
     for rd in _run_dirs(logdir):
         steps = []
         for stage, step, path in _step_files(rd / "tscope"):
-            err = _status(path)
-            steps.append({"step": step, "stage": stage, "readable": err is None, "error": err})
-        runs.append({"run": run_name(logdir, rd), "dir": str(rd), "steps": steps})
+            err, details = _status(path)
+            steps.append({"step": step, "stage": stage, "readable": err is None, "error": err, "details": details})
+        runs.append({"run": run_name(logdir, rd), "dir": str(rd), "steps": steps, "open": open_step(steps)})
     return {"runs": runs, "hint": None if runs else HINT}
 
 
@@ -358,7 +363,7 @@ def series(run_dir: str | os.PathLike) -> dict:
                 d[int(s)] = v  # a later event at the same step wins, as in TensorBoard
     profiles: dict[str, dict[int, float]] = {}
     for stage, step, path in _step_files(run_dir / "tscope"):
-        if stage != "train" or _status(path) is not None:
+        if stage != "train" or _status(path)[0] is not None:
             continue
         try:
             header = _parse_cached(path).get("header") or {}

@@ -9,16 +9,14 @@ import re
 
 from tscope_callbacks.render.dashboard import (
     OPS_BUDGET_BYTES,
-    fmt_figure,
     pack_ops,
     page_html,
     report_html,
     series_from_reports,
-    sig,
     standalone_data,
 )
 
-__all__ = ["page_html", "standalone_data", "report_html", "run_html", "run_name_of", "fmt_figure", "sig", "write_html", "pack_ops",
+__all__ = ["page_html", "standalone_data", "report_html", "run_html", "run_name_of", "write_html", "pack_ops",
            "series_from_reports", "OPS_BUDGET_BYTES"]
 
 

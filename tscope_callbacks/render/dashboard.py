@@ -1,23 +1,40 @@
-"""The tscope dashboard page (``tscope_callbacks.dashboard.page`` re-exports it): one HTML page (inline JS and CSS, no library, no network) that renders StepReport dicts.
+"""The tscope dashboard page (``tscope_callbacks.dashboard.page`` re-exports it): one HTML page (inline JS and CSS,
+no library, no network) that renders StepReport dicts, and what it needs computed in Python.
 
-Two modes, one JS data layer (``static/dashboard.js``, ``API``):
+The page's JavaScript is small CommonJS modules in ``static/js/`` (``main.js`` starts the page; the pure ones --
+formatting, scales, the layer tree, the report's cards, the steps -- have ``node --test`` tests in ``tests/js``).
+:func:`page_script` inlines them behind a loader of a few lines (each module a function of ``module, exports,
+require``, as node wraps it), so the page stays one self-contained file: the standalone page, the TSCOPE tab
+(served by the TensorBoard plugin with the script's hash in its CSP) and W&B's ``wandb.Html``.
+
+Rules are computed here, not in the JavaScript: the step diff (``analysis.diff``), the warnings on how far the times
+can be trusted (``render.notes.environment_warnings``) and whether a step has layer details.
+
+Two modes, one JS data layer (``static/js/data.js``):
 
 - **TensorBoard mode** (``page_html(None)``): the page fetches the plugin's routes, relative to its own URL (or to
-  ``window.TSCOPE_BASE`` when the host sets it): ``runs``, ``step?run=&step=&stage=``, ``ops?run=&step=&stage=&layer=``
-  and ``series?run=``.
+  ``window.TSCOPE_BASE`` when the host sets it): ``runs``, ``step?run=&step=&stage=``, ``ops?run=&step=&stage=&layer=``,
+  ``series?run=`` and ``diff?run=&a=<stage>:<step>&b=<stage>:<step>``.
 - **Standalone mode** (``page_html(data)``): the data is inline. ``<script type="application/json" id="tscope-data">``
-  holds ``{"runs": [...], "hint": null, "steps": {}, "ops": {}, "series": {"<run>": {...}}}`` (a run's series:
-  ``dashboard.logdir.series``' keys, ``"alerts"`` included); each step's report
-  (without its ops) is in its own ``<script type="application/json" data-tscope-step="<run>/<stage>/<step>">`` and its
-  ops in ``<script type="application/json" data-tscope-ops="<run>/<stage>/<step>">`` (columnar: ``{"cols": [...],
-  "rows": [[...]], "note": str|null}``), each parsed only when the page needs it (the ops: a click on a layer, or the
-  roofline's "ops" box). A key of ``steps``/``ops`` in ``tscope-data`` itself is read first.
+  holds ``{"runs": [...], "hint": null, "steps": {}, "ops": {}, "diffs": {}, "series": {"<run>": {...}}}`` (a run's
+  series: ``dashboard.logdir.series``' keys, ``"alerts"`` included); each step's report (without its ops, with its
+  ``page`` section: :func:`page_section`) is in its own ``<script type="application/json"
+  data-tscope-step="<run>/<stage>/<step>">``, its ops in ``<script type="application/json"
+  data-tscope-ops="<run>/<stage>/<step>">`` (columnar: ``{"cols": [...], "rows": [[...]], "note": str|null}``) and the
+  diff of two of a run's steps (``StepDiff.to_dict``) in ``<script type="application/json"
+  data-tscope-diff="<run>|<stage>:<step>|<stage>:<step>">`` (before, after), each parsed only when the page needs it.
+  A key of ``steps``/``ops``/``diffs`` in ``tscope-data`` itself is read first.
+
+A run's step entry (the runs index, here and in ``dashboard.logdir.scan``): ``{"step", "stage", "readable", "error",
+"details"}`` (``details``: the step has layer details; the page opens on the latest such training step).
 
 Selectors (for browser tests):
 
 - run / step / diff selectors: ``#run-select``, ``#step-select`` (option values ``"<stage>:<step>"``), ``#diff-select``
+- a step without layer details when another has them: ``#details-banner`` (``#details-goto`` shows that step)
+- the warnings: ``#env-banner li[data-warning=busy|oversubscribed|roof-load|roof-note|noise]``
 - cards: ``[data-card=step_time|mfu|mbu|hfu|tokens_per_s|memory|flop_coverage] .value`` (and ``.sub``: the basis);
-  ``fmt_figure`` below formats a header figure exactly as the card shows it
+  the value is ``analysis.fmt.figure_text`` of the header figure (the same text in both languages)
 - roofline: ``svg#roofline circle.pt`` (one per ``rows.layer_phase`` row with FLOPs > 0, bytes > 0 and a time;
   ``data-layer``, ``data-phase``), op points ``circle.op-pt`` (checkbox ``#show-ops``), roofs ``path.roof``
   (``data-precision``); the tooltip ``#tooltip``; a click lists the layer's ops in ``#ops-panel`` (``#ops-table``)
@@ -25,11 +42,12 @@ Selectors (for browser tests):
   ``.open`` when expanded), ``#tree-expand``, ``#tree-collapse``
 - the tree's memory and time cells: ``td[data-unmeasured]`` ("–", the reason in ``title``) where the report holds
   null (per-layer memory without layer details) or the step is untimed
-- opportunities ``#opps li.opp``; time split ``#split`` (``input_s``: "input-bound (data wait)"); memory ``#mem``;
-  NaN events ``#nan-table``; gradient spikes ``#spike-table tr.spike`` (``data-step``); communication
-  ``#comm-panel``; compiled vs eager ``#cve-table tr[data-layer]``; FSDP what-if ``#fsdp-panel`` (``#fsdp-memory
-  [data-key]``, ``#fsdp-time``, ``#fsdp-comm``); the what-if device ``#whatif-banner``; panels of absent sections
-  are hidden
+- opportunities ``#opps li.opp`` (``[data-evidence=predicted]``: how the saving was predicted,
+  ``[data-evidence=measured]``: the measured ratio); time split ``#split`` (``input_s``: "input-bound (data wait)");
+  memory ``#mem``; NaN events ``#nan-table``; gradient spikes ``#spike-table tr.spike`` (``data-step``);
+  communication ``#comm-panel``; compiled vs eager ``#cve-table tr[data-layer]``; FSDP what-if ``#fsdp-panel``
+  (``#fsdp-memory [data-key]``, ``#fsdp-time``, ``#fsdp-comm``); the what-if device ``#whatif-banner``; panels of
+  absent sections are hidden
 - over-time charts ``#charts [data-series=mfu|step_ms|tokens_per_s]``, and, when the run has the step monitor's
   series, ``[data-series=step_breakdown]`` (``path[data-line="step/<key>"]``), ``energy_per_token``, ``power``,
   ``sm_clock``; anomaly alerts: ``line.alert-mark[data-step]`` in each chart spanning the step, and ``#alerts
@@ -37,30 +55,64 @@ Selectors (for browser tests):
 - TensorBoard mode polls ``runs`` every 10 s while ``document.visibilityState`` is visible (and when the page becomes
   visible): new steps join the selectors, the selected run, step and diff stay (``window.tscopeDashboard.poll()``:
   one poll, resolves true when the list changed; ``state.pollMs``)
-- diff: ``#diff`` (``#diff-headline tr[data-figure]``, ``#diff-layers``, ``#diff-classes``)
+- diff: ``#diff`` (``#diff-headline tr[data-figure]``, each change cell ``td[data-verdict=better|worse|noise|
+  unknown]``; ``#diff-layers``, ``#diff-classes``; ``#diff-notes``)
 - ``body[data-ready="1"]`` once a step is drawn (``window.tscopePainted``: its ``performance.now()``)
 """
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import math
+import re
 from importlib import resources
 from typing import Any
 
-from tscope_callbacks.analysis.report import ReportLike, step_report_of
+from tscope_callbacks.analysis.diff import diff_reports
+from tscope_callbacks.analysis.report import ReportLike, StepFileError, StepReport, step_report_of
+from tscope_callbacks.render.notes import environment_warnings
 
-__all__ = ["page_html", "standalone_data", "report_html", "fmt_figure", "sig", "pack_ops", "series_from_reports",
-           "OPS_BUDGET_BYTES"]
+__all__ = ["page_html", "page_script", "standalone_data", "report_html", "pack_ops", "series_from_reports",
+           "page_section", "page_step", "layer_details", "open_step", "step_diff", "step_label", "OPS_BUDGET_BYTES", "DIFF_TOP",
+           "DIFF_ALL_PAIRS"]
 
 OPS_BUDGET_BYTES = 1_500_000  #: inline ops above this are summarised (the largest ops by time are kept)
+DIFF_TOP = 12  #: rows per table of the page's diff (the rest summed in one row)
+DIFF_ALL_PAIRS = 8  #: a standalone page holds the diff of every pair of a run's steps up to this many steps
 _OP_COLS = ["i", "op", "layer", "phase", "category", "flops", "bytes", "time_s", "estimate_s", "expected_s",
             "pct_of_roof", "bound", "precision", "dtype", "input_shapes", "output_shapes", "counted"]
+_LOADER = """(function () {
+"use strict";
+const defs = Object.create(null), cache = Object.create(null);
+function require(name) {
+  const id = name.replace(/^\\.\\//, "").replace(/\\.js$/, "");
+  if (cache[id]) return cache[id].exports;
+  if (!defs[id]) throw new Error("tscope dashboard: no module " + name);
+  const module = cache[id] = {exports: {}};
+  defs[id](module, module.exports, require);
+  return module.exports;
+}
+"""
 
 
 def _asset(name: str) -> str:
     return resources.files("tscope_callbacks.render").joinpath("static", name).read_text(encoding="utf-8")
+
+
+@functools.lru_cache(maxsize=1)
+def page_script() -> str:
+    """The page's JavaScript: every module of ``static/js`` inlined behind a CommonJS loader, ``main`` required."""
+    folder = resources.files("tscope_callbacks.render").joinpath("static", "js")
+    parts = [_LOADER]
+    for f in sorted((f for f in folder.iterdir() if f.name.endswith(".js")), key=lambda f: f.name):
+        text = f.read_text(encoding="utf-8")
+        if re.search(r"</script|<!--", text, re.I):  # it would end (or confuse) the inline script element
+            raise ValueError(f"{f.name}: '</script' or '<!--' cannot be inlined in the page")
+        parts.append(f"defs[{json.dumps(f.name[:-3])}] = function (module, exports, require) {{\n{text}\n}};\n")
+    parts.append('require("main");\n})();\n')
+    return "".join(parts)
 
 
 def _json_for_script(obj: Any) -> str:
@@ -68,61 +120,74 @@ def _json_for_script(obj: Any) -> str:
     return json.dumps(obj, allow_nan=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
-# ---------- the numbers as the page shows them (mirrors dashboard.js: sig, F, figText) ----------
+# ---------- what the page shows beside the report, computed here ----------
 
-def sig(x: float | None, n: int = 3) -> str:
-    """``x`` to ``n`` significant digits, trailing zeros dropped; 1000 and above: a rounded integer with commas."""
-    if not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x):
-        return "–"
-    if x == 0:
-        return "0"
-    if abs(x) >= 1000:
-        return f"{round(x):,}"
-    v = float(f"{x:.{n}g}")
-    return str(int(v)) if v == int(v) and abs(v) < 1e15 else repr(v)
+def _plain(markdown: str) -> str:
+    """A markdown sentence as plain text (``**bold**`` and ```code``` marks dropped), capitalised."""
+    text = re.sub(r"\*\*([^*]+)\*\*", r"\1", markdown).replace("`", "")
+    return text[:1].upper() + text[1:]
 
 
-def _scaled(x: float, units: list[str], base: float) -> str:
-    i, v = 0, float(x)
-    while abs(v) >= base and i < len(units) - 1:
-        v /= base
-        i += 1
-    return f"{sig(v)} {units[i]}"
+def layer_details(d: dict[str, Any]) -> bool:
+    """The step (its report dict) has layer details: some layer's memory was measured or its shapes recorded
+    (``LayerProfilerCallback``, or a ``ts.profile`` with layer details)."""
+    return any(isinstance(L, dict) and (L.get("memory_fwd_bytes") is not None or L.get("input_shapes"))
+               for L in d.get("layers") or ())
 
 
-def _time(sec: float) -> str:
-    a = abs(sec)
-    if a == 0:
-        return "0 ms"
-    if a >= 1:
-        return f"{sig(sec)} s"
-    if a >= 1e-3:
-        return f"{sig(sec * 1e3)} ms"
-    if a >= 1e-6:
-        return f"{sig(sec * 1e6)} µs"
-    return f"{sig(sec * 1e9)} ns"
+def open_step(steps: list[dict[str, Any]]) -> str | None:
+    """The step a run's page opens on, ``"<stage>:<step>"``: the richest, i.e. the latest readable training step with
+    layer details, else the latest readable training step, else the latest readable step of another stage (``steps``:
+    the run's step entries in the index's order); None when none is readable."""
+    ok = [s for s in steps if s.get("readable", True)]
+    train = [s for s in ok if (s.get("stage") or "train") == "train"]
+    pick = next((s for s in reversed(train) if s.get("details")), None) or (train[-1] if train else None) or \
+        next((s for s in reversed(ok) if s.get("details")), None) or (ok[-1] if ok else None)
+    return None if pick is None else f"{pick.get('stage') or 'train'}:{pick['step']}"
 
 
-def fmt_figure(fig: dict[str, Any] | None) -> str:
-    """A header figure (``{value, unit, basis}``) as the page's card shows it."""
-    if not fig or not isinstance(fig.get("value"), (int, float)) or not math.isfinite(fig["value"]):
-        return "–"
-    v, u = float(fig["value"]), fig.get("unit") or ""
-    if u == "ms":
-        return _time(v / 1e3)
-    if u == "s":
-        return _time(v)
-    if u in ("ratio", "fraction"):
-        return f"{sig(v * 100)}%"
-    if u in ("B", "bytes"):
-        return _scaled(v, ["B", "KiB", "MiB", "GiB", "TiB"], 1024)
-    if u == "TFLOP/s":
-        return _scaled(v * 1e12, ["FLOP/s", "kFLOP/s", "MFLOP/s", "GFLOP/s", "TFLOP/s", "PFLOP/s"], 1000)
-    if u in ("tokens/s", "samples/s"):
-        if abs(v) >= 1e6:
-            return _scaled(v, ["", "k", "M", "G", "T"], 1000).strip() + " " + u
-        return f"{sig(v)} {u}"
-    return sig(v) + (f" {u}" if u else "")
+def page_section(report: StepReport) -> dict[str, Any]:
+    """The report's ``page`` section: the warnings on how far its times can be trusted (kind, plain text), from
+    ``render.notes.environment_warnings`` (the text report's own)."""
+    return {"warnings": [{"kind": k, "text": _plain(t)} for k, t in environment_warnings(report)]}
+
+
+def page_step(d: dict[str, Any], report: StepReport | None = None) -> dict[str, Any]:
+    """A step as the page reads it: its report dict without the ops (the page asks for them apart), with
+    ``ops_count`` and its ``page`` section (``report``: its StepReport when at hand, else read from ``d``; a dict
+    that does not read as one gets no warnings)."""
+    if report is None:
+        report = _report_or_none(d)
+    out = {k: v for k, v in d.items() if k != "ops"}
+    out["ops_count"] = len(d.get("ops") or ())
+    out["page"] = page_section(report) if report is not None else {"warnings": []}
+    return out
+
+
+def step_label(stage: str | None, step: int | None) -> str:
+    """A step as the page names it ("step 200", "validation step 3")."""
+    return ("" if (stage or "train") == "train" else f"{stage} ") + f"step {step}"
+
+
+def step_diff(a: dict[str, Any] | StepReport, b: dict[str, Any] | StepReport, labels: tuple[str, str],
+              top: int = DIFF_TOP) -> dict[str, Any]:
+    """The page's diff of two steps (before, after): ``analysis.diff.diff_reports(...).to_dict(top)``, or
+    ``{"error"}`` when a report cannot be read."""
+    try:
+        ra = a if isinstance(a, StepReport) else StepReport.from_dict(a)
+        rb = b if isinstance(b, StepReport) else StepReport.from_dict(b)
+    except StepFileError as e:
+        return {"error": str(e)}
+    return diff_reports(ra, rb, labels).to_dict(top=top)
+
+
+def _diff_pairs(entries: list[tuple[str, int]]) -> list[tuple[int, int]]:
+    """Which pairs of a run's steps (in order) a standalone page holds diffs of: every pair up to
+    :data:`DIFF_ALL_PAIRS` steps; beyond, each step with the one before it and with the last."""
+    n = len(entries)
+    if n <= DIFF_ALL_PAIRS:
+        return [(i, j) for i in range(n) for j in range(i + 1, n)]
+    return sorted({(i - 1, i) for i in range(1, n)} | {(i, n - 1) for i in range(n - 1)})
 
 
 # ---------- building the page ----------
@@ -135,18 +200,15 @@ def page_html(data: dict[str, Any] | None = None, *, title: str = "tscope dashbo
              f"<title>{html.escape(title)}</title>", "<style>", _asset("dashboard.css"), "</style></head><body>",
              "<div id=\"app\"><div class=\"empty\" style=\"padding:24px\">loading…</div></div>"]
     if data is not None:
-        steps, ops = data.get("steps") or {}, data.get("ops") or {}
-        index = {k: v for k, v in data.items() if k not in ("steps", "ops")}
-        index.setdefault("steps", {})
-        index.setdefault("ops", {})
+        big = ("steps", "ops", "diffs")
+        index = {k: v for k, v in data.items() if k not in big}
+        index.update({k: {} for k in big})
         parts.append(f"<script type=\"application/json\" id=\"tscope-data\">{_json_for_script(index)}</script>")
-        for k, rep in steps.items():
-            parts.append(f"<script type=\"application/json\" data-tscope-step=\"{html.escape(k)}\">"
-                         f"{_json_for_script(rep)}</script>")
-        for k, o in ops.items():
-            parts.append(f"<script type=\"application/json\" data-tscope-ops=\"{html.escape(k)}\">"
-                         f"{_json_for_script(o)}</script>")
-    parts += ["<script>", _asset("dashboard.js"), "</script></body></html>\n"]
+        for key, attr in (("steps", "data-tscope-step"), ("ops", "data-tscope-ops"), ("diffs", "data-tscope-diff")):
+            for k, v in (data.get(key) or {}).items():
+                parts.append(f"<script type=\"application/json\" {attr}=\"{html.escape(k)}\">"
+                             f"{_json_for_script(v)}</script>")
+    parts += ["<script>", page_script(), "</script></body></html>\n"]
     return "\n".join(parts)
 
 
@@ -194,13 +256,6 @@ def pack_ops(ops: list[dict[str, Any]], budget: int = OPS_BUDGET_BYTES) -> dict[
     return out
 
 
-def _as_dict(report: ReportLike | dict[str, Any]) -> dict[str, Any]:
-    """The contract dict of a StepReport, of an object carrying one (``ts.roofline``'s report), or the dict itself."""
-    if isinstance(report, dict):
-        return report
-    return step_report_of(report).to_dict()
-
-
 def _header_value(d: dict[str, Any], key: str) -> float | None:
     v = ((d.get("header") or {}).get(key) or {}).get("value")
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
@@ -219,23 +274,28 @@ def series_from_reports(reports: list[dict[str, Any]]) -> dict[str, list[list[fl
     return out
 
 
-def standalone_data(reports: list[tuple[str, dict[str, Any]]], *, series: dict[str, dict] | None = None,
+def standalone_data(reports: list[tuple[str, dict[str, Any] | StepReport]], *,
+                    series: dict[str, dict] | None = None,
                     unreadable: list[tuple[str, str, int, str]] | None = None,
                     ops_budget: int = OPS_BUDGET_BYTES, hint: str | None = None) -> dict[str, Any]:
-    """The inline data of a standalone page from ``(run, report dict)`` pairs (``unreadable``: ``(run, stage, step,
-    error)`` listed as such); ``series`` per run (default: from the reports' headers)."""
+    """The inline data of a standalone page from ``(run, report)`` pairs (a report: its dict, or the StepReport);
+    ``unreadable``: ``(run, stage, step, error)`` listed as such; ``series`` per run (default: from the reports'
+    headers). Each step gets its ``page`` section, and each run the diffs of its steps (:func:`_diff_pairs`)."""
     runs: dict[str, list[dict[str, Any]]] = {}
-    steps, ops, by_run = {}, {}, {}
-    for run, d in reports:
-        d = dict(d)
+    steps, ops, by_run, objs, labels = {}, {}, {}, {}, {}
+    for run, rep in reports:
+        obj = rep if isinstance(rep, StepReport) else _report_or_none(rep)  # None: the page shows the dict alone
+        d = rep.to_dict() if isinstance(rep, StepReport) else dict(rep)
         stage, step = d.get("stage") or "train", d.get("step")
-        entry = {"readable": True, "error": None}
+        entry: dict[str, Any] = {"readable": True, "error": None, "details": layer_details(d)}
         if step is None:  # an estimate (tscope analyze, ts.analyze_model): no trained step; listed as such
             entry["label"] = "estimate (no trained step)"
         step = 0 if step is None else int(step)
         k = f"{run}/{stage}/{step}"
-        ops[k] = pack_ops(d.pop("ops", None) or [], ops_budget)
-        steps[k] = d
+        ops[k] = pack_ops(d.get("ops") or [], ops_budget)
+        steps[k] = d = page_step(d, obj)
+        objs[k] = obj
+        labels[k] = entry.get("label") or step_label(stage, step)
         runs.setdefault(run, []).append({"step": step, "stage": stage, **entry})
         by_run.setdefault(run, []).append(d)
     for run, stage, step, err in unreadable or []:
@@ -243,14 +303,32 @@ def standalone_data(reports: list[tuple[str, dict[str, Any]]], *, series: dict[s
     ser = {run: series_from_reports(ds) for run, ds in by_run.items()}
     for run, s in (series or {}).items():
         ser[run] = {**ser.get(run, {}), **{k: v for k, v in s.items() if v}}
-    return {"runs": [{"run": r, "steps": sorted(st, key=lambda x: (x["stage"] != "train", x["stage"], x["step"]))}
-                     for r, st in runs.items()],
-            "hint": hint, "steps": steps, "ops": ops, "series": ser}
+    order = lambda x: (x["stage"] != "train", x["stage"], x["step"])  # noqa: E731
+    index = [{"run": r, "steps": sorted(st, key=order)} for r, st in runs.items()]
+    for r in index:
+        r["open"] = open_step(r["steps"])
+    diffs = {}
+    for r in index:
+        ok = [(x["stage"], x["step"]) for x in r["steps"] if x["readable"]]
+        for i, j in _diff_pairs(ok):
+            (sa, na), (sb, nb) = ok[i], ok[j]
+            ka, kb = f"{r['run']}/{sa}/{na}", f"{r['run']}/{sb}/{nb}"
+            if objs[ka] is not None and objs[kb] is not None:
+                diffs[f"{r['run']}|{sa}:{na}|{sb}:{nb}"] = step_diff(objs[ka], objs[kb], (labels[ka], labels[kb]))
+    return {"runs": index, "hint": hint, "steps": steps, "ops": ops, "diffs": diffs, "series": ser}
+
+
+def _report_or_none(d: dict[str, Any]) -> StepReport | None:
+    try:
+        return StepReport.from_dict(d)
+    except StepFileError:
+        return None
 
 
 def report_html(report: ReportLike | dict[str, Any], *, run: str | None = None, title: str | None = None) -> str:
     """One step as a self-contained page (``StepReport.to_html()``)."""
-    d = _as_dict(report)
+    rep = report if isinstance(report, dict) else step_report_of(report)
+    d = rep if isinstance(rep, dict) else {"run": rep.run, "step": rep.step}
     name = run or d.get("run") or "run"
     t = title or f"tscope · {name} · " + (f"step {d['step']}" if d.get("step") is not None else "estimate")
-    return page_html(standalone_data([(name, d)]), title=t)
+    return page_html(standalone_data([(name, rep)]), title=t)

@@ -9,7 +9,7 @@ from tscope_callbacks.analysis.report import RunContext, StepReport
 from tscope_callbacks.devices.calibrate import BUSY_LOAD_PER_CPU
 from tscope_callbacks.render.legacy import noise_dict
 
-__all__ = ["basis_extra", "environment_lines", "noise_lines", "noise_dict"]
+__all__ = ["basis_extra", "environment_lines", "environment_warnings", "noise_lines", "noise_dict"]
 
 
 def basis_extra(c: RunContext, step: int | None) -> str:
@@ -29,36 +29,57 @@ def basis_extra(c: RunContext, step: int | None) -> str:
     return out
 
 
+def environment_warnings(report: StepReport) -> list[tuple[str, str]]:
+    """What makes the step's times less trustworthy, as ``(kind, markdown)``: other processes' load over the timed
+    steps (``busy``), torch's threads against the CPUs (``oversubscribed``), a roof measured under load
+    (``roof-load``), a roof an op beat (``roof-note``) and the rows marked as noise (``noise``). The text report's
+    environment lines and the dashboard's banner are made of these."""
+    m, out = report.context, []
+    if m.host_cpus is not None:
+        load = m.host_others_load_per_cpu
+        if load is not None and m.host_busy:
+            out.append(("busy", f"**busy**: other processes kept {load:.2f} of each of the {m.host_cpus} CPUs busy "
+                        "during the timed steps, so times are inflated and noisy (compare runs on an idle machine)"))
+        if m.host_oversubscribed:
+            cpus, threads, busy = m.host_cpus, m.torch_threads or 0, (load or 0.0) * m.host_cpus
+            fewer = max(1, int(cpus - busy))
+            fix = (f"`torch.set_num_threads({fewer})`" if fewer < threads
+                   else "fewer threads cannot help: a quieter machine or time does")
+            out.append(("oversubscribed", f"**oversubscribed**: torch's {threads} thread(s)"
+                        + (f" plus {busy:.1f} busy cores" if busy else "")
+                        + f" exceed the {cpus} CPUs (threads wait for each other; {fix})"))
+    spec_load = report.device.load_per_cpu
+    if spec_load is not None and float(spec_load) >= BUSY_LOAD_PER_CPU:
+        out.append(("roof-load", f"**Roof measured under load**: other processes kept {float(spec_load):.2f} of each "
+                    "CPU busy while the CPU roof was measured: roofs are low and % of roof high (re-measured on the "
+                    "next idle run; `tscope calibrate --no-cache` on an idle machine)"))
+    out += [("roof-note", f"**Roof note**: {n}") for n in m.roof_notes]
+    n = len(report.noise.marks)
+    if n:
+        out.append(("noise", f"**Noise**: {n} layer×phase row(s) marked as noise (their times disagree across steps "
+                    "or with identical blocks): no advice for them"))
+    return out
+
+
 def environment_lines(report: StepReport) -> list[str]:
     """The machine the times were taken on, when it matters: other processes' load over the timed steps, torch's
     threads against the CPUs, and a roof measured under load (``devices.calibrate.host_environment``)."""
     m, out = report.context, []
-    spec_load = report.device.load_per_cpu
+    warn = dict(environment_warnings(report))
     if m.host_cpus is not None:
         load = m.host_others_load_per_cpu
         parts = []
         if load is None:
             parts.append("other processes' load unknown")
         elif m.host_busy:
-            parts.append(f"**busy**: other processes kept {load:.2f} of each of the {m.host_cpus} CPUs busy during "
-                         "the timed steps, so times are inflated and noisy (compare runs on an idle machine)")
+            parts.append(warn["busy"])
         else:
             parts.append(f"idle (other processes: {load:.2f} per CPU during the timed steps)")
-        if m.host_oversubscribed:
-            cpus, threads, busy = m.host_cpus, m.torch_threads or 0, (load or 0.0) * m.host_cpus
-            fewer = max(1, int(cpus - busy))
-            fix = (f"`torch.set_num_threads({fewer})`" if fewer < threads
-                   else "fewer threads cannot help: a quieter machine or time does")
-            parts.append(f"**oversubscribed**: torch's {threads} thread(s)" + (f" plus {busy:.1f} busy cores" if busy
-                                                                              else "")
-                         + f" exceed the {cpus} CPUs (threads wait for each other; {fix})")
-        else:
-            parts.append(f"torch {m.torch_threads} thread(s) on {m.host_cpus} CPUs")
+        parts.append(warn["oversubscribed"] if m.host_oversubscribed
+                     else f"torch {m.torch_threads} thread(s) on {m.host_cpus} CPUs")
         out.append("- **Environment**: " + "; ".join(parts))
-    if spec_load is not None and float(spec_load) >= BUSY_LOAD_PER_CPU:
-        out.append(f"- **Roof measured under load**: other processes kept {float(spec_load):.2f} of each CPU busy "
-                   "while the CPU roof was measured: roofs are low and % of roof high (re-measured on the next idle "
-                   "run; `tscope calibrate --no-cache` on an idle machine)")
+    if "roof-load" in warn:
+        out.append("- " + warn["roof-load"])
     steps = m.merged_steps
     if steps and len(steps) > 1:
         n = len(report.noise.marks)

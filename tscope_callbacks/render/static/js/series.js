@@ -1,0 +1,52 @@
+/* "Over the run": which charts a run's series make, and their lines. Pure. A series dict (the plugin's `series`
+   route, dashboard.logdir.series): {key: [[step, value], ...], "alerts": [[step, text], ...]}. */
+"use strict";
+const {sig, F} = require("./fmt.js");
+
+const FORMATS = {
+  pct: F.pct,
+  ms: (v) => F.time(v / 1e3),
+  count: (v) => F.count(v, ""),
+  joule: (v) => sig(v) + " J",
+  watt: (v) => sig(v) + " W",
+  clock: (v) => v >= 1000 ? sig(v / 1000) + " GHz" : sig(v) + " MHz",
+};
+
+const BREAKDOWN = [["step/data_wait_ms", "data wait", "#188038"], ["step/host_ms", "host", "#1a73e8"],
+  ["step/device_busy_ms", "device busy", "#e8710a"], ["step/idle_ms", "idle", "#80868b"]];
+const GPU = [["gpu/energy_j_per_token", "energy per token", "joule", "energy_per_token"],
+  ["gpu/power_w", "power", "watt", "power"], ["gpu/sm_clock_mhz", "SM clock", "clock", "sm_clock"]];
+
+const samePoints = (a, b) => a.length === b.length && a.every((p, i) => p[0] === b[i][0] && p[1] === b[i][1]);
+
+/** The charts: [{id, label, fmt (a FORMATS key), lines: [{pts, name, color, key}]}]: MFU, step time and throughput
+    always (tokens/s, or samples/s when the run has no tokens); the step monitor's breakdown and GPU telemetry when
+    the run has them. On a CPU the host is the device: device busy equals host time and idle the data wait; such a
+    line is drawn once, named for both. */
+function chartSpecs(ser) {
+  ser = ser || {};
+  const has = (k) => (ser[k] || []).length > 0;
+  const thr = !has("tokens_per_s") && has("samples_per_s") ? ["samples_per_s", "samples/s"] : ["tokens_per_s", "tokens/s"];
+  const out = [["mfu", "MFU", "pct"], ["step_ms", "step time", "ms"], [thr[0], thr[1], "count"]]
+    .map(([k, label, fmt]) => ({id: k, label, fmt, lines: [{pts: ser[k] || []}]}));
+  let parts = BREAKDOWN.filter(([k]) => has(k)).map(([k, name, color]) => ({name, color, pts: ser[k], key: k}));
+  for (const [dup, of, also] of [["step/device_busy_ms", "step/host_ms", "device busy"], ["step/idle_ms", "step/data_wait_ms", "idle"]]) {
+    const d = parts.find((p) => p.key === dup), o = parts.find((p) => p.key === of);
+    if (d && o && samePoints(d.pts, o.pts)) { parts = parts.filter((p) => p !== d); o.name += " = " + also; }
+  }
+  if (parts.length) out.push({id: "step_breakdown", label: "step breakdown (median per log interval)", fmt: "ms", lines: parts});
+  for (const [k, label, fmt, id] of GPU) if (has(k)) out.push({id, label, fmt, lines: [{pts: ser[k]}]});
+  return out;
+}
+
+/** a chart's state: "none" (no points), "one" (a single step: nothing to draw over the run) or "ok" */
+function chartState(spec) {
+  const all = spec.lines.flatMap((l) => l.pts);
+  if (!all.length) return "none";
+  return new Set(all.map((p) => p[0])).size < 2 ? "one" : "ok";
+}
+
+/** the anomaly alerts of the series, as [step, text] */
+const alertsOf = (ser) => Array.isArray((ser || {}).alerts) ? ser.alerts : [];
+
+module.exports = {chartSpecs, chartState, alertsOf, FORMATS};
