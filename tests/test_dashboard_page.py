@@ -344,6 +344,13 @@ def test_over_time_charts_have_the_profiled_steps(driver, fit_logdir):
     for k in ("mfu", "step_ms", "tokens_per_s"):
         pts = driver.find_elements("css selector", f"#charts [data-series={k}] svg circle")
         assert len(pts) >= len(steps), k
+    # the finding: its change, how its saving was predicted, and the closed loop's measured ratio
+    opp = driver.find_element("css selector", "#opps li.opp")
+    assert "−7.3 ms (12%)" in opp.text and "change: apply the ReLU after the max-pooling" in opp.text
+    assert opp.find_element("css selector", "[data-evidence=predicted]").text == (
+        "predicted from: 3.1 M elements fewer at 25.7 GB/s")
+    assert opp.find_element("css selector", "[data-evidence=measured]").text == (
+        "measured: 0.930x the predicted saving when this kind of change was applied (a CNN on CPU, 5 rounds)")
     assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
 
@@ -490,6 +497,15 @@ def _sections_logdir(root):
     assert spike is not None and spike["layer"] == "2"
     rep = analyze(res, spec, AnalyzeOptions(what_if="a 2-core CPU", fsdp_whatif=fsdp, eager=analyze(res, spec),
                                             grad_spikes=(spike,))).to_dict()
+    # a finding with how its saving was predicted and what applying that kind of change measured (the closed loop)
+    rep["opportunities"] = [{
+        "title": "activation after pooling", "layer": "1", "op": "", "phase": "forward", "type": "ReLU",
+        "kind": "pool_order", "cause": "the ReLU runs on 4x the elements the pooling keeps",
+        "change": "apply the ReLU after the max-pooling", "saving_s": 7.3e-3, "saving_frac": 0.12,
+        "recoverable_s": None, "measured_s": 9e-3, "estimate_s": 1e-3, "bound": "memory", "intensity": 0.25,
+        "ridge": 50.0, "attained": 0.1, "evidence": {}, "predicted_by": "elements",
+        "predicted_text": "3.1 M elements fewer at 25.7 GB/s", "measured_ratio": 0.93,
+        "measured_on": "a CNN on CPU, 5 rounds"}]
     run = root / "sec"
     (run / "tscope").mkdir(parents=True)
     (run / "tscope" / "step_5.json").write_text(json.dumps({"profile": None, "device": None, "report": rep}))
@@ -523,6 +539,44 @@ def test_unmeasured_layer_memory_shows_a_dash(driver, tmp_path):
         for c in cells[8:10]:  # mem fwd, mem bwd
             assert c.text == "–" and "not measured" in c.get_attribute("title")
     assert "0 B" not in driver.find_element("css selector", "#tree-table").text
+
+
+def _details_run(root):
+    """A run whose step 3 has layer details (per-layer memory and shapes) and whose later step 7 has not."""
+    from tscope_callbacks.analysis.analyze import analyze
+
+    (root / "tscope").mkdir(parents=True)
+    for step, details in ((3, True), (7, False)):
+        _, res, spec = _mlp_profile(details)
+        rep = {**analyze(res, spec).to_dict(), "step": step}
+        (root / "tscope" / f"step_{step}.json").write_text(json.dumps(rep), encoding="utf-8")
+    return root
+
+
+def test_the_page_opens_on_the_richest_step(driver, tmp_path):
+    """The first view is the latest step with layer details (the demo's TSCOPE tab opened on step 200: "MEMORY PEAK
+    – not measured", empty shape columns); a later step without them says where they are, one click away."""
+    from selenium.webdriver.support.ui import Select
+
+    run = _details_run(tmp_path / "run")
+    assert ld.scan(str(run))["runs"][0]["open"] == "train:3"  # the TSCOPE tab opens there too (the runs route)
+    page = tmp_path / "rich.html"
+    page.write_text(run_html(str(run)), encoding="utf-8")
+    _open(driver, page.as_uri())
+    sel = Select(driver.find_element("css selector", "#step-select"))
+    assert sel.first_selected_option.get_attribute("value") == "train:3"
+    assert [o.text for o in sel.options] == ["step 3 · layer details", "step 7"]
+    assert driver.find_element("css selector", "[data-card=memory] .value").text != "–"
+    shapes = [c.text for c in driver.find_elements("css selector", "#tree-table tr.tree-row td:nth-child(12)")]
+    assert "16×32" in shapes and not driver.find_elements("css selector", "#details-banner")
+    sel.select_by_value("train:7")
+    _wait(driver, lambda d: d.find_elements("css selector", "#details-banner"))
+    assert "step 3 has them" in driver.find_element("css selector", "#details-banner").text
+    assert driver.find_element("css selector", "[data-card=memory] .sub").text == (
+        "not measured in this step: step 3 has the layer details")
+    driver.find_element("css selector", "#details-goto").click()
+    _wait(driver, lambda d: Select(d.find_element("css selector", "#step-select")).first_selected_option
+          .get_attribute("value") == "train:3" and not d.find_elements("css selector", "#details-banner"))
 
 
 def test_untimed_step_shows_expected_layer_times(driver, tmp_path):

@@ -104,7 +104,7 @@ test("an opportunity: its saving, where, its change once, how it was predicted a
   assert.equal(v.where, "features.3");
   assert.equal(v.change, "apply the ReLU after the pooling");
   assert.equal(v.how, "3.1 M elements fewer at 25.7 GB/s: 7.3 ms");
-  assert.equal(v.measured, "the saving of this change, applied, was 0.930x the predicted one (a CNN on CPU, 5 rounds)");
+  assert.equal(v.measured, "0.930x the predicted saving when this kind of change was applied (a CNN on CPU, 5 rounds)");
   /* a change the cause already names is said once; no closed-loop figure: nothing claimed */
   const w = R.oppView(Object.assign({}, o, {cause: "x. Fix: apply the ReLU after the pooling.", measured_ratio: null}));
   assert.equal(w.change, null);
@@ -120,4 +120,16 @@ test("communication and FSDP figures by their key's unit", () => {
   assert.equal(R.fsdpFmt("memory", "peak", 2 ** 30), "1 GiB");
   assert.equal(R.fsdpFmt("time", "comm_s", 0.004), "4 ms");
   assert.equal(R.fsdpFmt("time", "fits", true), "yes");
+});
+
+test("rows below their roof with no known change: the largest recoverable first, the rest counted", () => {
+  const r = {below_roof: [
+    {layer: "a", phase: "forward", attained: 0.5, recoverable_s: 0.001, cause: "x"},
+    {layer: "", phase: "optimizer", attained: 0.44, recoverable_s: 0.0011, cause: "y"},
+    {layer: "b", phase: "backward", attained: 0.3, recoverable_s: 0.0002},
+    {layer: "c", phase: "backward", attained: 0.9, recoverable_s: null}]};
+  const v = R.belowRoofView(r, 2);
+  assert.deepEqual(v.items.map((x) => x.text), ["(root) optimizer (44% of roof, 1.1 ms over expected)", "a forward (50% of roof, 1 ms over expected)"]);
+  assert.equal(v.more, 2);
+  assert.equal(R.belowRoofView({}), null);
 });

@@ -126,10 +126,21 @@ function oppView(o) {
   /* the cause may already end with the change ("... Fix: <change>. Saves ..."): said once */
   const change = o.change && !(o.cause || "").includes(o.change) ? o.change : null;
   const how = typeof o.predicted_text === "string" && o.predicted_text ? o.predicted_text : null;
-  const measured = num(o.measured_ratio) ? "the saving of this change, applied, was " + F.ratio(o.measured_ratio) +
-    " the predicted one" + (o.measured_on ? " (" + o.measured_on + ")" : "") : null;
+  const measured = num(o.measured_ratio) ? F.ratio(o.measured_ratio) + " the predicted saving when this kind of change was applied" +
+    (o.measured_on ? " (" + o.measured_on + ")" : "") : null;
   return {save, where: (o.layer || "(root)") + (o.op ? " · " + o.op : ""), title: o.title || o.cause || "", change, cause,
     how, measured, kind: o.predicted_by || null};
+}
+
+/** the rows below their roof with no known change (not opportunities: nothing to apply), largest recoverable time
+    first: {text, title} of the first `top`, and how many more; null when none */
+function belowRoofView(r, top) {
+  const rows = (r.below_roof || []).slice().sort((a, b) => (b.recoverable_s || 0) - (a.recoverable_s || 0));
+  if (!rows.length) return null;
+  top = top || 3;
+  const one = (x) => (x.layer || "(root)") + " " + x.phase + " (" + F.pct(x.attained) + " of roof" +
+    (num(x.recoverable_s) ? ", " + F.time(x.recoverable_s) + " over expected" : "") + ")";
+  return {items: rows.slice(0, top).map((x) => ({text: one(x), title: x.cause || ""})), more: Math.max(0, rows.length - top)};
 }
 
 /** a communication or overlap figure by its key's unit */
@@ -155,4 +166,4 @@ function fsdpFmt(sect, k, v) {
 /** the step's rows were timed (false: an estimate, whose times are expected kernel times) */
 const timed = (r) => ((r.rows || {}).layer_phase || []).some((x) => num(x.measured_s) && x.measured_s > 0);
 
-module.exports = {timeOf, stepFigure, cards, roofsDrawn, deviceLine, splitView, memoryView, oppView, fmtKey, fsdpFmt, timed, SPLIT};
+module.exports = {timeOf, stepFigure, cards, roofsDrawn, deviceLine, splitView, memoryView, oppView, belowRoofView, fmtKey, fsdpFmt, timed, SPLIT};

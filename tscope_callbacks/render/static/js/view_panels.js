@@ -32,7 +32,11 @@ function opps(r) {
   const H = r.header || {};
   $("#opps-basis").textContent = "predicted saving per step, re-estimated from the step's own ops; share of the " +
     (H.step_ms && num(H.step_ms.value) ? "measured step (" + H.step_ms.basis + ")" : "expected step");
-  if (!ops.length) { el.append(h("div", {class: "empty", text: "no finding above the measured noise"})); return; }
+  const below = R.belowRoofView(r, 3);
+  const belowLine = () => below ? h("div", {class: "muted below-roof", id: "below-roof"}, "below their roof, no known change: ",
+    below.items.map((x, i) => [i ? "; " : "", h("span", {class: "mono", title: x.title || null, text: x.text})]),
+    below.more ? "; " + below.more + " more" : "") : null;
+  if (!ops.length) { el.append(h("div", {class: "empty", text: "no finding above the measured noise"}), belowLine()); return; }
   const ol = h("ol", {class: "opps"});
   for (const o of ops.slice(0, 5)) {
     const v = R.oppView(o);
@@ -47,6 +51,7 @@ function opps(r) {
   const nm = ((r.noise || {}).marks || []).length;
   if (ops.length > 5) el.append(h("div", {class: "muted", text: (ops.length - 5) + " more, " + F.time(ops.slice(5).reduce((a, o) => a + (o.saving_s || 0), 0)) + " in all"}));
   if (nm) el.append(h("div", {class: "muted", text: nm + " row(s) marked as noise (no advice given for them)"}));
+  if (below) el.append(belowLine());
 }
 
 /* a bar of parts and its key: [[label, value, colour]] */
