@@ -14,7 +14,7 @@ function error(text) { clear("#diff").append(h("div", {class: "banner err", text
 function changeCell(x) {
   const title = (VERDICT_TITLE[x.verdict] || "") + (x.noise_text ? (VERDICT_TITLE[x.verdict] ? ": " : "noise ") + "±" + x.noise_text : "");
   return h("td", {class: "n " + (VERDICT_CLASS[x.verdict] || ""), "data-verdict": x.verdict || null, title: title || null},
-    x.change || "", x.verdict === "noise" ? h("span", {class: "noise-mark", text: " ~"}) : null);
+    x.change || "");
 }
 
 function table(id, title, part, la, lb) {
