@@ -1,9 +1,13 @@
-"""The step monitor: the step breakdown, input-bound verdicts, anomaly triggers and their alerts (CPU fits)."""
+"""The step monitor: the step breakdown, input-bound verdicts, anomaly triggers and their alerts (CPU fits).
+
+The fits run on the scripted host (tests/scripted_host.py): a step takes exactly the host time its model and dataset
+spend (2 ms of host work, a data wait of ``sleep_s`` per sample, 30 ms more in a slow layer), so every verdict below
+holds whatever the machine's load; real time would make a busy machine's slow step an alert."""
 
 from __future__ import annotations
 
 import logging
-import time
+import random
 
 import lightning.pytorch as pl
 import pytest
@@ -13,19 +17,17 @@ from torch.utils.data import DataLoader, Dataset
 
 import tscope_callbacks as ts
 from tests.cb_utils import FAST
+from tests.scripted_host import ScriptedHost, spend
 from tscope_callbacks.analysis import anomaly as an
 from tscope_callbacks.callbacks.monitor import StepMonitor, loader_settings
 
 SLOW_FROM = 30
+STEP_S = 0.002  #: each training step's host work on the scripted host
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: on a shared 2-core machine more threads stall on each other (steps of 1 to 150 ms)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _scripted(host: ScriptedHost) -> ScriptedHost:
+    return host
 
 
 class _Flags:
@@ -34,7 +36,7 @@ class _Flags:
 
 
 class _Data(Dataset):
-    """Random regression samples; each sample sleeps ``sleep_s`` (always, or from the slow step on)."""
+    """Random regression samples; each sample spends ``sleep_s`` (always, or from the slow step on)."""
 
     def __init__(self, n: int = 4096, sleep_s: float = 0.0, flags: _Flags | None = None) -> None:
         g = torch.Generator().manual_seed(0)
@@ -46,7 +48,7 @@ class _Data(Dataset):
 
     def __getitem__(self, i: int):
         if self.sleep_s and (self.flags is None or self.flags.slow_data):
-            time.sleep(self.sleep_s)
+            spend(self.sleep_s)
         return self.x[i], self.y[i]
 
 
@@ -57,22 +59,28 @@ class _Slowable(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.flags.slow_layer:
-            time.sleep(0.03)
+            spend(0.03)
         return torch.relu(self.lin(x))
 
 
 class _Net(pl.LightningModule):
-    """A small MLP; ``flags`` make its ``block.1`` (a sleep in forward) or its data slow from step ``SLOW_FROM``."""
+    """A small MLP whose steps spend ``STEP_S`` of host time; ``flags`` make its ``block.1`` (30 ms more in forward)
+    or its data slow from step ``SLOW_FROM``; ``jitter``: each step's host work varies by up to that share, and
+    every 25th step is a 3x hiccup (a seeded stand-in for a real machine's noise)."""
 
-    def __init__(self, flags: _Flags, slow: str = "", sleep_s: float = 0.0, workers: int = 0) -> None:
+    def __init__(self, flags: _Flags, slow: str = "", sleep_s: float = 0.0, workers: int = 0,
+                 jitter: float = 0.0) -> None:
         super().__init__()
-        self.flags, self.slow, self.sleep_s, self.workers = flags, slow, sleep_s, workers
+        self.flags, self.slow, self.sleep_s, self.workers, self.jitter = flags, slow, sleep_s, workers, jitter
+        self.noise = random.Random(0)
         self.block = torch.nn.Sequential(torch.nn.Linear(64, 128), _Slowable(flags), torch.nn.Linear(128, 8))
 
     def training_step(self, batch, batch_idx):
         if self.global_step >= SLOW_FROM:
             self.flags.slow_layer = self.slow == "layer"
             self.flags.slow_data = self.slow == "data"
+        hiccup = 3.0 if self.jitter and self.global_step % 25 == 24 else 1.0
+        spend(STEP_S * hiccup * (1.0 + self.jitter * self.noise.uniform(-1.0, 1.0)))
         x, y = batch
         return torch.nn.functional.mse_loss(self.block(x), y)
 
@@ -195,10 +203,11 @@ def test_breakdown_keys_and_input_bound_from_a_sleeping_loader(tmp_path, caplog)
                                start_step=12, every_n_steps=None, profile_steps=1, wait_for_warmup=False,
                                plot=False, save_json=False)
     with caplog.at_level(logging.WARNING, logger="tscope_callbacks"):
-        # each sample sleeps 1 ms: 16 ms of data wait per batch against a ~1-3 ms step
+        # each sample spends 1 ms: 16 ms of data wait per batch against a 2 ms step
         _fit(_Net(_Flags(), sleep_s=0.001), 20, mon, roof, logger=CSVLogger(str(tmp_path), name="run"))
     b = mon.last_breakdown
-    assert b["input_bound"] == 1.0 and b["data_wait_share"] > 0.25 and b["data_wait_ms"] >= 16.0
+    assert b["input_bound"] == 1.0 and b["data_wait_ms"] == pytest.approx(16.0) and b["host_ms"] == pytest.approx(2.0)
+    assert b["data_wait_share"] == pytest.approx(16 / 18) and b["step_ms"] == pytest.approx(18.0)
     # CPU: the host is the device (busy = host) and idle is the data wait
     assert b["device_busy_ms"] == pytest.approx(b["host_ms"]) and b["idle_ms"] == pytest.approx(b["data_wait_ms"])
     # each step is its data wait plus its host time (previous batch end -> this batch end), to the float
@@ -235,13 +244,13 @@ def test_no_logger_no_files(tmp_path) -> None:
 
 
 def test_no_input_bound_verdict_from_a_few_steps(caplog) -> None:
-    # the same sleeping loader (16 ms of data wait a step), logged at every step, but a fit of 6 steps: fewer clean
+    # the same slow loader (16 ms of data wait a step), logged at every step, but a fit of 6 steps: fewer clean
     # steps than MIN_VERDICT_STEPS (the first is warm-up), so no warning and no fixes; the series still has the wait
     mon = StepMonitor()
     with caplog.at_level(logging.WARNING, logger="tscope_callbacks"):
         _fit(_Net(_Flags(), sleep_s=0.001), 6, mon, log_every_n_steps=1)
     assert an.MIN_VERDICT_STEPS > 5
-    assert mon.last_breakdown["data_wait_ms"] >= 16.0 and mon.last_breakdown["input_bound"] == 0.0
+    assert mon.last_breakdown["data_wait_ms"] == pytest.approx(16.0) and mon.last_breakdown["input_bound"] == 0.0
     assert not mon.input_fixes and not any("input-bound" in r.message for r in caplog.records)
     # one-step log intervals add up: 20 steps logged at every step reach a verdict
     mon = StepMonitor()
@@ -250,12 +259,14 @@ def test_no_input_bound_verdict_from_a_few_steps(caplog) -> None:
 
 
 def test_input_bound_share_is_the_threshold() -> None:
-    # no sleep: collating 16 samples in the training process is still a real data wait (about 25% of this ~1 ms
-    # step here), but under a 90% threshold the run is not input-bound
+    # 16 samples of 0.5 ms: 8 ms of data wait in a 10 ms step, 80%: input-bound at the default threshold, not at 90%
     mon = StepMonitor(input_bound_share=0.9)
-    _fit(_Net(_Flags()), 20, mon)
-    assert mon.last_breakdown["data_wait_share"] < 0.9
+    _fit(_Net(_Flags(), sleep_s=0.0005), 20, mon)
+    assert mon.last_breakdown["data_wait_share"] == pytest.approx(0.8)
     assert mon.last_breakdown["input_bound"] == 0.0 and not mon.input_fixes
+    mon = StepMonitor()
+    _fit(_Net(_Flags(), sleep_s=0.0005), 20, mon)
+    assert mon.last_breakdown["input_bound"] == 1.0 and mon.input_fixes
 
 
 def test_slow_layer_alert_names_the_layer() -> None:
@@ -280,8 +291,9 @@ def test_slow_loader_alert_names_data_wait() -> None:
 
 
 def test_healthy_fit_has_no_alert() -> None:
+    # host work varying +-30% from step to step, and a 3x hiccup every 25 steps: noise, not a slowdown
     mon = StepMonitor()
-    _fit(_Net(_Flags()), 300, mon)
+    _fit(_Net(_Flags(), jitter=0.3), 300, mon)
     assert mon.alerts == [], [(a["text"], a["healthy"], a["breakdown"], mon._load_healthy) for a in mon.alerts]
     assert mon.healthy is not None and mon.healthy.layers  # the baseline profile was taken
 
