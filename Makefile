@@ -32,12 +32,12 @@ test-all: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check tscope_callbacks tests benchmarks scripts
+	$(VENV)/bin/ruff check tscope_callbacks tests benchmarks scripts docs_theme
 
 # the documentation site (mkdocs.yml, pages under docs/), built into build/site; --strict: a broken link fails
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir build/site
-	@echo "Open build/site/index.html"
+	@echo "Open build/site/index.html in a browser (it works from disk and offline, search included)"
 
 docs-serve: $(STAMP)
 	$(VENV)/bin/mkdocs serve
