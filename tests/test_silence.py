@@ -45,3 +45,46 @@ def test_standalone_validate_with_default_stages(tmp_path):
 def test_every_n_steps_zero_message():
     with pytest.raises(ValueError, match=r"every_n_steps must be >= 1 \(or None: profile start_step only\)"):
         ts.RooflineCallback(every_n_steps=0)
+
+
+class _WithVal(TinyLM):
+    def validation_step(self, batch, batch_idx):
+        return self.compute_loss(batch)
+
+
+def _told(recwarn) -> list[str]:
+    return [str(w.message) for w in recwarn if "tscope" in str(w.message)]
+
+
+def test_validation_stage_on_a_fit_without_validation_says_why_once(tmp_path, recwarn):
+    # stages=("validation",) and a fit with no val_dataloader: nothing can be profiled; it says so, once
+    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=5, stages=("validation",))
+    _fit(tmp_path, cb, max_steps=6)
+    told = _told(recwarn)
+    assert len(told) == 1 and "stages includes 'validation', but no validation batch ran" in told[0], told
+    assert "val_dataloader" in told[0] and not cb.history
+
+
+def test_validation_with_fewer_batches_than_start_step_says_why(tmp_path, recwarn):
+    cb = ts.LayerProfilerCallback(start_step=5, stages=("train", "validation"))
+    trainer = pl.Trainer(default_root_dir=tmp_path, logger=False, callbacks=[cb], max_steps=6, limit_val_batches=3,
+                         val_check_interval=3, **{**FAST, "num_sanity_val_steps": 2})
+    module = _WithVal(n_batches=8)
+    trainer.fit(module, val_dataloaders=module.train_dataloader())
+    told = _told(recwarn)
+    # training was profiled at step 5; validation epochs ran 3 batches (the sanity check's are not counted)
+    assert cb.schedules["train"].taken == 1 and cb.schedules["validation"].taken == 0
+    assert told == ["tscope LayerProfilerCallback: validation epochs ran 3 batches, and the first validation profile "
+                    "is due at batch index 5 (start_step counts validation batches): nothing was profiled there; "
+                    "lower start_step"], told
+    trainer.validate(module, dataloaders=module.train_dataloader(), verbose=False)  # the same reason, for validate
+    assert "validation epochs ran 3 batches" in _told(recwarn)[-1]
+
+
+def test_a_profiled_validation_says_nothing(tmp_path, recwarn):
+    cb = ts.LayerProfilerCallback(start_step=1, stages=("validation",))
+    trainer = pl.Trainer(default_root_dir=tmp_path, logger=False, callbacks=[cb], max_steps=4, limit_val_batches=3,
+                         val_check_interval=2, **FAST)
+    module = _WithVal(n_batches=8)
+    trainer.fit(module, val_dataloaders=module.train_dataloader())
+    assert cb.schedules["validation"].taken >= 1 and _told(recwarn) == []

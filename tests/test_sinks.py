@@ -230,3 +230,34 @@ def test_hyperparameters_reach_any_lightning_logger() -> None:
                              log_hyperparams=lambda p: calls.append(("hparams", dict(p))))
     SinkGroup([MetricsSink(logger)], ".").log_scalars({"tscope/roofline/mfu": 0.5, "tscope/model/params_m": 2.0}, 7)
     assert calls == [("metrics", {"tscope/roofline/mfu": 0.5}), ("hparams", {"tscope/model/params_m": 2.0})]
+
+
+def test_an_unwritable_log_dir_names_the_lost_files_and_the_directory(tmp_path, caplog) -> None:
+    """logger=False and a default_root_dir tscope cannot write in (here a file, which no one, root included, can make
+    a directory of): one warning names the directory, what is lost and what to do, then each lost step file by name;
+    training is unchanged."""
+    import logging
+
+    import lightning.pytorch as pl
+
+    import tscope_callbacks as ts
+    from tests.cb_utils import FAST, test_spec
+    from tests.models import TinyLM
+
+    root = tmp_path / "not_a_dir"
+    root.write_text("a file where the run's directory should be\n")
+    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=2, every_n_steps=3, profile_steps=1,
+                             wait_for_warmup=False)
+    trainer = pl.Trainer(max_steps=9, default_root_dir=str(root), logger=False, callbacks=[cb], **FAST)
+    with caplog.at_level(logging.WARNING, logger="tscope_callbacks"):
+        trainer.fit(TinyLM())
+    assert trainer.global_step == 9 and [h["step"] for h in cb.history] == [2, 3, 6]
+    msgs = [r.getMessage() for r in caplog.records if "tscope" in r.getMessage()]
+    where = root / "tscope"
+    first = [m for m in msgs if "cannot write" in m and "are lost" in m]
+    assert len(first) == 1 and f"in {where} (" in first[0], msgs
+    assert "step_<N>.json" in first[0] and "default_root_dir" in first[0] and "training continues" in first[0]
+    lost = sorted(m for m in msgs if m.startswith("tscope: step file "))
+    assert {"step_2.json", "step_3.json", "step_6.json"} - {m.split()[3] for m in lost} <= {first[0].split()[3]}
+    assert all(f"cannot write in {where}" in m for m in lost), lost
+    assert not any("sink failed in" in m for m in msgs), msgs  # no internal method names

@@ -100,13 +100,13 @@ def load_profile_file(path: str, data: dict[str, Any] | None = None) -> tuple[St
     "device"}`` (the device as a ``gpu_specs.json`` row, a name, or None). ``data``: the file's JSON, when already
     read with :func:`~tscope_callbacks.analysis.report.read_step_json`. Raises ValueError (a ``StepFileError`` for
     the file itself) with one line that names the file and what is wrong."""
-    from tscope_callbacks.analysis.report import read_step_json
+    from tscope_callbacks.analysis.report import not_a_step_file, read_step_json
 
     if data is None:
         data = read_step_json(path)
     prof = data.get("profile", data)
     if not isinstance(prof, dict) or not isinstance(prof.get("ops"), list):
-        raise ValueError(f"{path} is not a profiled step (expected StepProfile.to_dict() or {{'profile': ...}})")
+        raise ValueError(not_a_step_file(path, data))
     try:
         profile = StepProfile.from_dict(prof)
     except (TypeError, AttributeError, KeyError) as e:

@@ -72,7 +72,8 @@ from typing import Any
 
 from tscope_callbacks.analysis.fmt import div as _div
 
-__all__ = ["SCHEMA", "VERSION", "ALERTS_FILE", "StepReport", "load_step_file", "read_step_json", "read_alerts_file", "ReportLike", "HasStepReport",
+__all__ = ["SCHEMA", "VERSION", "ALERTS_FILE", "StepReport", "load_step_file", "read_step_json", "read_alerts_file",
+           "not_a_step_file", "ReportLike", "HasStepReport",
            "step_report_of", "StepFileError", "Figure", "DeviceInfo", "Summary", "MemorySection", "TimeSplit", "Row", "OpRow",
            "LayerInfo", "RoofUsed", "Opportunity", "NoiseSection", "NoiseMarkInfo", "RunContext", "WhatIf",
            "merge_rows", "json_safe"]
@@ -764,6 +765,27 @@ def read_step_json(path: str | os.PathLike[str], label: str | None = None) -> di
         raise StepFileError(f"{label}: not a profiled step (a JSON {type(data).__name__} where a JSON object was "
                             "expected)")
     return data
+
+
+def not_a_step_file(path: str | os.PathLike[str], data: dict[str, Any]) -> str:
+    """One line on why ``data`` (the JSON object read from ``path``) is no step file: what it is instead, when it is
+    another tscope output (the layer profiler's file, a trace), and what to open."""
+    import re
+
+    name = os.path.basename(os.fspath(path))
+    m = re.fullmatch(r"layers_(?:([a-z]+)_)?step_(\d+)\.json", name)
+    tree = len(data) == 1 and all(isinstance(v, dict) and "info" in v and "children" in v for v in data.values())
+    if m or tree:
+        step = "step_N.json" if m is None else (f"{m.group(1)}_" if m.group(1) else "") + f"step_{m.group(2)}.json"
+        return (f"{path} is the LayerProfilerCallback's layer tree (InspectorGadgets format), not a step file: "
+                f"`tscope report` reads the RooflineCallback's {step} beside it; `tscope view LOGDIR` shows both")
+    if "traceEvents" in data:
+        return f"{path} is a Chrome/Perfetto trace, not a step file: open it in ui.perfetto.dev"
+    if not data:
+        return f"{path} is an empty JSON object, not a tscope step file (RooflineCallback writes tscope/step_<N>.json)"
+    keys = ", ".join(repr(k) for k in list(data)[:4]) + (", ..." if len(data) > 4 else "")
+    return (f"{path} is not a profiled step: a JSON object with {keys}, none of a step file's 'profile', 'report' "
+            "or 'schema' (RooflineCallback writes tscope/step_<N>.json)")
 
 
 def read_alerts_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

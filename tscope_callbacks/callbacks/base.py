@@ -74,6 +74,7 @@ class ProfilingCallback(GuardedCallback):
         self._next_train = self.schedules["train"].next_due(0) if "train" in self.schedules else NEVER
         self._next_eval: dict[str, int] = {}
         self._silence_told: set[tuple[str, str]] = set()
+        self._eval_batches: dict[str, int] = {}  #: eval stage -> most batches one of its epochs ran (silence reasons)
 
     # ------------------------------------------------------------------ subclass API
     def _capture_options(self) -> dict[str, Any]:
@@ -264,6 +265,8 @@ class ProfilingCallback(GuardedCallback):
 
     def _eval_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str, batch: Any,
                           batch_idx: int) -> None:
+        if batch_idx >= self._eval_batches.get(stage, 0) and stage in self.schedules and not trainer.sanity_checking:
+            self._eval_batches[stage] = batch_idx + 1
         if batch_idx < self._next_eval.get(stage, NEVER) or trainer.sanity_checking:
             return
         try:
@@ -354,23 +357,41 @@ class ProfilingCallback(GuardedCallback):
 
         name = type(self).__name__
         fn = str(getattr(fn, "value", fn))  # Lightning passes its TrainerFn enum
-        why = None
+        whys = []
         if fn == "fit" and "train" in self.schedules and self.schedules["train"].taken == 0:
             start = self.schedules["train"].start_step
             if trainer.fast_dev_run:
-                why = (f"fast_dev_run runs {trainer.global_step} step(s) and turns logging off; the first profile is "
-                       f"due at step {start}: nothing was profiled or written")
+                whys.append(f"fast_dev_run runs {trainer.global_step} step(s) and turns logging off; the first profile "
+                            f"is due at step {start}: nothing was profiled or written")
             elif trainer.global_step <= start:
-                why = (f"the run ended at step {trainer.global_step}, before the first profile (start_step={start}): "
-                       "nothing was profiled; lower start_step")
+                whys.append(f"the run ended at step {trainer.global_step}, before the first profile (start_step={start}):"
+                            " nothing was profiled; lower start_step")
+        if fn == "fit" and "validation" in self.schedules and self.schedules["validation"].taken == 0:
+            whys.append(self._eval_silence("validation"))
         elif fn in ("validate", "test", "predict"):
             stage = "validation" if fn == "validate" else fn
             if stage not in self.schedules:
-                why = (f"trainer.{fn}() ran, but this callback profiles stages={self.stages}: nothing was profiled; "
-                       f"pass stages=({', '.join(repr(s) for s in (*self.stages, stage))})")
-        if why and (fn, why) not in self._silence_told:
-            self._silence_told.add((fn, why))
-            rank_zero_warn(f"tscope {name}: {why}")
+                whys.append(f"trainer.{fn}() ran, but this callback profiles stages={self.stages}: nothing was "
+                            f"profiled; pass stages=({', '.join(repr(s) for s in (*self.stages, stage))})")
+            elif self.schedules[stage].taken == 0:
+                whys.append(self._eval_silence(stage))
+        self._eval_batches.clear()
+        for why in whys:
+            if (fn, why) not in self._silence_told:
+                self._silence_told.add((fn, why))
+                rank_zero_warn(f"tscope {name}: {why}")
+
+    def _eval_silence(self, stage: str) -> str:
+        """Why ``stage`` (validation, test or predict) was never profiled: no batch of it ran, or too few."""
+        n, start = self._eval_batches.get(stage, 0), self.schedules[stage].start_step
+        if n == 0:
+            why = {"validation": "no validation batch ran (the fit has no val_dataloader, or limit_val_batches=0, or "
+                                 "it ended before check_val_every_n_epoch / val_check_interval came)",
+                   "test": "no test batch ran (no test_dataloader, or limit_test_batches=0)",
+                   "predict": "no predict batch ran (no predict_dataloader, or limit_predict_batches=0)"}[stage]
+            return f"stages includes {stage!r}, but {why}: nothing was profiled there"
+        return (f"{stage} epochs ran {n} batch{'es' * (n != 1)}, and the first {stage} profile is due at batch index "
+                f"{start} (start_step counts {stage} batches): nothing was profiled there; lower start_step")
 
     # ------------------------------------------------------------------ checkpointing
     @property

@@ -132,6 +132,11 @@ class Sink:
         """What a failure is reported once for (the backend; a directory for file sinks)."""
         return id(self)
 
+    @property
+    def files_dir(self) -> Path | None:
+        """The directory this sink writes files in (None: it writes none)."""
+        return None
+
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
         """Scalars keyed by metric name (``tscope/...``) at ``step``."""
 
@@ -186,6 +191,10 @@ class FileSink(Sink):
     @property
     def key(self) -> Any:
         return ("files", str(self.directory))
+
+    @property
+    def files_dir(self) -> Path | None:
+        return self.directory
 
     def _path(self, key: str, step: int, ext: str) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -260,6 +269,10 @@ class CSVSink(MetricsSink):
     def __init__(self, logger: Any) -> None:
         super().__init__(logger)
         self.files = FileSink(Path(logger.log_dir) / "tscope", scalars=False)
+
+    @property
+    def files_dir(self) -> Path | None:
+        return self.files.directory
 
     def log_text(self, key: str, markdown: str, step: int) -> None:
         self.files.log_text(key, markdown, step)
@@ -336,6 +349,7 @@ class WandbSink(MetricsSink):
 
     def log_text(self, key: str, markdown: str, step: int) -> None:
         import wandb
+
         from tscope_callbacks.render.html import markdown_to_html
 
         self.logger.log_metrics({key: wandb.Html(markdown_to_html(markdown))}, step=step)
@@ -390,7 +404,8 @@ class SinkGroup(Sink):
         self.sinks = list(sinks)
         self.log_dir = Path(log_dir)
         self.raise_errors = raise_errors
-        self._warned: set[int] = set()
+        self._warned: set[Any] = set()
+        self._lost: set[str] = set()  #: step files lost (each named once)
 
     @property
     def files_dir(self) -> Path:
@@ -404,12 +419,35 @@ class SinkGroup(Sink):
             log.warning("tscope: %s (%s: %s); further failures of this sink are not reported, training continues",
                         what, type(e).__name__, e)
 
+    def _files_lost(self, directory: Path, name: str | None, e: Exception, step_file: bool = False) -> None:
+        """A file in ``directory`` could not be written: the first time, one warning naming the file, the directory,
+        what is lost and what to do; after it, each lost step file (``step_file``) by name."""
+        if self.raise_errors:
+            raise e
+        why = f"{type(e).__name__}: {getattr(e, 'strerror', None) or e}"
+        key = ("files", str(directory))
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("tscope: cannot write %s in %s (%s): the tscope files of this run there (the step files "
+                        "step_<N>.json that `tscope report` and the dashboard read, tables, plots, alerts) are lost; "
+                        "make %s writable, or give the Trainer a writable default_root_dir (or its logger a writable "
+                        "save_dir); training continues", name or "files", directory, why, directory)
+        elif step_file and name is not None and name not in self._lost:
+            self._lost.add(name)
+            log.warning("tscope: step file %s lost: cannot write in %s (%s)", name, directory, why)
+
     def _each(self, method: str, *args: Any) -> None:
         for s in self.sinks:
             try:
                 getattr(s, method)(*args)
             except Exception as e:
-                self._failed(s.key, f"the {s.name} sink failed in {method}", e)
+                directory = s.files_dir
+                if directory is not None and isinstance(e, OSError):
+                    where = Path(e.filename) if isinstance(e.filename, (str, os.PathLike)) else None
+                    self._files_lost(directory, where.name if where is not None and where.parent == directory
+                                     else None, e)
+                else:
+                    self._failed(s.key, f"the {s.name} sink failed in {method}", e)
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
         series = {k: v for k, v in scalars.items() if not is_hparam(k) and not is_step_figure(k)}
@@ -451,7 +489,7 @@ class SinkGroup(Sink):
             with path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps({"step": int(step), "key": key, "title": title, "text": text}) + "\n")
         except Exception as e:
-            self._failed(("files", str(self.files_dir)), f"the files sink failed writing {path}", e)
+            self._files_lost(self.files_dir, path.name, e)
 
     def write_json(self, name: str, obj: Any) -> Path | None:
         """Write ``obj`` as ``<log_dir>/tscope/<name>`` (atomically). A failure (e.g. an unwritable directory) is
@@ -464,7 +502,7 @@ class SinkGroup(Sink):
                 json.dump(obj, f, default=_json_default)
             os.replace(tmp, path)
         except Exception as e:
-            self._failed(("files", str(self.files_dir)), f"the files sink failed writing {path}", e)
+            self._files_lost(self.files_dir, path.name, e, step_file=True)
             return None
         return path
 

@@ -94,10 +94,70 @@ def load_target(target: str) -> Any:
     return obj
 
 
+#: the one line a Hub id without a network says
+NO_NETWORK = "no network: give a local config path or hf:NAME with a cached config"
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the Hub's host answers a TCP connection within ``timeout_s`` (no name, no route: False at once; a
+    network that drops packets: False after ``timeout_s``, instead of the Hub client's retries, about a minute)."""
+    import socket
+    import urllib.parse
+
+    host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or ""
+    try:
+        with socket.create_connection((host, 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _hub_config(tf: Any, ref: str, overrides: dict[str, Any]) -> Any:
+    """The config of Hub id ``ref``: from the local cache when it is there (the network untouched), else from the Hub;
+    with no network (``HF_HUB_OFFLINE``, or the Hub unreachable) one line at once."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cache = constants.HF_HUB_CACHE
+    if isinstance(try_to_load_from_cache(ref, "config.json", cache_dir=cache), str):
+        return tf.AutoConfig.from_pretrained(ref, local_files_only=True, cache_dir=cache, **overrides)
+    if constants.HF_HUB_OFFLINE or not _hub_reachable():
+        raise ImportError(f"{NO_NETWORK} (hf:{ref} is not in the cache {cache})")
+    return tf.AutoConfig.from_pretrained(ref, cache_dir=cache, **overrides)
+
+
+def hf_head(tf: Any, cfg: Any) -> tuple[Any, str]:
+    """The model class ``hf:`` builds for ``cfg``, and why: the class its config names (``architectures``, as
+    published on the Hub), else by the model's kind: the seq2seq LM of an encoder-decoder, the masked LM of an encoder
+    (a BERT-like config that is not a decoder: its causal-LM class is the decoder variant, which needs
+    ``is_decoder=True``), the causal LM of a decoder, else the bare model."""
+    from transformers.models.auto import modeling_auto as auto
+
+    named = [a for a in (getattr(cfg, "architectures", None) or []) if isinstance(getattr(tf, a, None), type)]
+    if named:
+        return getattr(tf, named[0]), "the class its config names"
+    kind = getattr(cfg, "model_type", "")
+    encoder = (not getattr(cfg, "is_decoder", False) and kind in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+               and not getattr(cfg, "is_encoder_decoder", False))
+    heads = [(tf.AutoModelForCausalLM, "a decoder: its causal-LM head"), (tf.AutoModelForMaskedLM, "its masked-LM head"),
+             (tf.AutoModel, "the bare model: transformers has no LM head for it")]
+    if getattr(cfg, "is_encoder_decoder", False):
+        heads.insert(0, (tf.AutoModelForSeq2SeqLM, "an encoder-decoder: its seq2seq-LM head"))
+    if encoder:
+        why = ("an encoder (is_decoder is false): its masked-LM head"
+               + ("; --kwargs '{\"is_decoder\": true}' analyses the causal-LM decoder variant"
+                  if kind in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else ""))
+        heads.insert(0, (tf.AutoModelForMaskedLM, why))
+    for head, why in heads:
+        try:
+            return head._model_mapping[type(cfg)], why
+        except KeyError:  # no class of this kind for the config
+            continue
+    raise ValueError(f"transformers has no model class for {type(cfg).__name__}")
+
+
 def hf_factory(ref: str) -> Any:
     """A factory for ``hf:REF`` (see the ``target`` help): ``factory(**config_overrides)`` builds the model from its
-    config alone, as a causal LM (or seq2seq LM for encoder-decoder configs, masked LM, bare model: the first head
-    transformers has for the config)."""
+    config alone, with the class :func:`hf_head` picks (``factory.choice`` says which and why, once it ran)."""
     try:
         import transformers as tf
     except ImportError:
@@ -114,21 +174,20 @@ def hf_factory(ref: str) -> Any:
 
     def factory(**overrides: Any) -> Any:
         try:
-            cfg = (tf.AutoConfig.from_pretrained(ref, **overrides) if local or ref not in tf.CONFIG_MAPPING
-                   else tf.AutoConfig.for_model(ref, **overrides))
-        except OSError as e:  # no such Hub repo, or no network
+            if local:
+                cfg = tf.AutoConfig.from_pretrained(ref, **overrides)
+            elif ref in tf.CONFIG_MAPPING:
+                cfg = tf.AutoConfig.for_model(ref, **overrides)
+            else:
+                cfg = _hub_config(tf, ref, overrides)
+        except OSError as e:  # no such Hub repo
             raise ImportError(f"no config for hf:{ref}: {str(e).strip().splitlines()[0]}") from None
-        heads = [tf.AutoModelForCausalLM, tf.AutoModelForMaskedLM, tf.AutoModel]
-        if getattr(cfg, "is_encoder_decoder", False):
-            heads.insert(0, tf.AutoModelForSeq2SeqLM)
-        for head in heads:
-            try:
-                return head.from_config(cfg)
-            except ValueError:  # "Unrecognized configuration class ... for this kind of AutoModel"
-                continue
-        raise ValueError(f"transformers has no model class for {type(cfg).__name__}")
+        cls, why = hf_head(tf, cfg)
+        factory.choice = f"{cls.__name__} ({why})"  # type: ignore[attr-defined]
+        return cls._from_config(cfg)
 
     factory.__name__ = f"hf:{ref}"
+    factory.choice = ""  # type: ignore[attr-defined]
     return factory
 
 
@@ -141,6 +200,8 @@ def build_model(factory: Any, kwargs: dict, device: str) -> Any:
         try:
             with torch.device("meta"):
                 return factory(**kwargs)
+        except ImportError:  # no config to be had (hf: with no network): the host has none either
+            raise
         except Exception:  # a factory that needs real tensors: built on the host, analysis still on meta
             pass
     return factory(**kwargs)
@@ -194,10 +255,14 @@ def run(args: argparse.Namespace) -> int:
                     "module (it runs as `python FILE` would), then run again")
     try:
         model = build_model(factory, args.kwargs, args.device)
+    except ImportError as e:  # an hf: config that cannot be had (no network, no such repo)
+        return fail(f"{args.target}: {e}")
     except Exception as e:
         where = user_frame_of(e)
         return fail(f"building the model {args.target}(**--kwargs {json.dumps(args.kwargs)}) raised {_first_line(e)}"
                     f"{f' at {where}' if where else ''}; check --kwargs against its arguments")
+    if getattr(factory, "choice", ""):
+        print(f"tscope analyze: {args.target} is {factory.choice}", file=sys.stderr)
     dtypes = [None if d in (None, "float") else d for d in (args.input_dtype or [])]
     try:
         report = analyze_model(model, args.input_shape, args.gpu, args.precision, input_dtypes=dtypes,
@@ -218,8 +283,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             # the analysed device travels with the profile: `tscope report` re-rates it on that device, not this host
+            # the step file the callbacks write (its report in the current schema: ts.load_step_file reads it)
             json.dump({"profile": report.profile.to_dict(), "device": report.spec.to_dict(),
-                       "report": report.to_dict()}, f)
+                       "report": report.step_report.to_dict()}, f)
         from tscope_callbacks.cli.hints import command  # the hint works without an activated venv
 
         print(f"JSON written to {args.json} (`{command('tscope', 'tscope_callbacks.cli')} report {args.json}` "

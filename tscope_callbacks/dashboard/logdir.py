@@ -36,18 +36,20 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from tscope_callbacks.analysis.report import ALERTS_FILE, StepFileError, read_alerts_file, read_step_json
+from tscope_callbacks.analysis.report import (ALERTS_FILE, StepFileError, not_a_step_file, read_alerts_file,
+                                              read_step_json)
 from tscope_callbacks.render.dashboard import layer_details, open_step
 
-__all__ = ["HINT", "OPS_CAP", "SCHEMA", "SCHEMA_VERSION", "StepFileError", "load", "ops", "read_step_file",
+__all__ = ["HINT", "HOW_TO", "OPS_CAP", "SCHEMA", "SCHEMA_VERSION", "StepFileError", "load", "ops", "read_step_file",
            "scan", "series", "step_path"]
 
 SCHEMA = "tscope.step_report"
 SCHEMA_VERSION = 2
 OPS_CAP = 5000
-HINT = ("No tscope data in this log dir. Add the callback to your Trainer and train: "
-        "Trainer(callbacks=[tscope_callbacks.RooflineCallback()], logger=TensorBoardLogger(\"<this log dir>\")); "
-        "each profiled step writes <log_dir>/tscope/step_<N>.json, which this tab reads.")
+#: how to get tscope data into a log dir (the command line's words; HINT adds the tab's)
+HOW_TO = ("add the callback to your Trainer and train: Trainer(callbacks=[tscope_callbacks.RooflineCallback()], "
+          "logger=TensorBoardLogger(\"<this log dir>\")); each profiled step writes <log_dir>/tscope/step_<N>.json")
+HINT = f"No tscope data in this log dir. {HOW_TO[0].upper()}{HOW_TO[1:]}, which this tab reads."
 
 _STEP_RE = re.compile(r"^(?:(?P<stage>[a-z]+)_)?step_(?P<step>\d+)\.json$")
 _NOT_STEPS = {"trace", "layers"}  # trace_step_<N>.json, layers_step_<N>.json: other outputs
@@ -142,6 +144,8 @@ def read_step_file(path: str | os.PathLike) -> dict:
     if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
         raise StepFileError(f"{name}: step-report schema version {version}, newer than this dashboard's "
                             f"{SCHEMA_VERSION}: upgrade tscope_callbacks")
+    if not {"profile", "report", "schema", "version"} & d.keys():  # no step file of any version: say what it is
+        raise StepFileError(not_a_step_file(name, d))
     legacy = _legacy(path, d)
     if legacy is not None:
         return legacy

@@ -55,7 +55,7 @@ def run_html(path: str, *, title: str | None = None, ops_budget: int = OPS_BUDGE
         raise FileNotFoundError(f"{path}: no such directory")
     idx = ld.scan(path)
     if not idx.get("runs"):
-        raise FileNotFoundError(f"no tscope step files under {path}. {idx.get('hint') or ''}".strip())
+        raise FileNotFoundError(f"no tscope step files under {path}: {ld.HOW_TO}")
     reports, bad, series = [], [], {}
     for r in idx["runs"]:
         for st in r["steps"]:
