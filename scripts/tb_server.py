@@ -31,9 +31,11 @@ def free_port() -> int:
         raise TensorBoardUnavailable(f"cannot open a localhost port: {e}") from None
 
 
-def get_json(base: str, path: str, **params: str) -> object:
+def get_json(base: str, path: str, timeout_s: float = 120.0, **params: str) -> object:
+    """The JSON a route answers; ``timeout_s`` only guards against a hung server (a busy machine can take many
+    seconds to answer the first request, which parses every step file)."""
     url = base + path + ("?" + urllib.parse.urlencode(params) if params else "")
-    with urllib.request.urlopen(url, timeout=10) as r:
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
         return json.loads(r.read().decode("utf-8"))
 
 

@@ -17,6 +17,9 @@ from tscope_callbacks import hostclock
 
 __all__ = ["ScriptedHost", "StepCost", "spend"]
 
+if __name__ != "tests.scripted_host":  # a second copy of this module would have its own active hosts
+    raise ImportError("import the scripted host as tests.scripted_host (from tests.scripted_host import ...)")
+
 _ACTIVE: list[ScriptedHost] = []
 
 
