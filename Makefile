@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all install lint docs docs-serve dist clean
+.PHONY: demo test test-all install lint docs docs-serve screenshots dist clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ docs: $(STAMP)
 
 docs-serve: $(STAMP)
 	$(VENV)/bin/mkdocs serve
+
+# every PNG of the README and docs/ from the current code (a demo fit, TensorBoard, the dashboard page in headless
+# Chromium) and docs/screenshots.json, the hashes tests/test_screenshots.py checks them against
+screenshots: $(STAMP)
+	$(PY) scripts/screenshots.py
 
 # a wheel and an sdist in dist/ (pip install -c <torch pin> dist/tscope_callbacks-*.whl: see the README)
 dist: $(STAMP)
