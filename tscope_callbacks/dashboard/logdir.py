@@ -36,8 +36,13 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from tscope_callbacks.analysis.report import (ALERTS_FILE, StepFileError, not_a_step_file, read_alerts_file,
-                                              read_step_json)
+from tscope_callbacks.analysis.report import (
+    ALERTS_FILE,
+    StepFileError,
+    not_a_step_file,
+    read_alerts_file,
+    read_step_json,
+)
 from tscope_callbacks.render.dashboard import layer_details, open_step
 
 __all__ = ["HINT", "HOW_TO", "OPS_CAP", "SCHEMA", "SCHEMA_VERSION", "StepFileError", "load", "ops", "read_step_file",
