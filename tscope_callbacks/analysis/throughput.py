@@ -14,9 +14,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from tscope_callbacks.analysis.fmt import flops_text, pct_text, ratio_text, time_text
+from tscope_callbacks.analysis.report import StepReport
 from tscope_callbacks.records import ATTENTION_CONVENTIONS, model_flops
 
-__all__ = ["Throughput", "Window", "ATTENTION_CONVENTIONS", "model_flops"]
+__all__ = ["Throughput", "Window", "ATTENTION_CONVENTIONS", "model_flops", "mfu_bases"]
 
 
 @dataclass(frozen=True)
@@ -68,3 +70,32 @@ class Throughput:
             if tokens:
                 out["tokens_per_s" + suffix] = tokens / t
         return out
+
+
+def mfu_bases(report: StepReport, window: Window, peak_flops: float | None) -> str | None:
+    """One line on why the automatic MFU of ``window`` (its steps' model FLOPs over the window's whole time, against
+    ``peak_flops``) differs from the profiled step's MFU in ``report`` (its model FLOPs over the median of the
+    unprofiled steps around it): the two step times and their bases, and the FLOPs or roofs when they differ too.
+    None when either MFU is missing."""
+    s = report.summary
+    if not peak_flops or s.mfu is None or not s.measured_step_s or window.steps <= 0 or window.time_s <= 0:
+        return None
+    auto_mfu = window.flops / window.time_s / peak_flops
+    t_auto = window.time_s / window.steps
+    first = window.end_step - window.steps + 1
+    w = report.context.step_time_window
+    around = f", steps {w[0]}-{w[1]}" if w else ""
+    out = (f"Automatic MFU {pct_text(auto_mfu)} (steps {first}-{window.end_step}: {time_text(t_auto)} a step, the "
+           f"window's time over its {window.steps} steps, every step and its logging included) vs MFU "
+           f"{pct_text(s.mfu)} of the profiled step {report.step} ({time_text(s.measured_step_s)} a step: "
+           f"{s.step_time_basis_text}{around})")
+    why = []
+    f_auto = window.flops / window.steps
+    if s.model_flops and abs(f_auto / s.model_flops - 1) > 0.01:
+        why.append(f"model FLOPs per step {flops_text(f_auto)} vs {flops_text(s.model_flops)}")
+    if s.mfu_peak_flops and abs(peak_flops / s.mfu_peak_flops - 1) > 1e-3:
+        why.append(f"roofs {flops_text(peak_flops)}/s vs {flops_text(s.mfu_peak_flops)}/s")
+    took = f"the window's step time is {ratio_text(t_auto / s.measured_step_s)} the profiled step's"
+    if not why:
+        return out + f": the same model FLOPs per step on the same roof, so the difference is the step time ({took})"
+    return out + ": " + "; ".join(why) + f"; {took}"

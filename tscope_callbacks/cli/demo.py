@@ -146,7 +146,7 @@ def _print_summary(trainer, roof, guard, logger, args, took: float) -> None:
         print("(no roofline report: no step was profiled; raise --steps above 10)")
     mfu = getattr(roof, "last_mfu", None)
     if mfu is not None:
-        print(f"\nAutomatic MFU (unprofiled steps of the last logging window, FLOPs from the profile): {mfu:.2%}")
+        print("\n" + _auto_mfu_line(report, roof, mfu))
     else:
         print("\nAutomatic MFU: not logged (it needs a logging step after the first profiled step and a device roof)")
     if guard.events:
@@ -167,6 +167,16 @@ def _print_summary(trainer, roof, guard, logger, args, took: float) -> None:
         print(f"The dashboard:  {tscope} view {out}   (one HTML page of every profiled step"
               + ("; also the TSCOPE tab in TensorBoard)" if args.logger == "tensorboard" else ")"))
         print(f"Re-render a profiled step:  {tscope} report {shlex.quote(str(saved[-1]))} --plot roofline.png")
+
+
+def _auto_mfu_line(report, roof, mfu: float) -> str:
+    """The automatic MFU, with why it differs from the profiled step's (``analysis.throughput.mfu_bases``)."""
+    from tscope_callbacks.analysis.report import step_report_of
+    from tscope_callbacks.analysis.throughput import mfu_bases
+
+    tp = roof.auto.throughput  # the windows the automatic MFU was computed over
+    line = mfu_bases(step_report_of(report), tp.windows[-1], tp.peak_flops) if report and tp.windows else None
+    return line or f"Automatic MFU (unprofiled steps of the last logging window, FLOPs from the profile): {mfu:.2%}"
 
 
 def _step_of(path: Path) -> int:
