@@ -91,3 +91,21 @@ def test_top_layers_and_rows() -> None:
     assert top == ["head", "enc.b"]  # by self FLOPs (400, 300): stable, unlike self time; root excluded
     rows = layer_rows(_layers())
     assert rows[0]["layer"] == "(root)" and rows[2]["forward_ms"] == 2.0 and rows[3]["nonfinite"] is True
+
+
+def test_text_tab_tables_never_print_float_noise_or_exponents() -> None:
+    # the Text tab printed `6.939e-15` ms for `model.blocks` (a ModuleList: its self time is its total minus its
+    # children's, float noise) and `8.19e-06` GFLOP for a tiny embedding
+    from tscope_callbacks.render.layer_table import render_tree_markdown
+    from tscope_callbacks.render.tables import rows_to_markdown
+
+    layers = {"": LayerRecord(path="", type="Net", forward_s=2e-3, self_forward_s=6.939e-18, flops_fwd=8192),
+              "pos": LayerRecord(path="pos", type="Embedding", forward_s=2.26e-5, self_forward_s=2.26e-5,
+                                 memory_fwd_bytes=32768, memory_bwd_bytes=-512)}
+    md = render_tree_markdown(layers)
+    nb = "\u00a0"
+    assert f"| `Net` | 0{nb}ms | 2{nb}ms | 0{nb}ms | 0{nb}ms | 0.00000819 |" in md, md  # 8,192 FLOP in GFLOP
+    assert f"| 22.6{nb}µs | 22.6{nb}µs |" in md and f"32{nb}KiB | -512{nb}B |" in md  # the page's units
+    assert "e-" not in md
+    rows = rows_to_markdown(layer_rows(layers))
+    assert "e-" not in rows and "| 0 |" in rows  # self_forward_ms 6.939e-15: 0

@@ -101,7 +101,7 @@ def test_widened_bandwidth_is_the_roof_drawn_and_the_device_one_dashed():
     assert abs(solid.get_xdata()[1] - 2.5) < 1e-9 and abs(solid.get_ydata()[1] - 0.1) < 1e-12
     legend = [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else []
     legend += [t.get_text() for a in ax.artists for t in getattr(a, "get_texts", lambda: [])()]
-    assert any("memory 40 GB/s" in t for t in legend) and any("25 GB/s" in t for t in legend), legend
+    assert "memory 40 GB/s" in legend and "measured 25 GB/s (not used: an op beat it)" in legend, legend
     notes = [t.get_text() for t in fig.texts]
     assert any("widened from 25 to 40 GB/s" in t for t in notes)
     assert any("MBU uses the device's 25 GB/s" in t for t in notes), notes
@@ -112,8 +112,38 @@ def test_card_labels_the_device_bandwidth_it_draws_dashed():
 
     fig = card_figure(_widened_report())
     (ax,) = fig.axes
-    texts = [t.get_text() for a in ax.artists for t in getattr(a, "get_texts", lambda: [])()]
-    texts += [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "memory 40 GB/s" in texts and "device 25 GB/s" in texts, texts
+    texts = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    # the dashboard's names: the memory roof drawn, and the measured bandwidth an op beat (it read "device 25 GB/s")
+    assert "memory 40 GB/s" in texts and "measured 25 GB/s (not used)" in texts, texts
+    assert "fp32 100 GFLOP/s" in texts  # a CPU's matrix and vector roofs at one peak: one entry
     assert any(ln.get_linestyle() == "--" and abs(ln.get_ydata()[0] * 1e12 / ln.get_xdata()[0] - 25e9) < 1e3
                for ln in ax.get_lines() if len(ln.get_xdata()) == 2)
+
+
+def test_card_keys_and_labels_cover_no_point_and_no_other_text():
+    """The Images tab's card: its labels overlapped the points and the roofs' key (drawn over the memory slope and
+    the ridge); now the key sits above the axes and a label goes only where it covers no marker, key or label."""
+    from matplotlib.text import Text
+
+    from tscope_callbacks.render.plot import card_figure
+
+    for rep in (roofline(toy_profile(), a100()).step_report, _widened_report()):
+        fig = card_figure(rep, top_labels=3)
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()
+        (ax,) = fig.axes
+        ax_box = ax.get_window_extent(r)
+        key = fig.legends[0].get_window_extent(r)
+        assert key.y0 >= ax_box.y1  # the roofs' key is above the axes
+        labels = [Text.get_window_extent(t, r) for t in ax.texts]  # the text itself (a leader line may cross)
+        others = [ax.get_legend().get_window_extent(r), key]
+        marks = []  # each marker's box: its centre and radius (a scatter's size is its area in points^2)
+        for c in ax.collections:
+            for (x, y), s in zip(ax.transData.transform(c.get_offsets()), c.get_sizes()):
+                rad = (s ** 0.5) / 2 * fig.dpi / 72
+                marks.append((x - rad, y - rad, x + rad, y + rad))
+        assert marks and labels
+        for i, b in enumerate(labels):
+            assert not any(b.overlaps(o) for o in others + labels[:i]), ax.texts[i].get_text()
+            assert not any(min(b.x1, m[2]) > max(b.x0, m[0]) and min(b.y1, m[3]) > max(b.y0, m[1]) for m in marks)
+            assert ax_box.contains(b.x0, b.y0) and ax_box.contains(b.x1, b.y1)

@@ -87,7 +87,7 @@ def time_text(sec: float | None) -> str:
     if sec is None or not math.isfinite(sec):
         return "–"
     a = abs(sec)
-    if a == 0:
+    if a < 1e-12:  # 0, or float noise (a total minus its parts): never "0.00694 ns"
         return "0 ms"
     if a >= 1:
         return f"{sig(sec)} s"

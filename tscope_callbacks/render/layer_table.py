@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from tscope_callbacks.analysis.fmt import bytes_text, sig, time_text
 from tscope_callbacks.analysis.layers import layer_children
 from tscope_callbacks.records import LayerRecord
 
@@ -79,16 +80,13 @@ _MD_COLUMNS = ("Module", "self fwd", "fwd", "self bwd", "bwd", "GFLOP", "mem fwd
 
 
 def _short_time(seconds: float) -> str:
-    """``"15.5\u00a0ms"``: 3 significant digits, the unit joined by a non-breaking space."""
-    seconds = max(seconds, 0.0)
-    for scale, unit in ((1.0, "s"), (1e-3, "ms")):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g}\u00a0{unit}"
-    return f"{seconds * 1e6:.3g}\u00a0us"
+    """``"15.5\u00a0ms"``: ``analysis.fmt.time_text`` (the page's), the unit joined by a non-breaking space."""
+    return time_text(max(seconds, 0.0)).replace(" ", "\u00a0")
 
 
-def _short_mb(b: int | float) -> str:
-    return f"{b / _MB:.3g}\u00a0MB"
+def _short_bytes(b: int | float | None) -> str:
+    """``"32\u00a0KiB"``: ``analysis.fmt.bytes_text`` (the page's), the unit joined by a non-breaking space."""
+    return bytes_text(b).replace(" ", "\u00a0")
 
 
 def render_tree_markdown(layers: Mapping[str, LayerRecord], *, root_name: str | None = None,
@@ -96,7 +94,8 @@ def render_tree_markdown(layers: Mapping[str, LayerRecord], *, root_name: str | 
     """The tree table as markdown, for TensorBoard's Text tab and W&B: a real table (it wraps instead of being cut
     off on the right), the tree indented with non-breaking spaces, times and sizes right-aligned. TensorBoard breaks
     a word anywhere once a table is wider than its card, so this one is narrow: short headers, 3-digit times and
-    sizes with their unit joined by a non-breaking space, FLOPs forward + backward in one column, no output size
+    sizes with their unit joined by a non-breaking space (the page's units: ``analysis.fmt``), FLOPs forward +
+    backward in one column, no output size
     (the text table of :func:`render_tree_table` and the CSV rows have every column)."""
     out = [f"**{title}**", ""] if title else []
     out.append("| " + " | ".join(_MD_COLUMNS) + " |")
@@ -107,8 +106,8 @@ def render_tree_markdown(layers: Mapping[str, LayerRecord], *, root_name: str | 
         stripped = label.lstrip("│ ├└─")
         depth = (len(label) - len(stripped)) // 4
         cells = ["&nbsp;" * (2 * depth) + f"`{stripped}`", _short_time(L.self_forward_s), _short_time(L.forward_s),
-                 _short_time(L.self_backward_s), _short_time(L.backward_s), f"{(L.flops_fwd + L.flops_bwd) / 1e9:.3g}",
-                 _short_mb(L.memory_fwd_bytes), _short_mb(L.memory_bwd_bytes), str(L.calls)]
+                 _short_time(L.self_backward_s), _short_time(L.backward_s), sig((L.flops_fwd + L.flops_bwd) / 1e9),
+                 _short_bytes(L.memory_fwd_bytes), _short_bytes(L.memory_bwd_bytes), str(L.calls)]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 

@@ -23,11 +23,12 @@ from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
+from tscope_callbacks.analysis.fmt import bw_text, pct_text, rate_text, time_text
 from tscope_callbacks.analysis.report import ReportLike, RoofUsed, StepReport, step_report_of
 from tscope_callbacks.records import LayerRecord
 
-__all__ = ["figure", "plot", "card_figure", "card_layer_bars", "displayed_font_px", "CARD_WIDTH_PX", "CARD_HEIGHT_PX",
-           "PHASE_COLORS", "PRECISION_COLORS"]
+__all__ = ["figure", "plot", "card_figure", "card_layer_bars", "displayed_font_px", "unused_bandwidth_label",
+           "CARD_WIDTH_PX", "CARD_HEIGHT_PX", "PHASE_COLORS", "PRECISION_COLORS"]
 
 PHASE_COLORS = {"forward": "#1f77b4", "backward": "#ff7f0e", "recompute": "#9467bd", "optimizer": "#2ca02c"}
 PRECISION_COLORS = {"bf16": "#d62728", "fp16": "#e377c2", "tf32": "#17becf", "fp32": "#8c564b", "fp64": "#7f7f7f",
@@ -102,45 +103,58 @@ def _shorten(label: str, max_chars: int) -> str:
 
 def _place_labels(ax: Any, fig: Figure, pts: list[dict[str, Any]], n: int, fontsize: float = 8,
                   marker: tuple[float, float] = (25, 900), max_chars: int | None = None) -> None:
-    """Label the n largest points (or groups of coinciding ones): per label, the first candidate offset whose box
-    stays inside the axes and overlaps no marker, text, legend or earlier label (label boxes estimated from the
-    text length; no draw needed, as the limits and the axes box are fixed)."""
+    """Label the n largest points (or groups of coinciding ones): per label, the first candidate offset whose drawn
+    box stays inside the axes and overlaps no marker, text, legend or earlier label; a label with no such place is
+    left out (an overlapping label is unreadable, and it hides what it overlaps). The boxes are the drawn text's own
+    extents (the limits and the axes box are fixed)."""
     px = fig.dpi / 72.0
     renderer = fig.canvas.get_renderer()
-    obstacles = list(ax.texts) + [a for a in ax.get_children() if isinstance(a, Legend)]
-    boxes = [tuple(a.get_window_extent(renderer).extents) for a in obstacles]
+    legends = [a for a in ax.get_children() if isinstance(a, Legend)] + list(fig.legends)
+    boxes = [tuple(a.get_window_extent(renderer).extents) for a in list(ax.texts) + legends]
     for p in pts:  # the markers themselves are obstacles too
         x, y = ax.transData.transform((p["x"], p["y"]))
         r = math.sqrt(marker[0] + marker[1] * p["share"]) / 2 * px
         boxes.append((x - r, y - r, x + r, y + r))
+    soft = []  # the flat roofs: a label avoids them where it can (a compute-bound point's label lands on them first)
+    for ln in ax.get_lines():
+        xs, ys = ln.get_xdata(), ln.get_ydata()
+        if len(xs) == 2 and ys[0] == ys[1]:
+            (x0, y0), (x1, _) = ax.transData.transform([(xs[0], ys[0]), (xs[1], ys[1])])
+            soft.append((x0, y0 - 2 * px, x1, y0 + 2 * px))
     ax0, ay0, ax1, ay1 = ax.get_window_extent(renderer).extents
     offsets = [(8, 6), (8, -14), (-8, 6), (-8, -14), (14, 22), (14, -30), (-14, 22), (-14, -30), (24, 38), (24, -46),
                (-24, 38), (-24, -46), (0, 54), (0, -62), (-40, 20), (-40, -28)]
+
+    def overlaps(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+        return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
+
+    def place(p: dict[str, Any], label: str, dx: int, dy: int) -> tuple[Any, tuple[float, ...] | None]:
+        """The label at offset (dx, dy), and its box when it is inside the axes and covers no hard obstacle."""
+        note = ax.annotate(label, (p["x"], p["y"]), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                           ha="right" if dx < 0 else "left", va="bottom", zorder=4)
+        box = tuple(note.get_window_extent(renderer).extents)
+        inside = ax0 <= box[0] and box[2] <= ax1 and ay0 <= box[1] and box[3] <= ay1
+        return note, box if inside and not any(overlaps(box, b) for b in boxes) else None
+
     for g in _groups(ax, pts, px)[:n]:
         p, label = g[0], _group_label(g)
         if max_chars:
             label = _shorten(label, max_chars)
-        x, y = p["px"]
-        w, h = len(label) * fontsize * 0.62 * px, fontsize * 1.3 * px
-        best: tuple[float, tuple[int, int], tuple[float, float, float, float]] | None = None
-        for dx, dy in offsets:  # first candidate without overlap, else the one overlapping least
-            x0 = x + dx * px - (w if dx < 0 else 0)
-            box = (x0, y + dy * px, x0 + w, y + dy * px + h)
-            cost = sum(max(0.0, min(box[2], b[2]) - max(box[0], b[0])) * max(0.0, min(box[3], b[3]) - max(box[1], b[1]))
-                       for b in boxes)
-            if not (ax0 <= box[0] and box[2] <= ax1 and ay0 <= box[1] and box[3] <= ay1):
-                cost += 1e9
-            if best is None or cost < best[0]:
-                best = (cost, (dx, dy), box)
-            if cost == 0:
+        fallback = None
+        for dx, dy in offsets:  # the first free place; else the first that only crosses a roof line
+            note, box = place(p, label, dx, dy)
+            note.remove()
+            if box is not None and not any(overlaps(box, b) for b in soft):
+                fallback = (dx, dy, box)
                 break
-        assert best is not None
-        chosen = best[1]
-        boxes.append(best[2])
-        dx, dy = chosen
-        ax.annotate(label, (p["x"], p["y"]), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
-                    ha="right" if dx < 0 else "left", va="bottom", zorder=4,
-                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.4"} if abs(dy) > 10 else None)
+            if box is not None and fallback is None:
+                fallback = (dx, dy, box)
+        if fallback is not None:
+            dx, dy, box = fallback
+            ax.annotate(label, (p["x"], p["y"]), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                        ha="right" if dx < 0 else "left", va="bottom", zorder=4,
+                        arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.4"} if abs(dy) > 10 else None)
+            boxes.append(box)
 
 
 def _limits(pts: list[dict[str, Any]], roofs: Sequence[RoofUsed], bw: float) -> tuple[float, float, float, float]:
@@ -162,19 +176,25 @@ def roof_bandwidth(roofs: Sequence[RoofUsed], device_bw: float) -> float:
     return max((r.bandwidth for r in roofs if r.bandwidth and math.isfinite(r.bandwidth)), default=device_bw)
 
 
+def unused_bandwidth_label(bw: float, measured: bool, *, short: bool = False) -> str:
+    """The dashed line of the device's bandwidth when an op beat it (the roofs drawn use the widened one): the
+    dashboard's words (``short``: a card's)."""
+    return f"{'measured' if measured else 'datasheet'} {bw_text(bw)} (not used" + (")" if short else ": an op beat it)")
+
+
 def _draw_roofs(ax: Any, roofs: Sequence[RoofUsed], bw: float, x_lo: float, x_hi: float,
-                ridge_fontsize: float | None = 7) -> list[Line2D]:
+                ridge_fontsize: float | None = 7, *, measured: bool = False) -> list[Line2D]:
     """The memory slope up to the highest ridge, then one flat roof per precision from its ridge (achievable roofs
-    dotted); returns the legend handles."""
+    dotted); returns the legend handles, named as the dashboard names them (``measured``: the device's roofs were
+    measured on this machine)."""
     ridge_max = max((r.ridge for r in roofs), default=x_hi)
     used = roof_bandwidth(roofs, bw)
     ax.plot([x_lo, ridge_max], [x_lo * used / 1e12, ridge_max * used / 1e12], color="0.2", lw=1.8)
-    handles = [Line2D([], [], color="0.2", lw=1.8, label=f"memory {used / 1e9:.4g} GB/s"
-                      + (" (widened)" if used != bw else ""))]
+    handles = [Line2D([], [], color="0.2", lw=1.8, label=f"memory {bw_text(used)}")]
     if used != bw and bw > 0:  # the device's (measured / datasheet) bandwidth the roof was widened from: dashed
         top = max((r.peak_flops for r in roofs), default=bw * x_hi)
         ax.plot([x_lo, top / bw], [x_lo * bw / 1e12, top / 1e12], color="0.45", lw=1.2, ls="--")
-        handles.append(Line2D([], [], color="0.45", lw=1.2, ls="--", label=f"device {bw / 1e9:.4g} GB/s (not used)"))
+        handles.append(Line2D([], [], color="0.45", lw=1.2, ls="--", label=unused_bandwidth_label(bw, measured)))
     for r in roofs:
         c = PRECISION_COLORS.get(r.precision, "0.5")
         ls = "-" if r.matrix else "--"
@@ -185,15 +205,14 @@ def _draw_roofs(ax: Any, roofs: Sequence[RoofUsed], bw: float, x_lo: float, x_hi
             ax.annotate(f"ridge {r.ridge:.3g}", (r.ridge, peak), xytext=(-4, 4), textcoords="offset points",
                         fontsize=ridge_fontsize, ha="right", color=c)
         kind = "matrix" if r.matrix else "vector"
-        handles.append(Line2D([], [], color=c, ls=ls, lw=1.8, label=f"{r.precision} {kind} {peak:.4g} TFLOP/s"))
+        handles.append(Line2D([], [], color=c, ls=ls, lw=1.8, label=f"{r.precision} {kind} {rate_text(r.peak_flops)}"))
         a_peak, a_bw = r.achievable_peak_flops, r.achievable_bandwidth
         if a_peak and a_bw:
             a_ridge = a_peak / a_bw
             ax.plot([x_lo, a_ridge, x_hi], [x_lo * a_bw / 1e12, a_peak / 1e12, a_peak / 1e12], color=c, ls=":",
                     lw=1.4)
             handles.append(Line2D([], [], color=c, ls=":", lw=1.4,
-                                  label=f"{r.precision} achievable {a_peak / 1e12:.4g} TFLOP/s, "
-                                        f"{a_bw / 1e9:.4g} GB/s"))
+                                  label=f"{r.precision} achievable {rate_text(a_peak)}, {bw_text(a_bw)}"))
     return handles
 
 
@@ -210,7 +229,7 @@ def figure(report: ReportLike, top_labels: int = 8, *, figsize: tuple[float, flo
     bw = report.summary.bandwidth
     pts = _points(report)
     x_lo, x_hi, y_lo, y_hi = _limits(pts, roofs, bw)
-    handles = _draw_roofs(ax, roofs, bw, x_lo, x_hi)
+    handles = _draw_roofs(ax, roofs, bw, x_lo, x_hi, measured=report.device.measured)
 
     timed = report.timed
     _scatter_phases(ax, pts, timed, size=(25, 900), widths=(0.8, 1.6), short=False)
@@ -225,11 +244,11 @@ def figure(report: ReportLike, top_labels: int = 8, *, figsize: tuple[float, flo
     title = " · ".join(str(v) for v in (s.device, s.model, f"step {s.step}" if s.step is not None
                                         else None) if v)
     if timed:
-        sub = (f"MFU {(s.mfu or 0):.1%} ({s.mfu_precision}) · MBU {(s.mbu or 0):.1%} · measured "
-               f"{(s.measured_step_s or 0) * 1e3:.4g} ms ({s.step_time_basis_text}) · roofline estimate "
-               f"{s.estimated_step_s * 1e3:.4g} ms")
+        sub = (f"MFU {pct_text(s.mfu)} ({s.mfu_precision}) · MBU {pct_text(s.mbu)} · measured "
+               f"{time_text(s.measured_step_s)} ({s.step_time_basis_text}) · roofline estimate "
+               f"{time_text(s.estimated_step_s)}")
     else:
-        sub = f"untimed: estimates (hollow) · estimated step {s.estimated_step_s * 1e3:.4g} ms"
+        sub = f"untimed: estimates (hollow) · estimated step {time_text(s.estimated_step_s)}"
     ax.set_title(f"Roofline — {title}\n{sub}", fontsize=11)
     leg = ax.legend(handles=handles, loc="upper left", fontsize=8, title="roofs", title_fontsize=8)
     ax.add_artist(leg)
@@ -243,8 +262,8 @@ def figure(report: ReportLike, top_labels: int = 8, *, figsize: tuple[float, flo
     skipped = len(report.rows["layer_phase"]) - len(pts)
     notes = [n.replace("`", "") for n in report.context.roof_notes]
     if notes and roof_bandwidth(roofs, bw) != bw:
-        notes.append(f"MBU uses the device's {bw / 1e9:.4g} GB/s; % of roof and the roofs drawn use the widened "
-                     f"{roof_bandwidth(roofs, bw) / 1e9:.4g} GB/s")
+        notes.append(f"MBU uses the device's {bw_text(bw)}; % of roof and the roofs drawn use the widened "
+                     f"{bw_text(roof_bandwidth(roofs, bw))}")
     if notes:  # why a roof was widened / beaten, under the x label (7 pt: about 170 characters a line at 10 in)
         lines = [ln for n in notes for ln in textwrap.wrap("Roof note: " + n, 170, subsequent_indent="    ")]
         fig.subplots_adjust(bottom=0.09 + 0.022 * len(lines))
@@ -317,8 +336,11 @@ def displayed_font_px(points: float, fig: Figure, width_px: float = CARD_WIDTH_P
     return points * fig.dpi / 72.0 * min(width_px / w, height_px / h)
 
 
-def _roof_label(r: RoofUsed) -> str:
-    return f"{r.precision} {'matrix' if r.matrix else 'vector'} {r.peak_flops / 1e12:.3g} TF/s"
+def _roof_label(r: RoofUsed, roofs: Sequence[RoofUsed]) -> str:
+    """A card's name of a roof: "bf16 matrix 989 TFLOP/s"; the precision alone where its matrix and vector roofs
+    share the peak."""
+    both = sum(x.precision == r.precision and x.peak_flops == r.peak_flops for x in roofs) > 1
+    return f"{r.precision}{'' if both else ' matrix' if r.matrix else ' vector'} {rate_text(r.peak_flops)}"
 
 
 def _card_axes(fig: Figure) -> Any:
@@ -335,7 +357,6 @@ def card_figure(report: ReportLike, top_labels: int = 3) -> Figure:
     fs = CARD_FONT_PT
     fig = Figure(figsize=(CARD_WIDTH_IN, CARD_HEIGHT_IN), dpi=CARD_DPI)
     ax = _card_axes(fig)
-    fig.subplots_adjust(left=0.17, right=0.94, bottom=0.19, top=0.9)
     ax.set_xscale("log")
     ax.set_yscale("log")
     bw = report.summary.bandwidth
@@ -343,11 +364,28 @@ def card_figure(report: ReportLike, top_labels: int = 3) -> Figure:
     x_lo, x_hi, y_lo, y_hi = _limits(pts, report.roofs, bw)
     _draw_roofs(ax, report.roofs, bw, x_lo, x_hi, ridge_fontsize=None)
     used = roof_bandwidth(report.roofs, bw)
-    handles = [Line2D([], [], color="0.2", lw=1.5, label=f"memory {used / 1e9:.3g} GB/s")]
+    handles = [Line2D([], [], color="0.2", lw=1.5, label=f"memory {bw_text(used)}")]
     if used != bw and bw > 0:  # the device's bandwidth the roof was widened from, drawn dashed
-        handles.append(Line2D([], [], color="0.45", lw=1.2, ls="--", label=f"device {bw / 1e9:.3g} GB/s"))
-    handles += [Line2D([], [], color=PRECISION_COLORS.get(r.precision, "0.5"), ls="-" if r.matrix else "--", lw=1.5,
-                       label=_roof_label(r)) for r in report.roofs]
+        handles.append(Line2D([], [], color="0.45", lw=1.2, ls="--",
+                              label=unused_bandwidth_label(bw, report.device.measured, short=True)))
+    seen: set[tuple[str, float]] = set()
+    for r in report.roofs:  # a precision's matrix and vector roofs at one peak (a CPU's) are one line: one entry
+        if (r.precision, r.peak_flops) not in seen:
+            seen.add((r.precision, r.peak_flops))
+            handles.append(Line2D([], [], color=PRECISION_COLORS.get(r.precision, "0.5"), ls="-" if r.matrix else "--",
+                                  lw=1.5, label=_roof_label(r, report.roofs)))
+    # the roofs' key above the axes (inside, it covered the memory slope, the ridge and the points): two to a row
+    # when two fit the width, else one
+    renderer = fig.canvas.get_renderer()
+    for ncol in (2, 1):
+        key = fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.915), ncol=ncol, fontsize=fs,
+                         handlelength=1.2, borderpad=0.2, labelspacing=0.15, handletextpad=0.4, columnspacing=0.8,
+                         frameon=False)
+        x0, y0, x1, _ = key.get_window_extent(renderer).extents
+        if ncol == 1 or (x0 >= 0 and x1 <= fig.bbox.width):
+            break
+        key.remove()
+    fig.subplots_adjust(left=0.15, right=0.94, bottom=0.15, top=y0 / fig.bbox.height - 0.03)
     timed = report.timed
     _scatter_phases(ax, pts, timed, size=(8, 200), widths=(0.5, 1.2), short=True)
     ax.set_xlim(x_lo, x_hi)
@@ -360,16 +398,16 @@ def card_figure(report: ReportLike, top_labels: int = 3) -> Figure:
     s = report.summary
     step = f"step {s.step} · " if s.step is not None else ""
     if timed:
-        title = (f"{step}MFU {(s.mfu or 0):.1%} · MBU {(s.mbu or 0):.1%} · "
-                 f"{(s.measured_step_s or 0) * 1e3:.4g} ms")
+        title = f"{step}MFU {pct_text(s.mfu)} · MBU {pct_text(s.mbu)} · {time_text(s.measured_step_s)}"
     else:
-        title = f"{step}untimed (hollow) · estimated {s.estimated_step_s * 1e3:.4g} ms"
-    ax.set_title(title, fontsize=fs + 0.5, pad=3)
-    leg = ax.legend(handles=handles, loc="upper left", fontsize=fs, handlelength=1.4, borderpad=0.25,
-                    labelspacing=0.1, handletextpad=0.4, framealpha=0.8)
-    ax.add_artist(leg)
-    if pts:
-        ax.legend(loc="lower right", fontsize=fs, markerscale=0.6, borderpad=0.25, labelspacing=0.1,
+        title = f"{step}untimed (hollow) · estimated {time_text(s.estimated_step_s)}"
+    fig.suptitle(title, fontsize=fs + 0.5, y=0.99)
+    # the y tick labels and the axis label inside the image (wide ticks such as 0.0001 need a wider margin)
+    over = -fig.get_tightbbox(renderer).x0 * fig.dpi
+    if over > -2:
+        fig.subplots_adjust(left=fig.subplotpars.left + (over + 4) / fig.bbox.width)
+    if pts:  # the phases' key where it covers the fewest points and lines
+        ax.legend(loc="best", fontsize=fs, markerscale=0.6, borderpad=0.25, labelspacing=0.1,
                   handletextpad=0.1, framealpha=0.8)
         _place_labels(ax, fig, pts, top_labels, fontsize=fs, marker=(8, 200), max_chars=22)
     return fig

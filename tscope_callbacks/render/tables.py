@@ -6,6 +6,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tscope_callbacks.analysis.fmt import sig
+
 __all__ = ["rows_to_markdown", "narrow_markdown"]
 
 _NAME_COLS = ("layer", "name", "path", "module", "op")
@@ -22,8 +24,10 @@ SHORT_HEADERS = {"achieved_gflops_per_s": "GFLOP/s", "intensity": "FLOP/B", "mea
 
 
 def _fmt(v: Any) -> str:
+    """A cell: a float to 4 significant figures, never an exponent (``analysis.fmt.sig``: float noise such as a
+    total minus its parts reads 0, where ``.4g`` printed ``6.939e-15``)."""
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return sig(v, 4)
     return str(v)
 
 

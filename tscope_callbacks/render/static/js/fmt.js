@@ -28,7 +28,7 @@ const F = {
   time(sec) {
     if (!num(sec)) return "–";
     const a = Math.abs(sec);
-    if (a === 0) return "0 ms";
+    if (a < 1e-12) return "0 ms";  /* 0, or float noise (a total minus its parts): never "0.00694 ns" */
     if (a >= 1) return sig(sec) + " s";
     if (a >= 1e-3) return sig(sec * 1e3) + " ms";
     if (a >= 1e-6) return sig(sec * 1e6) + " µs";
