@@ -66,7 +66,7 @@ class Routes:
 
     def answer(self, route: str, args: Mapping[str, str]) -> bytes | None:
         """The JSON answer of ``route`` to the query ``args``; None for an unknown route."""
-        fn: Callable[[Mapping[str, str]], bytes] | None = getattr(self, f"_{route}", None) if route in ROUTES else None
+        fn: Callable[[Mapping[str, str]], bytes] | None = getattr(self, f"{route}_route", None) if route in ROUTES else None
         if fn is None:
             return None
         try:
@@ -119,7 +119,7 @@ class Routes:
         return self._cached(self._steps, (key,), _CACHED, make)
 
     # ------------------------------------------------------------------------------------------------ routes
-    def _runs(self, args: Mapping[str, str]) -> bytes:
+    def runs_route(self, args: Mapping[str, str]) -> bytes:
         if self.logdir is None:
             return _dumps({"runs": [], "hint": f"{self.no_logdir}. " + ld.HINT})
         idx = ld.scan(self.logdir)  # parses new or changed files (cached): their readability
@@ -130,19 +130,19 @@ class Routes:
                 self.step_body(run_dir, step, stage, r["run"])
         return _dumps(idx)
 
-    def _step(self, args: Mapping[str, str]) -> bytes:
+    def step_route(self, args: Mapping[str, str]) -> bytes:
         step, stage = self._step_args(args)
         run = args.get("run")
         return self.step_body(self._run_dir(run), step, stage, run)
 
-    def _ops(self, args: Mapping[str, str]) -> bytes:
+    def ops_route(self, args: Mapping[str, str]) -> bytes:
         step, stage = self._step_args(args)
         return _dumps(ld.ops(self._run_dir(args.get("run")), step, stage, args.get("layer") or ""))
 
-    def _series(self, args: Mapping[str, str]) -> bytes:
+    def series_route(self, args: Mapping[str, str]) -> bytes:
         return _dumps(ld.series(self._run_dir(args.get("run"))))
 
-    def _diff(self, args: Mapping[str, str]) -> bytes:
+    def diff_route(self, args: Mapping[str, str]) -> bytes:
         a, b = stage_step(args.get("a"), "a"), stage_step(args.get("b"), "b")
         run_dir = self._run_dir(args.get("run"))
         keys = tuple(ld._key(ld.step_path(run_dir, step, stage)) for step, stage in (a, b))
