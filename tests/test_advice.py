@@ -10,7 +10,7 @@ from profiles import make_profile, matmul, op, pointwise
 
 import tscope_callbacks as ts
 from tscope_callbacks import api
-from tscope_callbacks.analysis.advice import LAUNCH_BOUND_S, pad_to
+from tscope_callbacks.analysis.advice import GRAPH_GAP_S, LAUNCH_BOUND_S, pad_to
 from tscope_callbacks.devices.efficiency import model_for
 from tscope_callbacks.records import LayerRecord
 
@@ -96,12 +96,21 @@ def test_fusion_counts_the_bytes_fusion_removes():
     ops = _chain("h.0.act")
     rep = _report(ops, step_time_s=10e-3)  # findings under 0.5% of the step are not reported
     o = next(o for o in rep.opportunities() if o.kind == "fusion")
-    # before: 4 ops x (25.17 + 25.17) MB = 201.3 MB; fused: first input + last output = 50.33 MB
+    # before: 4 ops x (50.33 + 50.33) MB = 402.7 MB; fused: first input + last output = 100.7 MB
     n = 8 * 1024 * 3072 * 2
     assert o.evidence["mb_before"] == pytest.approx(8 * n / 1e6)
     assert o.evidence["mb_after"] == pytest.approx(2 * n / 1e6)
-    assert 'gelu(x, approximate="tanh")' in o.fix
-    assert o.saving_s == pytest.approx(4 * 60e-6 - model_for(H100).memory_s("pointwise", 2 * n))
+    assert 'gelu(x, approximate="tanh")' in o.fix and 'activation_function="gelu_pytorch_tanh"' in o.fix
+    # the fused kernel's bytes at the rate the 4 ops ran (240 us for 8 n B: 60 us for 2 n B), never under the
+    # kernel model's time for them (about 17 us on the H100)
+    roof = model_for(H100).memory_s("pointwise", 2 * n)
+    assert roof < 60e-6 and o.saving_s == pytest.approx(4 * 60e-6 - 60e-6)
+    assert o.predicted_by == "fused_bytes" and "the 4 ops took 0.24 ms for 402.7 MB; 100.7 MB at their rate: 0.06 ms" == o.predicted_text
+    # ops at 20 us each ran faster than the kernel model's rate: a quarter of their 80 us (20 us) is under what the
+    # fused kernel's 100.7 MB take on the H100 (about 34 us), so that bounds it
+    fast = next(o for o in _report(_chain("h.0.act", t=20e-6), step_time_s=1e-3).opportunities()
+                if o.kind == "fusion")
+    assert 20e-6 < roof and fast.saving_s == pytest.approx(80e-6 - roof)
 
 
 def test_repeated_blocks_are_one_opportunity_with_summed_saving():
@@ -110,7 +119,7 @@ def test_repeated_blocks_are_one_opportunity_with_summed_saving():
     opps = [o for o in _report(ops, layers=layers).opportunities() if o.kind == "fusion"]
     assert len(opps) == 1
     o = opps[0]
-    one = 4 * 60e-6 - model_for(H100).memory_s("pointwise", 2 * 8 * 1024 * 3072 * 2)
+    one = 4 * 60e-6 - 60e-6  # the fused bytes (a quarter) at the ops' own rate
     assert o.layer == "h.*.act" and o.evidence["layers"] == ["h.0.act", "h.1.act", "h.2.act"]
     assert o.saving_s == pytest.approx(3 * one) and "in each of 3 layers" in o.reason
     # per layer, as counted: 402.7 MB before (evidence mb_before), 100.7 MB fused
@@ -130,20 +139,44 @@ def test_no_fusion_advice_for_compiled_modules():
     assert all(o.kind != "fusion" for o in rep.opportunities())
 
 
-def test_launch_bound_layer():
-    ops = [op("aten.add", "emb", flops=1024, read=8192, written=4096, time_s=3e-6) for _ in range(400)]
+def _launch_step(kernel_ns=3_000, **meta):
+    # 400 kernels of 3 us on a GPU (1.2 ms busy) in an unprofiled step of 5 ms
+    ops = [op("aten.add", "emb", flops=1024, read=8192, written=4096, time_s=kernel_ns * 1e-9) for _ in range(400)]
+    kernels = [["void at::vectorized_elementwise_kernel", 10_000 * i, kernel_ns, 7, i] for i in range(400)]
+    meta = {"device": "cuda", "timing": "cuda-kernels", "kernels": kernels, "device_busy_s": 1.2e-3,
+            "step_time_s": 5e-3, **meta}
+    return _report(ops, **meta)
+
+
+def test_launch_overhead_is_the_idle_device_between_short_kernels():
     assert 3e-6 < LAUNCH_BOUND_S
-    rep = _report(ops, step_time_s=5e-3)
-    o = next(o for o in rep.opportunities() if o.kind == "launch")
-    assert "CUDA graphs" in o.fix and o.evidence["kernels"] == 400
-    assert o.saving_s == pytest.approx(0.5 * 400 * 3e-6)
+    o = next(o for o in _launch_step().opportunities() if o.kind == "launch")
+    assert "reduce-overhead" in o.fix and o.evidence["kernels"] == 400 and o.predicted_by == "idle"
+    # idle 5 - 1.2 = 3.8 ms of the unprofiled step; a graph keeps about 1 us per kernel: 3.8 - 0.4 = 3.4 ms
+    assert o.saving_s == pytest.approx(3.8e-3 - 400 * GRAPH_GAP_S) and o.layer == ""
+    # the step monitor's data wait is not launch overhead: taken off the idle
+    wait = {"step_breakdown": {"data_wait_ms": 1.0, "input_bound": True, "data_wait_share": 0.2}}
+    o = next(o for o in _launch_step(**wait).opportunities() if o.kind == "launch")
+    assert o.saving_s == pytest.approx(2.8e-3 - 400 * GRAPH_GAP_S)
 
 
-def test_gemm_off_tensor_cores():
+def test_no_launch_finding_where_it_does_not_apply():
+    kinds = lambda rep: {o.kind for o in rep.opportunities(top=20)}  # noqa: E731
+    assert "launch" not in kinds(_launch_step(device_busy_s=4.8e-3))  # the device is busy: not launch-bound
+    assert "launch" not in kinds(_launch_step(step_time_basis="device-busy"))  # no unprofiled step to compare
+    assert "launch" not in kinds(_launch_step(device="cpu", timing="cpu-wall"))  # a CPU has no launches to graph
+    graphs = {"mode": "kernels", "cudagraphs": True}
+    assert "launch" not in kinds(_launch_step(compiled_capture=graphs))  # already CUDA graphs
+    assert "launch" not in kinds(_launch_step(kernel_ns=50_000))  # 50 us kernels: the idle is not their launches
+
+
+def test_gemm_off_tensor_cores_is_said_of_its_row_not_an_opportunity():
     r = _mm(4096, 4096, 4096, "fc", "forward", 1.5)
-    r.tensor_core = False  # the kernel names said so (capture.cuda_timing)
-    o = next(o for o in _report([r]).opportunities() if o.kind == "cuda_cores")
-    assert "tensor cores" in o.reason and o.saving_s == pytest.approx(1.5e-3 - _report([r]).op_roofs[0].expected_s)
+    r.tensor_core = False  # the kernel names said so (capture.cuda_timing); no change is known
+    rep = _report([r], step_time_s=5e-3)
+    assert not rep.opportunities()
+    ((row, cause),) = rep.below_roof()
+    assert row.layer == "fc" and "GEMMs ran on CUDA cores, not tensor cores" in cause and "no change known" in cause
 
 
 def test_small_m():
@@ -153,12 +186,13 @@ def test_small_m():
     assert o.evidence["m"] == 16 and "batch" in o.fix
 
 
-def test_uncounted_time_comes_last_and_names_the_op():
+def test_time_without_a_formula_is_said_of_its_row_not_an_opportunity():
     ops = [*lm_head_ops(), op("aten.my_op", "blocks.0", read=1 << 20, counted=False, category="other",
                               time_s=2e-3)]
-    opps = _report(ops).opportunities(top=5)
-    assert opps[-1].kind == "uncounted" and "aten.my_op" in opps[-1].fix and "register_flops" in opps[-1].fix
-    assert opps[0].kind == "misaligned"
+    rep = _report(ops)
+    assert [o.kind for o in rep.opportunities(top=5)] == ["misaligned"]
+    cause = dict(((r.layer, r.phase), c) for r, c in rep.below_roof())[("blocks.0", "forward")]
+    assert "no FLOP formula for aten.my_op" in cause and 'formulas={"aten.my_op": fn}' in cause
 
 
 def test_markdown_lists_findings_with_their_fix():
@@ -174,10 +208,16 @@ def test_an_unfused_optimizer_update_is_its_own_finding():
            for _ in range(2) for name in ("mul_", "add_", "mul_", "addcmul_", "sqrt", "div", "addcdiv_")]
     layers = {"": LayerRecord(path="", type="Net", param_bytes=2 * n * 4)}
     (o,) = [o for o in _report(ops, layers=layers, step_time_s=20e-3).opportunities() if o.kind == "fusion"]
-    assert o.evidence["chain"] == "optimizer" and "fused=True" in o.fix
-    # fused: params, grads and both moments read, params and moments written = 7 x 8 MiB
+    assert o.evidence["chain"] == "optimizer" and "torch.optim.AdamW(params, ..., fused=True)" in o.fix
+    # fused: params, grads and both moments read, params and moments written = 7 x 8 MiB = 58.7 MB; the 14 ops
+    # moved 14 x 8 MiB = 117.4 MB in 5.6 ms: the fused update at their rate takes half of it, 2.8 ms
     assert o.evidence["mb_after"] == pytest.approx(7 * 2 * n * 4 / 1e6)
-    assert o.saving_s == pytest.approx(14 * 400e-6 - model_for(H100).memory_s("pointwise", 7 * 2 * n * 4))
+    assert o.saving_s == pytest.approx(14 * 400e-6 * (1 - 7 / 14))
+    # an SGD update (mul_ and add_ only: momentum) is told to use SGD's fused kernel
+    sgd = [pointwise(n, name=f"aten.{name}", layer="", phase="optimizer", time_s=400e-6)
+           for _ in range(2) for name in ("mul_", "add_", "add_")]
+    (o,) = [o for o in _report(sgd, layers=layers, step_time_s=20e-3).opportunities() if o.kind == "fusion"]
+    assert "torch.optim.SGD(params, ..., fused=True)" in o.fix
 
 
 class _RMSNorm(torch.nn.Module):

@@ -30,65 +30,73 @@ def _row(ops, spec=None, **meta):
     return roofline(make_profile(ops, **meta), spec or a100()).layer_rows[0]
 
 
-def test_opportunities_ranked_by_recoverable_time():
+def test_rows_below_their_roof_are_ranked_by_recoverable_time_and_are_not_opportunities():
     rep = roofline(toy_profile(), a100())
-    opps = rep.opportunities(top=3)
-    # recoverable: fc bwd 2.2 - 0.881 = 1.319 ms; fc fwd 0.801 - 0.4405 = 0.36 ms; blocks.1.fc 0.3 - 0.110 = 0.19 ms
-    assert [(o.layer, o.phase) for o in opps] == [("blocks.0.fc", "backward"), ("blocks.0.fc", "forward"),
-                                                  ("blocks.1.fc", "forward")]
-    assert opps[0].recoverable_s == pytest.approx(2.2e-3 - 2 * 2 * 4096**3 / 312e12)
-    assert [o.recoverable_s for o in opps] == sorted((o.recoverable_s for o in opps), reverse=True)
-    assert opps[0].type == "Linear" and "compute-bound, 40% of roof" in opps[0].reason
-    # untimed: ranked by estimated time, no recoverable figure
-    un = roofline(toy_profile(timed=False), a100()).opportunities(top=2)
-    assert [(o.layer, o.phase, o.recoverable_s) for o in un] == [("blocks.0.fc", "backward", None),
-                                                                 ("blocks.0.fc", "forward", None)]
+    below = rep.below_roof(top=3)
+    # recoverable: fc bwd 2.2 - 0.881 = 1.319 ms; fc fwd 0.801 - 0.4405 = 0.36 ms (1.8x its roof);
+    # blocks.1.fc 0.3 - 0.110 = 0.19 ms (2.7x)
+    assert [(r.layer, r.phase) for r, _ in below] == [("blocks.0.fc", "backward"), ("blocks.0.fc", "forward"),
+                                                      ("blocks.1.fc", "forward")]
+    assert below[0][0].recoverable_s == pytest.approx(2.2e-3 - 2 * 2 * 4096**3 / 312e12)
+    assert below[0][0].type == "Linear" and "compute-bound, 40% of roof" in below[0][1]
+    assert "no change known" in below[0][1]
+    # an opportunity names a change: these rows are none
+    assert all(o.fix and o.saving_s for o in rep.opportunities(top=10))
+    assert not any(o.layer == "blocks.0.fc" for o in rep.opportunities(top=10))
+    # untimed: nothing was measured to be below anything
+    assert roofline(toy_profile(timed=False), a100()).below_roof() == []
 
 
 def test_reason_memory_bound_bf16_and_fp32():
     # gelu on 2^24 bf16: 2^24 FLOPs / 2^26 B = 0.25 FLOP/B; bf16 vector ridge 39e12/2.039e12 = 19.1
     # estimate 2^26 / 2.039e12 = 32.9 us, measured 100 us -> 33% of roof
     r = _row([pointwise(1 << 24, dtype="bfloat16", time_s=100e-6)])
-    assert explain(r) == "memory-bound at 0.25 FLOP/B (ridge 19.1); 33% of roof; fuse"
+    assert explain(r) == "memory-bound at 0.25 FLOP/B (ridge 19.1); 33% of roof"
     r32 = _row([pointwise(1 << 24, time_s=200e-6)])  # fp32: 0.125 FLOP/B, ridge 9.56, 2^27 B -> 65.8 us: 33%
-    assert explain(r32) == "memory-bound at 0.125 FLOP/B (ridge 9.56); 33% of roof; fuse or lower precision"
+    assert explain(r32) == "memory-bound at 0.125 FLOP/B (ridge 9.56); 33% of roof"  # says where, names no change
 
 
 def test_reason_launch_bound_many_tiny_ops():
     # 100 adds on 1024 fp32 elements, 5 us each: 8 KiB / 2.039e12 = 4 ns each -> 0.1% of roof, mean 5 us < 10 us
     r = _row([pointwise(1024, name="aten.add", time_s=5e-6) for _ in range(100)])
     assert explain(r) == ("memory-bound at 0.125 FLOP/B (ridge 9.56); 0.1% of roof; "
-                          "launch-bound: 100 ops of 5.0 us each; fuse or batch")
+                          "100 ops of 5.0 us each: dispatch or launch overhead")
 
 
 def test_reason_small_matmul():
     # 128^3 fp32 on the CPU roof: 2*128^3 = 4194304 FLOPs / (3*128^2*4) B = 21.3 >= ridge 10 -> compute-bound;
     # estimate 4.19 us, measured 50 us -> 8% of roof; 4.2e6 FLOPs < 2*512^3 -> small
     r = _row([matmul(128, 128, 128, dtype="float32", time_s=50e-6)], CPU)
-    assert explain(r) == "compute-bound, 8% of roof: small matmul (MxNxK=128x128x128); batch or fuse"
+    assert explain(r) == "compute-bound, 8% of roof: small matmul (MxNxK=128x128x128)"
 
 
-def test_reason_fp32_matmul_on_tf32_chip_and_near_roof():
-    # fp32 4096^3 on A100 without TF32: estimate 137438953472 / 19.5e12 = 7.048 ms, measured 10 ms -> 70%
+def test_reason_names_no_change_and_near_roof():
+    # fp32 4096^3 on A100 without TF32: estimate 137438953472 / 19.5e12 = 7.048 ms, measured 10 ms -> 70%; the
+    # change (TF32) is the fp32_matmul opportunity's, not the row's reason; every dimension is a multiple of 64, so
+    # nothing is said about shapes
     r = _row([matmul(4096, 4096, 4096, dtype="float32", time_s=10e-3)])
-    assert explain(r, tf32_available=True) == "compute-bound, 70% of roof: fp32 matmul, enable TF32 or bf16"
-    assert explain(r) == "compute-bound, 70% of roof: below roof, check shapes (multiples of 64) and layout"
+    assert explain(r) == "compute-bound, 70% of roof"
     # bf16 4096^3: 0.4405 ms estimate at 0.5 ms -> 88%
     assert explain(_row([matmul(4096, 4096, 4096, time_s=0.5e-3)])) == "compute-bound, 88% of roof: near roof"
 
 
 def test_reason_uncounted_and_untimed():
     r = _row([op("aten.nonzero", counted=False, category="other", read=4096, time_s=1e-4)])
-    assert explain(r) == "no FLOP formula for aten.nonzero (1 calls); time unexplained by the roofline"
+    assert explain(r) == ("no FLOP formula for aten.nonzero (1 calls): the roofline cannot place its time (give it "
+                          "one: `ts.profile(model, formulas={\"aten.nonzero\": fn})`)")
     assert explain(_row([matmul(4096, 4096, 4096)])) == "compute-bound"
-    assert explain(_row([pointwise(1 << 20)])) == "memory-bound at 0.125 FLOP/B (ridge 9.56); fuse or lower precision"
+    assert explain(_row([pointwise(1 << 20)])) == "memory-bound at 0.125 FLOP/B (ridge 9.56)"
 
 
 def test_markdown_has_columns_header_and_opportunities():
     md = roofline(toy_profile(), a100()).to_markdown(top=20)
     # no kernel model (roofline arithmetic only): no "expected ms" column
-    assert "| " + " | ".join(c for c in COLUMNS if c != "expected ms") + " |" in md
-    assert "| " + " | ".join(COLUMNS) + " |" in api.roofline(toy_profile(), a100()).to_markdown(top=20)
+    assert "| " + " | ".join(c for c in COLUMNS if c != "expected ms") + " | advice |" in md
+    assert "| " + " | ".join(COLUMNS) + " | advice |" in api.roofline(toy_profile(), a100()).to_markdown(top=20)
+    # a row below its roof for which no change is known says so in the table, and under its own heading
+    bwd = next(ln for ln in md.splitlines() if ln.startswith("| `blocks.0.fc` | Linear | backward"))
+    assert bwd.endswith("| no known change |")
+    assert "### Below their roof, no known change" in md and "`blocks.0.fc` backward — 1.32 ms above expected" in md
     assert COLUMNS == ["layer", "type", "phase", "GFLOPs", "MB", "FLOP/B", "bound", "roof ms", "expected ms",
                        "measured ms", "% of roof"]
     for s in ("NVIDIA A100-SXM4-80GB", "**MFU**", "**MBU**", "datasheet", "bf16 matrix 312 TFLOP/s",

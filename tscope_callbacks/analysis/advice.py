@@ -1,46 +1,65 @@
-"""Opportunities: what to change in the model or the training code, and the time it is predicted to save.
+"""Opportunities: what to change in the model, the training code or its settings, and the time it is predicted to
+save. Every opportunity names a change and a predicted saving; a row below its roof for which no change is known is
+not one (:func:`below_roof` lists those, with what the numbers say about them).
 
-Each finding names the cause (from the numbers), the fix (what to change in the user's code) and the predicted saving
-per step, computed by re-estimating the same ops after the fix with the device's kernel model (a what-if: the
-padded GEMM shape, the TF32 roof, the fused byte count). Findings, by layer:
+Each finding names the cause (from the numbers), the fix (what to change in the user's code) and the predicted
+saving per step, and says how it was predicted (``analysis.finding.PREDICTED_BY``): by re-estimating the changed ops
+with the device's kernel model (the padded GEMM shape, the TF32 roof), by the bytes a fused kernel no longer moves,
+by the elements a change skips. Where ``benchmarks/advice_effect.py`` applied that kind of change on the same kind
+of device, the opportunity carries the measured / predicted ratio. Findings:
 
-- ``misaligned``: a GEMM dimension that is not a multiple of 8 (16-bit) / 4 (32-bit) elements sends cuBLAS down a
-  slow path; padded to the next multiple of 64 (N=50257 -> 50304) the same GEMMs are re-estimated;
-- ``small_m``: GEMMs with few rows (batch x sequence) cannot fill the GPU; re-estimated at M=1024 rows per the
-  same work;
-- ``fp32_matmul``: fp32 GEMMs on a chip with TF32 (or bf16) tensor cores, TF32 disabled; re-estimated at TF32;
-- ``cuda_cores``: a 16-bit GEMM whose kernels did not run on tensor cores (kernel names);
-- ``fusion``: runs of memory-bound ops (pointwise, norms, softmax) writing intermediates the next op reads back;
-  re-estimated as one kernel moving the run's first input and last output (skipped for compiled modules: Inductor
-  fuses them already);
-- ``launch``: many kernels shorter than ``LAUNCH_BOUND_S``: launch overhead, CUDA graphs help;
-- ``slow_kernel``: measured well above what this shape reaches on the device (layout, dtype, a bad heuristic);
-- ``uncounted``: time in ops without a FLOP formula (the roofline cannot place it);
-- by layer type (``analysis.layer_advice``): ``channels_last``, ``cudnn_benchmark``, ``conv_channels`` (convolution),
-  ``bn_fusion`` (BatchNorm + activation), ``pool_order``, ``pool_indices`` (max pooling), ``rnn_cudnn``,
-  ``rnn_hidden`` (LSTM/GRU), ``embedding_sparse``.
+- ``misaligned`` (GPU kernel model): a GEMM operand's leading dimension is not 16-byte aligned (a multiple of 8
+  elements in 16-bit types, 4 in fp32), which sends cuBLAS down a slow path; the same GEMMs re-estimated with it
+  padded to the next multiple of 64 (N=50257 -> 50304);
+- ``small_m`` (GPU kernel model): GEMMs with few rows (batch x sequence) cannot fill the GPU; re-estimated at
+  M=1024 rows per the same work;
+- ``fp32_matmul``: fp32 GEMMs on a device with TF32 tensor cores, TF32 off; re-estimated at TF32;
+- ``fusion``: runs of memory-bound ops (pointwise, norms, softmax, the optimizer's per-tensor update) writing
+  intermediates the next op reads back; one kernel moving the run's first input and last output (skipped for
+  compiled modules: Inductor fuses them already); by chain: optimizer, loss, GELU, RMSNorm, rotary embedding,
+  SwiGLU, other;
+- ``launch`` (CUDA, step): the device idles between short kernels in the unprofiled step: launch overhead; CUDA
+  graphs (``torch.compile(mode="reduce-overhead")``);
+- ``input``, ``loop`` (step): the step monitor's findings (``callbacks.monitor``): the wait for each batch with the
+  DataLoader settings that would help, and the loop's own work;
+- by layer type and device (``analysis.layer_advice``): ``channels_last``, ``cudnn_benchmark``,
+  ``conv_channels``, ``bn_fusion``, ``bn_fold``, ``pool_order``, ``pool_indices``, ``rnn_cudnn``, ``rnn_hidden``,
+  ``embedding_sparse``.
+
+Time that no rule explains (a slow kernel for its shape, a 16-bit GEMM on CUDA cores, ops without a FLOP formula)
+is what :func:`below_roof` says about the rows, not an opportunity.
 """
 
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Iterable
 from typing import Any
 
+from tscope_callbacks.analysis.diagnose import explain
 from tscope_callbacks.analysis.estimate import MEMORY_BOUND, gemm_dims
+from tscope_callbacks.analysis.finding import Finding, measured_effect, ms, rows_of
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.fmt import n as _n
-from tscope_callbacks.analysis.layer_advice import Context, layer_findings
-from tscope_callbacks.analysis.rows import Opportunity, OpRoof
+from tscope_callbacks.analysis.layer_advice import Context, layer_findings, step_findings
+from tscope_callbacks.analysis.rows import Opportunity, OpRoof, Row
 from tscope_callbacks.analysis.view import RooflineView
 from tscope_callbacks.devices.efficiency import ITEMSIZE
 
-__all__ = ["opportunities", "LAUNCH_BOUND_S", "MIN_SAVING_SHARE", "pad_to"]
+__all__ = ["opportunities", "below_roof", "KINDS", "BELOW_RATIO", "LAUNCH_BOUND_S", "LAUNCH_IDLE_SHARE", "GRAPH_GAP_S",
+           "MIN_SAVING_SHARE", "pad_to"]
 
+#: every kind of opportunity (each names a change)
+KINDS = ("misaligned", "small_m", "fp32_matmul", "fusion", "launch", "input", "loop", "channels_last",
+         "cudnn_benchmark", "conv_channels", "bn_fusion", "bn_fold", "pool_order", "pool_indices", "rnn_cudnn", "rnn_hidden",
+         "embedding_sparse")
 LAUNCH_BOUND_S = 10e-6  #: kernels shorter than this are dominated by launch/dispatch
+LAUNCH_IDLE_SHARE = 0.1  #: the launch finding needs the device idle at least this share of the unprofiled step
+GRAPH_GAP_S = 1e-6  #: the gap a CUDA graph still leaves between two of its kernels (assumed, not yet measured)
 MIN_SAVING_SHARE = 0.005  #: findings saving less than this share of the step are not reported
+BELOW_RATIO = 1.5  #: a row taking at least this x its expected time is below its roof (``below_roof``)
 SMALL_M = 128
-SLOW_RATIO = 1.5  #: measured / expected above which a matrix op is called slow
 
 
 def pad_to(x: int, multiple: int = 64) -> int:
@@ -51,15 +70,16 @@ def _time(o: OpRoof) -> float:
     return o.measured_s if o.measured_s is not None else o.expected_s
 
 
+def _took(ops: Iterable[OpRoof]) -> str:
+    """"took" when every op was timed, else "take (expected)": an estimate's times are the expected ones."""
+    return "took" if all(o.measured_s is not None for o in ops) else "take (expected)"
+
+
 def _gemm_s(model: Any, dims: tuple[int, int, int], precision: str) -> float:
     return model.gemm_s(*dims, precision) if model is not None else 0.0
 
 
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.3g} ms"
-
-
-def _misaligned(layer: str, ops: list[OpRoof], model: Any) -> list[tuple]:
+def _misaligned(layer: str, ops: list[OpRoof], model: Any) -> list[Finding]:
     gemms = [(o, d) for o in ops if (d := gemm_dims(o.record)) is not None and o.record.category == "matmul"]
     if not gemms or model is None:
         return []
@@ -79,58 +99,50 @@ def _misaligned(layer: str, ops: list[OpRoof], model: Any) -> list[tuple]:
         o0, (m, n, k) = next(((o, d) for o, d in hits if o.record.phase == "forward"), hits[0])
         tf = _div(o0.record.flops, _time(o0))
         rate = f" at {tf / 1e12:.0f} TFLOP/s" if tf else ""
-        out.append(("misaligned", now - after,
-                    f"dimension {v} (in its {o0.record.phase} GEMM {m}x{k} @ {k}x{n}) is not a multiple of 8, so "
-                    f"the GEMM library takes a slow path{rate}; padded to {padded} (a multiple of 64) its "
-                    f"{len(affected)} GEMMs are expected to take {_ms(after)} instead of {_ms(now)}",
-                    f"pad {v} to {padded}: for a vocabulary, the model's `vocab_size` (Hugging Face: "
-                    f"`model.resize_token_embeddings({padded})`); for hidden sizes, choose a multiple of 64",
-                    {"dim": v, "padded": padded, "n_gemms": len(affected)}))
+        item = ITEMSIZE.get(o0.roof_precision, 2)
+        out.append(Finding(
+            "misaligned", now - after,
+            f"dimension {v} (in its {o0.record.phase} GEMM {m}x{k} @ {k}x{n}) is not a multiple of {16 // item} "
+            f"({o0.roof_precision}: 16-byte rows), so the GEMM library takes a slow path{rate}",
+            f"pad {v} to {padded}: for a vocabulary, the model's `vocab_size` (Hugging Face: "
+            f"`model.resize_token_embeddings({padded})`); for hidden sizes, choose a multiple of 64",
+            "kernel_time", f"its {len(affected)} GEMMs {_took(o for o, _ in affected)} {ms(now)}; at {padded} the "
+            "device's GEMM tables expect "
+            f"{ms(after)}", rows_of(o for o, _ in affected), {"dim": v, "padded": padded, "n_gemms": len(affected)}))
     return out
 
 
-def _small_m(ops: list[OpRoof], model: Any) -> list[tuple]:
-    out = []
+def _small_m(ops: list[OpRoof], model: Any) -> list[Finding]:
     small = [(o, d) for o in ops if o.record.category == "matmul" and (d := gemm_dims(o.record)) is not None
              and d[0] < SMALL_M and d[1] >= SMALL_M and d[2] >= SMALL_M]
-    if small and model is not None:
-        now = sum(_time(o) for o, _ in small)
-        after = sum(_gemm_s(model, (1024, n, k), o.roof_precision) * m / 1024 for o, (m, n, k) in small)
-        m = min(d[0] for _, d in small)
-        out.append(("small_m", now - after,
-                    f"{len(small)} GEMMs have only {m} rows (batch x sequence): too few to fill the GPU; the same work "
-                    f"in GEMMs of 1024 rows is expected to take {_ms(after)} instead of {_ms(now)}",
+    if not small or model is None:
+        return []
+    now = sum(_time(o) for o, _ in small)
+    after = sum(_gemm_s(model, (1024, n, k), o.roof_precision) * m / 1024 for o, (m, n, k) in small)
+    m = min(d[0] for _, d in small)
+    return [Finding("small_m", now - after,
+                    f"{len(small)} GEMMs have only {m} rows (batch x sequence): too few to fill the GPU",
                     "raise the batch (or micro-batch) size, or concatenate requests, so each GEMM has >= 1024 rows",
-                    {"m": m}))
-    return out
+                    "kernel_time", f"they {_took(o for o, _ in small)} {ms(now)}; the same work in GEMMs of 1024 rows, "
+                    "from the device's GEMM "
+                    f"tables: {ms(after)}", rows_of(o for o, _ in small), {"m": m})]
 
 
-def _fp32(ops: list[OpRoof], model: Any, tf32_available: bool) -> list[tuple]:
-    mm = [(o, d) for o in ops if o.record.category in ("matmul", "conv") and o.roof_precision == "fp32"
+def _fp32(ops: list[OpRoof], model: Any, tf32_peak: float) -> list[Finding]:
+    mm = [(o, d) for o in ops if o.record.category == "matmul" and o.roof_precision == "fp32"
           and (d := gemm_dims(o.record)) is not None]
-    if not mm or not tf32_available:
+    if not mm or not tf32_peak:
         return []
     now = sum(_time(o) for o, _ in mm)
-    after = sum(_gemm_s(model, d, "tf32") if model is not None else o.flops / (o.peak * 7.4) for o, d in mm)
-    return [("fp32_matmul", now - after,
-             f"{len(mm)} fp32 GEMMs run on CUDA cores although the GPU has TF32 tensor cores: expected "
-             f"{_ms(after)} at TF32 instead of {_ms(now)}",
-             "`torch.set_float32_matmul_precision('high')` (TF32), or train under bf16 autocast "
-             "(Lightning: `precision='bf16-mixed'`)", {"n_gemms": len(mm)})]
-
-
-def _cuda_cores(ops: list[OpRoof]) -> list[tuple]:
-    simt = [o for o in ops if o.record.category == "matmul" and o.record.tensor_core is False
-            and o.roof_precision in ("bf16", "fp16", "tf32")]
-    if not simt:
-        return []
-    now = sum(_time(o) for o in simt)
-    after = sum(o.expected_s for o in simt)
-    return [("cuda_cores", now - after,
-             f"{len(simt)} {simt[0].roof_precision} GEMMs ran on CUDA cores, not tensor cores (kernel names), "
-             f"{_ms(now)} where the shapes take {_ms(after)} on tensor cores",
-             "check their operands: 16-byte aligned sizes and strides, contiguous inputs, a supported dtype",
-             {"n": len(simt)})]
+    after = sum(_gemm_s(model, d, "tf32") if model is not None else max(o.flops / tf32_peak, o.bytes / o.bandwidth)
+                for o, d in mm)
+    return [Finding("fp32_matmul", now - after,
+                    f"{len(mm)} fp32 GEMMs run on CUDA cores although the GPU has TF32 tensor cores (TF32 is off)",
+                    "`torch.set_float32_matmul_precision('high')` (TF32), or train under bf16 autocast "
+                    "(Lightning: `precision='bf16-mixed'`)", "kernel_time",
+                    f"they {_took(o for o, _ in mm)} {ms(now)}; at TF32 "
+                    f"{'from the GEMM tables' if model is not None else 'on its roof'}: "
+                    f"{ms(after)}", rows_of(o for o, _ in mm), {"n_gemms": len(mm)})]
 
 
 def _runs(ops: Iterable[OpRoof]) -> list[list[OpRoof]]:
@@ -148,32 +160,40 @@ def _runs(ops: Iterable[OpRoof]) -> list[list[OpRoof]]:
 
 
 _FIXES = {
-    "optimizer": ("a fused optimizer, e.g. `torch.optim.AdamW(params, fused=True)` (or `foreach=True`): one kernel "
-                  "per step for all parameters instead of one per operation per tensor"),
+    "optimizer": ("the optimizer's fused implementation: `{opt}(params, ..., fused=True)` (one kernel per parameter "
+                  "group instead of one per operation per tensor{foreach})"),
     "loss": ("a fused cross-entropy that never materializes the fp32 logits (e.g. Liger Kernel's "
              "`LigerFusedLinearCrossEntropyLoss`, or a chunked loss), or `torch.compile` the loss"),
     "gelu": ("the tanh-approximate GELU written out as pow/tanh/mul/add runs as separate kernels: use "
-             "`torch.nn.functional.gelu(x, approximate=\"tanh\")` (one kernel each way), or `torch.compile`"),
+             "`torch.nn.functional.gelu(x, approximate=\"tanh\")` (one kernel each way; Hugging Face: "
+             "`activation_function=\"gelu_pytorch_tanh\"` in the config), or `torch.compile`"),
     "rmsnorm": ("the RMSNorm written out as pow/mean/rsqrt/mul runs as separate kernels, forward and backward: use a "
-                "fused RMSNorm (Liger Kernel's `LigerRMSNorm`; for Hugging Face Llama, Mistral, Qwen, ...: "
-                "`liger_kernel.transformers.apply_liger_kernel_to_llama()` and its siblings), or `torch.compile`"),
+                "fused RMSNorm (`torch.nn.RMSNorm`, Liger Kernel's `LigerRMSNorm`; for Hugging Face Llama, Mistral, "
+                "Qwen, ...: `liger_kernel.transformers.apply_liger_kernel_to_llama()` and its siblings), or "
+                "`torch.compile`"),
     "rope": ("the rotary embedding written out as rotate_half (neg/cat/mul/add) runs as separate kernels: use a fused "
              "RoPE (Liger Kernel's `liger_rotary_pos_emb`; Hugging Face models: "
              "`apply_liger_kernel_to_<model>(rope=True)`), or `torch.compile`"),
     "swiglu": ("the SwiGLU MLP's SiLU and gating product run as separate kernels: use a fused SwiGLU (Liger Kernel's "
                "`LigerSwiGLUMLP`; Hugging Face models: `apply_liger_kernel_to_<model>(swiglu=True)`), or "
                "`torch.compile`"),
-    "other": ("`torch.compile` the model (Inductor fuses element-wise chains), or use fused kernels "
+    "other": ("`torch.compile` this layer (Inductor fuses element-wise chains into one kernel), or use fused kernels "
               "(fused LayerNorm, fused bias + activation, fused dropout + residual add)"),
 }
+_WHAT = {"optimizer": " of the optimizer update", "loss": " of the loss", "gelu": " of the GELU",
+         "rmsnorm": " of the RMSNorm", "rope": " of the rotary embedding", "swiglu": " of the SwiGLU"}
 
 
 def _is_rnn(layer_type: str) -> bool:
     return layer_type.lower() in ("lstm", "gru", "rnn", "lstmcell", "grucell", "rnncell")
 
 
+def _names(ops: Iterable[OpRoof]) -> set[str]:
+    return {o.record.op.split(".")[1] if "." in o.record.op else o.record.op for o in ops}
+
+
 def _chain_kind(run: list[OpRoof], layer_type: str = "") -> str:
-    names = {o.record.op.split(".")[1] if "." in o.record.op else o.record.op for o in run}
+    names = _names(run)
     if run[0].record.phase == "optimizer":
         return "optimizer"
     if names & {"_log_softmax", "log_softmax", "nll_loss_forward", "_log_softmax_backward_data"} or any(
@@ -190,15 +210,24 @@ def _chain_kind(run: list[OpRoof], layer_type: str = "") -> str:
     return "other"
 
 
-def _fused_optimizer_bytes(runs: list[list[OpRoof]], param_bytes: int) -> int:
-    """What a fused optimizer moves per step: each state tensor once. Adam-family (``addcdiv``): params, grads,
-    both moments read, params and moments written = 7 x the parameter bytes; SGD with momentum: 5x; plain SGD 3x."""
-    names = {o.record.op.rsplit(".", 1)[-1].rstrip("_") for run in runs for o in run}
-    per = 7 if "addcdiv" in names else 5 if "lerp" in names or len(names) > 2 else 3
-    return per * param_bytes
+def _optimizer(runs: list[list[OpRoof]]) -> tuple[str, int]:
+    """(the optimizer family, the bytes per parameter byte its fused kernel moves) from the update's ops: Adam-family
+    (``addcdiv``, ``lerp``): params, grads and both moments read, params and moments written = 7x the parameter
+    bytes; SGD with momentum (``mul_``/``add_`` on a buffer): 5x; plain SGD: 3x."""
+    names = {n.rstrip("_") for n in _names(o for run in runs for o in run)}
+    if names & {"addcdiv", "lerp", "sqrt", "addcmul"}:
+        return "torch.optim.AdamW", 7
+    return "torch.optim.SGD", 5 if "mul" in names else 3
 
 
-def _fusion(ops: list[OpRoof], model: Any, compiled: bool, param_bytes: int = 0, layer_type: str = "") -> list[tuple]:
+def _fused_after(now: float, before_b: int, fused_b: int, roof_s: float) -> float:
+    """A fused kernel's time: its bytes at the rate the unfused ops ran (they reached ``before_b / now``), and never
+    under its roof (``roof_s``: the kernel model's, or the bandwidth's)."""
+    return max(roof_s, now * fused_b / before_b if before_b else 0.0)
+
+
+def _fusion(ops: list[OpRoof], model: Any, compiled: bool, param_bytes: int = 0, layer_type: str = "",
+            cuda: bool = False) -> list[Finding]:
     """One finding per kind of chain (optimizer update, loss, written-out GELU, RMSNorm, rotary embedding, SwiGLU,
     other), each with its own fix."""
     if compiled:
@@ -208,27 +237,38 @@ def _fusion(ops: list[OpRoof], model: Any, compiled: bool, param_bytes: int = 0,
         kinds.setdefault(_chain_kind(run, layer_type), []).append(run)
     out = []
     for kind, runs in kinds.items():
-        now = sum(_time(o) for run in runs for o in run)
-        before_b = sum(o.bytes for run in runs for o in run)
+        flat = [o for run in runs for o in run]
+        now = sum(_time(o) for o in flat)
+        before_b = sum(o.bytes for o in flat)
         ends = [run[0].record.bytes_read + run[-1].record.bytes_written for run in runs]
-        if kind == "optimizer" and param_bytes:
-            ends = [min(before_b, _fused_optimizer_bytes(runs, param_bytes))]
+        fix = _FIXES[kind]
+        fwd = [run for run in runs if run[0].record.phase == "forward"]
+        if kind == "loss" and fwd and len(fwd) < len(runs):
+            # a fused loss keeps no probabilities: its backward reads the logits again to recompute them
+            ends.append(fwd[0][0].record.bytes_read)
+        if kind == "optimizer":
+            opt, per = _optimizer(runs)
+            if param_bytes:
+                ends = [min(before_b, per * param_bytes)]
+            fix = fix.format(opt=opt, foreach="; on a GPU `foreach=True` also batches the tensors" if cuda else "")
         fused_b = sum(ends)
         bw = runs[0][0].bandwidth
-        after = sum(model.memory_s("pointwise", b) if model is not None else b / bw for b in ends)
-        n = sum(len(run) for run in runs)
-        what = {"optimizer": " of the optimizer update", "loss": " of the loss", "gelu": " of the GELU",
-                "rmsnorm": " of the RMSNorm", "rope": " of the rotary embedding", "swiglu": " of the SwiGLU"}.get(kind, "")
-        out.append(("fusion", now - after,
-                    f"{n} memory-bound ops{what} in {len(runs)} chain(s) move "
-                    f"{_n(before_b / 1e6)} MB, each writing what the next reads back; fused, about "
-                    f"{_n(fused_b / 1e6)} MB: expected {_ms(after)} instead of {_ms(now)}",
-                    _FIXES[kind], {"ops": n, "mb_before": before_b / 1e6, "mb_after": fused_b / 1e6,
-                                   "chain": kind, "phases": sorted({run[0].record.phase for run in runs})}))
+        roof = sum(model.memory_s("pointwise", b) if model is not None else b / bw for b in ends)
+        after = _fused_after(now, before_b, fused_b, roof)
+        n = len(flat)
+        out.append(Finding(
+            "fusion", now - after,
+            f"{n} memory-bound ops{_WHAT.get(kind, '')} in {len(runs)} chain(s) move {_n(before_b / 1e6)} MB, each "
+            f"writing what the next reads back; fused, about {_n(fused_b / 1e6)} MB", fix, "fused_bytes",
+            f"the {n} ops {_took(flat)} {ms(now)} for {_n(before_b / 1e6)} MB; {_n(fused_b / 1e6)} MB at their rate: "
+            f"{ms(after)}", rows_of(flat),
+            {"ops": n, "mb_before": before_b / 1e6, "mb_after": fused_b / 1e6, "chain": kind,
+             "phases": sorted({run[0].record.phase for run in runs})}))
     return out
 
 
-def _swiglu(by_layer: dict[str, list[OpRoof]], model: Any, compiled: bool) -> tuple[dict[str, list[tuple]], set[int]]:
+def _swiglu(by_layer: dict[str, list[OpRoof]], model: Any, compiled: bool) -> tuple[dict[str, list[Finding]],
+                                                                                  set[int]]:
     """SwiGLU MLPs written out (``down(silu(gate(x)) * up(x))``, HF's ``act_fn`` a child module): the SiLU, the gating
     product and their backward are memory-bound kernels separated by the GEMMs, so no chain of consecutive ops shows
     them. Per MLP layer (the gating product's): forward silu + mul move 5 activations (fused: gate and up read, the
@@ -237,7 +277,7 @@ def _swiglu(by_layer: dict[str, list[OpRoof]], model: Any, compiled: bool) -> tu
     chain findings, which would count them again)."""
     if compiled:
         return {}, set()
-    out: dict[str, list[tuple]] = {}
+    out: dict[str, list[Finding]] = {}
     claimed: set[int] = set()
     children: dict[str, list[str]] = {}  #: layer -> its direct children (the root's are not looked at)
     for k in by_layer:
@@ -245,9 +285,10 @@ def _swiglu(by_layer: dict[str, list[OpRoof]], model: Any, compiled: bool) -> tu
             children.setdefault(k.rpartition(".")[0], []).append(k)
     for layer, ops in by_layer.items():
         kids = ops + [o for k in children.get(layer, ()) for o in by_layer[k]]
-        found, now, after, before_b, after_b = [], 0.0, 0.0, 0, 0
-        for phase, act, muls_n, before_n, after_n in (("forward", "silu", 1, 5, 3), ("backward", "silu_backward", 2,
-                                                                                     9, 5)):
+        found: list[OpRoof] = []
+        now, after, before_b, after_b = 0.0, 0.0, 0, 0
+        for phase, act, muls_n, before_n, after_n in (("forward", "silu", 1, 5, 3),
+                                                      ("backward", "silu_backward", 2, 9, 5)):
             acts = [o for o in kids if o.record.phase == phase and o.record.op == f"aten.{act}"]
             if len(acts) != 1:
                 continue
@@ -260,64 +301,90 @@ def _swiglu(by_layer: dict[str, list[OpRoof]], model: Any, compiled: bool) -> tu
             group = [a, *muls[:muls_n]]
             n = a.record.bytes_written  # one activation
             found += group
-            now += sum(_time(o) for o in group)
-            after += model.memory_s("pointwise", after_n * n) if model is not None else after_n * n / a.bandwidth
+            t = sum(_time(o) for o in group)
+            roof = model.memory_s("pointwise", after_n * n) if model is not None else after_n * n / a.bandwidth
+            now += t
+            after += _fused_after(t, before_n * n, after_n * n, roof)
             before_b, after_b = before_b + before_n * n, after_b + after_n * n
         if not found:
             continue
         claimed.update(o.record.index for o in found)
-        out[layer] = [("fusion", now - after,
-                       f"{len(found)} memory-bound ops of the SwiGLU (SiLU, gating product and their backward) move "
-                       f"{_n(before_b / 1e6)} MB between the GEMMs; fused, about {_n(after_b / 1e6)} MB: expected "
-                       f"{_ms(after)} instead of {_ms(now)}", _FIXES["swiglu"],
-                       {"ops": len(found), "mb_before": before_b / 1e6, "mb_after": after_b / 1e6,
-                        "chain": "swiglu"})]
+        out[layer] = [Finding(
+            "fusion", now - after,
+            f"{len(found)} memory-bound ops of the SwiGLU (SiLU, gating product and their backward) move "
+            f"{_n(before_b / 1e6)} MB between the GEMMs; fused, about {_n(after_b / 1e6)} MB", _FIXES["swiglu"],
+            "fused_bytes", f"the {len(found)} ops {_took(found)} {ms(now)}; {_n(after_b / 1e6)} MB at their rate: "
+            f"{ms(after)}",
+            rows_of(found), {"ops": len(found), "mb_before": before_b / 1e6, "mb_after": after_b / 1e6,
+                             "chain": "swiglu"})]
     return out, claimed
 
 
-def _launch(ops: list[OpRoof]) -> list[tuple]:
-    timed = [o for o in ops if o.measured_s is not None and o.record.category != "view" and o.measured_s > 0]
-    tiny = [o for o in timed if o.measured_s < LAUNCH_BOUND_S]
-    if len(tiny) < 8 or len(tiny) < len(timed) / 2:
+# ---------------- the step ----------------
+def _launch(report: RooflineView, ctx: Context, input_s: float) -> list[Finding]:
+    """CUDA: the device idles between short kernels in the unprofiled step (the host cannot launch them as fast as
+    they run). CUDA graphs replay the step's kernels with one launch: the idle goes, but for a small gap per kernel.
+    Needs the step time of unprofiled steps (a capture's own time is slowed by the capture)."""
+    meta = report.meta
+    step, busy = report.measured_step_s, meta.get("device_busy_s")
+    if not ctx.cuda or not step or not busy or report.step_time_source in (None, "device-busy", "op-time"):
         return []
-    now = sum(o.measured_s for o in tiny)
-    return [("launch", now * 0.5,
-             f"{len(tiny)} kernels of {now / len(tiny) * 1e6:.1f} µs on average: launch overhead dominates (about half "
-             "of it is recoverable)",
-             "capture the step with CUDA graphs (`torch.compile(model, mode='reduce-overhead')`), or fuse and batch "
-             "the small ops", {"kernels": len(tiny)})]
+    cc = meta.get("compiled_capture") or {}
+    if cc.get("cudagraphs"):
+        return []  # already replayed as CUDA graphs
+    durations = [float(k[2]) * 1e-9 for k in ctx.kernels if len(k) > 2] or [
+        o.measured_s for o in report.op_roofs if o.measured_s and o.record.category != "view"]
+    if not durations:
+        return []
+    idle = step - float(busy) - input_s
+    typical = statistics.median(durations)
+    if idle < LAUNCH_IDLE_SHARE * step or typical >= LAUNCH_BOUND_S:
+        return []
+    saving = idle - len(durations) * GRAPH_GAP_S
+    return [Finding(
+        "launch", saving,
+        f"the device is idle {ms(idle)} of the {ms(step)} step ({idle / step:.0%}) between {len(durations):,} kernels "
+        f"of typically {typical * 1e6:.1f} µs: the host launches them slower than they run",
+        "capture the step as a CUDA graph: `torch.compile(model, mode=\"reduce-overhead\")` (or "
+        "`torch.cuda.graphs` by hand); fewer, larger ops help too", "idle",
+        f"step {ms(step)} - device busy {ms(float(busy))}" + (f" - data wait {ms(input_s)}" if input_s else "")
+        + f" = {ms(idle)} idle; a graph keeps about {GRAPH_GAP_S * 1e6:g} µs per kernel: {ms(saving)}", (),
+        {"kernels": len(durations), "idle_s": idle})]
 
 
-def _slow(ops: list[OpRoof], skip: frozenset[str] = frozenset()) -> list[tuple]:
+def _breakdown(report: RooflineView) -> dict[str, Any]:
+    bd = report.meta.get("step_breakdown")
+    return bd if isinstance(bd, dict) else {}
+
+
+def _input(bd: dict[str, Any]) -> list[Finding]:
+    """The step monitor's input-bound verdict, with the DataLoader changes it read from the loader."""
+    wait = bd.get("data_wait_ms")
+    if not bd.get("input_bound") or not isinstance(wait, (int, float)) or wait <= 0:
+        return []
+    fixes = [str(f) for f in bd.get("input_fixes") or ()]
+    fix = "; ".join(fixes) or ("make the DataLoader keep up: more `num_workers`, a larger `prefetch_factor`, or a "
+                               "cheaper `__getitem__`")
+    share = bd.get("data_wait_share")
+    return [Finding(
+        "input", wait / 1e3,
+        f"each step waits {wait:.3g} ms for its batch" + (f" ({share:.0%} of the step)" if isinstance(
+            share, (int, float)) else "") + ": the step monitor finds the run input-bound", fix, "data_wait",
+        f"the wait, {wait:.3g} ms a step (median over the step monitor's clean steps), goes once loading overlaps "
+        "with the step", (), {"data_wait_ms": wait})]
+
+
+def _loop(bd: dict[str, Any]) -> list[Finding]:
+    """The step monitor's loop findings (its measured cost of loggers, callbacks, checkpoints), as it gives them."""
     out = []
-    for cat in ("matmul", "attention", "conv"):
-        if cat in skip:
+    for f in bd.get("loop_findings") or ():
+        if not isinstance(f, dict) or not isinstance(f.get("saving_s"), (int, float)) or not f.get("change"):
             continue
-        mo = [o for o in ops if o.record.category == cat and o.measured_s is not None and o.expected is not None
-              and o.measured_s > SLOW_RATIO * o.expected_s]
-        if mo:
-            now, exp = sum(o.measured_s for o in mo), sum(o.expected_s for o in mo)
-            out.append(("slow_kernel", now - exp,
-                        f"{len(mo)} {cat} ops take {_ms(now)} where these shapes take {_ms(exp)} on this device "
-                        f"({now / exp:.1f}x)", "check operand layouts (non-contiguous or transposed inputs force "
-                        "copies or slower kernels), dtypes and the attention backend", {"n": len(mo)}))
+        out.append(Finding("loop", float(f["saving_s"]), str(f.get("cause") or "the training loop's own work"),
+                           str(f["change"]), "loop", str(f.get("basis") or f"measured by the step monitor: "
+                                                                       f"{ms(float(f['saving_s']))} a step"),
+                           (), {k: v for k, v in f.items() if k not in ("cause", "change")}))
     return out
-
-
-def _uncounted(ops: list[OpRoof]) -> list[tuple]:
-    un = [o for o in ops if not o.record.counted and o.record.category != "view"]
-    if not un:
-        return []
-    names: dict[str, int] = {}
-    for o in un:
-        names[o.record.op] = names.get(o.record.op, 0) + 1
-    top = max(names, key=names.__getitem__)
-    now = sum(_time(o) for o in un)
-    return [("uncounted", 0.0,
-             f"{len(un)} ops without a FLOP formula ({top} x{names[top]}) take {_ms(now)}: the roofline cannot place "
-             "them", f"give {top} a formula: `ts.profile(model, formulas={{\"{top}\": fn}})`, or for the callbacks "
-             f"`@tscope_callbacks.formulas.register_flops(\"{top}\", \"other\")` on `fn(*input_sizes, out=...)` "
-             "returning FLOPs", {"ops": names, "time_s": now})]
 
 
 def _pattern(layer: str) -> str:
@@ -325,72 +392,130 @@ def _pattern(layer: str) -> str:
     return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", layer) if layer else layer
 
 
+def _op_time_scale(report: RooflineView) -> float:
+    """The unprofiled step over the profiled ops' summed time, when the ops took longer (a CPU capture on a busy
+    machine: each op's wall time holds the time the host gave to other processes): savings found in op times are
+    scaled to the step they are a share of. 1 otherwise (GPU kernel times are not slowed by the host)."""
+    step, ops = report.measured_step_s, report.op_time_s
+    if (report.meta.get("device") != "cpu" or not report.timed or not step or not ops or ops <= step
+            or report.step_time_source in (None, "op-time", "device-busy")):
+        return 1.0
+    return step / ops
+
+
+def _step_s(report: RooflineView) -> float:
+    return report.measured_step_s or report.estimated_step_s or 0.0
+
+
 def opportunities(report: RooflineView, top: int = 5) -> list[Opportunity]:
-    """Findings, largest predicted saving first (uncounted time last), each with cause, fix and saving. The same
-    finding in repeated blocks (``h.0.mlp`` ... ``h.11.mlp``) is one opportunity: savings summed, layers listed."""
+    """Findings, largest predicted saving first, each with cause, fix, predicted saving and how it was predicted.
+    The same finding in repeated blocks (``h.0.mlp`` ... ``h.11.mlp``) is one opportunity: savings summed, layers
+    listed. A finding whose saving is within the measured noise of its rows is left out (``report._suppress``)."""
     model = getattr(report, "kernel_model", None)
-    step = report.measured_step_s or report.estimated_step_s or 0.0
-    tf32 = bool(report.spec.flops.get("tf32"))
-    # compiled models: Inductor fuses elementwise chains already (kernels mode records the fused kernels; an eager
-    # capture of a compiled model shows ops the real run fuses): no fusion advice
-    compiled = bool(report.meta.get("compiled_modules_run_eagerly") or report.meta.get("compiled_capture"))
+    step = _step_s(report)
+    spec = report.spec
+    tf32_peak = float(spec.flops.get("tf32") or 0.0) if getattr(spec, "vendor", "") != "cpu" else 0.0
+    ctx = Context(report)
     by_layer: dict[str, list[OpRoof]] = {}
     for o in report.op_roofs:
         by_layer.setdefault(o.record.layer, []).append(o)
     typ = {k: getattr(v, "type", "") for k, v in report.layer_records.items()}
     root = report.layer_records.get("") if report.layer_records else None
     param_bytes = int(getattr(root, "param_bytes", 0) or 0)
-    groups: dict[tuple[str, str, str], list[tuple[str, tuple, float | None, float]]] = {}
-    swiglu, claimed = _swiglu(by_layer, model, compiled)
-    ctx = Context(report)
+    groups: dict[tuple[str, str, str], list[tuple[str, Finding]]] = {}
+    swiglu, claimed = _swiglu(by_layer, model, ctx.compiled)
     for layer, ops in by_layer.items():
         free = [o for o in ops if o.record.index not in claimed]
-        typed = layer_findings(layer, ops, typ.get(layer, ""), ctx)
-        slow_skip = frozenset({"conv"}) if any(f[0] == "cudnn_benchmark" for f in typed) else frozenset()
-        # BatchNorm's own ops are one kernel each way (``bn_fusion`` fuses it with its activation); kernel launches
-        # are a GPU's cost (on CPU an op's time is its own work)
-        chains = [] if "batchnorm" in typ.get(layer, "").lower() else _fusion(free, model, compiled, param_bytes,
-                                                                             typ.get(layer, ""))
-        launch = [] if report.meta.get("device") == "cpu" else _launch(ops)
-        findings = (_misaligned(layer, ops, model) + _small_m(ops, model) + _fp32(ops, model, tf32) + _cuda_cores(ops)
-                    + swiglu.get(layer, []) + chains + typed + launch + _slow(ops, slow_skip) + _uncounted(ops))
-        measured = sum(o.measured_s for o in ops if o.measured_s is not None) if report.timed else None
-        expected = sum(o.expected_s for o in ops)
+        # BatchNorm's own ops are one kernel each way (``bn_fusion`` fuses it with its activation)
+        chains = [] if "batchnorm" in typ.get(layer, "").lower() else _fusion(
+            free, model, ctx.compiled, param_bytes, typ.get(layer, ""), ctx.cuda)
+        findings = (_misaligned(layer, ops, model) + _small_m(ops, model) + _fp32(ops, model, tf32_peak)
+                    + swiglu.get(layer, []) + chains + layer_findings(layer, ops, typ.get(layer, ""), ctx))
         for f in findings:
-            groups.setdefault((f[0], f[4].get("chain", ""), _pattern(layer)), []).append((layer, f, measured,
-                                                                                          expected))
+            groups.setdefault((f.kind, f.chain, _pattern(layer)), []).append((layer, f))
+    bd = _breakdown(report)
+    input_f = _input(bd)
+    for f in step_findings(ctx) + input_f + _loop(bd) + _launch(report, ctx, sum(x.saving_s for x in input_f)):
+        groups.setdefault((f.kind, f.chain, ""), []).append(("", f))
     found: list[Opportunity] = []
     noise = getattr(report, "noise", None)
     suppress = getattr(report, "_suppress", lambda o: None)
-    for (kind, _chain, pattern), all_members in groups.items():
+    device = report.meta.get("device")
+    scale = _op_time_scale(report)
+    for (kind, chain, pattern), all_members in groups.items():
         # an outlier among identical blocks gets no advice (its excess is noise); a finding must exceed the spread of
-        # its layers' times over the steps (below), which a noisy row of the layer raises
-        members = [m for m in all_members if noise is None or kind == "uncounted" or not noise.layer_outlier(m[0])]
+        # its rows' times over the steps (below), which a noisy row raises
+        members = [m for m in all_members if noise is None or not noise.layer_outlier(m[0])]
         if not members:
             continue
-        saving = sum(f[1] for _, f, _, _ in members)
-        time_s = sum(f[4].get("time_s", 0.0) for _, f, _, _ in members) if kind == "uncounted" else 0.0
-        if kind != "uncounted" and (saving <= 0 or (step and saving < MIN_SAVING_SHARE * step)):
+        k = scale if all(f.rows for _, f in members) else 1.0  # step findings are measured on unprofiled steps
+        saving = sum(f.saving_s for _, f in members) * k
+        if saving <= 0 or (step and saving < MIN_SAVING_SHARE * step):
             continue
-        if kind == "uncounted" and (not step or time_s < MIN_SAVING_SHARE * step):
-            continue
-        layer, (_, _, cause, fix, evidence), _, _ = members[0]
+        layer, f0 = members[0]
         n = len(members)
+        cause, evidence, text = f0.cause, dict(f0.evidence), f0.predicted_text
         if n > 1:
             cause = f"in each of {n} layers `{pattern}`: {cause}"
-            evidence = {**evidence, "layers": [m[0] for m in members]}
-        share = f" ({saving / step:.0%} of the step)" if step and saving else ""
-        save = f" Saves about {_ms(saving)}/step{share}." if saving else ""
-        measured = [m[2] for m in members if m[2] is not None]
+            evidence["layers"] = [m[0] for m in members]
+            text = f"per layer, as in `{layer}`: {text}; {n} layers: {ms(saving / k)}"
+        if k < 1.0:
+            text += (f"; x{k:.2g}, the unprofiled step ({ms(report.measured_step_s or 0.0)}) over the profiled ops' "
+                     f"time ({ms(report.op_time_s or 0.0)}): {ms(saving)}")
+        share = f" ({saving / step:.0%} of the step)" if step else ""
+        rows = tuple(dict.fromkeys(r for _, f in members for r in f.rows))
+        in_rows = [o for o in report.op_roofs if (o.record.layer, o.record.phase) in set(rows)]
+        ops_s = [o.measured_s for o in in_rows if o.measured_s is not None]
+        effect = measured_effect(kind, chain, device)
         found.append(Opportunity(
-            layer=pattern if n > 1 else layer, phase="all", type=typ.get(layer, ""), recoverable_s=saving or None,
-            measured_s=sum(measured) if measured else None, estimate_s=sum(m[3] for m in members), bound="",
-            intensity=None, ridge=None, attained=None, reason=f"{cause}. Fix: {fix}.{save}", kind=kind,
-            saving_s=saving, fix=fix, evidence=evidence))
+            layer=pattern if n > 1 else layer, phase="all", type=typ.get(layer, ""), recoverable_s=saving,
+            measured_s=sum(ops_s) if ops_s else None, estimate_s=sum(o.expected_s for o in in_rows),
+            bound="", intensity=None, ridge=None, attained=None,
+            reason=f"{cause}. Fix: {f0.fix}. Saves about {ms(saving)}/step{share}.", kind=kind, saving_s=saving,
+            fix=f0.fix, evidence=evidence, rows=rows, predicted_by=f0.predicted_by, predicted_text=text,
+            measured_ratio=effect.ratio if effect else None, measured_on=effect.text if effect else ""))
         phases = evidence.get("phases")  # the phases its ops ran in, where a finding knows them (a chain's)
-        spread = max(sum(noise.layer_spread(m[0], phases) for m in members), noise.floor_s) if noise else 0.0
-        if kind != "uncounted" and spread and saving <= spread:  # within the measured noise: not a finding
+        layers = [m[0] for m in members]
+        spread = max(sum(noise.layer_spread(x, phases) for x in layers), noise.floor_s) if noise else 0.0
+        if spread and saving <= spread:  # within the measured noise: not a finding
             found[-1].evidence = {**found[-1].evidence, "noise_s": spread}
             suppress(found.pop())
-    found.sort(key=lambda o: (o.kind == "uncounted", -(o.saving_s or 0.0)))
+    found.sort(key=lambda o: -(o.saving_s or 0.0))
     return found[:top]
+
+
+def below_roof(report: RooflineView, found: Iterable[Opportunity], top: int = 10) -> list[tuple[Row, str]]:
+    """Layer x phase rows below their roof for which no change is known: (row, what the numbers say about it), by
+    recoverable time. A row counts when it is timed, takes at least ``BELOW_RATIO`` x its expected time (its roof
+    where no kernel model applies), its recoverable time (measured - expected) is at least ``MIN_SAVING_SHARE`` of
+    the step and above its measured spread, it is not marked as noise, and no opportunity's saving comes from it."""
+    if not report.timed:
+        return []
+    step = _step_s(report)
+    covered = {tuple(r) for o in found for r in (o.rows or ())}
+    noise = getattr(report, "noise", None)
+    out = []
+    for r in report.layer_rows:
+        rec = r.recoverable_s or 0.0
+        if (r.bound == "overhead" or (r.layer, r.phase) in covered or not r.measured_s
+                or r.measured_s < BELOW_RATIO * r.expected_s or rec <= 0 or (step and rec < MIN_SAVING_SHARE * step)):
+            continue
+        if noise is not None and ((r.layer, r.phase) in noise.marks
+                                  or rec <= max(noise.spread.get((r.layer, r.phase), 0.0), noise.floor_s)):
+            continue
+        out.append((r, _cause(r, report)))
+    out.sort(key=lambda x: -(x[0].recoverable_s or 0.0))
+    return out[:top]
+
+
+def _cause(r: Row, report: RooflineView) -> str:
+    """What the numbers say about a row no rule has a change for: its place on the roofline, and the facts the
+    records show (16-bit GEMMs on CUDA cores, a kernel slower than its shape takes on the device, no FLOP formula)."""
+    parts = [explain(r)]
+    simt = [o for o in r.ops if o.record.category == "matmul" and o.record.tensor_core is False
+            and o.roof_precision in ("bf16", "fp16", "tf32")]
+    if simt:
+        parts.append(f"{len(simt)} {simt[0].roof_precision} GEMMs ran on CUDA cores, not tensor cores (kernel names)")
+    if getattr(report, "kernel_model", None) is not None and r.measured_s and r.expected_s:
+        parts.append(f"{r.measured_s / r.expected_s:.2g}x what the device's libraries take for these shapes")
+    return "; ".join(p for p in parts if p) + "; no change known to tscope"

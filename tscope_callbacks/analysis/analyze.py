@@ -13,6 +13,7 @@ from typing import Any
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.report import (
     AchievableInfo,
+    BelowRoof,
     DeviceInfo,
     Figure,
     LayerInfo,
@@ -98,14 +99,9 @@ _CHAINS = {"optimizer": "optimizer update", "loss": "loss", "gelu": "GELU", "rms
            "rope": "rotary embedding", "swiglu": "SwiGLU"}
 
 
-def _opportunity(o: Finding, step: float | None, kernel_model: bool = True) -> Opportunity:
+def _opportunity(o: Finding, step: float | None) -> Opportunity:
     ev = json_safe(dict(o.evidence or {}))
-    if o.kind == "below_expected":  # untimed: nothing measured to be below its expectation, so say where it stands;
-        # without a kernel model (a CPU) the expectation is the op's roof
-        title = (f"{o.phase}, {o.bound}-bound (untimed)" if o.measured_s is None
-                 else f"{o.phase} below expected" if kernel_model else f"{o.phase} below its roof")
-    else:
-        title = o.kind.replace("_", " ")
+    title = o.kind.replace("_", " ")
     chain = _CHAINS.get(str(ev.get("chain"))) if o.kind == "fusion" else None
     if chain:  # several fusion findings of one layer (the root's: loss, optimizer) tell apart at a glance
         title += f" ({chain})"
@@ -113,7 +109,16 @@ def _opportunity(o: Finding, step: float | None, kernel_model: bool = True) -> O
                        kind=o.kind, cause=o.reason, change=o.fix, saving_s=_fin(o.saving_s),
                        saving_frac=_fin(_div(o.saving_s, step)), recoverable_s=_fin(o.recoverable_s),
                        measured_s=_fin(o.measured_s), estimate_s=float(o.estimate_s), bound=o.bound,
-                       intensity=_fin(o.intensity), ridge=_fin(o.ridge), attained=_fin(o.attained), evidence=ev)
+                       intensity=_fin(o.intensity), ridge=_fin(o.ridge), attained=_fin(o.attained), evidence=ev,
+                       rows=tuple((str(a), str(b)) for a, b in o.rows), predicted_by=o.predicted_by,
+                       predicted_text=o.predicted_text, measured_ratio=_fin(o.measured_ratio),
+                       measured_on=o.measured_on)
+
+
+def _below_roof(r: RowSum, cause: str) -> BelowRoof:
+    return BelowRoof(layer=r.layer, phase=r.phase, type=r.type, measured_s=_fin(r.measured_s),
+                     expected_s=float(r.expected_s), recoverable_s=_fin(r.recoverable_s), attained=_fin(r.attained),
+                     cause=cause)
 
 
 def _device(spec: DeviceSpec, ach: DeviceSpec | None) -> DeviceInfo:
@@ -207,7 +212,7 @@ def _noise(eng: RooflineAnalysis, suppressed: list[Finding], step: float | None)
                   for m in n.marks.values())
     spread = tuple((k[0], k[1], float(v)) for k, v in n.spread.items())
     return NoiseSection(int(n.steps), float(n.floor_s), marks, spread,
-                        tuple(_opportunity(o, step, eng.kernel_model is not None) for o in suppressed))
+                        tuple(_opportunity(o, step) for o in suppressed))
 
 
 def _communication(eng: RooflineAnalysis) -> dict[str, Any] | None:
@@ -284,7 +289,11 @@ def report_of(eng: RooflineAnalysis, options: AnalyzeOptions | None = None) -> S
     o = options or AnalyzeOptions()
     meta = eng.meta
     step = eng.measured_step_s
-    opps = eng.opportunities(top=10)
+    from tscope_callbacks.analysis.advice import below_roof
+
+    every = eng.opportunities(top=1000)
+    opps = every[:10]
+    below = below_roof(eng, every)
     suppressed = list(eng.suppressed)
     model = json_safe(model_summary(eng))
     mem = _memory(eng, bool(o.what_if))
@@ -324,6 +333,7 @@ def report_of(eng: RooflineAnalysis, options: AnalyzeOptions | None = None) -> S
         time_split=_time_split(eng), rows=rows, ops=ops, layers=layers, roofs=roofs, model=model,
         communication=_communication(eng), fsdp_whatif=fsdp,
         compiled_vs_eager=_compared(eng, o.eager) if o.eager is not None else None, what_if=what_if,
-        opportunities=tuple(_opportunity(x, step, eng.kernel_model is not None) for x in opps), nonfinite=nonfinite,
+        opportunities=tuple(_opportunity(x, step) for x in opps), nonfinite=nonfinite,
+        below_roof=tuple(_below_roof(r, c) for r, c in below),
         noise=_noise(eng, suppressed, step), context=_context(meta), scalars=dict(eng.scalars()),
         area_scalars=_area_scalars(eng, model, mem, fsdp), user=json_safe(dict(o.user)), grad_spikes=spikes)

@@ -1,21 +1,30 @@
-"""Advice by layer type, where a change in the user's code predicts a saving (``analysis.advice`` calls
-:func:`layer_findings` per layer). Each rule names the change and the saving computed from the step's own records,
-or says nothing:
+"""Advice by layer type and device, only where a change in the user's code predicts a saving (``analysis.advice``
+calls :func:`layer_findings` per layer and :func:`step_findings` once). Each rule names the change and the saving
+computed from the step's own records, or says nothing:
 
-- convolution: ``channels_last`` (the NCHW <-> NHWC conversions around each conv: its activations read and written
-  once more, at the bandwidth), ``cudnn.benchmark`` (CUDA convs above what their shapes take, with the autotuner
-  off: measured - expected), channel counts (CUDA 16-bit convs off the tensor cores with channels not a multiple of
-  8: measured - the padded conv at the tensor-core roof);
-- BatchNorm followed by an activation: fused (``torch.compile``), the normalised tensor is neither written nor read
-  back, forward and backward (2 x its bytes each way, at most the activation's time);
-- max pooling: an activation before it runs on the pooled tensor instead (``pool(relu(x)) == relu(pool(x))``: its
-  forward and backward time x (1 - out/in elements)); the 8-byte indices kept for the backward become Inductor's
-  1-byte offsets under ``torch.compile`` (7/8 of their bytes, written and read);
-- LSTM/GRU on CUDA: cuDNN's fused RNN not used (per-time-step cell ops: measured - the same work at its roofline
-  bound); a hidden size off a multiple of 8 keeping 16-bit RNN GEMMs off the tensor cores (measured - padded at the
-  tensor-core roof);
-- embeddings: a dense gradient of a table much larger than the rows a step looks up (``sparse=True``: the
-  gradient covers the looked-up rows: (V - n) x D x itemsize bytes not written).
+- channels-last (the step; convolutions with 4-D activations, the model not channels-last):
+  on CPU, PyTorch's NCHW max/avg pooling and BatchNorm kernels run far below the rate of its channels-last ones
+  (which vectorize over channels): each such op is predicted at the rate this step's own element-wise ops reach
+  (``layout_rate``), plus the NCHW <-> NHWC conversions oneDNN makes around each convolution; on CUDA (16-bit or
+  TF32 convolutions: cuDNN's tensor-core kernels want NHWC) the conversion kernels' measured time, or their bytes
+  at the bandwidth roof (``conversion``). fp32 convolutions on CUDA without TF32: nothing;
+- ``cudnn_benchmark`` (CUDA convolutions above what their shapes take, with the autotuner off: measured -
+  expected); channel counts (``conv_channels``: CUDA 16-bit convolutions off the tensor cores with channels not a
+  multiple of 8: measured - the padded convolution at the tensor-core roof);
+- BatchNorm: in training on CUDA, followed by an activation (``bn_fusion``): fused by ``torch.compile``, the
+  activation's traffic folds into BatchNorm's kernel: the activation's forward time, and 2/3 of its backward's (it
+  reads the gradient and the mask and writes the gradient; fused, only the gradient's read remains); on CPU a
+  compiled BatchNorm + ReLU measured slower than eager: no such advice. In an inference step (no backward), right
+  after a convolution (``bn_fold``): folded into the convolution, its op goes (its measured time);
+- max pooling after a monotonic activation (``pool_order``): ``pool(relu(x)) == relu(pool(x))``, so the activation
+  and its backward touch the pooled elements only: their time x (1 - out/in elements); on CUDA, the 8-byte indices
+  kept for the backward become Inductor's 1-byte offsets under ``torch.compile`` (``pool_indices``: 7/8 of their
+  bytes, written and read). On CPU a compiled max pooling measured slower than ATen's: no such advice there;
+- LSTM/GRU on CUDA: cuDNN's fused RNN not used (``rnn_cudnn``: per-time-step cell ops: measured - the same work at
+  its roofline bound); a hidden size off a multiple of 8 keeping 16-bit RNN GEMMs off the tensor cores
+  (``rnn_hidden``);
+- embeddings (``embedding_sparse``): a dense gradient of a table much larger than the rows a step looks up, not
+  tied to another weight (a tied table's gradient is dense anyway): ``sparse=True`` writes the looked-up rows only.
 """
 
 from __future__ import annotations
@@ -23,11 +32,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tscope_callbacks.analysis.finding import Finding, ms, rows_of
 from tscope_callbacks.analysis.fmt import n as _n
 from tscope_callbacks.analysis.rows import OpRoof
 from tscope_callbacks.analysis.view import RooflineView
 
-__all__ = ["layer_findings", "ACTIVATIONS", "ACTIVATION_BACKWARDS", "MONOTONE"]
+__all__ = ["layer_findings", "step_findings", "Context", "ACTIVATIONS", "ACTIVATION_BACKWARDS", "MONOTONE",
+           "CHANNELS_LAST_CPU_OPS"]
 
 _ITEM = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 #: element-wise activations (forward) and their backward ops
@@ -44,35 +55,51 @@ MONOTONE = frozenset({"aten.relu", "aten.relu_", "aten.hardtanh", "aten.hardtanh
 _BN = frozenset({"aten.native_batch_norm", "aten._native_batch_norm_legit", "aten._native_batch_norm_legit_functional",
                  "aten.cudnn_batch_norm", "aten._batch_norm_with_update", "aten.batch_norm",
                  "aten.miopen_batch_norm"})
+_BN_BACKWARD = frozenset({"aten.native_batch_norm_backward", "aten.batch_norm_backward"})
 _MAXPOOL = frozenset({"aten.max_pool2d_with_indices", "aten.max_pool3d_with_indices"})
+#: ops whose CPU kernel in NCHW is much slower than its channels-last one (PyTorch's ``aten/native/cpu`` kernels:
+#: the NCHW ones loop over each channel plane, the channels-last ones vectorize across channels)
+CHANNELS_LAST_CPU_OPS = _BN | _BN_BACKWARD | _MAXPOOL | frozenset({
+    "aten.avg_pool2d", "aten._adaptive_avg_pool2d", "aten.adaptive_max_pool2d"})
 _RNN_CELLS = frozenset({"aten._thnn_fused_lstm_cell", "aten._thnn_fused_gru_cell", "aten.lstm_cell",
                         "aten.gru_cell"})
+#: cuDNN's layout conversion kernels around an NCHW convolution that runs an NHWC (tensor-core) kernel
+_CONVERSION_KERNELS = ("nchwtonhwc", "nhwctonchw")
 SLOW_RATIO = 1.5
+#: an NCHW op is called slow on CPU when it runs below this share of the step's element-wise rate
+SLOW_LAYOUT_SHARE = 0.5
+#: element-wise ops smaller than this do not set the step's element-wise rate (their time is mostly dispatch)
+RATE_MIN_BYTES = 1 << 20
 
 
 def _numel(shape: Any) -> int:
     return math.prod(shape) if isinstance(shape, (list, tuple)) and all(isinstance(d, int) for d in shape) else 0
 
 
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.3g} ms"
-
-
 def _pad8(c: int) -> int:
     return -(-c // 8) * 8
 
 
+def _four_d(shape: Any) -> bool:
+    return isinstance(shape, (list, tuple)) and len(shape) == 4
+
+
 class Context:
-    """What the rules look at besides a layer's own ops: the step's ops in execution order, the profile's labels."""
+    """What the rules look at besides a layer's own ops: the step's ops in execution order, the capture's facts."""
 
     def __init__(self, report: RooflineView) -> None:
-        self.meta = report.meta
+        meta = report.meta
+        self.meta = meta
         self.seq = sorted((o for o in report.op_roofs if o.record.category != "view"), key=lambda o: o.record.index)
         self.pos = {o.record.index: i for i, o in enumerate(self.seq)}
-        self.cuda = str(self.meta.get("device", "")).startswith("cuda") or str(
-            self.meta.get("timing", "")).startswith("cuda")
-        self.compiled = bool(self.meta.get("compiled_modules_run_eagerly") or self.meta.get("compiled_capture"))
+        self.all_ops = list(report.op_roofs)
+        self.cuda = str(meta.get("device", "")).startswith("cuda") or str(meta.get("timing", "")).startswith("cuda")
+        self.cpu = meta.get("device") == "cpu" and not self.cuda
+        self.compiled = bool(meta.get("compiled_modules_run_eagerly") or meta.get("compiled_capture"))
         self.kernel_model = getattr(report, "kernel_model", None)  #: expectations beyond the roofline bound
+        self.kernels = meta.get("kernels") or []  #: [name, start_ns, duration_ns, stream, op position]
+        #: a forward-only step (inference, validation): no op ran in a backward
+        self.inference = bool(self.seq) and not any(o.record.phase == "backward" for o in self.seq)
 
     def after(self, o: OpRoof) -> OpRoof | None:
         i = self.pos.get(o.record.index)
@@ -88,77 +115,145 @@ class Context:
         return next((o for o in self.seq if o.record.layer == act.record.layer and o.record.phase == "backward"
                      and o.record.op in ACTIVATION_BACKWARDS and o.record.output_shapes[:1] == shape), None)
 
+    def elementwise_rate(self) -> float | None:
+        """Bytes/s this step's own element-wise ops reach (their bytes over their measured time, ops of at least
+        ``RATE_MIN_BYTES``): what a vectorized memory-bound kernel does on this device, at these sizes; None when
+        the step has none."""
+        ew = [o for o in self.seq if o.record.category == "pointwise" and o.measured_s and o.bytes >= RATE_MIN_BYTES]
+        t = sum(o.measured_s or 0.0 for o in ew)
+        return min(sum(o.bytes for o in ew) / t, ew[0].bandwidth) if ew and t > 0 else None
+
 
 def _t(o: OpRoof | None) -> float:
     return (o.measured_s or 0.0) if o is not None else 0.0
 
 
-# ---------------- convolution ----------------
+# ---------------- channels-last (the step) ----------------
 def _act_bytes(o: OpRoof) -> int:
-    """Bytes of a conv's activations (not its weights): forward input and output; backward grad_output, input and
-    grad_input."""
+    """Bytes of a conv's 4-D activations (not its weights): forward input and output; backward grad_output, input
+    and grad_input."""
     r, item = o.record, _ITEM.get(o.record.dtype, 4)
     ins = r.input_shapes[:2] if r.op == "aten.convolution_backward" else r.input_shapes[:1]
-    shapes = [s for s in [*ins, *r.output_shapes[:1]] if isinstance(s, (list, tuple)) and len(s) == 4]
-    return item * sum(_numel(s) for s in shapes)
+    return item * sum(_numel(s) for s in [*ins, *r.output_shapes[:1]] if _four_d(s))
 
 
-def _conv(ops: list[OpRoof], ctx: Context) -> list[tuple]:
-    convs = [o for o in ops if o.record.category == "conv" and o.measured_s]
+def _channels_last(ctx: Context) -> list[Finding]:
+    if ctx.meta.get("conv_channels_last") is not False:
+        return []  # channels-last already, or the layout is unknown
+    convs = [o for o in ctx.seq if o.record.category == "conv" and o.measured_s and _act_bytes(o)]
     if not convs:
         return []
-    out = []
-    four = [o for o in convs if _act_bytes(o)]
-    tensor_cores = any(o.roof_precision in ("bf16", "fp16", "tf32") for o in four)
-    if four and ctx.meta.get("conv_channels_last") is False and (tensor_cores or not ctx.cuda):
-        moved = sum(2 * _act_bytes(o) for o in four)
-        saving = sum(min(o.measured_s, 2 * _act_bytes(o) / o.bandwidth) for o in four)
-        lib = "cuDNN's tensor-core kernels" if ctx.cuda else "oneDNN"
-        out.append(("channels_last", saving,
-                    f"{len(four)} convolutions take NCHW (channels-first) tensors, which {lib} convert to and from "
-                    f"channels-last around each call: {_n(moved / 1e6)} MB read and written again, {_ms(saving)} at "
-                    f"{four[0].bandwidth / 1e9:.4g} GB/s",
-                    "convert the model and its inputs to channels-last: `model = model.to(memory_format="
-                    "torch.channels_last)` and `x = x.to(memory_format=torch.channels_last)` in the step",
-                    {"convs": len(four), "mb": moved / 1e6}))
-    if ctx.cuda and ctx.meta.get("cudnn_benchmark") is False and ctx.kernel_model is not None:
-        slow = [o for o in convs if o.measured_s > SLOW_RATIO * o.expected_s]
-        if slow:
-            now, exp = sum(o.measured_s for o in slow), sum(o.expected_s for o in slow)
-            out.append(("cudnn_benchmark", now - exp,
-                        f"{len(slow)} convolutions take {_ms(now)} where these shapes take {_ms(exp)} on this device "
-                        f"({now / exp:.1f}x) and cuDNN's autotuner is off (`torch.backends.cudnn.benchmark` is "
-                        "False): its default algorithm choice is slow for these shapes",
-                        "`torch.backends.cudnn.benchmark = True` (Lightning: `Trainer(benchmark=True)`) with fixed "
-                        "input shapes: cuDNN times its algorithms once per shape and keeps the fastest",
-                        {"convs": len(slow)}))
+    fix = ("convert the model and its inputs to channels-last: `model = model.to(memory_format=torch.channels_last)` "
+           "and `x = x.to(memory_format=torch.channels_last)` in the step")
     if ctx.cuda:
-        fwd = next((o for o in convs if o.record.op == "aten.convolution"), None)
-        shapes = fwd.record.input_shapes if fwd is not None else []
-        if (fwd is not None and len(shapes) >= 2 and len(shapes[0]) == 4 and len(shapes[1]) == 4
-                and fwd.roof_precision in ("bf16", "fp16")):
-            cin, cout = shapes[0][1], shapes[1][0]
-            bad = [c for c in (cin, cout) if c > 4 and c % 8]
-            off = [o for o in convs if o.record.tensor_core is False]
-            if bad and off:
-                ratio = (_pad8(cin) / cin if cin in bad else 1.0) * (_pad8(cout) / cout if cout in bad else 1.0)
-                now = sum(o.measured_s for o in off)
-                after = sum(max(o.flops * ratio / o.peak, o.bytes * ratio / o.bandwidth) for o in off)
-                chans = " and ".join(f"{c} -> {_pad8(c)}" for c in bad)
-                out.append(("conv_channels", now - after,
-                            f"channels {', '.join(str(c) for c in bad)} are not a multiple of 8, so {len(off)} "
-                            f"{fwd.roof_precision} convolutions ran off the tensor cores (kernel names): {_ms(now)}; "
-                            f"padded ({chans}) at the tensor-core roof about {_ms(after)}",
-                            f"choose channel counts that are multiples of 8 ({chans}) in this layer and its "
-                            "neighbours", {"channels": bad}))
+        if not any(o.roof_precision in ("bf16", "fp16", "tf32") for o in convs):
+            return []  # fp32 convolutions run NCHW kernels: no conversion to save
+        pos = {o.record.index: i for i, o in enumerate(ctx.all_ops)}
+        conv_pos = {pos[o.record.index] for o in convs}
+        conv_k = [k for k in ctx.kernels if len(k) > 4 and k[4] in conv_pos
+                  and any(c in str(k[0]).lower() for c in _CONVERSION_KERNELS)]
+        if conv_k:
+            saving = sum(float(k[2]) for k in conv_k) * 1e-9
+            text = (f"{len(conv_k)} layout conversion kernels (cuDNN's nchwToNhwc / nhwcToNchw) around "
+                    f"{len(convs)} convolutions took {ms(saving)}")
+        else:
+            moved = sum(2 * _act_bytes(o) for o in convs)
+            saving = sum(min(o.measured_s or 0.0, 2 * _act_bytes(o) / o.bandwidth) for o in convs)
+            text = (f"the activations of {len(convs)} convolutions, {_n(moved / 1e6)} MB, read and written once more "
+                    f"to convert them, at {convs[0].bandwidth / 1e9:.4g} GB/s: {ms(saving)}")
+        return [Finding("channels_last", saving,
+                        f"{len(convs)} convolutions take NCHW (channels-first) tensors, which cuDNN's tensor-core "
+                        f"kernels convert to and from channels-last around each call", fix, "conversion", text,
+                        rows_of(convs), {"convs": len(convs)})]
+    if not ctx.cpu:
+        return []
+    rate = ctx.elementwise_rate() or convs[0].bandwidth
+    slow = [o for o in ctx.seq if o.record.op in CHANNELS_LAST_CPU_OPS and o.measured_s
+            and any(_four_d(s) for s in o.record.input_shapes[:1])
+            and o.bytes / rate < SLOW_LAYOUT_SHARE * (o.measured_s or 0.0)]
+    if not slow:
+        return []  # nothing runs slowly in NCHW: the conversions alone are not worth a finding
+    ops_saving = sum((o.measured_s or 0.0) - o.bytes / rate for o in slow)
+    conv_saving = sum(min(o.measured_s or 0.0, 2 * _act_bytes(o) / rate) for o in convs)
+    now = sum(o.measured_s or 0.0 for o in slow)
+    kinds = sorted({"pooling" if "pool" in o.record.op else "BatchNorm" for o in slow})
+    return [Finding("channels_last", ops_saving + conv_saving,
+                    f"the model runs channels-first (NCHW): {len(slow)} {' and '.join(kinds)} ops take {ms(now)} at "
+                    f"{sum(o.bytes for o in slow) / now / 1e9:.3g} GB/s, where this step's element-wise ops reach "
+                    f"{rate / 1e9:.3g} GB/s (PyTorch's channels-last CPU kernels vectorize across channels; the NCHW "
+                    f"ones loop over each channel plane), and oneDNN converts the activations of {len(convs)} "
+                    "convolutions to and from its own layout", fix, "layout_rate",
+                    f"{len(slow)} ops at {rate / 1e9:.3g} GB/s instead of their measured time: {ms(ops_saving)}; "
+                    f"the convolutions' activations once less read and written at that rate: {ms(conv_saving)}",
+                    rows_of([*slow, *convs]), {"ops": len(slow), "convs": len(convs), "rate_gbps": rate / 1e9})]
+
+
+# ---------------- convolution (the layer) ----------------
+def _conv(ops: list[OpRoof], ctx: Context) -> list[Finding]:
+    convs = [o for o in ops if o.record.category == "conv" and o.measured_s]
+    if not convs or not ctx.cuda:
+        return []
+    out = []
+    if ctx.meta.get("cudnn_benchmark") is False and ctx.kernel_model is not None:
+        slow = [o for o in convs if (o.measured_s or 0.0) > SLOW_RATIO * o.expected_s]
+        if slow:
+            now, exp = sum(o.measured_s or 0.0 for o in slow), sum(o.expected_s for o in slow)
+            out.append(Finding(
+                "cudnn_benchmark", now - exp,
+                f"{len(slow)} convolutions take {ms(now)} where these shapes take {ms(exp)} on this device "
+                f"({now / exp:.1f}x) and cuDNN's autotuner is off (`torch.backends.cudnn.benchmark` is False): its "
+                "default algorithm choice is slow for these shapes",
+                "`torch.backends.cudnn.benchmark = True` (Lightning: `Trainer(benchmark=True)`) with fixed input "
+                "shapes: cuDNN times its algorithms once per shape and keeps the fastest", "measured_excess",
+                f"measured {ms(now)}, the kernel model expects {ms(exp)} for these shapes", rows_of(slow),
+                {"convs": len(slow)}))
+    fwd = next((o for o in convs if o.record.op == "aten.convolution"), None)
+    shapes = fwd.record.input_shapes if fwd is not None else []
+    if (fwd is not None and len(shapes) >= 2 and _four_d(shapes[0]) and _four_d(shapes[1])
+            and fwd.roof_precision in ("bf16", "fp16")):
+        cin, cout = shapes[0][1], shapes[1][0]
+        bad = [c for c in (cin, cout) if c > 4 and c % 8]
+        off = [o for o in convs if o.record.tensor_core is False]
+        if bad and off:
+            ratio = (_pad8(cin) / cin if cin in bad else 1.0) * (_pad8(cout) / cout if cout in bad else 1.0)
+            now = sum(o.measured_s or 0.0 for o in off)
+            after = sum(max(o.flops * ratio / o.peak, o.bytes * ratio / o.bandwidth) for o in off)
+            chans = " and ".join(f"{c} -> {_pad8(c)}" for c in bad)
+            out.append(Finding(
+                "conv_channels", now - after,
+                f"channels {', '.join(str(c) for c in bad)} are not a multiple of 8, so {len(off)} "
+                f"{fwd.roof_precision} convolutions ran off the tensor cores (kernel names): {ms(now)}",
+                f"choose channel counts that are multiples of 8 ({chans}) in this layer and its neighbours",
+                "kernel_time", f"measured {ms(now)}; padded ({chans}), at the tensor-core roof: {ms(after)}",
+                rows_of(off), {"channels": bad}))
     return out
 
 
 # ---------------- BatchNorm ----------------
-def _batchnorm(ops: list[OpRoof], ctx: Context) -> list[tuple]:
-    if ctx.compiled:
+def _bn_fold(ops: list[OpRoof], ctx: Context) -> list[Finding]:
+    """Inference (a step without a backward): a BatchNorm right after a convolution folds into the convolution's
+    weights and bias, so its own op goes (``torch.nn.utils.fusion.fuse_conv_bn_eval``)."""
+    bns = [o for o in ops if o.record.op in _BN and o.record.phase == "forward" and o.measured_s
+           and (c := ctx.before(o)) is not None and c.record.category == "conv"
+           and c.record.output_shapes[:1] == o.record.input_shapes[:1]]
+    if not bns:
         return []
-    saving, pairs, moved = 0.0, 0, 0
+    now = sum(o.measured_s or 0.0 for o in bns)
+    return [Finding("bn_fold", now,
+                    f"an inference step runs {len(bns)} BatchNorm op(s) right after a convolution: in eval mode "
+                    "BatchNorm is a fixed per-channel scale and shift that the convolution's weights can carry",
+                    "fold BatchNorm into the convolution before it for inference: "
+                    "`torch.nn.utils.fusion.fuse_conv_bn_eval(conv, bn)` (or `torch.ao.quantization.fuse_modules` on "
+                    "the model in eval mode; `torch.compile` folds it too)", "removed",
+                    f"the BatchNorm op(s) go: their measured {ms(now)}", rows_of(bns), {"bns": len(bns)})]
+
+
+def _batchnorm(ops: list[OpRoof], ctx: Context) -> list[Finding]:
+    """Training on CUDA: Inductor fuses BatchNorm with the activation after it. On CPU a compiled BatchNorm + ReLU
+    measured 3.6x slower than eager (training mode, one thread): no such advice there."""
+    if ctx.compiled or not ctx.cuda:
+        return []
+    saving, pairs, moved, acts = 0.0, 0, 0, []
     for bn in (o for o in ops if o.record.op in _BN and o.record.phase == "forward"):
         act = ctx.after(bn)
         if act is None or act.record.op not in ACTIVATIONS or act.record.input_shapes[:1] != bn.record.output_shapes[:1]:
@@ -168,24 +263,29 @@ def _batchnorm(ops: list[OpRoof], ctx: Context) -> list[tuple]:
             continue  # the pooling rule moves this activation after the pool
         b = _ITEM.get(bn.record.dtype, 4) * _numel(bn.record.output_shapes[0])
         bwd = ctx.backward_of(act)
-        saving += min(_t(act), 2 * b / act.bandwidth) + min(_t(bwd), 2 * b / act.bandwidth)
-        moved += 2 * b * (2 if bwd is not None else 1)
+        saving += _t(act) + _t(bwd) * 2 / 3
+        moved += 2 * b + (2 * b if bwd is not None else 0)
         pairs += 1
+        acts += [o for o in (act, bwd) if o is not None]
     if not pairs:
         return []
-    return [("bn_fusion", saving,
-             f"BatchNorm's output is written and read back by the activation after it ({pairs} pair(s), forward and "
-             f"backward): {_n(moved / 1e6)} MB that a fused kernel never moves, {_ms(saving)}",
-             "`torch.compile` the model (Inductor fuses BatchNorm with the activation after it, forward and backward); "
-             "for inference, fold BatchNorm into the preceding convolution", {"pairs": pairs, "mb": moved / 1e6})]
+    return [Finding("bn_fusion", saving,
+                    f"BatchNorm's output is written, then read back by the activation after it ({pairs} pair(s), "
+                    f"forward and backward): {_n(moved / 1e6)} MB a fused kernel never moves",
+                    "`torch.compile` the model, or the BatchNorm and its activation as one module (Inductor fuses "
+                    "them, forward and backward); for inference, fold BatchNorm into the convolution before it",
+                    "fused_bytes",
+                    f"the activation's forward ({ms(sum(_t(o) for o in acts if o.record.phase == 'forward'))}) folds "
+                    "into BatchNorm's kernel, and 2/3 of its backward's traffic goes: "
+                    f"{ms(saving)}", rows_of(acts), {"pairs": pairs, "mb": moved / 1e6})]
 
 
 # ---------------- pooling ----------------
-def _pooling(ops: list[OpRoof], ctx: Context) -> list[tuple]:
+def _pooling(ops: list[OpRoof], ctx: Context) -> list[Finding]:
     out = []
     for pool in (o for o in ops if o.record.op in _MAXPOOL and o.record.phase == "forward"):
         n_in, n_out = _numel(pool.record.input_shapes[0]), _numel(pool.record.output_shapes[0])
-        if not n_in or not n_out:
+        if not n_in or not n_out or n_out >= n_in:
             continue
         act = ctx.before(pool)
         if act is not None and act.record.op in MONOTONE and act.record.output_shapes[:1] == pool.record.input_shapes[:1]:
@@ -193,27 +293,33 @@ def _pooling(ops: list[OpRoof], ctx: Context) -> list[tuple]:
             now = _t(act) + _t(bwd)
             saving = now * (1 - n_out / n_in)
             name = act.record.op.removeprefix("aten.").rstrip("_")
-            out.append(("pool_order", saving,
-                        f"`{act.record.layer or '(root)'}` applies {name} to the {n_in:,} elements max pooling "
-                        f"then reduces to {n_out:,}; {name} is monotonic, so applied after the pooling it and its "
-                        f"backward touch {n_in / n_out:.3g}x fewer elements: {_ms(now)} -> {_ms(now - saving)}",
-                        f"apply the {name} after the pooling: `pool(relu(x))` equals `relu(pool(x))` for max pooling",
-                        {"elements_in": n_in, "elements_out": n_out}))
+            out.append(Finding(
+                "pool_order", saving,
+                f"`{act.record.layer or '(root)'}` applies {name} to the {n_in:,} elements max pooling then reduces "
+                f"to {n_out:,}; {name} is monotonic, so after the pooling it and its backward touch "
+                f"{n_in / n_out:.3g}x fewer elements",
+                f"apply the {name} after the pooling: `pool(relu(x))` equals `relu(pool(x))` for max pooling",
+                "elements", f"{name} forward and backward measured {ms(now)}; on {n_out:,} of {n_in:,} elements: "
+                f"{ms(now - saving)}", rows_of([o for o in (act, bwd) if o is not None]),
+                {"elements_in": n_in, "elements_out": n_out}))
         idx = pool.record.output_shapes[1] if len(pool.record.output_shapes) > 1 else None
-        if idx and not ctx.compiled:
+        if idx and ctx.cuda and not ctx.compiled:
             b = 8 * _numel(idx)
             bwd = next((o for o in ops if o.record.phase == "backward" and "max_pool" in o.record.op), None)
             saving = min(_t(pool) + _t(bwd), 2 * b * 7 / 8 / pool.bandwidth)
-            out.append(("pool_indices", saving,
-                        f"max pooling keeps {_numel(idx):,} int64 indices for its backward ({_n(b / 1e6)} MB written, "
-                        f"read again in backward); 1-byte window offsets move 1/8 of that: {_ms(saving)} less",
-                        "`torch.compile` the model: Inductor's max pooling stores int8 offsets within each window "
-                        "instead of int64 indices", {"mb": b / 1e6}))
+            out.append(Finding(
+                "pool_indices", saving,
+                f"max pooling keeps {_numel(idx):,} int64 indices for its backward ({_n(b / 1e6)} MB written, read "
+                "again in backward)",
+                "`torch.compile` the model: Inductor's max pooling stores int8 offsets within each window instead of "
+                "int64 indices", "bytes",
+                f"7/8 of {_n(2 * b / 1e6)} MB (written and read) at {pool.bandwidth / 1e9:.4g} GB/s: {ms(saving)}",
+                rows_of([o for o in (pool, bwd) if o is not None]), {"mb": b / 1e6}))
     return out
 
 
 # ---------------- LSTM / GRU ----------------
-def _rnn(ops: list[OpRoof], ctx: Context) -> list[tuple]:
+def _rnn(ops: list[OpRoof], ctx: Context) -> list[Finding]:
     if not ctx.cuda:
         return []  # CPU: oneDNN runs LSTM fused; a GRU has no fused CPU kernel a change in the user's code selects
     out = []
@@ -222,11 +328,13 @@ def _rnn(ops: list[OpRoof], ctx: Context) -> list[tuple]:
     if cells and not fused:
         now = sum(_t(o) for o in ops)
         after = sum(o.estimate_s for o in ops)
-        out.append(("rnn_cudnn", now - after,
-                    f"the recurrent layer ran as {len(cells)} per-time-step cell ops ({len(ops)} ops, {_ms(now)}), "
-                    f"not cuDNN's fused RNN; the same work at its roofline bound takes {_ms(after)}",
-                    "let cuDNN run it: `torch.backends.cudnn.enabled = True`, CUDA fp16/bf16/fp32 tensors, and "
-                    "`rnn.flatten_parameters()` after moving or wrapping the module", {"cells": len(cells)}))
+        out.append(Finding(
+            "rnn_cudnn", now - after,
+            f"the recurrent layer ran as {len(cells)} per-time-step cell ops ({len(ops)} ops), not cuDNN's fused RNN",
+            "let cuDNN run it: `torch.backends.cudnn.enabled = True`, CUDA fp16/bf16/fp32 tensors, and "
+            "`rnn.flatten_parameters()` after moving or wrapping the module", "measured_excess",
+            f"measured {ms(now)}; the same work at its roofline bound: {ms(after)}", rows_of(ops),
+            {"cells": len(cells)}))
     off = [o for o in fused if o.record.tensor_core is False and o.roof_precision in ("bf16", "fp16")]
     hidden = next((o.record.output_shapes[0][-1] for o in fused if o.record.output_shapes
                    and isinstance(o.record.output_shapes[0], (list, tuple)) and o.record.output_shapes[0]), None)
@@ -234,16 +342,26 @@ def _rnn(ops: list[OpRoof], ctx: Context) -> list[tuple]:
         ratio = _pad8(hidden) / hidden
         now = sum(_t(o) for o in off)
         after = sum(max(o.flops * ratio / o.peak, o.bytes * ratio / o.bandwidth) for o in off)
-        out.append(("rnn_hidden", now - after,
-                    f"hidden size {hidden} is not a multiple of 8, so {len(off)} {off[0].roof_precision} RNN calls ran "
-                    f"off the tensor cores: {_ms(now)}; at hidden size {_pad8(hidden)} on the tensor-core roof about "
-                    f"{_ms(after)}", f"hidden_size={_pad8(hidden)} (a multiple of 8; the input size too)",
-                    {"hidden": hidden}))
+        out.append(Finding(
+            "rnn_hidden", now - after,
+            f"hidden size {hidden} is not a multiple of 8, so {len(off)} {off[0].roof_precision} RNN calls ran off "
+            "the tensor cores", f"hidden_size={_pad8(hidden)} (a multiple of 8; the input size too)", "kernel_time",
+            f"measured {ms(now)}; at hidden size {_pad8(hidden)} on the tensor-core roof: {ms(after)}", rows_of(off),
+            {"hidden": hidden}))
     return out
 
 
 # ---------------- embeddings ----------------
-def _embedding(ops: list[OpRoof], ctx: Context) -> list[tuple]:
+def _tied(o: OpRoof, ctx: Context) -> bool:
+    """The table's gradient is summed with another gradient of its shape right after (a weight tied to another
+    layer's, as GPT-2's embedding and LM head): it stays dense whatever the embedding does."""
+    shape = o.record.output_shapes[:1]
+    nxt = ctx.after(o)
+    return nxt is not None and nxt.record.op in ("aten.add", "aten.add_") and nxt.record.phase == "backward" and \
+        len([s for s in nxt.record.input_shapes if [s] == shape]) >= 2
+
+
+def _embedding(ops: list[OpRoof], ctx: Context) -> list[Finding]:
     out = []
     for o in ops:
         r = o.record
@@ -251,31 +369,40 @@ def _embedding(ops: list[OpRoof], ctx: Context) -> list[tuple]:
             continue
         table = r.output_shapes[0]
         n = _numel(r.input_shapes[1])
-        if len(table) != 2 or not n or table[0] < 4 * n:
+        if len(table) != 2 or not n or table[0] < 4 * n or _tied(o, ctx):
             continue
         v, d = table
-        saving = min(_t(o), (v - n) * d * _ITEM.get(r.dtype, 4) / o.bandwidth)
-        out.append(("embedding_sparse", saving,
-                    f"the embedding's gradient is a dense {v:,} x {d} table although the step looks up {n:,} rows: "
-                    f"{_n((v - n) * d * _ITEM.get(r.dtype, 4) / 1e6)} MB of zero rows written, {_ms(saving)}",
-                    "`nn.Embedding(..., sparse=True)` with `torch.optim.SparseAdam` (or SGD) for its weight: the "
-                    "gradient and the optimizer update then cover the looked-up rows only (the optimizer's saving "
-                    "comes on top)", {"rows": v, "looked_up": n}))
+        zero = (v - n) * d * _ITEM.get(r.dtype, 4)
+        saving = _t(o) * (1 - n / v)
+        out.append(Finding(
+            "embedding_sparse", saving,
+            f"the embedding's gradient is a dense {v:,} x {d} table although the step looks up {n:,} rows: "
+            f"{_n(zero / 1e6)} MB of zero rows written",
+            "`nn.Embedding(..., sparse=True)` with `torch.optim.SparseAdam` (or SGD) for its weight: the gradient and "
+            "the optimizer update then cover the looked-up rows only (the optimizer's saving comes on top)",
+            "elements", f"the dense gradient measured {ms(_t(o))}; {n:,} of its {v:,} rows: {ms(_t(o) - saving)}",
+            rows_of([o]), {"rows": v, "looked_up": n}))
     return out
 
 
-def layer_findings(layer: str, ops: list[OpRoof], layer_type: str, ctx: Context) -> list[tuple]:
-    """Findings ``(kind, saving_s, cause, fix, evidence)`` of the layer-type rules for one layer's ops."""
+def layer_findings(layer: str, ops: list[OpRoof], layer_type: str, ctx: Context) -> list[Finding]:
+    """The layer-type rules' findings for one layer's ops (those with a positive saving)."""
     t = layer_type.lower()
-    out: list[tuple] = []
+    out: list[Finding] = []
     if any(o.record.category == "conv" for o in ops):
         out += _conv(ops, ctx)
     if "batchnorm" in t or any(o.record.op in _BN for o in ops):
-        out += _batchnorm(ops, ctx)
+        out += _bn_fold(ops, ctx) if ctx.inference else _batchnorm(ops, ctx)
     if any(o.record.op in _MAXPOOL for o in ops):
         out += _pooling(ops, ctx)
     if t in ("lstm", "gru", "rnn") or any(o.record.op in _RNN_CELLS for o in ops):
         out += _rnn(ops, ctx)
     if any(o.record.op == "aten.embedding_dense_backward" for o in ops):
         out += _embedding(ops, ctx)
-    return [f for f in out if f[1] > 0]
+    return [f for f in out if f.saving_s > 0]
+
+
+def step_findings(ctx: Context) -> list[Finding]:
+    """The rules whose change is model-wide (channels-last), with a positive saving."""
+    return [f for f in _channels_last(ctx) if f.saving_s > 0]
+

@@ -41,7 +41,10 @@ JSON (``StepReport.to_dict()`` / ``StepReport.from_dict(d)``; ``json.dumps(d, al
     fsdp_whatif: {...} (analysis.fsdp.fsdp_whatif) | null      compiled_vs_eager: [...] | null
     what_if: {measured_on, roofs_of} | null   (times of one device placed on another's roofs)
     opportunities: [Opportunity]  {title, layer, op, phase, type, kind, cause, change, saving_s, saving_frac,
-          recoverable_s, measured_s, estimate_s, bound, intensity, ridge, attained, evidence}, largest saving first
+          recoverable_s, measured_s, estimate_s, bound, intensity, ridge, attained, evidence, rows: [[layer, phase]],
+          predicted_by, predicted_text, measured_ratio, measured_on}, largest saving first; each names a change
+    below_roof: [BelowRoof]  {layer, phase, type, measured_s, expected_s, recoverable_s, attained, cause}: rows below
+          their roof for which no change is known (not opportunities), by recoverable time
     nonfinite: [{step, layer, op, phase, line, kind}]
     grad_spikes: [{step, norm, median, ratio, layer, layer_ratio, loss, loss_median, lr}]   the NaN guard's gradient
           spikes (``analysis.grad_history.GradHistory.add``) up to this step; [] when none were passed
@@ -75,7 +78,7 @@ from tscope_callbacks.analysis.fmt import div as _div
 __all__ = ["SCHEMA", "VERSION", "ALERTS_FILE", "StepReport", "load_step_file", "read_step_json", "read_alerts_file",
            "not_a_step_file", "ReportLike", "HasStepReport",
            "step_report_of", "StepFileError", "Figure", "DeviceInfo", "Summary", "MemorySection", "TimeSplit", "Row", "OpRow",
-           "LayerInfo", "RoofUsed", "Opportunity", "NoiseSection", "NoiseMarkInfo", "RunContext", "WhatIf",
+           "LayerInfo", "RoofUsed", "Opportunity", "BelowRoof", "NoiseSection", "NoiseMarkInfo", "RunContext", "WhatIf",
            "merge_rows", "json_safe"]
 
 SCHEMA = "tscope.step_report"
@@ -509,7 +512,7 @@ class Opportunity:
     op: str
     phase: str
     type: str
-    kind: str  #: ``analysis.advice.KINDS`` or "below_expected"
+    kind: str  #: ``analysis.advice.KINDS``
     cause: str
     change: str
     saving_s: float | None
@@ -522,6 +525,26 @@ class Opportunity:
     ridge: float | None
     attained: float | None
     evidence: dict[str, Any] = field(default_factory=dict)
+    rows: tuple[tuple[str, str], ...] = ()  #: the (layer, phase) rows the saving comes from
+    predicted_by: str = ""  #: how the saving was predicted: a key of ``analysis.finding.PREDICTED_BY``
+    predicted_text: str = ""  #: the prediction's figures, one sentence
+    measured_ratio: float | None = None  #: measured / predicted saving of this kind of change in the closed loop
+    measured_on: str = ""  #: where the closed loop measured it ("": never, on this kind of device)
+
+
+@dataclass(frozen=True)
+class BelowRoof:
+    """A layer x phase row below its roof for which no change is known (not an opportunity): what the numbers say
+    about it (``cause``)."""
+
+    layer: str
+    phase: str
+    type: str
+    measured_s: float | None
+    expected_s: float
+    recoverable_s: float | None
+    attained: float | None
+    cause: str
 
 
 @dataclass(frozen=True)
@@ -615,6 +638,7 @@ class StepReport:
     area_scalars: dict[str, dict[str, float]]
     user: dict[str, Any] = field(default_factory=dict)
     grad_spikes: tuple[dict[str, Any], ...] = ()
+    below_roof: tuple[BelowRoof, ...] = ()  #: rows below their roof with no known change (not opportunities)
 
     # ---- tables
     @property

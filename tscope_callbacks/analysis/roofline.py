@@ -15,8 +15,8 @@ import math
 from collections.abc import Collection
 from typing import Any
 
+from tscope_callbacks.analysis.advice import below_roof as advice_below_roof
 from tscope_callbacks.analysis.advice import opportunities as advice_opportunities
-from tscope_callbacks.analysis.diagnose import explain
 from tscope_callbacks.analysis.estimate import expected_s
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.noise import Noise, find_noise
@@ -326,30 +326,15 @@ class RooflineAnalysis:
         return tot
 
     def opportunities(self, top: int = 5) -> list[Opportunity]:
-        """Specific findings (``analysis.advice``: cause, fix and predicted saving) and layer x phase rows slower than
-        their expectation (recoverable time, with the generic diagnosis; layers a finding names are not repeated),
-        largest saving first, time without a FLOP formula last; untimed without a kernel model: rows by expected
-        time. Rows marked as noise (``self.noise``) and savings within a row's measured spread are left out (kept in
+        """The changes that would save time (``analysis.advice``: cause, change, predicted saving and how it was
+        predicted), largest saving first. Findings within the measured noise of their rows are left out (kept in
         ``self.suppressed``)."""
-        found = advice_opportunities(self, top=top)
-        covered = {o.layer for o in found}
-        rows = [r for r in self.layer_rows if r.bound != "overhead" and r.layer not in covered
-                and (r.layer, r.phase) not in self.noise.marks]
-        if self.timed:
-            rows = sorted((r for r in rows if (r.recoverable_s or 0.0) > 0), key=lambda r: -(r.recoverable_s or 0.0))
-        tf32 = bool(self.spec.flops.get("tf32"))
-        for r in rows[:top]:
-            o = Opportunity(r.layer, r.phase, r.type, r.recoverable_s, r.measured_s, r.expected_s, r.bound,
-                            r.intensity, r.ridge, r.attained, explain(r, tf32_available=tf32),
-                            saving_s=r.recoverable_s)
-            if self.timed and (r.recoverable_s or 0.0) <= max(self.noise.spread.get((r.layer, r.phase), 0.0),
-                                                              self.noise.floor_s):
-                self._suppress(o)
-                continue
-            found.append(o)
-        if self.timed or self.kernel_model is not None:  # by predicted saving; time no formula explains last
-            found.sort(key=lambda o: (o.kind == "uncounted", -(o.saving_s or 0.0)))
-        return found[:top]
+        return advice_opportunities(self, top=top)
+
+    def below_roof(self, top: int = 10) -> list[tuple[Row, str]]:
+        """Layer x phase rows below their roof for which no change is known, with what the numbers say about them
+        (``analysis.advice.below_roof``): not opportunities."""
+        return advice_below_roof(self, advice_opportunities(self, top=1000), top=top)
 
     def _suppress(self, o: Opportunity) -> None:
         if all((x.layer, x.phase, x.kind) != (o.layer, o.phase, o.kind) for x in self.suppressed):

@@ -200,10 +200,8 @@ class Row(RowFigures):
 
 @dataclass
 class Opportunity:
-    """A finding: where time goes that need not, why (computed from the numbers), what to change, and the predicted
-    saving per step. ``kind``: ``advice.KINDS`` (a specific cause, ``saving_s`` from re-estimating the ops after the
-    fix) or "below_expected" (a layer x phase row slower than its shape-aware expectation, ``saving_s`` = recoverable
-    time, the generic diagnosis as ``reason``)."""
+    """A finding: where time goes that need not, why (computed from the numbers), what to change (``fix``), and the
+    predicted saving per step (``saving_s``), with how it was predicted. ``kind``: one of ``advice.KINDS``."""
 
     layer: str
     phase: str
@@ -216,10 +214,15 @@ class Opportunity:
     ridge: float | None
     attained: float | None
     reason: str
-    kind: str = "below_expected"
+    kind: str = ""
     saving_s: float | None = None  #: predicted saving per step (None: untimed and no model)
     fix: str = ""  #: what to change, in the user's terms
     evidence: dict[str, Any] = field(default_factory=dict)  #: the figures the finding rests on
+    rows: tuple[tuple[str, str], ...] = ()  #: the (layer, phase) rows the saving comes from
+    predicted_by: str = ""  #: how the saving was predicted: a key of ``analysis.finding.PREDICTED_BY``
+    predicted_text: str = ""  #: the prediction's figures, one sentence
+    measured_ratio: float | None = None  #: measured / predicted saving of this kind of change in the closed loop
+    measured_on: str = ""  #: where the closed loop measured it ("" when it never did on this kind of device)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -31,22 +31,6 @@ from tscope_callbacks.records import StepProfile
 __all__ = ["ProfilingCallback", "ProfileContext"]
 
 
-def _layout_labels(pl_module: Any) -> dict[str, Any]:
-    """Choices the layer-type advice needs that the op records do not show: whether cuDNN's autotuner is on and
-    whether the model's 2-D convolutions (kernels larger than 1x1) hold channels-last weights."""
-    import torch
-
-    out: dict[str, Any] = {"cudnn_benchmark": bool(torch.backends.cudnn.benchmark)}
-    try:
-        ws = [m.weight for m in pl_module.modules() if isinstance(m, torch.nn.Conv2d) and m.weight.dim() == 4
-              and m.weight.shape[-1] * m.weight.shape[-2] > 1]
-        if ws:
-            out["conv_channels_last"] = all(w.is_contiguous(memory_format=torch.channels_last) for w in ws)
-    except Exception:  # an exotic module: the rule says nothing
-        pass
-    return out
-
-
 class ProfilingCallback(GuardedCallback):
     """Base of the tscope profiling callbacks: schedule, shared capture, sinks, cleanup and error policy.
 
@@ -132,7 +116,6 @@ class ProfilingCallback(GuardedCallback):
                                   "epoch": trainer.current_epoch, "reason": reason}
         for m in members:
             labels.update(m._step_basis(trainer))
-        labels.update(_layout_labels(pl_module))
         prof = None
         sig = batch_signature(batch) if stage == "train" else ()
         details = any(o.get("layer_details") for o in opts)

@@ -28,6 +28,21 @@ def _device_of(model: torch.nn.Module) -> torch.device:
     return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
+def layout_facts(model: torch.nn.Module) -> dict[str, Any]:
+    """Choices the layer-type advice needs that the op records do not show: whether cuDNN's autotuner is on and
+    whether the model's 2-D convolutions (kernels larger than 1x1, whose layout is unambiguous) hold channels-last
+    weights (absent when the model has none)."""
+    out: dict[str, Any] = {"cudnn_benchmark": bool(torch.backends.cudnn.benchmark)}
+    try:
+        ws = [m.weight for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.weight.dim() == 4
+              and m.weight.shape[-1] * m.weight.shape[-2] > 1]
+        if ws:
+            out["conv_channels_last"] = all(w.is_contiguous(memory_format=torch.channels_last) for w in ws)
+    except Exception:  # an exotic module: the rules say nothing
+        pass
+    return out
+
+
 def base_meta(p: Profile, st: CaptureState) -> dict[str, Any]:
     """The capture's facts about its region, under their ``CaptureInfo`` field names."""
     dev = st.tree.device() if st.tree is not None else _device_of(p.model)
@@ -51,6 +66,7 @@ def base_meta(p: Profile, st: CaptureState) -> dict[str, Any]:
                       "records"},
         "paused_s": st.paused_ns * 1e-9,  #: left out of wall_time_s (tscope's own checks, validation)
         "inputs": st.inputs or [],  #: [shape, dtype] of the model's tensor inputs at its first call
+        **layout_facts(p.model),
     }
 
 

@@ -299,14 +299,50 @@ def comm_lines(report: StepReport) -> list[str]:
     return out
 
 
+_STEP_KINDS = {"input": "the input pipeline", "loop": "the training loop", "launch": "the step",
+               "channels_last": "the model"}
+
+
 def opportunity_line(o: Opportunity, step: float | None) -> str:
-    """One opportunity as a line: a finding with its cause, fix and saving, or a row below its expectation."""
-    where = f"`{o.layer or '(root)'}`"
-    if o.kind != "below_expected":
-        return f"{where} — **{o.title}**: {o.cause}"
-    t = (f"{o.recoverable_s * 1e3:.3g} ms recoverable" + (f" ({_pct(o.recoverable_s / step)} of step)" if step
-         else "")) if o.recoverable_s is not None else f"{o.estimate_s * 1e3:.3g} ms expected"
-    return f"{where} {o.phase} — {t}: {o.cause}"
+    """One opportunity as a line: where, what, the cause, the change and the saving; then how the saving was predicted
+    and, where tscope's closed loop applied that kind of change, how the measured saving compared."""
+    where = f"`{o.layer}`" if o.layer else _STEP_KINDS.get(o.kind, "`(root)`")
+    line = f"{where} — **{o.title}**: {o.cause}"
+    if o.predicted_text:
+        line += f" Prediction: {o.predicted_text}."
+    if o.measured_ratio is not None and o.measured_on:
+        line += f" Checked: {o.measured_on}."
+    return line
+
+
+def below_roof_lines(report: StepReport, top: int = 5) -> list[str]:
+    """Rows below their roof for which no change is known: what the numbers say (not opportunities)."""
+    rows = report.below_roof[:top]
+    if not rows:
+        return []
+    step = report.summary.measured_step_s
+    out = ["", "### Below their roof, no known change", ""]
+    for b in rows:
+        rec = (f"{b.recoverable_s * 1e3:.3g} ms above expected" + (f" ({_pct(b.recoverable_s / step)} of the step)"
+                                                                  if step else "")) if b.recoverable_s else ""
+        out.append(f"- `{b.layer or '(root)'}` {b.phase} — {rec}: {b.cause}")
+    more = len(report.below_roof) - len(rows)
+    if more > 0:
+        out.append(f"- ... and {more} more (the JSON report holds them all)")
+    return out
+
+
+def advice_marks(report: StepReport) -> dict[tuple[str, str], str]:
+    """(layer, phase) -> the table's advice cell: the numbers of the opportunities whose saving comes from the row
+    ("#1, #3"), or "no known change" for a row below its roof that no opportunity covers."""
+    marks: dict[tuple[str, str], list[str]] = {}
+    for i, o in enumerate(report.opportunities[:5], 1):
+        for r in o.rows:
+            marks.setdefault((r[0], r[1]), []).append(f"#{i}")
+    out = {k: ", ".join(v) for k, v in marks.items()}
+    for b in report.below_roof:
+        out.setdefault((b.layer, b.phase), "no known change")
+    return out
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -320,11 +356,12 @@ COLUMNS = ["layer", "type", "phase", "GFLOPs", "MB", "FLOP/B", "bound", "roof ms
 
 def columns(report: StepReport) -> list[str]:
     """The table's columns: "expected ms" (shape-aware kernel estimate) only when a kernel model applies (GPU specs);
-    "% of achievable" only with an achievable roof."""
+    "% of achievable" only with an achievable roof; "advice" (timed): the opportunities the row's time would be saved
+    by ("#1"), or "no known change" for a row below its roof that no opportunity covers."""
     cols = [c for c in COLUMNS if c != "expected ms" or report.summary.has_kernel_model]
     if not report.timed:  # an estimate: nothing measured, so no measured time and no % of roof to show
         return [c for c in cols if c not in ("measured ms", "% of roof")]
-    return cols + (["% of achievable"] if report.summary.has_achievable else [])
+    return cols + (["% of achievable"] if report.summary.has_achievable else []) + ["advice"]
 
 
 def to_markdown(report: ReportLike, top: int = 20) -> str:
@@ -333,8 +370,11 @@ def to_markdown(report: ReportLike, top: int = 20) -> str:
     report = step_report_of(report)
     ach, exp, timed = report.summary.has_achievable, report.summary.has_kernel_model, report.timed
     head = columns(report)
-    rows = [_cells(r, ach, exp, report.noise, timed) for r in report.table("layer", top=top)]
-    tot = _cells(report.totals, ach, exp, timed=timed)
+    marks = advice_marks(report)
+    table = report.table("layer", top=top)
+    rows = [_cells(r, ach, exp, report.noise, timed) + ([marks.get((r.layer, r.phase), "")] if timed else [])
+            for r in table]
+    tot = _cells(report.totals, ach, exp, timed=timed) + ([""] if timed else [])
     tot[0], tot[2] = "**total**", ""
     lines = header_lines(report) + ["", "### Layers (self time, forward and backward apart)", ""]
     lines += _md_table(head, rows + [tot])
@@ -354,8 +394,12 @@ def to_markdown(report: ReportLike, top: int = 20) -> str:
     lines += [f"{i}. {opportunity_line(o, report.summary.measured_step_s)}" for i, o in enumerate(opps, 1)]
     held = noise_lines(report, top)  # the noise marks and the findings within the noise
     if not opps:
-        lines.append("(none above the measured noise: see below)" if held else "(none: every layer is at its roof)")
-    lines += held
+        floor = report.noise.floor_s
+        lines.append("(none above the measured noise: see below)" if held else
+                     "(no change known to save time: see the rows below their roof)" if report.below_roof else
+                     f"(none above the steps' typical deviation on this busy machine, {_f(floor, '.3g', 1e3)} ms)"
+                     if floor > 0 else "(none: every layer is at its roof)")
+    lines += below_roof_lines(report) + held
     return "\n".join(lines) + "\n"
 
 
@@ -373,7 +417,7 @@ def to_console(report: ReportLike, top: int = 20, console: Console | None = None
     con.print(Markdown("\n".join(header_lines(report))))
     ach, exp = report.summary.has_achievable, report.summary.has_kernel_model
     t = Table(title="Layers (self time)", show_lines=False)
-    for i, h in enumerate(columns(report)):
+    for i, h in enumerate(c for c in columns(report) if c != "advice"):  # a terminal is narrow: the lists below say it
         t.add_column(h, justify="left" if i < 3 or h == "bound" else "right")
     style = {"compute": "green", "memory": "yellow", "uncounted": "red", "overhead": "dim"}
     for r in report.table("layer", top=top):
@@ -387,6 +431,8 @@ def to_console(report: ReportLike, top: int = 20, console: Console | None = None
     con.print(t)
     for i, o in enumerate(report.opportunities[:5], 1):
         con.print(f"{i}. " + opportunity_line(o, report.summary.measured_step_s).replace("`", ""), markup=False)
+    for line in below_roof_lines(report):
+        con.print(line.replace("`", "").removeprefix("### "), markup=False)
 
 
 def compare_table(rows: Sequence[dict[str, Any]], top: int = 20) -> str:

@@ -1,0 +1,659 @@
+"""The closed loop: apply each finding's change to the model it was found on and measure the saving.
+
+For each model (the demo transformer, HF GPT-2 built from a config, the CNN of the issue -- conv/BN/ReLU/max-pool x2,
+Linear 4096->256->10, batch 64 --, a ResNet-style CNN and an LSTM language model):
+
+1. time the unprofiled training step (forward, backward, optimizer), profile ``--profile-steps`` steps with
+   ``ts.profile``, merge them (``analysis.noise.merge_steps``: each op's median) and take the report's opportunities
+   (``ts.roofline``: the same findings a user sees, with the saving each predicts);
+2. for every finding whose change this script knows how to apply (``CHANGES``), build the same model with that change
+   (same weights, same batch) and time both steps in interleaved A/B rounds in one process: each round times
+   ``--per`` steps of A and of B in alternating order; the saving is the median of the rounds' paired differences,
+   with a distribution-free 95% interval of that median;
+3. compare: the sign, and measured / predicted; then apply every change at once and profile again (the "after"
+   report: the applied findings must be gone).
+
+On CPU the steps run on one thread (``torch.set_num_threads(1)``): the machine's other cores are shared, and the
+paired rounds make the saving a difference taken within one round. ``--device cuda`` runs the same on a GPU (CUDA
+events around each round's steps; GPU-sized models; the CUDA-only changes: vocabulary padding, TF32, cuDNN's
+autotuner, CUDA graphs).
+
+``--write``: the table to ``benchmarks/results/advice_effect.md`` (CPU) or ``advice_effect_gpu.md``, and the measured /
+predicted ratio per kind of change and device kind to the package's
+``tscope_callbacks/analysis/data/advice_effect.json``, which the report reads (``analysis.finding.measured_effect``).
+
+    python benchmarks/advice_effect.py --write            # CPU, about 20 minutes on one busy core
+    python benchmarks/advice_effect.py --smoke            # a quick end-to-end run (figures mean nothing)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, gpt2
+
+import tscope_callbacks as ts
+from tscope_callbacks.analysis.finding import effect_key
+from tscope_callbacks.analysis.noise import merge_steps
+
+EFFECT_TABLE = Path(__file__).resolve().parent.parent / "tscope_callbacks" / "analysis" / "data" / "advice_effect.json"
+
+
+# ---------------------------------------------------------------- models
+class CNN(nn.Module):
+    """The issue's CNN: conv/BN/ReLU/max-pool twice, then Linear 4096 -> 256 -> 10 (32x32 RGB inputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2))
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(4096, 256), nn.ReLU(), nn.Linear(256, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+class Block(nn.Module):
+    """A ResNet basic block: relu(bn(conv(relu(bn(conv(x))))) + x)."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
+                                  nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c))
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.body(x) + x)
+
+
+class ResNetish(nn.Module):
+    """A small ResNet: a conv/BN/ReLU/max-pool stem, two basic blocks, global average pooling, a linear head."""
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
+                                  nn.MaxPool2d(2))
+        self.blocks = nn.Sequential(Block(c), Block(c))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)))
+
+
+class LSTMLM(nn.Module):
+    """A word-level LSTM language model (PTB-style): embedding, 2-layer LSTM, linear decoder."""
+
+    def __init__(self, vocab: int = 10000, d: int = 256) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.rnn = nn.LSTM(d, d, 2, batch_first=True)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(self.emb(x))[0])
+
+
+# ---------------------------------------------------------------- a training step and its variants
+def _ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def _shifted_ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's causal-LM loss: predict token t+1 from position t, in fp32."""
+    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), y[:, 1:].reshape(-1))
+
+
+@dataclass
+class Variant:
+    """One way to run a model's training step: the model, its optimizer, the batch, the loss and the settings."""
+
+    name: str
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    call: Callable[[nn.Module, torch.Tensor], Any]  #: (model, x) -> the model's output
+    loss: Callable[[Any, torch.Tensor], torch.Tensor]  #: (output, y) -> the loss
+    opt_cls: type = torch.optim.SGD
+    opt_kwargs: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)  #: float32 matmul precision, cuDNN autotuner
+    autocast: torch.dtype | None = None
+    applied: list[str] = field(default_factory=list)
+    inference: bool = False  #: a forward under no_grad in eval mode (no loss, no backward, no optimizer)
+    opt: Any = None
+
+    def __post_init__(self) -> None:
+        self.rebuild_optimizer()
+
+    def clone(self) -> Variant:
+        return Variant(self.name, copy.deepcopy(self.model), self.x, self.y, self.call, self.loss, self.opt_cls,
+                       dict(self.opt_kwargs), dict(self.settings), self.autocast, list(self.applied), self.inference)
+
+    def rebuild_optimizer(self) -> None:
+        """The optimizer(s): sparse embedding weights get ``torch.optim.SparseAdam`` under an Adam-family optimizer
+        (SGD takes sparse gradients itself)."""
+        sparse = [m.weight for m in self.model.modules() if isinstance(m, nn.Embedding) and m.sparse]
+        if sparse and self.opt_cls is not torch.optim.SGD:
+            ids = {id(p) for p in sparse}
+            rest = [p for p in self.model.parameters() if id(p) not in ids]
+            self.opt = [self.opt_cls(rest, **self.opt_kwargs),
+                        torch.optim.SparseAdam(sparse, lr=self.opt_kwargs.get("lr", 1e-3))]
+        else:
+            self.opt = [self.opt_cls(self.model.parameters(), **self.opt_kwargs)]
+
+    @contextlib.contextmanager
+    def _settings(self) -> Iterator[None]:
+        old_prec, old_bench = torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark
+        torch.set_float32_matmul_precision(self.settings.get("float32_matmul_precision", "highest"))
+        torch.backends.cudnn.benchmark = bool(self.settings.get("cudnn_benchmark", False))
+        try:
+            if self.autocast is not None:
+                with torch.autocast(self.x.device.type, dtype=self.autocast):
+                    yield
+            else:
+                yield
+        finally:
+            torch.set_float32_matmul_precision(old_prec)
+            torch.backends.cudnn.benchmark = old_bench
+
+    def step(self) -> None:
+        if self.inference:
+            with self._settings(), torch.no_grad():
+                self.call(self.model, self.x)
+            return
+        with self._settings():
+            loss = self.loss(self.call(self.model, self.x), self.y)
+        loss.backward()
+        for o in self.opt:
+            o.step()
+            o.zero_grad(set_to_none=True)
+
+
+def _call(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return m(x)
+
+
+def _hf_call(m: nn.Module, x: torch.Tensor) -> Any:
+    """Hugging Face's causal LM computes its own loss from ``labels``."""
+    return m(input_ids=x, labels=x)
+
+
+def _hf_loss(out: Any, y: torch.Tensor) -> torch.Tensor:
+    return out.loss
+
+
+def _hf_logits(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return m(input_ids=x).logits
+
+
+def _image_ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, y)
+
+
+_COMPILED: dict[Any, Any] = {}
+
+
+def _compiled(fn: Callable, **kw: Any) -> Callable:
+    key = (fn, tuple(sorted(kw.items())))
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(fn, **kw)
+    return _COMPILED[key]
+
+
+def models(device: str, smoke: bool) -> dict[str, Callable[[], Variant]]:
+    """The workloads: name -> a builder of the unchanged variant (A). GPU-sized on CUDA."""
+    gpu = device == "cuda"
+    g = torch.Generator().manual_seed(0)
+
+    def img(b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.randn(b, 3, 32, 32, generator=g).to(device), torch.randint(0, 10, (b,), generator=g).to(device))
+
+    def cnn() -> Variant:
+        torch.manual_seed(0)
+        x, y = img(8 if smoke else 256 if gpu else 64)
+        return Variant("CNN", CNN().to(device), x, y, _call, _image_ce, torch.optim.SGD,
+                       {"lr": 0.01, "momentum": 0.9}, autocast=torch.bfloat16 if gpu else None)
+
+    def resnet() -> Variant:
+        torch.manual_seed(0)
+        x, y = img(8 if smoke else 256 if gpu else 32)
+        return Variant("ResNet-style CNN", ResNetish().to(device), x, y, _call, _image_ce, torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}, autocast=torch.bfloat16 if gpu else None)
+
+    def cnn_inference() -> Variant:
+        torch.manual_seed(0)
+        x, y = img(8 if smoke else 256 if gpu else 64)
+        return Variant("CNN inference", CNN().to(device).eval(), x, y, _call, _image_ce,
+                       autocast=torch.bfloat16 if gpu else None, inference=True)
+
+    def lstm() -> Variant:
+        torch.manual_seed(0)
+        b, t = (4, 8) if smoke else (64, 70) if gpu else (20, 35)
+        x = torch.randint(0, 10000, (b, t), generator=g).to(device)
+        y = torch.randint(0, 10000, (b, t), generator=g).to(device)
+        return Variant("LSTM", LSTMLM(d=512 if gpu else 128).to(device), x, y, _call, _ce, torch.optim.SGD,
+                       {"lr": 0.1}, autocast=torch.bfloat16 if gpu else None)
+
+    def demo() -> Variant:
+        from tscope_callbacks.demo.model import TinyGPT, random_tokens
+
+        torch.manual_seed(0)
+        m = TinyGPT(n_layer=1, d_model=64) if smoke else TinyGPT(n_layer=12, d_model=768, seq_len=1024,
+                                                                     vocab_size=50304) if gpu else TinyGPT()
+        x, y = random_tokens(m.cfg, 2 if smoke else 8 if gpu else 16, device=device)
+        return Variant("demo transformer", m.to(device), x, y, _call, _ce, torch.optim.AdamW,
+                       {"lr": 1e-3}, autocast=torch.bfloat16 if gpu else None)
+
+    def hf_gpt2() -> Variant:
+        m = gpt2(n_layer=1, n_embd=32, n_head=2, n_positions=32) if smoke else gpt2() if gpu else gpt2(
+            n_layer=2, n_embd=64, n_head=2, n_positions=64)
+        b, t = (2, 16) if smoke else (8, 1024) if gpu else (4, 64)
+        x = torch.randint(0, 50257, (b, t), generator=g).to(device)
+        return Variant("HF GPT-2", m.to(device), x, x, _hf_call, _hf_loss, torch.optim.AdamW, {"lr": 1e-4},
+                       autocast=torch.bfloat16 if gpu else None)
+
+    return {"cnn": cnn, "cnn_inference": cnn_inference, "resnet": resnet, "demo": demo, "gpt2": hf_gpt2,
+            "lstm": lstm}
+
+
+# ---------------------------------------------------------------- the changes, as a user would make them
+def _sequentials(m: nn.Module) -> list[nn.Sequential]:
+    return [s for s in m.modules() if isinstance(s, nn.Sequential)]
+
+
+_MONOTONE = (nn.ReLU, nn.LeakyReLU, nn.ELU, nn.Hardtanh, nn.Sigmoid, nn.Tanh)
+
+
+def pool_order(v: Variant, o: Any) -> str:
+    n = 0
+    for s in _sequentials(v.model):
+        for i in range(len(s) - 1):
+            if isinstance(s[i], _MONOTONE) and isinstance(s[i + 1], nn.MaxPool2d):
+                s[i], s[i + 1] = s[i + 1], s[i]
+                n += 1
+    return f"activation moved after the max pooling ({n}x)"
+
+
+def channels_last(v: Variant, o: Any) -> str:
+    v.model = v.model.to(memory_format=torch.channels_last)
+    v.x = v.x.contiguous(memory_format=torch.channels_last)
+    v.rebuild_optimizer()
+    return "`model.to(memory_format=torch.channels_last)`, input too"
+
+
+class BNAct(nn.Module):
+    def __init__(self, bn: nn.Module, act: nn.Module) -> None:
+        super().__init__()
+        self.bn, self.act = bn, act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.bn(x))
+
+
+def bn_fusion(v: Variant, o: Any) -> str:
+    n = 0
+    for s in _sequentials(v.model):
+        for i in range(len(s) - 1):
+            if isinstance(s[i], nn.BatchNorm2d) and isinstance(s[i + 1], (nn.ReLU, nn.SiLU, nn.GELU)):
+                s[i] = torch.compile(BNAct(s[i], s[i + 1]))
+                s[i + 1] = nn.Identity()
+                n += 1
+    v.rebuild_optimizer()
+    return f"BatchNorm + activation compiled as one module ({n}x)"
+
+
+def bn_fold(v: Variant, o: Any) -> str:
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    n = 0
+    for s in _sequentials(v.model):
+        for i in range(len(s) - 1):
+            if isinstance(s[i], nn.Conv2d) and isinstance(s[i + 1], nn.BatchNorm2d):
+                s[i], s[i + 1] = fuse_conv_bn_eval(s[i], s[i + 1]), nn.Identity()
+                n += 1
+    return f"`fuse_conv_bn_eval(conv, bn)` ({n}x)"
+
+
+def fused_optimizer(v: Variant, o: Any) -> str:
+    v.opt_kwargs["fused"] = True
+    v.rebuild_optimizer()
+    return f"`{v.opt_cls.__name__}(..., fused=True)`"
+
+
+def compiled_loss(v: Variant, o: Any) -> str:
+    if v.call is _hf_call:  # the model's own loss -> its logits and the same loss, compiled
+        v.call, v.loss = _hf_logits, _compiled(_shifted_ce)
+    else:
+        v.loss = _compiled(v.loss)
+    return "the loss under `torch.compile` (logits -> cross-entropy)"
+
+
+def gelu_tanh(v: Variant, o: Any) -> str:
+    from transformers.activations import ACT2FN
+
+    n = 0
+    for mod in v.model.modules():
+        if hasattr(mod, "act") and type(mod.act).__name__ == "NewGELUActivation":
+            mod.act = ACT2FN["gelu_pytorch_tanh"]
+            n += 1
+    v.model.config.activation_function = "gelu_pytorch_tanh"
+    return f"`activation_function=\"gelu_pytorch_tanh\"` ({n} MLPs)"
+
+
+def compile_layers(v: Variant, o: Any) -> str:
+    layers = (o.evidence or {}).get("layers") or [o.layer]
+    for path in layers:
+        parent, _, name = path.rpartition(".")
+        owner = v.model.get_submodule(parent) if parent else v.model
+        setattr(owner, name, torch.compile(getattr(owner, name)))
+    return f"`torch.compile` on {len(layers)} layer(s) `{o.layer}`"
+
+
+def sparse_embedding(v: Variant, o: Any) -> str:
+    for mod in v.model.modules():
+        if isinstance(mod, nn.Embedding):
+            mod.sparse = True
+    v.rebuild_optimizer()
+    return "`nn.Embedding(..., sparse=True)`" + ("" if v.opt_cls is torch.optim.SGD else " + `SparseAdam` for it")
+
+
+def pad_vocab(v: Variant, o: Any) -> str:
+    padded = int(o.evidence["padded"])
+    v.model.resize_token_embeddings(padded)
+    v.rebuild_optimizer()
+    return f"`resize_token_embeddings({padded})`"
+
+
+def tf32(v: Variant, o: Any) -> str:
+    v.settings["float32_matmul_precision"] = "high"
+    return "`torch.set_float32_matmul_precision('high')`"
+
+
+def cudnn_benchmark(v: Variant, o: Any) -> str:
+    v.settings["cudnn_benchmark"] = True
+    return "`torch.backends.cudnn.benchmark = True`"
+
+
+def cuda_graphs(v: Variant, o: Any) -> str:
+    v.model = torch.compile(v.model, mode="reduce-overhead")
+    return "`torch.compile(model, mode=\"reduce-overhead\")`"
+
+
+def compiled_pool(v: Variant, o: Any) -> str:
+    for s in _sequentials(v.model):
+        for i in range(len(s)):
+            if isinstance(s[i], nn.MaxPool2d):
+                s[i] = torch.compile(s[i])
+    return "max pooling under `torch.compile`"
+
+
+#: effect key (``analysis.finding.effect_key``) -> how to apply that finding's change to a Variant
+CHANGES: dict[str, Callable[[Variant, Any], str]] = {
+    "pool_order": pool_order, "channels_last": channels_last, "bn_fusion": bn_fusion, "bn_fold": bn_fold,
+    "fusion:optimizer": fused_optimizer, "fusion:loss": compiled_loss, "fusion:gelu": gelu_tanh,
+    "fusion:other": compile_layers, "embedding_sparse": sparse_embedding, "misaligned": pad_vocab,
+    "fp32_matmul": tf32, "cudnn_benchmark": cudnn_benchmark, "launch": cuda_graphs, "pool_indices": compiled_pool,
+}
+
+
+# ---------------------------------------------------------------- measuring
+def _timed(v: Variant, per: int, cuda: bool) -> float:
+    if cuda:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        a.record()
+        for _ in range(per):
+            v.step()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / 1e3 / per
+    t0 = time.thread_time()  # the training thread's CPU time: what the machine's other processes do not add to
+    for _ in range(per):
+        v.step()
+    return (time.thread_time() - t0) / per
+
+
+@dataclass
+class Paired:
+    saving_s: float  #: median of the rounds' paired differences A - B
+    low_s: float  #: distribution-free 95% interval of that median
+    high_s: float
+    a_s: float  #: median step of A, of B
+    b_s: float
+    rounds: int
+
+
+def median_interval(x: list[float]) -> tuple[float, float]:
+    """The distribution-free 95% interval of the median (order statistics, normal approximation of the binomial)."""
+    s, n = sorted(x), len(x)
+    k = max(0, int(math.floor((n - 1.96 * math.sqrt(n)) / 2)))
+    return s[k], s[min(n - 1, n - 1 - k)]
+
+
+def paired(a: Variant, b: Variant, rounds: int, per: int, cuda: bool) -> Paired:
+    """A and B in interleaved rounds (A first in even rounds, B first in odd ones)."""
+    for _ in range(2):
+        a.step()
+        b.step()
+    ta, tb, d = [], [], []
+    for i in range(rounds):
+        if i % 2:
+            t_b, t_a = _timed(b, per, cuda), _timed(a, per, cuda)
+        else:
+            t_a, t_b = _timed(a, per, cuda), _timed(b, per, cuda)
+        ta.append(t_a)
+        tb.append(t_b)
+        d.append(t_a - t_b)
+    lo, hi = median_interval(d)
+    return Paired(statistics.median(d), lo, hi, statistics.median(ta), statistics.median(tb), rounds)
+
+
+def report_of(v: Variant, steps: int, cuda: bool, gpu: str) -> Any:
+    """The report a user gets: the unprofiled step's median as the basis, ``steps`` profiled steps merged."""
+    for _ in range(2):
+        v.step()
+    plain = statistics.median(_timed(v, 1, cuda) for _ in range(max(5, steps)))
+    profs = []
+    for i in range(steps):
+        with ts.profile(v.model, labels={"step": i, "step_time_s": plain,
+                                         "step_time_basis": "unprofiled-median"}) as p:
+            v.step()
+        profs.append(p.result)
+    return ts.roofline(merge_steps(profs), gpu)
+
+
+def _kind(o: Any) -> str:
+    return effect_key(o.kind, str((o.evidence or {}).get("chain", "")))
+
+
+@dataclass
+class Case:
+    model: str
+    key: str
+    layer: str
+    predicted_s: float
+    change: str
+    noise: bool  #: the report left it out as within the noise
+    result: Paired | None = None
+    why_not: str = ""
+    predicted_by: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        r = self.result
+        return r.saving_s / self.predicted_s if r is not None and self.predicted_s else None
+
+    @property
+    def sign_ok(self) -> bool | None:
+        r = self.result
+        return None if r is None else (r.saving_s > 0) == (self.predicted_s > 0)
+
+
+def run_model(name: str, build: Callable[[], Variant], args: argparse.Namespace) -> tuple[list[Case], list[str],
+                                                                                           list[str]]:
+    cuda = args.device == "cuda"
+    a = build()
+    rep = report_of(a, args.profile_steps, cuda, args.gpu)
+    found = list(rep.opportunities(top=20))
+    held = [o for o in rep.suppressed if o.kind in CHANGES or _kind(o) in CHANGES]
+    before = [f"{o.kind}{'/' + o.evidence['chain'] if o.evidence.get('chain') else ''} `{o.layer or '(model)'}` "
+              f"{(o.saving_s or 0) * 1e3:.3g} ms" for o in found[:5]]
+    cases: list[Case] = []
+    after = a.clone()
+    for o, noisy in [(o, False) for o in found] + [(o, True) for o in held]:
+        key = _kind(o)
+        apply = CHANGES.get(key)
+        case = Case(a.name, key, o.layer or "(model)", o.saving_s or 0.0, "", noisy, predicted_by=o.predicted_by)
+        cases.append(case)
+        if apply is None:
+            case.why_not = "no automatic change in this script"
+            continue
+        b = a.clone()
+        try:
+            case.change = apply(b, o)
+            if key not in after.applied:
+                after.applied.append(key)
+                apply(after, o)
+        except Exception as e:  # a change this model cannot take: say so
+            case.why_not = f"{type(e).__name__}: {e}"
+            continue
+        print(f"  {a.name}: {key} on {case.layer}: {case.change}", flush=True)
+        case.result = paired(a, b, args.rounds, args.per, cuda)
+        print(f"    predicted {case.predicted_s * 1e3:.3g} ms, measured {case.result.saving_s * 1e3:.3g} ms "
+              f"[{case.result.low_s * 1e3:.3g}, {case.result.high_s * 1e3:.3g}] (A {case.result.a_s * 1e3:.4g} ms)",
+              flush=True)
+    after_top: list[str] = []
+    if any(c.result is not None for c in cases):
+        rep2 = report_of(after, args.profile_steps, cuda, args.gpu)
+        after_top = [f"{o.kind}{'/' + o.evidence['chain'] if o.evidence.get('chain') else ''} "
+                     f"`{o.layer or '(model)'}` {(o.saving_s or 0) * 1e3:.3g} ms" for o in rep2.opportunities(top=5)]
+        applied = {c.key for c in cases if c.result is not None}
+        again = [o for o in rep2.opportunities(top=20) if _kind(o) in applied]
+        for o in again:
+            print(f"  !! {_kind(o)} fires again after its change was applied: {o.reason}", flush=True)
+        after_top += [f"(fired again after its change: {_kind(o)})" for o in again]
+    return cases, before, after_top
+
+
+# ---------------------------------------------------------------- output
+def _ms(x: float | None) -> str:
+    return "–" if x is None else f"{x * 1e3:.3g}"
+
+
+def table(cases: list[Case], device: str, args: argparse.Namespace, load: str, tops: dict[str, tuple]) -> str:
+    tested = [c for c in cases if c.result is not None]
+    ok = [c for c in tested if c.sign_ok and c.ratio is not None and 0.5 <= c.ratio <= 2.0]
+    lines = [f"# Advice effect: predicted vs measured saving ({device})", "",
+             f"{date.today().isoformat()}, torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+             + (f"{torch.cuda.get_device_name()}" if device == "cuda" else "1 CPU thread (`torch.set_num_threads(1)`)")
+             + f"; load before the run: {load}.", "",
+             f"Each change applied to the model it was found on; saving = median over {args.rounds} interleaved A/B "
+             f"rounds ({args.per} steps each) of the paired difference, with its distribution-free 95% interval. "
+             f"Predictions from {args.profile_steps} profiled steps merged (each op's median).", "",
+             f"**{len(ok)} of {len(tested)} changes** have the right sign and a prediction within 2x of the measured "
+             f"saving; {sum(1 for c in tested if not c.sign_ok)} with the wrong sign.", "",
+             "| model | finding | layer | change applied | predicted ms | measured ms [95%] | measured/predicted | "
+             "A step ms | sign | within 2x |", "|---|---|---|---|---:|---:|---:|---:|---|---|"]
+    for c in cases:
+        r = c.result
+        if r is None:
+            lines.append(f"| {c.model} | {c.key}{' (noise)' if c.noise else ''} | `{c.layer}` | {c.why_not} | "
+                         f"{_ms(c.predicted_s)} | – | – | – | – | – |")
+            continue
+        within = c.ratio is not None and 0.5 <= c.ratio <= 2.0
+        lines.append(f"| {c.model} | {c.key}{' (noise)' if c.noise else ''} | `{c.layer}` | {c.change} | "
+                     f"{_ms(c.predicted_s)} | {_ms(r.saving_s)} [{_ms(r.low_s)}, {_ms(r.high_s)}] | "
+                     f"{c.ratio:.2f} | {_ms(r.a_s)} | {'right' if c.sign_ok else '**wrong**'} | "
+                     f"{'yes' if within else '**no**'} |")
+    lines += ["", "`(noise)`: the report left the finding out as within the measured noise of its rows; applied "
+              "anyway to check that call.", ""]
+    for model, (before, after) in tops.items():
+        lines += [f"## {model}: top opportunities", "", "before (as found):", ""]
+        lines += [f"{i}. {t}" for i, t in enumerate(before, 1)] or ["(none)"]
+        lines += ["", "after every applied change:", ""]
+        lines += [f"{i}. {t}" for i, t in enumerate(after, 1)] or ["(none)"]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def effects(cases: list[Case], device: str) -> dict[str, Any]:
+    """measured / predicted per kind of change (the median over the models it was applied to) for the report."""
+    out: dict[str, Any] = {}
+    for c in cases:
+        if c.result is None or not c.ratio or c.noise:
+            continue
+        e = out.setdefault(c.key, {"cases": []})
+        e["cases"].append({"model": c.model, "predicted_ms": round(c.predicted_s * 1e3, 4),
+                           "measured_ms": round(c.result.saving_s * 1e3, 4), "ratio": round(c.ratio, 3)})
+    for e in out.values():
+        e["ratio"] = round(statistics.median(x["ratio"] for x in e["cases"]), 3)
+        e["models"] = sorted({x["model"] for x in e["cases"]})
+    return out
+
+
+def write_effects(found: dict[str, Any], device: str) -> None:
+    data = json.loads(EFFECT_TABLE.read_text()) if EFFECT_TABLE.exists() else {}
+    data.setdefault("effects", {})[device] = found
+    data["source"] = "benchmarks/advice_effect.py (measured / predicted saving per kind of change)"
+    data.setdefault("measured", {})[device] = f"{date.today().isoformat()}, torch {torch.__version__}"
+    EFFECT_TABLE.parent.mkdir(parents=True, exist_ok=True)
+    EFFECT_TABLE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    print(f"written {EFFECT_TABLE}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--models", default="cnn,cnn_inference,resnet,demo,gpt2,lstm")
+    ap.add_argument("--rounds", type=int, default=21)
+    ap.add_argument("--per", type=int, default=2)
+    ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument("--write", action="store_true")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("SKIP: --device cuda without a GPU")
+        return
+    if args.smoke:
+        args.rounds, args.per, args.profile_steps = 3, 1, 2
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    args.gpu = "auto" if args.device == "cuda" else "cpu"
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" (1/5/15 min, {os.cpu_count()} CPUs)"
+    print(f"load {load}", flush=True)
+    builders = models(args.device, args.smoke)
+    cases: list[Case] = []
+    tops: dict[str, tuple] = {}
+    for name in args.models.split(","):
+        print(f"{name}:", flush=True)
+        c, before, after = run_model(name, builders[name], args)
+        cases += c
+        tops[c[0].model if c else name] = (before, after)
+    load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    text = table(cases, args.device, args, f"{load}; after: {load_after}", tops)
+    print(text)
+    if args.write and not args.smoke:
+        (RESULTS / ("advice_effect.md" if args.device == "cpu" else "advice_effect_gpu.md")).write_text(
+            text + f"\n\nReproduce: `python benchmarks/advice_effect.py --device {args.device} --write`\n")
+        write_effects(effects(cases, args.device), args.device)
+
+
+if __name__ == "__main__":
+    main()
