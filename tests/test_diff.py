@@ -146,6 +146,7 @@ def test_different_work_is_said_and_not_timed_against():
     d = diff_reports(_report(toy_profile()), _report(more))
     assert not d.same_work and any("different work" in n for n in d.notes)
     assert d.change("step time").change == "(different work)" and d.change("step time").verdict == ""
+    assert d.change("op time").change == "(different work)"  # more work takes longer: no "slower" verdict
     assert d.layers[0].name == "blocks.1.fc" and d.layers[0].delta_s == pytest.approx(0.5e-3)
 
 

@@ -327,7 +327,8 @@ def diff_reports(a: ReportLike, b: ReportLike, labels: tuple[str, str] = ("A", "
         oa, ob = sa.op_time_s or 0.0, sb.op_time_s or 0.0
         noise = _rss(_rows_noise(a, None), _rows_noise(b, None))
         head.append(Change("op time", "s", oa, ob, _rel_text(oa, ob, lower_better=True), noise,
-                           verdict(ob - oa, noise, higher_better=False)))
+                           verdict(ob - oa, noise, higher_better=False)) if same_work else
+                    Change("op time", "s", oa, ob, "(different work)", noise, ""))
     head.append(Change("ops", "count", float(sa.n_ops), float(sb.n_ops), _rel_text(sa.n_ops, sb.n_ops), None, ""))
     pa, pb = _value(a, "memory_peak_bytes"), _value(b, "memory_peak_bytes")
     if pa is not None or pb is not None:
@@ -343,6 +344,6 @@ def diff_reports(a: ReportLike, b: ReportLike, labels: tuple[str, str] = ("A", "
     layers.sort(key=lambda r: -abs(r.delta_s))  # stable: ties stay by name
     classes.sort(key=lambda r: -abs(r.delta_s))
     if timed and not any(x.verdict in ("better", "worse", "noise") for x in layers):
-        notes.append("the layers' noise was not measured (each report profiled one step on an idle machine): "
-                     "their changes are not judged")
+        notes.append("the layers' noise was not measured (a report of one profiled step, with no busy-machine "
+                     "floor): their changes are not judged")
     return StepDiff(tuple(labels), basis, same_work, tuple(notes), tuple(head), tuple(layers), tuple(classes))
