@@ -173,11 +173,10 @@ def step_diff(a: dict[str, Any] | StepReport, b: dict[str, Any] | StepReport, la
               top: int = DIFF_TOP) -> dict[str, Any]:
     """The page's diff of two steps (before, after): ``analysis.diff.diff_reports(...).to_dict(top)``, or
     ``{"error"}`` when a report cannot be read."""
-    try:
-        ra = a if isinstance(a, StepReport) else StepReport.from_dict(a)
-        rb = b if isinstance(b, StepReport) else StepReport.from_dict(b)
-    except StepFileError as e:
-        return {"error": str(e)}
+    ra = a if isinstance(a, StepReport) else _report_or_none(a)
+    rb = b if isinstance(b, StepReport) else _report_or_none(b)
+    if ra is None or rb is None:
+        return {"error": "a step's report cannot be read: " + ("the first" if ra is None else "the second")}
     return diff_reports(ra, rb, labels).to_dict(top=top)
 
 
@@ -319,8 +318,10 @@ def standalone_data(reports: list[tuple[str, dict[str, Any] | StepReport]], *,
 
 
 def _report_or_none(d: dict[str, Any]) -> StepReport | None:
+    """The StepReport of a report dict, read without its op list: what the page section and the diff read (the
+    ops are most of a large report's parsing time: 14,005 ops, 1.9 s of a 4.2 s page); None when it does not read."""
     try:
-        return StepReport.from_dict(d)
+        return StepReport.from_dict({**d, "ops": []})
     except StepFileError:
         return None
 
