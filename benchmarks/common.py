@@ -16,7 +16,12 @@ RESULTS = Path(__file__).parent / "results"
 
 
 class BareMode(TorchDispatchMode):
-    """A pass-through dispatch mode: the floor of any dispatch-mode capture."""
+    """A pass-through dispatch mode: the floor of any dispatch-mode capture (without torch's Dynamo-disable shim
+    around ``__torch_dispatch__``, as tscope's own mode)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))

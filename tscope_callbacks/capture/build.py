@@ -102,30 +102,37 @@ def build_result(p: Profile, st: CaptureState, wall: float | None, timeline: Tim
     Op = OpRecord
     seen: dict[int, tuple[str, str]] = {}  # id(op) -> names: every op is alive in the pending list
     sums: dict[tuple[str, str], list] = {}  # (layer, phase) -> [seconds, flops, bytes]: build_layers' first pass
+    key = acc = None  # the running (layer, phase) sum: ops of one layer and phase come in runs
     for i, (func, c, layer, phase, dt) in enumerate(st.pending):  # positional: the field order of OpRecord
         names = seen.get(id(func))
         if names is None:
             names = seen[id(func)] = _NAMES.get(func) or _names(func)
-        f = fused.get(i)
-        t = times[i] if times is not None else dt
-        acc = sums.get((layer, phase)) or sums.setdefault((layer, phase), [0.0, 0, 0])
-        acc[0] += t or 0.0
+        f = fused.get(i) if fused else None
+        t = dt if times is None else times[i]
+        if key is None or key[0] != layer or key[1] != phase:
+            key = (layer, phase)
+            acc = sums.get(key)
+            if acc is None:
+                acc = sums[key] = [0.0, 0, 0]
+        if t:
+            acc[0] += t
         acc[1] += c.flops
         acc[2] += c.bytes_read + c.bytes_written
         add(Op(names[0], layer, phase, c.flops, c.bytes_read, c.bytes_written, c.dtype,
                c.input_shapes if shapes else [], t, c.counted, c.category,
-               names[1], c.output_shapes if shapes else [], i, tcs[i] if tcs is not None else None,
+               names[1], c.output_shapes if shapes else [], i, None if tcs is None else tcs[i],
                c.flops_model, c.flops_dense, list(f) if f else [], comm.get(i) if comm else None,
-               starts[i] if starts is not None else cpu_starts.get(i), c.leading_dims))
+               cpu_starts.get(i) if starts is None else starts[i], c.leading_dims))
     if st.details is not None:
         st.details.finish()
     layers = build_layers(p.model, ops, st.details, st.collapse, st.calls, tree=st.tree, sums=sums)
     labels, user = split_meta(p.labels)  # the caller's labels: typed ones (step, a measured basis...) win
     info = CaptureInfo().with_values({**base_meta(p, st), **step_time(ops, wall, timeline, p.timing), **labels})
+    tree = st.tree
     cats = memory_categories(p.model, ops, layers,
-                             params=[prm for _, prm in st.tree.parameters] if st.tree is not None else None,
+                             params=[prm for _, prm in tree.parameters] if tree is not None else None,
                              tracker=st.memory, optimizers=list(st.optimizers.values()),
-                             grads_at_start=st.grads_at_start)
+                             grads_at_start=st.grads_at_start, buffers=tree.buffers() if tree is not None else None)
     st.optimizers.clear()
     device: dict[str, Any] = {}
     if cats is not None:

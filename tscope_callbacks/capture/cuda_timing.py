@@ -48,13 +48,26 @@ _SIMT = re.compile(r"ffma|dfma|hfma2?_|simt|(?<![a-z])sgemm|(?<![a-z])dgemm|gemv
 _HELPER = re.compile(r"convert_dq|dot_do_o")
 
 
+_TC_SEEN: dict[str, bool] = {}  #: kernel name -> is_tensor_core_kernel (a step runs a few dozen distinct kernels)
+
+
 def is_tensor_core_kernel(name: str) -> bool:
-    """True when a CUDA/ROCm kernel name is one of the matrix-unit (tensor core / MFMA) families.
+    """True when a CUDA/ROCm kernel name is one of the matrix-unit (tensor core / MFMA) families (remembered per
+    name: the patterns scan names hundreds of characters long, and a step's thousand kernels have a few dozen).
 
     FP32 SIMT GEMMs (``..._ffma_...``, ``cutlass_80_simt_sgemm...``) are not, although their names share prefixes
     (``sm80_xmma_gemm``) with tensor-core ones; TF32, bf16/fp16/fp8 and FP64-tensor GEMMs (``nvjet_...``,
     ``..._tf32f32_...``, ``..._tensor16x8x16_...``), flash/cuDNN/fmha attention kernels are. Helper kernels of
     those libraries (flash's ``convert_dq``, cuDNN's ``dot_do_o``) are plain CUDA-core kernels."""
+    hit = _TC_SEEN.get(name)
+    if hit is None:
+        hit = _tensor_core_name(name)
+        if len(_TC_SEEN) < 4096:
+            _TC_SEEN[name] = hit
+    return hit
+
+
+def _tensor_core_name(name: str) -> bool:
     n = name.lower()
     if _HELPER.search(n):
         return False
@@ -151,8 +164,19 @@ def timed_call(st: CaptureState, fn: Any, args: tuple, kwargs: dict) -> tuple[An
     return fn(*args, **kwargs), None
 
 
+_METHODS: dict[tuple[type, str], Any] = {}  #: (event type, method name) -> the class's function, or None
+
+
 def _call(e: Any, name: str, default: Any = None) -> Any:
-    f = getattr(e, name, None)
+    """``e.name()``, or ``default`` where this torch's events lack the method (the class's function is looked up
+    once per event type: this runs several times for each of a step's thousands of events)."""
+    key = (type(e), name)
+    f = _METHODS.get(key, _call)
+    if f is _call:
+        f = _METHODS[key] = getattr(type(e), name, None)
+    if f is not None:
+        return f(e)
+    f = getattr(e, name, None)  # not on the class (an instance attribute, or none at all)
     return f() if callable(f) else default
 
 
@@ -195,7 +219,7 @@ def assign_kernels(events: Sequence[Any], n_ops: int) -> Timeline:
             elif _RUNTIME.match(name):
                 launches.append((_resource(e), int(e.start_ns()), e.correlation_id()))
         elif not name.startswith(RANGE_PREFIX) and not _call(e, "is_user_annotation", False):
-            device_events.append(e)
+            device_events.append((e, name))
     launched_in = _enclosing_ranges(spans, launches)
     times: list[float | None] = [None] * n_ops
     for idx in ranges.values():
@@ -203,17 +227,18 @@ def assign_kernels(events: Sequence[Any], n_ops: int) -> Timeline:
             times[idx] = 0.0
     tc: list[bool | None] = [None] * n_ops
     kernels = []
-    for e in device_events:
+    for e, name in device_events:
         link = e.linked_correlation_id()
-        idx = ranges.get(link) if link else launched_in.get(e.correlation_id())
+        corr = e.correlation_id()
+        idx = ranges.get(link) if link else launched_in.get(corr)
         if idx == -1:
             continue
         start, end = _interval(e)
-        kernels.append(KernelRecord(e.name(), start, end, _resource(e), int(_call(e, "device_index", 0) or 0), idx,
-                                    int(_call(e, "correlation_id", 0) or 0)))
+        kernels.append(KernelRecord(name, start, end, _resource(e), int(_call(e, "device_index", 0) or 0), idx,
+                                    int(corr or 0)))
         if idx is not None:
             times[idx] = (times[idx] or 0.0) + (end - start) * 1e-9
-            tc[idx] = bool(tc[idx]) or is_tensor_core_kernel(e.name())
+            tc[idx] = bool(tc[idx]) or is_tensor_core_kernel(name)
     return Timeline(times, tc, kernels)
 
 

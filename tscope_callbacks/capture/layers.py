@@ -30,6 +30,10 @@ _SHAPE_LIMIT = 8  #: gradient shapes kept per layer and kind
 
 def _tensors(x: Any) -> list[torch.Tensor]:
     """Tensors in a nested output (tuple/list/dict/ModelOutput), in order."""
+    if isinstance(x, torch.Tensor):  # the common cases, without the walk: a tensor, a tuple of one tensor
+        return [x]
+    if type(x) is tuple and len(x) == 1 and isinstance(x[0], torch.Tensor):
+        return [x[0]]
     out: list[torch.Tensor] = []
     stack = [x]
     while stack:
@@ -62,6 +66,8 @@ class LayerDetails:
         #: output, a gradient seen by two hooks) is reduced once and its result shared
         self._checked: dict[int, tuple[Any, torch.Tensor, torch.Tensor]] = {}
         self._handles: list[Any] = []
+        #: id(tensor) -> (weak ref, [(path, kind)]): the tensors whose gradient is watched, each with one hook
+        self._watched: dict[int, tuple[Any, list[tuple[str, str]]]] = {}
         self._live = True
 
     def _get(self, path: str) -> dict[str, Any]:
@@ -97,7 +103,7 @@ class LayerDetails:
             d["input_shapes"] = [list(t.shape) for t in ins]
         for t in ins:
             if t.requires_grad:
-                self._handles.append(t.register_hook(self._grad_hook(path, "grad_input")))
+                self._watch_grad(t, path, "grad_input")
         if self.memory is not None:
             self.memory.enter(path)
 
@@ -115,23 +121,36 @@ class LayerDetails:
             self._check(path, "nonfinite_output", outs)
         for t in outs:
             if t.requires_grad:
-                self._handles.append(t.register_hook(self._grad_hook(path, "grad_output")))
+                self._watch_grad(t, path, "grad_output")
 
-    def _grad_hook(self, path: str, kind: str) -> Callable[[torch.Tensor], None]:
+    def _watch_grad(self, t: torch.Tensor, path: str, kind: str) -> None:
+        """Note ``t``'s gradient under ``path`` as ``kind`` when backward computes it. One hook per tensor: a tensor
+        seen by several modules (a block's input is its first child's; a child's output is handed up) gets one
+        hook, which serves each (path, kind) in the order they were noted, as one hook each did."""
+        w = self._watched.get(id(t))
+        if w is not None and w[0]() is t:
+            w[1].append((path, kind))
+            return
+        targets = [(path, kind)]
+        self._watched[id(t)] = (weakref.ref(t), targets)
+        self._handles.append(t.register_hook(self._grad_hook(targets)))
+
+    def _grad_hook(self, targets: list[tuple[str, str]]) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:  # runs inside the user's backward: never raises
             if not self._live or grad is None:
                 return None
-            try:
-                d = self._get(path)
-                key = f"{kind}_shapes"
-                if d[key] is None:
-                    d[key] = []
-                if len(d[key]) < _SHAPE_LIMIT:
-                    d[key].append(list(grad.shape))
-                if self.check_finite:
-                    self._check(path, f"nonfinite_{kind}", [grad])
-            except Exception as e:
-                self.faults.report("the gradient hook of layer details", e)
+            for path, kind in targets:
+                try:
+                    d = self._get(path)
+                    key = f"{kind}_shapes"
+                    if d[key] is None:
+                        d[key] = []
+                    if len(d[key]) < _SHAPE_LIMIT:
+                        d[key].append(list(grad.shape))
+                    if self.check_finite:
+                        self._check(path, f"nonfinite_{kind}", [grad])
+                except Exception as e:
+                    self.faults.report("the gradient hook of layer details", e)
             return None
 
         return hook
@@ -153,6 +172,7 @@ class LayerDetails:
 
     def remove_hooks(self) -> None:
         self._live = False
+        self._watched.clear()
         for h in self._handles:
             try:
                 h.remove()

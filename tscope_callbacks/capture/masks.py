@@ -211,6 +211,8 @@ class EagerAttention:
     _FOLLOW = frozenset({"pointwise", "softmax", "memory", "view"})
     #: what may follow the softmax: dropout (fused, or as CPU's ``dropout`` decomposes it), casts, views
     _DROPOUT = frozenset({"native_dropout", "bernoulli_", "bernoulli", "div_", "div", "mul", "mul_"})
+    #: the pointwise ops ``_note_scale_or_conversion`` looks at (others pass it by without a call)
+    _NOTED = frozenset({"add", "where", "mul"})
 
     def __init__(self, masks: MaskCounts) -> None:
         self._masks = masks
@@ -250,7 +252,9 @@ class EagerAttention:
                             chain.scaled = hit[0] if chain.scaled is None else min(chain.scaled, hit[0])
                 self._add(out, chain)
             return
-        if isinstance(out, torch.Tensor):
+        if isinstance(out, torch.Tensor) and (
+                name in self._NOTED if category == "pointwise" else
+                (self._scaled or self._masks.biased) and category in ("memory", "view")):
             self._note_scale_or_conversion(i, name, category, args, out, range(lo, seq), mute)
         if not self._live or category not in self._FOLLOW or not isinstance(out, torch.Tensor):
             return

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from tscope_callbacks.capture.faults import Faults
+from tscope_callbacks.formulas.bytes import fresh_outputs
 
 __all__ = ["MemoryTracker", "allocator_reader"]
 
@@ -261,13 +262,26 @@ class MemoryTracker:
             key = st._cdata
             if key in self._storages:
                 return
-            n = self._size(st.nbytes())
+            n = st.nbytes()
+            if self._round and n:
+                n = -(-n // _BLOCK) * _BLOCK
             self._storages[key] = weakref.ref(st, self._freed(key, n))
             self.live += n
         except (RuntimeError, NotImplementedError, TypeError):  # sparse / opaque layouts: not tracked
             pass
 
     def op_done(self) -> None:
+        self.live_after.append(self.live)
+
+    def on_op(self, plan: Any, out: Any) -> None:
+        """One recorded op (``plan``: its ``formulas.bytes.OpPlan``): count its fresh outputs, then note the live
+        bytes after it (``add_outputs`` and ``op_done`` in one call, a single tensor result without a list)."""
+        if isinstance(out, torch.Tensor):
+            if plan.fresh_returns and plan.fresh_returns[0]:
+                self._add(out)
+        else:
+            for t in fresh_outputs(plan, out):
+                self._add(t)
         self.live_after.append(self.live)
 
     def reading(self) -> int:
@@ -344,13 +358,16 @@ class MemoryTracker:
         of descendants), with the tracked live bytes."""
         first: dict[str, int] = {}
         last: dict[str, int] = {}
+        up: dict[str, list[str]] = {}  # layer -> its wanted ancestors (itself included), once per layer
         for i, (layer, phase) in enumerate(layers_of_op):
             if phase != "backward":
                 continue
-            for a in ancestors(layer):
-                if a in wanted:
-                    first.setdefault(a, i)
-                    last[a] = i
+            anc = up.get(layer)
+            if anc is None:
+                anc = up[layer] = [a for a in ancestors(layer) if a in wanted]
+            for a in anc:
+                first.setdefault(a, i)
+                last[a] = i
         live = self.live_after
         out: dict[str, tuple[int, int]] = {}
         for path, i0 in first.items():

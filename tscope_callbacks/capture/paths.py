@@ -84,6 +84,21 @@ class ModelTree:
                 seen[key] = mod
         return list(seen.items())
 
+    def buffers(self) -> list[torch.Tensor]:
+        """The modules' buffers, each once (``model.buffers()`` without its generator walk; a module class that
+        overrides ``named_buffers`` gets torch's own)."""
+        seen: set[int] = set()
+        out = []
+        base = _Module.named_buffers
+        if any(type(m).named_buffers is not base for _, m in self.modules):
+            return list(self.modules[0][1].buffers()) if self.modules else []
+        for _, mod in self.modules:
+            for b in mod._buffers.values():
+                if b is not None and id(b) not in seen:
+                    seen.add(id(b))
+                    out.append(b)
+        return out
+
     def device(self) -> torch.device:
         """The device of the first parameter (CPU for a model without parameters)."""
         return self.parameters[0][1].device if self.parameters else torch.device("cpu")

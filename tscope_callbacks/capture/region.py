@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._C._autograd import _get_sequence_nr
+from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from tscope_callbacks.capture.attribute import optimizer_hooks
@@ -195,14 +196,16 @@ _current_node = torch._C._current_autograd_node
 _perf_ns = time.perf_counter_ns
 
 
-#: id(op) -> (op, skip): ops that are annotations, not work (``profiler::_record_function_*``): run, never recorded.
-#: Keyed by id (``OpOverload.__hash__`` is a Python method); a hit must be that very op
-_SKIP: dict[int, tuple[Any, bool]] = {}
+#: id(op) -> (op, skip, call): ``skip`` for ops that are annotations, not work (``profiler::_record_function_*``:
+#: run, never recorded); ``call`` runs the op (an ``OpOverload``'s C++ callable, one Python frame less per op). Keyed
+#: by id (``OpOverload.__hash__`` is a Python method); a hit must be that very op
+_OPS: dict[int, tuple[Any, bool, Any]] = {}
 
 
-def _skip(func: Any) -> bool:
-    hit = _SKIP[id(func)] = (func, getattr(func, "namespace", "") == "profiler")
-    return hit[1]
+def _op_entry(func: Any) -> tuple[Any, bool, Any]:
+    call = func._op if type(func) is OpOverload else func
+    hit = _OPS[id(func)] = (func, getattr(func, "namespace", "") == "profiler", call)
+    return hit
 
 
 class _Subclasses(dict):
@@ -247,16 +250,19 @@ class _Mode(TorchDispatchMode):
                 return NotImplemented
             if kind == "skip":  # fake tensors (e.g. DTensor's sharding propagation): no real work, not recorded
                 return func(*args, **(kwargs or {}))
-        kwargs = kwargs or {}
+        if kwargs is None:
+            kwargs = {}
         st = self.state
-        s = _SKIP.get(id(func))
-        if st.paused or (s[1] if s is not None and s[0] is func else _skip(func)):
+        e = _OPS.get(id(func))
+        if e is None or e[0] is not func:
+            e = _op_entry(func)
+        if st.paused or e[1]:
             return func(*args, **kwargs)
         seq = _get_sequence_nr()
         node = _current_node()
         if st.timeline is None and st.timed:  # timed_call's CPU branch, inlined: one call less per op
             t0 = st.op_t0 = _perf_ns()
-            out = func(*args, **kwargs)
+            out = e[2](*args, **kwargs)
             dt = (_perf_ns() - t0) * 1e-9
         else:
             out, dt = timed_call(st, func, args, kwargs)

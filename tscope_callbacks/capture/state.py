@@ -28,6 +28,9 @@ from tscope_callbacks.formulas.memo import CountCache, value_dependent
 __all__ = ["CaptureState", "fresh"]
 
 _current_node = torch._C._current_autograd_node
+_graph_task = torch._C._current_graph_task_id
+_grad_enabled = torch.is_grad_enabled
+_saved_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 _perf_ns = time.perf_counter_ns
 _TO_COPY = torch.ops.aten._to_copy.default
 
@@ -179,16 +182,50 @@ class CaptureState:
 
     # ---------------- the per-op record ----------------
     def record(self, func, args, kwargs, out, dt, seq: int, node) -> None:
-        phase, layer = attribute(self, args, seq, node)
+        # (phase, layer): ``attribute()``'s rules, its common cases inlined (this runs for every op)
+        stack = self.stack
+        override = self.phase_override
+        if override is not None:
+            phase, layer = override, stack[-1][0] if stack else ""
+        elif self.cstate is not None:
+            phase, layer = attribute(self, args, seq, node)
+        elif node is None:
+            if _graph_task() != -1:  # the backward engine's callbacks (FSDP's reduce-scatter)
+                phase, layer = "backward", stack[-1][0] if stack else ""
+            elif self.in_opt_step and not stack and not _grad_enabled():  # the update itself
+                phase, layer = "optimizer", ""
+            else:
+                phase = "forward"
+                layer = stack[-1][0] if stack else ""
+                hi = self.seq_hi
+                if hi < seq:  # the autograd nodes made since the last forward op are this op's
+                    lo = hi if hi >= 0 else seq - 1
+                    sl = self.seq_layer
+                    for s in range(lo, seq):
+                        sl.setdefault(s, layer)
+                    if self.memory is not None and _saved_hooks(False) is not None:
+                        self.hooked.update(range(lo, seq))
+                    self.seq_hi = seq
+                self.in_backward = False
+        elif self.in_backward and not (stack and stack[-1][1]):  # a backward op (not the pass's first)
+            phase = "backward"
+            layer = self.seq_layer.get(node._sequence_nr())
+            if layer is None:
+                var = getattr(node, "variable", None)  # AccumulateGrad
+                layer = self.param_owner.get(id(var), "") if var is not None else (stack[-1][0] if stack else "")
+        else:
+            phase, layer = attribute(self, args, seq, node)
         if self.collapsing:
             layer = self.collapse(layer)
-        i = len(self.pending)
+        pending = self.pending
+        i = len(pending)
         if self.timeline is not None and value_dependent(func):
             self.deferred[i] = (func, args, kwargs, out)
             c = None
+            cat = None
         else:
             c = self.counter.count(func, args, kwargs, out)
-        cat = c.category if c is not None else None
+            cat = c.category
         if phase == "forward":  # attention written as ops: its GEMMs' model FLOPs count the pairs the mask keeps
             self.masks.eager.forward(i, func, cat, args, out, seq, self.mute)
         elif node is not None:
@@ -201,13 +238,15 @@ class CaptureState:
                 self.comm[i] = info
         if dt is not None:
             self.starts[i] = (self.op_t0 - self.t0) * 1e-9
-        self.pending.append((func, c, layer, phase, dt))
+        pending.append((func, c, layer, phase, dt))
         mem = self.memory
         if mem is not None:
-            mem.add_outputs(fresh(func, out))
             if func is _TO_COPY and args and id(args[0]) in self.param_owner:  # a weight cast (autocast)
+                mem.add_outputs(fresh(func, out))
                 mem.on_cast(out)
-            mem.op_done()
+                mem.op_done()
+            else:
+                mem.on_op(op_plan(func), out)
 
     def layer_of_node(self, node: Any) -> str | None:
         try:

@@ -84,12 +84,16 @@ def _optimizer_state(optimizers: list[Any], tracker: Any, device_type: str | Non
 
 def memory_categories(model: torch.nn.Module, ops: list[Any], layers: dict[str, Any],
                       params: list[torch.Tensor] | None = None, *, tracker: Any = None,
-                      optimizers: list[Any] | None = None, grads_at_start: int = 0) -> dict[str, Any]:
+                      optimizers: list[Any] | None = None, grads_at_start: int = 0,
+                      buffers: list[torch.Tensor] | None = None) -> dict[str, Any]:
+    """The step's memory by category (the module doc); ``params`` / ``buffers``: the model's, each once, when the
+    caller has walked the model already."""
     params = list(model.parameters()) if params is None else params
+    buffers = list(model.buffers()) if buffers is None else buffers
     optimizers = optimizers or []
     out: dict[str, Any] = {
         "params": sum(_nbytes(p) for p in params),
-        "buffers": sum(_nbytes(b) for b in model.buffers()),
+        "buffers": sum(_nbytes(b) for b in buffers),
         "grads": grad_bytes(params),
     }
     device_type = local_tensor(params[0]).device.type if params else None

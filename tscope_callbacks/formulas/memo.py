@@ -114,9 +114,11 @@ class CountCache:
         if k is None or k[0] is not func:
             k = self._kind(func)
         keyer = k[1]
-        key = _UNCACHEABLE if keyer is None else keyer(func, args, kwargs, out)
-        if key is not _UNCACHEABLE:
-            hit = self.memo.get(key)
+        if keyer is None:
+            key = _UNCACHEABLE
+        else:
+            key = keyer(func, args, kwargs, out)
+            hit = self.memo.get(key)  # (_UNCACHEABLE is never stored)
             if hit is not None and hit[0] is func:
                 self.hits += 1
                 return hit[1]
@@ -128,6 +130,9 @@ class CountCache:
 
 
 _INTS = frozenset({int})
+#: int and bool lists: an op's argument at one position has one of the two types, so ``True`` equal to ``1`` in a
+#: key never merges two calls of different meaning
+_INT_BOOL = frozenset({int, bool})
 
 
 def _signature(func: Any, args: tuple, kwargs: dict | None, out: Any) -> Any:
@@ -205,7 +210,7 @@ def _input_key(func: Any, args: tuple, kwargs: dict | None, out: Any) -> Any:
             elif isinstance(a, float):
                 add(_ZERO if a == 0.0 else _NONZERO)
             elif isinstance(a, (list, tuple)):
-                if not _INTS.issuperset(map(type, a)):
+                if not _INT_BOOL.issuperset(map(type, a)):  # sizes, dims, output masks; tensor lists: full key
                     return _signature(func, args, kwargs, out)
                 add(tuple(a))
             elif isinstance(a, _HASHABLE):
