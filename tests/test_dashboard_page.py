@@ -97,6 +97,10 @@ def _open(d, url: str) -> None:
     """Load ``url`` and wait until the page has drawn its data (``body[data-ready=1]``)."""
     d.get(url)
     _wait(d, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "1")
+    # no JavaScript value printed as text (a null appended to the opportunities once read "null")
+    text = d.find_element("css selector", "body").text
+    bad = re.findall(r".{0,30}(?:\b(?:null|undefined|Infinity)\b|\bNaN\b(?! ?/ ?Inf)|\[object ).{0,30}", text)
+    assert not bad, bad
 
 
 @contextlib.contextmanager

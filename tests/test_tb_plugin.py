@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -208,6 +209,10 @@ def _open_tab(d, base: str) -> None:
     d.switch_to.frame(_wait(d, EC.presence_of_element_located((By.CSS_SELECTOR, "iframe#tscope-page")),
                             "the plugin's page frame"))
     _wait(d, lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1", "a step drawn")
+    # no JavaScript value printed as text ("null", "[object HTMLSpanElement]")
+    text = d.find_element(By.TAG_NAME, "body").text
+    bad = re.findall(r".{0,30}(?:\b(?:null|undefined|Infinity)\b|\bNaN\b(?! ?/ ?Inf)|\[object ).{0,30}", text)
+    assert not bad, bad
 
 
 @pytest.fixture(scope="module")

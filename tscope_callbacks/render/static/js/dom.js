@@ -16,7 +16,7 @@ function h(tag, attrs, ...kids) {
     else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
     else e.setAttribute(k, v);
   }
-  for (const c of kids.flat()) if (c != null && c !== false) e.append(c.nodeType ? c : String(c));
+  for (const c of kids.flat(Infinity)) if (c != null && c !== false) e.append(c.nodeType ? c : String(c));
   return e;
 }
 
@@ -24,7 +24,7 @@ const SVGNS = "http://www.w3.org/2000/svg";
 function s(tag, attrs, ...kids) {
   const e = document.createElementNS(SVGNS, tag);
   for (const k in attrs || {}) if (attrs[k] != null) e.setAttribute(k, attrs[k]);
-  for (const c of kids.flat()) if (c != null) e.append(c.nodeType ? c : String(c));
+  for (const c of kids.flat(Infinity)) if (c != null) e.append(c.nodeType ? c : String(c));
   return e;
 }
 

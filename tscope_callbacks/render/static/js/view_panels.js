@@ -34,9 +34,13 @@ function opps(r) {
     (H.step_ms && num(H.step_ms.value) ? "measured step (" + H.step_ms.basis + ")" : "expected step");
   const below = R.belowRoofView(r, 3);
   const belowLine = () => below ? h("div", {class: "muted below-roof", id: "below-roof"}, "below their roof, no known change: ",
-    below.items.map((x, i) => [i ? "; " : "", h("span", {class: "mono", title: x.title || null, text: x.text})]),
+    below.items.flatMap((x, i) => [i ? "; " : "", h("span", {class: "mono", title: x.title || null, text: x.text})]),
     below.more ? "; " + below.more + " more" : "") : null;
-  if (!ops.length) { el.append(h("div", {class: "empty", text: "no finding above the measured noise"}), belowLine()); return; }
+  if (!ops.length) {
+    el.append(h("div", {class: "empty", text: "no finding above the measured noise"}));
+    if (below) el.append(belowLine());
+    return;
+  }
   const ol = h("ol", {class: "opps"});
   for (const o of ops.slice(0, 5)) {
     const v = R.oppView(o);
