@@ -516,6 +516,8 @@ def _sections_logdir(root):
         w.add_scalar("tscope/gpu/energy_j_per_token", 0.02 + st / 1e4, st)
         w.add_scalar("tscope/gpu/power_w", 350.0 - st, st)
         w.add_scalar("tscope/gpu/sm_clock_mhz", 1980.0 - (300 if slow else 0), st)
+        for part, ms in (("fetch", 9.0 if slow else 0.5), ("forward", 6.0), ("backward", 12.0), ("other", 1.5)):
+            w.add_scalar(f"tscope/step/{part}_ms", ms, st)  # the parts of a step, adding up to it
     w.add_text("tscope/step/alerts", "steps 60-64 took 36 ms: data wait 0.5 -> 9 ms", 65)
     w.close()
     return rep
@@ -646,11 +648,14 @@ def test_sections_and_step_monitor_are_shown(driver, tmp_path):
         ["step/data_wait_ms", "step/host_ms", "step/device_busy_ms", "step/idle_ms"])
     for k in ("energy_per_token", "power", "sm_clock"):
         assert len(css(f"#charts [data-series={k}] svg circle")) == 10, k
+    parts = css("#charts [data-series=step_parts] path[data-line]")
+    assert [x.get_attribute("data-line") for x in parts] == [
+        "step/fetch_ms", "step/forward_ms", "step/backward_ms", "step/other_ms"]  # in the order a step runs
     # a mark on each chart whose steps span step 65: the monitor's four (10-100), not MFU, step time and samples/s
     # (their one point, step 5)
     marked = [m.find_element("xpath", "ancestor::div[@data-series]").get_attribute("data-series")
               for m in css("#charts line.alert-mark[data-step='65']")]
-    assert sorted(marked) == ["energy_per_token", "power", "sm_clock", "step_breakdown"]
+    assert sorted(marked) == ["energy_per_token", "power", "sm_clock", "step_breakdown", "step_parts"]
     alert = driver.find_element("css selector", "#alerts li.alert[data-step='65']").text
     assert "data wait 0.5 -> 9 ms" in alert
     # the finding: its change, how its saving was predicted, and the closed loop's measured ratio

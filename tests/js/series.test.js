@@ -35,3 +35,22 @@ test("a chart of no point, of one step, or over the run", () => {
   assert.deepEqual(SE.alertsOf({alerts: [[5, "spike"]]}), [[5, "spike"]]);
   assert.deepEqual(SE.alertsOf({}), []);
 });
+
+test("the step monitor's parts of a step: one line each, in the order a step runs", () => {
+  const pts = (v) => [[10, v], [20, v + 1]];
+  const c = SE.chartSpecs({"step/other_ms": pts(1), "step/fetch_ms": pts(2), "step/forward_ms": pts(20), "step/backward_ms": pts(40)})
+    .find((x) => x.id === "step_parts");
+  assert.deepEqual(c.lines.map((l) => l.name), ["fetch", "forward", "backward", "other"]);
+  assert.equal(c.lines[1].key, "step/forward_ms");
+});
+
+test("per-rank charts: a line per rank (in rank order), and the late rank named at each point", () => {
+  const ranks = {step_ms: {"10": [[5, 60]], "2": [[5, 50]], "0": [[5, 40]]}, sync_ms: {"0": [[5, 9]]},
+    late_rank: [[5, 10]], late_cost_ms: [[5, 12]]};
+  const c = SE.rankSpecs(ranks);
+  assert.deepEqual(c.map((x) => x.id), ["rank_step_ms", "rank_sync_ms", "late_rank"]);
+  assert.deepEqual(c[0].lines.map((l) => l.name), ["rank 0", "rank 2", "rank 10"]);
+  assert.deepEqual(c[2].lines[0].names, ["rank 10 late"]);
+  assert.deepEqual(SE.rankSpecs(undefined), []);
+  assert.equal(SE.chartSpecs({ranks}).filter((x) => x.id.startsWith("rank")).length, 2);
+});

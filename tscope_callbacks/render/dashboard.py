@@ -49,8 +49,9 @@ Selectors (for browser tests):
   (``#fsdp-memory [data-key]``, ``#fsdp-time``, ``#fsdp-comm``); the what-if device ``#whatif-banner``; panels of
   absent sections are hidden
 - over-time charts ``#charts [data-series=mfu|step_ms|tokens_per_s]``, and, when the run has the step monitor's
-  series, ``[data-series=step_breakdown]`` (``path[data-line="step/<key>"]``), ``energy_per_token``, ``power``,
-  ``sm_clock``; anomaly alerts: ``line.alert-mark[data-step]`` in each chart spanning the step, and ``#alerts
+  series, ``[data-series=step_parts]`` (the parts of a step: ``path[data-line="step/<part>_ms"]``),
+  ``[data-series=step_breakdown]`` (``path[data-line="step/<key>"]``), ``energy_per_token``, ``power``,
+  ``sm_clock``, and per rank ``rank_step_ms``, ``rank_sync_ms`` (``path[data-line="rank/<r>"]``), ``late_rank``; anomaly alerts: ``line.alert-mark[data-step]`` in each chart spanning the step, and ``#alerts
   li.alert[data-step]``
 - TensorBoard mode polls ``runs`` every 10 s while ``document.visibilityState`` is visible (and when the page becomes
   visible): new steps join the selectors, the selected run, step and diff stay (``window.tscopeDashboard.poll()``:

@@ -14,6 +14,13 @@ const FORMATS = {
 
 const BREAKDOWN = [["step/data_wait_ms", "data wait", "#188038"], ["step/host_ms", "host", "#1a73e8"],
   ["step/device_busy_ms", "device busy", "#e8710a"], ["step/idle_ms", "idle", "#80868b"]];
+/* the step monitor's parts of a step (means per step over a logging interval; they add up to its step time) */
+const PARTS = [["step/fetch_ms", "fetch", "#188038"], ["step/transfer_ms", "transfer", "#12b5cb"],
+  ["step/forward_ms", "forward", "#1a73e8"], ["step/backward_ms", "backward", "#e8710a"],
+  ["step/optimizer_ms", "optimizer", "#9334e6"], ["step/sync_ms", "sync", "#d93025"], ["step/hooks_ms", "hooks", "#f9ab00"],
+  ["step/logging_ms", "logging", "#d01884"], ["step/checkpoint_ms", "checkpoint", "#5f6368"],
+  ["step/tscope_ms", "tscope", "#3c4043"], ["step/other_ms", "other", "#80868b"]];
+const RANK_COLORS = ["#1a73e8", "#e8710a", "#188038", "#9334e6", "#d01884", "#12b5cb", "#f9ab00", "#80868b"];
 const GPU = [["gpu/energy_j_per_token", "energy per token", "joule", "energy_per_token"],
   ["gpu/power_w", "power", "watt", "power"], ["gpu/sm_clock_mhz", "SM clock", "clock", "sm_clock"]];
 
@@ -29,6 +36,10 @@ function chartSpecs(ser) {
   const thr = !has("tokens_per_s") && has("samples_per_s") ? ["samples_per_s", "samples/s"] : ["tokens_per_s", "tokens/s"];
   const out = [["mfu", "MFU", "pct"], ["step_ms", "step time", "ms"], [thr[0], thr[1], "count"]]
     .map(([k, label, fmt]) => ({id: k, label, fmt, lines: [{pts: ser[k] || []}]}));
+  const split = PARTS.filter(([k]) => has(k)).map(([k, name, color]) => ({name, color, pts: ser[k], key: k}));
+  if (split.length) {
+    out.push({id: "step_parts", label: "where each step goes (mean per step, per log interval; the parts add up to the step)", fmt: "ms", lines: split});
+  }
   let parts = BREAKDOWN.filter(([k]) => has(k)).map(([k, name, color]) => ({name, color, pts: ser[k], key: k}));
   for (const [dup, of, also] of [["step/device_busy_ms", "step/host_ms", "device busy"], ["step/idle_ms", "step/data_wait_ms", "idle"]]) {
     const d = parts.find((p) => p.key === dup), o = parts.find((p) => p.key === of);
@@ -36,6 +47,27 @@ function chartSpecs(ser) {
   }
   if (parts.length) out.push({id: "step_breakdown", label: "step breakdown (median per log interval)", fmt: "ms", lines: parts});
   for (const [k, label, fmt, id] of GPU) if (has(k)) out.push({id, label, fmt, lines: [{pts: ser[k]}]});
+  out.push(...rankSpecs(ser.ranks));
+  return out;
+}
+
+/** per-rank charts (the step monitor under DDP/FSDP: series "ranks"): each rank's step time and sync wait, one line
+    per rank, and the late rank's cost at each logging step */
+function rankSpecs(ranks) {
+  if (!ranks || typeof ranks !== "object") return [];
+  const out = [];
+  const byRank = (obj) => Object.keys(obj || {}).sort((a, b) => +a - +b)
+    .map((r, i) => ({name: "rank " + r, color: RANK_COLORS[i % RANK_COLORS.length], pts: obj[r] || [], key: "rank/" + r}));
+  for (const [k, id, label] of [["step_ms", "rank_step_ms", "step time per rank"], ["sync_ms", "rank_sync_ms", "sync wait per rank"]]) {
+    const lines = byRank(ranks[k]).filter((l) => l.pts.length);
+    if (lines.length) out.push({id, label, fmt: "ms", lines});
+  }
+  const late = (ranks.late_cost_ms || []).length ? ranks.late_cost_ms : null;
+  if (late) {
+    const who = new Map((ranks.late_rank || []).map((p) => [p[0], p[1]]));
+    out.push({id: "late_rank", label: "the late rank's cost per step", fmt: "ms",
+      lines: [{pts: late, names: late.map((p) => who.has(p[0]) ? "rank " + who.get(p[0]) + " late" : "")}]});
+  }
   return out;
 }
 
@@ -49,4 +81,4 @@ function chartState(spec) {
 /** the anomaly alerts of the series, as [step, text] */
 const alertsOf = (ser) => Array.isArray((ser || {}).alerts) ? ser.alerts : [];
 
-module.exports = {chartSpecs, chartState, alertsOf, FORMATS};
+module.exports = {chartSpecs, chartState, alertsOf, rankSpecs, FORMATS};

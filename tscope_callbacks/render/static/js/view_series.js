@@ -59,11 +59,12 @@ function lineChart(spec, alerts) {
   for (const l of spec.lines) {
     const col = l.color || "#1a73e8";
     svg.append(s("path", {d: l.pts.map((p, i) => (i ? "L" : "M") + X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1)).join(""), fill: "none", stroke: col, "stroke-width": 1.5, "data-line": l.key || null}));
-    for (const p of l.pts) {
+    l.pts.forEach((p, i) => {
       const c = s("circle", {cx: X(p[0]), cy: Y(p[1]), r: 2.5, fill: col});
-      c.append(s("title", {}, (l.name ? l.name + ", " : "") + "step " + p[0] + ": " + fmt(p[1])));
+      const note = l.names && l.names[i] ? " (" + l.names[i] + ")" : "";
+      c.append(s("title", {}, (l.name ? l.name + ", " : "") + "step " + p[0] + ": " + fmt(p[1]) + note));
       svg.append(c);
-    }
+    });
   }
   box.append(svg);
   if (spec.lines.length > 1) box.append(h("div", {class: "legend"}, spec.lines.map((l) => h("span", {}, h("i", {style: "background:" + l.color}), l.name))));
