@@ -25,11 +25,16 @@ demo: $(STAMP)
 
 # `make test`: the suite without the tests marked slow (a few minutes on 2 cores); `make test-all`: every test
 # (the multi-process DDP/FSDP fits, inductor, packaging, the GPU scripts' CPU smoke), before each release
+# (PYTEST_WORKERS processes, each test file in one of them; PYTEST_WORKERS=0: one process)
+PYTEST_WORKERS ?= 2
+PYTEST_RUN = $(PY) -m pytest -q -p no:cacheprovider \
+	$(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
+	$(PYTEST_RUN) -m "not slow" $(PYTEST_ARGS)
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PYTEST_RUN) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tscope_callbacks tests benchmarks scripts docs_theme

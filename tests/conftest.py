@@ -11,7 +11,10 @@ read ``wandb`` as a first-party package. Tests reach the repository by absolute 
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -21,6 +24,27 @@ from tests.scripted_host import ScriptedHost
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+# the roofs tscope measures and caches (the CPU roof of gpu="auto") go to this test process's own directory, not the
+# user's ~/.cache/tscope: a run never reads what another run (or a user's session) measured
+if "TSCOPE_CACHE_DIR" not in os.environ:
+    os.environ["TSCOPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="tscope_test_cache_")
+    atexit.register(shutil.rmtree, os.environ["TSCOPE_CACHE_DIR"], True)
+
+
+#: the test files that take longest (multi-process fits, subprocesses, servers), run first: `make test` runs
+#: `-n 2 --dist loadfile --no-loadscope-reorder`, each file in one worker, so a long file left for the end would keep
+#: one worker busy while the other idles (xdist's own order puts files with few tests, these, last). Measured on the
+#: 2-core VM; a stale list only costs balance, never a result.
+HEAVY_FIRST = ["test_fsdp_tp.py", "test_robustness_results.py", "test_robustness_ddp.py", "test_docs.py",
+               "test_nan_guard_ddp.py", "test_callbacks_ddp.py", "test_error_messages.py", "test_fsdp_whatif.py",
+               "test_robustness_models.py", "test_tensorboard_server.py", "test_tb_plugin.py", "test_docs_site.py",
+               "test_dashboard_page.py", "test_grad_history.py", "test_cli.py", "test_compiled_capture.py",
+               "test_compile_graphs.py"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests keep their order
 
 
 @pytest.fixture(autouse=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,13 @@ ROOT = TESTS.parent
 skip_ddp = pytest.mark.skipif(os.environ.get("TSCOPE_SKIP_DDP") == "1", reason="TSCOPE_SKIP_DDP=1")
 
 
+def _free_port() -> int:
+    """A localhost port nothing listens on now (another test run, or another xdist worker, picks another)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_ddp(tmp_path: Path, script: str, *, name: str = "ddp_run.py", timeout: int = 150,
             ranks: int = 2) -> list[dict]:
     """Run ``script`` (gets the output directory as ``sys.argv[1]``; ``tests/`` and the repo root are importable)
@@ -29,8 +37,7 @@ def run_ddp(tmp_path: Path, script: str, *, name: str = "ddp_run.py", timeout: i
     path = tmp_path / name
     path.write_text(textwrap.dedent(script))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "PL_DISABLE_FORK": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(29500 + os.getpid() % 1000)}
+           "OMP_NUM_THREADS": "1", "PL_DISABLE_FORK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     env.pop("LOCAL_RANK", None)
     try:
         proc = subprocess.run([sys.executable, str(path), str(tmp_path)], env=env, cwd=tmp_path,

@@ -24,10 +24,19 @@ RAW = """
     import json, os, sys
     import torch, torch.distributed as dist, torch.multiprocessing as mp
 
-    def run(rank, out):
+    def run(rank, out, modes):
         dist.init_process_group("gloo", rank=rank, world_size=2)
-        torch.manual_seed(0)
         torch.set_num_threads(1)
+        x = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(rank))
+        def step(m):
+            m(x).sum().backward()
+
+        results = {{mode: one(mode, step, rank) for mode in modes}}
+        with open(os.path.join(out, f"rank{{rank}}.json"), "w") as f:
+            json.dump(results, f)
+        dist.destroy_process_group()
+
+    def one(mode, step, rank):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -35,17 +44,13 @@ RAW = """
         from models import TINY_CFG
         from tscope_callbacks.demo.model import TinyGPT
 
-        x = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(rank))
-        def step(m):
-            m(x).sum().backward()
-
+        torch.manual_seed(0)
         plain = TinyGPT(TINY_CFG)
         with ts.profile(plain) as p0:
             step(plain)
         res = {{"plain_flops": p0.result.total_flops,
                 "plain_mm": {{r.layer: r.flops for r in p0.ops if r.category == "matmul" and r.phase == "forward"}}}}
         m = TinyGPT(TINY_CFG)
-        mode = "{mode}"
         if mode in ("tp", "fsdp_tp"):
             mesh = init_device_mesh("cpu", (1, 2) if mode == "fsdp_tp" else (2,),
                                     mesh_dim_names=("dp", "tp") if mode == "fsdp_tp" else ("tp",))
@@ -70,21 +75,24 @@ RAW = """
                    cats=prof.meta.get("memory_categories"), md=rep.to_markdown(),
                    link=rep.op_roofs[[r.comm is not None for r in prof.ops].index(True)].link_bytes
                    if any(r.comm for r in prof.ops) else None)
-        with open(os.path.join(out, f"rank{{rank}}.json"), "w") as f:
-            json.dump(res, f)
-        dist.destroy_process_group()
+        return res
 
     if __name__ == "__main__":
-        mp.spawn(run, args=(sys.argv[1],), nprocs=2)
+        mp.spawn(run, args=(sys.argv[1], {modes!r}), nprocs=2)
 """
 
 
-def _run(tmp_path: Path, mode: str) -> list[dict]:
-    return run_ddp(tmp_path, RAW.format(mode=mode), name=f"{mode}.py", timeout=180)
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+    """FSDP2, TP and FSDP2+TP, one after the other in the same two rank processes (one launch: each costs two
+    interpreters importing torch): mode -> each rank's results."""
+    modes = ["fsdp", "tp", "fsdp_tp"]
+    ranks = run_ddp(tmp_path_factory.mktemp("raw"), RAW.format(modes=modes), name="raw.py", timeout=300)
+    return {mode: [r[mode] for r in ranks] for mode in modes}
 
 
-def test_fsdp2_collectives_exact_and_flops_from_local_compute(tmp_path: Path):
-    for res in _run(tmp_path, "fsdp"):
+def test_fsdp2_collectives_exact_and_flops_from_local_compute(raw: dict[str, list[dict]]):
+    for res in raw["fsdp"]:
         gathers = [c for c in res["comm"] if c["collective"] == "all_gather"]
         scatters = [c for c in res["comm"] if c["collective"] == "reduce_scatter"]
         # forward: root, block 0, block 1; backward: blocks 1 and 0 re-gathered (resharded after forward)
@@ -104,8 +112,8 @@ def test_fsdp2_collectives_exact_and_flops_from_local_compute(tmp_path: Path):
         assert "### Communication" in res["md"] and "all_gather | 0 (2)" in res["md"]
 
 
-def test_tensor_parallel_counts_local_shards(tmp_path: Path):
-    for res in _run(tmp_path, "tp"):
+def test_tensor_parallel_counts_local_shards(raw: dict[str, list[dict]]):
+    for res in raw["tp"]:
         # colwise fc: this rank's weight is 64x32 of 128x32 -> 2 x 64 tokens x 32 x 64 = 262,144 FLOPs (half)
         for b in ("blocks.0", "blocks.1"):
             assert res["mm"][f"{b}.mlp.fc"] == res["plain_mm"][f"{b}.mlp.fc"] // 2 == 2 * 64 * 32 * 64
@@ -117,8 +125,8 @@ def test_tensor_parallel_counts_local_shards(tmp_path: Path):
         assert res["flops"] < res["plain_flops"]
 
 
-def test_fsdp2_with_tensor_parallel(tmp_path: Path):
-    for res in _run(tmp_path, "fsdp_tp"):
+def test_fsdp2_with_tensor_parallel(raw: dict[str, list[dict]]):
+    for res in raw["fsdp_tp"]:
         kinds = {c["collective"] for c in res["comm"]}
         assert "all_reduce" in kinds  # TP's rowwise output
         assert res["mm"]["blocks.0.mlp.fc"] == res["plain_mm"]["blocks.0.mlp.fc"] // 2  # local TP shard

@@ -42,7 +42,10 @@ SCRIPT = """
 """
 
 
-@pytest.mark.parametrize(("optimizer", "sync", "stop_after"), [("sgd", "None", 4), ("adamw-fused", "False", 5)])
+# the immediate check (sgd) is slow here: tests/test_robustness_ddp.py stops both ranks on rank 1's NaN with it, in
+# `make test`; the deferred one (fused AdamW, no host sync) only runs under DDP here
+@pytest.mark.parametrize(("optimizer", "sync", "stop_after"), [pytest.param("sgd", "None", 4, marks=pytest.mark.slow),
+                                                               ("adamw-fused", "False", 5)])
 def test_ddp_nan_on_rank1_only(tmp_path: Path, optimizer: str, sync: str, stop_after: int):
     results = run_ddp(tmp_path, SCRIPT.format(optimizer=optimizer, sync=sync), name="ddp_nan.py", timeout=120)
     for res in results:

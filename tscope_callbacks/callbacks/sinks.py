@@ -421,7 +421,8 @@ class SinkGroup(Sink):
 
     def _files_lost(self, directory: Path, name: str | None, e: Exception, step_file: bool = False) -> None:
         """A file in ``directory`` could not be written: the first time, one warning naming the file, the directory,
-        what is lost and what to do; after it, each lost step file (``step_file``) by name."""
+        what is lost and what to do; after it, each lost step file (``step_file``) by name at INFO (one warning per
+        run, not one per profile)."""
         if self.raise_errors:
             raise e
         why = f"{type(e).__name__}: {getattr(e, 'strerror', None) or e}"
@@ -434,7 +435,7 @@ class SinkGroup(Sink):
                         "save_dir); training continues", name or "files", directory, why, directory)
         elif step_file and name is not None and name not in self._lost:
             self._lost.add(name)
-            log.warning("tscope: step file %s lost: cannot write in %s (%s)", name, directory, why)
+            log.info("tscope: step file %s lost: cannot write in %s (%s)", name, directory, why)
 
     def _each(self, method: str, *args: Any) -> None:
         for s in self.sinks:
