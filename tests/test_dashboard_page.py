@@ -3,37 +3,24 @@ test fit (TinyLM, three profiled steps): the cards show the report's numbers, th
 and phase, hovering shows the tooltip, a click lists the layer's ops, the tree expands, the diff shows a change, a
 corrupt step file is listed as unreadable while the rest is shown. One browser session for the module.
 
-Skipped, with the reason, only when selenium, ``/usr/bin/chromium`` or ``/usr/bin/chromedriver`` is missing
-(Debian: ``apt-get install -y chromium chromium-driver``; ``pip install selenium``)."""
+Skipped, with the reason, only when selenium, ``chromium`` or ``chromedriver`` is missing (Debian: ``apt-get install
+-y chromium chromium-driver``; ``pip install selenium``), and then a failure under ``TSCOPE_REQUIRE_BROWSER=1`` (CI):
+tests/browser.py."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
 import warnings
 
 import pytest
 
+from tests.browser import chromium
 from tscope_callbacks.analysis.fmt import figure_text, sig
 from tscope_callbacks.dashboard import logdir as ld
 from tscope_callbacks.dashboard.page import page_html, report_html, run_html, standalone_data
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-
-
-def _browser_missing() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install selenium, in the dev extra)"
-    for path, pkg in ((CHROMIUM, "chromium"), (DRIVER, "chromium-driver")):
-        if not os.path.exists(path):
-            return f"{path} is missing (apt-get install -y {pkg})"
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -69,22 +56,9 @@ def page_file(fit_logdir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def driver(page_file):
-    why = _browser_missing()
-    if why:
-        pytest.skip(f"browser tests need headless Chromium: {why}")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    opts = Options()
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1440,1800"):
-        opts.add_argument(a)
-    opts.binary_location = CHROMIUM
-    d = webdriver.Chrome(service=Service(DRIVER), options=opts)
-    d.set_page_load_timeout(60)
-    _open(d, page_file.as_uri())
-    yield d
-    d.quit()
+    with chromium(1440, 1800) as d:  # skips without a browser; fails under TSCOPE_REQUIRE_BROWSER=1 (CI)
+        _open(d, page_file.as_uri())
+        yield d
 
 
 def _wait(d, cond, timeout: float = 20):
