@@ -786,7 +786,7 @@ def test_environment_warnings_are_a_banner(driver, widened_page):
              for li in driver.find_elements("css selector", "#env-banner li")}
     assert "1.5 busy cores" in items["oversubscribed"] and "torch.set_num_threads(1)" in items["oversubscribed"]
     assert "0.75 of each of the 2 CPUs" in items["busy"]
-    assert "bandwidth roof widened from 25 to 40 GB/s" in items["roof-note"]
+    assert "bandwidth roof widened from 25 GB/s to 40 GB/s" in items["roof-note"]
     # at the top of the page: above the cards
     top = driver.find_element("css selector", "#env-banner").location["y"]
     assert top < driver.find_element("css selector", "#cards").location["y"]

@@ -85,7 +85,7 @@ def _widened_report():
 def test_widened_bandwidth_is_the_roof_drawn_and_the_device_one_dashed():
     rep = _widened_report()
     assert rep.summary.bandwidth == 25e9 and rep.roofs[0].bandwidth == 40e9  # 8e6 B / 2e-4 s
-    assert any("bandwidth roof widened from 25 to 40 GB/s" in n for n in rep.context.roof_notes)
+    assert any("bandwidth roof widened from 25 GB/s to 40 GB/s" in n for n in rep.context.roof_notes)
     fig = figure(rep)
     (ax,) = fig.axes
     slopes = []
@@ -103,7 +103,7 @@ def test_widened_bandwidth_is_the_roof_drawn_and_the_device_one_dashed():
     legend += [t.get_text() for a in ax.artists for t in getattr(a, "get_texts", lambda: [])()]
     assert "memory 40 GB/s" in legend and "measured 25 GB/s (not used: an op beat it)" in legend, legend
     notes = [t.get_text() for t in fig.texts]
-    assert any("widened from 25 to 40 GB/s" in t for t in notes)
+    assert any("widened from 25 GB/s to 40 GB/s" in t for t in notes)
     assert any("MBU uses the device's 25 GB/s" in t for t in notes), notes
 
 

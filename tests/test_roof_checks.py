@@ -24,7 +24,7 @@ def test_a_measured_roof_the_data_beats_is_widened():
     assert o.peak == pytest.approx(2 * 256 * 1024 * 512 / 0.113)  # the op's own rate: the roof is an upper bound
     assert o.attained == pytest.approx(1.0)
     (note,) = rep.meta["roof_notes"]
-    assert "bf16 matrix roof widened from 1.43 to 2.376 GFLOP/s" in note and "`lm_head`" in note
+    assert "bf16 matrix roof widened from 1.43 GFLOP/s to 2.38 GFLOP/s" in note and "`lm_head`" in note
     assert "**Roof note**" in rep.to_markdown()
     assert rep.mfu <= 1.0  # MFU against the widened roof
 

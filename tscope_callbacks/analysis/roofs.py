@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tscope_callbacks.analysis.comm import overlap
+from tscope_callbacks.analysis.fmt import bw_text, rate_text
 from tscope_callbacks.analysis.rows import OpRoof
 
 __all__ = ["widen", "beaten", "overlap_of"]
@@ -33,8 +34,8 @@ def widen(ops: list[OpRoof], spec: Any) -> list[str]:
         for x in ops:
             if (x.roof_precision, x.matrix) == (prec, matrix):
                 x.peak = rate
-        notes.append(f"{prec} {'matrix' if matrix else 'vector'} roof widened from {old / 1e9:.4g} to "
-                     f"{rate / 1e9:.4g} GFLOP/s: `{o.record.op}` in `{o.record.layer or '(root)'}` ran faster than "
+        notes.append(f"{prec} {'matrix' if matrix else 'vector'} roof widened from {rate_text(old)} to "
+                     f"{rate_text(rate)}: `{o.record.op}` in `{o.record.layer or '(root)'}` ran faster than "
                      "the calibration measured (re-run `tscope calibrate --no-cache` on an idle machine)")
     bw = max(((o.bytes / o.measured_s, o) for o in ops if o.measured_s and o.measured_s >= _WIDEN_MIN_S and o.bytes
               and o.record.category not in ("view", "comm")), key=lambda x: x[0], default=(0.0, None))
@@ -42,7 +43,7 @@ def widen(ops: list[OpRoof], spec: Any) -> list[str]:
         old = bw[1].bandwidth
         for x in ops:
             x.bandwidth = max(x.bandwidth, bw[0])
-        notes.append(f"bandwidth roof widened from {old / 1e9:.4g} to {bw[0] / 1e9:.4g} GB/s: `{bw[1].record.op}` "
+        notes.append(f"bandwidth roof widened from {bw_text(old)} to {bw_text(bw[0])}: `{bw[1].record.op}` "
                      "moved its bytes faster than the calibration's copy (data in cache)")
     return notes
 
