@@ -43,14 +43,15 @@ from tb_server import TensorBoardUnavailable, serve  # noqa: E402
 
 MANIFEST = "screenshots.json"
 #: the code each picture shows (globs under the repository): a change to any of these files makes it stale
-PAGE = ["tscope_callbacks/render/static/**/*", "tscope_callbacks/render/dashboard.py",
-        "tscope_callbacks/dashboard/page.py", "tscope_callbacks/dashboard/logdir.py"]
+PAGE = ["tscope_callbacks/render/static/**/*", "tscope_callbacks/render/dashboard.py", "tscope_callbacks/dashboard/**/*",
+        "tscope_callbacks/analysis/fmt.py"]
 SOURCES: dict[str, list[str]] = {
     "roofline_example.png": ["tscope_callbacks/render/plot.py"],
     "tensorboard_scalars.png": ["tscope_callbacks/callbacks/roofline_io.py", "tscope_callbacks/callbacks/sinks.py"],
-    "tensorboard_text.png": ["tscope_callbacks/render/markdown.py", "tscope_callbacks/callbacks/roofline_io.py"],
+    "tensorboard_text.png": ["tscope_callbacks/render/markdown.py", "tscope_callbacks/callbacks/roofline_io.py",
+                             "tscope_callbacks/analysis/fmt.py"],
     "tensorboard_images.png": ["tscope_callbacks/render/plot.py", "tscope_callbacks/callbacks/sinks.py"],
-    "tensorboard_tscope_tab.png": [*PAGE, "tscope_callbacks/dashboard/plugin.py", "tscope_callbacks/dashboard/static/**/*"],
+    "tensorboard_tscope_tab.png": PAGE,
     "dashboard_overview.png": PAGE,
     "dashboard_tree.png": PAGE,
     "dashboard_diff.png": PAGE,
@@ -79,15 +80,31 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def write_manifest(out: Path, names: list[str]) -> None:
+def made_on() -> dict[str, Any]:
+    """What the pictures' captions state: the date, the machine, the versions."""
+    import platform
+
+    import tensorboard
+    import torch
+
+    exe = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    try:
+        chromium_version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        chromium_version = "unknown"
+    return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "cpus": os.cpu_count(), "machine": platform.machine(),
+            "torch": torch.__version__, "tensorboard": tensorboard.__version__, "chromium": chromium_version}
+
+
+def write_manifest(out: Path, names: list[str], shown: dict[str, str]) -> None:
     path = out / MANIFEST
     old = json.loads(path.read_text()) if path.exists() else {}
     shots = old.get("screenshots", {})
     for name in names:
         shots[name] = {"sources": SOURCES[name], "sources_sha256": sources_digest(SOURCES[name]),
-                       "png_sha256": file_digest(out / name)}
+                       "png_sha256": file_digest(out / name), **({"shows": shown[name]} if name in shown else {})}
     data = {"made_by": "make screenshots (scripts/screenshots.py)", "demo": "tscope demo " + " ".join(DEMO),
-            "screenshots": dict(sorted(shots.items()))}
+            "made_on": made_on(), "screenshots": dict(sorted(shots.items()))}
     path.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {path}")
 
@@ -158,6 +175,7 @@ def roofline_plot(logdir: Path, out: Path) -> list[str]:
         raise SystemExit(f"no tscope/step_*.json under {logdir}")
     prof, dev = load_profile_file(str(files[-1]))
     roofline(prof, dev).plot(out / "roofline_example.png")
+    SHOWN["roofline_example.png"] = files[-1].stem
     print(f"wrote {out / 'roofline_example.png'} (from {files[-1]})")
     return ["roofline_example.png"]
 
@@ -200,6 +218,7 @@ def tensorboard(logdir: Path, out: Path, only: set[str]) -> list[str]:
                     d.switch_to.frame(_wait(d, EC.presence_of_element_located((By.CSS_SELECTOR, "iframe#tscope-page"))))
                     _wait(d, _ready)
                     _pick_diff(d)
+                    SHOWN["tensorboard_tscope_tab.png"] = _selected(d)
                     d.switch_to.default_content()
                     time.sleep(0.5)
                     d.save_screenshot(str(out / "tensorboard_tscope_tab.png"))
@@ -208,6 +227,18 @@ def tensorboard(logdir: Path, out: Path, only: set[str]) -> list[str]:
     except TensorBoardUnavailable as e:
         raise SystemExit(f"screenshots: {e}") from None
     return done
+
+
+def _selected(d: Any) -> str:
+    """The step the page shows, and the one it is diffed with (the selects' texts)."""
+    return d.execute_script("""
+        const t = s => { const e = document.querySelector(s); return e && e.selectedIndex >= 0 && e.value
+                         ? e.options[e.selectedIndex].text : ''; };
+        const diff = t('#diff-select');
+        return t('#step-select') + (diff ? ' vs ' + diff : '');""")
+
+
+SHOWN: dict[str, str] = {}  #: picture -> the step it shows (for its caption)
 
 
 def dashboard(logdir: Path, out: Path, only: set[str], width: int = 1440) -> list[str]:
@@ -238,7 +269,8 @@ def dashboard(logdir: Path, out: Path, only: set[str], width: int = 1440) -> lis
             d.save_screenshot(str(png))
             im = Image.open(png)
             im.crop((0, 0, im.width, min(im.height, height))).save(png)
-            print(f"wrote {png} ({im.width}x{min(im.height, height)})")
+            print(f"wrote {png} ({im.width}x{min(im.height, height)}; {_selected(d)})")
+            SHOWN[name] = _selected(d)
             done.append(name)
 
         pt = _hover_a_point(d)
@@ -283,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         done += dashboard(logdir, args.out, only)
         done += tensorboard(logdir, args.out, only)
     if args.out.resolve() == (ROOT / "docs").resolve():
-        write_manifest(args.out, done)
+        write_manifest(args.out, done, SHOWN)
     return 0
 
 
