@@ -61,6 +61,8 @@ def test_printed_commands_work_without_an_activated_venv(monkeypatch: pytest.Mon
     name; with no script at all, ``python -m`` with this interpreter's full path."""
     from tscope_callbacks.cli import hints
 
+    if hints._script("tscope") is None:
+        pytest.skip("the tscope console script is not installed in this environment (pip install -e .)")
     monkeypatch.setattr(hints.shutil, "which", lambda name: None)
     full = hints.command("tscope", "tscope_callbacks.cli")
     assert os.path.isabs(full) and full.endswith("tscope") and _runnable(full)

@@ -37,6 +37,21 @@ import tscope_callbacks as ts
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from tb_server import TensorBoardUnavailable, get_json, serve
 
+
+def _plugin_missing() -> str | None:
+    """TensorBoard finds the tab through the package's ``tensorboard_plugins`` entry point, which only an installed
+    package has (``pip install -e .``; ``make`` does it): without it the tab cannot appear."""
+    from importlib.metadata import entry_points
+
+    if any(ep.name == "tscope" for ep in entry_points(group="tensorboard_plugins")):
+        return None
+    return "tscope_callbacks is not installed here (no tensorboard_plugins entry point): pip install -e ."
+
+
+if _plugin_missing() and os.environ.get("CI") == "true":  # .ci/run installs the package: there it must be found
+    raise RuntimeError(f"CI: {_plugin_missing()}")
+pytestmark = pytest.mark.skipif(_plugin_missing() is not None, reason=str(_plugin_missing()))
+
 RUN = "demo/version_0"
 STARTUP_S = 90.0
 WAIT_S = 30.0
