@@ -58,7 +58,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 #: an optional extra a block needs -> what in a block's source says so (`make test` installs every extra: the dev
 #: extra; elsewhere, a page whose blocks need a missing one is skipped with the reason, not failed)
-EXTRAS = {"fvcore": ("import fvcore", "from fvcore", "ElemCountAnalysis"), "wandb": ("import wandb", "WandbLogger")}
+EXTRAS = {"fvcore": ("import fvcore", "from fvcore", "ElemCountAnalysis("), "wandb": ("import wandb", "WandbLogger(")}
 
 
 def missing_extras(sources: list[str]) -> list[str]:
