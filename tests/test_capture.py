@@ -376,6 +376,54 @@ def test_model_tree_walks_as_torch_does():
     assert ModelTree(compiled).clean_modules()[0][1] is model  # the user's module, not the wrapper
     assert ModelTree(Renamed()).parameters[0][0] == "renamed.inner.weight"
 
+    # buffers, each once (a shared BatchNorm twice in the model), as model.buffers() lists them
+    bn = torch.nn.BatchNorm1d(4)
+    with_bn = torch.nn.Sequential(bn, torch.nn.Sequential(bn, torch.nn.Linear(4, 4)))
+    with_bn.register_buffer("scale", torch.ones(3))
+    assert [id(b) for b in ModelTree(with_bn).buffers()] == [id(b) for b in with_bn.buffers()]
+
+    class OwnBuffers(torch.nn.Module):  # a class overriding named_buffers gets torch's own walk
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("kept", torch.zeros(2))
+            self.register_buffer("hidden", torch.zeros(5))
+
+        def named_buffers(self, *a, **k):
+            return ((n, b) for n, b in super().named_buffers(*a, **k) if n != "hidden")
+
+    assert [b.numel() for b in ModelTree(OwnBuffers()).buffers()] == [2]
+
+
+def test_a_tensor_seen_by_several_layers_gets_one_gradient_hook():
+    """Layer details watch each tensor's gradient once for every layer it is an input or output of (a Sequential's
+    output is its last child's, the next layer's input is the same tensor): one hook per tensor, each layer's
+    gradient shapes as before."""
+    inner = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+    model = nn.Sequential(inner, nn.Linear(16, 4))
+    hooks = []
+    orig = torch.Tensor.register_hook
+
+    def counting(self, fn):
+        hooks.append(id(self))
+        return orig(self, fn)
+
+    x = torch.randn(3, 8, requires_grad=True)
+    torch.Tensor.register_hook = counting
+    try:
+        with ts.profile(model, layer_details=True) as prof:
+            model(x).sum().backward()
+    finally:
+        torch.Tensor.register_hook = orig
+    assert len(hooks) == len(set(hooks))  # one hook per tensor
+    # x (root, inner, inner.0 inputs), inner.0's output (inner.1's input), the ReLU's output (inner's and inner.1's
+    # output, "1"'s input), the model's output (root's and "1"'s output): 4 tensors
+    assert len(hooks) == 4
+    L = prof.layers
+    assert L[""].grad_input_shapes == L["0"].grad_input_shapes == L["0.0"].grad_input_shapes == [[3, 8]]
+    assert L["0.0"].grad_output_shapes == L["0.1"].grad_input_shapes == [[3, 16]]
+    assert L["0"].grad_output_shapes == L["0.1"].grad_output_shapes == L["1"].grad_input_shapes == [[3, 16]]
+    assert L[""].grad_output_shapes == L["1"].grad_output_shapes == [[3, 4]]
+
 
 class _Router(nn.Module):
     """Mixtral's router normalisation: an in-place division whose backward needs the input it overwrites."""

@@ -208,3 +208,26 @@ def test_a_new_default_dtype_is_not_hidden_by_the_memo() -> None:
     finally:
         torch.set_default_dtype(prev)
     assert a.bytes_written == 8 * 4 and b.bytes_written == 8 * 8  # 8 float32 vs 8 float64 results
+
+
+def test_bool_list_arguments_are_part_of_the_input_key():
+    # convolution_backward's output_mask (a bool list) took the full signature; it is now in the input-only key,
+    # and masks that ask for other gradients (other outputs, other bytes written) stay different keys
+    cache = CountCache()
+    f = torch.ops.aten.convolution_backward.default
+    x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+    g = torch.randn(2, 4, 6, 6)
+
+    def call(mask):
+        args = (g, x, w, [4], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, mask)
+        return args, f(*args)
+
+    counts = []
+    for mask in ([True, True, True], [True, True, False], [True, True, True]):
+        args, out = call(mask)
+        c = cache.count(f, args, {}, out)
+        assert c == count_op(f, args, {}, out)
+        counts.append(c)
+    assert cache.misses == 2 and cache.hits == 1 and counts[2] is counts[0]
+    # without the bias gradient: 4 float32 values (16 B) fewer written
+    assert counts[0].bytes_written - counts[1].bytes_written == 4 * 4

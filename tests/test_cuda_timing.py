@@ -333,3 +333,29 @@ def test_the_report_gives_tscope_own_time_beside_the_region():
     step = next(line for line in rep.to_markdown().splitlines() if line.startswith("- **Step**"))
     assert "tscope's own host time outside it: start" in step and "records" in step
     assert "device read-out" not in step  # no Kineto on CPU
+
+
+def test_events_whose_methods_are_instance_attributes_are_read_too():
+    # the per-type method lookup falls back to the instance: an event object built with callables as attributes
+    # (another torch's binding, a wrapper) reads the same as one whose class defines them
+    from types import SimpleNamespace
+
+    def ev(name, dev, **kw):
+        vals = {"name": name, "device_type": dev, "correlation_id": 0, "linked_correlation_id": 0, "start_ns": 0,
+                "end_ns": 50_000, "device_resource_id": 7, "device_index": 0, "is_user_annotation": False, **kw}
+        return SimpleNamespace(**{k: (lambda v=v: v) for k, v in vals.items()})
+
+    events = [ev(f"{RANGE_PREFIX}0", CPU, correlation_id=101),
+              ev("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", CUDA, linked_correlation_id=101, start_ns=1_000,
+                 end_ns=41_000)]
+    tl = assign_kernels(events, 1)
+    assert tl.times == [pytest.approx(40e-6)] and tl.tensor_core == [True]
+    assert [(k.stream, k.op) for k in tl.kernels] == [(7, 0)]
+
+
+def test_tensor_core_flags_are_remembered_per_name():
+    # the patterns run once per distinct kernel name; repeated names read the remembered flag, the same answer
+    names = ["void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)",
+             "nvjet_sm90_tst_128x128_64x6_4x2_h_bz_NTT", "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize32x32x8_ffma"]
+    first = [is_tensor_core_kernel(n) for n in names]
+    assert first == [False, True, False] and [is_tensor_core_kernel(n) for n in names * 3] == first * 3

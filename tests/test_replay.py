@@ -128,6 +128,9 @@ def test_a_replayed_step_times_every_op_from_its_own_kernels_with_the_source_cou
     assert [o.time_s for o in rep.ops] == [pytest.approx(2 * (i + 1) * 1e-6) for i in range(len(src.ops))]
     assert [(o.op, o.flops, o.bytes, o.layer, o.phase) for o in rep.ops] == \
         [(o.op, o.flops, o.bytes, o.layer, o.phase) for o in src.ops]
+    timed = {"time_s", "tensor_core", "start_s"}  # every other field is the source record's, copied
+    assert all({k: v for k, v in a.to_dict().items() if k not in timed} ==
+               {k: v for k, v in b.to_dict().items() if k not in timed} and a is not b for a, b in zip(rep.ops, src.ops))
     assert [o.time_s for o in src.ops] == [pytest.approx((i + 1) * 1e-6) for i in range(len(src.ops))]  # untouched
     for path, L in rep.layers.items():
         S = src.layers[path]
