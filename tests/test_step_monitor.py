@@ -354,11 +354,27 @@ def test_loss_spike_profiles_the_next_step_and_alerts() -> None:
             loss = super().training_step(batch, batch_idx)
             return loss * 20 if self.global_step == 40 else loss
 
+    from tscope_callbacks.capture.profile import Profile
+
+    captured: dict[int, int] = {}  # the profiles the monitor took: step -> ops recorded by the capture
+    stop = Profile.stop
+
+    def spy(self):
+        res = stop(self)
+        captured[res.info.step] = len(res.ops)
+        return res
+
     mon = StepMonitor()
-    _fit(_Spiky(_Flags()), 50, mon)
+    Profile.stop = spy
+    try:
+        _fit(_Spiky(_Flags()), 50, mon)
+    finally:
+        Profile.stop = stop
     spikes = [a for a in mon.alerts if a["trigger"]["kind"] == "loss-spike"]
     assert len(spikes) == 1 and spikes[0]["trigger"]["step"] == 40 and spikes[0]["profile_step"] == 41
     assert "loss spike at step 40" in spikes[0]["text"]
+    # the triggered profile is the capture every profile takes (ts.profile's Profile), with its op records
+    assert captured.get(41, 0) > 0
 
 
 def test_nan_guard_gradient_spike_triggers_a_profile() -> None:
