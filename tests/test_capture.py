@@ -478,3 +478,42 @@ def test_python_scalars_are_not_saved_activations():
     assert p.layers["m.fc"].saved_bytes == 32
     assert p.layers["m"].saved_bytes == 72
     assert p.layers[""].saved_bytes == 72
+
+
+def test_no_garbage_collection_inside_a_captured_region():
+    """tscope's own objects (a few per op) do not make the cyclic collector walk the step's live graph mid-step:
+    its first threshold is raised while the region runs, the young generation is collected once at stop, and the
+    user's thresholds come back; a collector the user turned off stays off."""
+    import gc
+
+    from tscope_callbacks.capture.collector import DEFERRED_THRESHOLD
+
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(40)])
+    x = torch.randn(4, 8)
+    before = gc.get_threshold()
+    runs = []
+
+    def count(phase, info):
+        if phase == "start":
+            runs.append(info["generation"])
+
+    seen = []
+    gc.callbacks.append(count)
+    try:
+        with ts.profile(model, layer_details=True):
+            seen.append(gc.get_threshold())
+            for _ in range(5):  # ~1,000 ops: more than the 700 allocations that trigger a young collection
+                model(x).sum().backward()
+            inside = list(runs)
+        after = list(runs)
+    finally:
+        gc.callbacks.remove(count)
+    assert seen == [(DEFERRED_THRESHOLD, *before[1:])] and inside == []
+    assert gc.get_threshold() == before and after.count(0) <= 1 and gc.get_count()[0] < before[0]
+    gc.disable()
+    try:
+        with ts.profile(model):
+            assert gc.get_threshold() == before and not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 __all__ = ["build_result", "base_meta", "step_time"]
 
 _NAMES: dict[Any, tuple[str, str]] = {}
+#: the ``fused_ops`` of every record that is not an Inductor kernel: one shared empty list (records are read-only, as
+#: the shape lists the count memo shares between them), not one more object per op for the garbage collector
+_NO_FUSED: list = []
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:
@@ -121,7 +124,7 @@ def build_result(p: Profile, st: CaptureState, wall: float | None, timeline: Tim
         add(Op(names[0], layer, phase, c.flops, c.bytes_read, c.bytes_written, c.dtype,
                c.input_shapes if shapes else [], t, c.counted, c.category,
                names[1], c.output_shapes if shapes else [], i, None if tcs is None else tcs[i],
-               c.flops_model, c.flops_dense, list(f) if f else [], comm.get(i) if comm else None,
+               c.flops_model, c.flops_dense, list(f) if f else _NO_FUSED, comm.get(i) if comm else None,
                cpu_starts.get(i) if starts is None else starts[i], c.leading_dims))
     if st.details is not None:
         st.details.finish()

@@ -96,6 +96,10 @@ class MemoryTracker:
         self.live = 0  #: tracked bytes alive now
         self.live_after: list[int] = []  #: tracked live bytes after each recorded op (index = op index)
         self._storages: dict[int, weakref.ref] = {}
+        #: weak reference -> (storage key, bytes) of each tracked storage; one shared callback (``_freed``) for all:
+        #: no closure per storage (a step tracks hundreds, each one more object for the garbage collector)
+        self._refs: dict[weakref.ref, tuple[int, int]] = {}
+        self._on_free = self._freed
         #: (path, phase) -> [growth, peak above start] summed over calls / max over calls
         self.fwd: dict[str, list[int]] = {}
         self._open: list[tuple[str, int, int, int]] = []  #: (path, reading at start, live at start, op index)
@@ -239,17 +243,19 @@ class MemoryTracker:
     def _size(self, nbytes: int) -> int:
         return -(-nbytes // _BLOCK) * _BLOCK if self._round and nbytes else nbytes
 
-    def _freed(self, key: int, nbytes: int) -> Callable[[Any], None]:
-        def cb(_: Any) -> None:
-            self.live -= nbytes + self._resized.pop(key, 0)
-            self._storages.pop(key, None)
-            gone = self._grads.pop(key, None)
-            if gone is not None:
-                self.grad_events.append((len(self.live_after), -nbytes, gone[1]))
-            elif self._casts.pop(key, None) is not None:
-                self.cast_events.append((len(self.live_after), -nbytes))
-
-        return cb
+    def _freed(self, ref: Any) -> None:
+        """A tracked storage died (the callback of its weak reference, ``self._on_free``)."""
+        entry = self._refs.pop(ref, None)
+        if entry is None:  # tracking has stopped
+            return
+        key, nbytes = entry
+        self.live -= nbytes + self._resized.pop(key, 0)
+        self._storages.pop(key, None)
+        gone = self._grads.pop(key, None)
+        if gone is not None:
+            self.grad_events.append((len(self.live_after), -nbytes, gone[1]))
+        elif self._casts.pop(key, None) is not None:
+            self.cast_events.append((len(self.live_after), -nbytes))
 
     def add_outputs(self, fresh: list[torch.Tensor]) -> None:
         """Count the storages of an op's fresh outputs (not views, not in-place results)."""
@@ -265,7 +271,8 @@ class MemoryTracker:
             n = st.nbytes()
             if self._round and n:
                 n = -(-n // _BLOCK) * _BLOCK
-            self._storages[key] = weakref.ref(st, self._freed(key, n))
+            ref = self._storages[key] = weakref.ref(st, self._on_free)
+            self._refs[ref] = (key, n)
             self.live += n
         except (RuntimeError, NotImplementedError, TypeError):  # sparse / opaque layouts: not tracked
             pass
@@ -391,3 +398,4 @@ class MemoryTracker:
         self._held.clear()
         self._closed = set(self._storages)
         self._storages.clear()
+        self._refs.clear()

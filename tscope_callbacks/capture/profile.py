@@ -33,6 +33,7 @@ import torch
 from tscope_callbacks.capture import build
 from tscope_callbacks.capture import region as _session
 from tscope_callbacks.capture.active import NestedProfileError, active_profile, claim, paused, release
+from tscope_callbacks.capture.collector import DeferredCollection
 from tscope_callbacks.capture.faults import Faults
 from tscope_callbacks.capture.paths import Selection
 from tscope_callbacks.capture.state import CaptureState
@@ -217,27 +218,34 @@ class Profile:
         except Exception as e:
             self._internal_error(e, "stopping the capture")
         finally:
-            self._uninstall()
+            collector = self._uninstall(keep_collector=True)
             release(self)
-        self.timeline = timeline
-        t = _perf_ns()
         try:
-            self.result = build.build_result(self, st, wall, timeline)
-        except Exception as e:
-            self._internal_error(e, "building the step's records")
-            self.result = StepProfile(wall_time_s=wall, meta={**build.base_meta(self, st), **self.labels})
-        cost.update(region_s=wall, build_s=(_perf_ns() - t) * 1e-9, ops=len(self.result.ops))
-        self.result.info = self.result.info.with_values({"capture_cost": cost})
-        st.clear_region()
+            self.timeline = timeline
+            t = _perf_ns()
+            try:
+                self.result = build.build_result(self, st, wall, timeline)
+            except Exception as e:
+                self._internal_error(e, "building the step's records")
+                self.result = StepProfile(wall_time_s=wall, meta={**build.base_meta(self, st), **self.labels})
+            cost.update(region_s=wall, build_s=(_perf_ns() - t) * 1e-9, ops=len(self.result.ops))
+            self.result.info = self.result.info.with_values({"capture_cost": cost})
+            st.clear_region()
+        finally:  # the region's garbage is collected from here on: its pending records are gone, the step's too
+            if collector is not None:
+                collector.exit()
         return self.result
 
-    def _uninstall(self) -> None:
+    def _uninstall(self, keep_collector: bool = False) -> DeferredCollection | None:
+        """Take down what start() installed; with ``keep_collector`` the deferred garbage collection stays on and
+        is returned (the caller ends it)."""
         st = self.state
         st.running = False
         s, st.session = st.session, None
         if s is not None:
-            s.remove(st)
+            s.remove(st, keep_collector=keep_collector)
         st.stack.clear()
+        return s.collector if s is not None and keep_collector else None
 
     # ---------------- internals ----------------
     def _internal_error(self, e: BaseException, part: str = "the capture's op record") -> None:

@@ -1,10 +1,11 @@
 """What a capture installs for its region and takes down again, and the dispatch mode it runs the region under.
 
-:func:`install` sets up, in order: the compile stance (``eager``), module paths and parameter owners, the per-module
-forward hooks, the optimizer step hooks (phase ``"optimizer"``, ``attribute.optimizer_hooks``), layer details and
-memory tracking, the CUDA kernel timeline and the dispatch mode (:class:`_Mode`: the per-op hot path, which hands
-each op to ``CaptureState.record``). :meth:`Installed.remove` takes all of it down on every path. The result is
-built at stop by ``capture.build``.
+:func:`install` sets up, in order: the deferred garbage collection (``collector``), the compile stance (``eager``),
+module paths and parameter owners, the per-module forward hooks, the optimizer step hooks (phase ``"optimizer"``,
+``attribute.optimizer_hooks``), layer details and memory tracking, the CUDA kernel timeline and the dispatch mode
+(:class:`_Mode`: the per-op hot path, which hands each op to ``CaptureState.record``). :meth:`Installed.remove` takes
+all of it down on every path (the deferred collection ends after the result is built). The result is built at stop
+by ``capture.build``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from tscope_callbacks.capture.attribute import optimizer_hooks
+from tscope_callbacks.capture.collector import DeferredCollection
 from tscope_callbacks.capture.compiled import CompiledState, is_compiled_wrapper, kernel_recorder
 from tscope_callbacks.capture.cuda_timing import (
     PAUSED_RANGE,
@@ -69,12 +71,15 @@ class Installed:
 
     def __init__(self) -> None:
         self.stance = EagerStance()
+        self.collector = DeferredCollection()
         self.paths: dict[int, str] = {}
         self.compiled: list[str] = []
         self.handles: list[Any] = []
         self.mode: Any = None
 
-    def remove(self, st: CaptureState) -> None:
+    def remove(self, st: CaptureState, *, keep_collector: bool = False) -> None:
+        """Undo the installation; ``keep_collector``: the deferred garbage collection stays on (the caller ends it
+        with ``collector.exit()`` once the result is built)."""
         if self.mode is not None:
             try:
                 self.mode.__exit__(None, None, None)
@@ -97,6 +102,8 @@ class Installed:
         if st.cstate is not None:
             st.cstate.restore()
         self.stance.exit()
+        if not keep_collector:
+            self.collector.exit()
 
 
 def install(p: Profile, st: CaptureState) -> Installed:
@@ -104,6 +111,7 @@ def install(p: Profile, st: CaptureState) -> Installed:
     ``Installed.remove``)."""
     s = Installed()
     st.session = s  # visible to remove() even when a later step raises
+    s.collector.enter()  # the cyclic collector runs after the region, not inside it for tscope's own objects
     st.cstate = None
     model = p.model
     tree = st.tree = ModelTree(model)  # one walk, reused by build_result
