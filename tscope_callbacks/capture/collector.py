@@ -7,7 +7,7 @@ window, in the wrapping of its outputs. So while a capture runs, the collector's
 :data:`DEFERRED_THRESHOLD` allocations: a step collects as it would unprofiled, and the young collection the region
 put off runs once at stop, when the step's graph is gone. Measured on an HF GPT-2 2x128 CPU training step with layer
 details (10 profiled steps, each followed by a plain one, collector CPU time): 3 young collections a profiled step
-and a middle-generation one every 5th, 1.6 ms a step; deferred, 0.2 ms. A region of many steps still collects every
+and a middle-generation one every third, 1.6 ms a step; deferred, 0.2 ms. A region of many steps still collects every
 ``DEFERRED_THRESHOLD`` allocations, so its garbage stays bounded. A collector the user disabled (``gc.disable()``, a
 threshold of 0) or set higher is left as it is; the user's thresholds come back at stop.
 """
