@@ -49,3 +49,9 @@ def test_gpu_benchmarks_smoke() -> None:
     assert "measured / expected" in out and "analyze_model on meta" in out and "Top opportunities" in out
     out = _run("benchmarks/gpu_compiled_profile.py", "--smoke", "--runs", "2")
     assert "profiled compiled step (kernels)" in out and "Dynamo before" in out
+
+
+def test_gpu_host_passes_runs() -> None:
+    # GPT-2 124M-sized kernel records: every kernel goes to the op that launched it, and a replay matches them all
+    out = _run("benchmarks/gpu_host_passes.py", "--runs", "1")
+    assert "assign_kernels (kernels to ops):" in out and "replayed profile build:" in out

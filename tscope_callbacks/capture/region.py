@@ -159,11 +159,12 @@ def install(p: Profile, st: CaptureState) -> Installed:
         st.details = LayerDetails(p.check_finite, mute=st.mute, memory=st.memory, faults=p.faults)
     # Per-module hooks: ours run first before the module and last after it (after any user hook that replaces the
     # output), so shapes and finite-checks see what the module really hands downstream.
+    pre, post = st.pre_hook, st.post_hook  # one bound method each for every module
     for _, mod in tree.modules:
         if id(mod) in inner:  # Dynamo guards on hooks inside a compiled module: one there recompiles the model
             continue
-        s.handles.append(mod.register_forward_pre_hook(st.pre_hook, prepend=True, with_kwargs=True))
-        s.handles.append(mod.register_forward_hook(st.post_hook, always_call=True, with_kwargs=True))
+        s.handles.append(mod.register_forward_pre_hook(pre, prepend=True, with_kwargs=True))
+        s.handles.append(mod.register_forward_hook(post, always_call=True, with_kwargs=True))
     s.handles += optimizer_hooks(st)
     if p.timing == "cuda":
         torch.cuda.synchronize()

@@ -24,7 +24,6 @@ profile timed on CUDA.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import operator
 import time
@@ -307,6 +306,7 @@ _PER_STEP = frozenset({"kernels", "clock_origin_ns", "step_time_s", "step_time_b
                        "reason", "micro_batches", "rank_step_times_s", "skew", "capture_cost"})
 _TIMES = ("forward_s", "backward_s", "self_forward_s", "self_backward_s", "recompute_s")
 _OP_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(OpRecord)))
+_LAYER_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(LayerRecord)))
 
 
 def _clone(r: OpRecord) -> OpRecord:
@@ -320,7 +320,7 @@ def _retimed_layers(layers: dict[str, LayerRecord], ops: list[OpRecord]) -> dict
     stay the source's) and no per-step value flags (a replay checks no values)."""
     out = {}
     for path, L in layers.items():
-        c = copy.copy(L)
+        c = LayerRecord(*_LAYER_FIELDS(L))  # a shallow copy (as _clone does for op records)
         for f in _TIMES:
             setattr(c, f, 0.0)
         c.nonfinite_output = c.nonfinite_grad_input = c.nonfinite_grad_output = False

@@ -1,0 +1,128 @@
+"""The host passes of a CUDA capture, timed on any machine: the Python work a GPU profile does after its step, on
+records shaped like a GPT-2 124M training step's (1,797 ops, 1,163 kernels with the real H100 kernel names of such a
+step from ``tests/data/h100_kernel_names.txt``, one launch call per kernel, 150 layers):
+
+- ``assign_kernels``: each kernel to the op whose range launched it (a full capture's "kernels to ops" pass);
+- a replayed profile's build: the source capture's records with this step's kernel times (``ts.profile(replay=)``,
+  the callbacks' later profiles).
+
+The events are ``_KinetoEvent``-shaped Python objects, so a real profiler's events (C++ accessors) may read at
+another speed: the figures measure tscope's own passes, not Kineto's read-out. Median of ``--runs``.
+
+    python benchmarks/gpu_host_passes.py [--runs 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from tscope_callbacks.capture.cuda_timing import RANGE_PREFIX, KernelRecord, Timeline, assign_kernels
+from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
+
+N_OPS, N_KERNELS, N_LAYERS = 1797, 1163, 150
+CPU, CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+NAMES = Path(__file__).resolve().parent.parent / "tests" / "data" / "h100_kernel_names.txt"
+
+
+class Event:
+    """The ``_KinetoEvent`` methods the passes call."""
+
+    __slots__ = ("_name", "_dev", "_corr", "_start", "_end", "_res")
+
+    def __init__(self, name: str, dev: Any, corr: int, start: int, end: int, res: int) -> None:
+        self._name, self._dev, self._corr, self._start, self._end, self._res = name, dev, corr, start, end, res
+
+    def name(self) -> str: return self._name  # noqa: E704
+    def device_type(self) -> Any: return self._dev  # noqa: E704
+    def correlation_id(self) -> int: return self._corr  # noqa: E704
+    def linked_correlation_id(self) -> int: return 0  # noqa: E704
+    def start_ns(self) -> int: return self._start  # noqa: E704
+    def end_ns(self) -> int: return self._end  # noqa: E704
+    def duration_ns(self) -> int: return self._end - self._start  # noqa: E704
+    def device_resource_id(self) -> int: return self._res  # noqa: E704
+    def device_index(self) -> int: return 0  # noqa: E704
+    def is_user_annotation(self) -> bool: return False  # noqa: E704
+
+
+def kernel_names() -> list[str]:
+    text = NAMES.read_text().split("## GPT-2 training step (all kernels)")[1]
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def step_events(seed: int = 0) -> tuple[list[Event], list[int]]:
+    """(events as Kineto hands them over, the ops that launched a kernel)."""
+    rnd = random.Random(seed)
+    names = kernel_names()
+    launching = sorted(rnd.sample(range(N_OPS), N_KERNELS))
+    ks = set(launching)
+    events, corr, gpu = [], 1, 0
+    for i in range(N_OPS):
+        start = i * 20_000
+        events.append(Event(f"{RANGE_PREFIX}{i}", CPU, corr, start, start + 20_000, 111))
+        corr += 1
+        if i in ks:
+            events.append(Event("cudaLaunchKernel", CPU, corr, start + 5_000, start + 9_000, 111))
+            gpu = max(gpu, start) + 1_000
+            events.append(Event(rnd.choice(names), CUDA, corr, gpu, gpu + 30_000, 7))
+            gpu += 30_000
+            corr += 1
+    rnd.shuffle(events)  # Kineto lists CPU and device events apart, not in launch order
+    return events, launching
+
+
+def source_profile(timeline: Timeline) -> Any:
+    """A stopped full capture as ``ReplayProfile`` reads it."""
+    layers = {f"h.{i // 12}.m{i % 12}" if i else "": LayerRecord(path=f"h.{i // 12}.m{i % 12}" if i else "")
+              for i in range(N_LAYERS)}
+    paths = list(layers)
+    ops = [OpRecord("aten.mm", paths[i % N_LAYERS], "forward" if i < N_OPS // 3 else "backward", flops=1 << 20,
+                    bytes_read=1 << 16, bytes_written=1 << 14, input_shapes=[[64, 64], [64, 64]],
+                    output_shapes=[[64, 64]], index=i, time_s=timeline.times[i]) for i in range(N_OPS)]
+    model = torch.nn.Linear(2, 2)
+    res = StepProfile(ops=ops, layers=layers, wall_time_s=0.1, meta={"step": 1})
+    return SimpleNamespace(timeline=timeline, result=res, model=model, running=False, layer_details=True), model
+
+
+def timed(fn: Any, runs: int) -> float:
+    ts = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=7)
+    args = ap.parse_args()
+    from tscope_callbacks.capture.replay import ReplayProfile
+
+    events, launching = step_events()
+    tl = assign_kernels(events, N_OPS)
+    assert sorted(k.op for k in tl.kernels) == launching  # every kernel to the op that launched it
+    assign_s = timed(lambda: assign_kernels(events, N_OPS), args.runs)
+    src, model = source_profile(tl)
+    rep = ReplayProfile(model, src)
+    run = Timeline([None] * N_OPS, [None] * N_OPS,
+                   [KernelRecord(k.name, k.start_ns, k.end_ns, k.stream, k.device, None, k.corr) for k in tl.kernels])
+    built = rep._build(run, 0.1)
+    assert built.info.replay["status"] == "matched"
+    build_s = timed(lambda: rep._build(run, 0.1), args.runs)
+    print(f"GPT-2 124M-sized step: {N_OPS} ops, {N_KERNELS} kernels, {len(events)} events; median of {args.runs}")
+    print(f"assign_kernels (kernels to ops):   {assign_s * 1e3:7.1f} ms")
+    print(f"replayed profile build:            {build_s * 1e3:7.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
