@@ -118,8 +118,10 @@ def _ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _shifted_ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Hugging Face's causal-LM loss: predict token t+1 from position t, in fp32."""
-    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), y[:, 1:].reshape(-1))
+    """Hugging Face's causal-LM loss (``ForCausalLMLoss``): predict token t+1 from position t, in fp32, the labels
+    shifted by padding (the logits are not sliced: no copy)."""
+    labels = F.pad(y, (0, 1), value=-100)[..., 1:]
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
 
 
 @dataclass
@@ -506,49 +508,73 @@ class Case:
         return None if r is None else (r.saving_s > 0) == (self.predicted_s > 0)
 
 
+def _line(o: Any) -> str:
+    chain = (o.evidence or {}).get("chain")
+    return f"{o.kind}{'/' + chain if chain else ''} `{o.layer or '(model)'}` {(o.saving_s or 0) * 1e3:.3g} ms"
+
+
+#: changes whose re-profile cannot show them applied: the capture runs a compiled function (not module) eagerly
+EAGER_UNDER_CAPTURE = {"fusion:loss"}
+
+
 def run_model(name: str, build: Callable[[], Variant], args: argparse.Namespace) -> tuple[list[Case], list[str],
                                                                                            list[str]]:
+    """The closed loop on one model: profile, apply each finding's change (each measured against the model it was
+    found on), then profile the model with every change applied and do the same with what is found there (a second
+    pass: a finding that only appears once another change is made, e.g. pool order once the model is
+    channels-last). Returns the cases, the first report's top 5 and the last report's top 5."""
     cuda = args.device == "cuda"
-    a = build()
-    rep = report_of(a, args.profile_steps, cuda, args.gpu)
-    found = list(rep.opportunities(top=20))
-    held = [o for o in rep.suppressed if o.kind in CHANGES or _kind(o) in CHANGES]
-    before = [f"{o.kind}{'/' + o.evidence['chain'] if o.evidence.get('chain') else ''} `{o.layer or '(model)'}` "
-              f"{(o.saving_s or 0) * 1e3:.3g} ms" for o in found[:5]]
+    base = build()
     cases: list[Case] = []
-    after = a.clone()
-    for o, noisy in [(o, False) for o in found] + [(o, True) for o in held]:
-        key = _kind(o)
-        apply = CHANGES.get(key)
-        case = Case(a.name, key, o.layer or "(model)", o.saving_s or 0.0, "", noisy, predicted_by=o.predicted_by)
-        cases.append(case)
-        if apply is None:
-            case.why_not = "no automatic change in this script"
-            continue
-        b = a.clone()
-        try:
-            case.change = apply(b, o)
-            if key not in after.applied:
-                after.applied.append(key)
-                apply(after, o)
-        except Exception as e:  # a change this model cannot take: say so
-            case.why_not = f"{type(e).__name__}: {e}"
-            continue
-        print(f"  {a.name}: {key} on {case.layer}: {case.change}", flush=True)
-        case.result = paired(a, b, args.rounds, args.per, cuda)
-        print(f"    predicted {case.predicted_s * 1e3:.3g} ms, measured {case.result.saving_s * 1e3:.3g} ms "
-              f"[{case.result.low_s * 1e3:.3g}, {case.result.high_s * 1e3:.3g}] (A {case.result.a_s * 1e3:.4g} ms)",
+    before: list[str] = []
+    applied: set[str] = set()
+    for pass_ in (1, 2):
+        rep = report_of(base, args.profile_steps, cuda, args.gpu)
+        found = list(rep.opportunities(top=20))
+        held = [o for o in rep.suppressed if _kind(o) in CHANGES]
+        if pass_ == 1:
+            before = [_line(o) for o in found[:5]]
+        print(f"  pass {pass_}: found {[_line(o) for o in found]}; within the noise {[_line(o) for o in held]}",
               flush=True)
-    after_top: list[str] = []
-    if any(c.result is not None for c in cases):
-        rep2 = report_of(after, args.profile_steps, cuda, args.gpu)
-        after_top = [f"{o.kind}{'/' + o.evidence['chain'] if o.evidence.get('chain') else ''} "
-                     f"`{o.layer or '(model)'}` {(o.saving_s or 0) * 1e3:.3g} ms" for o in rep2.opportunities(top=5)]
-        applied = {c.key for c in cases if c.result is not None}
-        again = [o for o in rep2.opportunities(top=20) if _kind(o) in applied]
-        for o in again:
-            print(f"  !! {_kind(o)} fires again after its change was applied: {o.reason}", flush=True)
-        after_top += [f"(fired again after its change: {_kind(o)})" for o in again]
+        after = base.clone()
+        todo = [(o, False) for o in found] + [(o, True) for o in held]
+        todo = [(o, noisy) for o, noisy in todo if _kind(o) not in applied]
+        for o, noisy in todo:
+            key = _kind(o)
+            apply = CHANGES.get(key)
+            label = base.name + (" + " + ", ".join(sorted(applied)) if pass_ == 2 and applied else "")
+            case = Case(label, key, o.layer or "(model)", o.saving_s or 0.0, "", noisy, predicted_by=o.predicted_by)
+            cases.append(case)
+            if apply is None:
+                case.why_not = "no automatic change in this script"
+                continue
+            b = base.clone()
+            try:
+                case.change = apply(b, o)
+                if key not in after.applied:
+                    after.applied.append(key)
+                    apply(after, o)
+            except Exception as e:  # a change this model cannot take: say so
+                case.why_not = f"{type(e).__name__}: {e}"
+                continue
+            print(f"  {label}: {key} on {case.layer}: {case.change}", flush=True)
+            case.result = paired(base, b, args.rounds, args.per, cuda)
+            print(f"    predicted {case.predicted_s * 1e3:.3g} ms, measured {case.result.saving_s * 1e3:.3g} ms "
+                  f"[{case.result.low_s * 1e3:.3g}, {case.result.high_s * 1e3:.3g}] (A {case.result.a_s * 1e3:.4g} "
+                  "ms)", flush=True)
+        new = {c.key for c in cases if c.result is not None} - applied
+        if not new:
+            break
+        applied |= new
+        base = after
+    rep = report_of(base, args.profile_steps, cuda, args.gpu)
+    after_top = [_line(o) for o in rep.opportunities(top=5)]
+    for o in rep.opportunities(top=20):
+        if _kind(o) in applied:
+            why = (" (expected: the capture runs a compiled function eagerly)" if _kind(o) in EAGER_UNDER_CAPTURE
+                   else "")
+            print(f"  !! {_kind(o)} fires again after its change was applied{why}: {o.reason}", flush=True)
+            after_top.append(f"(fired again after its change: {_kind(o)}{why})")
     return cases, before, after_top
 
 
@@ -622,7 +648,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--models", default="cnn,cnn_inference,resnet,demo,gpt2,lstm")
-    ap.add_argument("--rounds", type=int, default=21)
+    ap.add_argument("--rounds", type=int, default=31)
     ap.add_argument("--per", type=int, default=2)
     ap.add_argument("--profile-steps", type=int, default=5)
     ap.add_argument("--write", action="store_true")

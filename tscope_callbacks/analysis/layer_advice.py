@@ -17,7 +17,10 @@ computed from the step's own records, or says nothing:
   compiled BatchNorm + ReLU measured slower than eager: no such advice. In an inference step (no backward), right
   after a convolution (``bn_fold``): folded into the convolution, its op goes (its measured time);
 - max pooling after a monotonic activation (``pool_order``): ``pool(relu(x)) == relu(pool(x))``, so the activation
-  and its backward touch the pooled elements only: their time x (1 - out/in elements); on CUDA, the 8-byte indices
+  and its backward touch the pooled elements only: their bytes x out/in elements, at the rate they ran or the step's
+  element-wise rate, the faster (a channels-last CPU step ran the activation's backward at a tenth of that rate
+  on the pooling's gradient, which moving it fixes); not on a channels-first CPU model, whose scalar max pooling
+  measured slower fed the activation's input (channels-last comes first there); on CUDA, the 8-byte indices
   kept for the backward become Inductor's 1-byte offsets under ``torch.compile`` (``pool_indices``: 7/8 of their
   bytes, written and read). On CPU a compiled max pooling measured slower than ATen's: no such advice there;
 - LSTM/GRU on CUDA: cuDNN's fused RNN not used (``rnn_cudnn``: per-time-step cell ops: measured - the same work at
@@ -116,12 +119,15 @@ class Context:
                      and o.record.op in ACTIVATION_BACKWARDS and o.record.output_shapes[:1] == shape), None)
 
     def elementwise_rate(self) -> float | None:
-        """Bytes/s this step's own element-wise ops reach (their bytes over their measured time, ops of at least
-        ``RATE_MIN_BYTES``): what a vectorized memory-bound kernel does on this device, at these sizes; None when
-        the step has none."""
-        ew = [o for o in self.seq if o.record.category == "pointwise" and o.measured_s and o.bytes >= RATE_MIN_BYTES]
-        t = sum(o.measured_s or 0.0 for o in ew)
-        return min(sum(o.bytes for o in ew) / t, ew[0].bandwidth) if ew and t > 0 else None
+        """Bytes/s this step's own element-wise ops reach: the upper quartile of their rates (bytes over measured
+        time, ops of at least ``RATE_MIN_BYTES``), never above the bandwidth roof: what a healthy vectorized
+        memory-bound kernel does on this device at these sizes (a few slow ones, e.g. on tensors of mixed layouts,
+        do not set it); None when the step has none."""
+        rates = sorted(o.bytes / o.measured_s for o in self.seq if o.record.category == "pointwise"
+                       and o.measured_s and o.bytes >= RATE_MIN_BYTES)
+        if not rates:
+            return None
+        return min(rates[math.ceil(0.75 * (len(rates) - 1))], self.seq[0].bandwidth)
 
 
 def _t(o: OpRoof | None) -> float:
@@ -135,6 +141,18 @@ def _act_bytes(o: OpRoof) -> int:
     r, item = o.record, _ITEM.get(o.record.dtype, 4)
     ins = r.input_shapes[:2] if r.op == "aten.convolution_backward" else r.input_shapes[:1]
     return item * sum(_numel(s) for s in [*ins, *r.output_shapes[:1]] if _four_d(s))
+
+
+def _cl_bytes(o: OpRoof, ctx: Context) -> int:
+    """Bytes PyTorch's channels-last CPU kernel for ``o`` moves: BatchNorm in training passes over its input twice
+    (the batch statistics, then the normalized output), and its backward over the gradient and the input twice (their
+    reductions, then the input gradient); pooling and eval-mode BatchNorm once (the record's bytes)."""
+    r = o.record
+    if r.op in _BN and not ctx.inference:
+        return r.bytes + _ITEM.get(r.dtype, 4) * _numel(r.input_shapes[0])
+    if r.op in _BN_BACKWARD:
+        return r.bytes + _ITEM.get(r.dtype, 4) * sum(_numel(x) for x in r.input_shapes[:2])
+    return r.bytes
 
 
 def _channels_last(ctx: Context) -> list[Finding]:
@@ -170,10 +188,10 @@ def _channels_last(ctx: Context) -> list[Finding]:
     rate = ctx.elementwise_rate() or convs[0].bandwidth
     slow = [o for o in ctx.seq if o.record.op in CHANNELS_LAST_CPU_OPS and o.measured_s
             and any(_four_d(s) for s in o.record.input_shapes[:1])
-            and o.bytes / rate < SLOW_LAYOUT_SHARE * (o.measured_s or 0.0)]
+            and _cl_bytes(o, ctx) / rate < SLOW_LAYOUT_SHARE * (o.measured_s or 0.0)]
     if not slow:
         return []  # nothing runs slowly in NCHW: the conversions alone are not worth a finding
-    ops_saving = sum((o.measured_s or 0.0) - o.bytes / rate for o in slow)
+    ops_saving = sum((o.measured_s or 0.0) - _cl_bytes(o, ctx) / rate for o in slow)
     conv_saving = sum(min(o.measured_s or 0.0, 2 * _act_bytes(o) / rate) for o in convs)
     now = sum(o.measured_s or 0.0 for o in slow)
     kinds = sorted({"pooling" if "pool" in o.record.op else "BatchNorm" for o in slow})
@@ -183,7 +201,8 @@ def _channels_last(ctx: Context) -> list[Finding]:
                     f"{rate / 1e9:.3g} GB/s (PyTorch's channels-last CPU kernels vectorize across channels; the NCHW "
                     f"ones loop over each channel plane), and oneDNN converts the activations of {len(convs)} "
                     "convolutions to and from its own layout", fix, "layout_rate",
-                    f"{len(slow)} ops at {rate / 1e9:.3g} GB/s instead of their measured time: {ms(ops_saving)}; "
+                    f"{len(slow)} ops' channels-last kernels (BatchNorm's two passes) at {rate / 1e9:.3g} GB/s "
+                    f"instead of their measured time: {ms(ops_saving)}; "
                     f"the convolutions' activations once less read and written at that rate: {ms(conv_saving)}",
                     rows_of([*slow, *convs]), {"ops": len(slow), "convs": len(convs), "rate_gbps": rate / 1e9})]
 
@@ -288,10 +307,19 @@ def _pooling(ops: list[OpRoof], ctx: Context) -> list[Finding]:
         if not n_in or not n_out or n_out >= n_in:
             continue
         act = ctx.before(pool)
-        if act is not None and act.record.op in MONOTONE and act.record.output_shapes[:1] == pool.record.input_shapes[:1]:
+        # PyTorch's NCHW max pooling on CPU is a scalar loop whose branches follow the data: fed the activation's
+        # input instead of its output it measured slower (more than the activation saved in an inference step); the
+        # channels-last finding comes first there, and this one once the model is channels-last
+        nchw_cpu = ctx.cpu and ctx.meta.get("conv_channels_last") is False
+        if (not nchw_cpu and act is not None and act.record.op in MONOTONE
+                and act.record.output_shapes[:1] == pool.record.input_shapes[:1]):
             bwd = ctx.backward_of(act)
+            both = [o for o in (act, bwd) if o is not None]
             now = _t(act) + _t(bwd)
-            saving = now * (1 - n_out / n_in)
+            # on the pooled elements, at the rate they ran or this step's element-wise ops reach, the faster
+            rate = max(ctx.elementwise_rate() or 0.0, sum(o.bytes for o in both) / now if now else 0.0)
+            after = sum(o.bytes for o in both) * n_out / n_in / rate if rate else now * n_out / n_in
+            saving = now - after
             name = act.record.op.removeprefix("aten.").rstrip("_")
             out.append(Finding(
                 "pool_order", saving,
@@ -299,8 +327,8 @@ def _pooling(ops: list[OpRoof], ctx: Context) -> list[Finding]:
                 f"to {n_out:,}; {name} is monotonic, so after the pooling it and its backward touch "
                 f"{n_in / n_out:.3g}x fewer elements",
                 f"apply the {name} after the pooling: `pool(relu(x))` equals `relu(pool(x))` for max pooling",
-                "elements", f"{name} forward and backward measured {ms(now)}; on {n_out:,} of {n_in:,} elements: "
-                f"{ms(now - saving)}", rows_of([o for o in (act, bwd) if o is not None]),
+                "elements", f"{name} forward and backward measured {ms(now)}; on {n_out:,} of {n_in:,} elements, "
+                f"at {rate / 1e9:.3g} GB/s: {ms(after)}", rows_of(both),
                 {"elements_in": n_in, "elements_out": n_out}))
         idx = pool.record.output_shapes[1] if len(pool.record.output_shapes) > 1 else None
         if idx and ctx.cuda and not ctx.compiled:
