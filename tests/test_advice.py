@@ -155,7 +155,7 @@ def test_launch_overhead_is_the_idle_device_between_short_kernels():
     # idle 5 - 1.2 = 3.8 ms of the unprofiled step; a graph keeps about 1 us per kernel: 3.8 - 0.4 = 3.4 ms
     assert o.saving_s == pytest.approx(3.8e-3 - 400 * GRAPH_GAP_S) and o.layer == ""
     # the step monitor's data wait is not launch overhead: taken off the idle
-    wait = {"step_breakdown": {"data_wait_ms": 1.0, "input_bound": True, "data_wait_share": 0.2}}
+    wait = {"step_breakdown": {"parts_ms": {"fetch": 0.9, "transfer": 0.1}, "input_bound": True, "fetch_share": 0.2}}
     o = next(o for o in _launch_step(**wait).opportunities() if o.kind == "launch")
     assert o.saving_s == pytest.approx(2.8e-3 - 400 * GRAPH_GAP_S)
 
@@ -336,7 +336,7 @@ def test_savings_found_in_cpu_op_times_are_scaled_to_the_unprofiled_step():
 
 
 def test_the_step_monitors_findings_are_opportunities_with_its_figures():
-    bd = {"data_wait_ms": 12.0, "data_wait_share": 0.3, "input_bound": True,
+    bd = {"parts_ms": {"fetch": 11.0, "transfer": 1.0, "forward": 9.0}, "fetch_share": 0.3, "input_bound": True,
           "input_fixes": ["num_workers=0: set num_workers (e.g. 4-8 per GPU)"],
           "loop_findings": [{"cause": "log_every_n_steps=1 logs every step", "change": "log_every_n_steps=50",
                              "saving_s": 3e-3, "basis": "the loggers' measured 3 ms a step"}]}
@@ -361,7 +361,10 @@ def test_an_opportunity_carries_the_closed_loops_measured_ratio_for_its_kind_and
     (o,) = [o for o in _report(lm_head_ops(), device="cuda").opportunities() if o.kind == "misaligned"]
     assert o.measured_ratio == 0.8 and "HF GPT-2" in o.measured_on and "0.8x the predicted one" in o.measured_on
     md = _report(lm_head_ops(), device="cuda").to_markdown()
-    assert "Checked: applied in tscope's closed loop on CUDA (HF GPT-2): the measured saving was 0.8x" in md
+    assert "Checked: applied in tscope's closed loop on CUDA, the measured saving was 0.8x the predicted one (HF GPT-2)" in md
+    # several models: the median, and each model's ratio
+    table["effects"]["cuda"]["misaligned"]["cases"] = [{"model": "A", "ratio": 0.7}, {"model": "B", "ratio": 1.3}]
+    assert finding.measured_effect("misaligned", "", "cuda").text.endswith("(median; A: 0.7x; B: 1.3x)")
     # a CPU's ratio is never given to a GPU's finding, nor one kind's to another
     assert finding.measured_effect("fusion", "optimizer", "cuda") is None
     assert finding.measured_effect("fusion", "loss", "cpu") is None

@@ -55,3 +55,12 @@ def test_gpu_host_passes_runs() -> None:
     # GPT-2 124M-sized kernel records: every kernel goes to the op that launched it, and a replay matches them all
     out = _run("benchmarks/gpu_host_passes.py", "--runs", "1")
     assert "assign_kernels (kernels to ops):" in out and "replayed profile build:" in out
+
+
+def test_advice_effect_smoke() -> None:
+    """The closed loop end to end on the inference CNN (channels-last, BatchNorm folding, then pool order in its
+    second pass) and its CUDA path's skip: the figures of a smoke run mean nothing."""
+    out = _run("benchmarks/advice_effect.py", "--smoke", "--models", "cnn_inference")
+    assert "# Advice effect: predicted vs measured saving (cpu)" in out and "| model | finding |" in out
+    assert "## CNN inference: top opportunities" in out  # which findings fire depends on the machine's times
+    assert _run("benchmarks/advice_effect.py", "--device", "cuda").startswith("SKIP: --device cuda without a GPU")

@@ -357,15 +357,26 @@ def _breakdown(report: RooflineView) -> dict[str, Any]:
     return bd if isinstance(bd, dict) else {}
 
 
+def _wait_ms(bd: dict[str, Any]) -> float | None:
+    """The step monitor's wait for each batch (ms): fetching it and moving it to the device (``parts_ms``), or
+    its ``data_wait_ms`` where a breakdown has no parts."""
+    parts = bd.get("parts_ms")
+    if isinstance(parts, dict):
+        got = [parts.get(k) for k in ("fetch", "transfer") if isinstance(parts.get(k), (int, float))]
+        return float(sum(got)) if got else None
+    wait = bd.get("data_wait_ms")
+    return float(wait) if isinstance(wait, (int, float)) else None
+
+
 def _input(bd: dict[str, Any]) -> list[Finding]:
     """The step monitor's input-bound verdict, with the DataLoader changes it read from the loader."""
-    wait = bd.get("data_wait_ms")
-    if not bd.get("input_bound") or not isinstance(wait, (int, float)) or wait <= 0:
+    wait = _wait_ms(bd)
+    if not bd.get("input_bound") or wait is None or wait <= 0:
         return []
     fixes = [str(f) for f in bd.get("input_fixes") or ()]
     fix = "; ".join(fixes) or ("make the DataLoader keep up: more `num_workers`, a larger `prefetch_factor`, or a "
                                "cheaper `__getitem__`")
-    share = bd.get("data_wait_share")
+    share = bd.get("fetch_share", bd.get("data_wait_share"))
     return [Finding(
         "input", wait / 1e3,
         f"each step waits {wait:.3g} ms for its batch" + (f" ({share:.0%} of the step)" if isinstance(
@@ -435,7 +446,7 @@ def opportunities(report: RooflineView, top: int = 5) -> list[Opportunity]:
             groups.setdefault((f.kind, f.chain, _pattern(layer)), []).append((layer, f))
     bd = _breakdown(report)
     input_f = _input(bd)
-    for f in step_findings(ctx) + input_f + _loop(bd) + _launch(report, ctx, sum(x.saving_s for x in input_f)):
+    for f in step_findings(ctx) + input_f + _loop(bd) + _launch(report, ctx, (_wait_ms(bd) or 0.0) / 1e3):
         groups.setdefault((f.kind, f.chain, ""), []).append(("", f))
     found: list[Opportunity] = []
     noise = getattr(report, "noise", None)

@@ -104,7 +104,9 @@ def measured_effect(kind: str, chain: str, device_kind: str | None) -> EffectRec
     if not isinstance(rec, dict) or not isinstance(rec.get("ratio"), (int, float)):
         return None
     ratio = float(rec["ratio"])
-    where = ", ".join(str(m) for m in rec.get("models") or ())
-    text = (f"applied in tscope's closed loop on {dev.upper() if dev == 'cuda' else 'CPU'} ({where}): the measured "
-            f"saving was {ratio:.2g}x the predicted one")
+    cases = [c for c in rec.get("cases") or () if isinstance(c, dict) and isinstance(c.get("ratio"), (int, float))]
+    each = "; ".join(f"{c.get('model')}: {float(c['ratio']):.2g}x" for c in cases[:4])
+    where = each or ", ".join(str(m) for m in rec.get("models") or ())
+    text = (f"applied in tscope's closed loop on {'CUDA' if dev == 'cuda' else 'CPU'}, the measured saving was "
+            f"{ratio:.2g}x the predicted one" + (f" (median; {where})" if len(cases) > 1 else f" ({where})"))
     return EffectRecord(ratio, text)
