@@ -68,12 +68,17 @@ def source_files(globs: list[str], root: Path = ROOT) -> list[Path]:
     return sorted(out)
 
 
-def sources_digest(globs: list[str], root: Path = ROOT) -> str:
-    """SHA-256 over each matched file's repository path and bytes."""
-    h = hashlib.sha256()
-    for p in source_files(globs, root):
-        h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
+def source_hashes(globs: list[str], root: Path = ROOT) -> dict[str, str]:
+    """Each matched file's repository path -> the SHA-256 of its bytes."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in source_files(globs, root)}
+
+
+def changed_sources(recorded: dict[str, str], globs: list[str], root: Path = ROOT) -> list[str]:
+    """The files that differ from ``recorded``: changed, new (``+``) or gone (``-``)."""
+    now = source_hashes(globs, root)
+    return sorted([f for f in now if f in recorded and now[f] != recorded[f]] + [f"+{f}" for f in now if f not in recorded]
+                  + [f"-{f}" for f in recorded if f not in now])
 
 
 def file_digest(path: Path) -> str:
@@ -101,8 +106,8 @@ def write_manifest(out: Path, names: list[str], shown: dict[str, str]) -> None:
     old = json.loads(path.read_text()) if path.exists() else {}
     shots = old.get("screenshots", {})
     for name in names:
-        shots[name] = {"sources": SOURCES[name], "sources_sha256": sources_digest(SOURCES[name]),
-                       "png_sha256": file_digest(out / name), **({"shows": shown[name]} if name in shown else {})}
+        shots[name] = {"sources": SOURCES[name], "png_sha256": file_digest(out / name),
+                       **({"shows": shown[name]} if name in shown else {}), "files": source_hashes(SOURCES[name])}
     data = {"made_by": "make screenshots (scripts/screenshots.py)", "demo": "tscope demo " + " ".join(DEMO),
             "made_on": made_on(), "screenshots": dict(sorted(shots.items()))}
     path.write_text(json.dumps(data, indent=1) + "\n")
@@ -140,13 +145,14 @@ def _ready(d: Any) -> bool:
 
 
 def _pick_diff(d: Any) -> None:
-    """'diff with' the first step of the run (the page shows the last one)."""
+    """'diff with' the last step the list offers (the page opens on its richest step, the first with layer details:
+    the diff then spans the run)."""
     from selenium.webdriver.support.ui import Select
 
     values = [o.get_attribute("value") for o in d.find_elements("css selector", "#diff-select option")
               if o.get_attribute("value") and o.is_enabled()]
     if values:
-        Select(d.find_element("css selector", "#diff-select")).select_by_value(values[0])
+        Select(d.find_element("css selector", "#diff-select")).select_by_value(values[-1])
         _wait(d, lambda d: d.find_elements("css selector", "#diff-headline"), 20)
 
 
