@@ -47,10 +47,9 @@ PAGE = ["tscope_callbacks/render/static/**/*", "tscope_callbacks/render/dashboar
         "tscope_callbacks/analysis/fmt.py"]
 SOURCES: dict[str, list[str]] = {
     "roofline_example.png": ["tscope_callbacks/render/plot.py"],
-    "tensorboard_scalars.png": ["tscope_callbacks/callbacks/roofline_io.py", "tscope_callbacks/callbacks/sinks.py"],
-    "tensorboard_text.png": ["tscope_callbacks/render/markdown.py", "tscope_callbacks/callbacks/roofline_io.py",
-                             "tscope_callbacks/analysis/fmt.py"],
-    "tensorboard_images.png": ["tscope_callbacks/render/plot.py", "tscope_callbacks/callbacks/sinks.py"],
+    "tensorboard_scalars.png": ["tscope_callbacks/callbacks/roofline_io.py"],  # the step's scalars
+    "tensorboard_text.png": ["tscope_callbacks/render/markdown.py", "tscope_callbacks/analysis/fmt.py"],
+    "tensorboard_images.png": ["tscope_callbacks/render/plot.py"],
     "tensorboard_tscope_tab.png": PAGE,
     "dashboard_overview.png": PAGE,
     "dashboard_tree.png": PAGE,
