@@ -172,8 +172,11 @@ def _time_split(eng: RooflineAnalysis) -> TimeSplit:
     by = {b: 0.0 for b in ("compute", "memory", "comm", "uncounted", "overhead")}
     for o in eng.op_roofs:
         by[o.bound] += (o.measured_s or 0.0) if eng.timed else o.expected_s
-    bd = eng.meta.get("step_breakdown") or {}  # the step monitor's medians over its recent clean steps
-    wait, share, steps = bd.get("data_wait_ms"), _fin(bd.get("data_wait_share")), bd.get("steps")
+    bd = eng.meta.get("step_breakdown") or {}  # the step monitor's means over its recent clean steps
+    parts = bd.get("parts_ms") or {}
+    fetch = [parts.get(p) for p in ("fetch", "transfer")]  # the DataLoader's next and the batch's transfer
+    wait = sum(fetch) if all(isinstance(v, (int, float)) for v in fetch) else None
+    share, steps = _fin(bd.get("fetch_share")), bd.get("steps")
     steps = int(steps) if isinstance(steps, (int, float)) and math.isfinite(steps) else None
     bound = bool(bd.get("input_bound"))  # the monitor's own verdict (its threshold, over its verdict window)
     # the rest of the measured step beside its op time (the capture's own wall time, and the device idle inside it,

@@ -1,21 +1,18 @@
-"""Why a step got slow: the step breakdown, the anomaly triggers and what grew (pure: numbers in, findings out).
+"""Why a step got slow: the anomaly triggers and what grew (pure: numbers in, findings out).
 
-The step monitor (``callbacks.monitor``) times every step in four parts (:class:`StepTimes`):
+The step monitor (``callbacks.monitor``) times every step in named parts (``analysis.step_parts``: fetch, transfer,
+forward, backward, optimizer, sync, hooks, logging, checkpoint, tscope, other) and the training thread's wait for a
+CPU. Triggers (each asks for one diagnosis: a profile of the next step where one may be taken, each layer's forward
+host time over the steps after it, then a few clean steps to confirm):
 
-- **data wait**: from the previous batch's end to this batch's start on the host (the DataLoader's ``next``, and the
-  loop's and other callbacks' hooks between two batches);
-- **host**: this batch's start to its end on the host (forward, backward, optimizer: launching them on a GPU);
-- **device busy**: on a GPU, the CUDA-event time between the batch's start and end on the stream (kernels and the
-  launch gaps between them); on CPU the host is the device, so it equals the host time;
-- **idle**: the rest of the step: the device's step (CUDA events from one batch end to the next; on CPU the host's)
-  minus its busy time -- on a GPU the stream waited for the host, on CPU the data wait.
+- :class:`SlowSteps`: a sustained slowdown of the run's own step time (the step less its wait for a CPU): the median
+  of the last ``n`` steps above the healthy median by at least ``min_rise`` of it and by ``k`` x the spread of
+  ``n``-step medians among the healthy steps (the run's own noise, bursts included);
+- :class:`Spikes`: a loss above ``factor`` x its rolling median; and the NaN guard's gradient-norm spikes.
 
-A step is **input-bound** when its data wait is at least :data:`INPUT_BOUND_SHARE` of the step (median over the log
-interval); :func:`input_fixes` then names the DataLoader settings that would help, read from the loader itself.
-
-Triggers (each asks for one diagnostic profile of the next step): :class:`SlowSteps` (``k`` x the rolling median
-for ``m`` steps in a row), :class:`Spikes` (a loss above ``factor`` x its rolling median), and the NaN guard's
-gradient-norm spikes. :func:`what_grew` compares the profiled step with the last healthy one and names what grew.
+:func:`what_grew` compares the slow steps with the healthy ones (parts, hooks, layers, ops, communication, ranks,
+clocks) and names what grew; :func:`contention` says when the whole step slowed with other processes' load (the
+machine, not the run).
 """
 
 from __future__ import annotations
@@ -27,70 +24,49 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["StepTimes", "summarize", "loader_settings", "input_fixes", "SlowSteps", "Spikes", "RateLimit", "Snapshot", "Finding",
-           "what_grew", "alert_text", "witness", "INPUT_BOUND_SHARE", "SLOW_FACTOR", "SLOW_STEPS", "WINDOW",
-           "MIN_STEPS", "MIN_VERDICT_STEPS", "VERDICT_WINDOW", "LOSS_SPIKE", "MIN_GAP_STEPS", "GREW_SHARE", "WITNESS_MARGIN", "CONTENTION_RISE", "CONTENTION_LOAD",
-           "host_contention", "concentrated"]
+from tscope_callbacks.analysis.step_parts import (
+    INPUT_BOUND_SHARE,
+    MIN_VERDICT_STEPS,
+    PART_TEXT,
+    PARTS,
+    VERDICT_WINDOW,
+    Breakdown,
+    StepTimes,
+    summarize,
+)
 
-#: data wait at or above this share of the step (median over the log interval) makes the step input-bound
-INPUT_BOUND_SHARE = 0.10
-#: fewest clean steps behind an input-bound verdict (the warning and its fixes): one slow first batch is no finding
-MIN_VERDICT_STEPS = 8
-#: the verdict is the median over at most this many recent clean steps (log intervals of one step add up)
-VERDICT_WINDOW = 64
-#: a step is slow above this many times the rolling median of the healthy steps before it ...
-SLOW_FACTOR = 2.0
-#: ... for this many steps in a row (one slow step is noise: a preemption, a checkpoint, a log flush)
-SLOW_STEPS = 5
-#: healthy steps the rolling medians keep
+__all__ = ["StepTimes", "Breakdown", "summarize", "loader_settings", "input_fixes", "SlowSteps", "Spikes", "RateLimit",
+           "Snapshot", "Finding", "what_grew", "alert_text", "witness", "INPUT_BOUND_SHARE", "SPREAD_K", "RECENT_STEPS",
+           "MIN_RISE", "WINDOW", "MIN_STEPS", "MIN_VERDICT_STEPS", "VERDICT_WINDOW", "LOSS_SPIKE", "MIN_GAP_STEPS",
+           "GREW_SHARE", "NOISE_SHARE", "WITNESS_MARGIN", "CONTENTION_RISE", "CONTENTION_LOAD", "host_contention", "concentrated",
+           "contention", "contention_text", "REFRESH"]
+
+#: a slowdown is significant above this many times the spread of the healthy steps' n-step medians ...
+SPREAD_K = 4.0
+#: ... where n is this many recent steps (their median is what is compared) ...
+RECENT_STEPS = 12
+#: ... and when it is at least this share of the healthy median (smaller changes are not reported)
+MIN_RISE = 0.10
+#: healthy steps the rolling median and spread keep
 WINDOW = 100
 #: healthy steps before any trigger (the median of fewer misleads)
-MIN_STEPS = 20
-#: the rolling medians are recomputed every this many healthy steps
+MIN_STEPS = 30
+#: the healthy median and spread are recomputed every this many healthy steps
 REFRESH = 8
 #: a loss above this many times the rolling median of the losses before it is a spike (positive medians only)
 LOSS_SPIKE = 3.0
-#: at most one triggered profile per this many steps (and ``max_alerts`` per fit, in the monitor)
+#: at most one triggered diagnosis per this many steps (and ``max_alerts`` per fit, in the monitor)
 MIN_GAP_STEPS = 100
 #: a part of the step "grew" when it grew by at least this share of the whole step's growth
 GREW_SHARE = 0.15
+#: ... and by at least this share of the healthy step (smaller changes are the steps' own noise)
+NOISE_SHARE = 0.05
 #: other processes' CPU load per CPU over the slow steps from which the host is contended (half of every CPU busy
 #: with someone else's work), or its rise from the healthy steps
 CONTENTION_LOAD = 0.5
 CONTENTION_RISE = 0.25
 #: the tensor pipes' active share and the FLOP-count MFU disagree above this many points (absolute, 0-1)
 WITNESS_MARGIN = 0.20
-
-
-@dataclass(slots=True)
-class StepTimes:
-    """One step's parts, in seconds (module doc). ``step_s`` is the device's step (CUDA events, batch end to batch
-    end) on a GPU and the host's on CPU; ``dirty``: the step held non-training work (a profile, validation, an
-    epoch boundary) and is no basis."""
-
-    step: int
-    data_wait_s: float
-    host_s: float
-    busy_s: float
-    idle_s: float
-    step_s: float
-    dirty: bool = False
-
-
-def summarize(steps: Sequence[StepTimes], share: float = INPUT_BOUND_SHARE) -> dict[str, float]:
-    """The medians of clean ``steps`` as bare keys (``data_wait_ms``, ``host_ms``, ``device_busy_ms``, ``idle_ms``,
-    ``step_ms``, ``data_wait_share``, ``input_bound`` 0/1, ``steps``); {} when none is clean."""
-    clean = [s for s in steps if not s.dirty]
-    if not clean:
-        return {}
-    med = lambda xs: statistics.median(xs)  # noqa: E731
-    step = med([s.step_s for s in clean])
-    wait = med([s.data_wait_s for s in clean])
-    frac = med([s.data_wait_s / s.step_s for s in clean if s.step_s > 0] or [0.0])
-    return {"data_wait_ms": wait * 1e3, "host_ms": med([s.host_s for s in clean]) * 1e3,
-            "device_busy_ms": med([s.busy_s for s in clean]) * 1e3, "idle_ms": med([s.idle_s for s in clean]) * 1e3,
-            "step_ms": step * 1e3, "data_wait_share": frac, "input_bound": float(frac >= share),
-            "steps": float(len(clean))}
 
 
 def loader_settings(trainer: Any) -> dict[str, Any]:
@@ -134,48 +110,105 @@ def input_fixes(loader: Mapping[str, Any], cuda: bool) -> list[str]:
 
 
 class SlowSteps:
-    """Step times against the rolling median of the healthy ones: :meth:`add` returns the trigger when ``m`` steps
-    in a row took more than ``k`` x that median. Slow steps stay out of the median; a slowdown that lasts
-    ``window // 2`` steps becomes the new normal (the median restarts from it)."""
+    """A sustained slowdown (module doc): :meth:`add` each clean step's own time; it returns the trigger when the
+    median of the last ``n`` steps first crosses the threshold (:meth:`baseline`). A step joins the healthy window
+    ``n`` steps later, once no slowdown was found in them: the steps of a slow stretch stay out of it; a stretch that lasts ``window // 2`` steps becomes the new normal, and so does one the
+    monitor confirmed (:meth:`rebase`)."""
 
-    def __init__(self, k: float = SLOW_FACTOR, m: int = SLOW_STEPS, window: int = WINDOW,
+    def __init__(self, k: float = SPREAD_K, n: int = RECENT_STEPS, min_rise: float = MIN_RISE, window: int = WINDOW,
                  min_steps: int = MIN_STEPS) -> None:
-        self.k, self.m, self.min_steps = k, m, min_steps
+        self.k, self.n, self.min_rise, self.min_steps = k, n, min_rise, max(min_steps, n)
         self.healthy: deque[float] = deque(maxlen=window)
-        self.run: list[tuple[int, float]] = []  #: the current run of slow steps (step, seconds)
-        self._med: float | None = None
-        self._added = 0  #: healthy steps added since the median was computed
+        self.recent: deque[tuple[int, float]] = deque(maxlen=n)
+        self._lag: deque[float] = deque()  #: the latest steps on their way to ``healthy``
+        self.run: list[tuple[int, float]] = []  #: the steps of the running slow stretch (step, seconds)
+        self._base: tuple[float, float, float] | None = None  #: (median, spread of n-medians, threshold)
+        self._added = 0  #: healthy steps added since the baseline was computed
+
+    def baseline(self) -> tuple[float, float, float] | None:
+        """(healthy median, spread of its ``n``-step medians, threshold) in seconds; None before ``min_steps``
+        healthy steps. Recomputed every :data:`REFRESH` healthy steps (sorting the window at every step would be
+        most of the monitor's per-step cost). Spread: 1.4826 x the median absolute deviation of the medians of
+        ``n`` consecutive healthy steps (every ``n // 3``-th start): the noise of the very figure compared,
+        bursts and their autocorrelation included. Threshold: the median plus the larger of ``min_rise`` of it
+        and ``k`` x the spread."""
+        if self._base is None or self._added >= REFRESH:
+            self._added = 0
+            h = list(self.healthy)
+            if len(h) < self.min_steps:
+                self._base = None
+                return None
+            med = statistics.median(h)
+            stride = max(1, self.n // 3)
+            meds = [statistics.median(h[i:i + self.n]) for i in range(0, len(h) - self.n + 1, stride)]
+            mm = statistics.median(meds)
+            spread = 1.4826 * statistics.median(abs(m - mm) for m in meds)
+            self._base = (med, spread, med + max(self.min_rise * med, self.k * spread))
+        return self._base
 
     def median(self) -> float | None:
-        """The rolling median (recomputed every :data:`REFRESH` healthy steps: it moves slowly, and sorting the
-        window at every step would be most of the monitor's per-step cost)."""
-        if self._med is None or self._added >= REFRESH:
-            self._added = 0
-            self._med = statistics.median(self.healthy) if len(self.healthy) >= self.min_steps else None
-        return self._med
+        b = self.baseline()
+        return None if b is None else b[0]
+
+    def recent_slow(self) -> bool | None:
+        """Whether the recent steps' median is over the threshold (a slow stretch is on, triggered or not); None
+        before ``n`` recent steps or a threshold."""
+        b = self._base
+        if b is None or len(self.recent) < self.n:
+            return None
+        return statistics.median(s for _, s in self.recent) > b[2]
 
     def add(self, step: int, seconds: float) -> dict[str, Any] | None:
-        med = self.median()
-        if med is None or seconds <= self.k * med:
-            if self.run:
-                self.run.clear()
-            self.healthy.append(seconds)
-            self._added += 1
-            if med is None:
-                self._med = None
-            return None
-        self.run.append((step, seconds))
-        if len(self.run) >= max(self.healthy.maxlen // 2, self.m + 1):  # type: ignore[operator]
-            self.healthy.clear()  # a lasting change: the new normal
-            self.healthy.extend(s for _, s in self.run)
+        b = self.baseline()
+        self.recent.append((step, seconds))
+        if b is not None and len(self.recent) == self.n:
+            med, _, thr = b
+            now = statistics.median(s for _, s in self.recent)
+            if now > thr:
+                self.run.append((step, seconds))
+                if len(self.run) >= max((self.healthy.maxlen or 0) // 2, self.n + 1):
+                    self.rebase()  # a lasting change nobody confirmed (no diagnosis allowed): the new normal
+                    return None
+                if len(self.run) == 1:
+                    self._lag.clear()  # the slow stretch: never healthy
+                    mid = med + (now - med) / 2
+                    first = next((st for st, s in self.recent if s > mid), step)
+                    return {"kind": "slow-steps", "step": step, "first": first, "median_s": med, "slow_s": now,
+                            "ratio": now / med, "threshold_s": thr}
+                return None
+        if self.run:
             self.run.clear()
-            self._med = None
-            return None
-        if len(self.run) == self.m:
-            slow = statistics.median(s for _, s in self.run)
-            return {"kind": "slow-steps", "step": step, "first": self.run[0][0], "median_s": med, "slow_s": slow,
-                    "ratio": slow / med}
+        # a step is healthy once the n steps after it showed no slowdown: the start of a slowdown stays out
+        self._lag.append(seconds)
+        if len(self._lag) > self.n:
+            self.healthy.append(self._lag.popleft())
+            self._added += 1
+            if b is None:
+                self._base = None
         return None
+
+    def rebase(self, steps: Sequence[float] = ()) -> None:
+        """A confirmed slowdown is the new normal: the healthy window restarts from ``steps`` (default: the slow
+        stretch's); the threshold comes back once it holds ``min_steps`` again."""
+        self.healthy.clear()
+        self.healthy.extend(steps or [s for _, s in self.run] or [s for _, s in self.recent])
+        self.run.clear()
+        self._lag.clear()
+        self._base = None
+
+    def restart_run(self) -> None:
+        """The running slow stretch was explained (contention): a new trigger needs ``n`` fresh steps still over the
+        threshold (its cause may have changed); its steps never join the healthy window."""
+        self.run.clear()
+        self.recent.clear()
+        self._lag.clear()
+
+    def forget_run(self) -> None:
+        """The slow stretch went away (a diagnosis found it transient): its steps were healthy after all; the recent
+        steps start over."""
+        self.run.clear()
+        self.healthy.extend(s for _, s in self.recent)
+        self.recent.clear()
 
 
 class Spikes:
@@ -219,25 +252,28 @@ class RateLimit:
 
 @dataclass
 class Snapshot:
-    """What one diagnostic profile saw: the breakdown (``summarize`` keys, ms), per-layer host time (seconds, self:
-    without children), per-op time (seconds, summed by op name), telemetry (``devices.nvml`` keys), communication
-    time (seconds) and the ranks' step times (seconds)."""
+    """What a stretch of steps showed: the parts' breakdown (``step_parts.Breakdown``; None: no clean step),
+    per-layer forward host time (seconds, self: without children; {} without layer timing), per-op time (seconds,
+    summed by op name; {} without a profile), telemetry (``devices.nvml`` keys), communication time (seconds), the
+    ranks' step times (seconds), the late rank (``step_parts.LateRank`` text and cost, when one was found) and other
+    processes' CPU load per CPU (None: not known)."""
 
     step: int
-    breakdown: dict[str, float] = field(default_factory=dict)
+    breakdown: Breakdown | None = None
     layers: dict[str, float] = field(default_factory=dict)
     ops: dict[str, float] = field(default_factory=dict)
     telemetry: dict[str, Any] = field(default_factory=dict)
     comm_s: float | None = None
     rank_step_s: list[float] = field(default_factory=list)
-    load: float | None = None  #: other processes' CPU load per CPU over the steps (None: not known)
+    late_rank: Any = None
+    load: float | None = None
 
 
 @dataclass(frozen=True)
 class Finding:
-    """One thing that grew: ``kind`` (``data wait``, ``host time``, ``GPU idle``, ``device busy``, ``layer``,
-    ``op``, ``communication``, ``straggler``, ``clocks``, ``power``), its name, before and after (units in
-    ``unit``) and the sentence for the alert."""
+    """One thing that grew: ``kind`` (``part``, ``hook``, ``cpu wait``, ``GPU idle``, ``device busy``, ``layer``,
+    ``op``, ``communication``, ``late rank``, ``straggler``, ``host load``, ``clocks``, ``power``, ``tscope``), its
+    name, before and after (units in ``unit``) and the sentence for the alert."""
 
     kind: str
     name: str
@@ -247,33 +283,58 @@ class Finding:
     text: str
 
 
-_PARTS = (("data_wait_ms", "data wait"), ("host_ms", "host time"), ("idle_ms", "GPU idle"),
-          ("device_busy_ms", "device busy"))
-
-
 def _grown(before: Mapping[str, float], after: Mapping[str, float], floor: float) -> list[tuple[str, float, float]]:
     rows = [(k, before.get(k, 0.0), v) for k, v in after.items() if v - before.get(k, 0.0) >= floor]
     return sorted(rows, key=lambda r: r[1] - r[2])
 
 
+def _step_ms(b: Breakdown | None) -> float:
+    return b.step_ms if b is not None else 0.0
+
+
+def _part(hb: Breakdown, nb: Breakdown, p: str) -> tuple[float, float]:
+    """A part before and after: the steps' medians where both have them (a preemption or a GC in one step lands
+    in whatever part ran: the median of each part is the typical step's), else the means."""
+    if p in hb.medians_ms and p in nb.medians_ms:
+        return hb.medians_ms[p], nb.medians_ms[p]
+    return hb.parts_ms.get(p, 0.0), nb.parts_ms.get(p, 0.0)
+
+
 def what_grew(healthy: Snapshot, now: Snapshot, *, cuda: bool, top: int = 3) -> list[Finding]:
-    """What grew from ``healthy`` to ``now``, largest first within each kind: the breakdown's parts that grew by at
-    least :data:`GREW_SHARE` of the step's growth (on CPU ``GPU idle`` is not a part: it is the data wait), the
-    ``top`` layers by host time and ops by time that grew by that much, communication, a straggler rank, and the
-    SM clock (dropped over 10%, with the throttle reasons) and power."""
+    """What grew from ``healthy`` to ``now``, largest first within each kind, by at least :data:`GREW_SHARE` of the
+    step's growth and :data:`NOISE_SHARE` of the healthy step: the parts (``tscope`` apart: tscope's own cost, never the run's), the hooks, loggers and
+    callbacks by name, the wait for a CPU, on a GPU the device's busy and idle time, the ``top`` layers by forward
+    host time and ops by time, communication, the late rank and a straggler rank, other processes' CPU load, the SM
+    clock (dropped over 10%, with the throttle reasons) and power."""
     out: list[Finding] = []
     hb, nb = healthy.breakdown, now.breakdown
-    grew_ms = max(nb.get("step_ms", 0.0) - hb.get("step_ms", 0.0), 0.0)
-    floor_ms = max(GREW_SHARE * grew_ms, 1e-3)
-    for key, name in _PARTS:
-        if (key == "idle_ms" or key == "device_busy_ms") and not cuda:
-            continue
-        a, b = hb.get(key), nb.get(key)
-        if a is not None and b is not None and b - a >= floor_ms:
-            out.append(Finding(name, name, a, b, "ms", f"{name} {a:.3g} -> {b:.3g} ms"))
+    grew_ms = max(_step_ms(nb) - _step_ms(hb), 0.0)
+    floor_ms = max(GREW_SHARE * grew_ms, NOISE_SHARE * _step_ms(hb), 1e-3)
+    if hb is not None and nb is not None:
+        rows = [(p, *_part(hb, nb, p)) for p in PARTS]
+        for p, a, b in sorted(rows, key=lambda r: r[1] - r[2]):
+            if b - a >= floor_ms:
+                kind = "tscope" if p == "tscope" else "part"
+                out.append(Finding(kind, p, a, b, "ms", f"{PART_TEXT[p]} {a:.3g} -> {b:.3g} ms a step"))
+        before = {f"{c.part}:{c.name}": c.ms for c in hb.named}
+        after = {f"{c.part}:{c.name}": c.ms for c in nb.named if c.part in ("hooks", "logging", "checkpoint")}
+        for key, a, b in _grown(before, after, floor_ms)[:top]:
+            name = key.partition(":")[2]
+            out.append(Finding("hook", name, a, b, "ms", f"{name} {a:.3g} -> {b:.3g} ms a step"))
+        if hb.cpu_wait_ms is not None and nb.cpu_wait_ms is not None and nb.cpu_wait_ms - hb.cpu_wait_ms >= floor_ms:
+            out.append(Finding("cpu wait", "waiting for a CPU", hb.cpu_wait_ms, nb.cpu_wait_ms, "ms",
+                               f"waiting for a CPU (other processes' work) {hb.cpu_wait_ms:.3g} -> "
+                               f"{nb.cpu_wait_ms:.3g} ms a step"))
+        if cuda:
+            for name, a, b in (("GPU idle", hb.idle_ms, nb.idle_ms), ("device busy", hb.device_busy_ms,
+                                                                      nb.device_busy_ms)):
+                if a is not None and b is not None and b - a >= floor_ms:
+                    out.append(Finding(name, name, a, b, "ms", f"{name} {a:.3g} -> {b:.3g} ms"))
     floor_s = floor_ms / 1e3
-    for kind, before, after in (("layer", healthy.layers, now.layers), ("op", healthy.ops, now.ops)):
-        for name, a, b in _grown(before, after, floor_s)[:top]:
+    for kind, before_s, after_s in (("layer", healthy.layers, now.layers), ("op", healthy.ops, now.ops)):
+        if not before_s:
+            continue  # no healthy figures to compare with
+        for name, a, b in _grown(before_s, after_s, floor_s)[:top]:
             label = f"'{name or '<root>'}'" if kind == "layer" else name
             out.append(Finding(kind, name, a * 1e3, b * 1e3, "ms",
                                f"{kind} {label} {a * 1e3:.3g} -> {b * 1e3:.3g} ms"))
@@ -281,6 +342,9 @@ def what_grew(healthy: Snapshot, now: Snapshot, *, cuda: bool, top: int = 3) -> 
         a = (healthy.comm_s or 0.0) * 1e3
         out.append(Finding("communication", "collectives", a, now.comm_s * 1e3, "ms",
                            f"communication {a:.3g} -> {now.comm_s * 1e3:.3g} ms"))
+    late = now.late_rank
+    if late is not None and late.finding:
+        out.append(Finding("late rank", f"rank {late.rank}", None, late.cost_ms, "ms", late.text))
     ranks = now.rank_step_s
     if len(ranks) > 1 and min(ranks) > 0 and max(ranks) / min(ranks) > 1.2:
         r = max(range(len(ranks)), key=ranks.__getitem__)
@@ -313,39 +377,87 @@ def host_contention(before: float | None, after: float | None) -> bool:
 
 
 def concentrated(healthy: Snapshot, now: Snapshot) -> str | None:
-    """The data wait, layer or op whose growth beyond a uniform slowdown of the whole step (its healthy time x
-    the step's ratio) is at least half the step's growth, or None: the step got slower all over (host contention,
-    lower clocks). A sleep in one layer or a slow loader is concentrated; a busy host is not."""
-    a, b = healthy.breakdown.get("step_ms"), now.breakdown.get("step_ms")
-    if not a or not b or b <= a:
+    """The part, hook, layer or op whose growth beyond the slowdown of the rest of the step (its healthy time x the
+    rest's ratio) is at least half the step's growth, or None: the step got slower all over (host contention, lower
+    clocks). A sleep in one layer, a slow loader or a slow callback is concentrated; a busy host is not. The parts
+    are compared by their medians over the steps (``Breakdown.medians_ms``)."""
+    hb, nb = healthy.breakdown, now.breakdown
+    if hb is None or nb is None:
         return None
-    ratio, grew = b / a, b - a
-    cands = [("data wait", healthy.breakdown.get("data_wait_ms", 0.0), now.breakdown.get("data_wait_ms", 0.0))]
-    cands += [(f"layer '{k or '<root>'}'", healthy.layers.get(k, 0.0) * 1e3, v * 1e3) for k, v in now.layers.items()]
-    cands += [(k, healthy.ops.get(k, 0.0) * 1e3, v * 1e3) for k, v in now.ops.items()]
+    parts = {p: _part(hb, nb, p) for p in PARTS}
+    a, b = sum(x for x, _ in parts.values()), sum(y for _, y in parts.values())
+    if a <= 0 or b <= a:
+        return None
+    grew = b - a
+    cands = [(PART_TEXT[p], x, y) for p, (x, y) in parts.items() if p != "other"]
+    before = {f"{c.part}:{c.name}": c.ms for c in hb.named}
+    cands += [(c.name, before.get(f"{c.part}:{c.name}", 0.0), c.ms) for c in nb.named]
+    if healthy.layers:
+        cands += [(f"layer '{k or '<root>'}'", healthy.layers.get(k, 0.0) * 1e3, v * 1e3) for k, v in now.layers.items()]
+    if healthy.ops:
+        cands += [(k, healthy.ops.get(k, 0.0) * 1e3, v * 1e3) for k, v in now.ops.items()]
     for name, x, y in cands:
-        if y - ratio * x >= 0.5 * grew:
+        rest = (b - y) / (a - x) if a - x > 0 else 1.0  # how much the rest of the step slowed
+        if y - max(rest, 1.0) * x >= 0.5 * grew:
             return name
     return None
 
 
-def alert_text(trigger: Mapping[str, Any], findings: Sequence[Finding], healthy_step: int | None) -> str:
-    """The alert's sentence: the trigger, then what grew against the healthy profile (or that nothing did)."""
+def contention(healthy: Snapshot, now: Snapshot) -> bool:
+    """The slowdown is the machine's, not the run's: the training thread's wait for a CPU grew by at least half the
+    step's growth, or the step slowed all over (nothing :func:`concentrated`) while other processes loaded the CPUs
+    (:func:`host_contention`: a CPU shared with a busy neighbour runs everything slower, which timing alone cannot
+    tell from a slower run). A slowdown concentrated in a part, hook, layer or op is the run's, whatever the load."""
+    hb, nb = healthy.breakdown, now.breakdown
+    if hb is not None and nb is not None and hb.cpu_wait_ms is not None and nb.cpu_wait_ms is not None:
+        grew = nb.step_ms - hb.step_ms
+        if grew > 0 and nb.cpu_wait_ms - hb.cpu_wait_ms >= 0.5 * grew:
+            return True
+    return host_contention(healthy.load, now.load) and concentrated(healthy, now) is None
+
+
+def contention_text(trigger: Mapping[str, Any], findings: Sequence[Finding], healthy: Snapshot,
+                    now: Snapshot) -> str:
+    """A slowdown named as contention (:func:`contention`): when, how much, the load and the CPU wait behind it."""
+    hb, nb = healthy.breakdown, now.breakdown
+    why = []
+    if now.load is not None:
+        why.append(f"other processes' CPU load {'' if healthy.load is None else f'{healthy.load:.2f} -> '}"
+                   f"{now.load:.2f} per CPU")
+    if hb is not None and nb is not None and hb.cpu_wait_ms is not None and nb.cpu_wait_ms is not None:
+        why.append(f"the training thread waiting {hb.cpu_wait_ms:.3g} -> {nb.cpu_wait_ms:.3g} ms a step for a CPU")
+    grew = [f.text for f in findings if f.kind not in ("host load", "cpu wait")]
+    return (f"tscope step monitor: contention at steps {trigger['first']}-{trigger['step']}: the steps took "
+            f"{trigger['slow_s'] * 1e3:.3g} ms, {trigger['ratio']:.3g}x the healthy median "
+            f"{trigger['median_s'] * 1e3:.3g} ms, spread over the whole step, with " + " and ".join(why or ["the CPUs "
+            "busy"]) + ": the machine's load, not the run's (not alerted)"
+            + (f". What grew: {'; '.join(grew)}." if grew else "."))
+
+
+def alert_text(trigger: Mapping[str, Any], findings: Sequence[Finding], healthy_step: int | None,
+               note: str = "") -> str:
+    """The alert's sentence: the trigger, then what grew against the healthy steps (and the baseline profile of
+    ``healthy_step`` where there is one), or that nothing did; ``note``: why there was no profile."""
     kind = trigger.get("kind")
     if kind == "slow-steps":
         head = (f"steps {trigger['first']}-{trigger['step']} took {trigger['slow_s'] * 1e3:.3g} ms, "
-                f"{trigger['ratio']:.3g}x the rolling median {trigger['median_s'] * 1e3:.3g} ms")
+                f"{trigger['ratio']:.3g}x the healthy median {trigger['median_s'] * 1e3:.3g} ms (threshold "
+                f"{trigger['threshold_s'] * 1e3:.3g} ms from the run's own spread)")
     elif kind == "loss-spike":
         head = f"loss spike at step {trigger['step']}: {trigger['value']:.4g}, {trigger['ratio']:.3g}x its median"
     elif kind == "grad-spike":
         head = (f"gradient-norm spike at step {trigger['step']}: {trigger.get('ratio', 0.0):.3g}x the median (NaN "
                 "guard)")
+    elif kind == "late-rank":
+        head = f"a late rank at step {trigger.get('step')}"
     else:
         head = f"{kind} at step {trigger.get('step')}"
-    base = f"against the healthy profile of step {healthy_step}" if healthy_step is not None else "(no healthy profile)"
+    base = (f"against the healthy steps and the baseline profile of step {healthy_step}" if healthy_step is not None
+            else "against the healthy steps")
+    tail = f" ({note})" if note else ""
     if not findings:
-        return f"tscope step monitor: {head}. Profiled the next step {base}: nothing grew beyond the noise."
-    return f"tscope step monitor: {head}. What grew {base}: " + "; ".join(f.text for f in findings) + "."
+        return f"tscope step monitor: {head}. Compared {base}{tail}: nothing grew beyond the noise."
+    return f"tscope step monitor: {head}. What grew {base}{tail}: " + "; ".join(f.text for f in findings) + "."
 
 
 def witness(mfu: float | None, tensor_active: float | None, margin: float = WITNESS_MARGIN) -> str | None:

@@ -13,9 +13,9 @@ Two uses:
   :data:`SETTLE_TOL` of their median), and the first profile waits for it (:meth:`StepClock.basis`).
 - :class:`WindowTimer` at logging steps only: one timestamp per window of ``log_every_n_steps`` steps; a window is
   read one window later (by then its events are long complete), so the automatic MFU costs no sync either.
-- :class:`BreakdownClock` at every step (the step monitor): a host time and, on CUDA, an event at each batch's start
-  and end; a step's parts (``analysis.anomaly.StepTimes``: data wait, host, device busy, idle) are read once its
-  end event has completed (``query()``), never by waiting.
+- :class:`DeviceClock` at every step on a GPU (the step monitor): an event at each step's start and end; the
+  device's busy and idle time are read once the end event has completed (``query()``), never by waiting. The
+  step's host parts are the monitor's probe's (``callbacks.loop_probe``).
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ from typing import Any
 
 import torch
 
-from tscope_callbacks.analysis.anomaly import StepTimes
 from tscope_callbacks.devices.calibrate import CpuSnapshot, cpu_snapshot, host_environment
 from tscope_callbacks.hostclock import host_time
 
-__all__ = ["Stamp", "StepClock", "StepBasis", "WindowTimer", "PendingWindow", "BreakdownClock", "SETTLE_STEPS", "SETTLE_TOL",
+__all__ = ["Stamp", "StepClock", "StepBasis", "WindowTimer", "PendingWindow", "DeviceClock", "SETTLE_STEPS", "SETTLE_TOL",
            "MIN_BASIS_STEPS"]
 
 #: clean unprofiled steps in a row whose durations must agree before any is a step-time basis (warm-up is over)
@@ -238,23 +237,21 @@ class WindowTimer:
         return done
 
 
-class BreakdownClock:
-    """Every step's parts (module doc), without a host sync: :meth:`begin` at a batch's start, :meth:`end` at its end
-    (the optimizer step's last micro-batch: a step with gradient accumulation spans its micro-batches),
-    :meth:`mark_dirty` when the running step holds non-training work; :meth:`ready` hands out the completed steps."""
+class DeviceClock:
+    """The device's side of every step on a GPU, without a host sync: :meth:`begin` at a step's first batch start
+    and :meth:`end` at its last batch end record a CUDA event each (reused: none is created per step);
+    :meth:`ready` hands out ``(step, busy s, span s, idle s, first)`` of the steps whose end event the GPU has
+    passed (``query()``, never waiting): busy from the step's start to its end on the stream, span from the
+    previous step's end to this one's (the device's step), idle = span - busy (the stream waited for the host);
+    ``first``: no previous end (no span)."""
 
-    def __init__(self, cuda: bool, keep: int = 64) -> None:
-        self.cuda = cuda
-        self._t0: float | None = None  #: host time of the running step's start
-        self._e0: Any = None  #: its CUDA event
-        self._wait = 0.0  #: its data wait
+    def __init__(self, keep: int = 64) -> None:
+        self._e0: Any = None  #: the running step's start event
         self._step = -1
-        self._prev_end: float | None = None  #: host time of the previous step's end
-        self._prev_event: Any = None  #: its CUDA event
-        self._dirty = True  #: the first step (warm-up) is no basis
-        #: (step, data wait, host s, start event, end event, previous end event, dirty) of steps not yet read
-        self._pending: deque[tuple[int, float, float, Any, Any, Any, bool]] = deque(maxlen=keep)
-        self._free: list[Any] = []  #: events read and done with (reused: no event is created per step)
+        self._prev: Any = None  #: the previous step's end event
+        #: (step, start event, end event, previous end event) of steps not yet read
+        self._pending: deque[tuple[int, Any, Any, Any]] = deque(maxlen=keep)
+        self._free: list[Any] = []  #: events read and done with
 
     def _event(self) -> Any:
         e = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
@@ -262,45 +259,24 @@ class BreakdownClock:
         return e
 
     def begin(self, step: int) -> None:
-        t = host_time()
-        if self._t0 is not None:  # a step that never ended (an exception, a skipped batch): left out
-            self._dirty = True
-        self._wait = 0.0 if self._prev_end is None else t - self._prev_end
-        self._t0, self._step = t, step
-        if self.cuda:
-            self._e0 = self._event()
+        self._e0, self._step = self._event(), step
 
-    def end(self) -> StepTimes | None:
-        """Close the running step; on CPU its parts are known now (returned), on CUDA once :meth:`ready` sees them."""
-        if self._t0 is None:
-            return None
-        t = host_time()
-        host = t - self._t0
-        dirty = self._dirty or self._prev_end is None
-        out = None
-        if self.cuda:
-            e1 = self._event()
-            self._pending.append((self._step, self._wait, host, self._e0, e1, self._prev_event, dirty))
-            self._prev_event = e1
-        else:  # the host is the device: busy = host, idle = the data wait
-            out = StepTimes(self._step, self._wait, host, host, self._wait, t - self._prev_end if
-                            self._prev_end is not None else host, dirty)
-        self._prev_end, self._t0, self._dirty = t, None, False
-        return out
+    def end(self) -> None:
+        if self._e0 is None:
+            return
+        e1 = self._event()
+        self._pending.append((self._step, self._e0, e1, self._prev))
+        self._prev, self._e0 = e1, None
 
-    def mark_dirty(self) -> None:
-        self._dirty = True
-
-    def ready(self) -> list[StepTimes]:
-        """The CUDA steps whose end event the GPU has passed, oldest first (no waiting; [] on CPU)."""
+    def ready(self) -> list[tuple[int, float, float, float, bool]]:
         out = []
         while self._pending:
-            step, wait, host, e0, e1, prev, dirty = self._pending[0]
+            step, e0, e1, prev = self._pending[0]
             if not e1.query():
                 break
             self._pending.popleft()
             busy = e0.elapsed_time(e1) / 1e3
             span = prev.elapsed_time(e1) / 1e3 if prev is not None else busy
-            out.append(StepTimes(step, wait, host, busy, max(span - busy, 0.0), span, dirty or prev is None))
+            out.append((step, busy, span, max(span - busy, 0.0), prev is None))
             self._free += [e0] if prev is None else [e0, prev]  # this step was the last to need them
         return out

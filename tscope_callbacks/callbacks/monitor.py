@@ -1,14 +1,18 @@
-"""``StepMonitor``: where every step's time goes (data wait, host, device busy, idle), GPU power, clocks and energy,
-and a diagnostic profile when a step gets slow or the loss or gradient norm spikes. The maths is in
-``analysis.anomaly``, the timing in ``callbacks.clock.BreakdownClock`` (CUDA events read once complete: no host
-sync), NVML in ``devices.nvml``, each layer's host time in ``capture.module_clock``."""
+"""``StepMonitor``: where every step's time goes, in named parts measured where they happen; input-bound and
+loop-overhead verdicts; late ranks with their cost; GPU power, clocks and energy; and a diagnosis when steps get
+slow or the loss or gradient norm spikes. The parts are the probe's (``callbacks.loop_probe``), their maths in
+``analysis.step_parts``, the triggers and what grew in ``analysis.anomaly``, the device's side in
+``callbacks.clock.DeviceClock`` (CUDA events read once complete: no host sync), NVML in ``devices.nvml``, each
+layer's host time in ``capture.module_clock``."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import statistics
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
@@ -16,21 +20,106 @@ import torch
 from typing_extensions import override
 
 from tscope_callbacks.analysis import anomaly as an
+from tscope_callbacks.analysis import step_parts as sp
 from tscope_callbacks.analysis.anomaly import loader_settings
+from tscope_callbacks.analysis.step_parts import Breakdown, StepTimes
 from tscope_callbacks.callbacks import session
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
-from tscope_callbacks.callbacks.clock import BreakdownClock
+from tscope_callbacks.callbacks.clock import DeviceClock
+from tscope_callbacks.callbacks.loop_probe import LoopProbe
 from tscope_callbacks.callbacks.sinks import metric_key
-from tscope_callbacks.devices.calibrate import cpu_snapshot, others_load_per_cpu
+from tscope_callbacks.devices.calibrate import CpuSnapshot, cpu_snapshot, others_load_per_cpu
+from tscope_callbacks.hostclock import host_time
 from tscope_callbacks.records import StepProfile
 
-__all__ = ["StepMonitor", "CONFIRM_STEPS", "loader_settings"]
+__all__ = ["StepMonitor", "MonitorOptions", "CONFIRM_STEPS", "LAYER_STEPS", "loader_settings"]
 
 log = logging.getLogger("tscope_callbacks")
 
-#: after a slow-step trigger's profile, this many clean steps must still be slow (median above ``slow_factor`` x
-#: the healthy median) before the alert goes out; a slowdown that went away is counted in ``transients``
+#: after a diagnosis, this many clean steps must still be slow (their median above the trigger's threshold) before
+#: a slow-steps alert goes out; a slowdown that went away is counted in ``transients``
 CONFIRM_STEPS = 3
+#: clean steps before the monitor's own baseline profile (alone in a trainer): warm-up is over
+BASELINE_STEPS = 10
+#: other processes' CPU load is read at logging steps at most this often (seconds)
+LOAD_EVERY_S = 1.0
+#: steps whose layers' forward host times are timed after a diagnosis' profile (their median is compared)
+LAYER_STEPS = 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class MonitorOptions:
+    """The step monitor's thresholds. Every field is keyword-only."""
+
+    #: a slowdown is significant at this many times the spread of the healthy steps' n-step medians ...
+    spread_k: float = an.SPREAD_K
+    #: ... where n is this many recent steps (their median is compared with the healthy median) ...
+    recent_steps: int = an.RECENT_STEPS
+    #: ... and when it is at least this share of the healthy median (0.10: slowdowns of 10% or more)
+    min_rise: float = an.MIN_RISE
+    #: healthy steps behind the median and spread
+    window: int = an.WINDOW
+    #: healthy steps before any slow-steps trigger
+    min_steps: int = an.MIN_STEPS
+    #: clean steps after a diagnosis that must still be slow before a slow-steps alert
+    confirm_steps: int = CONFIRM_STEPS
+    #: loss spike factor (a loss above this many times its rolling median); None: off
+    loss_spike: float | None = an.LOSS_SPIKE
+    #: trigger on a ``NaNGuardCallback``'s gradient-norm spikes (same trainer, read-only)
+    grad_spikes: bool = True
+    #: fetch + transfer share of the step from which a run is input-bound
+    input_bound_share: float = sp.INPUT_BOUND_SHARE
+    #: the loop's own work (hooks, logging, checkpoints, Lightning's bookkeeping) share from which it is a finding
+    loop_share: float = sp.LOOP_SHARE
+    #: a late rank is a finding when the others wait for it this share of the step ...
+    late_share: float = sp.LATE_SHARE
+    #: ... and at least this many ms a step
+    late_min_ms: float = sp.LATE_MIN_MS
+    #: at most one diagnosis per this many steps ...
+    min_gap_steps: int = an.MIN_GAP_STEPS
+    #: ... and this many per fit (None: no cap)
+    max_alerts: int | None = 10
+    #: no capture (a profile, per-layer timing) before this step. In a trainer with a scheduled tscope callback
+    #: (``RooflineCallback``, ``LayerProfilerCallback``) their earliest ``start_step`` applies and the monitor's
+    #: baseline is their first profile; alone, the monitor takes its own baseline profile at this step or later
+    start_step: int = 0
+    #: also alert on a slowdown explained by other processes' load (default: logged at INFO, kept in ``contended``)
+    alert_on_contention: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("spread_k", "min_rise", "input_bound_share", "loop_share", "late_share", "late_min_ms",
+                     "loss_spike"):
+            v = getattr(self, name)
+            if name == "loss_spike" and v is None:
+                continue
+            lo = 1.0 if name == "loss_spike" else 0.0
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > lo or not math.isfinite(v):
+                raise ValueError(f"MonitorOptions.{name} must be a number > {lo:g}"
+                                 f"{' (or None: off)' * (name == 'loss_spike')}, got {v!r}")
+        for name in ("recent_steps", "window", "min_steps", "confirm_steps", "min_gap_steps", "max_alerts",
+                     "start_step"):
+            v = getattr(self, name)
+            if name == "max_alerts" and v is None:
+                continue
+            lo = 0 if name == "start_step" else 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"MonitorOptions.{name} must be an int >= {lo}, got {v!r}")
+        if self.recent_steps > self.window // 2:
+            raise ValueError(f"MonitorOptions.recent_steps ({self.recent_steps}) must be at most half the window "
+                             f"({self.window})")
+
+
+class _HostLoad:
+    """Other processes' CPU load per CPU (``devices.calibrate``: ``/proc/stat`` less this process)."""
+
+    def snapshot(self) -> CpuSnapshot:
+        return cpu_snapshot()
+
+    def load(self, since: CpuSnapshot) -> float | None:
+        return others_load_per_cpu(since)
+
+    def load_between(self, a: CpuSnapshot, b: CpuSnapshot) -> float | None:
+        return others_load_per_cpu(a, b)
 
 
 class _Work:
@@ -46,113 +135,168 @@ class _Work:
         self.seen = True
 
 
+@dataclass
+class _Diagnosis:
+    """One diagnosis under way: its trigger (None: the healthy baseline), the step it starts at, whether it may
+    capture (a profile, per-layer timing: past ``start_step``), and what it collected."""
+
+    why: dict[str, Any] | None
+    at: int
+    capture: bool
+    snap: an.Snapshot
+    slow: list[StepTimes] = field(default_factory=list)  #: the slow steps that triggered it
+    started: bool = False
+    profile_step: int | None = None
+    layer_steps: list[dict[str, float]] = field(default_factory=list)
+    confirm: list[StepTimes] = field(default_factory=list)
+    load_since: CpuSnapshot | None = None
+    note: str = ""
+
+
+class _RankGather:
+    """Every rank's step parts at logging steps (one all-gather, at a step every rank reaches): on CPU the rows
+    come back at once (gloo waits for the ranks: that wait is counted as sync); on CUDA the gather runs on the
+    stream and its rows are read at a later logging step once an event says it completed (no host sync)."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.pending: deque[tuple[int, Any, Any]] = deque(maxlen=4)
+
+    def exchange(self, trainer: pl.Trainer, vec: list[float], step: int) -> list[tuple[int, list[list[float]]]]:
+        t = torch.tensor(vec, dtype=torch.float64, device=trainer.strategy.root_device)
+        g = trainer.strategy.all_gather(t).reshape(trainer.world_size, len(vec))
+        if not self.cuda:
+            return [(step, g.tolist())]
+        ev = torch.cuda.Event()
+        ev.record()
+        self.pending.append((step, g, ev))
+        out = []
+        while self.pending and self.pending[0][2].query():
+            s, rows, _ = self.pending.popleft()
+            out.append((s, rows.tolist()))
+        return out
+
+
 class StepMonitor(ProfilingCallback):
     """Always-on step monitor (on by default inside ``RooflineCallback``; usable alone).
 
-    Every optimizer step is timed in four parts without a host sync (``callbacks.clock.BreakdownClock``): **data
-    wait** (previous batch end to this batch start on the host: the DataLoader), **host** time (batch start to end),
-    **device busy** (CUDA events around the step; on CPU the host time: the host is the device) and **idle** (the
-    device's step minus its busy time; on CPU the data wait). A step is **input-bound** when its data wait is at
-    least ``input_bound_share`` of the step; the monitor then says which DataLoader setting to change
-    (``num_workers``, ``pin_memory``, ``persistent_workers``, ``prefetch_factor``: read from the trainer's loader),
-    once per fit, and labels profiled steps with it (``meta["step_breakdown"]``: the report's time split).
+    Every optimizer step is timed from the start of its first fetch to the start of the next step's, in named
+    parts, each measured where it happens (``callbacks.loop_probe``: the same actions Lightning's ``SimpleProfiler``
+    times): **fetch** (the DataLoader's ``next``), **transfer** (to the device), **forward**, **backward**,
+    **optimizer**, **sync** (waiting for other ranks: DDP's all-reduce wait at the end of backward, Lightning's
+    per-step SIGTERM broadcast), **hooks** (other callbacks', the module's), **logging**, **checkpoint**,
+    **tscope** (tscope's own hooks: shown, never blamed on the run) and **other** (Lightning's bookkeeping); beside
+    them the training thread's **wait for a CPU** (the kernel's run-queue wait: contention) and, on a GPU, the
+    device's busy and idle time (CUDA events, read once complete: no host sync).
 
-    Triggers, each profiling the next step once (``ts.profile`` plus each layer's forward host time), rate-limited
-    to one per ``min_gap_steps`` and ``max_alerts`` per fit: ``slow_steps`` steps in a row slower than
-    ``slow_factor`` x the rolling median of the healthy steps (confirmed by :data:`CONFIRM_STEPS` more slow steps
-    after the profile); a loss above ``loss_spike`` x its rolling median; a gradient-norm spike found by a
-    ``NaNGuardCallback`` in the same trainer (read-only). The profile is compared with the healthy baseline profile
-    the monitor takes once ``min_steps`` healthy steps are known, and an alert names what grew (data wait, host
-    time, GPU idle, layers, ops, communication, a straggler rank, SM clock and power): a log line on logger
-    ``tscope_callbacks``, a TensorBoard/file text entry and, with a W&B logger, ``wandb.alert``.
+    Verdicts, over the last 64 clean steps and from 8 on, once per fit: **input-bound** when fetch + transfer are at
+    least ``input_bound_share`` of the step (on a GPU the device idles that long too), naming the DataLoader
+    setting to change; **loop overhead** when the loop's own work is at least ``loop_share`` of the step, naming its
+    biggest items (a logger at every step, a checkpoint every N steps, a slow callback). Under DDP every rank's parts
+    are gathered at logging steps and the **late rank** is named with how much every other rank waits for it a step
+    and the part it is slow in (its data, its compute, its host): scalars, an alert, and the dashboard's per-rank
+    view.
+
+    A **slowdown** of the run's own step time (the step less its wait for a CPU) is found from the run's own
+    spread (``analysis.anomaly.SlowSteps``: the median of the last 12 steps against the healthy median plus 4x
+    the spread of 12-step medians, and at least 10%); a loss spike and a ``NaNGuardCallback``'s gradient-norm spike
+    are triggers too. Each trigger starts one diagnosis: where a capture is allowed (from ``start_step``; once a
+    baseline profile exists to compare with) a profile of the next step and each layer's forward host time over the
+    3 steps after it; then 3 clean steps must confirm the slowdown. The alert names what grew against the healthy
+    steps (parts, hooks, layers, ops, communication, the late rank, clocks, power); a slowdown spread over the
+    whole step while other processes load the CPUs is contention, logged at INFO and kept in ``contended``.
 
     GPU telemetry (``telemetry=True``, needs the ``nvml`` extra, CUDA only; never a CUDA sync), sampled at logging
-    steps: power, energy per step and per token from the total-energy counter, SM clock, throttle reasons,
-    temperature, memory used and, on Hopper and later, the GPM tensor-pipe active share, flagged when it and the
-    FLOP-count MFU (a ``RooflineCallback``'s) are more than ``analysis.anomaly.WITNESS_MARGIN`` apart.
+    steps: power, energy per step and per token, SM clock, throttle reasons, temperature, memory used and, on Hopper
+    and later, the GPM tensor-pipe active share, flagged when it and a ``RooflineCallback``'s MFU are more than
+    ``analysis.anomaly.WITNESS_MARGIN`` apart.
 
     Args:
-        slow_factor, slow_steps: a step is slow above ``slow_factor`` x the rolling median (default 2.0) for
-            ``slow_steps`` steps in a row (default 5).
-        window, min_steps: healthy steps behind the rolling medians (100), and before any trigger (20).
-        loss_spike: loss spike factor (3.0); None: off.
-        grad_spikes: trigger on the NaN guard's gradient-norm spikes.
-        input_bound_share: data-wait share of the step from which a step is input-bound (0.10).
-        min_gap_steps, max_alerts: rate limit of triggered profiles (100 steps apart, 10 per fit; None: no cap).
-        profile: take the diagnostic profiles (False: no ``ts.profile``; the layers' host times, the breakdown and
-            telemetry still compare).
+        options: the thresholds (:class:`MonitorOptions`).
+        profile: take diagnostic and baseline profiles (False: no ``ts.profile``; the layers' host times, the parts
+            and telemetry still compare).
         telemetry: read NVML on CUDA devices.
-        alert_on_contention: also alert when the whole step slowed (nothing concentrated in the data wait, a layer
-            or an op) while other processes kept the CPUs busy (``anomaly.host_contention``; default: such a
-            slowdown is logged at INFO and kept in ``contended``, not alerted).
         raise_errors: let tscope's own errors propagate (default: one log line per failing part).
 
-    Keys (logging steps; with a logger only, as the NaN guard's norms): ``tscope/step/{data_wait_ms, host_ms,
-    device_busy_ms, idle_ms, step_ms, data_wait_share, input_bound}`` (medians over the interval's clean steps);
-    with telemetry ``tscope/gpu/{power_w, energy_j_per_step, energy_j_per_token, sm_clock_mhz, throttled,
-    temperature_c, memory_used_mb, tensor_active, mfu_witness_gap}``; alerts as text ``tscope/step/alerts``.
+    Keys (logging steps; to the run's loggers only): ``tscope/step/{step_ms, fetch_ms, transfer_ms, forward_ms,
+    backward_ms, optimizer_ms, sync_ms, hooks_ms, logging_ms, checkpoint_ms, tscope_ms, other_ms, loop_ms,
+    cpu_wait_ms, fetch_share, input_bound}`` (means over the interval's clean steps; on a GPU also
+    ``device_busy_ms``, ``idle_ms`` and under DDP ``device_sync_ms``); under DDP ``tscope/ranks/step_ms/<rank>``,
+    ``tscope/ranks/sync_ms/<rank>``, ``tscope/ranks/late_rank``, ``tscope/ranks/late_cost_ms``; with telemetry
+    ``tscope/gpu/{power_w, energy_j_per_step, energy_j_per_token, sm_clock_mhz, throttled, temperature_c,
+    memory_used_mb, tensor_active, mfu_witness_gap}``; alerts as text ``tscope/step/alerts``.
 
-    Attributes: ``alerts`` (dicts: step (when it went out), profile_step, trigger, findings (``anomaly.Finding``),
-    text, breakdown and healthy (``summarize`` keys)), ``transients`` (slow runs that went away before
-    the alert), ``contended`` (slowdowns explained by other processes' load), ``last_breakdown`` (the last logged medians), ``input_fixes``, ``telemetry_off`` (why no telemetry),
-    ``healthy`` (the baseline ``anomaly.Snapshot``).
+    Attributes: ``alerts`` (dicts: step, profile_step, trigger, findings (``anomaly.Finding``), text, breakdown and
+    healthy (``Breakdown``)), ``transients``, ``contended``, ``last_breakdown`` (the last logged ``Breakdown``),
+    ``input_fixes``, ``loop_finding``, ``late`` (the last ``step_parts.LateRank``), ``rank_history``,
+    ``telemetry_off``, ``healthy`` (the baseline ``anomaly.Snapshot``), ``captures`` (steps the monitor captured).
     """
 
-    def __init__(self, *, slow_factor: float = an.SLOW_FACTOR, slow_steps: int = an.SLOW_STEPS,
-                 window: int = an.WINDOW, min_steps: int = an.MIN_STEPS, loss_spike: float | None = an.LOSS_SPIKE,
-                 grad_spikes: bool = True, input_bound_share: float = an.INPUT_BOUND_SHARE,
-                 min_gap_steps: int = an.MIN_GAP_STEPS, max_alerts: int | None = 10, profile: bool = True,
-                 telemetry: bool = True, alert_on_contention: bool = False, raise_errors: bool = False) -> None:
+    def __init__(self, options: MonitorOptions | None = None, *, profile: bool = True, telemetry: bool = True,
+                 raise_errors: bool = False) -> None:
         super().__init__(every_n_steps=None, start_step=0, max_profiles=0, raise_errors=raise_errors)
-        for name, v, lo in (("slow_factor", slow_factor, 1.0), ("input_bound_share", input_bound_share, 0.0),
-                            ("loss_spike", 2.0 if loss_spike is None else loss_spike, 1.0)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > lo:
-                raise ValueError(f"{name} must be a number > {lo:g}{' (or None: off)' * (name == 'loss_spike')}, "
-                                 f"got {v!r}")
-        for name, v in (("slow_steps", slow_steps), ("window", window), ("min_steps", min_steps),
-                        ("min_gap_steps", min_gap_steps), ("max_alerts", 1 if max_alerts is None else max_alerts)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        self.slow_factor, self.slow_steps, self.window, self.min_steps = float(slow_factor), slow_steps, window, min_steps
-        self.loss_spike, self.grad_spikes, self.input_bound_share = loss_spike, grad_spikes, float(input_bound_share)
-        self.min_gap_steps, self.max_alerts, self.profile, self.telemetry = min_gap_steps, max_alerts, profile, telemetry
-        self.alert_on_contention = alert_on_contention
+        if options is not None and not isinstance(options, MonitorOptions):
+            raise TypeError(f"options must be a tscope_callbacks.MonitorOptions, got {type(options).__name__}")
+        for name, v in (("profile", profile), ("telemetry", telemetry)):
+            if not isinstance(v, bool):
+                raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
+        self.options = options or MonitorOptions()
+        self.profile, self.telemetry = profile, telemetry
+        self.probe = LoopProbe()
+        #: other processes' CPU load: ``snapshot()`` now, ``load(since)`` per CPU since then (tests script it)
+        self.host_load: Any = _HostLoad()
         self._reset(False)
 
     def _reset(self, cuda: bool) -> None:
+        o = self.options
         self.cuda = cuda
-        self.clock = BreakdownClock(cuda)
-        self.slow = an.SlowSteps(self.slow_factor, self.slow_steps, self.window, self.min_steps)
-        self.losses = an.Spikes(self.loss_spike or 1.0, self.window, self.min_steps)
-        self.limit = an.RateLimit(self.min_gap_steps, self.max_alerts)
-        self.recent: deque[an.StepTimes] = deque(maxlen=self.window)  #: healthy clean steps
-        self.interval: list[an.StepTimes] = []  #: steps since the last logging step
-        self._verdict: deque[an.StepTimes] = deque(maxlen=an.VERDICT_WINDOW)  #: recent clean steps (input-bound)
+        self.probe.cuda = cuda
+        self.device = DeviceClock() if cuda else None
+        self.slow = an.SlowSteps(o.spread_k, o.recent_steps, o.min_rise, o.window, o.min_steps)
+        self.losses = an.Spikes(o.loss_spike or 1.0, o.window, o.min_steps)
+        self.limit = an.RateLimit(o.min_gap_steps, None)  #: diagnostic profiles: one per min_gap_steps
+        self.suppressed = 0  #: alerts over ``max_alerts`` (logged at INFO, not sent)
+        self.recent = sp.Rolling(o.window)  #: healthy clean steps
+        self.interval: list[StepTimes] = []  #: steps since the last logging step
+        self._verdict = sp.Rolling(sp.VERDICT_WINDOW)  #: recent clean steps (verdicts)
+        self._latest = sp.Rolling(2 * o.recent_steps)  #: the latest clean steps (contention episodes)
+        self._lag: deque[StepTimes] = deque()  #: clean steps on their way to ``recent`` (n steps behind)
+        self._clean = 0  #: clean steps seen
+        self._host: dict[int, tuple[StepTimes, list]] = {}  #: CUDA: host steps waiting for their device figures
+        self._dev: dict[int, tuple[float, float, float, bool]] = {}  #: ... and device figures waiting for them
         self.alerts: list[dict[str, Any]] = []
         self.contended: list[dict[str, Any]] = []
         self.transients = 0
-        self.last_breakdown: dict[str, float] = {}
+        self.last_breakdown: Breakdown | None = None
         self.input_fixes: list[str] = []
+        self.loop_finding: str | None = None
+        self.late: sp.LateRank | None = None
+        self.rank_history: list[tuple[int, sp.LateRank]] = []
         self.healthy: an.Snapshot | None = None
+        self.captures: list[int] = []  #: steps the monitor captured (profiles and layer timing)
         self.telemetry_off = "" if cuda else "not a CUDA device"
         self._gs = -1
-        self._profile_at: int | None = None  #: the step the next diagnostic profile is due at
+        self._diag: _Diagnosis | None = None
         self._diag_step: int | None = None  #: the step of the running diagnostic profile
-        self._why: dict[str, Any] | None = None  #: its trigger (None: the healthy baseline)
         self._modclock: Any = None
-        self._snap: an.Snapshot | None = None  #: the diagnosis under way (its profile's step)
-        self._confirm: list[an.StepTimes] = []  #: the clean steps after it
-        self._layer_steps: list[dict[str, float]] = []  #: each layer's forward host time in those steps
-        self._slow_run, self._slow_trigger_run = [], []  # (StepTimes) the running slow run; the trigger's
-        self._load_since = self._load_snap = None  #: CPU counters (others' load over the diagnosis, the interval)
+        self._scheduled: list[ProfilingCallback] = []  #: the trainer's scheduled tscope callbacks
+        self._capture_from = self.options.start_step
+        self._base_ops: tuple[int, dict[str, float]] | None = None  #: a scheduled profile's step and ops
+        self._load_snap: CpuSnapshot | None = None
+        self._load_start: CpuSnapshot | None = None
         self._load_healthy: float | None = None
         self._losses_pending: deque[tuple[int, Any, Any]] = deque(maxlen=64)
         self._tel: Any = None
-        self._work = _Work()  #: whether the logging interval held tscope's own work (profiles, reports)
+        self._work = _Work()
         self.tel_last: dict[str, Any] = {}
-        self._guard, self._guard_seen = None, 0  #: a NaN guard in the trainer, and its spikes seen
+        self._guard, self._guard_seen = None, 0
         self._loader: dict[str, Any] = {}
-        self._input_told = self._witness_told = False
+        self._input_told = self._witness_told = self._loop_told = False
+        self._late_told: set[int] = set()
+        self._episode_checked = -(10**9)
+        self._contended_since: int | None = None  #: the first step of a slow stretch found to be contention
+        self._wait_episode: int | None = None  #: the step a contention episode began (None: none running)
+        self._gather = _RankGather(cuda)
 
     # ------------------------------------------------------------------ setup
     @override
@@ -162,6 +306,12 @@ class StepMonitor(ProfilingCallback):
         dev = trainer.strategy.root_device
         self._reset(dev.type == "cuda")
         session.register_clock(trainer, self._work)  # told when a step holds tscope's own work
+        session.register_clock(trainer, self.probe)
+        try:
+            self.probe.install(trainer)
+        except Exception as e:
+            self.probe.remove()
+            self.faults.report("installing the step-parts probe", e)
         if self.cuda and self.telemetry:
             from tscope_callbacks.devices.nvml import open_telemetry
 
@@ -172,15 +322,22 @@ class StepMonitor(ProfilingCallback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._loader = loader_settings(trainer)
+        self._load_start = self.host_load.snapshot()  # other processes' load from here (until a healthy one)
         self._guard = next((c for c in trainer.callbacks if type(c).__name__ == "NaNGuardCallback"), None)
+        self.probe.refresh_callbacks(trainer)  # callbacks added during setup (this monitor, by RooflineCallback)
+        self._scheduled = [c for c in trainer.callbacks if isinstance(c, ProfilingCallback) and c is not self
+                           and "train" in c.schedules and c.schedules["train"].max_profiles != 0]
+        if self._scheduled:
+            self._capture_from = max(self.options.start_step,
+                                     min(c.schedules["train"].start_step for c in self._scheduled))
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.clock.mark_dirty()
+        self.probe.mark_dirty()
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.clock.mark_dirty()
+        self.probe.mark_dirty()
 
     # ------------------------------------------------------------------ every step
     @override
@@ -190,79 +347,127 @@ class StepMonitor(ProfilingCallback):
         if gs == self._gs:
             return  # a later micro-batch of the same optimizer step
         self._gs = gs
-        self.clock.begin(gs)
-        if self.cuda:
-            for st in self.clock.ready():
-                self._add(trainer, st)
-            self._read_losses(trainer)
-        if self._profile_at is not None and gs >= self._profile_at:
-            self._profile_at = None
-            self._diagnose(trainer, pl_module, gs, batch)
-        elif self._snap is not None and len(self._layer_steps) < CONFIRM_STEPS and gs > self._snap.step:
+        self.probe.batch_start(gs)
+        if self.device is not None:
+            self.device.begin(gs)
+        self._tick(trainer, pl_module, gs, batch)
+
+    def _tick(self, trainer: pl.Trainer, pl_module: pl.LightningModule | None, gs: int, batch: Any) -> None:
+        """A step starts: take the steps closed since, then start, go on with or finish a diagnosis."""
+        self._collect(trainer)
+        d = self._diag
+        if d is not None and not d.started and gs >= d.at:
+            self._begin_diagnosis(trainer, pl_module, d, gs, batch)
+        elif d is not None and d.started and d.capture and len(d.layer_steps) < LAYER_STEPS \
+                and gs > (d.profile_step if d.profile_step is not None else d.at - 1) and session.running() is None:
             from tscope_callbacks.capture.module_clock import ModuleClock
 
             self._modclock = ModuleClock(pl_module)  # each layer's forward host time over the steps after it
+            self.captures.append(gs)
             self._modclock.start()
+        elif d is None and self.healthy is None:
+            self._maybe_baseline(trainer, pl_module, gs, batch)
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         s = session.running()
-        if s is not None and s.stage == "train":
-            self.clock.mark_dirty()  # a profiled step is no basis
-            if self.last_breakdown and s.profile is not None:
-                s.profile.label(step_breakdown={**self.last_breakdown, "input_fixes": list(self.input_fixes),
-                                                "input_bound_share": self.input_bound_share,
-                                                "basis": "CUDA events" if self.cuda else "host wall clock"})
+        if s is not None and s.stage == "train" and self.last_breakdown is not None and s.profile is not None:
+            s.profile.label(step_breakdown={**self.last_breakdown.to_dict(), "input_fixes": list(self.input_fixes),
+                                            "input_bound_share": self.options.input_bound_share,
+                                            "basis": "CUDA events" if self.cuda else "host wall clock"})
         super().on_before_optimizer_step(trainer, pl_module, optimizer)
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        gs = trainer.global_step  # (a property walk: read once)
+        gs = trainer.global_step
         if gs == self._gs and pl_module.automatic_optimization:
             return super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # accumulating
-        st = self.clock.end()
+        try:
+            self._step_end(trainer, pl_module, outputs, batch, batch_idx, gs)
+        finally:  # every rank reaches the logging step's gather, whatever failed before it
+            if gs % max(trainer.log_every_n_steps, 1) == 0:
+                self._log(trainer, gs, batch)
+
+    def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+                  gs: int) -> None:
+        self.probe.end_of_step()
+        if self.device is not None:
+            self.device.end()
+        d = self._diag
         if self._modclock is not None:
-            self._layer_steps.append(self._modclock.stop())
+            layers = self._modclock.stop()
             self._modclock = None
-            # its forward hooks slowed this step: no step-time basis nor MFU window (RooflineCallback's clocks). Said
-            # at the step's end, before the next step's tick, whatever the order of the callbacks' batch-start hooks
+            if d is not None:
+                d.layer_steps.append(layers)
+            # its forward hooks slowed this step: no basis for any clock. Said at the step's end, before the next
+            # step's, whatever the order of the callbacks' batch-start hooks
             session.dirty_clocks(trainer)
-        if st is not None:
-            self._add(trainer, st)
-        if self.loss_spike is not None:
+        if self.options.loss_spike is not None:
             self._loss(trainer, outputs)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # finishes a running capture
         self._maybe_done(trainer)
-        if gs % max(trainer.log_every_n_steps, 1) == 0:
-            self._log(trainer, gs, batch)
-        if self.grad_spikes and self._guard is not None and len(self._guard.spikes) > self._guard_seen:
+        if self.options.grad_spikes and self._guard is not None and len(self._guard.spikes) > self._guard_seen:
             spike = self._guard.spikes[-1]
             self._guard_seen = len(self._guard.spikes)
-            self._trigger(gs, {"kind": "grad-spike", **spike})
+            self._trigger(gs, {"kind": "grad-spike", **spike})  # (at a batch end gs is the next step's number)
 
     # ------------------------------------------------------------------ the parts
-    def _add(self, trainer: pl.Trainer, st: an.StepTimes) -> None:
+    def _collect(self, trainer: pl.Trainer) -> None:
+        """The steps the probe closed (and, on a GPU, whose device figures are in), oldest first."""
+        if self.device is None:
+            for st, _ in self.probe.take():
+                self._add(trainer, st)
+            return
+        for st, tail in self.probe.take():
+            self._host[st.step] = (st, tail)
+        for step, busy, span, idle, first in self.device.ready():
+            self._dev[step] = (busy, span, idle, first)
+        for step in sorted(self._host):
+            if step not in self._dev:
+                if len(self._host) > 64:  # device figures that never came (a step the device clock missed)
+                    self._host.pop(step)
+                continue
+            st, tail = self._host[step]
+            if tail and not all(e1.query() for _, e1 in tail):
+                break
+            self._host.pop(step)
+            busy, span, idle, first = self._dev.pop(step)
+            dsync = sum(e0.elapsed_time(e1) / 1e3 for e0, e1 in tail) if tail else None
+            self._add(trainer, dataclasses.replace(st, step_s=span, busy_s=busy, idle_s=idle, device_sync_s=dsync,
+                                                   dirty=st.dirty or first))
+        for step in [s for s in self._dev if s < min(self._host, default=self._gs)]:
+            self._dev.pop(step)  # a step the probe left out (it never ended its batches)
+
+    def _add(self, trainer: pl.Trainer, st: StepTimes) -> None:
         self.interval.append(st)
-        if len(self.interval) > 4 * self.window:  # logging steps far apart: the latest steps are the interval
-            del self.interval[:-self.window]
+        if len(self.interval) > 4 * self.options.window:  # logging steps far apart: the latest steps are the interval
+            del self.interval[:-self.options.window]
         if st.dirty:
             return
-        if self._snap is not None:  # the steps after a diagnostic profile: its confirmation
-            if st.step > self._snap.step:
-                self._confirm.append(st)
+        self._verdict.add(st)
+        self._latest.add(st)
+        d = self._diag
+        if d is not None:  # the steps after a trigger: its confirmation
+            if d.started and st.step > (d.profile_step if d.profile_step is not None else d.at - 1):
+                d.confirm.append(st)
                 self._maybe_done(trainer)
+            elif not d.started and d.why is not None and d.why.get("kind") == "slow-steps":
+                d.slow.append(st)
             return
-        trig = self.slow.add(st.step, st.step_s)
-        if self.slow.run:
-            self._slow_run.append(st)
-        else:
-            self._slow_run.clear()
-            self.recent.append(st)
-        if trig is not None:
-            self._trigger(st.step + 1, trig)
-        elif self.healthy is None and self._profile_at is None and self.slow.median() is not None:
-            self._why, self._profile_at = None, st.step + 1  # the healthy baseline profile
+        trig = self.slow.add(st.step, st.own_s)
+        if self._contended_since is not None and not self.slow.run and self.slow.recent_slow() is False:
+            self._contended_since = None  # the contended stretch ended
+        if trig is not None:  # the slow stretch: the steps from its first one, not healthy
+            slow = [s for s in self._lag if s.step >= trig["first"]] + [st]
+            self._lag.clear()
+            self._trigger(st.step + 1, trig, slow)
+        elif not self.slow.run:
+            # a step is healthy once the steps after it showed no slowdown: the start of one stays out
+            self._lag.append(st)
+            if len(self._lag) > self.options.recent_steps:
+                self.recent.add(self._lag.popleft())
+        self._clean += 1
 
     def _loss(self, trainer: pl.Trainer, outputs: Any) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -273,13 +478,11 @@ class StepMonitor(ProfilingCallback):
             host = loss.detach().to("cpu", non_blocking=True)
             ev.record()
             self._losses_pending.append((self._gs, host, ev))
+            while self._losses_pending and self._losses_pending[0][2].query():
+                step, h, _ = self._losses_pending.popleft()
+                self._loss_value(step, float(h))
         else:
             self._loss_value(self._gs, float(loss))
-
-    def _read_losses(self, trainer: pl.Trainer) -> None:
-        while self._losses_pending and self._losses_pending[0][2].query():
-            step, host, _ = self._losses_pending.popleft()
-            self._loss_value(step, float(host))
 
     def _loss_value(self, step: int, value: float) -> None:
         spike = self.losses.add(step, value)
@@ -287,122 +490,279 @@ class StepMonitor(ProfilingCallback):
             self._trigger(step + 1, spike)
 
     # ------------------------------------------------------------------ triggers and diagnosis
-    def _trigger(self, at: int, why: dict[str, Any]) -> None:
-        if self._snap is not None or self._profile_at is not None:
-            return  # one diagnosis at a time
-        if not self.limit.admit(at):
-            return
-        self._why, self._profile_at = why, at
-        self._slow_trigger_run = list(self._slow_run) if why["kind"] == "slow-steps" else []
+    def _may_capture(self, step: int) -> bool:
+        return step >= self._capture_from
 
-    def _diagnose(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, batch: Any) -> None:
-        """Profile this step (ops), then time each layer's forward over the CONFIRM_STEPS steps after it."""
-        self._snap = an.Snapshot(step, telemetry=dict(self.tel_last))
-        self._layer_steps, self._confirm = [], []
-        self._load_since = cpu_snapshot()
-        self.clock.mark_dirty()
-        if self.profile:
-            self._diag_step = step
-            self._start(trainer, pl_module, "train", step, batch, reason="anomaly" if self._why else "baseline")
+    def _maybe_baseline(self, trainer: pl.Trainer, pl_module: pl.LightningModule | None, gs: int, batch: Any) -> None:
+        """The healthy baseline: alone, the monitor's own profile once the step time is known and ``start_step``
+        is reached; with a scheduled tscope callback, that callback's first profile (joined) then the layers' times
+        once its series is over."""
+        if self._scheduled:
+            if self._base_ops is None or session.running() is not None:
+                return
+            if gs <= max(c.schedules["train"].last_step for c in self._scheduled):
+                return  # its series and the unprofiled steps it times after it
+            step, ops = self._base_ops
+            self._diag = _Diagnosis(None, gs, True, an.Snapshot(step, ops=dict(ops)), started=True, profile_step=gs - 1,
+                                    load_since=self.host_load.snapshot())
+        elif self._clean >= BASELINE_STEPS and self._may_capture(gs):
+            self._diag = _Diagnosis(None, gs, True, an.Snapshot(gs))
+            self._begin_diagnosis(trainer, pl_module, self._diag, gs, batch)
+
+    def _trigger(self, at: int, why: dict[str, Any], slow: list[StepTimes] | None = None) -> None:
+        if self._diag is not None:
+            if self._diag.why is not None or self._diag.started:
+                return  # one diagnosis at a time
+            self._diag = None  # a baseline not started yet waits
+        if not self._may_capture(at):
+            capture, note = False, f"no profile: before start_step {self._capture_from}"
+        elif self.healthy is None:
+            capture, note = False, "no profile: no baseline profile yet to compare with"
+        elif not self.limit.admit(at):  # profiles are rate-limited; the diagnosis still runs on the parts
+            capture, note = False, f"no profile: the last one was under {self.options.min_gap_steps} steps ago"
+        else:
+            capture, note = True, ""
+        self._diag = _Diagnosis(dict(why), at, capture, an.Snapshot(at), slow=list(slow or []), note=note)
+
+    def _begin_diagnosis(self, trainer: pl.Trainer, pl_module: pl.LightningModule, d: _Diagnosis, gs: int,
+                         batch: Any) -> None:
+        """Profile this step where allowed; then the layers are timed over the next steps, then the confirmation."""
+        d.started = True
+        d.snap = an.Snapshot(gs, telemetry=dict(self.tel_last))
+        d.load_since = self.host_load.snapshot()
+        self.probe.mark_dirty()
+        if d.capture and self.profile:
+            d.profile_step = self._diag_step = gs
+            self.captures.append(gs)
+            self._start(trainer, pl_module, "train", gs, batch, reason="anomaly" if d.why else "baseline")
+        elif d.capture:
+            d.profile_step = gs - 1  # no profile: the layers are timed from this step
 
     @override
     def _wants(self, stage: str, step: int) -> bool:
-        return stage == "train" and ((self._profile_at is not None and step >= self._profile_at)
-                                     or self._diag_step == step)
+        if stage != "train":
+            return False
+        if self._diag_step == step:
+            return True
+        return bool(self._scheduled) and self._base_ops is None and self.healthy is None and self._may_capture(step)
 
     @override
     def _on_profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
                     ctx: ProfileContext) -> None:
-        if ctx.stage != "train" or ctx.step != self._diag_step or self._snap is None:
+        if ctx.stage != "train":
             return
-        self._diag_step = None
+        ops: dict[str, float] = {}
         comm = 0.0
         for r in result.ops:
             if r.time_s:
-                self._snap.ops[r.op] = self._snap.ops.get(r.op, 0.0) + r.time_s
+                ops[r.op] = ops.get(r.op, 0.0) + r.time_s
                 if r.comm:
                     comm += r.time_s
-        self._snap.comm_s = comm or None
-        self._snap.rank_step_s = list(ctx.step_times_s)
+        d = self._diag
+        if d is not None and ctx.step == self._diag_step:
+            self._diag_step = None
+            d.snap.ops, d.snap.comm_s = ops, comm or None
+            d.snap.rank_step_s = list(ctx.step_times_s)
+        elif self._scheduled and self._base_ops is None:
+            self._base_ops = (ctx.step, ops)  # the first scheduled profile: the baseline's ops
 
     def _maybe_done(self, trainer: pl.Trainer) -> None:
-        snap = self._snap
-        if snap is None or len(self._layer_steps) < CONFIRM_STEPS or len(self._confirm) < CONFIRM_STEPS:
+        d = self._diag
+        if d is None or not d.started:
             return
-        self._snap, self._diag_step = None, None
-        names = {k for d in self._layer_steps for k in d}
-        snap.layers = {k: statistics.median(d.get(k, 0.0) for d in self._layer_steps) for k in names}
-        snap.load = others_load_per_cpu(self._load_since)
-        steps, why, self._why = self._confirm, self._why, None
+        if d.capture and len(d.layer_steps) < LAYER_STEPS:
+            return
+        if d.why is not None and len(d.confirm) < self.options.confirm_steps:
+            return
+        self._diag, self._diag_step = None, None
+        snap = d.snap
+        if d.layer_steps:
+            names = {k for x in d.layer_steps for k in x}
+            snap.layers = {k: statistics.median(x.get(k, 0.0) for x in d.layer_steps) for k in names}
+        snap.load = self.host_load.load(d.load_since) if d.load_since is not None else None
+        snap.late_rank = self.late
+        why = d.why
         if why is None:  # the healthy baseline
-            snap.breakdown, snap.load = an.summarize(self.recent), self._load_healthy
+            snap.breakdown, snap.load = self.recent.summary(), self._load_healthy
             self.healthy = snap
             return
-        med = self.slow.median()
+        steps = d.confirm
         if why["kind"] == "slow-steps":
-            now = an.summarize(steps)
-            if med is None or now.get("step_ms", 0.0) / 1e3 <= self.slow_factor * med:
+            now = statistics.median(s.own_s for s in d.confirm)
+            if now <= why["threshold_s"]:
                 self.transients += 1  # the slowdown went away
+                self.slow.forget_run()
+                self.recent.extend(d.slow)  # (the stretch was healthy after all)
                 log.debug("tscope StepMonitor: the slowdown of steps %s-%s went away", why["first"], why["step"])
                 return
-            steps = self._slow_trigger_run + steps
-        snap.breakdown = an.summarize(steps)
-        self._alert(trainer, why, snap)
+            steps = d.slow + d.confirm
+        snap.breakdown = sp.summarize(steps)
+        self._alert(trainer, why, snap, d, steps)
 
-    def _alert(self, trainer: pl.Trainer, why: dict[str, Any], snap: an.Snapshot) -> None:
-        # the breakdown and CPU load of the healthy steps just before; layers, ops and telemetry of the baseline
-        healthy = dataclasses.replace(self.healthy or an.Snapshot(-1), breakdown=an.summarize(self.recent),
-                                      load=self._load_healthy)
+    def _alert(self, trainer: pl.Trainer, why: dict[str, Any], snap: an.Snapshot, d: _Diagnosis,
+               steps: list[StepTimes]) -> None:
+        base = self.healthy or an.Snapshot(-1)
+        load = self._load_healthy
+        if load is None and self._load_start is not None and d.load_since is not None:
+            load = self.host_load.load_between(self._load_start, d.load_since)  # from the fit's start to the slowdown
+        healthy = dataclasses.replace(base, breakdown=self.recent.summary(medians=True), load=load)
         findings = an.what_grew(healthy, snap, cuda=self.cuda)
-        text = an.alert_text(why, findings, self.healthy.step if self.healthy is not None else None)
-        entry = {"step": self._gs, "profile_step": snap.step, "trigger": dict(why), "findings": findings,
-                 "text": text, "breakdown": dict(snap.breakdown), "healthy": dict(healthy.breakdown)}
-        if (why["kind"] == "slow-steps" and not self.alert_on_contention and an.host_contention(healthy.load, snap.load)
-                and an.concentrated(healthy, snap) is None):
-            self.contended.append(entry)  # the whole step slowed with other processes' load: not the run's doing
-            log.info("%s Not alerted: the step slowed all over while other processes loaded the CPUs.", text)
+        text = an.alert_text(why, findings, self.healthy.step if self.healthy is not None else None, d.note)
+        entry = {"step": self._gs, "profile_step": d.profile_step if d.profile_step is not None and self.profile
+                 and d.capture else None, "trigger": dict(why), "findings": findings, "text": text,
+                 "breakdown": snap.breakdown, "healthy": healthy.breakdown}
+        if why["kind"] == "slow-steps":
+            if an.contention(healthy, snap):
+                entry["text"] = text = an.contention_text(why, findings, healthy, snap)
+                if not self.options.alert_on_contention:
+                    # the machine's load, not the run: the healthy steps stay the basis. A stretch that stays slow
+                    # is diagnosed again after n fresh steps (its cause may change: a slowdown of the run inside
+                    # the contention is alerted then); one that lasts half the window is the new normal
+                    first = self._contended_since is None
+                    if first:
+                        self._contended_since = why["first"]
+                        self.contended.append(entry)
+                        log.info("%s", text)
+                    if self._gs - (self._contended_since or 0) >= self.options.window // 2:
+                        self.slow.rebase([s.own_s for s in steps])
+                        self._contended_since = None
+                        log.info("tscope StepMonitor: the contention since step %s lasted %d steps: its step time "
+                                 "is the new normal", why["first"], self.options.window // 2)
+                    else:
+                        self.slow.restart_run()
+                    return
+            self._contended_since = None
+            self.slow.rebase([s.own_s for s in steps])  # alerted: the new normal (no second alert for it)
+            self.recent.clear()
+            self.recent.extend(steps)
+            self._lag.clear()
+        if self.options.max_alerts is not None and len(self.alerts) >= self.options.max_alerts:
+            self.suppressed += 1
+            log.info("%s (Not sent: max_alerts=%d reached.)", text, self.options.max_alerts)
             return
         self.alerts.append(entry)
         title = {"slow-steps": "Slow steps", "loss-spike": "Loss spike", "grad-spike": "Gradient spike"}.get(
             why["kind"], why["kind"])
-        self.sinks(trainer).alert(metric_key("step", "alerts"), f"{title} at step {why.get('step')}", text,
-                                  self._gs)
+        self.sinks(trainer).alert(metric_key("step", "alerts"), f"{title} at step {why.get('step')}", text, self._gs)
 
     # ------------------------------------------------------------------ logging steps
     def _log(self, trainer: pl.Trainer, gs: int, batch: Any) -> None:
-        steps, self.interval = self.interval, []
-        if self._snap is None and self._profile_at is None and not self.slow.run:  # a healthy interval's CPU load
-            load = others_load_per_cpu(self._load_snap) if self._load_snap is not None else None
-            self._load_healthy = load if load is not None else self._load_healthy
-        self._load_snap = cpu_snapshot()
-        out = an.summarize(steps, self.input_bound_share)
-        self._verdict.extend(s for s in steps if not s.dirty)
         scalars: dict[str, float] = {}
-        if out:
-            # the verdict needs evidence: the median over the recent clean steps, from MIN_VERDICT_STEPS of them
-            verdict = (an.summarize(list(self._verdict), self.input_bound_share)
-                       if len(self._verdict) >= an.MIN_VERDICT_STEPS else {})
-            out["input_bound"] = verdict.get("input_bound", 0.0)
-            self.last_breakdown = out
-            scalars.update({metric_key("step", k): v for k, v in out.items() if k != "steps"})
-            if out["input_bound"] and not self._input_told:
-                out = {**out, "data_wait_share": verdict["data_wait_share"], "steps": verdict["steps"]}
-                self._input_told = True
-                self.input_fixes = an.input_fixes(self._loader, self.cuda)
-                if trainer.is_global_zero:
-                    log.warning("tscope StepMonitor: input-bound: the data wait is %.0f%% of the step (median over "
-                                "%d steps, threshold %.0f%%). %s.", out["data_wait_share"] * 100, out["steps"],
-                                self.input_bound_share * 100, "; ".join(self.input_fixes))
-        if self._tel is not None:
-            tel = self._telemetry(trainer, gs, batch)
-            if self._work.seen:  # the interval held tscope's own work (a profile, its report, timed layers): its
-                # energy per step and per token are not the training's (an H200 fit read 2x at those intervals)
-                for k in ("energy_j_per_step", "energy_j_per_token"):
-                    tel.pop(metric_key("gpu", k), None)
-            scalars.update(tel)
-        self._work.seen = False
-        if scalars and trainer.loggers:  # always-on series go to the run's loggers only (no files of their own)
-            self.sinks(trainer).log_scalars(scalars, gs)
+        b: Breakdown | None = None
+        try:
+            b = self._interval(trainer, gs, scalars)
+        except Exception as e:
+            self.faults.report("summarizing the step parts", e)
+        if trainer.world_size > 1:
+            self._ranks(trainer, gs, b, scalars)
+        try:
+            if self._tel is not None:
+                tel = self._telemetry(trainer, gs, batch)
+                if self._work.seen:  # the interval held tscope's own work (a profile, its report, timed layers): its
+                    # energy per step and per token are not the training's (an H200 fit read 2x at those intervals)
+                    for k in ("energy_j_per_step", "energy_j_per_token"):
+                        tel.pop(metric_key("gpu", k), None)
+                scalars.update(tel)
+            self._work.seen = False
+            if scalars and trainer.loggers:  # always-on series go to the run's loggers only (no files of their own)
+                self.sinks(trainer).log_scalars(scalars, gs)
+        except Exception as e:
+            self.faults.report("logging the step parts", e)
+
+    def _interval(self, trainer: pl.Trainer, gs: int, scalars: dict[str, float]) -> Breakdown | None:
+        steps, self.interval = self.interval, []
+        now = host_time()
+        if self._load_snap is None or now - self._load_snap.wall >= LOAD_EVERY_S:  # (reading /proc/stat costs)
+            if self._diag is None and not self.slow.run and self._load_snap is not None:  # a healthy stretch's load
+                load = self.host_load.load(self._load_snap)
+                self._load_healthy = load if load is not None else self._load_healthy
+            self._load_snap = self.host_load.snapshot()
+        b = sp.summarize(steps, self.options.input_bound_share)
+        if b is None:
+            return None
+        self.last_breakdown = b
+        scalars.update({metric_key("step", k): v for k, v in b.scalars().items()})
+        if gs - self._episode_checked >= self.options.recent_steps:
+            self._episode_checked = gs
+            self._contention_episode(gs)
+        if len(self._verdict) < sp.MIN_VERDICT_STEPS or (self._input_told and self._loop_told):
+            return b
+        v = self._verdict.summary(self.options.input_bound_share)
+        if v is None:
+            return b
+        if v.input_bound and not self._input_told:
+            self._input_told = True
+            self.input_fixes = an.input_fixes(self._loader, self.cuda)
+            if trainer.is_global_zero:
+                log.warning("tscope StepMonitor: input-bound: fetching the batch takes %.0f%% of the step (%.3g ms of "
+                            "%.3g ms, mean of %d steps; threshold %.0f%%). %s.", v.fetch_share * 100, v.fetch_ms,
+                            v.host_ms, v.steps, self.options.input_bound_share * 100, "; ".join(self.input_fixes))
+        text = sp.loop_text(v, self.options.loop_share)
+        if text is not None and not self._loop_told:
+            self._loop_told, self.loop_finding = True, text
+            if trainer.is_global_zero:
+                log.warning("tscope StepMonitor: loop overhead: %s.", text)
+        return b
+
+    def _contention_episode(self, gs: int) -> None:
+        """Rising contention named as such: the latest steps' wait for a CPU grew by at least ``min_rise`` of the
+        healthy step (kept in ``contended``, said at INFO, once per episode and at most once per ``min_gap_steps``
+        steps; the slow-steps trigger reads the step less this wait, so it never fires on it)."""
+        if len(self._latest) < self._latest.n:
+            return
+        h, b = self.recent.summary(), self._latest.summary()
+        if h is None or b is None or h.cpu_wait_ms is None or b.cpu_wait_ms is None:
+            return
+        rise = b.cpu_wait_ms - h.cpu_wait_ms
+        if rise < 0.5 * self.options.min_rise * h.step_ms:
+            if self._wait_episode is not None and gs - self._wait_episode >= self.options.min_gap_steps:
+                self._wait_episode = None  # over: the next one is a new episode
+            return
+        if rise < self.options.min_rise * h.step_ms or self._wait_episode is not None:
+            return
+        self._wait_episode = gs
+        text = (f"tscope StepMonitor: contention at step {gs}: the last {b.steps} steps took {b.step_ms:.3g} ms "
+                f"against {h.step_ms:.3g} ms, and the training thread waited {b.cpu_wait_ms:.3g} ms a step for a CPU "
+                f"({h.cpu_wait_ms:.3g} ms before): other processes' work, not the run's")
+        self.contended.append({"step": gs, "trigger": {"kind": "cpu-wait"}, "findings": [], "text": text,
+                               "breakdown": b, "healthy": h})
+        log.info("%s.", text)
+
+    def _ranks(self, trainer: pl.Trainer, gs: int, b: Breakdown | None, scalars: dict[str, float]) -> None:
+        """Every rank's parts of the interval (one all-gather at this logging step, every rank), the late rank."""
+        try:
+            vec = sp.rank_vector(b)
+        except Exception as e:
+            vec = [math.nan] * len(sp.RANK_FIELDS)
+            self.faults.report("the rank vector", e)
+        t = host_time()
+        try:
+            got = self._gather.exchange(trainer, vec, gs)
+        except Exception as e:
+            self.faults.report("gathering the ranks' step parts", e)
+            return
+        finally:
+            if not self.cuda:  # gloo waited here for the other ranks: their lateness, not tscope's cost
+                self.probe.account("sync", "tscope's gather of the ranks' parts", host_time() - t)
+        for step, rows in got:
+            late = sp.late_rank(rows, self.options.late_share, self.options.late_min_ms)
+            if late is None:
+                continue
+            self.late = late
+            self.rank_history.append((step, late))
+            for r, (st, sy) in enumerate(zip(late.step_ms, late.sync_ms)):
+                scalars[f"tscope/ranks/step_ms/{r}"] = st
+                scalars[f"tscope/ranks/sync_ms/{r}"] = sy
+            scalars["tscope/ranks/late_rank"] = float(late.rank)
+            scalars["tscope/ranks/late_cost_ms"] = late.cost_ms
+            if late.finding and late.rank not in self._late_told:
+                self._late_told.add(late.rank)
+                text = f"tscope step monitor: {late.text} (logging step {step})."
+                entry = {"step": gs, "profile_step": None, "trigger": {"kind": "late-rank", "step": step},
+                         "findings": [an.Finding("late rank", f"rank {late.rank}", None, late.cost_ms, "ms",
+                                                 late.text)], "text": text, "breakdown": b, "healthy": None}
+                self.alerts.append(entry)
+                self.sinks(trainer).alert(metric_key("step", "alerts"), f"Late rank {late.rank}", text, gs)
 
     def _telemetry(self, trainer: pl.Trainer, gs: int, batch: Any) -> dict[str, float]:
         _, tokens = session.batch_size(session.batch_signature(batch))
@@ -421,11 +781,27 @@ class StepMonitor(ProfilingCallback):
     def _explain_silence(self, trainer: pl.Trainer, fn: str) -> None:
         """Nothing to explain: the monitor has no profile schedule (its profiles are triggered)."""
 
+    # ------------------------------------------------------------------ cleanup
+    def _cleanup(self) -> None:
+        """Remove everything the monitor installed (never raises)."""
+        mc, self._modclock = self._modclock, None
+        if mc is not None:
+            try:
+                mc.stop()
+            except Exception:
+                pass
+        self.probe.remove()
+        self._diag_step = None
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._cleanup()
+        super().on_exception(trainer, pl_module, exception)
+
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self._modclock is not None:
-            self._modclock.stop()
-            self._modclock = None
+        self._cleanup()
         if self._tel is not None:
             self._tel.close()
+            self._tel = None
         super().teardown(trainer, pl_module, stage)

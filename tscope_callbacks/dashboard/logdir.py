@@ -15,11 +15,15 @@ Nothing here raises for bad input: a file that cannot be read is listed with its
   ``StepReport.to_dict()``, schema ``"tscope.step_report"`` version 2), or ``{"error": "<one line>"}`` for a missing,
   corrupt, half-written or older-schema file (the message names the schema version found).
 - ``series(run_dir) -> {"mfu": [[step, value], ...], "step_ms": ..., "tokens_per_s": ..., ...,
-  "step/data_wait_ms": ..., "gpu/power_w": ..., "alerts": [[step, text], ...],
-  "profiles": {"mfu": [[step, value], ...], ...}}``: every ``tscope/roofline/<key>`` scalar of the run's event files
-  (the profiled steps and the automatic MFU windows, training stage) under its bare key, sorted by step; the step
-  monitor's ``tscope/step/<key>`` and ``tscope/gpu/<key>`` scalars as ``step/<key>`` and ``gpu/<key>``, and its
-  anomaly alerts (the text ``tscope/step/alerts``) under ``"alerts"``; where no event file holds a key, the profiled
+  "step/fetch_ms": ..., "gpu/power_w": ..., "alerts": [[step, text], ...],
+  "ranks": {"step_ms": {"<rank>": [[step, ms], ...]}, "sync_ms": {...}, "late_rank": [[step, rank]],
+  "late_cost_ms": [[step, ms]]}, "profiles": {"mfu": [[step, value], ...], ...}}``: every ``tscope/roofline/<key>``
+  scalar of the run's event files (the profiled steps and the automatic MFU windows, training stage) under its bare
+  key, sorted by step; the step monitor's ``tscope/step/<key>`` and ``tscope/gpu/<key>`` scalars as ``step/<key>``
+  and ``gpu/<key>``, its per-rank view (``tscope/ranks/{step_ms,sync_ms}/<rank>``, ``tscope/ranks/late_rank``,
+  ``tscope/ranks/late_cost_ms``: each rank's step and wait for the others, the late rank and how long the others wait
+  for it a step; only under DDP) under ``"ranks"``, and its alerts (the text ``tscope/step/alerts``) under
+  ``"alerts"``; where no event file holds a key, the profiled
   steps' header figures fill it. ``"profiles"`` holds the header figures of the readable step files only (the page
   marks the profiled steps with them).
 - ``ops(run_dir, step, stage, layer) -> {"ops": [...], "total": int, "note": str|None}``: the step's ops in execution
@@ -61,6 +65,7 @@ _NOT_STEPS = {"trace", "layers"}  # trace_step_<N>.json, layers_step_<N>.json: o
 _FILE_ONLY = ("profile", "device_spec")
 _SERIES_PREFIXES = (("tscope/roofline/", ""), ("tscope/step/", "step/"), ("tscope/gpu/", "gpu/"))
 _ALERTS_TAG = "tscope/step/alerts"
+_RANKS = "tscope/ranks/"
 _HEADER_SERIES = ("mfu", "mbu", "hfu", "step_ms", "estimated_step_ms", "achieved_tflops", "tokens_per_s",
                   "samples_per_s", "memory_peak_bytes", "flop_coverage")
 
@@ -275,7 +280,27 @@ def _bare(tag: str) -> str | None:
         if tag.startswith(pre):
             rest = tag[len(pre):]
             return None if not rest or "/" in rest else alias + rest
+    if tag.startswith(_RANKS):  # the step monitor's per-rank view: ranks/<key> and ranks/<key>/<rank>
+        rest = tag[len(_RANKS):]
+        parts = rest.split("/")
+        ok = len(parts) == 1 or (len(parts) == 2 and parts[1].isdigit())
+        return "ranks/" + rest if rest and ok and all(parts) else None
     return None
+
+
+def _ranks(merged: dict[str, dict[int, float]]) -> dict[str, Any]:
+    """The per-rank series out of ``merged`` (removed from it): ``{"step_ms": {"<rank>": [[step, ms], ...]},
+    "sync_ms": {...}, "late_rank": [[step, rank]], "late_cost_ms": [[step, ms]]}``."""
+    out: dict[str, Any] = {}
+    for key in [k for k in merged if k.startswith("ranks/")]:
+        d = merged.pop(key)
+        pts = [[s, d[s]] for s in sorted(d)]
+        parts = key.split("/")[1:]
+        if len(parts) == 2:
+            out.setdefault(parts[0], {})[parts[1]] = pts
+        else:
+            out[parts[0]] = pts
+    return out
 
 
 def _text_of(tensor: Any) -> str:
@@ -387,7 +412,10 @@ def series(run_dir: str | os.PathLike) -> dict:
         d = merged.setdefault(k, {})
         for s, v in pts.items():
             d.setdefault(s, v)
+    ranks = _ranks(merged)
     out: dict[str, Any] = {k: [[s, d[s]] for s in sorted(d)] for k, d in sorted(merged.items())}
+    if ranks:
+        out["ranks"] = ranks
     out["profiles"] = {k: [[s, d[s]] for s in sorted(d)] for k, d in sorted(profiles.items())}
     # the run's alerts file holds them whatever the logger (a TensorBoard run has each in its events too: once)
     alerts += [[a["step"], a["text"]] for a in read_alerts_file(run_dir / "tscope" / ALERTS_FILE)

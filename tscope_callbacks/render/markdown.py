@@ -97,14 +97,15 @@ def step_lines(report: StepReport) -> list[str]:
 
 
 def input_lines(report: StepReport) -> list[str]:
-    """The step's wait for its batch (the step monitor's median over its recent clean steps), and when it is
-    input-bound, what to change in the DataLoader; [] without a monitor's figures."""
+    """The step's time fetching its batch (the DataLoader's next and the transfer to the device: the step monitor's
+    mean over its recent clean steps), and when it is input-bound, what to change in the DataLoader; [] without a
+    monitor's figures."""
     ts = report.time_split
     if ts.input_s is None:
         return []
     how = [f"{_pct(ts.input_share)} of the step"] if ts.input_share is not None else []
-    how.append(f"median of the last {ts.input_steps} steps" if ts.input_steps else "median of the recent steps")
-    line = f"- **Input**: each step waits {_f(ts.input_s, '.4g', 1e3)} ms for its batch ({', '.join(how)})"
+    how.append(f"mean of the last {ts.input_steps} steps" if ts.input_steps else "mean of the recent steps")
+    line = f"- **Input**: each step spends {_f(ts.input_s, '.4g', 1e3)} ms fetching its batch ({', '.join(how)})"
     if ts.input_bound:
         line += " -- **input-bound**: the device waits for data" + (
             ": " + "; ".join(ts.input_fixes) if ts.input_fixes else "")

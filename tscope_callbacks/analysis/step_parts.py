@@ -1,0 +1,410 @@
+"""A training step's time in named parts, each measured where it happens (pure: numbers in, verdicts out).
+
+The step monitor's probe (``callbacks.loop_probe``) times every optimizer step from the start of its first batch's
+fetch to the start of the next step's, in these parts (:data:`PARTS`; host seconds, exclusive: a hook called inside
+``training_step`` is the hook's time, not the forward's):
+
+- ``fetch``: the DataLoader's ``next`` (Lightning's ``train_dataloader_next`` action);
+- ``transfer``: the batch's way to the device (``on_before_batch_transfer``, the strategy's ``batch_to_device`` with
+  the module's ``transfer_batch_to_device`` and ``on_after_batch_transfer``);
+- ``forward``: the strategy's ``training_step``;
+- ``backward``: the strategy's ``backward``, less the sync wait at its end;
+- ``optimizer``: the optimizer step around the closure (``optimizer_step`` without the forward, backward and hooks
+  inside it), ``optimizer_zero_grad`` and gradient clipping;
+- ``sync``: waiting for the other ranks: DDP's gradient all-reduce wait at the end of backward (from the last
+  gradient's accumulation to backward's end), Lightning's per-step SIGTERM broadcast, tscope's own gather of the
+  ranks' parts at logging steps;
+- ``hooks``: the other callbacks' hooks and the LightningModule's, DataModule's and strategy's hooks;
+- ``logging``: Lightning's metric logging at each step and the loggers' ``log_metrics`` and ``save``;
+- ``checkpoint``: ``save_checkpoint`` (a ``ModelCheckpoint`` saving inside its hook);
+- ``tscope``: tscope's own callbacks' hooks (this monitor's included) and the probe's own instrumentation;
+- ``other``: the rest of the step: Lightning's loop bookkeeping and whatever no hook marks.
+
+The parts add up to the step. Beside them, ``cpu_wait``: the time the training thread was ready to run but waited
+for a CPU (the kernel's run-queue wait, ``/proc/thread-self/schedstat``): contention, spread over the parts it
+slowed. On a GPU the parts are host times; the device's own busy and idle time come from CUDA events.
+
+A step is **input-bound** when fetch and transfer are at least ``share`` of the step (on a GPU the device must also
+idle that long: a host fetch the device does not wait for is hidden). The **loop's own work** (hooks, logging,
+checkpoints, Lightning's bookkeeping) is a finding once it is at least :data:`LOOP_SHARE` of the step, naming the
+biggest items. A **late rank** (:func:`late_rank`) is the one the others wait for: each rank's sync wait is
+gathered, the rank that waits least is the one the others wait for, its cost is how much longer they wait.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["PARTS", "DATA_PARTS", "COMPUTE_PARTS", "LOOP_PARTS", "PART_TEXT", "StepTimes", "Breakdown", "NamedCost",
+           "summarize", "Rolling", "input_bound", "loop_costs", "loop_text", "LateRank", "late_rank", "RANK_FIELDS",
+           "rank_vector", "INPUT_BOUND_SHARE", "LOOP_SHARE", "LATE_SHARE", "LATE_MIN_MS", "MIN_VERDICT_STEPS",
+           "VERDICT_WINDOW"]
+
+PARTS = ("fetch", "transfer", "forward", "backward", "optimizer", "sync", "hooks", "logging", "checkpoint", "tscope",
+         "other")
+DATA_PARTS = ("fetch", "transfer")
+COMPUTE_PARTS = ("forward", "backward", "optimizer")
+#: the loop's own work: what the user's loop setup costs besides the model (tscope's own cost is apart)
+LOOP_PARTS = ("hooks", "logging", "checkpoint", "other")
+#: a part's name in a sentence
+PART_TEXT = {"fetch": "fetching the batch", "transfer": "moving the batch to the device", "forward": "forward",
+             "backward": "backward", "optimizer": "optimizer step", "sync": "waiting for other ranks",
+             "hooks": "callbacks' and hooks' work", "logging": "logging", "checkpoint": "checkpointing",
+             "tscope": "tscope's own hooks", "other": "Lightning's loop (unmarked)"}
+
+#: fetch + transfer at or above this share of the step makes the step input-bound
+INPUT_BOUND_SHARE = 0.10
+#: the loop's own work at or above this share of the step is a finding
+LOOP_SHARE = 0.05
+#: a late rank is a finding when the others wait for it at least this share of the step ...
+LATE_SHARE = 0.05
+#: ... and at least this many ms a step
+LATE_MIN_MS = 0.2
+#: fewest clean steps behind a verdict (input-bound, loop overhead): one slow first batch is no finding
+MIN_VERDICT_STEPS = 16
+#: verdicts are taken over at most this many recent clean steps
+VERDICT_WINDOW = 64
+
+_IDX = {p: i for i, p in enumerate(PARTS)}
+
+
+@dataclass(slots=True)
+class StepTimes:
+    """One optimizer step (module doc), in seconds.
+
+    ``host_s``: the step on the host (start of its fetch to the start of the next step's); ``step_s``: the step's
+    time, the host's on CPU and on a GPU the device's (CUDA events, one batch end to the next); ``parts``: host
+    seconds per :data:`PARTS` (``other`` is the rest of ``host_s``); ``named``: seconds per hook, logger or
+    callback (``"<part>:<name>"``: the loop's and tscope's items); ``cpu_wait_s``: run-queue wait (None: not
+    known); ``busy_s``/``idle_s``/``device_sync_s``: the device's (GPU only); ``dirty``: the step held non-training work (a
+    profile, validation, an epoch boundary) and is no basis."""
+
+    step: int
+    host_s: float
+    parts: tuple[float, ...]
+    named: dict[str, float] = field(default_factory=dict)
+    cpu_wait_s: float | None = None
+    step_s: float = -1.0
+    busy_s: float | None = None
+    idle_s: float | None = None
+    device_sync_s: float | None = None  #: GPU: the device's wait at the end of a DDP backward (CUDA events)
+    dirty: bool = False
+
+    def __post_init__(self) -> None:
+        if self.step_s < 0:
+            self.step_s = self.host_s
+
+    def part(self, name: str) -> float:
+        return self.parts[_IDX[name]]
+
+    @property
+    def own_s(self) -> float:
+        """The step less its wait for a CPU (contention): what the run itself took; the slowdown detector's input."""
+        return max(self.step_s - (self.cpu_wait_s or 0.0), 0.0)
+
+
+@dataclass(frozen=True)
+class NamedCost:
+    """One hook, logger or callback over a run of steps: its mean ``ms`` a step, the steps it ran in
+    (``occurrences`` of ``steps``) and its mean per occurrence (a checkpoint every 50 steps: 40 ms each, 0.8 ms a
+    step)."""
+
+    part: str
+    name: str
+    ms: float
+    per_occurrence_ms: float
+    occurrences: int
+    steps: int
+
+    @property
+    def every(self) -> float:
+        """Steps between two occurrences."""
+        return self.steps / self.occurrences if self.occurrences else math.inf
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """The means over ``steps`` clean steps (ms a step; the parts add up to ``step_ms`` on the host), ``cpu_wait_ms``
+    (None: not known), the device's busy and idle time (GPU only), ``fetch_share`` ((fetch + transfer) / step),
+    ``input_bound`` (:func:`input_bound`) and ``named`` (the loop's and tscope's items, largest first)."""
+
+    steps: int
+    step_ms: float
+    host_ms: float
+    parts_ms: dict[str, float]
+    cpu_wait_ms: float | None = None
+    device_busy_ms: float | None = None
+    idle_ms: float | None = None
+    device_sync_ms: float | None = None
+    fetch_share: float = 0.0
+    input_bound: bool = False
+    named: tuple[NamedCost, ...] = ()
+    #: each part's median over the steps (ms; {} where not taken): a typical step's, robust to the odd step a
+    #: preemption or a GC landed in (the diagnosis compares these)
+    medians_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def loop_ms(self) -> float:
+        return sum(self.parts_ms.get(p, 0.0) for p in LOOP_PARTS)
+
+    @property
+    def fetch_ms(self) -> float:
+        return sum(self.parts_ms.get(p, 0.0) for p in DATA_PARTS)
+
+    def scalars(self) -> dict[str, float]:
+        """Bare keys (the monitor logs them as ``tscope/step/<key>``)."""
+        out = {f"{p}_ms": v for p, v in self.parts_ms.items()}
+        out.update(step_ms=self.step_ms, fetch_share=self.fetch_share, input_bound=float(self.input_bound),
+                   loop_ms=self.loop_ms)
+        if self.cpu_wait_ms is not None:
+            out["cpu_wait_ms"] = self.cpu_wait_ms
+        if self.device_busy_ms is not None:
+            out["device_busy_ms"] = self.device_busy_ms
+        if self.idle_ms is not None:
+            out["idle_ms"] = self.idle_ms
+        if self.device_sync_ms is not None:
+            out["device_sync_ms"] = self.device_sync_ms
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "step_ms": self.step_ms, "host_ms": self.host_ms, "parts_ms": dict(self.parts_ms),
+                "cpu_wait_ms": self.cpu_wait_ms, "device_busy_ms": self.device_busy_ms, "idle_ms": self.idle_ms,
+                "device_sync_ms": self.device_sync_ms, "fetch_share": self.fetch_share, "input_bound": self.input_bound,
+                "named": [[c.part, c.name, c.ms, c.per_occurrence_ms, c.occurrences, c.steps] for c in self.named]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Breakdown:
+        return cls(steps=int(d["steps"]), step_ms=float(d["step_ms"]), host_ms=float(d.get("host_ms", d["step_ms"])),
+                   parts_ms={str(k): float(v) for k, v in (d.get("parts_ms") or {}).items()},
+                   cpu_wait_ms=d.get("cpu_wait_ms"), device_busy_ms=d.get("device_busy_ms"), idle_ms=d.get("idle_ms"),
+                   device_sync_ms=d.get("device_sync_ms"), fetch_share=float(d.get("fetch_share", 0.0)), input_bound=bool(d.get("input_bound")),
+                   named=tuple(NamedCost(str(a), str(b), float(c), float(e), int(f), int(g))
+                               for a, b, c, e, f, g in d.get("named") or ()))
+
+
+def input_bound(fetch_share: float, idle_share: float | None, share: float = INPUT_BOUND_SHARE) -> bool:
+    """Input-bound: fetching the batch (fetch + transfer) takes at least ``share`` of the step and, on a GPU
+    (``idle_share`` given), the device idles at least that share too (it waited for the batch)."""
+    return fetch_share >= share and (idle_share is None or idle_share >= share)
+
+
+def summarize(steps: Sequence[StepTimes], share: float = INPUT_BOUND_SHARE) -> Breakdown | None:
+    """The means of the clean ``steps`` (:class:`Breakdown`); None when none is clean."""
+    clean = [s for s in steps if not s.dirty]
+    if not clean:
+        return None
+    n = len(clean)
+    mean = lambda xs: math.fsum(xs) / n  # noqa: E731
+    parts = {p: mean(s.parts[i] for s in clean) * 1e3 for i, p in enumerate(PARTS)}
+    host, step = mean(s.host_s for s in clean) * 1e3, mean(s.step_s for s in clean) * 1e3
+    waits = [s.cpu_wait_s for s in clean if s.cpu_wait_s is not None]
+    cpu_wait = math.fsum(waits) / len(waits) * 1e3 if len(waits) == n else None
+    busy = idle = None
+    if all(s.busy_s is not None for s in clean):
+        busy = mean(s.busy_s or 0.0 for s in clean) * 1e3
+        idle = mean(s.idle_s or 0.0 for s in clean) * 1e3
+    dsync = (mean(s.device_sync_s or 0.0 for s in clean) * 1e3
+             if any(s.device_sync_s is not None for s in clean) else None)
+    frac = (parts["fetch"] + parts["transfer"]) / host if host > 0 else 0.0
+    idle_frac = None if idle is None else (idle / step if step > 0 else 0.0)
+    medians = {p: statistics.median(s.parts[i] for s in clean) * 1e3 for i, p in enumerate(PARTS)}
+    medians["step"] = statistics.median(s.step_s for s in clean) * 1e3
+    return Breakdown(steps=n, step_ms=step, host_ms=host, parts_ms=parts, cpu_wait_ms=cpu_wait, device_busy_ms=busy,
+                     idle_ms=idle, device_sync_ms=dsync, fetch_share=frac, input_bound=input_bound(frac, idle_frac, share),
+                     named=loop_costs(clean), medians_ms=medians)
+
+
+class Rolling:
+    """The last ``n`` clean steps with running sums: :meth:`summary` is the :func:`summarize` of them in O(parts +
+    named items), so the monitor's per-step cost does not grow with the window."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.steps: deque[StepTimes] = deque()
+        self._sums = [0.0] * len(PARTS)
+        self._host = self._step = self._wait = self._busy = self._idle = self._dsync = 0.0
+        self._n_wait = self._n_busy = self._n_dsync = 0
+        self._named: dict[str, float] = {}
+        self._occ: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __bool__(self) -> bool:
+        return bool(self.steps)
+
+    def _fold(self, st: StepTimes, sign: int) -> None:
+        for i, v in enumerate(st.parts):
+            self._sums[i] += sign * v
+        self._host += sign * st.host_s
+        self._step += sign * st.step_s
+        if st.cpu_wait_s is not None:
+            self._wait += sign * st.cpu_wait_s
+            self._n_wait += sign
+        if st.busy_s is not None:
+            self._busy += sign * st.busy_s
+            self._idle += sign * (st.idle_s or 0.0)
+            self._n_busy += sign
+        if st.device_sync_s is not None:
+            self._dsync += sign * st.device_sync_s
+            self._n_dsync += sign
+        for k, v in st.named.items():
+            self._named[k] = self._named.get(k, 0.0) + sign * v
+            c = self._occ.get(k, 0) + sign
+            if c:
+                self._occ[k] = c
+            else:
+                self._occ.pop(k, None)
+                self._named.pop(k, None)
+
+    def add(self, st: StepTimes) -> None:
+        if st.dirty:
+            return
+        if len(self.steps) >= self.n:
+            self._fold(self.steps.popleft(), -1)
+        self.steps.append(st)
+        self._fold(st, 1)
+
+    def extend(self, steps: Iterable[StepTimes]) -> None:
+        for st in steps:
+            self.add(st)
+
+    def clear(self) -> None:
+        self.__init__(self.n)  # type: ignore[misc]
+
+    def summary(self, share: float = INPUT_BOUND_SHARE, *, medians: bool = False) -> Breakdown | None:
+        """The :class:`Breakdown` of the steps held; ``medians``: with each part's median (sorts the window: for a
+        diagnosis, not every step)."""
+        n = len(self.steps)
+        if not n:
+            return None
+        if medians:
+            return summarize(list(self.steps), share)
+        parts = {p: max(self._sums[i], 0.0) / n * 1e3 for i, p in enumerate(PARTS)}
+        host, step = self._host / n * 1e3, self._step / n * 1e3
+        busy = self._busy / n * 1e3 if self._n_busy == n else None
+        idle = self._idle / n * 1e3 if self._n_busy == n else None
+        frac = (parts["fetch"] + parts["transfer"]) / host if host > 0 else 0.0
+        idle_frac = None if idle is None else (idle / step if step > 0 else 0.0)
+        named = [NamedCost(*(k.partition(":")[::2]), max(v, 0.0) / n * 1e3, max(v, 0.0) / self._occ[k] * 1e3,
+                           self._occ[k], n) for k, v in self._named.items()]
+        return Breakdown(steps=n, step_ms=step, host_ms=host, parts_ms=parts,
+                         cpu_wait_ms=self._wait / n * 1e3 if self._n_wait == n else None, device_busy_ms=busy,
+                         idle_ms=idle, device_sync_ms=self._dsync / n * 1e3 if self._n_dsync else None,
+                         fetch_share=frac, input_bound=input_bound(frac, idle_frac, share),
+                         named=tuple(sorted(named, key=lambda c: -c.ms)))
+
+
+def loop_costs(steps: Sequence[StepTimes]) -> tuple[NamedCost, ...]:
+    """Each named item's cost over ``steps`` (all of them, clean or not as given), largest mean first."""
+    tot: dict[str, float] = {}
+    occ: dict[str, int] = {}
+    for s in steps:
+        for k, v in s.named.items():
+            tot[k] = tot.get(k, 0.0) + v
+            occ[k] = occ.get(k, 0) + 1
+    n = len(steps)
+    out = []
+    for k, v in tot.items():
+        part, _, name = k.partition(":")
+        out.append(NamedCost(part, name, v / n * 1e3, v / occ[k] * 1e3, occ[k], n))
+    return tuple(sorted(out, key=lambda c: -c.ms))
+
+
+def _cost(c: NamedCost) -> str:
+    if c.occurrences < c.steps * 0.5:  # a periodic item (a checkpoint, logging every n steps): say how often
+        return f"{c.name} {c.per_occurrence_ms:.3g} ms every {c.every:.3g} steps = {c.ms:.3g} ms a step"
+    return f"{c.name} {c.ms:.3g} ms a step"
+
+
+def loop_text(b: Breakdown, share: float = LOOP_SHARE, top: int = 3) -> str | None:
+    """The loop-overhead finding: the loop's own work (hooks, logging, checkpoints, Lightning's bookkeeping) when it
+    is at least ``share`` of the step, naming its ``top`` biggest items; tscope's own cost said apart. None below."""
+    if b.step_ms <= 0 or b.loop_ms / b.host_ms < share:
+        return None
+    items = [c for c in b.named if c.part in LOOP_PARTS][:top]
+    other = b.parts_ms.get("other", 0.0)
+    named = [_cost(c) for c in items]
+    if other >= 0.1 * b.loop_ms:
+        named.append(f"Lightning's own loop (bookkeeping no hook marks) {other:.3g} ms a step")
+    ts_ms = b.parts_ms.get("tscope", 0.0)
+    return (f"the loop's own work takes {b.loop_ms:.3g} ms a step ({b.loop_ms / b.host_ms:.0%} of the "
+            f"{b.host_ms:.3g} ms step, mean of {b.steps} steps): " + "; ".join(named)
+            + f". tscope's own hooks: {ts_ms:.3g} ms a step, not counted in it")
+
+
+# ---------------------------------------------------------------------------------------------- late ranks
+#: what each rank sends at a logging step (:func:`rank_vector`): its step, its parts and its CPU wait, ms a step
+RANK_FIELDS = ("step_ms", *(f"{p}_ms" for p in PARTS), "cpu_wait_ms", "steps")
+
+
+def rank_vector(b: Breakdown | None) -> list[float]:
+    """One rank's :data:`RANK_FIELDS` (NaN everywhere without clean steps)."""
+    if b is None:
+        return [math.nan] * len(RANK_FIELDS)
+    parts = dict(b.parts_ms)
+    if b.device_sync_ms is not None:  # a GPU: the device's wait is the one the others' lateness makes
+        parts["sync"] = b.device_sync_ms
+    return [b.step_ms, *(parts[p] for p in PARTS), math.nan if b.cpu_wait_ms is None else b.cpu_wait_ms,
+            float(b.steps)]
+
+
+_KIND = {"fetch": "data", "transfer": "data", "forward": "compute", "backward": "compute", "optimizer": "compute",
+         "hooks": "host", "logging": "host", "checkpoint": "host", "other": "host", "tscope": "host"}
+
+
+@dataclass(frozen=True)
+class LateRank:
+    """The rank the others wait for: ``rank``, ``cost_ms`` (how much longer every other rank waits for it, a step:
+    the median over the others of their sync wait less its own), the part it is slow in (``part``, ``kind``: data,
+    compute or host, and ``excess_ms``: its part less the others' median), each rank's step and sync wait (ms a
+    step), and whether it is a finding (``cost_ms`` at least :data:`LATE_SHARE` of the step and
+    :data:`LATE_MIN_MS`)."""
+
+    rank: int
+    cost_ms: float
+    part: str
+    kind: str
+    excess_ms: float
+    step_ms: tuple[float, ...]
+    sync_ms: tuple[float, ...]
+    finding: bool
+
+    @property
+    def text(self) -> str:
+        others = statistics.median(s for r, s in enumerate(self.step_ms) if r != self.rank)
+        return (f"rank {self.rank} is late: every other rank waits {self.cost_ms:.3g} ms a step for it "
+                f"({self.cost_ms / others:.0%} of the {others:.3g} ms step); it is slow in its {self.kind} "
+                f"({PART_TEXT[self.part]} {self.excess_ms:+.3g} ms a step against the other ranks' median)")
+
+
+def late_rank(rows: Sequence[Sequence[float]], share: float = LATE_SHARE, min_ms: float = LATE_MIN_MS) -> LateRank | None:
+    """The late rank from each rank's :func:`rank_vector` (one row per rank), None with fewer than 2 ranks with
+    figures. The late rank waits least (it arrives last at every collective); its cost is the median over the
+    others of (their sync wait - its sync wait); the part it is slow in is its own-work part (not sync) that most
+    exceeds the other ranks' median."""
+    idx = {f: i for i, f in enumerate(RANK_FIELDS)}
+    ok = [r for r, row in enumerate(rows) if len(row) == len(RANK_FIELDS) and not math.isnan(row[idx["step_ms"]])]
+    if len(ok) < 2:
+        return None
+    sync = {r: rows[r][idx["sync_ms"]] for r in ok}
+    late = min(ok, key=lambda r: (sync[r], r))
+    others = [r for r in ok if r != late]
+    cost = statistics.median(sync[r] - sync[late] for r in others)
+    best, excess = "other", -math.inf
+    for p in PARTS:
+        if p == "sync":
+            continue
+        d = rows[late][idx[f"{p}_ms"]] - statistics.median(rows[r][idx[f"{p}_ms"]] for r in others)
+        if d > excess:
+            best, excess = p, d
+    step = statistics.median(rows[r][idx["step_ms"]] for r in others)
+    nan = lambda v: v if not math.isnan(v) else 0.0  # noqa: E731
+    return LateRank(late, cost, best, _KIND[best], excess,
+                    tuple(nan(row[idx["step_ms"]]) for row in rows), tuple(nan(row[idx["sync_ms"]]) for row in rows),
+                    cost >= max(share * step, min_ms))
