@@ -145,18 +145,18 @@ def test_a_deferred_first_profile_is_not_cut_by_the_next_scheduled_one(tmp_path,
 
 
 def test_the_step_monitors_layer_timing_steps_are_no_step_time_basis(tmp_path, monkeypatch):
-    # the monitor's baseline profile (after 3 healthy steps) is followed by 3 steps with ModuleClock's forward hooks
-    # on every layer (slower): RooflineCallback's step clock (and MFU windows) must leave them out
+    # the monitor's baseline is RooflineCallback's first profile (steps 5-7) and 3 steps with ModuleClock's forward
+    # hooks on every layer (slower) once that series and the 5 unprofiled steps timed after it are over: the next
+    # profile's step clock (and the MFU windows) must leave them out
     from tscope_callbacks.capture import module_clock
 
     ran: list[int] = []
     start = module_clock.ModuleClock.start
     monkeypatch.setattr(module_clock.ModuleClock, "start",
                         lambda self: (ran.append(self.model.trainer.global_step), start(self))[1])
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=12, every_n_steps=100, wait_for_warmup=False,
-                             monitor=ts.StepMonitor(min_steps=3))
-    _, saved = _fit(tmp_path, cb, max_steps=25)
-    assert len(ran) == 3 and max(ran) < 12
+    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=5, every_n_steps=20, wait_for_warmup=False)
+    _, saved = _fit(tmp_path, cb, max_steps=30)
+    assert len(ran) == 3 and min(ran) >= 5 + 3 + 5 and max(ran) < 20  # after the series' basis, before the next
     stamps = {s: dirty for s, _, dirty, _ in cb._clock._stamps}
     assert all(stamps[m + 1] for m in ran)  # each interval from a ModuleClock step's start to the next step's
     for d in saved:

@@ -250,14 +250,14 @@ def test_input_bound_needs_the_fetch_over_the_threshold() -> None:
 
 def test_loop_text_names_the_biggest_items_and_keeps_tscope_apart() -> None:
     # 10 ms steps; a logger at every step (0.5 ms), a checkpoint of 40 ms every 20 steps (2 ms a step), a
-    # callback 0.1 ms; tscope 0.2 ms
+    # callback 0.2 ms; tscope 0.2 ms
     steps = []
     for i in range(40):
-        named = {"logging:CSVLogger.save": 0.0005, "hooks:Progress": 0.0001, "tscope:StepMonitor": 0.0002}
+        named = {"logging:CSVLogger.save": 0.0005, "hooks:Progress": 0.0002, "tscope:StepMonitor": 0.0002}
         ck = 40.0 if i % 20 == 0 else 0.0
         if ck:
             named["checkpoint:save_checkpoint"] = 0.04
-        steps.append(_st(i, 10.0 + ck, named=named, forward=7.0, logging=0.5, hooks=0.1, tscope=0.2,
+        steps.append(_st(i, 10.0 + ck, named=named, forward=7.0, logging=0.5, hooks=0.2, tscope=0.2,
                          checkpoint=ck))
     b = sp.summarize(steps)
     text = sp.loop_text(b)
@@ -267,6 +267,13 @@ def test_loop_text_names_the_biggest_items_and_keeps_tscope_apart() -> None:
     assert "tscope's own hooks: 0.2 ms a step, not counted" in text
     quiet = sp.summarize([_st(i, 10.0, forward=9.9, logging=0.05, named={"logging:x": 5e-5}) for i in range(20)])
     assert sp.loop_text(quiet) is None  # 0.1 ms of 10 (1%): under the 5% share
+    # the same as findings for the report: each names a change and its saving (the item's cost a step)
+    f = sp.loop_findings(b)
+    assert [x["saving_s"] for x in f] == pytest.approx([0.002, 0.0005, 0.0002])
+    assert "every_n_train_steps" in f[0]["change"] and "40 ms, every 20 steps" in f[0]["change"]
+    assert "log_every_n_steps" in f[1]["change"] and "make Progress's hooks cheaper" in f[2]["change"]
+    assert f[0]["cause"].startswith("the loop's own work: save_checkpoint 40 ms every 20 steps = 2 ms a step")
+    assert sp.loop_findings(quiet) == []
 
 
 # ---------------------------------------------------------------------------------------------- late ranks

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["PARTS", "DATA_PARTS", "COMPUTE_PARTS", "LOOP_PARTS", "PART_TEXT", "StepTimes", "Breakdown", "NamedCost",
-           "summarize", "Rolling", "input_bound", "loop_costs", "loop_text", "LateRank", "late_rank", "RANK_FIELDS",
+           "summarize", "Rolling", "input_bound", "loop_costs", "loop_text", "loop_findings", "LateRank", "late_rank", "RANK_FIELDS",
            "rank_vector", "INPUT_BOUND_SHARE", "LOOP_SHARE", "LATE_SHARE", "LATE_MIN_MS", "MIN_VERDICT_STEPS",
            "VERDICT_WINDOW"]
 
@@ -336,6 +336,34 @@ def loop_text(b: Breakdown, share: float = LOOP_SHARE, top: int = 3) -> str | No
     return (f"the loop's own work takes {b.loop_ms:.3g} ms a step ({b.loop_ms / b.host_ms:.0%} of the "
             f"{b.host_ms:.3g} ms step, mean of {b.steps} steps): " + "; ".join(named)
             + f". tscope's own hooks: {ts_ms:.3g} ms a step, not counted in it")
+
+
+def _change(c: NamedCost) -> str:
+    """What to change for one item of the loop's own work."""
+    if c.part == "checkpoint":
+        return (f"save checkpoints less often (ModelCheckpoint every_n_train_steps / train_time_interval): each save "
+                f"takes {c.per_occurrence_ms:.3g} ms, every {c.every:.3g} steps now")
+    if c.part == "logging":
+        if c.occurrences >= c.steps * 0.5:
+            return f"log less often (raise the Trainer's log_every_n_steps, or log fewer values): {c.name} runs every step"
+        return f"log less often (raise the Trainer's log_every_n_steps): {c.name} runs every {c.every:.3g} steps"
+    return f"make {c.name}'s hooks cheaper, or run its work every few steps instead of every step"
+
+
+def loop_findings(b: Breakdown, share: float = LOOP_SHARE, top: int = 3) -> list[dict[str, Any]]:
+    """The loop's own work as findings the report turns into opportunities: each of its ``top`` biggest items
+    (hooks, loggers, checkpoints: not Lightning's unmarked bookkeeping, which has no change to name) when the loop's
+    work is at least ``share`` of the step: ``{cause, change, saving_s}``, ``saving_s`` the item's mean cost a step
+    (what removing it saves; making it rarer saves that share of it)."""
+    if b.host_ms <= 0 or b.loop_ms / b.host_ms < share:
+        return []
+    out = []
+    for c in [c for c in b.named if c.part in ("hooks", "logging", "checkpoint")][:top]:
+        if c.ms < 0.01 * b.host_ms:
+            continue  # under 1% of the step: not worth a change
+        out.append({"cause": f"the loop's own work: {_cost(c)} ({c.ms / b.host_ms:.0%} of the {b.host_ms:.3g} ms step)",
+                    "change": _change(c), "saving_s": c.ms / 1e3})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- late ranks

@@ -81,6 +81,12 @@ class ProfilingCallback(GuardedCallback):
         """Join a capture at ``step`` although the schedule does not make it due (e.g. a FLOP recount)."""
         return False
 
+    def held_until(self) -> int:
+        """The first training step this callback's profiles leave alone: after the last step it profiled or
+        reserved. The step monitor times layers (which slows steps) only from there."""
+        s = self.schedules.get("train")
+        return s.last_step + 1 if s is not None else 0
+
     def _claim(self, stage: str, step: int) -> None:
         sched = self.schedules[stage]
         sched.mark(step)

@@ -26,7 +26,6 @@ in the ``tscope`` part.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -273,11 +272,11 @@ class LoopProbe:
         if self._t0 is not None and self._closing:
             host = t - self._t0
             acc = self._acc
-            if self.calls:
-                cost = self.calls * self.call_cost_s
+            acc[OTHER] = 0.0
+            if self.calls:  # the probe's own cost: inside the parts' times, taken out of the unmarked rest
+                cost = min(self.calls * self.call_cost_s, max(host - sum(acc), 0.0))
                 acc[TSCOPE] += cost
                 self._named["tscope:step-parts probe"] = cost
-            acc[OTHER] = 0.0
             acc[OTHER] = max(host - sum(acc), 0.0)
             wait = q - self._q0 if q is not None and self._q0 is not None else None
             self.done.append((StepTimes(self.step, host, tuple(acc), self._named, wait, dirty=self._dirty),
@@ -403,12 +402,12 @@ class LoopProbe:
         name = "[Callback]<tscope calibration>.on_train_batch_start"
         rounds = []
         try:
-            for _ in range(3):
-                t = time.perf_counter()
+            for _ in range(3):  # on the probe's own clock (a scripted host's: no cost)
+                t = self.clock()
                 for _ in range(n):
                     self.begin(name)
                     self.end(name)
-                rounds.append((time.perf_counter() - t) / n)
+                rounds.append((self.clock() - t) / n)
             return sorted(rounds)[1]
         finally:
             self._cache.pop(name, None)

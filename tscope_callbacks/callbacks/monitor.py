@@ -40,7 +40,7 @@ log = logging.getLogger("tscope_callbacks")
 #: a slow-steps alert goes out; a slowdown that went away is counted in ``transients``
 CONFIRM_STEPS = 3
 #: clean steps before the monitor's own baseline profile (alone in a trainer): warm-up is over
-BASELINE_STEPS = 10
+BASELINE_STEPS = 20
 #: other processes' CPU load is read at logging steps at most this often (seconds)
 LOAD_EVERY_S = 1.0
 #: steps whose layers' forward host times are timed after a diagnosis' profile (their median is compared)
@@ -372,8 +372,11 @@ class StepMonitor(ProfilingCallback):
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         s = session.running()
         if s is not None and s.stage == "train" and self.last_breakdown is not None and s.profile is not None:
+            v = self._verdict.summary(self.options.input_bound_share)
+            loop = sp.loop_findings(v, self.options.loop_share) if v is not None and self._loop_told else []
             s.profile.label(step_breakdown={**self.last_breakdown.to_dict(), "input_fixes": list(self.input_fixes),
                                             "input_bound_share": self.options.input_bound_share,
+                                            "loop_findings": loop,
                                             "basis": "CUDA events" if self.cuda else "host wall clock"})
         super().on_before_optimizer_step(trainer, pl_module, optimizer)
 
@@ -500,8 +503,10 @@ class StepMonitor(ProfilingCallback):
         if self._scheduled:
             if self._base_ops is None or session.running() is not None:
                 return
-            if gs <= max(c.schedules["train"].last_step for c in self._scheduled):
+            if gs < max(c.held_until() for c in self._scheduled):
                 return  # its series and the unprofiled steps it times after it
+            if min(c.schedules["train"].next_due(gs) for c in self._scheduled) <= gs + LAYER_STEPS:
+                return  # a profile is due before the layers' steps end: later (they would slow its basis)
             step, ops = self._base_ops
             self._diag = _Diagnosis(None, gs, True, an.Snapshot(step, ops=dict(ops)), started=True, profile_step=gs - 1,
                                     load_since=self.host_load.snapshot())

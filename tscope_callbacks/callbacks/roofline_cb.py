@@ -445,6 +445,16 @@ class RooflineCallback(ProfilingCallback):
                                      or (self._series.next is not None and step == self._series.next))
 
     @override
+    def held_until(self) -> int:
+        """After a running series and the unprofiled steps timed after it (its step-time basis)."""
+        until = super().held_until()
+        if self._series.next is not None:
+            until = max(until, self._series.next + 1)
+        if self._series.pending_until is not None:
+            until = max(until, self._series.pending_until)
+        return until
+
+    @override
     def _due(self, stage: str, step: int) -> bool:
         if stage == "train" and self._wait.waiting(step) and self.schedules["train"].taken == 0:
             return True  # the first profile, waiting for warmed-up unprofiled steps
