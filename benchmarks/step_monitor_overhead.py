@@ -1,16 +1,18 @@
-"""The step monitor's always-on cost on CPU: a ~1 ms and a ~5 ms MLP step, plain vs ``StepMonitor()``, one torch
-thread, alternating order, in one process.
+"""The step monitor's always-on cost on CPU, and its alerts on healthy 1000-step fits, idle and beside a busy process.
 
-Two figures per step size, both against the median plain step of the same run:
+Three figures, each against a plain run of the same process:
 
-- the step-time ratio: median step (batch start to next batch start, steps 30 to the end; the monitor's baseline
-  profile and the 3 steps after it, which time each layer, are left out) with the monitor / without;
-- the monitor's own hook time per step (its batch-start, before-optimizer-step and batch-end hooks, timed around
-  each call; diagnosis steps left out) as a share of the plain step: the cost without the machine's noise.
+- the monitor's own cost per step: its hooks (Lightning marks them ``[Callback]StepMonitor...``: the monitor's
+  ``tscope`` part, median over the clean steps) plus its step-parts probe (marks per step x the probe's cost per mark,
+  measured at install); the probe's cost per mark beside it;
+- the step-time ratio with the monitor / without (a ~1 ms and a ~5 ms MLP step, one torch thread, alternating order,
+  medians of the rounds): this machine's noise is usually larger than the cost;
+- healthy 1000-step fits (the MLPs in ``RooflineCallback()``'s defaults: the monitor on, a profile at step 10 and
+  every 500): alerts (target 0), slowdowns named contention, transients, with no other process and with one busy
+  process (``python -c "while True: pass"``) for the whole fit. The other processes' CPU load is measured over each
+  fit (the machine is shared: it is not idle when nothing of ours runs).
 
-Target: <= 1.02x a plain step.
-
-    python benchmarks/step_monitor_overhead.py [--rounds 5] [--steps 200] [--write]
+    python benchmarks/step_monitor_overhead.py [--rounds 3] [--steps 300] [--write]
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -27,11 +31,14 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+import tscope_callbacks as ts
+from tscope_callbacks.analysis.step_parts import StepTimes
 from tscope_callbacks.callbacks.monitor import StepMonitor
 from tscope_callbacks.devices.calibrate import cpu_snapshot, others_load_per_cpu
 
 RESULTS = Path(__file__).resolve().parent / "results" / "step_monitor_overhead.md"
 SKIP = 30  #: warm-up steps left out
+MLPS = (("~1 ms", 256, 2), ("~5 ms", 512, 2))
 
 
 class MLP(pl.LightningModule):
@@ -44,7 +51,9 @@ class MLP(pl.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.log("loss", loss)
+        return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=1e-3)
@@ -63,163 +72,137 @@ class StepTimer(pl.Callback):
         return [b - a for (s, a), (_, b) in zip(self.starts, self.starts[1:]) if s >= SKIP and s not in skip]
 
 
-def _timed(mon: StepMonitor, spent: dict[int, float]) -> None:
-    """Wrap the monitor's per-step hooks (instance attributes: Lightning calls them by name) with a timer."""
+def _trainer(steps: int, callbacks: list[pl.Callback]) -> pl.Trainer:
+    return pl.Trainer(max_steps=steps, callbacks=callbacks, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+                      log_every_n_steps=50)
+
+
+def _data(steps: int) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    n = 64 * (steps + 1)
+    return DataLoader(TensorDataset(torch.randn(n, 64, generator=g), torch.randn(n, 8, generator=g)), batch_size=64)
+
+
+def _cpu_timed(mon: StepMonitor, spent: dict[int, float]) -> None:
+    """Wrap the monitor's per-step hooks (instance attributes: Lightning calls them by name) with the thread's CPU
+    time: its cost without the waits for a CPU a busy machine adds to any wall time."""
     for name in ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end"):
         fn = getattr(mon, name)
 
-        def hook(trainer: pl.Trainer, *args: Any, _fn: Any = fn, **kw: Any) -> Any:
-            step = trainer.global_step
-            t = time.perf_counter()
+        def hook(trainer: pl.Trainer, *args: Any, _fn: Any = fn, _name: str = name, **kw: Any) -> Any:
+            step = trainer.global_step - (_name == "on_train_batch_end")
+            t = time.thread_time()
             try:
                 return _fn(trainer, *args, **kw)
             finally:
-                spent[step] = spent.get(step, 0.0) + time.perf_counter() - t
+                spent[step] = spent.get(step, 0.0) + time.thread_time() - t
 
         setattr(mon, name, hook)
 
 
-def fit(width: int, depth: int, steps: int, monitor: bool) -> tuple[list[float], float | None]:
+def fit(width: int, depth: int, steps: int, monitor: bool) -> dict[str, Any]:
+    """One fit: its step times (warm-up and the monitor's own profile steps left out) and, with the monitor, its
+    clean steps' parts."""
     torch.manual_seed(0)
-    g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(64 * (steps + 1), 64, generator=g), torch.randn(64 * (steps + 1), 8, generator=g))
-    timer, cbs, spent = StepTimer(), [], {}
-    skip: set[int] = set()
+    timer, cbs = StepTimer(), []
+    seen: list[StepTimes] = []
     mon = None
+    cpu: dict[int, float] = {}
     if monitor:
-        mon = StepMonitor()
-        _timed(mon, spent)
+        mon = StepMonitor(telemetry=False)
+        add = mon._add
+        mon._add = lambda trainer, st: (seen.append(st), add(trainer, st))  # type: ignore[method-assign]
+        _cpu_timed(mon, cpu)
         cbs.append(mon)
-    trainer = pl.Trainer(max_steps=steps, callbacks=[timer, *cbs], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
-                         log_every_n_steps=50)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer.fit(MLP(width, depth), DataLoader(data, batch_size=64))
-    if mon is not None and mon.healthy is not None:
-        b = mon.healthy.step
-        skip = set(range(b - 1, b + 5))  # the baseline profile and the 3 steps timing each layer
-    hook = None
+        _trainer(steps, [timer, *cbs]).fit(MLP(width, depth), _data(steps))
+    skip = {st.step for st in seen if st.dirty}
+    out: dict[str, Any] = {"times": timer.times(skip)}
     if mon is not None:
-        per = [v for s, v in spent.items() if s >= SKIP and s not in skip]
-        hook = statistics.median(per)
-    return timer.times(skip), hook
+        clean = [st for st in seen if not st.dirty and st.step >= SKIP]
+        out["tscope_s"] = statistics.median(st.part("tscope") for st in clean)
+        out["hooks_cpu_s"] = statistics.median(cpu.get(st.step, 0.0) for st in clean)
+        out["hooks_s"] = statistics.median(st.named.get("tscope:StepMonitor", 0.0) for st in clean)
+        out["probe_s"] = statistics.median(st.named.get("tscope:step-parts probe", 0.0) for st in clean)
+        out["per_mark_s"] = mon.probe.call_cost_s
+        out["marks"] = (out["probe_s"] / mon.probe.call_cost_s) if mon.probe.call_cost_s else 0.0
+    return out
 
 
-class Blocks(pl.Callback):
-    """Calls the monitor's per-step hooks in alternate blocks of ``BLOCK`` steps only: on and off steps interleave in
-    one fit, so a change of the machine's load falls on both alike."""
-
-    BLOCK = 10
-
-    def __init__(self, mon: StepMonitor) -> None:
-        self.mon = mon
-
-    def on(self, step: int) -> bool:
-        return (step // self.BLOCK) % 2 == 0
-
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if self.on(trainer.global_step):
-            self.mon.on_train_batch_start(trainer, pl_module, batch, batch_idx)
-
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: Any, optimizer: Any) -> None:
-        if self.on(trainer.global_step):
-            self.mon.on_before_optimizer_step(trainer, pl_module, optimizer)
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.on(trainer.global_step - 1):
-            self.mon.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-
-
-def paired(width: int, depth: int, steps: int) -> tuple[float, float]:
-    """(median on-step, median off-step) of one fit with the monitor's hooks on in alternate blocks (warm-up, the
-    blocks' first step and the monitor's diagnosis steps left out)."""
-    g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(64 * (steps + 1), 64, generator=g), torch.randn(64 * (steps + 1), 8, generator=g))
-    mon = StepMonitor(slow_factor=1e9, loss_spike=None)  # timing only: no diagnostic profile in the measured steps
-    timer = StepTimer()
-    trainer = pl.Trainer(max_steps=steps, callbacks=[timer, Blocks(mon)], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
-                         log_every_n_steps=50)
-    mon.setup(trainer, None, "fit")  # what Lightning would do for a callback in the list
+def healthy(width: int, depth: int, steps: int) -> dict[str, Any]:
+    """A healthy fit under RooflineCallback's defaults (the monitor inside): what its monitor said."""
+    torch.manual_seed(0)
+    since = cpu_snapshot()
+    roof = ts.RooflineCallback(plot=False, save_json=False)
+    t = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer.fit(MLP(width, depth), DataLoader(data, batch_size=64))
-    b = mon.healthy.step if mon.healthy is not None else -10
-    on, off = [], []
-    for (s, a), (_, t) in zip(timer.starts, timer.starts[1:]):
-        if s < SKIP or s % Blocks.BLOCK == 0 or b - 1 <= s <= b + 4:
-            continue
-        (on if (s // Blocks.BLOCK) % 2 == 0 else off).append(t - a)
-    return statistics.median(on), statistics.median(off)
-
-
-def warm_hooks(n: int = 5000) -> float:
-    """Seconds of the monitor's three per-step hooks, called back to back on a stand-in trainer (no fit around them:
-    the cost without the cache misses and preemptions of a real step); the median step over ``n``."""
-    import types
-
-    from tscope_callbacks.analysis.anomaly import Snapshot
-
-    mon = StepMonitor(slow_factor=1e9)  # the stand-in's microsecond "steps" jitter 2x: no trigger may fire here
-    mon._reset(False)
-    mon.healthy = Snapshot(0)  # as after the baseline profile: the steady state (no profile on a stand-in trainer)
-    tr = types.SimpleNamespace(global_step=0, log_every_n_steps=10**9, callbacks=[], is_global_zero=True,
-                               accumulate_grad_batches=1, optimizers=[])
-    pm = types.SimpleNamespace(automatic_optimization=True)
-    out = {"loss": torch.tensor(1.0)}
-    times = []
-    for i in range(n):
-        tr.global_step = i
-        t = time.perf_counter()
-        mon.on_train_batch_start(tr, pm, None, i)
-        mon.on_before_optimizer_step(tr, pm, None)
-        tr.global_step = i + 1
-        mon.on_train_batch_end(tr, pm, out, None, i)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times[100:])
+        _trainer(steps, [roof]).fit(MLP(width, depth), _data(steps))
+    mon = roof.monitor
+    return {"alerts": [a["text"] for a in mon.alerts], "contended": len(mon.contended), "transients": mon.transients,
+            "load": others_load_per_cpu(since), "wall_s": time.perf_counter() - t,
+            "step_ms": mon.last_breakdown.step_ms if mon.last_breakdown else float("nan"),
+            "cpu_wait_ms": mon.last_breakdown.cpu_wait_ms if mon.last_breakdown else None}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--healthy-steps", type=int, default=1000)
     ap.add_argument("--write", action="store_true")
-    ap.add_argument("--paired-only", action="store_true", help="only the paired measurement and the warm hooks")
     args = ap.parse_args()
     torch.set_num_threads(1)
     since = cpu_snapshot()
-    lines = [f"torch {torch.__version__}, 1 thread, {args.rounds} rounds x {args.steps} steps, order alternating", "",
-             "| step | plain ms | with monitor ms | step ratio | monitor hooks us/step | hooks / plain step |",
-             "|---|---|---|---|---|---|"]
-    for label, width, depth in (() if args.paired_only else (("~1 ms", 256, 2), ("~5 ms", 512, 2))):
-        plain, mon, hooks = [], [], []
+    lines = [f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs; {args.rounds} rounds x {args.steps} steps, "
+             "order alternating; `uptime` at the start: " + os.popen("uptime").read().strip(), "",
+             "| step | plain ms | with monitor ms | step ratio | monitor's own us/step (tscope part: hooks + probe, "
+             "wall) | its hooks' CPU us/step | probe us (marks x us/mark) |", "|---|---|---|---|---|---|---|"]
+    for label, width, depth in MLPS:
+        plain, mon, own, hooks, probe, per, marks = [], [], [], [], [], [], []  # (hooks: their CPU time)
         for r in range(args.rounds):
-            order = (False, True) if r % 2 == 0 else (True, False)
-            for m in order:
-                times, hook = fit(width, depth, args.steps, m)
-                (mon if m else plain).append(statistics.median(times))
-                if hook is not None:
-                    hooks.append(hook)
-        p, w, h = statistics.median(plain), statistics.median(mon), statistics.median(hooks)
-        lines.append(f"| {label} MLP {width}x{depth} | {p * 1e3:.3f} | {w * 1e3:.3f} | {w / p:.3f}x | {h * 1e6:.1f} | "
-                     f"{h / p:.2%} |")
+            for m in ((False, True) if r % 2 == 0 else (True, False)):
+                got = fit(width, depth, args.steps, m)
+                (mon if m else plain).append(statistics.median(got["times"]))
+                if m:
+                    own.append(got["tscope_s"])
+                    hooks.append(got["hooks_cpu_s"])
+                    probe.append(got["probe_s"])
+                    per.append(got["per_mark_s"])
+                    marks.append(got["marks"])
+        p, w = statistics.median(plain), statistics.median(mon)
+        med = statistics.median
+        lines.append(f"| {label} MLP {width}x{depth} | {p * 1e3:.3f} | {w * 1e3:.3f} | {w / p:.3f}x | "
+                     f"{med(own) * 1e6:.1f} ({med(own) / p:.2%} of the plain step) | {med(hooks) * 1e6:.1f} | "
+                     f"{med(probe) * 1e6:.1f} ({med(marks):.0f} x {med(per) * 1e6:.2f}) |")
         print(lines[-1], flush=True)
-    lines += ["", "Paired in one fit (the monitor's hooks on in alternate blocks of 10 steps, 1000 steps, 3 fits):", "",
-              "| step | off ms | on ms | ratio |", "|---|---|---|---|"]
-    for label, width, depth in (("~1 ms", 256, 2), ("~5 ms", 512, 2)):
-        pairs = [paired(width, depth, 1000) for _ in range(3)]
-        on, off = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
-        lines.append(f"| {label} MLP {width}x{depth} | {off * 1e3:.3f} | {on * 1e3:.3f} | {on / off:.3f}x |")
-        print(lines[-1], flush=True)
-    lines += ["", f"The monitor's hooks called back to back outside a fit (warm): {warm_hooks() * 1e6:.1f} us a step."]
-    lines += ["", f"Other processes' CPU load over the run: {others_load_per_cpu(since) or 0:.2f} per CPU "
-              f"({os.cpu_count()} CPUs)."]
+    lines += ["", f"Healthy {args.healthy_steps}-step fits, `RooflineCallback()` defaults (the monitor on):", "",
+              "| step | other process | alerts | named contention | transients | others' load per CPU | "
+              "mean step ms | CPU wait ms/step |", "|---|---|---|---|---|---|---|---|"]
+    for busy in (False, True):
+        proc = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+        try:
+            for label, width, depth in MLPS:
+                h = healthy(width, depth, args.healthy_steps)
+                wait = "-" if h["cpu_wait_ms"] is None else f"{h['cpu_wait_ms']:.2f}"
+                lines.append(f"| {label} MLP {width}x{depth} | {'one busy process' if busy else 'none'} | "
+                             f"{len(h['alerts'])} | {h['contended']} | {h['transients']} | {h['load'] or 0:.2f} | "
+                             f"{h['step_ms']:.2f} | {wait} |")
+                print(lines[-1], flush=True)
+                for a in h["alerts"]:
+                    lines.append(f"|  | alert: {a} |||||||")
+        finally:
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+    lines += ["", f"Other processes' CPU load over the whole run: {others_load_per_cpu(since) or 0:.2f} per CPU."]
     text = "\n".join(lines)
     print(text)
     if args.write:
         RESULTS.parent.mkdir(exist_ok=True)
-        RESULTS.write_text("# Step monitor overhead (CPU)\n\n" + text + "\n\nReproduce: `python "
+        RESULTS.write_text("# Step monitor overhead and healthy-fit alerts (CPU)\n\n" + text + "\n\nReproduce: `python "
                            "benchmarks/step_monitor_overhead.py --write`\n")
 
 

@@ -20,6 +20,7 @@ _EXPORTS = {
     "NaNGuardCallback": "callbacks.nan_guard",
     "WatchCallback": "callbacks.watch",
     "StepMonitor": "callbacks.monitor",
+    "MonitorOptions": "callbacks.monitor",
     "NonFiniteEvent": "analysis.nonfinite",
     "NonFiniteError": "analysis.nonfinite",
     # any loop: profile a region, place it on the roofline

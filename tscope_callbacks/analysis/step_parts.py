@@ -223,8 +223,8 @@ class Rolling:
     """The last ``n`` clean steps with running sums: :meth:`summary` is the :func:`summarize` of them in O(parts +
     named items), so the monitor's per-step cost does not grow with the window."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
+    def __init__(self, n: int, *, named: bool = True) -> None:
+        self.n, self.keep_named = n, named  #: ``named``: also the named items' sums (the loop's costs)
         self.steps: deque[StepTimes] = deque()
         self._sums = [0.0] * len(PARTS)
         self._host = self._step = self._wait = self._busy = self._idle = self._dsync = 0.0
@@ -239,8 +239,10 @@ class Rolling:
         return bool(self.steps)
 
     def _fold(self, st: StepTimes, sign: int) -> None:
-        for i, v in enumerate(st.parts):
-            self._sums[i] += sign * v
+        if sign > 0:
+            self._sums = [a + b for a, b in zip(self._sums, st.parts)]
+        else:
+            self._sums = [a - b for a, b in zip(self._sums, st.parts)]
         self._host += sign * st.host_s
         self._step += sign * st.step_s
         if st.cpu_wait_s is not None:
@@ -253,6 +255,8 @@ class Rolling:
         if st.device_sync_s is not None:
             self._dsync += sign * st.device_sync_s
             self._n_dsync += sign
+        if not self.keep_named:
+            return
         for k, v in st.named.items():
             self._named[k] = self._named.get(k, 0.0) + sign * v
             c = self._occ.get(k, 0) + sign
@@ -275,7 +279,7 @@ class Rolling:
             self.add(st)
 
     def clear(self) -> None:
-        self.__init__(self.n)  # type: ignore[misc]
+        self.__init__(self.n, named=self.keep_named)  # type: ignore[misc]
 
     def summary(self, share: float = INPUT_BOUND_SHARE, *, medians: bool = False) -> Breakdown | None:
         """The :class:`Breakdown` of the steps held; ``medians``: with each part's median (sorts the window: for a

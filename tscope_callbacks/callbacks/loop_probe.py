@@ -207,10 +207,11 @@ class LoopProbe:
         t = self.clock()
         try:
             st = self._stack
-            if self._cache.get(name, _MISS) is None or not any(e[0] == name for e in st):
-                return  # not a part, or a stop whose start was not seen
-            while st[-1][0] != name:
-                st.pop()  # an action whose stop never came (an exception inside it)
+            if not st or st[-1][0] != name:  # (the usual case: the innermost open action)
+                if self._cache.get(name, _MISS) is None or not any(e[0] == name for e in st):
+                    return  # not a part, or a stop whose start was not seen
+                while st[-1][0] != name:
+                    st.pop()  # an action whose stop never came (an exception inside it)
             _, t0, children, as_kind = st.pop()
             dur = t - t0
             own = dur - children

@@ -259,7 +259,7 @@ class StepMonitor(ProfilingCallback):
         self.recent = sp.Rolling(o.window)  #: healthy clean steps
         self.interval: list[StepTimes] = []  #: steps since the last logging step
         self._verdict = sp.Rolling(sp.VERDICT_WINDOW)  #: recent clean steps (verdicts)
-        self._latest = sp.Rolling(2 * o.recent_steps)  #: the latest clean steps (contention episodes)
+        self._latest = sp.Rolling(2 * o.recent_steps, named=False)  #: the latest clean steps (contention episodes)
         self._lag: deque[StepTimes] = deque()  #: clean steps on their way to ``recent`` (n steps behind)
         self._clean = 0  #: clean steps seen
         self._host: dict[int, tuple[StepTimes, list]] = {}  #: CUDA: host steps waiting for their device figures

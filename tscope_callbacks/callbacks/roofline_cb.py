@@ -94,9 +94,10 @@ class RooflineCallback(ProfilingCallback):
             basis), at most 16 steps past its scheduled step and never past the last ``profile_steps`` steps of
             ``max_steps``; its report says from which step it moved. False: profile exactly on schedule.
         monitor: the always-on step monitor (:class:`~tscope_callbacks.callbacks.monitor.StepMonitor`): every step's
-            data wait, host, device-busy and idle time (``tscope/step/*``), input-bound verdicts naming the DataLoader
-            fix, GPU power, clocks and energy (``tscope/gpu/*``, with the ``nvml`` extra) and a diagnostic profile when
-            steps get slow or the loss or gradient norm spikes, with an alert naming what grew. True: one with its
+            time in named parts (``tscope/step/*``), input-bound and loop-overhead verdicts, the late rank under DDP
+            (``tscope/ranks/*``), GPU power, clocks and energy (``tscope/gpu/*``, with the ``nvml`` extra) and a
+            diagnosis when steps get slower or the loss or gradient norm spikes, with an alert naming what grew; its
+            baseline is this callback's first profile, and it captures nothing before ``start_step``. True: one with its
             defaults; a ``StepMonitor``: that one; False: off. Added to the trainer's callbacks at setup (unless the
             trainer has one).
         every_n_steps, start_step, max_profiles, profile_first, stages, raise_errors: see
