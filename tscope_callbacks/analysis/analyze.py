@@ -36,6 +36,7 @@ from tscope_callbacks.analysis.report import (
 from tscope_callbacks.analysis.roofline import RooflineAnalysis, build_roofline
 from tscope_callbacks.analysis.rows import Opportunity as Finding
 from tscope_callbacks.analysis.rows import Row as RowSum
+from tscope_callbacks.analysis.step_parts import fetch_of
 from tscope_callbacks.devices.efficiency import KernelModel
 from tscope_callbacks.devices.gpu_arg import UNSET, gpu_alias
 from tscope_callbacks.devices.spec import DeviceSpec
@@ -173,10 +174,8 @@ def _time_split(eng: RooflineAnalysis) -> TimeSplit:
     for o in eng.op_roofs:
         by[o.bound] += (o.measured_s or 0.0) if eng.timed else o.expected_s
     bd = eng.meta.get("step_breakdown") or {}  # the step monitor's means over its recent clean steps
-    parts = bd.get("parts_ms") or {}
-    fetch = [parts.get(p) for p in ("fetch", "transfer")]  # the DataLoader's next and the batch's transfer
-    wait = sum(fetch) if all(isinstance(v, (int, float)) for v in fetch) else None
-    share, steps = _fin(bd.get("fetch_share")), bd.get("steps")
+    wait, share = fetch_of(bd)  # the DataLoader's next and the batch's transfer (ms a step), their share
+    steps = bd.get("steps")
     steps = int(steps) if isinstance(steps, (int, float)) and math.isfinite(steps) else None
     bound = bool(bd.get("input_bound"))  # the monitor's own verdict (its threshold, over its verdict window)
     # the rest of the measured step beside its op time (the capture's own wall time, and the device idle inside it,

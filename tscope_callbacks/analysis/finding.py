@@ -37,7 +37,7 @@ PREDICTED_BY = {
     "bytes": "the bytes the change no longer moves, at the bandwidth roof",
     "measured_excess": "the ops' measured time minus what their shapes take on this device",
     "idle": "the device's idle time between kernels in the unprofiled step, less the gaps a CUDA graph keeps",
-    "data_wait": "the step monitor's measured wait for each batch",
+    "data_wait": "the step monitor's measured fetch of each batch (the DataLoader's next and the transfer)",
     "loop": "the step monitor's measured cost of the loop's own work",
 }
 

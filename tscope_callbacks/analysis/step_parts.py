@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["PARTS", "DATA_PARTS", "COMPUTE_PARTS", "LOOP_PARTS", "PART_TEXT", "StepTimes", "Breakdown", "NamedCost",
-           "summarize", "Rolling", "input_bound", "loop_costs", "loop_text", "loop_findings", "LateRank", "late_rank", "RANK_FIELDS",
+           "summarize", "Rolling", "fetch_of", "input_bound", "loop_costs", "loop_text", "loop_findings", "LateRank", "late_rank", "RANK_FIELDS",
            "rank_vector", "INPUT_BOUND_SHARE", "LOOP_SHARE", "LATE_SHARE", "LATE_MIN_MS", "MIN_VERDICT_STEPS",
            "VERDICT_WINDOW"]
 
@@ -185,6 +185,17 @@ class Breakdown:
                    device_sync_ms=d.get("device_sync_ms"), fetch_share=float(d.get("fetch_share", 0.0)), input_bound=bool(d.get("input_bound")),
                    named=tuple(NamedCost(str(a), str(b), float(c), float(e), int(f), int(g))
                                for a, b, c, e, f, g in d.get("named") or ()))
+
+
+def fetch_of(bd: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """(fetch + transfer in ms a step, their share of the step) from a :meth:`Breakdown.to_dict` (a profile's
+    ``step_breakdown``); (None, None) where it has no parts."""
+    parts = bd.get("parts_ms") or {}
+    vals = [parts.get(p) for p in DATA_PARTS]
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in vals):
+        return None, None
+    share = bd.get("fetch_share")
+    return float(sum(vals)), float(share) if isinstance(share, (int, float)) and math.isfinite(share) else None
 
 
 def input_bound(fetch_share: float, idle_share: float | None, share: float = INPUT_BOUND_SHARE) -> bool:
