@@ -454,9 +454,9 @@ def _sections_logdir(root):
 
     model, res, spec = _mlp_profile(True)
     res.meta["step"] = 5
-    # the step monitor's median data wait and its input-bound verdict
-    res.meta["step_breakdown"] = {"data_wait_ms": 2.5, "data_wait_share": 0.25, "steps": 12, "input_bound": 1.0,
-                                  "input_fixes": ["num_workers=0: set num_workers"]}
+    # the step monitor's fetch (the DataLoader's next 2 ms and the transfer 0.5 ms) and its input-bound verdict
+    res.meta["step_breakdown"] = {"parts_ms": {"fetch": 2.0, "transfer": 0.5}, "fetch_share": 0.25, "steps": 12,
+                                  "input_bound": True, "input_fixes": ["num_workers=0: set num_workers"]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # CPU times on an A100's roofs: the what-if warning, said once per process
         fsdp = fsdp_whatif(ts.roofline(res, spec), model, 8)
