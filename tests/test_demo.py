@@ -158,3 +158,24 @@ def test_gpu_demo_is_gpt2_shaped() -> None:
     n = sum(p.numel() for p in m.parameters())
     # GPT-2 124M with untied head: 124.4M + 38.6M head = 163M; blocks 12 x 7.08M
     assert 160e6 < n < 166e6 and GPU_DEMO["precision"] == "bf16-mixed"
+
+
+def test_the_demo_nan_is_located_when_the_flag_is_read_later(torch_settings: None) -> None:
+    """On a GPU the guard reads its flag a few steps after the bad one and replays that step then: the demo's NaN
+    comes with its batch, so the replay reproduces it and names the layer (an H200 demo said 'layer not located' when
+    the injection was tied to the step instead). sync=False forces the GPU's deferred reading on the CPU."""
+    import lightning.pytorch as pl
+
+    import tscope_callbacks as ts
+    from tscope_callbacks.demo.lightning import DemoLM, NaNInjector, RandomTokenData
+
+    guard, inject = ts.NaNGuardCallback(action="stop", sync=False), NaNInjector(6)
+    model = DemoLM(fused=True)  # as the GPU demo: a fused optimizer skips a flagged update on the device
+    trainer = pl.Trainer(max_steps=12, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[guard, inject])
+    trainer.fit(model, datamodule=RandomTokenData(num_samples=256))
+    assert guard.mode == "deferred" and guard.num_events == 1
+    event = guard.events[0]
+    assert (event.step, event.layer) == (6, "model.blocks.1.mlp.fc"), event
+    # no hook of the injector survives the fit
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())

@@ -76,19 +76,31 @@ class RandomTokenData(pl.LightningDataModule):
 
 
 class NaNInjector(pl.Callback):
-    """Demo only: makes ``layer``'s forward output NaN at optimizer step ``step`` (to show the NaN guard)."""
+    """Demo only: the batch of optimizer step ``step`` is a poisoned one. Whenever that batch goes through the model
+    (at that step, and again when the NaN guard replays the step to name the layer, which on a GPU happens a few steps
+    later), ``layer``'s forward output is NaN, as a bad sample would make it. The batch is recognised by identity on
+    the host (the guard's replay runs the same tensors): no device work, no host sync. The hooks go when the fit
+    ends."""
 
     def __init__(self, step: int, layer: str = "model.blocks.1.mlp.fc") -> None:
-        self.step, self.layer, self._h = step, layer, None
+        self.step, self.layer = step, layer
+        self._poison: torch.Tensor | None = None  #: the poisoned batch's input tensor
+        self._hit = False  #: the running forward's input is that tensor
+        self._handles: list[Any] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step == self.step and self._h is None:
-            mod = pl_module.get_submodule(self.layer)
-            self._h = mod.register_forward_hook(lambda m, i, o: o * float("nan"))
+        if trainer.global_step == self.step and self._poison is None:
+            self._poison = batch[0]
+            self._handles = [pl_module.model.register_forward_pre_hook(self._see),
+                             pl_module.get_submodule(self.layer).register_forward_hook(self._inject)]
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._h is not None:
-            self._h.remove()
-            self._h = None
+    def _see(self, module: torch.nn.Module, args: tuple) -> None:
+        self._hit = bool(args) and args[0] is self._poison
 
+    def _inject(self, module: torch.nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+        return out * float("nan") if self._hit else None
 
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles, self._poison, self._hit = [], None, False
