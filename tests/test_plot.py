@@ -147,3 +147,14 @@ def test_card_keys_and_labels_cover_no_point_and_no_other_text():
             assert not any(b.overlaps(o) for o in others + labels[:i]), ax.texts[i].get_text()
             assert not any(min(b.x1, m[2]) > max(b.x0, m[0]) and min(b.y1, m[3]) > max(b.y0, m[1]) for m in marks)
             assert ax_box.contains(b.x0, b.y0) and ax_box.contains(b.x1, b.y1)
+
+
+def test_a_ridge_shared_by_two_roofs_is_labelled_once():
+    # a CPU's fp32 matrix and vector roofs have one peak: 'ridge 2.03' was drawn twice, one over the other
+    spec = DeviceSpec(name="cpu", flops={"fp32": 100e9}, bandwidth=50e9, measured=True)
+    prof = make_profile([pointwise(1_000_000, time_s=1e-3, layer="act"),
+                         matmul(256, 256, 256, dtype="float32", layer="fc", time_s=1e-3)])
+    rep = api.roofline(prof, spec).step_report
+    assert {(r.matrix, r.ridge) for r in rep.roofs} == {(True, 2.0), (False, 2.0)}  # 100 GFLOP/s / 50 GB/s
+    ridges = [t.get_text() for t in figure(rep).axes[0].texts if t.get_text().startswith("ridge")]
+    assert ridges == ["ridge 2"]

@@ -23,7 +23,7 @@ from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
-from tscope_callbacks.analysis.fmt import bw_text, pct_text, rate_text, time_text
+from tscope_callbacks.analysis.fmt import bw_text, pct_text, rate_text, sig, time_text
 from tscope_callbacks.analysis.report import ReportLike, RoofUsed, StepReport, step_report_of
 from tscope_callbacks.records import LayerRecord
 
@@ -157,6 +157,33 @@ def _place_labels(ax: Any, fig: Figure, pts: list[dict[str, Any]], n: int, fonts
             boxes.append(box)
 
 
+def _phase_key(ax: Any, fig: Figure, pts: list[dict[str, Any]], **kw: Any) -> Legend:
+    """The phases' key in the first corner where it covers no point and no roof line (sampled along each line),
+    else where it covers the fewest (matplotlib's "best" counts a line's two vertices, not the slope between them,
+    and put the key on the memory roof)."""
+    renderer = fig.canvas.get_renderer()
+    marks = ax.transData.transform([(p["x"], p["y"]) for p in pts])
+    line_pts = []
+    for ln in ax.get_lines():
+        xs, ys = ln.get_xdata(), ln.get_ydata()
+        for i in range(len(xs) - 1):  # along each segment, evenly in the log-log display
+            for f in (j / 40 for j in range(41)):
+                x = xs[i] ** (1 - f) * xs[i + 1] ** f
+                y = ys[i] ** (1 - f) * ys[i + 1] ** f
+                line_pts.append(ax.transData.transform((x, y)))
+    best: tuple[int, str] | None = None
+    for loc in ("lower right", "upper left", "lower left", "center right", "upper right"):
+        leg = ax.legend(loc=loc, **kw)
+        b = leg.get_window_extent(renderer)
+        covered = sum(b.contains(x, y) for x, y in marks) * 10 + sum(b.contains(x, y) for x, y in line_pts)
+        if best is None or covered < best[0]:
+            best = (covered, loc)
+        if covered == 0:
+            return leg
+    assert best is not None
+    return ax.legend(loc=best[1], **kw)
+
+
 def _limits(pts: list[dict[str, Any]], roofs: Sequence[RoofUsed], bw: float) -> tuple[float, float, float, float]:
     """(x_lo, x_hi, y_lo, y_hi): decades around the points and the ridges."""
     xs = [p["x"] for p in pts] + [r.ridge for r in roofs]
@@ -195,15 +222,18 @@ def _draw_roofs(ax: Any, roofs: Sequence[RoofUsed], bw: float, x_lo: float, x_hi
         top = max((r.peak_flops for r in roofs), default=bw * x_hi)
         ax.plot([x_lo, top / bw], [x_lo * bw / 1e12, top / 1e12], color="0.45", lw=1.2, ls="--")
         handles.append(Line2D([], [], color="0.45", lw=1.2, ls="--", label=unused_bandwidth_label(bw, measured)))
+    ridges: set[tuple[float, float]] = set()
     for r in roofs:
         c = PRECISION_COLORS.get(r.precision, "0.5")
         ls = "-" if r.matrix else "--"
         peak = r.peak_flops / 1e12
         ax.plot([r.ridge, x_hi], [peak, peak], color=c, lw=1.8, ls=ls)
-        ax.plot([r.ridge], [peak], marker="o", ms=5, color=c)
-        if ridge_fontsize:
-            ax.annotate(f"ridge {r.ridge:.3g}", (r.ridge, peak), xytext=(-4, 4), textcoords="offset points",
-                        fontsize=ridge_fontsize, ha="right", color=c)
+        if (r.ridge, peak) not in ridges:  # a matrix and a vector roof at one peak (a CPU's) share their ridge: once
+            ridges.add((r.ridge, peak))
+            ax.plot([r.ridge], [peak], marker="o", ms=5, color=c)
+            if ridge_fontsize:
+                ax.annotate(f"ridge {sig(r.ridge)}", (r.ridge, peak), xytext=(-4, 4), textcoords="offset points",
+                            fontsize=ridge_fontsize, ha="right", color=c)
         kind = "matrix" if r.matrix else "vector"
         handles.append(Line2D([], [], color=c, ls=ls, lw=1.8, label=f"{r.precision} {kind} {rate_text(r.peak_flops)}"))
         a_peak, a_bw = r.achievable_peak_flops, r.achievable_bandwidth
@@ -406,9 +436,9 @@ def card_figure(report: ReportLike, top_labels: int = 3) -> Figure:
     over = -fig.get_tightbbox(renderer).x0 * fig.dpi
     if over > -2:
         fig.subplots_adjust(left=fig.subplotpars.left + (over + 4) / fig.bbox.width)
-    if pts:  # the phases' key where it covers the fewest points and lines
-        ax.legend(loc="best", fontsize=fs, markerscale=0.6, borderpad=0.25, labelspacing=0.1,
-                  handletextpad=0.1, framealpha=0.8)
+    if pts:  # the phases' key in a corner where it covers no point and no roof
+        _phase_key(ax, fig, pts, fontsize=fs, markerscale=0.6, borderpad=0.25, labelspacing=0.1,
+                   handletextpad=0.1, framealpha=0.8)
         _place_labels(ax, fig, pts, top_labels, fontsize=fs, marker=(8, 200), max_chars=22)
     return fig
 
