@@ -483,10 +483,12 @@ def _sections_logdir(root):
     w = SummaryWriter(str(run))
     for st in range(10, 101, 10):
         slow = st >= 60
-        w.add_scalar("tscope/step/data_wait_ms", 9.0 if slow else 0.5, st)
-        w.add_scalar("tscope/step/host_ms", 20.0, st)
         w.add_scalar("tscope/step/device_busy_ms", 18.0, st)
         w.add_scalar("tscope/step/idle_ms", 11.0 if slow else 2.5, st)
+        for r, ms in (("0", 30.0), ("1", 36.0 if slow else 30.5)):  # two ranks, rank 1 late from step 60
+            w.add_scalar(f"tscope/ranks/step_ms/{r}", ms, st)
+        w.add_scalar("tscope/ranks/late_rank", 1.0, st)
+        w.add_scalar("tscope/ranks/late_cost_ms", 6.0 if slow else 0.5, st)
         w.add_scalar("tscope/gpu/energy_j_per_token", 0.02 + st / 1e4, st)
         w.add_scalar("tscope/gpu/power_w", 350.0 - st, st)
         w.add_scalar("tscope/gpu/sm_clock_mhz", 1980.0 - (300 if slow else 0), st)
@@ -611,15 +613,19 @@ def test_sections_and_step_monitor_are_shown(driver, tmp_path):
     sp = rep["grad_spikes"][0]
     cells = [c.text for c in driver.find_elements("css selector", "#spike-table tr.spike td")]
     assert cells[:3] == ["4", "2", sig(sp["ratio"]) + "x"]
-    # the data wait beside the time split (a host-side wait, not a part of the step's bar), with the verdict and fix
+    # the batch's fetch beside the time split (a host-side wait, not a part of the step's bar), with the verdict and
+    # fix: the text report's own sentence
     wait = driver.find_element("css selector", "#split-input").text
-    assert wait == ("data wait: each step waits 2.5 ms for its batch (25% of the step, median of the last 12 steps)"
-                    " -- input-bound: num_workers=0: set num_workers")
-    assert "data wait" not in driver.find_element("css selector", "#split .stack").get_attribute("innerHTML")
+    assert wait == ("Input: each step spends 2.5 ms fetching its batch (25% of the step, mean of the last 12 steps)"
+                    " -- input-bound: the device waits for data: num_workers=0: set num_workers")
+    assert "fetching" not in driver.find_element("css selector", "#split .stack").get_attribute("innerHTML")
     # the step monitor's series, read through logdir.series; the alert at its step
-    lines = css("#charts [data-series=step_breakdown] path[data-line]")
-    assert sorted(x.get_attribute("data-line") for x in lines) == sorted(
-        ["step/data_wait_ms", "step/host_ms", "step/device_busy_ms", "step/idle_ms"])
+    lines = css("#charts [data-series=step_device] path[data-line]")
+    assert [x.get_attribute("data-line") for x in lines] == ["step/device_busy_ms", "step/idle_ms"]
+    ranks = css("#charts [data-series=rank_step_ms] path[data-line]")
+    assert [x.get_attribute("data-line") for x in ranks] == ["rank/0", "rank/1"]
+    late = css("#charts [data-series=late_rank] svg circle title")
+    assert len(late) == 10 and "(rank 1 late)" in late[-1].get_attribute("textContent")
     for k in ("energy_per_token", "power", "sm_clock"):
         assert len(css(f"#charts [data-series={k}] svg circle")) == 10, k
     parts = css("#charts [data-series=step_parts] path[data-line]")
@@ -629,7 +635,8 @@ def test_sections_and_step_monitor_are_shown(driver, tmp_path):
     # (their one point, step 5)
     marked = [m.find_element("xpath", "ancestor::div[@data-series]").get_attribute("data-series")
               for m in css("#charts line.alert-mark[data-step='65']")]
-    assert sorted(marked) == ["energy_per_token", "power", "sm_clock", "step_breakdown", "step_parts"]
+    assert sorted(marked) == ["energy_per_token", "late_rank", "power", "rank_step_ms", "sm_clock", "step_device",
+                              "step_parts"]
     alert = driver.find_element("css selector", "#alerts li.alert[data-step='65']").text
     assert "data wait 0.5 -> 9 ms" in alert
     # the finding: its change, how its saving was predicted, and the closed loop's measured ratio
@@ -1097,29 +1104,3 @@ def test_diff_marks_changes_within_the_steps_noise(driver, tmp_path):
     assert mfu[3].get_attribute("data-verdict") == "noise"
 
 
-def test_cpu_step_breakdown_draws_each_line_once(driver, tmp_path):
-    """On a CPU the step monitor's device busy is its host time and its idle the data wait (the same points): one
-    line each, named for both, instead of two lines drawn on top of each other."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    from tests.profiles import a100, toy_profile
-    from tscope_callbacks.analysis.analyze import analyze
-
-    run = tmp_path / "cpu"
-    (run / "tscope").mkdir(parents=True)
-    rep = analyze(toy_profile(True), a100()).to_dict()
-    (run / "tscope" / "step_5.json").write_text(json.dumps({"profile": None, "device": None, "report": rep}))
-    w = SummaryWriter(str(run))
-    for st in range(10, 61, 10):
-        for k, v in (("data_wait_ms", 0.8), ("idle_ms", 0.8), ("host_ms", 48.0 + st / 100),
-                     ("device_busy_ms", 48.0 + st / 100)):
-            w.add_scalar(f"tscope/step/{k}", v, st)
-    w.close()
-    page = tmp_path / "cpu.html"
-    page.write_text(run_html(str(run)), encoding="utf-8")
-    _open(driver, page.as_uri())
-    _wait(driver, lambda d: d.find_elements("css selector", "#charts [data-series=step_breakdown] path[data-line]"))
-    box = driver.find_element("css selector", "#charts [data-series=step_breakdown]")
-    lines = sorted(x.get_attribute("data-line") for x in box.find_elements("css selector", "path[data-line]"))
-    assert lines == ["step/data_wait_ms", "step/host_ms"]
-    assert "host = device busy" in box.text and "data wait = idle" in box.text

@@ -77,12 +77,14 @@ test("a row's time is the measured one, else the expected kernel time", () => {
   assert.equal(R.timeOf({measured_s: 0, expected_s: 0.001}), 0.001);
 });
 
-test("the time split: parts in order, the rest named by the device, the data wait beside it", () => {
+test("the time split: parts in order, the rest named by the device, the batch's fetch beside it", () => {
   const v = R.splitView(report({summary: {timing: "cpu"}, time_split: {compute_bound_s: 0.0396, memory_bound_s: 0.0078, communication_s: 0,
-    uncounted_s: 0, overhead_s: 0.001, idle_s: 0.006, step_s: 0.0544, basis: "measured op time", input_s: 0.000875, input_share: 0.0158, input_steps: 10}}));
+    uncounted_s: 0, overhead_s: 0.001, idle_s: 0.006, step_s: 0.0544, basis: "measured op time", input_s: 0.000875, input_bound: true},
+  page: {input: "Input: each step spends 0.875 ms fetching its batch"}}));
   assert.deepEqual(v.parts.map((p) => p[0]), ["compute-bound", "memory-bound", "overhead", "outside ops (host: Python, hooks, data)"]);
   assert.equal(v.basis, "measured op time + the rest of the 54.4 ms step (median of the unprofiled steps)");
-  assert.equal(v.input, "data wait: each step waits 875 µs for its batch (1.58% of the step, median of the last 10 steps)");
+  assert.equal(v.input, "Input: each step spends 0.875 ms fetching its batch");  /* the text report's sentence */
+  assert.equal(v.inputBound, true);
   const cuda = R.splitView(report({summary: {timing: "cuda-kernels"}, time_split: {idle_s: 0.001}}));
   assert.equal(cuda.parts[0][0], "no kernel running (gaps between kernels, waits for the host)");
 });

@@ -9,15 +9,11 @@ test("MFU, step time and tokens/s always; samples/s when the run has no tokens",
   assert.deepEqual(s.map((c) => c.label), ["MFU", "step time", "samples/s"]);
 });
 
-test("on a CPU the device-busy and idle lines equal host and data wait: drawn once, named for both", () => {
-  const pts = [[10, 50], [20, 60]], wait = [[10, 1], [20, 2]];
-  const c = SE.chartSpecs({"step/host_ms": pts, "step/device_busy_ms": pts, "step/data_wait_ms": wait, "step/idle_ms": wait})
-    .find((x) => x.id === "step_breakdown");
-  assert.deepEqual(c.lines.map((l) => l.name), ["data wait = idle", "host = device busy"]);
-  /* on a GPU they differ: four lines */
-  const g = SE.chartSpecs({"step/host_ms": pts, "step/device_busy_ms": [[10, 40], [20, 45]], "step/data_wait_ms": wait, "step/idle_ms": [[10, 9], [20, 8]]})
-    .find((x) => x.id === "step_breakdown");
-  assert.equal(g.lines.length, 4);
+test("the device view on a GPU: busy, idle and sync, each a line", () => {
+  const pts = [[10, 5], [20, 6]];
+  const c = SE.chartSpecs({"step/device_busy_ms": pts, "step/idle_ms": pts, "step/device_sync_ms": pts}).find((x) => x.id === "step_device");
+  assert.deepEqual(c.lines.map((l) => l.name), ["device busy", "device idle", "device sync"]);
+  assert.equal(SE.chartSpecs({}).find((x) => x.id === "step_device"), undefined);  /* a CPU run has none */
 });
 
 test("GPU telemetry charts when the run has them, each with its unit", () => {

@@ -65,7 +65,7 @@ def run_html(path: str, *, title: str | None = None, ops_budget: int = OPS_BUDGE
             else:
                 bad.append((r["run"], st["stage"], st["step"], d.get("error") or "unreadable"))
         ser = ld.series(r["dir"])
-        series[r["run"]] = {k: v for k, v in ser.items() if k != "profiles" and isinstance(v, list)}
+        series[r["run"]] = {k: v for k, v in ser.items() if k != "profiles" and isinstance(v, (list, dict))}
     name = title or f"tscope · {os.path.basename(os.path.abspath(path))}"
     return page_html(standalone_data(reports, series=series, unreadable=bad, ops_budget=ops_budget), title=name)
 

@@ -50,7 +50,8 @@ Selectors (for browser tests):
   absent sections are hidden
 - over-time charts ``#charts [data-series=mfu|step_ms|tokens_per_s]``, and, when the run has the step monitor's
   series, ``[data-series=step_parts]`` (the parts of a step: ``path[data-line="step/<part>_ms"]``),
-  ``[data-series=step_breakdown]`` (``path[data-line="step/<key>"]``), ``energy_per_token``, ``power``,
+  ``[data-series=step_device]`` (``path[data-line="step/<key>"]``: device busy, idle, sync), ``energy_per_token``,
+  ``power``,
   ``sm_clock``, and per rank ``rank_step_ms``, ``rank_sync_ms`` (``path[data-line="rank/<r>"]``), ``late_rank``; anomaly alerts: ``line.alert-mark[data-step]`` in each chart spanning the step, and ``#alerts
   li.alert[data-step]``
 - TensorBoard mode polls ``runs`` every 10 s while ``document.visibilityState`` is visible (and when the page becomes
@@ -73,6 +74,7 @@ from typing import Any
 
 from tscope_callbacks.analysis.diff import diff_reports
 from tscope_callbacks.analysis.report import ReportLike, StepFileError, StepReport, step_report_of
+from tscope_callbacks.render.markdown import input_lines
 from tscope_callbacks.render.notes import environment_warnings
 
 __all__ = ["page_html", "page_script", "standalone_data", "report_html", "pack_ops", "series_from_reports",
@@ -148,9 +150,12 @@ def open_step(steps: list[dict[str, Any]]) -> str | None:
 
 
 def page_section(report: StepReport) -> dict[str, Any]:
-    """The report's ``page`` section: the warnings on how far its times can be trusted (kind, plain text), from
-    ``render.notes.environment_warnings`` (the text report's own)."""
-    return {"warnings": [{"kind": k, "text": _plain(t)} for k, t in environment_warnings(report)]}
+    """The report's ``page`` section, the text report's own sentences as plain text: ``warnings``, how far its times
+    can be trusted (``render.notes.environment_warnings``: kind, text), and ``input``, the step's time fetching its
+    batch (``render.markdown.input_lines``; None without the step monitor's figures)."""
+    inp = input_lines(report)
+    return {"warnings": [{"kind": k, "text": _plain(t)} for k, t in environment_warnings(report)],
+            "input": _plain(inp[0].removeprefix("- ")) if inp else None}
 
 
 def page_step(d: dict[str, Any], report: StepReport | None = None) -> dict[str, Any]:
@@ -161,7 +166,7 @@ def page_step(d: dict[str, Any], report: StepReport | None = None) -> dict[str, 
         report = _report_or_none(d)
     out = {k: v for k, v in d.items() if k != "ops"}
     out["ops_count"] = len(d.get("ops") or ())
-    out["page"] = page_section(report) if report is not None else {"warnings": []}
+    out["page"] = page_section(report) if report is not None else {"warnings": [], "input": None}
     return out
 
 

@@ -54,7 +54,7 @@ function skeleton() {
       h("div", {class: "basis", text: "per layer: op time of the compiled step and of its eager reference; speedup = eager / compiled; % of roof of the compiled layer"}), h("div", {id: "cve"})),
     h("div", {class: "panel", id: "fsdp-panel", style: "display:none"}, h("h2", {text: "FSDP what-if"}), h("div", {class: "basis", id: "fsdp-basis"}), h("div", {id: "fsdp"})),
     h("div", {class: "panel", id: "series-panel"}, h("h2", {text: "Over the run"}),
-      h("div", {class: "basis", text: "profiled steps and the callbacks' automatic windows; the step monitor's breakdown and GPU telemetry at its logging steps, when the run has them; red lines: anomaly alerts"}),
+      h("div", {class: "basis", text: "profiled steps and the callbacks' automatic windows; the step monitor's parts of a step, its device and per-rank views and GPU telemetry at its logging steps, when the run has them; red lines: anomaly alerts"}),
       h("div", {class: "charts", id: "charts"}), h("div", {id: "alerts"})),
     h("div", {class: "panel", id: "diff-panel"}, h("h2", {text: "Step diff"}), h("div", {id: "diff"}, h("div", {class: "empty", text: NO_DIFF}))),
     h("div", {id: "tooltip"}));

@@ -79,21 +79,15 @@ const SPLIT = [["compute_bound_s", "compute-bound", "#1a73e8"], ["memory_bound_s
   ["idle_s", "idle", "#dadce0"]];
 
 /** "Where the step goes": {basis, parts: [[label, seconds, colour]], input: text|null, inputBound} (the parts add up
-    to the measured step: the report's time_split) */
+    to the measured step: the report's time_split; `input`, the step's time fetching its batch, is the text report's
+    own sentence, served in the step's page section) */
 function splitView(r) {
   const t = r.time_split || {};
   const cuda = /^cuda/.test((r.summary || {}).timing || "");
   const idle = cuda ? "no kernel running (gaps between kernels, waits for the host)" : "outside ops (host: Python, hooks, data)";
   const parts = SPLIT.map(([k, l, c]) => [k === "idle_s" ? idle : l, t[k], c]).filter((p) => num(p[1]) && p[1] > 0);
   const basis = (t.basis || "") + (num(t.step_s) ? " + the rest of the " + F.time(t.step_s) + " step (median of the unprofiled steps)" : "");
-  let input = null;
-  if (num(t.input_s)) {  /* the host's wait for each batch: beside the split, not a part of it */
-    const how = (num(t.input_share) ? F.pct(t.input_share) + " of the step, " : "") +
-      (t.input_steps ? "median of the last " + t.input_steps + " steps" : "median of the recent steps");
-    input = "data wait: each step waits " + F.time(t.input_s) + " for its batch (" + how + ")" +
-      (t.input_bound ? " -- input-bound" + ((t.input_fixes || []).length ? ": " + t.input_fixes.join("; ") : "") : "");
-  }
-  return {basis, parts, input, inputBound: !!t.input_bound};
+  return {basis, parts, input: (r.page || {}).input || null, inputBound: !!t.input_bound};
 }
 
 const MEM_COLORS = ["#1a73e8", "#e8710a", "#188038", "#9334e6", "#d01884", "#12b5cb", "#80868b", "#f9ab00"];

@@ -12,8 +12,9 @@ const FORMATS = {
   clock: (v) => v >= 1000 ? sig(v / 1000) + " GHz" : sig(v) + " MHz",
 };
 
-const BREAKDOWN = [["step/data_wait_ms", "data wait", "#188038"], ["step/host_ms", "host", "#1a73e8"],
-  ["step/device_busy_ms", "device busy", "#e8710a"], ["step/idle_ms", "idle", "#80868b"]];
+/* the step monitor's device view (on a GPU): its busy time, its idle time, and under DDP its wait in collectives */
+const DEVICE = [["step/device_busy_ms", "device busy", "#e8710a"], ["step/idle_ms", "device idle", "#80868b"],
+  ["step/device_sync_ms", "device sync", "#d93025"]];
 /* the step monitor's parts of a step (means per step over a logging interval; they add up to its step time) */
 const PARTS = [["step/fetch_ms", "fetch", "#188038"], ["step/transfer_ms", "transfer", "#12b5cb"],
   ["step/forward_ms", "forward", "#1a73e8"], ["step/backward_ms", "backward", "#e8710a"],
@@ -24,12 +25,9 @@ const RANK_COLORS = ["#1a73e8", "#e8710a", "#188038", "#9334e6", "#d01884", "#12
 const GPU = [["gpu/energy_j_per_token", "energy per token", "joule", "energy_per_token"],
   ["gpu/power_w", "power", "watt", "power"], ["gpu/sm_clock_mhz", "SM clock", "clock", "sm_clock"]];
 
-const samePoints = (a, b) => a.length === b.length && a.every((p, i) => p[0] === b[i][0] && p[1] === b[i][1]);
-
 /** The charts: [{id, label, fmt (a FORMATS key), lines: [{pts, name, color, key}]}]: MFU, step time and throughput
-    always (tokens/s, or samples/s when the run has no tokens); the step monitor's breakdown and GPU telemetry when
-    the run has them. On a CPU the host is the device: device busy equals host time and idle the data wait; such a
-    line is drawn once, named for both. */
+    always (tokens/s, or samples/s when the run has no tokens); the step monitor's parts of a step, its device view
+    (GPU), GPU telemetry and its per-rank view when the run has them. */
 function chartSpecs(ser) {
   ser = ser || {};
   const has = (k) => (ser[k] || []).length > 0;
@@ -40,12 +38,8 @@ function chartSpecs(ser) {
   if (split.length) {
     out.push({id: "step_parts", label: "where each step goes (mean per step, per log interval; the parts add up to the step)", fmt: "ms", lines: split});
   }
-  let parts = BREAKDOWN.filter(([k]) => has(k)).map(([k, name, color]) => ({name, color, pts: ser[k], key: k}));
-  for (const [dup, of, also] of [["step/device_busy_ms", "step/host_ms", "device busy"], ["step/idle_ms", "step/data_wait_ms", "idle"]]) {
-    const d = parts.find((p) => p.key === dup), o = parts.find((p) => p.key === of);
-    if (d && o && samePoints(d.pts, o.pts)) { parts = parts.filter((p) => p !== d); o.name += " = " + also; }
-  }
-  if (parts.length) out.push({id: "step_breakdown", label: "step breakdown (median per log interval)", fmt: "ms", lines: parts});
+  const device = DEVICE.filter(([k]) => has(k)).map(([k, name, color]) => ({name, color, pts: ser[k], key: k}));
+  if (device.length) out.push({id: "step_device", label: "the device per step (mean per log interval)", fmt: "ms", lines: device});
   for (const [k, label, fmt, id] of GPU) if (has(k)) out.push({id, label, fmt, lines: [{pts: ser[k]}]});
   out.push(...rankSpecs(ser.ranks));
   return out;
