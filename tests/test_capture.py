@@ -404,7 +404,7 @@ def test_a_tensor_seen_by_several_layers_gets_one_gradient_hook():
     orig = torch.Tensor.register_hook
 
     def counting(self, fn):
-        hooks.append(id(self))
+        hooks.append(self)  # held: no id reused by a later tensor
         return orig(self, fn)
 
     x = torch.randn(3, 8, requires_grad=True)
@@ -414,7 +414,7 @@ def test_a_tensor_seen_by_several_layers_gets_one_gradient_hook():
             model(x).sum().backward()
     finally:
         torch.Tensor.register_hook = orig
-    assert len(hooks) == len(set(hooks))  # one hook per tensor
+    assert len(hooks) == len({id(t) for t in hooks})  # one hook per tensor
     # x (root, inner, inner.0 inputs), inner.0's output (inner.1's input), the ReLU's output (inner's and inner.1's
     # output, "1"'s input), the model's output (root's and "1"'s output): 4 tensors
     assert len(hooks) == 4

@@ -122,7 +122,8 @@ def install(p: Profile, st: CaptureState) -> Installed:
         if is_compiled_wrapper(mod):
             wrappers.append(mod)
             s.compiled.append(clean_path(path))
-        elif isinstance(getattr(mod, "_compiler_ctx", None), dict) or getattr(mod, "_compiled_call_impl", None):
+        elif isinstance(vars(mod).get("_compiler_ctx"), dict) or getattr(mod, "_compiled_call_impl", None):
+            # (an instance attribute: read from the module's __dict__, a getattr miss goes through __getattr__)
             inplace.append(clean_path(path))
             s.compiled.append(clean_path(path))
     want = p.compiled == "kernels" or (p.compiled == "auto" and not p.layer_details)

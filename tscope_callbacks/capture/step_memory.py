@@ -119,9 +119,16 @@ def memory_categories(model: torch.nn.Module, ops: list[Any], layers: dict[str, 
             out["step_peak"] = out["params"] + out["buffers"] + opt_before + grads_at_start + peak
             out["step_peak_basis"] = ("weights, buffers, optimizer state and earlier gradients + the step's tracked "
                                       "peak; inputs and allocator overhead not included")
-    sharded = any(hasattr(p, "_local_tensor") for p in params)
-    gathers = [r.comm["bytes"] for r in ops if r.comm and r.comm.get("collective") == "all_gather"]
-    scatters = [r.comm["bytes"] for r in ops if r.comm and r.comm.get("collective") == "reduce_scatter"]
+    sharded = any(type(p) not in _PLAIN and hasattr(p, "_local_tensor") for p in params)  # (a miss is slow)
+    gathers, scatters = [], []
+    for r in ops:
+        c = r.comm
+        if c:
+            kind = c.get("collective")
+            if kind == "all_gather":
+                gathers.append(c["bytes"])
+            elif kind == "reduce_scatter":
+                scatters.append(c["bytes"])
     if sharded or gathers or scatters:
         item = lambda t: local_tensor(t).element_size()  # noqa: E731
         out.update({
