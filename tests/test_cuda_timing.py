@@ -359,3 +359,37 @@ def test_tensor_core_flags_are_remembered_per_name():
              "nvjet_sm90_tst_128x128_64x6_4x2_h_bz_NTT", "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize32x32x8_ffma"]
     first = [is_tensor_core_kernel(n) for n in names]
     assert first == [False, True, False] and [is_tensor_core_kernel(n) for n in names * 3] == first * 3
+
+
+def test_kernel_timeline_asks_kineto_for_no_external_correlation(monkeypatch):
+    # no CUPTI external-correlation push per range and no device-side copy of each range: kernels pair with their
+    # launch by CUPTI's correlation id (assign_kernels' launch path). The session still records every op range.
+    import warnings
+
+    from tscope_callbacks.capture import cuda_timing
+
+    seen = {}
+    real = torch.autograd.profiler.profile
+
+    def spy(*a, **k):
+        seen.update(k)
+        return real(*a, **k)
+
+    monkeypatch.setattr(torch.autograd.profiler, "profile", spy)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    with warnings.catch_warnings():  # this CPU build: "CUDA is not available, disabling CUDA profiling"
+        warnings.simplefilter("ignore")
+        kt = cuda_timing.KernelTimeline()
+    cfg = seen.get("experimental_config")
+    # its state, as pickled: the 7th field is disable_external_correlation (False in the default config)
+    from torch._C._profiler import _ExperimentalConfig
+
+    assert cfg.__getstate__() == _ExperimentalConfig(disable_external_correlation=True).__getstate__()
+    assert cfg.__getstate__() != _ExperimentalConfig().__getstate__()
+    kt.start()
+    for i in range(3):
+        h = kt.enter(f"{RANGE_PREFIX}{i}")
+        torch.ones(4).add_(1)
+        kt.exit(h)
+    tl = kt.stop(3)
+    assert tl.times == [0.0, 0.0, 0.0] and tl.kernels == []  # three ranges seen; no device here to run kernels

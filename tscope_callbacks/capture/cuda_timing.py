@@ -294,6 +294,23 @@ def cupti_teardown_note() -> str | None:
     return CUPTI_NOTE
 
 
+def _no_external_correlation() -> Any:
+    """Kineto's experimental config without external correlation, None on a torch that has no such switch.
+
+    Kineto pushes every recorded range's id to CUPTI as an external correlation (a CUPTI call on each range's entry
+    and exit: per op, as tscope opens one range per op) and adds a device-side copy of each range to the trace (a
+    quarter of a profiled step's events, read out and dropped again). :func:`assign_kernels` needs neither: a kernel
+    is paired with its launch by CUPTI's own correlation id, and the launch with the range around it on its host
+    thread -- the path torch 2.11 already takes (every ``linked_correlation_id`` reads 0 with only USER_SCOPE
+    recorded, as recorded on an H100)."""
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        return _ExperimentalConfig(disable_external_correlation=True)
+    except (ImportError, TypeError):
+        return None
+
+
 class KernelTimeline:
     """Owns the Kineto session of a capture: USER_SCOPE-only recording, per-op ranges, one pass at the end."""
 
@@ -302,7 +319,8 @@ class KernelTimeline:
 
         self.enter = _record_function_with_args_enter
         self.exit = _record_function_with_args_exit
-        prof = torch.autograd.profiler.profile(use_device="cuda", use_kineto=True)
+        prof = torch.autograd.profiler.profile(use_device="cuda", use_kineto=True,
+                                               experimental_config=_no_external_correlation())
         self._config = prof.config
         self._activities = prof.kineto_activities
         self._running = False
