@@ -9,12 +9,13 @@ step from ``tests/data/h100_kernel_names.txt``, one launch call per kernel, 150 
 The events are ``_KinetoEvent``-shaped Python objects, so a real profiler's events (C++ accessors) may read at
 another speed: the figures measure tscope's own passes, not Kineto's read-out. Median of ``--runs``.
 
-    python benchmarks/gpu_host_passes.py [--runs 7]
+    python benchmarks/gpu_host_passes.py [--runs 7] [--write]
 """
 
 from __future__ import annotations
 
 import argparse
+import platform
 import random
 import statistics
 import sys
@@ -24,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from common import write
 
 from tscope_callbacks.capture.cuda_timing import RANGE_PREFIX, KernelRecord, Timeline, assign_kernels
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
@@ -104,6 +106,7 @@ def timed(fn: Any, runs: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--write", action="store_true", help="write benchmarks/results/gpu_host_passes.md")
     args = ap.parse_args()
     from tscope_callbacks.capture.replay import ReplayProfile
 
@@ -118,9 +121,19 @@ def main() -> int:
     built = rep._build(run, 0.1)
     assert built.info.replay["status"] == "matched"
     build_s = timed(lambda: rep._build(run, 0.1), args.runs)
-    print(f"GPT-2 124M-sized step: {N_OPS} ops, {N_KERNELS} kernels, {len(events)} events; median of {args.runs}")
-    print(f"assign_kernels (kernels to ops):   {assign_s * 1e3:7.1f} ms")
-    print(f"replayed profile build:            {build_s * 1e3:7.1f} ms")
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    text = "\n".join([
+        f"# The host passes of a CUDA capture (torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+        f"load average {load})", "",
+        f"GPT-2 124M-sized step: {N_OPS} ops, {N_KERNELS} kernels, {len(events)} Kineto events, {N_LAYERS} layers; "
+        f"median of {args.runs} runs.", "",
+        "| pass | ms |", "|---|---:|",
+        f"| assign_kernels (kernels to ops, a full capture) | {assign_s * 1e3:.1f} |",
+        f"| a replayed profile's build (later profiles) | {build_s * 1e3:.1f} |"])
+    print(text)
+    if args.write:
+        write("gpu_host_passes.md", text, "python benchmarks/gpu_host_passes.py --write")
     return 0
 
 
