@@ -280,12 +280,14 @@ def test_no_cuda_rule_fires_on_a_cpu_step():
                         "launch"}
 
 
-def test_no_pool_order_on_an_nchw_cpu_model():
+def test_no_pool_order_in_an_inference_step_of_an_nchw_cpu_model():
     # PyTorch's NCHW max pooling on CPU is a scalar loop whose branches follow the data: in an inference step it
-    # measured slower fed the BatchNorm's output than the ReLU's, more than the ReLU saved. channels_last first.
-    rep = report(bn_relu(pool=True), types=TYPES, conv_channels_last=False)
-    assert not found(rep, "pool_order")
-    assert found(report(bn_relu(pool=True), types=TYPES, conv_channels_last=True), "pool_order")
+    # measured slower fed the BatchNorm's output than the ReLU's, more than the ReLU's forward saved
+    fwd = [o for o in bn_relu(pool=True) if o.phase == "forward"]
+    assert not found(report(fwd, types=TYPES, conv_channels_last=False), "pool_order")
+    assert found(report(fwd, types=TYPES, conv_channels_last=True), "pool_order")  # channels-last: vectorized max
+    # training: the ReLU's backward on a quarter of the elements saves more (measured 1.0x the prediction)
+    assert found(report(bn_relu(pool=True), types=TYPES, conv_channels_last=False), "pool_order")
 
 
 def test_the_capture_records_the_layout_and_the_autotuner():

@@ -18,9 +18,8 @@ computed from the step's own records, or says nothing:
   after a convolution (``bn_fold``): folded into the convolution, its op goes (its measured time);
 - max pooling after a monotonic activation (``pool_order``): ``pool(relu(x)) == relu(pool(x))``, so the activation
   and its backward touch the pooled elements only: their bytes x out/in elements, at the rate they ran or the step's
-  element-wise rate, the faster (a channels-last CPU step ran the activation's backward at a tenth of that rate
-  on the pooling's gradient, which moving it fixes); not on a channels-first CPU model, whose scalar max pooling
-  measured slower fed the activation's input (channels-last comes first there); on CUDA, the 8-byte indices
+  element-wise rate, the faster; not in an inference step of a channels-first CPU model, whose scalar max pooling
+  measured slower fed the activation's input, by more than the activation's forward saved; on CUDA, the 8-byte indices
   kept for the backward become Inductor's 1-byte offsets under ``torch.compile`` (``pool_indices``: 7/8 of their
   bytes, written and read). On CPU a compiled max pooling measured slower than ATen's: no such advice there;
 - LSTM/GRU on CUDA: cuDNN's fused RNN not used (``rnn_cudnn``: per-time-step cell ops: measured - the same work at
@@ -308,10 +307,10 @@ def _pooling(ops: list[OpRoof], ctx: Context) -> list[Finding]:
             continue
         act = ctx.before(pool)
         # PyTorch's NCHW max pooling on CPU is a scalar loop whose branches follow the data: fed the activation's
-        # input instead of its output it measured slower (more than the activation saved in an inference step); the
-        # channels-last finding comes first there, and this one once the model is channels-last
-        nchw_cpu = ctx.cpu and ctx.meta.get("conv_channels_last") is False
-        if (not nchw_cpu and act is not None and act.record.op in MONOTONE
+        # input instead of its output it measured slower, by more than an inference step's activation saved (in
+        # training the activation's backward saves more: measured 1.0x the prediction)
+        nchw_cpu_inference = ctx.cpu and ctx.inference and ctx.meta.get("conv_channels_last") is False
+        if (not nchw_cpu_inference and act is not None and act.record.op in MONOTONE
                 and act.record.output_shapes[:1] == pool.record.input_shapes[:1]):
             bwd = ctx.backward_of(act)
             both = [o for o in (act, bwd) if o is not None]
