@@ -645,20 +645,20 @@ NOTES = """## How to read it
 - **Measured** is the training thread's CPU time (`time.thread_time`), so other processes on a shared machine do not
   add to it (they still share its caches and memory bandwidth); **predicted** comes from the report a user gets:
   5 profiled steps merged, their op times scaled to the unprofiled step where the capture's ops took longer (a busy
-  host stretches each op's wall time). On this shared 2-core machine (load 4-11 during the runs) the predictions
-  moved more between runs than the measurements: pool order on the channels-last CNN was predicted 1.1, 1.9, 3.1
-  and 5.0 ms in four runs (measured 7.2-11.8 ms), channels-last on the CNN 27-39 ms (measured 18-20 ms).
+  host stretches each op's wall time). On this shared 2-core machine (load 2-12 during the runs) the predictions
+  moved between runs (channels-last on the CNN: 27-39 ms predicted, 17-20 ms measured in five runs).
 - A finding the report held back as noise is applied too (marked `(noise)`): on a busy machine most rows' times
   spread more than the savings, and the prediction is still checked.
-- Known effects the rules do not predict: on the channels-last CNN, the gradient reaching the last max pooling's
-  backward comes from the classifier's `Linear` through `flatten` in channels-first layout while its input is
-  channels-last, and that mixed-layout backward runs 4.5x slower (2.97 against 0.66 ms on its own); with the ReLU
-  after the pooling, the mixed layout lands on the ReLU's backward on a quarter of the elements, so pool order saves
-  several times what its elements predict there (sign right, conservative). PyTorch's CPU allocator returns large
-  blocks to the system, so which op pays the page faults of a fresh output moves with a change (BatchNorm folding
-  measured 2-4x its op's time).
-- The compiled loss on CPU pays on GPT-2's 256 x 50,257 logits (0.8-1.1x the prediction) but not measurably on the
-  LSTM's 700 x 10,000 or the demo's 1,024 x 512 (intervals across zero); the report held both back as noise.
+- Effects the rules do not predict. On the channels-last CNN the classifier's gradient reaches the last max pooling's
+  backward channels-first (`Linear` -> `flatten`) while its input is channels-last: that mixed-layout backward takes
+  2.97 ms against 0.66 ms with a channels-last gradient; with the ReLU after the pooling the mismatch lands on a
+  4x smaller ReLU backward, so pool order saved several times its prediction there in earlier runs. PyTorch's CPU
+  allocator returns large blocks to the system, so which op pays the page faults of a fresh output depends on the
+  process's history: the same change (pool order on the channels-last inference CNN) measured 0.68, 0.91, 1.12 and
+  8.57 ms in four runs, each interval narrow; BatchNorm folding measured 2-4x its op's time.
+- The compiled loss on CPU: on GPT-2's 256 x 50,257 logits and the LSTM's 700 x 10,000 it saved 0.75-1.35x the
+  prediction; on the demo's 1,024 x 512 (2 MB) it lost 0.6 ms (the compiled call's own cost); the report held it back
+  as noise (1% of the step).
 - The capture runs a `torch.compile`d function (not module) eagerly, so the report after compiling the loss still
   shows its ops unfused (`fired again`): a limitation of the capture, not a finding the rules should make.
 """
