@@ -13,7 +13,14 @@ Figures:
     JSON containers are not counted) of functions and
     methods that a module of another layer imports (``from X import f``/``Class``) -- the values crossing layers;
     ``report: Any`` parameters counted apart;
-  * functions over 60 lines (``ast``: end_lineno - lineno + 1 > 60).
+  * functions over 60 lines (``ast``: end_lineno - lineno + 1 > 60);
+  * lines of the package and of the tests (``.py`` files, every line);
+  * import circles: simple cycles of the package's module import graph, every import counted (module level,
+    function level, ``importlib.import_module`` and annotation-only ``TYPE_CHECKING`` imports alike), and the
+    modules in them;
+  * ``.meta`` uses (``x.meta`` attribute reads and writes) and string-key accesses of a meta dict (``x.meta["k"]``,
+    ``x.meta.get("k")``, ``meta["k"]``, ``meta.get("k")``), against ``.info`` uses;
+  * arguments of each public callback's constructor.
 """
 
 from __future__ import annotations
@@ -211,7 +218,156 @@ def path_trace() -> tuple[list[str], int, Counter]:
     return names, sum(up.values()), up
 
 
+def lines() -> tuple[int, int]:
+    """(package lines, test lines): every line of every ``.py`` file."""
+    count = lambda root: sum(len(p.read_text().splitlines()) for p in root.rglob("*.py")  # noqa: E731
+                             if "__pycache__" not in p.parts)
+    return count(PKG), count(ROOT / "tests")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports (every import: lazy, ``TYPE_CHECKING`` and ``import_module`` too)."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_architecture import _modules, _source, imports_of
+
+    mods = set(_modules())
+    graph = {}
+    for m in mods:
+        tree, is_pkg = _source(m)
+        graph[m] = {d for d in imports_of(tree, m, is_pkg, annotations=True) if d in mods}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]], limit: int = 10000) -> list[list[str]]:
+    """The simple cycles of ``graph`` (each once, from its smallest module; at most ``limit``)."""
+    out: list[list[str]] = []
+    for start in sorted(graph):
+        stack = [(start, [start])]
+        while stack and len(out) < limit:
+            node, path = stack.pop()
+            for d in sorted(graph.get(node, ())):
+                if d == start:
+                    out.append(path)
+                elif d > start and d not in path:
+                    stack.append((d, path + [d]))
+    return out
+
+
+def circle_groups(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan): each group is one import circle however many
+    simple cycles run through it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on: set[str] = set()
+    stack: list[str] = []
+    out: list[list[str]] = []
+    sys.setrecursionlimit(10000)
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def meta_uses() -> dict[str, int]:
+    """``.meta`` attribute uses, string-key accesses of a meta dict, and ``.info`` uses in the package."""
+    uses = keys = info = 0
+    for p in files():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "meta":
+                uses += 1
+            if isinstance(node, ast.Attribute) and node.attr == "info" and not (
+                    isinstance(node.value, ast.Name) and node.value.id in ("log", "logging", "logger")):
+                info += 1
+            target = None
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(
+                    node.slice.value, str):
+                target = node.value
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr in ("get", "setdefault", "pop") and node.args
+                  and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                target = node.func.value
+            if target is not None and ((isinstance(target, ast.Attribute) and target.attr == "meta")
+                                       or (isinstance(target, ast.Name) and target.id == "meta")):
+                keys += 1
+    return {"meta_uses": uses, "meta_key_accesses": keys, "info_uses": info}
+
+
+def test_counts() -> dict[str, int]:
+    """Test functions, and those in files that import an internal module (``tscope_callbacks.<module>``) or use one
+    (``ts.<name>`` of the top level only counts as public)."""
+    total = internal = 0
+    for p in sorted((ROOT / "tests").glob("test_*.py")):
+        tree = ast.parse(p.read_text())
+        tests = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and n.name.startswith("test_")]
+        mod_level = any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("tscope_callbacks.")
+                        or isinstance(n, ast.Import) and any(a.name.startswith("tscope_callbacks.") for a in n.names)
+                        for n in tree.body)
+        total += len(tests)
+        for t in tests:
+            inner = any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("tscope_callbacks.")
+                        for n in ast.walk(t))
+            internal += mod_level or inner
+    return {"test_functions": total, "importing_internals": internal}
+
+
+CALLBACKS = {"RooflineCallback": "callbacks/roofline_cb.py", "LayerProfilerCallback": "callbacks/layers_cb.py",
+             "NaNGuardCallback": "callbacks/nan_guard.py", "WatchCallback": "callbacks/watch.py",
+             "StepMonitor": "callbacks/monitor.py"}
+
+
+def callback_arguments() -> dict[str, int]:
+    """Arguments of each public callback's ``__init__`` (``self`` left out)."""
+    out = {}
+    for name, rel in CALLBACKS.items():
+        for node in ast.walk(ast.parse((PKG / rel).read_text())):
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+                if init is not None:
+                    a = init.args
+                    out[name] = len(a.posonlyargs + a.args + a.kwonlyargs) - 1 + bool(a.vararg) + bool(a.kwarg)
+    return out
+
+
 def main() -> None:
+    pkg_lines, test_lines = lines()
+    print(f"lines: package {pkg_lines}, tests {test_lines}")
+    tc = test_counts()
+    print(f"test functions: {tc['test_functions']}, of which in files or bodies importing an internal module: "
+          f"{tc['importing_internals']}")
+    graph = import_graph()
+    groups, circles = circle_groups(graph), import_circles(graph)
+    print(f"import circles (every import, annotations and lazy ones included): {len(groups)} groups of modules "
+          f"importing each other, {len(circles)} simple cycles through them")
+    for g in groups:
+        print("    " + ", ".join(m.removeprefix("tscope_callbacks.") for m in g))
+    m = meta_uses()
+    print(f".meta uses: {m['meta_uses']}; string-key accesses of a meta dict: {m['meta_key_accesses']}; "
+          f".info uses: {m['info_uses']}")
+    print("callback arguments: " + ", ".join(f"{k} {v}" for k, v in callback_arguments().items()))
     longs = long_functions()
     total, rep, where = boundary_any()
     print(f"functions over 60 lines: {len(longs)}")

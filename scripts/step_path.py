@@ -21,6 +21,14 @@ Counted (each as distinct call edges ``caller function -> callee function``, and
 - ``asks_analysis``: distinct analysis/render/api functions the callbacks' files call directly (a derived field of
   the typed report, a property in ``analysis/report.py``, is listed apart as a read).
 
+``data_path`` (issue 42's "one profiled step's way to TensorBoard"): the calls, after the capture stopped, that are
+handed the step's data as an argument -- the StepProfile ``Profile.stop`` returned, or a value a call on the path
+returned (transitively: the analysis, the report, the markdown text...; a constructed object's ``self`` too) -- from
+one file into another, up to and including the TensorBoard sink's writes (a method of the data object itself is a
+read, and a helper within one file is that file's business: neither counts). Counted: the calls (dynamic and as distinct ``caller -> callee`` edges), the files of their
+functions, and the climbs: consecutive calls on the path, in time order, whose callee sits in a higher layer than the
+previous one's (the data going back up a layer: analysis -> render -> analysis -> callbacks counts 2).
+
 Static counts over the callbacks' files: parameters annotated ``cb: Any``, attribute writes on a parameter named
 ``cb`` (``cb.x = ...``: state set on the callback from outside its class) and attribute reads of it (``cb.x``: a
 helper reaching back into the callback's state).
@@ -66,14 +74,95 @@ def layer(rel: str) -> int:
     return best[1]
 
 
+def _members(v: Any) -> list[Any]:
+    if isinstance(v, (list, tuple)):
+        return list(v[:64])
+    if isinstance(v, dict):
+        return list(v.values())[:64]
+    return []
+
+
+class DataPath:
+    """The calls handed the step's data after the capture stopped (module doc: ``data_path``)."""
+
+    def __init__(self) -> None:
+        self.keep: list[Any] = []  # tracked objects stay alive, so their ids are never reused
+        self.ids: set[int] = set()
+        self.frames: set[int] = set()
+        self.calls: list[tuple[tuple[str, str], tuple[str, str]]] = []
+
+    def track(self, v: Any) -> None:
+        if v is None or isinstance(v, (bool, int, float)) or id(v) in self.ids:
+            return
+        self.ids.add(id(v))
+        self.keep.append(v)
+
+    def holds(self, v: Any) -> bool:
+        """``v`` is the step's data, or an object (a dataclass, a container) holding it one level down."""
+        if id(v) in self.ids:
+            return True
+        if isinstance(v, (list, tuple, dict)):
+            return any(id(m) in self.ids for m in _members(v))
+        d = getattr(v, "__dict__", None)
+        return isinstance(d, dict) and not isinstance(v, type) and any(id(m) in self.ids for m in list(d.values()))
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        code = frame.f_code
+        if event == "return":
+            if id(frame) in self.frames:
+                self.frames.discard(id(frame))
+                self.track(arg)
+                if code.co_name == "__init__" and "self" in frame.f_locals:
+                    self.track(frame.f_locals["self"])
+            return
+        if event != "call":
+            return
+        callee_file = _rel(code.co_filename)
+        if code.co_name == "__init__" and callee_file is None and code.co_filename == "<string>":
+            names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+            if any(self.holds(frame.f_locals.get(n)) for n in names if n != "self"):
+                self.frames.add(id(frame))  # a dataclass built from the data (its ``self`` is tracked at return)
+            return
+        if callee_file is None or code.co_name.startswith("<"):
+            return
+        names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+        if not any(self.holds(frame.f_locals.get(n)) for n in names if n != "self"):
+            return  # not handed the data (a method of the data object itself is a read)
+        back = frame.f_back
+        while back is not None and back.f_code.co_name.startswith("<") and back.f_back is not None:
+            back = back.f_back
+        caller = (_rel(back.f_code.co_filename) or "<outside>", back.f_code.co_qualname) if back else ("<outside>", "")
+        self.frames.add(id(frame))  # what it returns is the step's data too
+        if caller[0] == callee_file:
+            return  # a helper within one file: the file's own business
+        self.calls.append((caller, (callee_file, code.co_qualname)))
+
+    def summary(self) -> dict[str, Any]:
+        edges = Counter(f"{a[0]}:{a[1]} -> {b[0]}:{b[1]}" for a, b in self.calls)
+        layers = [layer(b[0]) for _, b in self.calls]
+        climbs = [f"{self.calls[i - 1][1][0]}:{self.calls[i - 1][1][1]} -> {self.calls[i][1][0]}:{self.calls[i][1][1]}"
+                  for i in range(1, len(layers)) if layers[i] > layers[i - 1] >= 0]
+        seq: list[str] = []
+        for _, b in self.calls:
+            area = b[0].split("/")[0].removesuffix(".py")
+            if not seq or seq[-1] != area:
+                seq.append(area)
+        return {"calls": len(self.calls), "distinct": len(edges), "files": len({b[0] for _, b in self.calls}),
+                "file_list": sorted({b[0] for _, b in self.calls}), "climbs": len(climbs), "climb_list": climbs,
+                "areas": " -> ".join(seq), "edges": dict(edges)}
+
+
 class Tracer:
     def __init__(self, cb: Any) -> None:
         self.cb = cb
         self.calls: list[tuple[tuple[str, str], tuple[str, str], bool]] = []  #: (caller, callee, into_caller)
         self.after_stop = False
         self.post: set[str] = set()
+        self.data = DataPath()
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if self.after_stop:
+            self.data(frame, event, arg)
         if event != "call":
             return
         code = frame.f_code
@@ -127,10 +216,13 @@ def _fit(profile_steps: int) -> dict[str, Any]:
 
     def traced_stop(self: Any, *a: Any, **k: Any) -> Any:  # post-capture: what follows the capture's stop
         sys.setprofile(None)
+        result = None
         try:
-            return stop(self, *a, **k)
+            result = stop(self, *a, **k)
+            return result
         finally:
             tracer.after_stop = True
+            tracer.data.track(result)
             sys.setprofile(tracer if tracing["on"] else None)
 
     def wrap(name: str) -> None:
@@ -195,7 +287,7 @@ def _summarize(t: Tracer) -> dict[str, Any]:
             "into_caller": {"distinct": len(into), "calls": sum(into.values()), "edges": dict(into)},
             "cb_base_switches": {"distinct": len(switch), "calls": sum(switch.values()), "edges": dict(switch)},
             "asks_analysis": {"distinct": len(asks), "callees": sorted(asks)},
-            "report_reads": sorted(reads)}
+            "report_reads": sorted(reads), "data_path": t.data.summary()}
 
 
 def static_counts() -> dict[str, Any]:
@@ -234,6 +326,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print everything as JSON")
     ap.add_argument("--profile-steps", type=int, default=1, help="steps per profile (the callback's profile_steps)")
     ap.add_argument("--static", action="store_true", help="only the static counts (no fit)")
+    ap.add_argument("-v", action="store_true", help="list the data path's edges")
     args = ap.parse_args()
     if args.static:
         print(json.dumps(static_counts(), indent=1))
@@ -247,6 +340,15 @@ def main() -> None:
     if args.json:
         print(json.dumps(out, indent=1))
         return
+    d = out["data_path"]
+    print(f"data path (the step's data, capture stop -> TensorBoard sink): {d['calls']} calls ({d['distinct']} "
+          f"distinct edges) in {d['files']} files, {d['climbs']} climbs back up a layer")
+    print(f"    areas in order: {d['areas']}")
+    for c in d["climb_list"]:
+        print(f"    climb: {c}")
+    if "-v" in sys.argv:
+        for e, n in d["edges"].items():
+            print(f"    {n:4d}  {e}")
     print(f"tscope files on the path: {out['files']} (after the capture stops: {out['post_capture_files']})")
     for name in ("up_layer", "into_caller", "cb_base_switches"):
         v = out[name]
