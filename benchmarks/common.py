@@ -128,7 +128,7 @@ def cost_lines(profiles: dict[str, Any], plain_s: float) -> list[str]:
     per part) as a table, with the region's excess over a plain step per op -- the per-op hot path."""
     keys = [("start_s", "start"), ("region_s", "region"), ("sync_s", "device sync"), ("kineto_s", "Kineto read-out"),
             ("assign_s", "kernels to ops"), ("build_s", "records")]
-    rows = {name: p.meta.get("capture_cost") or {} for name, p in profiles.items()}
+    rows = {name: p.info.capture_cost or {} for name, p in profiles.items()}
     if not any(rows.values()):
         return []
     out = ["", "Where the time went (host ms, last run of each; `meta[\"capture_cost\"]`):", "",

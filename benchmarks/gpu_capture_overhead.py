@@ -74,10 +74,10 @@ def measure(runs: int, smoke: bool, cprofile: str | None = None) -> tuple[str, d
     for k, v in m.items():
         lines.append(f"| {k} | {v * 1e3:.1f} | {v / plain:.2f} | {(v - plain) / n_ops * 1e6:.1f} |")
     ratio = m["ts.profile, layer_details=True (the callbacks')"] / plain
-    mfu_ok = rep.mfu is not None and abs(rep.mfu / hand - 1) <= 0.05
+    mfu_ok = rep.summary.mfu is not None and abs(rep.summary.mfu / hand - 1) <= 0.05
     lines += ["", f"- profiled step (layer details) / plain = **{ratio:.2f}** (target <= 2.0): "
               f"{'PASS' if ratio <= 2.0 else 'FAIL'}",
-              f"- headline MFU {rep.mfu:.2%} on the {rep.step_time_source} basis ({rep.measured_step_s * 1e3:.1f} ms) "
+              f"- headline MFU {rep.summary.mfu:.2%} on the {rep.summary.step_time_source} basis ({rep.summary.measured_step_s * 1e3:.1f} ms) "
               f"vs hand count over the plain step {hand:.2%}: {'PASS' if mfu_ok else 'FAIL'} (target within 5%)",
               f"- GPU idle during the capture: {(rep.meta.get('device_idle_s') or 0) * 1e3:.1f} ms; captured region "
               f"{(rep.wall_time_s or 0) * 1e3:.1f} ms wall (not used as a step time)"]
@@ -88,11 +88,11 @@ def measure(runs: int, smoke: bool, cprofile: str | None = None) -> tuple[str, d
     if cprofile:  # one more profiled step (layer details) under cProfile: the per-op hot path by function
         cprofile_top(tscope(True), cprofile)
         lines.append(f"\ncProfile of one profiled step (layer details): `{cprofile}`")
-    out = {"ratio": ratio, "mfu": rep.mfu, "hand_mfu": hand}
+    out = {"ratio": ratio, "mfu": rep.summary.mfu, "hand_mfu": hand}
     if "replay" in last:
         rp = last["replay"]
         r = m["ts.profile(replay=), later profiles (the callbacks')"] / plain
-        info = rp.meta["replay"]
+        info = rp.info.replay
         # the same kernels measured by both: the replay's op times against the full capture's
         full_s, rep_s = source.result.op_time_s(), rp.result.op_time_s()
         rrep = ts.roofline(rp.result, spec)

@@ -59,7 +59,7 @@ def measure(runs: int, smoke: bool) -> tuple[str, bool]:
     spec = ts.get_device_spec("auto") if cuda else ts.get_device_spec("h100")
     rc, re_ = ts.roofline(pc.result, spec), ts.roofline(pe.result, spec)
     kernel_s = sum(r.time_s or 0.0 for r in pc.ops)
-    busy = pc.meta.get("device_busy_s") or pc.meta.get("step_time_s") or 0.0
+    busy = pc.info.device_busy_s or pc.info.step_time_s or 0.0
     fl = lambda p: sum(r.model_flops for r in p.ops)  # noqa: E731
     flops_ratio = fl(pc) / fl(pe) if fl(pe) else float("nan")
     plain = times["compiled step"]
@@ -72,7 +72,7 @@ def measure(runs: int, smoke: bool) -> tuple[str, bool]:
         lines.append(f"| {k} | {v * 1e3:.1f} | {v / plain:.2f} |")
     drift = t_after / t_before
     ok_speed, ok_graphs, ok_flops = drift <= 1.02, after == before, abs(flops_ratio - 1) <= 0.01
-    cc = pc.meta.get("compiled_capture") or {}
+    cc = pc.info.compiled_capture or {}
     lines += ["",
               f"- compiled step before profiles {t_before * 1e3:.2f} ms, after {t_after * 1e3:.2f} ms: "
               f"**{drift:.3f}x** (target <= 1.02): {'PASS' if ok_speed else 'FAIL'}",

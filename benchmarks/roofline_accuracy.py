@@ -48,7 +48,8 @@ def main() -> int:
         with ts.profile(model) as prof:
             step(model, opt, x, y, prof)
         reports.append(ts.roofline(prof.result, spec))
-    ratios = [r.measured_over_estimated(("matmul",)) for r in reports]
+    # matmul-class ops: measured / estimated, summed over the class (its row in the op-class table)
+    ratios = [next((c.ratio for c in r.rows["category"] if c.name == "matmul"), None) for r in reports]
     med = statistics.median(ratios)
     rep = reports[ratios.index(med)]
     lines = [
@@ -62,12 +63,11 @@ def main() -> int:
         "| op class | ops | GFLOPs | MB | estimated ms | measured ms | measured / estimated |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for c in rep.category_comparison():
-        row = next(r for r in rep.category_rows if r.name == c["category"])
-        ratio = c["ratio"]
+    for row in rep.rows["category"]:
+        ratio = row.ratio
         lines.append(
-            f"| {c['category']} | {c['n_ops']} | {row.flops / 1e9:.3f} | {row.bytes / 1e6:.1f} | "
-            f"{(c['estimated_s'] or 0) * 1e3:.2f} | {(c['measured_s'] or 0) * 1e3:.2f} | "
+            f"| {row.name} | {row.n_ops} | {row.flops / 1e9:.3f} | {row.bytes / 1e6:.1f} | "
+            f"{(row.estimate_s or 0) * 1e3:.2f} | {(row.measured_s or 0) * 1e3:.2f} | "
             f"{'' if ratio is None else f'{ratio:.2f}'} |"
         )
     ok = med is not None and 1 / 1.5 <= med <= 1.5

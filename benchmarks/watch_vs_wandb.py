@@ -83,8 +83,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
-    import wandb
     from wandb.integration.torch.wandb_torch import TorchHistory
+
+    import wandb
 
     os.environ.setdefault("WANDB_SILENT", "true")
     torch.manual_seed(0)

@@ -71,10 +71,10 @@ def memory_ground_truth(model, step, paths: list[str], cuda: bool) -> dict[str, 
 
 
 def step_peak_check(model, step, prof, w, cuda: bool) -> None:
-    """The profiled step's peak (``meta["memory_categories"]["step_peak"]``) and the meta analysis's estimate of the
+    """The profiled step's peak (``info.memory_categories["step_peak"]``) and the meta analysis's estimate of the
     same step against ground truth: ``torch.cuda.max_memory_allocated()`` over one plain step on CUDA (its peak
     statistic reset first), torch's ``MemTracker`` on the CPU."""
-    got = (prof.meta.get("memory_categories") or {}).get("step_peak")
+    got = (prof.info.memory_categories or {}).get("step_peak")
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -97,7 +97,7 @@ def step_peak_check(model, step, prof, w, cuda: bool) -> None:
                            precision="bf16-mixed" if cuda else "fp32", backward=True,
                            optimizer="adamw-fused",  # the workload's fused AdamW
                            attention_backend=None if cuda else "cpu")
-    est = rep.profile.meta["memory_categories"]["step_peak"]
+    est = rep.profile.info.memory_categories["step_peak"]
     check(f"3. meta analysis step peak within 10% of {how}", abs(est / truth - 1) <= 0.10,
           f"{est / 2**20:.1f} MiB vs {truth / 2**20:.1f} MiB")
 

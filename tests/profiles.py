@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tscope_callbacks.devices.spec import DeviceSpec
-from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
+from tscope_callbacks.records import CaptureInfo, LayerRecord, OpRecord, StepProfile
 
 __all__ = ["a100", "matmul", "pointwise", "op", "make_profile", "toy_profile", "SIZES"]
 
@@ -53,12 +53,13 @@ def pointwise(n: int, *, name: str = "aten.relu", dtype: str = "float32", layer:
 
 
 def make_profile(ops: list[OpRecord], *, layers: dict[str, LayerRecord] | None = None,
-                 wall_time_s: float | None = None, **meta: Any) -> StepProfile:
+                 wall_time_s: float | None = None, **info: Any) -> StepProfile:
+    """A StepProfile of ``ops`` (indexed in order); ``info``: its ``CaptureInfo`` fields."""
     for i, r in enumerate(ops):
         r.index = i
-    meta.setdefault("device_name", "NVIDIA A100-SXM4-80GB")
-    meta.setdefault("model", "Toy")
-    return StepProfile(ops=ops, layers=layers or {}, wall_time_s=wall_time_s, meta=meta)
+    info.setdefault("device_name", "NVIDIA A100-SXM4-80GB")
+    info.setdefault("model", "Toy")
+    return StepProfile(ops=ops, layers=layers or {}, wall_time_s=wall_time_s, info=CaptureInfo(**info))
 
 
 def toy_profile(timed: bool = True) -> StepProfile:

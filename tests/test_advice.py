@@ -43,9 +43,9 @@ def test_pad_to():
 
 def test_misaligned_vocabulary_names_the_padding_and_its_saving():
     rep = _report(lm_head_ops())
-    o = rep.opportunities(top=3)[0]
+    o = rep.opportunities[:3][0]
     assert (o.kind, o.layer) == ("misaligned", "lm_head")
-    assert "pad 50257 to 50304" in o.fix and "resize_token_embeddings(50304)" in o.fix
+    assert "pad 50257 to 50304" in o.change and "resize_token_embeddings(50304)" in o.change
     assert o.evidence["dim"] == 50257 and o.evidence["padded"] == 50304 and o.evidence["n_gemms"] == 3
     # predicted saving = measured now (6.651 + 8.585 = 15.236 ms) - the three GEMMs re-estimated at N = 50304
     model = model_for(H100)
@@ -53,7 +53,7 @@ def test_misaligned_vocabulary_names_the_padding_and_its_saving():
     assert o.saving_s == pytest.approx(15.236e-3 - after)
     # the H100 measured at 50304: fwd 0.928 + bwd 1.992 = 2.92 ms, so the real saving is 12.3 ms: within 1.3x
     assert 12.3e-3 / 1.3 < o.saving_s < 12.3e-3 * 1.3
-    assert "Saves about" in o.reason and "% of the step" in o.reason
+    assert "Saves about" in o.cause and "% of the step" in o.cause
 
 
 def test_misalignment_is_read_from_the_stored_layout():
@@ -67,22 +67,22 @@ def test_misalignment_is_read_from_the_stored_layout():
     with torch.device("meta"):
         lin = torch.nn.Linear(4096, 4096)
     rep = ts.analyze_model(lin, input_shape=[(8191, 4096)], gpu="h100", precision="bf16", backward=True)
-    mms = [o.record for o in rep.op_roofs if o.record.category == "matmul"]
+    mms = [o for o in rep.profile.ops if o.category == "matmul"]
     assert any(8191 in (r.input_shapes[0] + r.input_shapes[-1]) for r in mms)
     assert all(ld % 8 == 0 for r in mms for ld in r.leading_dims)
-    assert not [o for o in rep.opportunities(top=10) if o.kind == "misaligned"]
+    assert not [o for o in rep.opportunities[:10] if o.kind == "misaligned"]
 
 
 def test_fp32_matmul_without_tf32():
     # fp32 4096^3 on the A100-like H100 spec at the fp32 roof; TF32 off (meta: highest) -> re-estimated at TF32
     ops = [_mm(4096, 4096, 4096, "fc", "forward", 2.6, dtype="float32")]
     rep = _report(ops, float32_matmul_precision="highest")
-    o = next(o for o in rep.opportunities() if o.kind == "fp32_matmul")
-    assert "set_float32_matmul_precision('high')" in o.fix and "bf16-mixed" in o.fix
+    o = next(o for o in rep.opportunities if o.kind == "fp32_matmul")
+    assert "set_float32_matmul_precision('high')" in o.change and "bf16-mixed" in o.change
     assert o.saving_s == pytest.approx(2.6e-3 - model_for(H100).gemm_s(4096, 4096, 4096, "tf32"))
     # with TF32 on, the GEMM already runs at TF32: no finding
     on = _report([_mm(4096, 4096, 4096, "fc", "forward", 2.6, dtype="float32")], float32_matmul_precision="high")
-    assert all(o.kind != "fp32_matmul" for o in on.opportunities())
+    assert all(o.kind != "fp32_matmul" for o in on.opportunities)
 
 
 def _chain(layer, phase="forward", t=60e-6):
@@ -95,12 +95,12 @@ def _chain(layer, phase="forward", t=60e-6):
 def test_fusion_counts_the_bytes_fusion_removes():
     ops = _chain("h.0.act")
     rep = _report(ops, step_time_s=10e-3)  # findings under 0.5% of the step are not reported
-    o = next(o for o in rep.opportunities() if o.kind == "fusion")
+    o = next(o for o in rep.opportunities if o.kind == "fusion")
     # before: 4 ops x (50.33 + 50.33) MB = 402.7 MB; fused: first input + last output = 100.7 MB
     n = 8 * 1024 * 3072 * 2
     assert o.evidence["mb_before"] == pytest.approx(8 * n / 1e6)
     assert o.evidence["mb_after"] == pytest.approx(2 * n / 1e6)
-    assert 'gelu(x, approximate="tanh")' in o.fix and 'activation_function="gelu_pytorch_tanh"' in o.fix
+    assert 'gelu(x, approximate="tanh")' in o.change and 'activation_function="gelu_pytorch_tanh"' in o.change
     # the fused kernel's bytes at the rate the 4 ops ran (240 us for 8 n B: 60 us for 2 n B), never under the
     # kernel model's time for them (about 17 us on the H100)
     roof = model_for(H100).memory_s("pointwise", 2 * n)
@@ -108,7 +108,7 @@ def test_fusion_counts_the_bytes_fusion_removes():
     assert o.predicted_by == "fused_bytes" and "the 4 ops took 0.24 ms for 402.7 MB; 100.7 MB at their rate: 0.06 ms" == o.predicted_text
     # ops at 20 us each ran faster than the kernel model's rate: a quarter of their 80 us (20 us) is under what the
     # fused kernel's 100.7 MB take on the H100 (about 34 us), so that bounds it
-    fast = next(o for o in _report(_chain("h.0.act", t=20e-6), step_time_s=1e-3).opportunities()
+    fast = next(o for o in _report(_chain("h.0.act", t=20e-6), step_time_s=1e-3).opportunities
                 if o.kind == "fusion")
     assert 20e-6 < roof and fast.saving_s == pytest.approx(80e-6 - roof)
 
@@ -116,27 +116,27 @@ def test_fusion_counts_the_bytes_fusion_removes():
 def test_repeated_blocks_are_one_opportunity_with_summed_saving():
     ops = [*_chain("h.0.act"), *_chain("h.1.act"), *_chain("h.2.act")]
     layers = {f"h.{i}.act": LayerRecord(path=f"h.{i}.act", type="NewGELUActivation") for i in range(3)}
-    opps = [o for o in _report(ops, layers=layers).opportunities() if o.kind == "fusion"]
+    opps = [o for o in _report(ops, layers=layers).opportunities if o.kind == "fusion"]
     assert len(opps) == 1
     o = opps[0]
     one = 4 * 60e-6 - 60e-6  # the fused bytes (a quarter) at the ops' own rate
     assert o.layer == "h.*.act" and o.evidence["layers"] == ["h.0.act", "h.1.act", "h.2.act"]
-    assert o.saving_s == pytest.approx(3 * one) and "in each of 3 layers" in o.reason
+    assert o.saving_s == pytest.approx(3 * one) and "in each of 3 layers" in o.cause
     # per layer, as counted: 402.7 MB before (evidence mb_before), 100.7 MB fused
-    assert "move 402.7 MB, each writing what the next reads back; fused, about 100.7 MB" in o.reason
+    assert "move 402.7 MB, each writing what the next reads back; fused, about 100.7 MB" in o.cause
     # a chain 25x as large: 25 x 402.653184 = 10,066.3 MB, written without an exponent (an H200 GPT-2 step's loss
     # chain read "1.235e+04 MB")
     n = 25 * 8 * 1024 * 3072
     big = [pointwise(n, name=f"aten.{x}", dtype="bfloat16", layer="h.0.act", time_s=25 * 60e-6)
            for x in ("pow", "mul", "add", "tanh")]
-    b = next(o for o in _report(big, step_time_s=10e-3).opportunities() if o.kind == "fusion")
-    assert "move 10,066 MB, each writing" in b.reason and "about 2,517 MB" in b.reason and "e+" not in b.reason
+    b = next(o for o in _report(big, step_time_s=10e-3).opportunities if o.kind == "fusion")
+    assert "move 10,066 MB, each writing" in b.cause and "about 2,517 MB" in b.cause and "e+" not in b.cause
 
 
 def test_no_fusion_advice_for_compiled_modules():
-    assert any(o.kind == "fusion" for o in _report(_chain("h.0.act"), step_time_s=10e-3).opportunities())
+    assert any(o.kind == "fusion" for o in _report(_chain("h.0.act"), step_time_s=10e-3).opportunities)
     rep = _report(_chain("h.0.act"), step_time_s=10e-3, compiled_modules_run_eagerly=True)
-    assert all(o.kind != "fusion" for o in rep.opportunities())
+    assert all(o.kind != "fusion" for o in rep.opportunities)
 
 
 def _launch_step(kernel_ns=3_000, **meta):
@@ -150,18 +150,18 @@ def _launch_step(kernel_ns=3_000, **meta):
 
 def test_launch_overhead_is_the_idle_device_between_short_kernels():
     assert 3e-6 < LAUNCH_BOUND_S
-    o = next(o for o in _launch_step().opportunities() if o.kind == "launch")
-    assert "reduce-overhead" in o.fix and o.evidence["kernels"] == 400 and o.predicted_by == "idle"
+    o = next(o for o in _launch_step().opportunities if o.kind == "launch")
+    assert "reduce-overhead" in o.change and o.evidence["kernels"] == 400 and o.predicted_by == "idle"
     # idle 5 - 1.2 = 3.8 ms of the unprofiled step; a graph keeps about 1 us per kernel: 3.8 - 0.4 = 3.4 ms
     assert o.saving_s == pytest.approx(3.8e-3 - 400 * GRAPH_GAP_S) and o.layer == ""
     # the step monitor's data wait is not launch overhead: taken off the idle
     wait = {"step_breakdown": {"parts_ms": {"fetch": 0.9, "transfer": 0.1}, "input_bound": True, "fetch_share": 0.2}}
-    o = next(o for o in _launch_step(**wait).opportunities() if o.kind == "launch")
+    o = next(o for o in _launch_step(**wait).opportunities if o.kind == "launch")
     assert o.saving_s == pytest.approx(2.8e-3 - 400 * GRAPH_GAP_S)
 
 
 def test_no_launch_finding_where_it_does_not_apply():
-    kinds = lambda rep: {o.kind for o in rep.opportunities(top=20)}  # noqa: E731
+    kinds = lambda rep: {o.kind for o in rep.opportunities[:20]}  # noqa: E731
     assert "launch" not in kinds(_launch_step(device_busy_s=4.8e-3))  # the device is busy: not launch-bound
     assert "launch" not in kinds(_launch_step(step_time_basis="device-busy"))  # no unprofiled step to compare
     assert "launch" not in kinds(_launch_step(device="cpu", timing="cpu-wall"))  # a CPU has no launches to graph
@@ -174,21 +174,22 @@ def test_gemm_off_tensor_cores_is_said_of_its_row_not_an_opportunity():
     r = _mm(4096, 4096, 4096, "fc", "forward", 1.5)
     r.tensor_core = False  # the kernel names said so (capture.cuda_timing); no change is known
     rep = _report([r], step_time_s=5e-3)
-    assert not rep.opportunities()
-    ((row, cause),) = rep.below_roof()
-    assert row.layer == "fc" and "GEMMs ran on CUDA cores, not tensor cores" in cause and "no change known" in cause
+    assert not rep.opportunities
+    (row,) = rep.below_roof
+    assert row.layer == "fc" and "GEMMs ran on CUDA cores, not tensor cores" in row.cause
+    assert "no change known" in row.cause
 
 
 def test_small_m():
     # 16 tokens x 4096 @ 4096 x 4096 ran at 15 TFLOP/s on the H100 (0.036 ms)
     ops = [_mm(16, 4096, 4096, f"blocks.{i}.fc", "forward", 0.036) for i in range(32)]
-    o = next(o for o in _report(ops, step_time_s=5e-3).opportunities() if o.kind == "small_m")
-    assert o.evidence["m"] == 16 and "batch" in o.fix
+    o = next(o for o in _report(ops, step_time_s=5e-3).opportunities if o.kind == "small_m")
+    assert o.evidence["m"] == 16 and "batch" in o.change
     # 1024 rows fill the GPU; and a CPU has no GEMM tables to predict from
     full = [_mm(1024, 4096, 4096, f"blocks.{i}.fc", "forward", 0.4) for i in range(32)]
-    assert not [o for o in _report(full, step_time_s=20e-3).opportunities(top=20) if o.kind == "small_m"]
+    assert not [o for o in _report(full, step_time_s=20e-3).opportunities[:20] if o.kind == "small_m"]
     cpu = ts.DeviceSpec("CPU (test)", {"bf16": 1e12}, 20e9, vendor="cpu", source="tests")
-    assert not [o for o in _report(ops, spec=cpu, device="cpu", step_time_s=5e-3).opportunities(top=20)
+    assert not [o for o in _report(ops, spec=cpu, device="cpu", step_time_s=5e-3).opportunities[:20]
                 if o.kind == "small_m"]
 
 
@@ -196,8 +197,8 @@ def test_time_without_a_formula_is_said_of_its_row_not_an_opportunity():
     ops = [*lm_head_ops(), op("aten.my_op", "blocks.0", read=1 << 20, counted=False, category="other",
                               time_s=2e-3)]
     rep = _report(ops)
-    assert [o.kind for o in rep.opportunities(top=5)] == ["misaligned"]
-    cause = dict(((r.layer, r.phase), c) for r, c in rep.below_roof())[("blocks.0", "forward")]
+    assert [o.kind for o in rep.opportunities[:5]] == ["misaligned"]
+    cause = {(r.layer, r.phase): r.cause for r in rep.below_roof}[("blocks.0", "forward")]
     assert "no FLOP formula for aten.my_op" in cause and 'formulas={"aten.my_op": fn}' in cause
 
 
@@ -213,8 +214,8 @@ def test_an_unfused_optimizer_update_is_its_own_finding():
     ops = [pointwise(n, name=f"aten.{name}", layer="", phase="optimizer", time_s=400e-6)
            for _ in range(2) for name in ("mul_", "add_", "mul_", "addcmul_", "sqrt", "div", "addcdiv_")]
     layers = {"": LayerRecord(path="", type="Net", param_bytes=2 * n * 4)}
-    (o,) = [o for o in _report(ops, layers=layers, step_time_s=20e-3).opportunities() if o.kind == "fusion"]
-    assert o.evidence["chain"] == "optimizer" and "torch.optim.AdamW(params, ..., fused=True)" in o.fix
+    (o,) = [o for o in _report(ops, layers=layers, step_time_s=20e-3).opportunities if o.kind == "fusion"]
+    assert o.evidence["chain"] == "optimizer" and "torch.optim.AdamW(params, ..., fused=True)" in o.change
     # fused: params, grads and both moments read, params and moments written = 7 x 8 MiB = 58.7 MB; the 14 ops
     # moved 14 x 8 MiB = 117.4 MB in 5.6 ms: the fused update at their rate takes half of it, 2.8 ms
     assert o.evidence["mb_after"] == pytest.approx(7 * 2 * n * 4 / 1e6)
@@ -222,8 +223,8 @@ def test_an_unfused_optimizer_update_is_its_own_finding():
     # an SGD update (mul_ and add_ only: momentum) is told to use SGD's fused kernel
     sgd = [pointwise(n, name=f"aten.{name}", layer="", phase="optimizer", time_s=400e-6)
            for _ in range(2) for name in ("mul_", "add_", "add_")]
-    (o,) = [o for o in _report(sgd, layers=layers, step_time_s=20e-3).opportunities() if o.kind == "fusion"]
-    assert "torch.optim.SGD(params, ..., fused=True)" in o.fix
+    (o,) = [o for o in _report(sgd, layers=layers, step_time_s=20e-3).opportunities if o.kind == "fusion"]
+    assert "torch.optim.SGD(params, ..., fused=True)" in o.change
 
 
 class _RMSNorm(torch.nn.Module):
@@ -271,21 +272,21 @@ def test_llama_style_chains_name_their_fused_kernel():
     with torch.device("meta"):
         block = _LlamaStyleBlock()
     rep = ts.analyze_model(block, input_shape=[(8, 2048, 256)], gpu="h100", precision="bf16", backward=True)
-    fusions = [o for o in rep.opportunities(top=50) if o.kind == "fusion"]
+    fusions = [o for o in rep.opportunities[:50] if o.kind == "fusion"]
     found = {o.evidence.get("chain"): o for o in fusions}
-    assert found["rmsnorm"].layer == "norm" and "`LigerRMSNorm`" in found["rmsnorm"].fix
-    assert "of the RMSNorm" in found["rmsnorm"].reason
-    assert found["rope"].layer == "rotary" and "`liger_rotary_pos_emb`" in found["rope"].fix
+    assert found["rmsnorm"].layer == "norm" and "`LigerRMSNorm`" in found["rmsnorm"].change
+    assert "of the RMSNorm" in found["rmsnorm"].cause
+    assert found["rope"].layer == "rotary" and "`liger_rotary_pos_emb`" in found["rope"].change
     # SwiGLU: silu, the gating product, and in backward silu_backward and two products, apart from one another by
     # the GEMMs (no consecutive chain). One activation n = 8 x 2048 x 1024 bf16 = 33.55 MB: forward silu (n in, n
     # out) + mul (2n in, n out) = 5n, fused 3n; backward 2 muls (6n) + silu_backward (3n) = 9n, fused 5n
     sw = found["swiglu"]
     n = 8 * 2048 * 1024 * 2
-    assert sw.layer == "mlp" and "`LigerSwiGLUMLP`" in sw.fix and sw.evidence["ops"] == 5
+    assert sw.layer == "mlp" and "`LigerSwiGLUMLP`" in sw.change and sw.evidence["ops"] == 5
     assert sw.evidence["mb_before"] == pytest.approx(14 * n / 1e6) and sw.evidence["mb_after"] == pytest.approx(8 * n / 1e6)
     assert [o.layer for o in fusions].count("mlp") == 1  # its ops are not found again as a generic chain
     # the StepReport's (and the dashboard's) titles name the chain: several fusion findings tell apart at a glance
-    titles = {o.evidence.get("chain"): o.title for o in rep.step_report.opportunities if o.kind == "fusion"}
+    titles = {o.evidence.get("chain"): o.title for o in rep.opportunities if o.kind == "fusion"}
     assert titles["rmsnorm"] == "fusion (RMSNorm)" and titles["rope"] == "fusion (rotary embedding)"
     assert titles["swiglu"] == "fusion (SwiGLU)"
 

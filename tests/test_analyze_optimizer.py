@@ -21,51 +21,52 @@ def _mlp() -> nn.Module:
 def _update(optimizer, **kw) -> list:
     rep = ts.analyze_model(_mlp(), input_shape=[(32, D)], gpu="h100", precision=kw.pop("precision", "fp32"),
                            backward=True, optimizer=optimizer, **kw)
-    return [o for o in rep.op_roofs if o.record.phase == "optimizer"], rep
+    return [o for o in rep.ops if o.phase == "optimizer"], rep
 
 
 def test_fused_adamw_is_one_kernel_streaming_seven_fp32_tensors():
     ops, rep = _update("adamw-fused")
     # as on a GPU: the step counters (4 scalars, on the device) += 1, then the fused kernel
-    assert [o.record.op for o in ops] == ["aten._foreach_add_", "aten._fused_adamw_"]
+    assert [o.op for o in ops] == ["aten._foreach_add_", "aten._fused_adamw_"]
     # reads param, grad, exp_avg, exp_avg_sq and the 4 step counters; writes param, exp_avg, exp_avg_sq:
     # 7 x 4 B per parameter + 4 x 4 B
-    assert ops[1].record.bytes == 7 * 4 * N_PARAMS + 16
+    assert ops[1].bytes == 7 * 4 * N_PARAMS + 16
     # the update is part of the step the report estimates
     fwd_bwd = ts.analyze_model(_mlp(), input_shape=[(32, D)], gpu="h100", precision="fp32", backward=True)
-    assert rep.estimated_step_s == pytest.approx(fwd_bwd.estimated_step_s + sum(o.expected for o in ops), rel=1e-6)
-    assert rep.profile.meta["optimizer"] == "adamw-fused"
+    assert rep.summary.estimated_step_s == pytest.approx(fwd_bwd.summary.estimated_step_s + sum(o.expected_s for o in ops),
+                                                        rel=1e-6)
+    assert rep.profile.info.optimizer == "adamw-fused"
 
 
 def test_foreach_adamw_counts_the_device_ops_only():
     # PyTorch's foreach AdamW on a GPU: its step counters live on the CPU and are read with .item() (host work);
     # the device runs 8 foreach ops over every parameter
     ops, _ = _update("adamw")
-    names = [o.record.op for o in ops]
+    names = [o.op for o in ops]
     assert names == ["aten._foreach_mul_", "aten._foreach_lerp_", "aten._foreach_mul_", "aten._foreach_addcmul_",
                      "aten._foreach_sqrt", "aten._foreach_div_", "aten._foreach_add_", "aten._foreach_addcdiv_"]
     assert "aten._local_scalar_dense" not in names
     b = 4 * N_PARAMS  # one fp32 tensor list
     # mul_ p (r+w), lerp_ m,g (2r+w), mul_ v (r+w), addcmul_ v,g,g (g once: 2r+w), sqrt v (r+w new),
     # div_ d (r+w), add_ d (r+w), addcdiv_ p,m,d (3r+w)
-    assert sum(o.record.bytes for o in ops) == (2 + 3 + 2 + 3 + 2 + 2 + 2 + 4) * b
+    assert sum(o.bytes for o in ops) == (2 + 3 + 2 + 3 + 2 + 2 + 2 + 4) * b
 
 
 def test_sgd_with_momentum_and_a_factory():
     ops, _ = _update("sgd")
     # momentum 0.9: buf *= 0.9; buf += g; p -= lr * buf
-    assert [o.record.op for o in ops] == ["aten._foreach_mul_", "aten._foreach_add_", "aten._foreach_add_"]
+    assert [o.op for o in ops] == ["aten._foreach_mul_", "aten._foreach_add_", "aten._foreach_add_"]
     # a factory's optimizer runs as given: on meta PyTorch's default is the per-tensor loop (no momentum: p -= lr * g
     # for each of the 4 tensors); foreach=True is what it would pick on a GPU
     ops, rep = _update(lambda params: torch.optim.SGD(params, lr=0.1))
-    assert [o.record.op for o in ops] == ["aten.add_"] * 4 and rep.profile.meta["optimizer"] == "custom"
+    assert [o.op for o in ops] == ["aten.add_"] * 4 and rep.profile.info.optimizer == "custom"
     ops, _ = _update(lambda params: torch.optim.SGD(params, lr=0.1, foreach=True))
-    assert [o.record.op for o in ops] == ["aten._foreach_add_"]
+    assert [o.op for o in ops] == ["aten._foreach_add_"]
 
 
 def test_mixed_precision_updates_the_fp32_master_weights():
     ops, _ = _update("adamw-fused", precision="bf16-mixed")
-    assert ops[1].record.dtype == "float32" and ops[1].record.bytes == 7 * 4 * N_PARAMS + 16
+    assert ops[1].dtype == "float32" and ops[1].bytes == 7 * 4 * N_PARAMS + 16
 
 
 def test_bad_optimizer_arguments_are_clear_errors():

@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("capture",),
     ("analysis",),
     ("render",),
-    ("api", "inputs", "compat", "demo"),
+    ("api", "inputs", "compat", "demo", "report"),
     ("callbacks", "demo.lightning"),
     ("",),
     ("cli", "dashboard"),  # the dashboard (TensorBoard plugin) reads saved reports through cli.report

@@ -31,7 +31,7 @@ SCRIPT = """
     rank = trainer.global_rank
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"steps": [h["step"] for h in roof.history],
-                   "times": roof.last_profile.meta["rank_step_times_s"], "layers": sorted(lay.last_layers),
+                   "times": roof.last_profile.info.rank_step_times_s, "layers": sorted(lay.last_layers),
                    "watched": watch.last and [watch.last["step"], len(watch.last["gradients"]),
                                               sorted(watch.last["update_ratio"])[:1]]}, f)
 """

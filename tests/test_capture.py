@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -84,7 +86,7 @@ def test_ops_in_order_and_timed_on_cpu():
         model(torch.randn(4, 8)).sum().backward()
     assert [r.index for r in prof.ops] == list(range(len(prof.ops)))
     assert all(r.time_s is not None and r.time_s >= 0 for r in prof.ops)
-    assert prof.meta["timing"] == "cpu-wall"
+    assert prof.info.timing == "cpu-wall"
     # op times are inside the region: they cannot exceed its wall time
     assert 0 < prof.result.op_time_s() <= prof.wall_time_s
     assert 0.0 <= prof.result.uncovered_time_share() < 1.0
@@ -288,7 +290,7 @@ def test_internal_error_never_breaks_the_op(monkeypatch):
     with ts.profile(model) as prof:
         y = model(x)
     assert torch.equal(ref, y)
-    assert prof.result.meta["internal_errors"] and "formula bug" in prof.result.meta["internal_errors"][0]
+    assert prof.result.info.internal_errors and "formula bug" in prof.result.info.internal_errors[0]
     with pytest.raises(ValueError, match="formula bug"):
         with ts.profile(model, raise_errors=True):
             model(x)
@@ -316,37 +318,37 @@ def test_step_profile_round_trip():
     assert back.layers["fc1"].output_shapes == [[4, 16]]
 
 
-def test_a_step_profile_is_typed_and_meta_is_its_view():
-    """What the capture knows is typed (``StepProfile.info``), the caller's own labels are free data (``user``), and
-    the old ``meta`` dict shows both under the same keys, writes going through; a saved profile reads back the same."""
+def test_a_step_profile_is_typed():
+    """What the capture knows is typed (``StepProfile.info``, a frozen ``CaptureInfo``), the caller's facts about the
+    step are typed too (``info=``, ``label``), its own data is free (``user``); a saved profile reads back the same,
+    and a field that does not exist is refused."""
     import json
 
     model = Net()
-    with ts.profile(model, labels={"step": 7, "run_name": "a"}) as prof:
+    with ts.profile(model, info=ts.CaptureInfo(step=7), user={"run_name": "a"}) as prof:
         model(torch.randn(4, 8)).sum().backward()
+        prof.label(reason="mine")
     res = prof.result
     info = res.info
     assert (info.device, info.device_name, info.timing, info.model) == ("cpu", "cpu", "cpu-wall", "Net")
-    assert info.step == 7 and res.user == {"run_name": "a"}  # a typed label is typed, the rest is the user's
+    assert info.step == 7 and info.reason == "mine" and res.user == {"run_name": "a"}
     # a bare CPU capture's step basis: the ops' summed times (never the region's wall time)
     assert info.step_time_basis == "op-time" and info.step_time_s == pytest.approx(sum(r.time_s for r in res.ops))
     assert info.float32_matmul_precision == torch.get_float32_matmul_precision()
     assert set(info.capture_cost) >= {"start_s", "region_s", "build_s", "ops"}
-    assert info.compiled_capture is None and "compiled_capture" in res.meta  # set to None: present, as before
-    assert "device_busy_s" not in res.meta  # never set on the CPU: absent
-    meta = prof.meta
-    assert meta["device"] == "cpu" and meta["step"] == 7 and meta["run_name"] == "a"
-    assert set(meta) == info.given | {"run_name"}
-    prof.meta["step_time_s"] = 0.25  # a caller's measured basis (the callbacks' unprofiled steps)
-    prof.meta.update(step_time_basis="unprofiled steps", note="mine")
-    assert info is not res.info and res.info.step_time_s == 0.25 and res.info.step_time_basis == "unprofiled steps"
-    assert res.user == {"run_name": "a", "note": "mine"}
-    del prof.meta["note"]
-    assert res.user == {"run_name": "a"} and prof.meta.pop("missing", 1) == 1
+    assert info.compiled_capture is None and info.device_busy_s is None  # never set on the CPU
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.step = 8  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        prof.label(run_name="b")  # not a CaptureInfo field: the caller's own data goes to user=
+    with pytest.raises(TypeError, match="takes a CaptureInfo"):
+        ts.profile(model, info={"step": 7})
     d = json.loads(json.dumps(res.to_dict()))
-    assert d["meta"] == dict(res.meta)  # the saved format keeps the old keys
+    assert d["version"] == 2 and d["info"]["step"] == 7 and "device_busy_s" not in d["info"]  # known fields only
     back = ts.StepProfile.from_dict(d)
-    assert back.info == res.info and back.user == res.user and back.meta == res.meta
+    assert back.info == res.info and back.user == res.user and back.to_dict() == d
+    with pytest.raises(ValueError, match="format version 1"):
+        ts.StepProfile.from_dict({**d, "version": 1})
 
 
 def test_model_tree_walks_as_torch_does():

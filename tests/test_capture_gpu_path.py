@@ -171,19 +171,18 @@ def test_step_time_basis_is_never_the_slowed_wall_time():
     model = TwoLinear()
     with ts.profile(model) as prof:
         model(torch.randn(64, 16)).sum().backward()
-    m = prof.meta
-    assert m["step_time_basis"] == "op-time"
-    assert m["step_time_s"] == pytest.approx(sum(r.time_s for r in prof.ops))
-    assert m["step_time_s"] < prof.wall_time_s and m["outside_ops_s"] == pytest.approx(
-        prof.wall_time_s - m["step_time_s"])
+    m = prof.info
+    assert m.step_time_basis == "op-time"
+    assert m.step_time_s == pytest.approx(sum(r.time_s for r in prof.ops))
+    assert m.step_time_s < prof.wall_time_s and m.outside_ops_s == pytest.approx(prof.wall_time_s - m.step_time_s)
     rep = ts.roofline(prof.result, ts.DeviceSpec(name="t", flops={"fp32": 1e11}, bandwidth=1e10))
-    assert rep.measured_step_s == pytest.approx(m["step_time_s"]) and rep.step_time_source == "op-time"
+    assert rep.summary.measured_step_s == pytest.approx(m.step_time_s) and rep.summary.step_time_source == "op-time"
     # a caller that timed unprofiled steps passes the real step time: it wins
-    with ts.profile(model, labels={"step_time_s": 0.5, "step_time_basis": "unprofiled-median"}) as p2:
+    with ts.profile(model, info=ts.CaptureInfo(step_time_s=0.5, step_time_basis="unprofiled-median")) as p2:
         model(torch.randn(64, 16)).sum().backward()
     rep2 = ts.roofline(p2.result, ts.DeviceSpec(name="t", flops={"fp32": 1e11}, bandwidth=1e10))
-    assert rep2.measured_step_s == 0.5 and rep2.step_time_source == "unprofiled-median"
-    assert rep2.mfu == pytest.approx(p2.result.model_flops / 0.5 / 1e11)
+    assert rep2.summary.measured_step_s == 0.5 and rep2.summary.step_time_source == "unprofiled-median"
+    assert rep2.summary.mfu == pytest.approx(p2.result.model_flops / 0.5 / 1e11)
 
 
 def test_saved_tensor_walk_survives_fresh_node_wrappers():

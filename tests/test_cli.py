@@ -170,7 +170,7 @@ def test_report_on_an_analyze_json_keeps_the_analysed_device(capsys: pytest.Capt
                  "--precision", "bf16-mixed", "--json", str(out_json), "--print"]) == 0
     first = capsys.readouterr().out
     data = json.loads(out_json.read_text())
-    assert data["device"]["name"] == "NVIDIA H100 SXM" and data["profile"]["meta"]["device_name"] == "NVIDIA H100 SXM"
+    assert data["device"]["name"] == "NVIDIA H100 SXM" and data["profile"]["info"]["device_name"] == "NVIDIA H100 SXM"
     assert main(["report", str(out_json)]) == 0
     again = capsys.readouterr().out
     assert again.startswith("## Roofline — NVIDIA H100 SXM")

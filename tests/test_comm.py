@@ -11,10 +11,11 @@ import torch
 from profiles import make_profile, matmul, op
 
 import tscope_callbacks as ts
-from tscope_callbacks.analysis.comm import comm_rows, comm_summary, overlap, skew
+from tscope_callbacks.analysis.comm import comm_summary, overlap, skew
 from tscope_callbacks.cli import main
 from tscope_callbacks.devices.spec import DeviceSpec, SpecFileError
 from tscope_callbacks.formulas.comm import collective_info
+from tscope_callbacks.records import CaptureInfo
 from tscope_callbacks.render.trace import chrome_trace
 
 H100 = ts.get_device_spec("h100")
@@ -80,20 +81,20 @@ def test_comm_rows_place_collectives_on_the_link_roof():
     ops = [matmul(4096, 4096, 4096, layer="blocks.0", time_s=0.2e-3),
            _comm_op("c10d._allgather_base_", 100_000_000, 8, 0.5e-3)]
     rep = ts.roofline(make_profile(ops, device="cuda", device_name=H100.name), H100)
-    (row,) = comm_rows(rep)
+    (row,) = rep.communication["rows"]
     assert row["algbw"] == pytest.approx(200e9) and row["busbw"] == pytest.approx(175e9)
     assert row["pct_of_link"] == pytest.approx(175 / 450)
     assert row["roof_s"] == pytest.approx(100e6 * 7 / 8 / 450e9)  # the roofline bound of the transfer
     assert row["layers"] == {"blocks.0": 1}
-    o = next(o for o in rep.op_roofs if o.record.category == "comm")
+    o = next(o for o in rep.ops if o.category == "comm")
     assert o.bound == "comm" and o.flops == 0 and o.bytes == 0  # not on the HBM roof
-    assert rep.comm_time_frac == pytest.approx(0.5 / 0.7)
+    assert rep.summary.comm_time_frac == pytest.approx(0.5 / 0.7)
     md = rep.to_markdown()
     assert "### Communication" in md and "| all_gather | 0 (8) | 1 | 100 | 0.5 | 200 | 175 | 39% |" in md
-    assert comm_summary(rep)["busbw_gbps"] == pytest.approx(175)
+    assert rep.area_scalars["comm"]["busbw_gbps"] == pytest.approx(175)
     # on a CPU host (gloo) times are launches: no bandwidths
     cpu = ts.roofline(make_profile(ops, device="cpu", device_name=H100.name), H100)
-    assert comm_rows(cpu)[0]["busbw"] is None
+    assert cpu.communication["rows"][0]["busbw"] is None
 
 
 def test_overlap_is_a_union_of_intervals_not_a_sum():
@@ -113,11 +114,9 @@ def test_comm_scalars_only_for_a_step_that_ran_collectives():
     # on an H200 GPT-2 step of 56 ms) and exposed_comm_ms 0 were figures of nothing
     from types import SimpleNamespace
 
-    no_comm = SimpleNamespace(overlap=overlap([(0, 100, False), (200, 300, False)]), meta={}, op_roofs=[], spec=H100)
-    assert comm_summary(no_comm) == {}
-    with_comm = SimpleNamespace(overlap=overlap([(0, 100, False), (150, 300, False), (80, 200, True)]), meta={},
-                                op_roofs=[], spec=H100)
-    got = comm_summary(with_comm)
+    step = SimpleNamespace(info=CaptureInfo(device="cuda"), op_roofs=[], spec=H100)
+    assert comm_summary(step, overlap([(0, 100, False), (200, 300, False)])) == {}
+    got = comm_summary(step, overlap([(0, 100, False), (150, 300, False), (80, 200, True)]))
     # exposed 50 ns = 5e-5 ms, overlap 70/120; no idle (the capture's, not the step's)
     assert got == {"exposed_comm_ms": pytest.approx(5e-5), "overlap_frac": pytest.approx(70 / 120)}
 
@@ -127,8 +126,8 @@ def test_overlap_from_a_recorded_cuda_timeline():
     kernels = [["nvjet_sm90_tst_128x128", 0, 100, 7, 0], ["ncclDevKernel_AllGather_RING_LL", 80, 120, 9, 1]]
     rep = ts.roofline(make_profile(ops, device="cuda", device_name=H100.name, kernels=kernels,
                                    clock_origin_ns=10**9), H100)
-    assert rep.overlap["exposed_comm_s"] == pytest.approx(100e-9) and rep.overlap["overlap_frac"] == pytest.approx(
-        20 / 120)
+    ov = rep.communication["overlap"]
+    assert ov["exposed_comm_s"] == pytest.approx(100e-9) and ov["overlap_frac"] == pytest.approx(20 / 120)
     assert "**Overlap**" in rep.to_markdown()
 
 

@@ -112,9 +112,9 @@ def test_compiled_execution_is_recorded_without_recompiling(compiled_step):
     pc, _, before, after, restored = compiled_step
     assert after == before and before["graphs"] >= 1  # nothing recompiled, no new graph break
     assert restored  # every kernel global is the compiled one again
-    cc = pc.meta["compiled_capture"]
+    cc = pc.info.compiled_capture
     assert cc["mode"] == "kernels" and cc["kernels_wrapped"] > 0 and cc["kernel_records"] > 0
-    assert pc.meta["compiled_modules_run_eagerly"] == []
+    assert pc.info.compiled_modules_run_eagerly == []
     kernels = [r for r in pc.ops if r.op.startswith("inductor.")]
     assert kernels and all(r.fused_ops for r in kernels if "fused_" in r.op and not r.op.endswith("fused_0"))
     assert {r.phase for r in kernels} == {"forward", "backward"}
@@ -142,7 +142,7 @@ def test_compiled_step_time_coverage(compiled_step):
     # kernels and extern ops timed: most of the captured region's wall time is in them (the rest is the Python
     # wrapper and our recording); the report's step basis is their sum (CPU)
     timed = sum(r.time_s or 0.0 for r in pc.ops)
-    assert pc.meta["step_time_basis"] == "op-time" and pc.meta["step_time_s"] == pytest.approx(timed)
+    assert pc.info.step_time_basis == "op-time" and pc.info.step_time_s == pytest.approx(timed)
     # a timing: the best of up to three profiled steps, since a shared machine's pause inside one region (CI once
     # saw 14 ms of op time in a 394 ms region; here 12 of 16-19 ms) is not the capture's cost
     shares = [timed / pc.wall_time_s]
@@ -157,12 +157,11 @@ def test_report_says_compiled_and_gives_no_fusion_advice(compiled_step):
     rep = ts.roofline(pc.result, test_spec())
     md = rep.to_markdown()
     assert "**Compiled**: the compiled execution was recorded" in md
-    assert all(o.kind != "fusion" for o in rep.opportunities(top=10))
-    from tscope_callbacks.analysis.compare import compile_speedup, compiled_vs_eager
-
-    rows = compiled_vs_eager(rep, ts.roofline(pe.result, test_spec()))
-    assert rows[-1]["layer"] == "(total)" and rows[-1]["speedup"] == compile_speedup(
-        rep, ts.roofline(pe.result, test_spec()))
+    assert all(o.kind != "fusion" for o in rep.opportunities[:10])
+    eager = ts.roofline(pe.result, test_spec())
+    rows = ts.analyze(pc.result, test_spec(), ts.AnalyzeOptions(eager=eager)).compiled_vs_eager
+    assert rows[-1]["layer"] == "(total)"
+    assert rows[-1]["speedup"] == pytest.approx(eager.totals.measured_s / rep.totals.measured_s)
     assert any(r["layer"].startswith("blocks.") and r["compiled_ms"] and r["eager_ms"] for r in rows)
 
 
@@ -191,9 +190,9 @@ def test_fit_profiles_compiled_kernels_and_compares_with_eager(tmp_path: Path):
     profiled = _fit(tmp_path / "profiled", [cb])
     assert profiled == plain  # two kernels-mode profiles and an eager reference: no recompile, no graph break
     assert [h["step"] for h in cb.history] == [3, 6]  # the eager reference (step 4) is not a profile of its own
-    assert cb.last_profile.meta["compiled_capture"]["mode"] == "kernels"
-    assert cb.eager_report is not None and cb.eager_report.meta["step"] == 4
-    assert cb.eager_report.meta["compiled_modules_run_eagerly"] == ["model"]
+    assert cb.last_profile.info.compiled_capture["mode"] == "kernels"
+    assert cb.eager_report is not None and cb.eager_report.step == 4
+    assert cb.eager_report.profile.info.compiled_modules_run_eagerly == ["model"]
     texts = list((tmp_path / "profiled").rglob("*compiled_vs_eager*"))
     assert texts, sorted(p.name for p in (tmp_path / "profiled").rglob("*"))
     body = texts[0].read_text()

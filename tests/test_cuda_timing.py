@@ -231,11 +231,11 @@ def test_capture_uses_the_kernel_timeline(fake_cuda):
     with ts.profile(model, timing="cuda") as prof:
         model(torch.randn(2, 4)).sum().backward()
     n = len(prof.ops)
-    assert prof.meta["timing"] == "cuda-kernels"
+    assert prof.info.timing == "cuda-kernels"
     assert [r.time_s for r in prof.ops] == [pytest.approx(10e-6 * (i + 1)) for i in range(n)]
     assert all(r.tensor_core for r in prof.ops)
-    assert prof.meta["step_time_basis"] == "device-busy"
-    assert prof.meta["step_time_s"] == pytest.approx(sum(10e-6 * (i + 1) for i in range(n)))
+    assert prof.info.step_time_basis == "device-busy"
+    assert prof.info.step_time_s == pytest.approx(sum(10e-6 * (i + 1) for i in range(n)))
     assert prof.timeline is not None and len(prof.timeline.kernels) == n
 
 
@@ -312,12 +312,12 @@ def test_region_ends_when_the_device_is_done_not_after_tscope_reads_the_kernels(
     with ts.profile(model, timing="cuda") as prof:
         model(x).sum().backward()
     total = time.perf_counter() - t0
-    cost = prof.meta["capture_cost"]
+    cost = prof.info.capture_cost
     assert cost["sync_s"] >= 0.03 and cost["kineto_s"] >= 0.06
     assert prof.wall_time_s == cost["region_s"] >= 0.03  # up to the device done, the sync included
     assert prof.wall_time_s <= total - 0.06  # the read-out left out
-    busy = prof.meta["device_busy_s"]
-    assert prof.meta["device_idle_s"] == pytest.approx(prof.wall_time_s - busy)
+    busy = prof.info.device_busy_s
+    assert prof.info.device_idle_s == pytest.approx(prof.wall_time_s - busy)
     assert cost["ops"] == len(prof.ops) and cost["build_s"] > 0 and cost["start_s"] >= 0
     from tscope_callbacks.render.markdown import _cost_text
 

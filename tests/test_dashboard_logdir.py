@@ -18,13 +18,13 @@ import pytest
 
 from tscope_callbacks.dashboard import logdir as ld
 
-V2 = {"schema": "tscope.step_report", "version": 2}
+V3 = {"schema": "tscope.step_report", "version": 3}
 
 
 def _report(step: int, mfu: float, n_ops: int = 3) -> dict:
     ops = [{"i": i, "op": "aten::mm", "layer": ("model.fc" if i % 2 == 0 else "model.fc.sub") if i < n_ops - 1
             else "model.head", "phase": "forward"} for i in range(n_ops)]
-    return {**V2, "step": step, "stage": "train", "header": {"mfu": {"value": mfu, "unit": "", "basis": "b"},
+    return {**V3, "step": step, "stage": "train", "header": {"mfu": {"value": mfu, "unit": "", "basis": "b"},
                                                               "step_ms": {"value": 10.0 * step, "unit": "ms",
                                                                           "basis": "b"}},
             "ops": ops, "rows": {}}
@@ -47,7 +47,7 @@ def logdir(tmp_path: Path) -> Path:
     _write(run / "step_9.json", "{not json")  # corrupt
     _write(run / "step_11.json", {"report": {"rows": [], "summary": {}}})  # before schemas: no version field
     _write(run / "step_13.json", {"schema": "tscope.step_report", "version": 1, "rows": {}})
-    _write(run / "step_15.json", {"schema": "tscope.step_report", "version": 3})
+    _write(run / "step_15.json", {"schema": "tscope.step_report", "version": 4})
     _write(run / "validation_step_2.json", _report(2, 0.1))
     _write(run / "trace_step_3.json", {"traceEvents": []})  # not a step report
     _write(run / "layers_step_3.json", {"layers": []})
@@ -73,9 +73,9 @@ def test_scan_lists_every_step_and_why_one_cannot_be_read(logdir: Path) -> None:
     assert "half-written" in err[5] and "step_5.json" in err[5]
     assert "empty" in err[7]
     assert "corrupt" in err[9]
-    assert "no schema version" in err[11] and "version 2" in err[11]
+    assert "no schema version" in err[11] and "version 3" in err[11]
     assert "schema version 1" in err[13]
-    assert "schema version 3" in err[15] and "upgrade" in err[15]
+    assert "schema version 4" in err[15] and "upgrade" in err[15]
     assert all("\n" not in e for e in err.values())  # one line each
     assert _steps(idx, ".")[("train", 4)]["readable"]
 

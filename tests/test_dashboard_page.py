@@ -10,6 +10,7 @@ tests/browser.py."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import shutil
@@ -169,7 +170,7 @@ def test_ops_are_summarised_over_the_budget():
 
 
 def test_standalone_data_lists_steps_and_series():
-    rep = {"schema": "tscope.step_report", "version": 2, "step": 4, "stage": "train",
+    rep = {"schema": "tscope.step_report", "version": 3, "step": 4, "stage": "train",
            "header": {"mfu": {"value": 0.5, "unit": "ratio", "basis": "b"}}, "ops": []}
     d = standalone_data([("r", rep), ("r", {**rep, "step": 2, "header": {"mfu": {"value": 0.25, "unit": "ratio"}}})])
     assert [s["step"] for s in d["runs"][0]["steps"]] == [2, 4]
@@ -434,12 +435,12 @@ def test_layer_memory_kept_when_the_tracker_ran():
     from tscope_callbacks.analysis.analyze import analyze
 
     p = toy_profile(True)
-    p.meta["device"] = "cuda"
-    p.meta["memory_categories"] = {"params": 1 << 20, "grads": 1 << 20, "step_tracked_peak": 3 << 20}
+    p.info = dataclasses.replace(p.info, device="cuda")
+    p.info = dataclasses.replace(p.info, memory_categories={"params": 1 << 20, "grads": 1 << 20, "step_tracked_peak": 3 << 20})
     p.layers["blocks.0.fc"].memory_fwd_bytes = 1 << 25
     layers = {L.path: L for L in analyze(p, a100()).layers}
     assert layers["blocks.0.fc"].memory_fwd_bytes == 1 << 25 and layers["blocks.1.fc"].memory_fwd_bytes == 0
-    del p.meta["memory_categories"]["step_tracked_peak"]
+    del p.info.memory_categories["step_tracked_peak"]
     assert analyze(p, a100()).layers[0].memory_fwd_bytes is None
 
 
@@ -455,10 +456,11 @@ def _sections_logdir(root):
     from tscope_callbacks.analysis.grad_history import GradHistory
 
     model, res, spec = _mlp_profile(True)
-    res.meta["step"] = 5
+    res.info = dataclasses.replace(res.info, step=5)
     # the step monitor's fetch (the DataLoader's next 2 ms and the transfer 0.5 ms) and its input-bound verdict
-    res.meta["step_breakdown"] = {"parts_ms": {"fetch": 2.0, "transfer": 0.5}, "fetch_share": 0.25, "steps": 12,
-                                  "input_bound": True, "input_fixes": ["num_workers=0: set num_workers"]}
+    res.info = dataclasses.replace(res.info, step_breakdown={
+        "parts_ms": {"fetch": 2.0, "transfer": 0.5}, "fetch_share": 0.25, "steps": 12, "input_bound": True,
+        "input_fixes": ["num_workers=0: set num_workers"]})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # CPU times on an A100's roofs: the what-if warning, said once per process
         fsdp = fsdp_whatif(ts.roofline(res, spec), model, 8)
@@ -700,7 +702,7 @@ def test_fresh_fit_writes_version_2_step_files_read_without_reanalysis(fit_logdi
         path = run_dir / "tscope" / f"step_{st}.json"
         raw = json.loads(path.read_text())
         assert set(raw) == {"profile", "device", "report"}
-        assert raw["report"]["schema"] == "tscope.step_report" and raw["report"]["version"] == 2
+        assert raw["report"]["schema"] == "tscope.step_report" and raw["report"]["version"] == 3
         d = ld.read_step_file(path)
         assert d["header"] == raw["report"]["header"] and d["step"] == st
 
@@ -750,7 +752,7 @@ def _widened_report() -> dict:
                          matmul(256, 256, 512, dtype="float32", layer="blocks.0.fc", phase="backward", time_s=3e-3)],
                         host_cpus=2, host_others_load_per_cpu=0.75, host_busy=True, host_oversubscribed=True,
                         torch_threads=2, step=7)
-    return api.roofline(prof, spec).step_report.to_dict()
+    return api.roofline(prof, spec).to_dict()
 
 
 @pytest.fixture(scope="module")
@@ -994,7 +996,7 @@ def test_an_estimate_page_says_estimate_and_shows_its_expected_mfu(driver, tmp_p
     from tscope_callbacks.api import load_profile_file, roofline
 
     prof, dev = load_profile_file(str(out))
-    sm = roofline(prof, dev).step_report.summary
+    sm = roofline(prof, dev).summary
     est = sm.estimated_mfu
     assert est is not None and est > 0
     # MBU and HFU at the expected step time, by their definitions: bytes (FLOPs) / expected step / the roof

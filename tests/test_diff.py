@@ -3,6 +3,7 @@ judged against the two steps' own noise."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import replace
@@ -25,20 +26,20 @@ def _faster(**meta) -> object:
     3.6 ms instead of 4."""
     p = toy_profile()
     p.ops[0].time_s = 0.4e-3
-    p.meta.update(step_time_s=3.6e-3, **meta)
+    p.info = dataclasses.replace(p.info, step_time_s=3.6e-3, **meta)
     return p
 
 
 def _toy(**meta) -> object:
     p = toy_profile()
-    p.meta.update(meta)
+    p.info = dataclasses.replace(p.info, **meta)
     return p
 
 
 def _report(prof, *, step_dev: float | None = None, spread: tuple = (), steps: int = 1, floor: float = 0.0):
     """The toy's StepReport with the noise its callback would have measured: the unprofiled steps' typical
     deviation (``step_dev``) and the layer x phase spreads over ``steps`` profiled steps."""
-    r = roofline(prof, a100()).step_report
+    r = roofline(prof, a100())
     return replace(r, context=replace(r.context, step_time_spread_s=step_dev),
                    noise=NoiseSection(steps=steps, floor_s=floor, spread=spread))
 
@@ -156,8 +157,8 @@ def test_untimed_side_compares_expected_step_times():
     assert d.basis == "expected kernel time" and any("untimed" in n for n in d.notes)
     step = d.change("step time")  # like with like: the expected step time on both sides, never measured vs expected
     assert step.figure == "step time (expected)"
-    assert step.a == pytest.approx(est.step_report.summary.estimated_step_s)
-    assert step.b == pytest.approx(real.step_report.summary.estimated_step_s)
+    assert step.a == pytest.approx(est.summary.estimated_step_s)
+    assert step.b == pytest.approx(real.summary.estimated_step_s)
     assert d.change("MFU").figure == "MFU (expected)"
 
 

@@ -72,10 +72,12 @@ RAW = """
         res.update(flops=prof.total_flops, layers=sorted(prof.layers),
                    comm=[dict(r.comm, layer=r.layer, phase=r.phase) for r in prof.ops if r.comm],
                    mm={{r.layer: r.flops for r in prof.ops if r.category == "matmul" and r.phase == "forward"}},
-                   cats=prof.meta.get("memory_categories"), md=rep.to_markdown(),
-                   link=rep.op_roofs[[r.comm is not None for r in prof.ops].index(True)].link_bytes
-                   if any(r.comm for r in prof.ops) else None)
-        return res
+                   cats=prof.info.memory_categories, md=rep.to_markdown(),
+                   link=next(r["link_bytes"] for r in rep.communication["rows"] if r["collective"] == "all_gather")
+                   if rep.communication else None)
+        with open(os.path.join(out, f"rank{{rank}}.json"), "w") as f:
+            json.dump(res, f)
+        dist.destroy_process_group()
 
     if __name__ == "__main__":
         mp.spawn(run, args=(sys.argv[1], {modes!r}), nprocs=2)
@@ -101,7 +103,8 @@ def test_fsdp2_collectives_exact_and_flops_from_local_compute(raw: dict[str, lis
         assert sorted(c["bytes"] for c in scatters) == [ROOT_S, BLOCK_S, BLOCK_S]
         assert all(c["phase"] == "backward" for c in scatters)
         assert all(c["group_size"] == 2 and c["busbw_factor"] == 0.5 for c in res["comm"])
-        assert res["link"] == pytest.approx(ROOT_S * 0.5)  # bytes on the link: S x (n-1)/n
+        # bytes on each rank's link, per all-gather: S x (n-1)/n; the report's row sums its 5 calls
+        assert res["link"] == pytest.approx((ROOT_S + 4 * BLOCK_S) * 0.5)
         # compute runs on the all-gathered (unsharded) parameters: the same FLOPs as one unsharded process
         assert res["flops"] == res["plain_flops"]
         assert not any("fsdp" in name.lower() or "_orig_mod" in name for name in res["layers"])
@@ -176,7 +179,7 @@ LIGHTNING = SHARDED_LM + """
     with open(os.path.join(out, f"rank{{trainer.global_rank}}.json"), "w") as f:
         json.dump({{"steps": [h["step"] for h in roof.history], "global_step": trainer.global_step,
                    "comm": [r.comm for r in p.ops if r.comm], "layers": sorted(lay.last_layers),
-                   "skew": p.meta.get("skew"), "errors": p.meta.get("internal_errors"),
+                   "skew": p.info.skew, "errors": p.info.internal_errors,
                    "events": [e.to_dict() for e in guard.events], "replay_blocker": guard.replay_blocker,
                    "files": sorted(os.listdir(os.path.join(out, "tscope")))}}, f)
 """

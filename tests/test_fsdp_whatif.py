@@ -86,7 +86,7 @@ def one(n, cfg, reshard=True, opt="adamw", mixed=False, batch=4):
     real = {k: [sum(r.comm["bytes"] for r in ops if r.comm and r.comm["collective"] == k),
                 sum(1 for r in ops if r.comm and r.comm["collective"] == k)] for k in ("all_gather", "reduce_scatter")}
     return {"memory": w["memory"], "comm": w["comm"], "truth_peak": peak, "real_comm": real,
-            "real_peak": p1.result.meta["memory_categories"]["step_peak"],
+            "real_peak": p1.result.info.memory_categories["step_peak"],
             "sharded_params": sum(q._local_tensor.numel() * q._local_tensor.element_size() for q in m1.parameters())}
 
 cases = json.loads(sys.argv[1])
@@ -200,8 +200,8 @@ def test_gpt2_124m_on_8_h100s_by_hand() -> None:
     g = _gpt2()
     rep = ts.analyze_model(g, [(8, 1024)], gpu="h100", precision="bf16-mixed", backward=True,
                            optimizer="adamw-fused", fsdp=8)
-    w = rep.meta["fsdp_whatif"]
-    assert w is rep.profile.meta["fsdp_whatif"]
+    w = rep.fsdp_whatif
+    assert w is not None and rep.area_scalars["fsdp_whatif"]["peak_mb"] == w["memory"]["peak"] / 2**20
     assert w["unit_summary"] == "12 x GPT2Block + the root"
     # per block: ln_1 2x768 + c_attn 768x2304 + 2304 + c_proj 768x768 + 768 + ln_2 2x768 + c_fc 768x3072 + 3072
     #   + mlp.c_proj 3072x768 + 768 = 7,087,872 (rows all multiples of 8: no padding)
@@ -218,7 +218,7 @@ def test_gpt2_124m_on_8_h100s_by_hand() -> None:
     assert w["comm"]["all_gather"]["time_s"] == pytest.approx(t(2 * root) + 24 * t(2 * block))
     # this rank's shards: fp32 weights / 8 (padded), AdamW (fused) state the same twice plus its step counters
     assert w["memory"]["params"] == (root + 12 * block) // 8 * 4
-    mc = rep.profile.meta["memory_categories"]
+    mc = rep.profile.info.memory_categories
     assert w["memory"]["optimizer_state"] == (mc["optimizer_state_scalars"] + int(
         (mc["optimizer_state"] - mc["optimizer_state_scalars"]) * (root + 12 * block) / 8 / 124_439_808))
     tm = w["time"]
@@ -231,7 +231,7 @@ def test_gpt2_124m_on_8_h100s_by_hand() -> None:
 def test_past_one_node_the_network_is_the_link() -> None:
     g = _gpt2()
     rep = ts.analyze_model(g, [(8, 1024)], gpu="h100", precision="bf16-mixed", backward=True, fsdp=16)
-    w = rep.meta["fsdp_whatif"]
+    w = rep.fsdp_whatif
     assert w["link"] == "network" and w["link_bandwidth"] == 50e9
     near = fsdp_whatif(rep, g, 8, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     assert w["time"]["comm_s"] > 5 * near["time"]["comm_s"]
@@ -245,7 +245,7 @@ def test_tracker_gradients_and_weight_casts() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = m(x).float().sum()
         loss.backward()
-    mc = p.result.meta["memory_categories"]
+    mc = p.result.info.memory_categories
     n_params = sum(q.numel() for q in m.parameters())
     assert mc["grads_created"] == n_params * 4  # every gradient is new (none before), fp32
     assert len(mc["live_no_grads"]) == len(p.result.ops)
@@ -262,7 +262,7 @@ def test_hsdp_shards_over_the_node_and_all_reduces_across_nodes() -> None:
     g = _gpt2()
     rep = ts.analyze_model(g, [(8, 1024)], gpu="h100", precision="bf16-mixed", backward=True,
                            optimizer="adamw-fused", fsdp=32, fsdp_shard=8)
-    w = rep.meta["fsdp_whatif"]
+    w = rep.fsdp_whatif
     fsdp8 = fsdp_whatif(rep, g, 8, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     assert (w["shard_size"], w["replicas"], w["link"], w["all_reduce_link"]) == (8, 4, "nvlink", "network")
     assert w["memory"] == fsdp8["memory"]  # sharded over 8 either way

@@ -1,79 +1,54 @@
-"""A device is named ``gpu=`` wherever a user names one; the older spellings (``spec=``, ``device=``) stay one version
-as deprecated aliases that warn naming ``gpu=``. ``analyze_model(device=...)`` keeps its own meaning: the torch device
-the model runs on."""
+"""A device is named ``gpu=`` wherever a user names one, and every entry point takes a name, an alias or a
+``DeviceSpec`` alike: ``ts.analyze(prof, "h100")``, ``ts.roofline(prof, "h100")`` and ``ts.analyze_model(model,
+gpu="h100")`` give the same report as with ``ts.get_device_spec("h100")``. ``analyze_model(device=...)`` keeps its
+own meaning: the torch device the model runs on."""
 
 from __future__ import annotations
 
-import dataclasses
-import warnings
-
 import pytest
+import torch
 
 import tscope_callbacks as ts
-from tests.profiles import a100, toy_profile
-from tscope_callbacks.cli import main
+from tests.profiles import toy_profile
 
 
-def test_roofline_spec_is_a_deprecated_alias_of_gpu() -> None:
-    prof, spec = toy_profile(timed=False), a100()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        new = ts.roofline(prof, gpu=spec)
-        positional = ts.roofline(prof, spec)
-    with pytest.warns(DeprecationWarning, match=r"roofline\(spec=\.\.\.\) is deprecated.*gpu="):
-        old = ts.roofline(prof, spec=spec)
-    assert old.to_markdown() == new.to_markdown() == positional.to_markdown()
-    assert old.spec.name == new.spec.name == spec.name
-    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="name the device once, as gpu="):
-        ts.roofline(prof, gpu="h100", spec=spec)
+def _same(a: ts.StepReport, b: ts.StepReport) -> None:
+    """The same report, but for when it was made (and, for two runs of a model, the capture's own wall time)."""
+    da, db = a.to_dict(), b.to_dict()
+    for d in (da, db):
+        d.pop("created")
+        for k in ("wall_time_s", "capture_cost"):
+            d["summary"].pop(k)
+    assert da == db
 
 
-def test_analyze_spec_is_a_deprecated_alias_of_gpu() -> None:
-    prof, spec = toy_profile(timed=True), a100()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        new = ts.analyze(prof, gpu=spec)
-    with pytest.warns(DeprecationWarning, match=r"analyze\(spec=\.\.\.\) is deprecated.*gpu="):
-        old = ts.analyze(prof, spec=spec)
-    # ('created' is the wall-clock second each was built in: two analyses may straddle a second on a busy machine)
-    again = dataclasses.replace(ts.analyze(prof, spec), created=new.created)
-    assert old.to_dict() | {"created": None} == new.to_dict() | {"created": None} and again == new
+@pytest.mark.parametrize("entry", ["analyze", "roofline"])
+def test_a_name_and_a_spec_give_the_same_report(entry: str) -> None:
+    prof = toy_profile()
+    spec = ts.get_device_spec("h100")
+    fn = getattr(ts, entry)
+    by_name, by_spec = fn(prof, "h100"), fn(prof, spec)
+    assert type(by_name) is ts.StepReport and by_name.device.name == spec.name == "NVIDIA H100 SXM"
+    _same(by_name, by_spec)
+    # the keyword spelling is gpu= for both
+    _same(fn(prof, gpu="h100"), by_spec)
 
 
-def test_analyze_model_device_stays_the_torch_device_the_model_runs_on() -> None:
-    import torch
-
-    rep = ts.analyze_model(torch.nn.Linear(8, 4), input_shape=[(2, 8)], gpu="h100", device="meta")
+def test_analyze_model_takes_a_name_or_a_spec_and_device_stays_the_torch_device() -> None:
+    model = torch.nn.Linear(8, 4)
+    spec = ts.get_device_spec("h100")
+    by_name = ts.analyze_model(model, input_shape=[(2, 8)], gpu="h100", device="meta")
+    by_spec = ts.analyze_model(model, input_shape=[(2, 8)], gpu=spec, device="meta")
     # gpu= names the roofs, device= where the model ran (meta: counted, not computed, so untimed)
-    assert rep.spec.name == ts.get_device_spec("h100").name and not rep.timed
+    assert by_name.device.name == spec.name and not by_name.timed and by_name.profile.info.analysis_device == "meta"
+    _same(by_name, by_spec)
 
 
-def test_get_device_spec_device_is_a_deprecated_alias_of_gpu() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the new spelling warns about nothing
-        new = ts.get_device_spec(gpu="h100")
-    with pytest.warns(DeprecationWarning, match=r"get_device_spec\(device=\.\.\.\) is deprecated.*gpu="):
-        old = ts.get_device_spec(device="h100")
-    assert old == new == ts.get_device_spec("h100")
-    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="name the device once, as gpu="):
-        ts.get_device_spec(gpu="a100", device="h100")
+def test_none_means_the_device_the_profile_ran_on() -> None:
+    prof = toy_profile()  # recorded on an A100 80GB SXM
+    assert ts.analyze(prof).device.name == ts.get_device_spec(prof.info.device_name).name
 
 
-def test_calibrate_device_is_a_deprecated_alias_of_gpu() -> None:
-    # "meta" has no roofs to measure: the call ends at the device check, after the argument is read
-    with pytest.raises(ValueError, match="unsupported device 'meta'"):
-        ts.calibrate(gpu="meta")
-    with pytest.warns(DeprecationWarning, match=r"calibrate\(device=\.\.\.\).*gpu="), \
-            pytest.raises(ValueError, match="unsupported device 'meta'"):
-        ts.calibrate(device="meta")
-
-
-def test_cli_calibrate_device_option_is_a_deprecated_alias_of_gpu(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["calibrate", "--gpu", "meta"]) == 2
-    err = capsys.readouterr().err
-    assert "unsupported device 'meta'" in err and "deprecated" not in err
-    assert main(["calibrate", "--device", "meta"]) == 2
-    err = capsys.readouterr().err
-    assert "--device is deprecated" in err and "use --gpu" in err and "unsupported device 'meta'" in err
-    assert main(["calibrate", "--device", "meta", "--gpu", "cpu"]) == 2
-    assert "name the device once, as --gpu" in capsys.readouterr().err
+def test_an_unknown_name_is_one_clear_error() -> None:
+    with pytest.raises(ts.UnknownDeviceError, match="unknown device 'h1000'"):
+        ts.analyze(toy_profile(), "h1000")

@@ -114,11 +114,11 @@ def gpt2_meta_expected() -> dict[str, float]:
         model = transformers.GPT2LMHeadModel(cfg)
     rep = ts.analyze_model(model, input_shape=[(8, 1024)], gpu="h100", precision="bf16-mixed", backward=True,
                            optimizer="adamw-fused")
-    out: dict[str, float] = {"forward": rep.expected_time_s("forward") * 1e3}
-    for o in rep.op_roofs:
-        out[o.record.category] = out.get(o.record.category, 0.0) + (o.expected or 0.0) * 1e3
-        if o.record.layer == "lm_head" and o.record.category == "matmul":
-            out["lm_head"] = out.get("lm_head", 0.0) + o.expected * 1e3
+    out: dict[str, float] = {"forward": sum(o.expected_s for o in rep.ops if o.phase == "forward") * 1e3}
+    for o in rep.ops:
+        out[o.category] = out.get(o.category, 0.0) + o.expected_s * 1e3
+        if o.layer == "lm_head" and o.category == "matmul":
+            out["lm_head"] = out.get("lm_head", 0.0) + o.expected_s * 1e3
     return out
 
 

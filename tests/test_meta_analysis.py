@@ -23,7 +23,7 @@ def _llama(n_kv: int = 2):
 
 
 def _attention(rep):
-    return [o.record for o in rep.op_roofs if o.record.category == "attention"]
+    return [o for o in rep.profile.ops if o.category == "attention"]
 
 
 def test_backend_for_the_target_device():
@@ -38,24 +38,24 @@ def test_token_inputs_inferred_for_an_embedding_first_model():
     with torch.device("meta"):
         g = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000))
     rep = ts.analyze_model(g, input_shape=[(4, 64)], gpu="h100", precision="bf16")
-    emb = next(o.record for o in rep.op_roofs if o.record.category == "embedding")
+    emb = next(o for o in rep.profile.ops if o.category == "embedding")
     assert emb.input_shapes[1] == [4, 64] and emb.dtype == "bfloat16"
     # lm_head: 2 * 256 tokens * 128 * 1000
-    assert any(o.record.flops == 2 * 256 * 128 * 1000 for o in rep.op_roofs if o.record.layer == "lm_head")
+    assert any(o.flops == 2 * 256 * 128 * 1000 for o in rep.ops if o.layer == "lm_head")
 
 
 def test_gpt2_on_h100_counts_cudnn_attention_and_its_real_loss():
     with torch.device("meta"):
         g = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000))
     rep = ts.analyze_model(g, input_shape=[(2, 256)], gpu="h100", precision="bf16", backward=True)
-    assert rep.profile.meta["attention_calls"] == {"cudnn": 2}
-    assert rep.profile.meta["backward_from"] == "loss (labels = input ids)"
+    assert rep.profile.info.attention_calls == {"cudnn": 2}
+    assert rep.profile.info.backward_from == "loss (labels = input ids)"
     att = _attention(rep)
     assert {a.op for a in att} == {"aten._scaled_dot_product_cudnn_attention",
                                    "aten._scaled_dot_product_cudnn_attention_backward"}
     # causal forward: B*H * pairs * 4 * D = 2*4 * (256*257/2) * 4 * 32 = 33,685,504 FLOPs per layer
     assert [a.flops for a in att if a.phase == "forward"] == [2 * 4 * (256 * 257 // 2) * 4 * 32] * 2
-    assert any(o.record.category == "loss" for o in rep.op_roofs)  # cross-entropy, not a sum over the logits
+    assert any(o.category == "loss" for o in rep.ops)  # cross-entropy, not a sum over the logits
 
 
 def test_gqa_on_meta_takes_the_fused_path_and_matches_a_real_run():
@@ -63,10 +63,10 @@ def test_gqa_on_meta_takes_the_fused_path_and_matches_a_real_run():
     ids = torch.randint(0, 1000, (2, 128))
     meta = ts.analyze_model(lm, inputs=[ids], gpu="a100", precision="bf16", backward=True)
     real = ts.analyze_model(lm, inputs=[ids], gpu="a100", precision="bf16", backward=True, device="cpu")
-    assert meta.profile.meta["attention_calls"] == {"flash": 2}
+    assert meta.profile.info.attention_calls == {"flash": 2}
     # no math fallback and no K/V repeat on meta
-    assert not any(o.record.op in ("aten.repeat_interleave", "aten.bmm") for o in meta.op_roofs
-                   if o.record.layer.endswith("self_attn"))
+    assert not any(o.op in ("aten.repeat_interleave", "aten.bmm") for o in meta.ops
+                   if o.layer.endswith("self_attn"))
     # causal, 8 query heads over 2 kv heads: 2*8 * (128*129/2) * 4 * 32 = 16,908,288 forward FLOPs per layer
     fwd = [a.flops for a in _attention(meta) if a.phase == "forward"]
     assert fwd == [2 * 8 * (128 * 129 // 2) * 4 * 32] * 2
@@ -74,8 +74,8 @@ def test_gqa_on_meta_takes_the_fused_path_and_matches_a_real_run():
     assert [a.flops for a in _attention(meta) if a.phase == "backward"] == [
         a.flops for a in _attention(real) if a.phase == "backward"]
     # the whole step: FLOPs equal, bytes within 1%
-    assert meta.total_flops == real.total_flops
-    assert meta.total_bytes == pytest.approx(real.total_bytes, rel=0.01)
+    assert meta.summary.total_flops == real.summary.total_flops
+    assert meta.summary.total_bytes == pytest.approx(real.summary.total_bytes, rel=0.01)
 
 
 def test_t5_backward_on_meta():
@@ -86,7 +86,7 @@ def test_t5_backward_on_meta():
         t5 = transformers.T5ForConditionalGeneration(cfg)
     ids = torch.zeros(2, 32, dtype=torch.long, device="meta")
     rep = ts.analyze_model(t5, inputs=[ids], gpu="h100", precision="bf16", backward=True)
-    assert set(rep.profile.meta["attention_calls"]) == {"efficient"}
+    assert set(rep.profile.info.attention_calls) == {"efficient"}
     assert any(a.phase == "backward" for a in _attention(rep))
 
 
@@ -104,18 +104,18 @@ def test_autocast_emulation_matches_cuda_autocast_rules():
     # meta, bf16-mixed: fp32 weights cast to bf16 once, linears in bf16, pow in fp32 (CUDA autocast's fp32 list),
     # then mul/add promote to fp32, and fc2 casts its input back to bf16
     rep = ts.analyze_model(_Mlp(), input_shape=[(32, 64)], gpu="h100", precision="bf16-mixed")
-    by = [(o.record.op, o.record.dtype, o.record.layer) for o in rep.op_roofs if o.record.category != "view"]
+    by = [(o.op, o.dtype, o.layer) for o in rep.ops if o.category != "view"]
     mm = [d for op, d, _ in by if op in ("aten.addmm", "aten.mm")]
     assert mm == ["bfloat16", "bfloat16"]
     assert ("aten.pow", "float32", "") in by
     # casts: x, fc1.weight, fc1.bias (fc1); h to fp32 (pow); the fp32 sum, fc2.weight, fc2.bias (fc2) = 7
-    copies = [o.record for o in rep.op_roofs if o.record.op == "aten._to_copy"]
+    copies = [o for o in rep.profile.ops if o.op == "aten._to_copy"]
     assert len(copies) == 7
     # the weights' casts: 64*256 + 256 + 256*64 + 64 params, 4 B read + 2 B written each
     n_w = 64 * 256 + 256 + 256 * 64 + 64
     assert sum(c.bytes for c in copies if c.layer in ("fc1", "fc2") and c.input_shapes[0] != [32, 64]
                and c.input_shapes[0] != [32, 256]) == 6 * n_w
-    assert rep.profile.meta["analysis_precision"] == "bf16-mixed"
+    assert rep.profile.info.analysis_precision == "bf16-mixed"
 
 
 def test_autocast_emulation_equals_real_autocast_on_the_shared_op_list():
@@ -126,8 +126,8 @@ def test_autocast_emulation_equals_real_autocast_on_the_shared_op_list():
                             device="cpu")
 
     def sig(rep):  # sorted: C++ autocast casts a call's arguments in an unspecified order
-        return sorted((o.record.op, o.record.dtype, o.record.flops, o.record.bytes) for o in rep.op_roofs
-                      if o.record.category != "view")
+        return sorted((o.op, o.dtype, o.flops, o.bytes) for o in rep.ops
+                      if o.category != "view")
 
     assert sig(meta) == sig(real)
 
@@ -155,10 +155,10 @@ def test_a_tied_gpt2_from_the_cpu_counts_on_meta_as_it_runs():
     meta = ts.analyze_model(g, inputs=[ids], gpu="h100", backward=True, attention_backend="cpu")
     real = ts.analyze_model(g, inputs=[ids], gpu="h100", backward=True, device="cpu")
     n = sum(p.numel() for p in g.parameters())  # wte counted once
-    assert meta.layer_records[""].num_parameters == real.layer_records[""].num_parameters == n
-    assert meta.total_flops == real.total_flops
-    assert [o.record.op for o in meta.op_roofs if o.record.category != "view"] == [
-        o.record.op for o in real.op_roofs if o.record.category != "view"]
+    assert meta.layers[0].num_parameters == real.layers[0].num_parameters == n
+    assert meta.summary.total_flops == real.summary.total_flops
+    assert [o.op for o in meta.ops if o.category != "view"] == [
+        o.op for o in real.ops if o.category != "view"]
 
 
 def _mixtral():
@@ -177,12 +177,12 @@ def test_moe_grouped_gemms_in_fp32_run_on_meta_and_match_a_real_run(precision):
     ids = torch.randint(0, 256, (2, 16))
     meta = ts.analyze_model(lm, inputs=[ids], gpu="h100", precision=precision, backward=True)
     real = ts.analyze_model(lm, inputs=[ids], gpu="h100", precision="fp32", backward=True, device="cpu")
-    grouped = [o.record for o in meta.op_roofs if o.record.op == "aten._grouped_mm"]
+    grouped = [o for o in meta.profile.ops if o.op == "aten._grouped_mm"]
     # 2 layers x (gate_up, down) forward, and each one's input and weight gradients backward
     assert len(grouped) == 2 * 2 * 3 and all(r.dtype == "float32" for r in grouped)
-    mm = lambda rep: sum(o.record.flops for o in rep.op_roofs if o.record.category == "matmul")  # noqa: E731
+    mm = lambda rep: sum(o.flops for o in rep.ops if o.category == "matmul")  # noqa: E731
     assert mm(meta) == mm(real)  # every matmul FLOP, experts included (same routing-independent shapes)
-    assert meta.total_flops == pytest.approx(real.total_flops, rel=0.01) and not meta.summary["uncounted_ops"]
+    assert meta.summary.total_flops == pytest.approx(real.summary.total_flops, rel=0.01) and not meta.summary.uncounted_ops
 
 
 def test_a_model_analysed_in_place_is_left_as_it_was():
@@ -196,7 +196,7 @@ def test_a_model_analysed_in_place_is_left_as_it_was():
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())  # weights and BN statistics
     assert all(p.grad is None for p in net.parameters()) and not net.training
     again = ts.analyze_model(net, optimizer="adamw", **kw)
-    assert again.total_flops == first.total_flops and len(again.op_roofs) == len(first.op_roofs)
+    assert again.summary.total_flops == first.summary.total_flops and len(again.ops) == len(first.ops)
     g = [torch.ones_like(p) for p in net.parameters()]
     for p, gi in zip(net.parameters(), g):
         p.grad = gi
@@ -225,7 +225,7 @@ def test_a_sliding_window_mask_on_meta_counts_the_pairs_it_attends(gpu):
     assert [a.model_flops for a in fwd] == [2 * 4 * 904 * 2 * 64] * 2
     assert [a.flops_dense for a in fwd] == [2 * 4 * 64 * 64 * 128] * 2
     assert [a.model_flops for a in _attention(meta)] == [a.model_flops for a in _attention(real)]
-    assert meta.model_flops == real.model_flops
+    assert meta.summary.model_flops == real.summary.model_flops
 
 
 def test_bart_on_meta_reads_the_mask_it_built():
@@ -241,7 +241,7 @@ def test_bart_on_meta_reads_the_mask_it_built():
     real = ts.analyze_model(bart, inputs=[ids], gpu="auto", backward=True, device="cpu")
     dec = [a.flops for a in _attention(meta) if a.phase == "forward" and a.layer.endswith("decoder.layers.0.self_attn")]
     assert dec == [2 * 4 * (32 * 33 // 2) * 2 * 64]
-    assert meta.model_flops == real.model_flops and meta.total_flops == real.total_flops
+    assert meta.summary.model_flops == real.summary.model_flops and meta.summary.total_flops == real.summary.total_flops
 
 
 class _ReadsItsInput(nn.Module):
@@ -272,10 +272,10 @@ def test_gpu_auto_on_a_cpu_machine_counts_the_cpu_step(cpu_machine):
     lm, ids = _llama(n_kv=2), torch.randint(0, 1000, (2, 128))
     meta = ts.analyze_model(lm, inputs=[ids], gpu="auto", backward=True)
     real = ts.analyze_model(lm, inputs=[ids], gpu="auto", backward=True, device="cpu")
-    assert meta.profile.meta["attention_calls"] == {"cpu": 2}
+    assert meta.profile.info.attention_calls == {"cpu": 2}
     assert [a.flops for a in _attention(meta) if a.phase == "forward"] == [2 * 8 * (128 * 129 // 2) * 4 * 32] * 2
-    assert meta.total_flops == real.total_flops and meta.model_flops == real.model_flops
-    assert not any(o.record.op == "aten.bmm" for o in meta.op_roofs if o.record.layer.endswith("self_attn"))
+    assert meta.summary.total_flops == real.summary.total_flops and meta.summary.model_flops == real.summary.model_flops
+    assert not any(o.op == "aten.bmm" for o in meta.ops if o.layer.endswith("self_attn"))
 
 
 def test_t5_with_gpu_auto_on_a_cpu_machine(cpu_machine):
@@ -287,7 +287,7 @@ def test_t5_with_gpu_auto_on_a_cpu_machine(cpu_machine):
     t5, ids = transformers.T5ForConditionalGeneration(cfg), torch.randint(1, 1000, (2, 32))
     meta = ts.analyze_model(t5, inputs=[ids], gpu="auto", backward=True)
     real = ts.analyze_model(t5, inputs=[ids], gpu="auto", backward=True, device="cpu")
-    assert meta.total_flops == real.total_flops and meta.model_flops == real.model_flops
+    assert meta.summary.total_flops == real.summary.total_flops and meta.summary.model_flops == real.summary.model_flops
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])

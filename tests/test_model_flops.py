@@ -3,6 +3,7 @@ between profiles and ``tscope diff`` count the same FLOPs, under the callback's 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -31,23 +32,23 @@ def test_full_square_attention_reaches_the_report_and_the_windows(tmp_path: Path
     extra = per_pair * (length * length - length * (length + 1) // 2) * TINY_CFG.n_layer
     assert extra == 368_640
     attended = model_flops(prof.ops, "attended")
-    assert rep.model_flops == prof.model_flops == attended + extra
+    assert rep.summary.model_flops == prof.model_flops == attended + extra
     # the windows between profiles count the report's FLOPs per step, against the report's roof
     windows = list(cb.throughput.windows)
-    assert windows and all(w.flops == w.steps * rep.model_flops for w in windows)
-    assert cb.throughput.peak_flops == rep.mfu_peak_flops
+    assert windows and all(w.flops == w.steps * rep.summary.model_flops for w in windows)
+    assert cb.throughput.peak_flops == rep.summary.mfu_peak_flops
     w = windows[-1]
-    assert cb.throughput.compute()["mfu"] == pytest.approx(w.flops / w.time_s / rep.mfu_peak_flops, rel=1e-12)
-    assert rep.mfu == pytest.approx(rep.model_flops / rep.measured_step_s / rep.mfu_peak_flops, rel=1e-12)
+    assert cb.throughput.compute()["mfu"] == pytest.approx(w.flops / w.time_s / rep.summary.mfu_peak_flops, rel=1e-12)
+    assert rep.summary.mfu == pytest.approx(rep.summary.model_flops / rep.summary.measured_step_s / rep.summary.mfu_peak_flops, rel=1e-12)
     # the typed report: its op rows count each op under the same convention, and sum to its model FLOPs
     step = ts.analyze(prof, test_spec())
-    assert step.summary.model_flops == rep.model_flops
-    assert sum(r.model_flops for r in step.ops if r.phase in ("forward", "backward")) == rep.model_flops
+    assert step.summary.model_flops == rep.summary.model_flops
+    assert sum(r.model_flops for r in step.ops if r.phase in ("forward", "backward")) == rep.summary.model_flops
     # tscope diff: the same step counted both ways is the same work, said so
     prof2 = type(prof).from_dict(prof.to_dict())
-    prof2.meta["attention_flops"] = "attended"
+    prof2.info = dataclasses.replace(prof2.info, attention_flops="attended")
     other = ts.roofline(prof2, test_spec())
-    assert other.model_flops == attended
+    assert other.summary.model_flops == attended
     d = diff_reports(rep, other)
     assert d.same_work and any("count causal attention differently (full vs attended)" in n for n in d.notes)
 

@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import tscope_callbacks as ts
 from tests.cb_utils import FAST, test_spec
 from tests.models import TinyLM
-from tscope_callbacks.analysis.model_summary import model_summary, summary_scalars
+from tscope_callbacks.analysis.model_summary import summary_scalars
 from tscope_callbacks.demo.model import GPTConfig, TinyGPT, matmul_flops
 from tscope_callbacks.render.plot import layer_bars
 
@@ -23,19 +23,19 @@ def test_summary_of_an_analysis_on_meta():
     cfg = GPTConfig()
     model = TinyGPT(cfg)
     rep = ts.analyze_model(model, input_shape=[(8, cfg.seq_len)], gpu="h100", precision="bf16")
-    m = model_summary(rep)
+    m = rep.model
     n = sum(p.numel() for p in model.parameters())
     assert m["params"] == m["params_trainable"] == n
     assert m["size_mb"] == pytest.approx(n * 2 / 2**20)  # bf16: 2 bytes per parameter
     # the Linear layers' multiply-adds: FLOPs / 2 (demo.model's analytic count), plus attention's
     mm = matmul_flops(cfg, 8)["total"]
-    att = sum(o.record.flops for o in rep.op_roofs if o.record.category == "attention")
+    att = sum(o.flops for o in rep.ops if o.category == "attention")
     assert m["macs_forward"] == (mm + att) // 2
-    assert m["flops_forward"] == m["flops_step"] == rep.model_flops  # forward only
+    assert m["flops_forward"] == m["flops_step"] == rep.summary.model_flops  # forward only
     # untimed: latency = the sum of expected kernel times; throughput from it; 2-D int ids: tokens
-    assert m["latency_ms"] == pytest.approx(rep.estimated_step_s * 1e3) and m["latency_source"] == "estimated"
-    assert m["samples_per_s"] == pytest.approx(8 / rep.estimated_step_s)
-    assert m["tokens_per_s"] == pytest.approx(8 * cfg.seq_len / rep.estimated_step_s)
+    assert m["latency_ms"] == pytest.approx(rep.summary.estimated_step_s * 1e3) and m["latency_source"] == "estimated"
+    assert m["samples_per_s"] == pytest.approx(8 / rep.summary.estimated_step_s)
+    assert m["tokens_per_s"] == pytest.approx(8 * cfg.seq_len / rep.summary.estimated_step_s)
     md = rep.to_markdown()
     assert md.splitlines()[2].startswith(f"- **Model**: {n / 1e6:.4g} M parameters")
     assert {"params_m", "size_mb", "gflops_forward", "gmacs_step", "latency_ms", "tokens_per_s"} <= set(
@@ -49,7 +49,7 @@ def test_activations_from_saved_bytes_with_layer_details():
     with ts.profile(model, layer_details=True) as p:
         model(x).sum().backward()
     rep = ts.roofline(p.result, test_spec())
-    m = model_summary(rep)
+    m = rep.model
     root = p.layers[""]
     assert m["activations_mb"] == pytest.approx((root.peak_fwd_bytes or root.saved_bytes) / 2**20)
     assert m["activations_mb"] > 0

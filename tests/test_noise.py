@@ -4,6 +4,7 @@ shown only when its saving exceeds the measured noise. Deterministic fake times 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -38,7 +39,7 @@ def test_merge_takes_each_ops_median_and_keeps_its_times():
     gelu0 = next(r for r in m.ops if r.layer == "blocks.0.mlp.act" and r.phase == "forward")
     assert gelu0.time_samples == pytest.approx([0.63e-3, 5.13e-3, 0.61e-3])
     assert gelu0.time_s == pytest.approx(0.63e-3)  # the median: the spike does not move it
-    assert m.meta["merged_steps"] == [10, 11, 12] and m.meta["matched_ops"] == len(m.ops)
+    assert m.info.merged_steps == [10, 11, 12] and m.info.matched_ops == len(m.ops)
     assert [r.op for r in m.ops] == [r.op for r in steps[0].ops]  # the first step's records, in order
     assert merge_steps(steps[:1]) is steps[0]
 
@@ -49,24 +50,24 @@ def test_merge_puts_the_regions_idle_on_its_walls_basis():
     steps = [_step(100, (0.63, 0.63)), _step(101, (0.62, 0.62)), _step(102, (0.64, 0.64))]
     for p, wall, busy in zip(steps, (0.1714, 0.05723, 0.0571), (0.0546, 0.0546, 0.0547)):
         p.wall_time_s = wall
-        p.meta.update(device_busy_s=busy, device_idle_s=wall - busy)
+        p.info = dataclasses.replace(p.info, device_busy_s=busy, device_idle_s=wall - busy)
     m = merge_steps(steps)
     # medians: wall 57.23 ms; idle of 116.8, 2.63 and 2.4 ms: 2.63 ms (not the first step's 116.8)
-    assert m.wall_time_s == pytest.approx(0.05723) and m.meta["device_idle_s"] == pytest.approx(0.05723 - 0.0546)
-    assert m.meta["device_busy_s"] == pytest.approx(0.0546) and m.meta["device_idle_s"] <= m.wall_time_s
+    assert m.wall_time_s == pytest.approx(0.05723) and m.info.device_idle_s == pytest.approx(0.05723 - 0.0546)
+    assert m.info.device_busy_s == pytest.approx(0.0546) and m.info.device_idle_s <= m.wall_time_s
 
 
 def test_a_spike_in_one_of_k_steps_is_marked_noise_and_gets_no_advice():
     # the measured example: block 0's GELU took 5.13 ms in one step, block 1's identical GELU 0.63 ms
     steps = [_step(10, (0.63, 0.63)), _step(11, (5.13, 0.62)), _step(12, (0.61, 0.64))]
     rep = api.roofline(merge_steps(steps), a100())
-    mark = rep.noise.marks[("blocks.0.mlp.act", "forward")]
+    mark = rep.noise.mark("blocks.0.mlp.act", "forward")
     # spread = 5.13 - 0.61 = 4.52 ms > 50% of its 0.63 ms median
     assert mark.kind == "spread" and mark.spread_s == pytest.approx(4.52e-3) and 4.52 > NOISY_SPREAD * 0.63
-    assert set(rep.noise.marks) == {("blocks.0.mlp.act", "forward")}  # the other rows agree across the steps
+    assert {(m.layer, m.phase) for m in rep.noise.marks} == {("blocks.0.mlp.act", "forward")}  # the other rows agree across the steps
     # no advice on it (its backward row, which agrees across the steps, is judged on its own)
     assert all((o.layer, o.phase) not in (("blocks.0.mlp.act", "forward"), ("blocks.0.mlp.act", "all"))
-               for o in rep.opportunities(top=20))
+               for o in rep.opportunities[:20])
     md = rep.to_markdown()
     noise = md.split("### Noise")[1]
     assert "`blocks.0.mlp.act` forward" in noise and "5.13 ms" in noise and "noise, no advice" in noise
@@ -79,11 +80,11 @@ def test_an_outlier_block_is_named_noise_not_a_finding():
     # one step where block 0's GELU is 5.13 ms every time and block 1's identical one 0.63 ms: no spread to see,
     # but the same ops on the same shapes: block 0 is the outlier (5.13 > 1.5 x 0.63)
     rep = api.roofline(_step(200, (5.13, 0.63)), a100())
-    mark = rep.noise.marks[("blocks.0.mlp.act", "forward")]
+    mark = rep.noise.mark("blocks.0.mlp.act", "forward")
     assert mark.kind == "outlier" and mark.typical_s == pytest.approx(0.63e-3) and mark.siblings == ("blocks.1.mlp.act",)
-    assert ("blocks.1.mlp.act", "forward") not in rep.noise.marks
+    assert not rep.noise.is_marked("blocks.1.mlp.act", "forward")
     assert all((o.layer, o.phase) not in (("blocks.0.mlp.act", "forward"), ("blocks.0.mlp.act", "all"))
-               for o in rep.opportunities(top=20))
+               for o in rep.opportunities[:20])
     assert "identical block(s)" in rep.to_markdown().split("### Noise")[1]
     assert block_pattern("model.blocks.12.mlp.act") == "model.blocks.*.mlp.act"
 
@@ -98,13 +99,13 @@ def test_a_row_is_called_below_its_roof_only_when_its_excess_exceeds_the_measure
     # opportunity)
     steady = api.roofline(merge_steps([_step(s, (0.63, 0.63)) for s in (1, 2, 3)]), a100())
     assert ("blocks.0.fc", "forward") in _below(steady)
-    assert all(o.layer != "blocks.0.fc" for o in steady.opportunities(top=20))
+    assert all(o.layer != "blocks.0.fc" for o in steady.opportunities[:20])
     # the same rows measured 2, 4 and 14 ms: median 4 ms, recoverable ~3.97 ms, but spread 12 ms: not called so
     # (spread 12 ms > 50% of 4 ms, so the row is also marked noise)
     noisy = api.roofline(merge_steps([_step(1, (0.63, 0.63), 2.0), _step(2, (0.63, 0.63), 4.0),
                                       _step(3, (0.63, 0.63), 14.0)]), a100())
     assert not _below(noisy) & {("blocks.0.fc", "forward"), ("blocks.1.fc", "forward")}
-    assert noisy.noise.spread[("blocks.0.fc", "forward")] == pytest.approx(12e-3)
+    assert noisy.noise.spread_of("blocks.0.fc", "forward") == pytest.approx(12e-3)
 
 
 def test_a_row_within_its_noise_is_not_called_below_its_roof():
@@ -119,7 +120,7 @@ def test_a_row_within_its_noise_is_not_called_below_its_roof():
         return p
 
     rep = api.roofline(merge_steps([step(1, 3.6), step(2, 4.0), step(3, 4.8)]), a100())
-    assert ("blocks.0.fc", "forward") not in rep.noise.marks
+    assert not rep.noise.is_marked("blocks.0.fc", "forward")
     assert ("blocks.0.fc", "forward") not in _below(rep)
     # steady at 4.8 ms: 1.8 ms over the expected 3.03 ms (1.6x), no spread: below its roof
     steady = api.roofline(merge_steps([step(1, 4.8), step(2, 4.8), step(3, 4.8)]), a100())
@@ -149,12 +150,12 @@ def test_a_layer_finding_is_weighed_against_the_spread_of_its_own_phase():
     # the chain moves 3 x 2 x 16.8 MB = 100.7 MB in 12 ms; fused (first input, last output: 33.6 MB) at 2.039 TB/s
     # about 0.016 ms: a ~12 ms saving. A backward row that spreads 20 ms (1 to 21 ms) is another phase: kept
     rep = api.roofline(_chain_steps((1.0, 21.0, 1.5)), a100())
-    assert ("h.act", "backward") in rep.noise.marks
-    assert any(o.kind == "fusion" and o.layer == "h.act" for o in rep.opportunities(top=20))
+    assert rep.noise.is_marked("h.act", "backward")
+    assert any(o.kind == "fusion" and o.layer == "h.act" for o in rep.opportunities[:20])
     # the chain's own tanh at 4, 30 and 4 ms: median 4 ms (saving still ~12 ms) but its forward spreads 26 ms
     rep = api.roofline(_chain_steps((1.0, 1.0, 1.0), (4.0, 30.0, 4.0)), a100())
-    assert not any(o.kind == "fusion" for o in rep.opportunities(top=20))
-    assert any(o.kind == "fusion" and o.evidence["noise_s"] == pytest.approx(26e-3) for o in rep.suppressed)
+    assert not any(o.kind == "fusion" for o in rep.opportunities[:20])
+    assert any(o.kind == "fusion" and o.evidence["noise_s"] == pytest.approx(26e-3) for o in rep.noise.suppressed)
 
 
 def test_on_a_busy_machine_a_saving_must_exceed_the_steps_typical_deviation():
@@ -164,13 +165,13 @@ def test_on_a_busy_machine_a_saving_must_exceed_the_steps_typical_deviation():
     idle = api.roofline(merge_steps(steps), a100())
     assert ("blocks.0.fc", "forward") in _below(idle) and idle.noise.floor_s == 0.0
     for p in steps:
-        p.meta.update(host_busy=True, step_time_spread_s=5e-3)
+        p.info = dataclasses.replace(p.info, host_busy=True, step_time_spread_s=5e-3)
     busy = api.roofline(merge_steps(steps), a100())
     assert busy.noise.floor_s == 5e-3
     shown = _below(busy)
     assert ("blocks.0.fc", "forward") not in shown and ("blocks.1.fc", "forward") not in shown
     assert ("blocks.0.fc", "backward") in shown  # 8 ms measured, ~7.95 ms recoverable > 5 ms: still called so
     for p in steps:
-        p.meta["step_time_spread_s"] = 30e-3  # more than every row's excess: nothing to say
+        p.info = dataclasses.replace(p.info, step_time_spread_s=30e-3)  # more than every row's excess: nothing to say
     md = api.roofline(merge_steps(steps), a100()).to_markdown()
     assert "typical deviation on this busy machine, 30 ms" in md and "every layer is at its roof" not in md

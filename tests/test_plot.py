@@ -79,7 +79,7 @@ def _widened_report():
     spec = DeviceSpec(name="cpu", flops={"fp32": 100e9}, bandwidth=25e9, measured=True)
     prof = make_profile([pointwise(1_000_000, time_s=2e-4, layer="act"),
                          matmul(256, 256, 256, dtype="float32", layer="fc", time_s=1e-3)])
-    return api.roofline(prof, spec).step_report
+    return api.roofline(prof, spec)
 
 
 def test_widened_bandwidth_is_the_roof_drawn_and_the_device_one_dashed():
@@ -127,7 +127,7 @@ def test_card_keys_and_labels_cover_no_point_and_no_other_text():
 
     from tscope_callbacks.render.plot import card_figure
 
-    for rep in (roofline(toy_profile(), a100()).step_report, _widened_report()):
+    for rep in (roofline(toy_profile(), a100()), _widened_report()):
         fig = card_figure(rep, top_labels=3)
         fig.canvas.draw()
         r = fig.canvas.get_renderer()

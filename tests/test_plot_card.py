@@ -123,7 +123,7 @@ def test_an_untimed_plot_uses_the_expected_kernel_time_like_the_dashboard() -> N
     from tscope_callbacks.render.plot import _points
 
     model = torch.nn.Sequential(torch.nn.Linear(768, 50257))
-    rep = ts.analyze_model(model, input_shape=(8 * 1024, 768), gpu="h100", precision="bf16").step_report
+    rep = ts.analyze_model(model, input_shape=(8 * 1024, 768), gpu="h100", precision="bf16")
     assert not rep.timed
     pts = _points(rep)
     assert pts and all(p["y"] == p["row"].flops / p["row"].expected_s / 1e12 for p in pts)

@@ -1,5 +1,5 @@
 """The top-level API: the core names (``__all__``) import quietly and include every name the README uses; the advanced
-names stay importable for one version with a DeprecationWarning naming their module; docs/api.md lists both."""
+names live in their modules only; docs/api.md lists both."""
 
 from __future__ import annotations
 
@@ -33,11 +33,10 @@ def test_core_names_import_without_a_warning() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(ADVANCED))
-def test_advanced_names_warn_and_name_their_module(name: str) -> None:
-    mod = f"tscope_callbacks.{ADVANCED[name]}"
-    with pytest.warns(DeprecationWarning, match=re.escape(f"import it from {mod}")):
-        value = getattr(ts, name)
-    assert value is getattr(importlib.import_module(mod), name)
+def test_advanced_names_live_in_their_module_only(name: str) -> None:
+    assert getattr(importlib.import_module(f"tscope_callbacks.{ADVANCED[name]}"), name) is not None
+    with pytest.raises(AttributeError):
+        getattr(ts, name)
 
 
 def test_docs_api_page_lists_every_name() -> None:

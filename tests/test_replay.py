@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 import tscope_callbacks as ts
 from tscope_callbacks.capture import replay as rp
 from tscope_callbacks.capture.cuda_timing import PAUSED_RANGE, RANGE_PREFIX, assign_kernels
-from tscope_callbacks.capture.profile import paused
+from tscope_callbacks.capture.profile import NestedProfileError, active_profile, paused
 from tscope_callbacks.capture.replay import align
 
 _TEXT = (Path(__file__).parent / "data" / "h100_kernel_names.txt").read_text()
@@ -95,7 +95,7 @@ def step(model, opt):
 
 
 def full_capture(model, opt):
-    with ts.profile(model, timing="cuda", layer_details=True, labels={"step": 3}) as src:
+    with ts.profile(model, timing="cuda", layer_details=True, info=ts.CaptureInfo(step=3)) as src:
         step(model, opt)
     return src
 
@@ -110,18 +110,18 @@ def test_a_replayed_step_times_every_op_from_its_own_kernels_with_the_source_cou
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     src = full_capture(model, opt)
     kernels = [r for r in src.ops if r.time_s]
-    assert len(kernels) == len(src.ops) and src.meta["step_time_basis"] == "device-busy"
+    assert len(kernels) == len(src.ops) and src.info.step_time_basis == "device-busy"
     # the replayed step: same kernels at twice the time, plus a logging copy the source step did not run
     script = plan_script(src)
     script.insert(len(script) // 2, ("Memcpy DtoH (Device -> Pageable)", 7_000))
     ReplayTimeline.script = script
     modes = []
-    with ts.profile(model, replay=src, labels={"step": 9}) as rep:
+    with ts.profile(model, replay=src, info=ts.CaptureInfo(step=9)) as rep:
         modes.append(_get_current_dispatch_mode())
         n_hooks = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
         step(model, opt)
     assert modes == [None] and n_hooks == 0  # nothing of tscope runs per op in a replayed step
-    r = rep.meta["replay"]
+    r = rep.info.replay
     assert r["status"] == "matched" and r["kernels_matched"] == r["kernels_planned"] == len(src.ops)
     assert r["kernels_run"] == len(src.ops) + 1 and r["unmatched_s"] == pytest.approx(7e-6)
     # op i's source kernel took (i + 1) µs; replayed: 2 (i + 1) µs. Counts and layers are the source's
@@ -139,9 +139,9 @@ def test_a_replayed_step_times_every_op_from_its_own_kernels_with_the_source_cou
         assert (L.flops_fwd, L.memory_fwd_bytes, L.output_shapes) == (S.flops_fwd, S.memory_fwd_bytes, S.output_shapes)
     # the step time: every kernel of this step (the unmatched copy too), not the source's
     total = sum(d for _, d in script) * 1e-9
-    assert rep.meta["step_time_s"] == pytest.approx(total) and rep.meta["step_time_basis"] == "device-busy"
-    assert rep.meta["step"] == 9 and rep.meta["replay"]["source_step"] == 3
-    assert len(rep.meta["kernels"]) == len(script)
+    assert rep.info.step_time_s == pytest.approx(total) and rep.info.step_time_basis == "device-busy"
+    assert rep.info.step == 9 and rep.info.replay["source_step"] == 3
+    assert len(rep.info.kernels) == len(script)
     assert rep.coverage() == src.coverage() and rep.uncounted_ops() == src.uncounted_ops()
     with warnings.catch_warnings():  # the fake step ran on the CPU: a what-if warning, once per process
         warnings.simplefilter("ignore")
@@ -156,10 +156,10 @@ def test_a_replay_of_other_kernels_is_a_mismatch_with_no_op_timed(fake):
     ReplayTimeline.script = [(f"void other_kernel_{i}", 1000) for i in range(len(src.ops))]
     with ts.profile(model, replay=src) as rep:
         step(model, opt)
-    assert rep.meta["replay"]["status"] == "mismatch" and rep.meta["replay"]["kernels_matched"] == 0
-    assert "profile a step in full again" in rep.meta["replay"]["note"]
+    assert rep.info.replay["status"] == "mismatch" and rep.info.replay["kernels_matched"] == 0
+    assert "profile a step in full again" in rep.info.replay["note"]
     assert all(o.time_s is None for o in rep.ops)
-    assert rep.meta["step_time_s"] == pytest.approx(len(src.ops) * 1e-6)  # the device time is still this step's
+    assert rep.info.step_time_s == pytest.approx(len(src.ops) * 1e-6)  # the device time is still this step's
     text = ts.roofline(rep.result, ts.get_device_spec("h100")).to_markdown()  # a report, without op times
     assert text.startswith("## Roofline")
 
@@ -174,7 +174,7 @@ def test_a_skipped_kernel_leaves_only_its_op_untimed(fake):
     ReplayTimeline.script = script
     with ts.profile(model, replay=src, min_match=0.8) as rep:
         step(model, opt)
-    assert rep.meta["replay"]["status"] == "matched"
+    assert rep.info.replay["status"] == "matched"
     assert rep.ops[gone].time_s is None
     assert all(o.time_s == pytest.approx((i + 1) * 1e-6) for i, o in enumerate(rep.ops) if i != gone)
 
@@ -190,8 +190,8 @@ def test_tscope_own_kernels_in_a_replay_are_left_out(fake):
         with paused():  # e.g. the NaN guard's check: its kernels run in the paused range
             pass
     assert PAUSED_RANGE in ReplayTimeline.instances[-1].names
-    assert rep.meta["replay"]["kernels_run"] == len(src.ops)
-    assert not any(k[0] == "reduce_kernel_isfinite" for k in rep.meta["kernels"])
+    assert rep.info.replay["kernels_run"] == len(src.ops)
+    assert not any(k[0] == "reduce_kernel_isfinite" for k in rep.info.kernels)
 
 
 def test_replay_needs_a_cuda_source_of_this_model(fake):
@@ -204,16 +204,16 @@ def test_replay_needs_a_cuda_source_of_this_model(fake):
     src = full_capture(model, opt)
     with pytest.raises(ValueError, match="another model"):
         ts.profile(mlp(), replay=src)
-    with pytest.raises(TypeError, match="only labels, raise_errors and faults.*layer_details"):
+    with pytest.raises(TypeError, match="only info, user, raise_errors and faults.*layer_details"):
         ts.profile(model, replay=src, layer_details=True)
     with pytest.raises(TypeError, match="stopped ts.profile"):
         ts.profile(model, replay=src.result)
     ReplayTimeline.script = plan_script(src)
     with ts.profile(model, replay=src) as rep:
-        with pytest.raises(ts.NestedProfileError):
+        with pytest.raises(NestedProfileError):
             ts.profile(model).start()
         step(model, opt)
-    assert ts.active_profile() is None
+    assert active_profile() is None
     rep2 = ts.profile(model, replay=rep)  # a replay of a replay counts from the same full capture
     assert rep2.source is src
 
@@ -263,19 +263,19 @@ def fit_with(tmp_path, monkeypatch, callbacks_of):
 def test_callbacks_replay_later_profiles_of_the_same_shapes(fake, monkeypatch, tmp_path):
     opts = {"gpu": "h100", "every_n_steps": 2, "start_step": 0, "plot": False, "save_json": False}
     seen = fit_with(tmp_path, monkeypatch, lambda Record: [Record(**opts)])
-    assert "replay" not in seen[0].meta  # the first profile is a full capture
+    assert seen[0].info.replay is None  # the first profile is a full capture
     for r in seen[1:]:
-        assert r.meta["replay"]["status"] == "matched"
+        assert r.info.replay["status"] == "matched"
         assert [o.time_s for o in r.ops] == [pytest.approx(3 * o.time_s) for o in seen[0].ops]
-        assert r.meta["step"] != seen[0].meta["step"]
+        assert r.info.step != seen[0].info.step
 
 
 def test_callbacks_profile_in_full_when_asked_or_when_values_are_checked(fake, monkeypatch, tmp_path):
     opts = {"gpu": "h100", "every_n_steps": 2, "start_step": 0, "plot": False, "save_json": False}
     seen = fit_with(tmp_path, monkeypatch, lambda Record: [Record(replay=False, **opts)])
-    assert not any("replay" in r.meta for r in seen)
+    assert not any(r.info.replay is not None for r in seen)
     layers = ts.LayerProfilerCallback(every_n_steps=2, start_step=0, save_json=False, plot=False)  # check_finite
     seen = fit_with(tmp_path / "2", monkeypatch, lambda Record: [Record(**opts), layers])
     # the steps the value-checking callback shares are full captures; the roofline's own later steps of a k-step
     # series (reason "repeat", no value check) may replay
-    assert not any("replay" in r.meta for r in seen if r.meta.get("reason") != "repeat")
+    assert not any(r.info.replay is not None for r in seen if r.info.reason != "repeat")

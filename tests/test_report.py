@@ -27,24 +27,24 @@ roofline = functools.partial(api.roofline, kernel_model=False)
 
 
 def _row(ops, spec=None, **meta):
-    return roofline(make_profile(ops, **meta), spec or a100()).layer_rows[0]
+    return roofline(make_profile(ops, **meta), spec or a100()).rows["layer_phase"][0]
 
 
 def test_rows_below_their_roof_are_ranked_by_recoverable_time_and_are_not_opportunities():
     rep = roofline(toy_profile(), a100())
-    below = rep.below_roof(top=3)
+    below = rep.below_roof[:3]
     # recoverable: fc bwd 2.2 - 0.881 = 1.319 ms; fc fwd 0.801 - 0.4405 = 0.36 ms (1.8x its roof);
     # blocks.1.fc 0.3 - 0.110 = 0.19 ms (2.7x)
-    assert [(r.layer, r.phase) for r, _ in below] == [("blocks.0.fc", "backward"), ("blocks.0.fc", "forward"),
-                                                      ("blocks.1.fc", "forward")]
-    assert below[0][0].recoverable_s == pytest.approx(2.2e-3 - 2 * 2 * 4096**3 / 312e12)
-    assert below[0][0].type == "Linear" and "compute-bound, 40% of roof" in below[0][1]
-    assert "no change known" in below[0][1]
+    assert [(r.layer, r.phase) for r in below] == [("blocks.0.fc", "backward"), ("blocks.0.fc", "forward"),
+                                                   ("blocks.1.fc", "forward")]
+    assert below[0].recoverable_s == pytest.approx(2.2e-3 - 2 * 2 * 4096**3 / 312e12)
+    assert below[0].type == "Linear" and "compute-bound, 40% of roof" in below[0].cause
+    assert "no change known" in below[0].cause
     # an opportunity names a change: these rows are none
-    assert all(o.fix and o.saving_s for o in rep.opportunities(top=10))
-    assert not any(o.layer == "blocks.0.fc" for o in rep.opportunities(top=10))
+    assert all(o.change and o.saving_s for o in rep.opportunities[:10])
+    assert not any(o.layer == "blocks.0.fc" for o in rep.opportunities[:10])
     # untimed: nothing was measured to be below anything
-    assert roofline(toy_profile(timed=False), a100()).below_roof() == []
+    assert roofline(toy_profile(timed=False), a100()).below_roof == ()
 
 
 def test_reason_memory_bound_bf16_and_fp32():
@@ -134,21 +134,20 @@ def test_csv_has_every_row_ungrouped(tmp_path):
     path = tmp_path / "r.csv"
     rep.to_csv(path)
     rows = list(csv.DictReader(path.open()))
-    n = len(rep.layer_rows) + len(rep.layer_totals) + len(rep.inclusive) + len(rep.category_rows)
-    assert len(rows) == n + len(rep.op_rows) + 1
+    n = len(rep.rows["layer_phase"]) + len(rep.rows["layer"]) + len(rep.rows["inclusive"]) + len(rep.rows["category"])
+    assert len(rows) == n + len(rep.rows["op_name"]) + 1
     assert not any(r["name"].startswith("(other") for r in rows)
     layer = [r for r in rows if r["table"] == "layer"]
-    assert sum(int(r["flops"]) for r in layer) == rep.total_flops
+    assert sum(int(r["flops"]) for r in layer) == rep.summary.total_flops
 
 
 @pytest.mark.parametrize("timed", [True, False])
 def test_to_dict_is_json_safe(timed):
     d = roofline(toy_profile(timed), a100()).to_dict()
     s = json.dumps(d, allow_nan=False)
-    assert set(d) == {"version", "summary", "scalars", "roofs", "layers", "layer_totals", "inclusive",
-                      "by_category", "by_op", "category_comparison", "opportunities", "noise", "totals"}
+    assert d["schema"] == "tscope.step_report" and {"summary", "header", "rows", "ops", "opportunities", "noise"} <= set(d)
     back = json.loads(s)
-    assert back["summary"]["device"] == "NVIDIA A100-SXM4-80GB" and back["totals"]["flops"] > 0
+    assert back["summary"]["device"] == "NVIDIA A100-SXM4-80GB" and back["rows"]["total"][0]["flops"] > 0
 
 
 def test_console_rich_and_plain_fallback(capsys, monkeypatch):

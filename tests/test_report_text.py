@@ -73,11 +73,11 @@ def test_the_hfu_line_names_attention_recompute_only_when_the_step_has_it():
 
 def test_a_what_if_reports_heading_names_both_devices():
     prof = _mlp(True)
-    prof.meta["device"] = "cpu"  # measured on this machine's CPU, placed on the A100's roofs
+    prof.info = dataclasses.replace(prof.info, device="cpu")  # measured on this machine's CPU, placed on the A100's roofs
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the what-if warning (once per process)
         rep = api.roofline(prof, a100())
-    assert rep.step_report.what_if is not None
+    assert rep.what_if is not None
     head = rep.to_markdown().splitlines()[0]
     assert head.startswith("## Roofline — what-if on NVIDIA A100-SXM4-80GB, measured on this machine's CPU · ")
     same = api.roofline(_mlp(True), a100()).to_markdown().splitlines()[0]

@@ -40,7 +40,7 @@ SCRIPT = """
     roof, layers, guard = cbs
     with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
         json.dump({"global_step": trainer.global_step, "steps": [h["step"] for h in roof.history],
-                   "times": roof.last_profile.meta["rank_step_times_s"],
+                   "times": roof.last_profile.info.rank_step_times_s,
                    "nonfinite_out": layers.last_layers["net.2"].nonfinite_output,
                    "fwd_matmuls": sum(r.phase == "forward" and r.category == "matmul" for r in roof.last_profile.ops),
                    "events": [e.to_dict() for e in guard.events], "replays": guard.replays}, f)

@@ -34,7 +34,7 @@ def _check(tmp_path: Path, make: Any, *, max_steps: int = 3, **kw: Any) -> tuple
     model, log, trainer = seeded_fit(tmp_path / "cb", make, cbs, max_steps=max_steps, **kw)
     assert [h["step"] for h in cbs[0].history] == [s for s in (1, 2, 4, 6, 8) if s < max_steps]
     assert cbs[0].last_report is not None and cbs[1].last_layers
-    assert not cbs[0].last_profile.meta["internal_errors"]
+    assert not cbs[0].last_profile.info.internal_errors
     assert_same_weights(plain, model)
     assert plain_log.metrics.get("train_loss") == log.metrics.get("train_loss")
     assert_nothing_left(model, trainer.optimizers)
@@ -55,8 +55,7 @@ def test_compiled_submodule_runs_eagerly_under_capture_and_warns_once(tmp_path: 
     with caplog.at_level(logging.WARNING, logger="tscope_callbacks"):
         cbs, _ = _check(tmp_path, make, max_steps=5)
     assert [h["step"] for h in cbs[0].history] == [1, 2, 4]
-    meta = cbs[0].last_profile.meta
-    assert meta["compiled_modules_run_eagerly"] == ["net"]
+    assert cbs[0].last_profile.info.compiled_modules_run_eagerly == ["net"]
     assert sum(r.category == "matmul" and r.phase == "forward" for r in cbs[0].last_profile.ops) == 2
     assert "net.0" in cbs[1].last_layers  # paths without torch.compile's _orig_mod
     assert sum("torch.compile" in r.getMessage() for r in caplog.records) == 1  # once, not per profiled step
@@ -67,7 +66,7 @@ def test_compiled_lightning_module(tmp_path: Path) -> None:
     # dynamo in this torch/Lightning pair cannot trace LightningModule.log, with or without tscope)
     cbs, _ = _check(tmp_path, lambda: torch.compile(MLPModule(dropout=0.0, log_loss=False), backend="eager"))
     prof = cbs[0].last_profile
-    assert prof.meta["compiled_modules_run_eagerly"] == [""]
+    assert prof.info.compiled_modules_run_eagerly == [""]
     assert sum(r.category == "matmul" and r.phase == "forward" for r in prof.ops) == 2
 
 
@@ -96,9 +95,9 @@ def test_activation_checkpointing_counts_recompute_and_reports_hfu(tmp_path: Pat
     s = rep.summary
     opt_flops = sum(r.flops for r in prof.ops if r.phase == "optimizer")  # the update: hardware work, not model
     assert opt_flops > 0
-    assert s["hardware_flops"] == rep.total_flops and s["model_flops"] == rep.total_flops - rec_flops - opt_flops
-    assert s["recompute_flops"] == rec_flops
-    assert s["hfu"] > s["mfu"] > 0 and s["hfu"] / s["mfu"] == pytest.approx(rep.total_flops / s["model_flops"])
+    assert s.hardware_flops == rep.summary.total_flops and s.model_flops == rep.summary.total_flops - rec_flops - opt_flops
+    assert s.recompute_flops == rec_flops
+    assert s.hfu > s.mfu > 0 and s.hfu / s.mfu == pytest.approx(rep.summary.total_flops / s.model_flops)
     assert "HFU" in rep.to_markdown()
     assert cbs[1].last_layers["block.0"].calls == 1  # the recompute is not a second call
 
@@ -168,7 +167,7 @@ def test_huggingface_gpt2_with_model_output(tmp_path: Path) -> None:
     layers = cbs[1].last_layers
     assert layers["model.transformer.h.0.attn"].flops_fwd > 0 and layers["model.transformer.h.0.attn"].flops_bwd > 0
     assert layers["model.lm_head"].output_shapes == [[4, 16, 64]]
-    assert cbs[0].last_report.flop_coverage > 0.95
+    assert cbs[0].last_report.summary.flop_coverage > 0.95
 
 
 # ---------------------------------------------------------------- batches, kwargs, frozen, parameter-free
@@ -244,7 +243,7 @@ def test_parameter_free_model(tmp_path: Path) -> None:
     assert_nothing_left(model)
     with ts.profile(nn.Softmax(dim=-1)) as p:  # the engine alone on a module without parameters
         nn.Softmax(dim=-1)(torch.randn(2, 3))
-    assert p.meta["device"] == "cpu"
+    assert p.info.device == "cpu"
 
 
 # ---------------------------------------------------------------- very deep

@@ -48,7 +48,7 @@ def test_setting_profiles_and_changes_nothing(tmp_path: Path, name: str) -> None
     prof = cbs[0].last_profile
     assert {"forward", "backward", "optimizer"} <= {r.phase for r in prof.ops}
     if name == "accumulate":
-        assert prof.meta["micro_batches"] == 2
+        assert prof.info.micro_batches == 2
     if name == "bf16-mixed":
         assert "bfloat16" in {r.dtype for r in prof.ops if r.category == "matmul"}
 
@@ -59,10 +59,10 @@ def test_validation_inside_a_profiled_accumulation_window_is_not_counted_as_trai
     fit(tmp_path, cbs, MLPModule(dropout=0.0), max_steps=2, accumulate_grad_batches=2, val_check_interval=3,
         limit_val_batches=2)
     prof = cbs[0].last_profile
-    assert prof.meta["micro_batches"] == 2
+    assert prof.info.micro_batches == 2
     n_fwd_mm = sum(1 for r in prof.ops if r.phase == "forward" and r.category == "matmul")
     assert n_fwd_mm == 4, n_fwd_mm  # 2 Linear x 2 micro-batches; the validation forwards are not in it
-    assert prof.meta["paused_s"] > 0  # and the validation time is left out of the step's wall time
+    assert prof.info.paused_s > 0  # and the validation time is left out of the step's wall time
 
 
 def test_nan_in_a_profiled_step_is_located_without_polluting_the_profile(tmp_path: Path) -> None:
@@ -78,7 +78,7 @@ def test_nan_in_a_profiled_step_is_located_without_polluting_the_profile(tmp_pat
     assert trainer.global_step == 3 and guard.num_events == 1 and guard.replays == 1  # stopped after step 2
     assert guard.events[0].layer == "net.2" and guard.events[0].kind == "activation"
     prof = cbs[0].last_profile
-    assert prof.meta["step"] == 2
+    assert prof.info.step == 2
     assert sum(1 for r in prof.ops if r.phase == "forward" and r.category == "matmul") == 2  # replay not in it
     assert cbs[1].last_layers["net.2"].nonfinite_output
     handle.remove()  # the test's own hook
@@ -98,7 +98,7 @@ def test_fp16_precisions_on_cpu(tmp_path: Path, precision: str) -> None:
         assert trainer.precision == "bf16-mixed" and mm == {"bfloat16"}
     else:
         assert mm == {"float16"}
-    assert cbs[0].last_profile.meta["trainer_precision"] == trainer.precision
+    assert cbs[0].last_profile.info.trainer_precision == trainer.precision
     assert cbs[2].num_events == 0
     assert_nothing_left(model, trainer.optimizers)
 

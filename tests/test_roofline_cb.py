@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -19,7 +20,6 @@ from torch.utils.data import DataLoader
 
 import tscope_callbacks as ts
 from tests.scripted_host import ScriptedHost, StepCost
-from tscope_callbacks.analysis.model_summary import model_summary
 
 KEYS = ["mfu", "mbu", "achieved_tflops", "measured_step_ms", "estimated_step_ms", "compute_bound_time_frac",
         "memory_bound_time_frac", "flop_coverage"]
@@ -65,9 +65,9 @@ def test_tensorboard_outputs_schedule_and_auto_mfu(tmp_path: Path) -> None:
     assert [e.step for e in acc.Images("tscope/roofline/plot")] == [1, 3, 6]
     saved = json.loads((Path(trainer.logger.log_dir) / "tscope" / "step_6.json").read_text())
     assert set(saved) == {"profile", "device", "report"} and saved["device"]["name"] == "test-cpu"
-    assert saved["profile"]["meta"]["step"] == 6 and saved["profile"]["ops"]
+    assert saved["profile"]["info"]["step"] == 6 and saved["profile"]["ops"]
     assert cb.last_report is not None and cb.last_profile is not None
-    assert cb.last_profile.meta["trainer_precision"] == "32-true"
+    assert cb.last_profile.info.trainer_precision == "32-true"
 
 
 def test_accumulation_covers_both_micro_batches_and_the_optimizer(tmp_path: Path) -> None:
@@ -75,7 +75,7 @@ def test_accumulation_covers_both_micro_batches_and_the_optimizer(tmp_path: Path
     _fit(tmp_path, [cb], max_steps=3, accumulate_grad_batches=2, model=TinyLM(optimizer="adamw"))
     assert [h["step"] for h in cb.history] == [1]
     prof = cb.last_profile
-    assert prof.meta["micro_batches"] == 2
+    assert prof.info.micro_batches == 2
     phases = {r.phase for r in prof.ops}
     assert {"forward", "backward", "optimizer"} <= phases
     emb_fwd = [r for r in prof.ops if r.op == "aten.embedding" and r.phase == "forward"]
@@ -99,9 +99,9 @@ def test_throughput_from_the_batch_when_the_module_itself_is_never_called(tmp_pa
     layers = ts.LayerProfilerCallback(start_step=1, every_n_steps=10)  # layer details: the saved activations
     _fit(tmp_path, [cb, layers], max_steps=4, accumulate_grad_batches=2, model=_SubmoduleLM())
     prof, rep = cb.last_profile, cb.last_report
-    assert prof.meta["inputs"] == [[[4, TINY_CFG.seq_len], "int64"], [[4, TINY_CFG.seq_len], "int64"]]  # (x, y)
-    m = model_summary(rep)
-    step = rep.measured_step_s
+    assert prof.info.inputs == [[[4, TINY_CFG.seq_len], "int64"], [[4, TINY_CFG.seq_len], "int64"]]  # (x, y)
+    m = rep.model
+    step = rep.summary.measured_step_s
     assert m["batch"] == 8 and m["samples_per_s"] == pytest.approx(8 / step)  # 2 micro-batches of 4
     assert m["tokens_per_s"] == pytest.approx(8 * TINY_CFG.seq_len / step)
     root = prof.layers[""]
@@ -225,7 +225,7 @@ def test_internal_errors_log_once_or_raise(tmp_path: Path, monkeypatch: pytest.M
     def broken(*a: Any, **k: Any) -> Any:
         raise ValueError("analysis exploded")
 
-    monkeypatch.setattr(rl, "roofline", broken)
+    monkeypatch.setattr(rl, "analyze", broken)
     cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), start_step=1, every_n_steps=1)
     with caplog.at_level("WARNING", logger="tscope_callbacks"):
         trainer = _fit(tmp_path, [cb], max_steps=4)
@@ -357,18 +357,17 @@ def test_fsdp_whatif_option_adds_the_section_and_scalars(tmp_path: Path) -> None
     with pytest.raises(ValueError, match="fsdp_whatif must be a number of GPUs >= 2"):
         ts.RooflineCallback(gpu=test_spec(), fsdp_whatif=1)
     # a 600 GB/s (bidirectional) link, so the what-if also times the step (test_spec has none)
-    import dataclasses
 
     spec = dataclasses.replace(test_spec(), interconnect={"nvlink": 6e11})
     cb = ts.RooflineCallback(gpu=spec, plot=False, fsdp_whatif=4, **SCHED)
     model = TinyLM()
     trainer = _fit(tmp_path, [cb], max_steps=3, model=model, logger=CSVLogger(tmp_path, name="csv"))
-    w = cb.last_report.meta["fsdp_whatif"]
+    w = cb.last_report.fsdp_whatif
     assert w["n"] == 4 and w["memory"]["peak"] and w["time"]["step_s"] > 0
     # the callback's profile had the memory timeline (layer details): the same what-if recomputed agrees
     again = fsdp_whatif(cb.last_report, model, 4)
     assert again["memory"]["peak"] == w["memory"]["peak"]
-    assert 0 < w["memory"]["peak"] < cb.last_report.meta["memory_categories"]["step_peak"]  # sharding saves memory
+    assert 0 < w["memory"]["peak"] < cb.last_report.profile.info.memory_categories["step_peak"]  # sharding saves memory
     log_dir = Path(trainer.logger.log_dir)
     rows = list(csv.DictReader((log_dir / "metrics.csv").open()))
     peak = [float(r["tscope/fsdp_whatif/peak_mb"]) for r in rows if r.get("tscope/fsdp_whatif/peak_mb")]

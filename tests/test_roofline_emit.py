@@ -16,12 +16,11 @@ from models import TinyLM
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import tscope_callbacks as ts
-from tscope_callbacks.analysis.report import StepReport, load_step_file
+from tscope_callbacks import StepReport, load_step_file
 from tscope_callbacks.callbacks import roofline_io as io
 from tscope_callbacks.callbacks.session import ProfileContext
 from tscope_callbacks.callbacks.sinks import Sink
 from tscope_callbacks.capture.faults import Faults
-from tscope_callbacks.render.markdown import to_markdown
 
 SCHED = dict(start_step=1, every_n_steps=3, profile_steps=1, wait_for_warmup=False)
 
@@ -65,11 +64,11 @@ def test_the_step_file_holds_the_step_report_and_every_output_is_a_function_of_i
     path = Path(trainer.logger.log_dir) / "tscope" / "step_3.json"
     saved = json.loads(path.read_text())
     d = saved["report"]
-    assert d["schema"] == "tscope.step_report" and d["version"] == 2 and d["step"] == 3
+    assert d["schema"] == "tscope.step_report" and d["version"] == 3 and d["step"] == 3
     report = StepReport.from_dict(d)
     assert report.to_dict() == d  # round trip
     assert load_step_file(path).to_dict() == d
-    assert cb.last_step_report is not None and cb.last_step_report.to_dict() == d  # what the callback emitted from
+    assert cb.last_report is not None and cb.last_report.to_dict() == d  # what the callback emitted from
     # the scalars the callback logged at the step are the report's, under tscope/roofline/
     acc = EventAccumulator(trainer.logger.log_dir, size_guidance={"scalars": 0})
     acc.Reload()
@@ -82,13 +81,13 @@ def test_the_step_file_holds_the_step_report_and_every_output_is_a_function_of_i
                          is_global_zero=True)
     live, again = _Recorder(), _Recorder()
     prof = cb.last_profile
-    for sink, rep in ((live, cb.last_step_report), (again, report)):
+    for sink, rep in ((live, cb.last_report), (again, report)):
         io.emit(io.AnalysedStep(prof, rep, test_spec()), sink, ctx, io.EmitOptions(top=5), Faults("test"))
     assert again.calls == live.calls
     kinds = [c[0] if c[0] != "text" else c[1] for c in live.calls]
     assert kinds == ["scalars", "tscope/roofline/table", "scalars", "table", "scatter", "figure", "json"]
     assert live.calls[-1][2]["report"] == d
-    assert live.calls[1][2] == "**train step 3**\n\n" + to_markdown(report, top=5)
+    assert live.calls[1][2] == "**train step 3**\n\n" + report.to_markdown(top=5)
 
 
 def test_without_a_roof_the_outputs_are_the_records_totals(tmp_path: Path) -> None:
@@ -128,7 +127,7 @@ def test_a_failing_fsdp_whatif_is_said_once_and_the_step_is_still_written(tmp_pa
     files = {p.name for p in (tmp_path / "tscope").iterdir()}
     assert {"step_1.json", "step_3.json", "roofline_table_step_3.md"} <= files
     d = json.loads((tmp_path / "tscope" / "step_3.json").read_text())
-    assert d["report"]["fsdp_whatif"] is None and "fsdp_whatif" not in d["profile"]["meta"]
+    assert d["report"]["fsdp_whatif"] is None and d["report"]["area_scalars"].get("fsdp_whatif") is None
 
 
 def test_the_outputs_take_no_callback() -> None:

@@ -43,7 +43,7 @@ def test_a_training_step_by_category_equals_memtracker(foreach):
     ref = _memtracker_peak(m, opt, step)
     with ts.profile(m, layer_details=True) as p:
         step()
-    c = p.meta["memory_categories"]
+    c = p.info.memory_categories
     params = (64 * 256 + 256 + 256 * 10 + 10) * 4  # 19,210 fp32 parameters = 76,840 B
     assert c["params"] == params == 76_840 and c["buffers"] == 0
     assert c["grads"] == 0  # zero_grad() set them to None at the end of the step
@@ -73,7 +73,7 @@ def test_gradients_freed_inside_the_step_leave_its_peak():
     ref = _memtracker_peak(m, opt, step)
     with ts.profile(m, layer_details=True) as p:
         step()
-    c = p.meta["memory_categories"]
+    c = p.info.memory_categories
     assert c["grads"] == sum(q.numel() for q in m.parameters()) * 4
     assert c["step_peak"] == ref
 
@@ -92,7 +92,7 @@ def test_gradients_held_from_before_the_step_count_in_its_peak():
     ref = _memtracker_peak(m, opt, step)
     with ts.profile(m, layer_details=True) as p:
         step()
-    c = p.meta["memory_categories"]
+    c = p.info.memory_categories
     n = sum(q.numel() for q in m.parameters()) * 4
     assert c["grads"] == n and c["optimizer_state"] == n  # one momentum buffer per parameter
     assert c["step_peak"] == ref
@@ -112,7 +112,7 @@ def test_tinygpt_step_equals_memtracker_and_saved_activations_are_the_roots():
     ref = _memtracker_peak(m, opt, step)
     with ts.profile(m, layer_details=True) as p:
         step()
-    c = p.meta["memory_categories"]
+    c = p.info.memory_categories
     assert c["step_peak"] == ref
     # the root's saved bytes include every layer's, each storage once (not a sum over the nested layers)
     assert c["activations_saved"] == p.layers[""].saved_bytes
@@ -139,7 +139,7 @@ def test_meta_analysis_estimates_the_same_step_memory_as_a_real_step():
     # saved tensors differ)
     rep = ts.analyze_model(model, input_shape=[(8, real.cfg.seq_len)], gpu="h100", backward=True,
                            optimizer="adamw", attention_backend="cpu")
-    c = rep.profile.meta["memory_categories"]
+    c = rep.profile.info.memory_categories
     assert c["optimizer_state"] == 2 * c["params"] + 4 * len(list(real.parameters()))
     assert c["step_peak"] == ref
     md = rep.to_markdown()
@@ -203,7 +203,7 @@ def test_a_model_analysed_from_the_cpu_keeps_its_tied_weights():
     # .to("meta") makes a new Parameter per module: the tie became two 100x16 weights (twice the parameters,
     # gradients and optimizer state; the tie's gradient sum lost)
     rep = ts.analyze_model(_TiedLM(), input_shape=[(2, 8)], gpu="h100", backward=True, optimizer="adamw")
-    c = rep.profile.meta["memory_categories"]
+    c = rep.profile.info.memory_categories
     assert c["params"] == 100 * 16 * 4  # one fp32 100x16 weight
     assert c["optimizer_state"] == 2 * 100 * 16 * 4 + 4  # exp_avg, exp_avg_sq and one step counter
     assert "0.0016 M parameters" in rep.to_markdown()
@@ -222,7 +222,7 @@ def test_on_cuda_the_peak_starts_from_the_allocators_reading(monkeypatch):
     x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
     with ts.profile(m, layer_details=True) as p:
         torch.nn.functional.cross_entropy(m(x), y).backward()
-    c = p.meta["memory_categories"]
+    c = p.info.memory_categories
     assert c["step_peak"] == 2**30 + c["step_tracked_peak"] and c["step_tracked_peak"] > 0
     assert c["step_peak_basis"].startswith("the allocator's bytes at the step's start")
     assert c["optimizer_state"] is None  # no optimizer stepped in the region
@@ -237,4 +237,4 @@ def test_optimizer_state_offloaded_to_another_device_is_not_this_devices_memory(
     with ts.profile(m, layer_details=True) as prof:
         prof.add_optimizer(opt)
         m(torch.randn(4, 64, device="meta")).sum().backward()
-    assert prof.meta["memory_categories"]["optimizer_state"] == 0
+    assert prof.info.memory_categories["optimizer_state"] == 0

@@ -212,7 +212,7 @@ def test_breakdown_keys_and_input_bound_from_a_sleeping_loader(tmp_path, caplog)
     assert mon.input_fixes and mon.input_fixes[0].startswith("num_workers=0")
     assert any("input-bound" in r.message and "num_workers" in r.message for r in caplog.records)
     # the report's time split: the profiled step carries the breakdown
-    sb = roof.last_profile.meta["step_breakdown"]
+    sb = roof.last_profile.info.step_breakdown
     assert sb["input_bound"] and sb["basis"] == "host wall clock" and "num_workers" in sb["input_fixes"][0]
     rep = ts.analyze(roof.last_profile, roof.spec)
     split = rep.time_split
@@ -221,13 +221,10 @@ def test_breakdown_keys_and_input_bound_from_a_sleeping_loader(tmp_path, caplog)
     assert split.input_share == pytest.approx(sb["fetch_share"]) and split.input_steps == sb["steps"] >= 8
     assert split.input_bound and split.input_fixes[0].startswith("num_workers=0")
     assert split.input_bound == bool(sb["input_bound"])  # the monitor's verdict, not a second rule
-    from tscope_callbacks.analysis.report import StepReport
-    from tscope_callbacks.render.markdown import to_markdown
-
-    (line,) = [ln for ln in to_markdown(rep).splitlines() if ln.startswith("- **Input**")]
+    (line,) = [ln for ln in rep.to_markdown().splitlines() if ln.startswith("- **Input**")]
     assert f"spends {fetch_ms:.4g} ms fetching its batch" in line and "**input-bound**" in line
     assert f"mean of the last {int(sb['steps'])} steps" in line and "set num_workers" in line
-    assert StepReport.from_dict(rep.to_dict()).time_split == split  # through the step file
+    assert ts.StepReport.from_dict(rep.to_dict()).time_split == split  # through the step file
     keys = (tmp_path / "run" / "version_0" / "metrics.csv").read_text().splitlines()[0].split(",")
     for k in ("step_ms", "fetch_ms", "transfer_ms", "forward_ms", "backward_ms", "optimizer_ms", "sync_ms",
               "hooks_ms", "logging_ms", "checkpoint_ms", "tscope_ms", "other_ms", "loop_ms", "fetch_share",
@@ -484,7 +481,7 @@ def test_on_by_default_inside_roofline_callback() -> None:
     trainer = _fit(_Net(_Flags()), 60, roof)
     assert [c for c in trainer.callbacks if isinstance(c, StepMonitor)] == [roof.monitor]
     assert roof.monitor.last_breakdown.steps > 0 and roof.monitor.alerts == []
-    assert roof.last_profile.meta["step_breakdown"]["basis"] == "host wall clock"
+    assert roof.last_profile.info.step_breakdown["basis"] == "host wall clock"
     # the monitor's baseline is the scheduled profile (its ops) and the layers timed after its series: it took no
     # profile of its own
     first = roof.history[0]["step"]  # 5, or later where the warm-up took longer (wait_for_warmup)

@@ -115,7 +115,7 @@ def test_runs_steps_and_unreadable_files(server: str, logdir: Path) -> None:
     bad = {s["step"]: s["error"] for s in run["steps"] if not s["readable"]}
     assert set(bad) == {1001, 1002}
     assert "half-written" in bad[1001]
-    assert "schema version 1" in bad[1002] and "version 2" in bad[1002]
+    assert "schema version 1" in bad[1002] and "version 3" in bad[1002]
 
 
 def test_step_route_answers_the_report(server: str, logdir: Path) -> None:
@@ -133,7 +133,7 @@ def test_step_route_answers_the_report(server: str, logdir: Path) -> None:
         path.write_bytes(text)
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert rep == first
-    assert rep["schema"] == "tscope.step_report" and rep["version"] == 2 and rep["step"] == step
+    assert rep["schema"] == "tscope.step_report" and rep["version"] == 3 and rep["step"] == step
     assert "ops" not in rep and rep["ops_count"] > 0  # ops come lazily through the ops route
     from tscope_callbacks.dashboard import logdir as ld
 

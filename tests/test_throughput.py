@@ -3,6 +3,7 @@ step's MFU (the demo printed "MFU 27%" then "Automatic MFU ... 15.68%" with no w
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import pytest
@@ -14,8 +15,8 @@ from tscope_callbacks.api import roofline
 
 def _report(step_dev=None):
     p = toy_profile()  # the callbacks' basis: the median of 8 unprofiled steps, 4 ms
-    p.meta.update(step_time_window=[95, 107])
-    return roofline(p, a100()).step_report
+    p.info = dataclasses.replace(p.info, step_time_window=[95, 107])
+    return roofline(p, a100())
 
 
 def test_same_flops_and_roof_the_difference_is_the_step_time():
@@ -46,6 +47,6 @@ def test_nothing_to_explain_without_both_mfus():
     r = _report()
     w = Window(end_step=20, time_s=0.04, steps=10, flops=10 * r.summary.model_flops)
     assert mfu_bases(r, w, None) is None
-    untimed = roofline(toy_profile(timed=False), a100()).step_report
+    untimed = roofline(toy_profile(timed=False), a100())
     assert mfu_bases(untimed, w, 312e12) is None
     assert mfu_bases(replace(r, summary=replace(r.summary, mfu=None)), w, 312e12) is None

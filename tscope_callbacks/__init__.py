@@ -7,7 +7,6 @@ unless a callback is used.
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import Any
 
 __version__ = "0.1.0"
@@ -26,12 +25,14 @@ _EXPORTS = {
     # any loop: profile a region, place it on the roofline
     "profile": "capture.profile",
     "roofline": "api",
-    "RooflineReport": "render.report",
-    "StepReport": "analysis.report",
-    "analyze": "analysis.analyze",
-    "load_step_file": "analysis.report",
+    "analyze": "api",
+    "AnalyzeOptions": "analysis.analyze",
+    # the one report type, from every entry point
+    "StepReport": "report",
+    "load_step_file": "report",
     # records
     "StepProfile": "records",
+    "CaptureInfo": "records",
     "OpRecord": "records",
     "LayerRecord": "records",
     # no training
@@ -48,31 +49,13 @@ _EXPORTS = {
     "SpecFileError": "devices.spec",
 }
 
-#: advanced names: reachable under their module (the value); importable here for one more version with a
-#: DeprecationWarning naming that module
-_ADVANCED = {
-    "Profile": "capture.profile",
-    "NestedProfileError": "capture.profile",
-    "active_profile": "capture.profile",
-    "Formula": "formulas.registry",
-    "FormulaRegistry": "formulas.registry",
-    "DEFAULT_REGISTRY": "formulas",
-    "precision_for_dtype": "devices.precision",
-    "normalize_precision": "devices.precision",
-}
-
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 def __getattr__(name: str) -> Any:
     mod = _EXPORTS.get(name)
     if mod is None:
-        mod = _ADVANCED.get(name)
-        if mod is None:
-            raise AttributeError(f"module 'tscope_callbacks' has no attribute {name!r}")
-        warnings.warn(f"tscope_callbacks.{name} is deprecated at the top level and will be removed from it in the "
-                      f"next version: import it from tscope_callbacks.{mod}", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(f"{__name__}.{mod}"), name)  # not cached: each use warns
+        raise AttributeError(f"module 'tscope_callbacks' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
     globals()[name] = value
     return value

@@ -1,5 +1,5 @@
-"""The public entry points that drive the layers below: ``roofline`` (resolve the device, then analyse) and
-``analyze_model`` (Tensorscope parity: count a model's ops on a named device without training).
+"""The public entry points that drive the layers below: ``analyze`` and ``roofline`` (resolve the device, then analyse
+a profiled step into the one report, ``tscope_callbacks.StepReport``) and ``analyze_model`` (Tensorscope parity: count a model's ops on a named device without training).
 
 The model runs on the ``meta`` device by default: shapes and dtypes flow through every op but nothing is
 computed, so ``analyze_model(big_model, input_shape=[(512, 3, 224, 224)], gpu="H100")`` takes seconds on a laptop
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from tscope_callbacks.analysis.analyze import AnalyzeOptions
-from tscope_callbacks.analysis.roofline import build_roofline
+from tscope_callbacks.analysis.analyze import analyze as _analyze
 from tscope_callbacks.capture.meta_run import (
     AutocastAs,
     GroupedMmAs,
@@ -31,65 +31,87 @@ from tscope_callbacks.capture.meta_run import (
     token_input,
 )
 from tscope_callbacks.capture.optim_step import optimizer_step
-from tscope_callbacks.capture.profile import profile
+from tscope_callbacks.capture.profile import Profile, profile
+from tscope_callbacks.capture.replay import ReplayProfile
 from tscope_callbacks.devices.efficiency import KernelModel
-from tscope_callbacks.devices.gpu_arg import UNSET, gpu_alias
 from tscope_callbacks.devices.precision import TORCH_DTYPES, normalize_precision
 from tscope_callbacks.devices.resolve import get_device_spec
 from tscope_callbacks.devices.spec import DeviceSpec
 from tscope_callbacks.inputs import ModelRunError, build_inputs, input_shapes
 from tscope_callbacks.inputs import model_errors as _model_errors
-from tscope_callbacks.records import StepProfile
-from tscope_callbacks.render.report import RooflineReport
+from tscope_callbacks.records import CaptureInfo, ProfileFormatError, StepProfile
+from tscope_callbacks.report import StepReport
 from tscope_callbacks.rng import rng_preserving
 
-__all__ = ["ModelRunError", "analyze_model", "build_inputs", "input_shapes", "load_profile_file", "profile_model",
-           "roofline"]
+__all__ = ["ModelRunError", "analyze", "analyze_model", "build_inputs", "input_shapes", "load_profile_file",
+           "profile_model", "roofline"]
 
 
 
-def _resolve(spec: DeviceSpec | str | None, default: str) -> DeviceSpec:
-    """A DeviceSpec from a spec, a name or a path; ``"cpu"`` (a CPU profile's recorded device name) -> this machine's
-    measured CPU roof."""
-    if spec is None or isinstance(spec, str):
-        spec = spec or default
-        if spec.strip().lower() == "cpu":
-            spec = torch.device("cpu")
-        return get_device_spec(spec)
-    return spec
+def _resolve(gpu: DeviceSpec | str | torch.device | None, default: str) -> DeviceSpec:
+    """A DeviceSpec from a spec, a name, a path or a torch.device; ``"cpu"`` (a CPU profile's recorded device name)
+    -> this machine's measured CPU roof."""
+    if gpu is None or isinstance(gpu, str):
+        gpu = gpu or default
+        if gpu.strip().lower() == "cpu":
+            return get_device_spec(torch.device("cpu"))
+    return get_device_spec(gpu)
 
 
-def roofline(prof: StepProfile, gpu: DeviceSpec | str | None = None, *, achievable: DeviceSpec | str | None = None,
-             precision: str | None = None, group_small: float = 0.01,
-             kernel_model: bool | KernelModel | None = True, spec: Any = UNSET) -> RooflineReport:
-    """Place every op of ``prof`` (a StepProfile, or anything with ``.ops/.layers/.wall_time_s/.meta``) on the roofline.
+def _profile_of(prof: Any) -> StepProfile:
+    """The StepProfile of ``prof``: itself, or a stopped ``ts.profile`` (its ``result``)."""
+    res = prof if isinstance(prof, StepProfile) else getattr(prof, "result", None)
+    if not isinstance(res, StepProfile):
+        raise TypeError(f"needs a profiled step: the `prof` of `with ts.profile(model) as prof:` (after the "
+                        f"with-block), or a StepProfile; got {type(prof).__name__}")
+    if getattr(prof, "running", False):
+        raise ValueError("the profile is still running: analyse it after its `with` block (or after prof.stop())")
+    return res
 
-    ``gpu``: a DeviceSpec or a name/path for ``get_device_spec``; None -> ``prof.meta["device_name"]`` or "auto"
-    (``spec=``: its deprecated spelling).
-    ``achievable``: measured roofs (DeviceSpec or name) shown beside the datasheet ones; default ``gpu.achievable``.
-    ``precision``: force the roof precision of matrix-class ops (e.g. "fp8" for an fp8 what-if on a bf16 run);
-    other ops always use their own dtype. ``group_small``: rows under this share of measured time (estimated when
-    untimed) AND of FLOPs are grouped into one "(other N ...)" row in tables; totals always include them.
-    ``kernel_model``: predict shape-aware kernel times from the device's measured efficiency (default), or False for
-    pure roofline bounds.
-    """
-    if not all(hasattr(prof, a) for a in ("ops", "layers", "meta")):
-        raise TypeError(f"roofline() needs a profiled step: the `prof` of `with ts.profile(model) as prof:` (after "
-                        f"the with-block), or a StepProfile; got {type(prof).__name__}")
-    meta = getattr(prof, "meta", None) or {}
-    spec = _resolve(gpu_alias(gpu, spec, old_name="spec", func="roofline"), meta.get("device_name") or "auto")
-    ach = _resolve(achievable, "") if achievable is not None else None
-    analysis = build_roofline(prof, spec, achievable=ach, precision=precision, group_small=group_small,
-                              kernel_model=kernel_model)
-    other = timing_device_mismatch(meta, spec) if analysis.timed else None
+
+def analyze(prof: StepProfile | Profile | ReplayProfile, gpu: DeviceSpec | str | torch.device | None = None,
+            options: AnalyzeOptions | None = None) -> StepReport:
+    """The report of ``prof`` (a ``ts.profile`` after its block, or a StepProfile) on ``gpu``'s roofs.
+
+    ``gpu``: a name or alias from ``tscope specs`` ("h100"), a JSON spec path, a ``DeviceSpec``, a torch.device or
+    "auto"; None: the device the profile ran on (``info.device_name``), else "auto". ``options``: how to analyse
+    (:class:`~tscope_callbacks.analysis.analyze.AnalyzeOptions`: achievable roofs, a precision what-if, row
+    grouping, the kernel model...). Times measured on another device than ``gpu`` are labelled a what-if (warned
+    once)."""
+    return _report(prof, gpu, options)
+
+
+def _report(prof: Any, gpu: DeviceSpec | str | torch.device | None, options: AnalyzeOptions | None) -> StepReport:
+    """:func:`analyze`, called by the public entry points (its warning names their caller's line)."""
+    res = _profile_of(prof)
+    spec = _resolve(gpu, res.info.device_name or "auto")
+    o = options or AnalyzeOptions()
+    other = timing_device_mismatch(res.info, spec) if any(r.time_s is not None for r in res.ops) else None
     if other is not None and (other, spec.name) not in _WARNED_WHAT_IF:
         _WARNED_WHAT_IF.add((other, spec.name))
         warnings.warn(f"tscope: times were measured on {other} but placed on the roofs of {spec.name}: % of roof, "
                       "MFU and recoverable time compare two devices (a what-if, labelled so in the report). Pass "
-                      "gpu='auto' to measure against this device.", UserWarning, stacklevel=2)
-    return RooflineReport(analysis, AnalyzeOptions(achievable=ach, precision=precision, group_small=group_small,
-                                                   kernel_model=kernel_model, what_if=other,
-                                                   fsdp_whatif=meta.get("fsdp_whatif") or None))
+                      "gpu='auto' to measure against this device.", UserWarning, stacklevel=3)
+    if other is not None and o.what_if is None:
+        o = dataclasses.replace(o, what_if=other)
+    return _analyze(res, spec, o, report_type=StepReport)
+
+
+def roofline(prof: StepProfile | Profile | ReplayProfile, gpu: DeviceSpec | str | torch.device | None = None, *,
+             achievable: DeviceSpec | str | None = None, precision: str | None = None, group_small: float = 0.01,
+             kernel_model: bool | KernelModel | None = True) -> StepReport:
+    """Place every op of ``prof`` on the roofline: :func:`analyze` with its options as arguments.
+
+    ``gpu``: as :func:`analyze`'s. ``achievable``: measured roofs (DeviceSpec or name) shown beside the datasheet
+    ones; default ``gpu.achievable``. ``precision``: force the roof precision of matrix-class ops (e.g. "fp8" for an
+    fp8 what-if on a bf16 run); other ops always use their own dtype. ``group_small``: rows under this share of
+    measured time (estimated when untimed) AND of FLOPs are grouped into one "(other N ...)" row in tables; totals
+    always include them. ``kernel_model``: predict shape-aware kernel times from the device's measured efficiency
+    (default), or False for pure roofline bounds.
+    """
+    ach = _resolve(achievable, "") if achievable is not None else None
+    return _report(prof, gpu, AnalyzeOptions(achievable=ach, precision=precision, group_small=group_small,
+                                             kernel_model=kernel_model))
 
 
 _WARNED_WHAT_IF: set[tuple[str, str]] = set()
@@ -109,6 +131,8 @@ def load_profile_file(path: str, data: dict[str, Any] | None = None) -> tuple[St
         raise ValueError(not_a_step_file(path, data))
     try:
         profile = StepProfile.from_dict(prof)
+    except ProfileFormatError as e:
+        raise ValueError(f"{path}: {e}") from None
     except (TypeError, AttributeError, KeyError) as e:
         raise ValueError(f"{path}: malformed profile ({e})") from None
     dev = data.get("device") if "profile" in data else None
@@ -126,9 +150,9 @@ def load_profile_file(path: str, data: dict[str, Any] | None = None) -> tuple[St
     return profile, dev
 
 
-def timing_device_mismatch(meta: dict[str, Any], spec: DeviceSpec) -> str | None:
+def timing_device_mismatch(info: CaptureInfo, spec: DeviceSpec) -> str | None:
     """The device the times were measured on when it is not ``spec``'s (None when they match or are unknown)."""
-    dev, name = meta.get("device"), meta.get("device_name")
+    dev, name = info.device, info.device_name
     if dev == "cpu":
         return None if getattr(spec, "vendor", "") == "cpu" and getattr(spec, "measured", False) else (
             "this machine's CPU")
@@ -167,7 +191,7 @@ def _moved(model: torch.nn.Module, device: str, dtype: torch.dtype | None) -> to
 def analyze_model(
     model: torch.nn.Module,
     input_shape: Sequence[Sequence[int]] | Sequence[int] | None = None,
-    gpu: Any = "auto",
+    gpu: DeviceSpec | str | torch.device = "auto",
     precision: str = "fp32",
     *,
     inputs: Sequence[Any] | None = None,
@@ -181,11 +205,11 @@ def analyze_model(
     fsdp: int | None = None,
     fsdp_units: Any = None,
     fsdp_shard: int | None = None,
-):
+) -> StepReport:
     """Count FLOPs/bytes of ``model`` on ``input_shape`` and place every op on ``gpu``'s roofline.
 
-    Returns a ``RooflineReport`` (``.to_markdown()``, ``.plot()``, ``.estimated_time_s()``); ``report.profile`` is
-    the underlying :class:`StepProfile`. ``backward=True`` also runs the backward, from the output's ``loss`` (HF
+    Returns the report (``.to_markdown()``, ``.plot()``, ``summary.estimated_step_s``); ``report.profile`` is the
+    underlying :class:`StepProfile`. ``backward=True`` also runs the backward, from the output's ``loss`` (HF
     outputs; HF causal LMs are given ``labels=input_ids``) or else from ``output.float().sum()``. ``precision`` in
     ("fp32", "tf32", "fp16", "bf16", "fp64"; "fp8"/"int8" are estimated from a bf16 run against the fp8/int8 roof):
     the model is cast to it; "bf16-mixed"/"16-mixed" keep fp32 weights and run under autocast, as Lightning's mixed
@@ -202,8 +226,7 @@ def analyze_model(
     defaults pick the per-tensor loop, so pass ``foreach=True`` for what a GPU runs).
 
     ``fsdp=N``: also what FSDP2 over N GPUs would do to this step, per GPU (``analysis.fsdp.fsdp_whatif``: memory,
-    collectives, exposed communication, step time), in ``report.step_report.fsdp_whatif`` and the report's FSDP
-    section.
+    collectives, exposed communication, step time), in ``report.fsdp_whatif`` and the report's FSDP section.
     Units: ``fsdp_units`` (module paths or a class name; default the repeated blocks). Under "-mixed" precision the
     parameters are gathered at the low dtype and gradients reduced in fp32 (torchtitan's policy). ``fsdp_shard=S``
     (S divides N): HSDP instead, sharded over S GPUs and replicated N/S times (e.g. ``fsdp=64, fsdp_shard=8``).
@@ -222,18 +245,16 @@ def analyze_model(
         attention_backend=attention_backend or backend_for(spec), mixed=mixed, optimizer=optimizer,
     )
     if str(device) == "meta":  # an estimate for the target: the profile says which device it is for
-        prof.meta["device_name"] = spec.name
-    report = roofline(prof, spec, precision=prec)
-    report.profile = prof
+        prof.info = dataclasses.replace(prof.info, device_name=spec.name)
+    opts = AnalyzeOptions(precision=prec)
+    report = analyze(prof, spec, opts)
     if fsdp is not None:
         from tscope_callbacks.analysis.fsdp import fsdp_whatif, mixed_policy
 
         low, reduce = mixed_policy(precision)
         w = fsdp_whatif(report, model, fsdp, units=fsdp_units, param_dtype=low, reduce_dtype=reduce,
                         shard_size=fsdp_shard)
-        prof.meta["fsdp_whatif"] = w  # the profile carries it into saved files
-        report = RooflineReport(report.analysis, dataclasses.replace(report.options, fsdp_whatif=w))
-        report.profile = prof
+        report = analyze(prof, spec, dataclasses.replace(opts, fsdp_whatif=w))
     if print_report:
         print(report.to_markdown(top=top))
     return report
@@ -330,12 +351,12 @@ def profile_model(
     finally:
         torch.set_float32_matmul_precision(prev)
     res = prof.result
-    res.meta.update({"analysis_precision": precision + ("-mixed" if mixed else ""), "analysis_device": str(device),
-                     "backward": backward,
-                     "backward_from": ("loss (labels = input ids)" if extra else how) if backward else None,
-                     "attention_backend": attention_backend if str(device) == "meta" else "device dispatch",
-                     "optimizer": optimizer if optimizer is None or isinstance(optimizer, str) else "custom",
-                     "attention_calls": dict(getattr(sdpa, "used", {}))})
+    res.info = dataclasses.replace(
+        res.info, analysis_precision=precision + ("-mixed" if mixed else ""), analysis_device=str(device),
+        backward=backward, backward_from=("loss (labels = input ids)" if extra else how) if backward else None,
+        attention_backend=attention_backend if str(device) == "meta" else "device dispatch",
+        optimizer=optimizer if optimizer is None or isinstance(optimizer, str) else "custom",
+        attention_calls=dict(getattr(sdpa, "used", {})))
     return res
 
 

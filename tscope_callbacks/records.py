@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OpRecord", "LayerRecord", "StepProfile", "CaptureInfo", "INFO_KEYS", "PHASES", "CATEGORIES", "NON_MODEL_PHASES",
-           "ATTENTION_CONVENTIONS", "model_flops", "op_model_flops"]
+__all__ = ["OpRecord", "LayerRecord", "StepProfile", "CaptureInfo", "PROFILE_VERSION", "ProfileFormatError", "PHASES",
+           "CATEGORIES", "NON_MODEL_PHASES", "ATTENTION_CONVENTIONS", "model_flops", "op_model_flops"]
 
 #: Phases an op can run in. ``recompute`` is a forward re-run inside backward (activation checkpointing);
 #: ``optimizer`` is set by the caller (e.g. the Lightning callback) around the optimizer step.
@@ -164,13 +164,12 @@ class LayerRecord:
 
 @dataclass(frozen=True)
 class CaptureInfo:
-    """What a profiled step's capture and its caller know about it, typed (``StepProfile.info``).
+    """What a profiled step's capture and its caller know about it, typed (``StepProfile.info``). Every field is
+    None when unknown; a saved profile stores the known ones (``to_dict``). Build a changed copy with
+    ``dataclasses.replace(info, field=value)``."""
 
-    A field that was never set is absent from ``StepProfile.meta`` (``given`` lists the set ones), so a saved
-    profile reads back with the same keys."""
-
-    # the device and the capture
-    device: str | None = None  #: "cpu" / "cuda"
+    # the device and the capture (``capture.build``)
+    device: str | None = None  #: "cpu" / "cuda" / "meta"
     device_name: str | None = None
     timing: str | None = None  #: the op-time source: "cpu-wall" / "cuda-kernels" / "none"
     model: str | None = None  #: the model's class name
@@ -182,128 +181,87 @@ class CaptureInfo:
     clock_origin_ns: int | None = None  #: perf_counter_ns at the region's start (one clock per host)
     kernels: list | None = None  #: CUDA kernel timeline: [name, start_ns, duration_ns, stream, op index]
     memory_categories: dict[str, Any] | None = None  #: the step's memory by category (layer details)
-    # precision settings
+    # precision and layout settings
     float32_matmul_precision: str | None = None  #: torch's setting during the capture ("highest"/"high"/...)
     trainer_precision: str | None = None  #: Lightning's precision plugin ("bf16-mixed", ...)
     attention_flops: str | None = None  #: the model-FLOPs convention of causal attention ("attended"/"full")
     cudnn_benchmark: bool | None = None
-    conv_channels_last: bool | None = None
+    conv_channels_last: bool | None = None  #: the model's 2-D convolutions (kernels over 1x1) are channels-last
     # compiled modules
     compiled_modules_run_eagerly: list[str] | None = None
     compiled_capture: dict[str, Any] | None = None  #: kernels-mode capture of compiled modules
     replay: dict[str, Any] | None = None  #: a replayed step's match against its source profile
-    # the step and its time basis
-    step: int | None = None  #: the trainer's global step (callbacks)
-    step_time_s: float | None = None  #: the basis of MFU/MBU: never the profiled region's wall time
-    step_time_basis: str | None = None  #: "device-busy" / "op-time" / the callbacks' unprofiled steps
+    # the step (callbacks)
+    step: int | None = None  #: the optimizer step (train) or batch index (other stages)
+    stage: str | None = None  #: "train" / "validation" / "test" / "predict"
+    global_step: int | None = None  #: ``trainer.global_step`` when the profile started
+    epoch: int | None = None
+    reason: str | None = None  #: why the step was profiled ("schedule", "repeat", "recount", "anomaly", ...)
+    micro_batches: int | None = None  #: micro-batches of the profiled optimizer step (gradient accumulation)
+    #: the step monitor's medians over its recent clean steps (data wait, its share, steps, input_bound, input_fixes)
+    step_breakdown: dict[str, Any] | None = None
+    # the step time: the basis of MFU/MBU, never the profiled region's wall time
+    step_time_s: float | None = None
+    step_time_basis: str | None = None  #: "unprofiled-median" / "device-busy" / "op-time"
+    step_time_steps: int | None = None  #: unprofiled steps the median is over
+    step_time_clock: str | None = None  #: "CUDA events" / "wall clock"
+    step_time_window: list[int] | None = None  #: [first, last] step of those
+    step_time_spread_s: float | None = None  #: their typical deviation
+    step_time_settled: bool | None = None  #: warm-up was over (5 steps in a row agreed)
+    step_time_samples_s: list[float] | None = None
+    step_time_sample_steps: list[int] | None = None
+    deferred_from: int | None = None  #: the step the first profile was scheduled at, when it waited for warm-up
     device_busy_s: float | None = None
     device_idle_s: float | None = None
     outside_ops_s: float | None = None
     rank_step_times_s: list[float] | None = None  #: per rank, under DDP/FSDP (the world size is its length)
-    given: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+    skew: dict[str, Any] | None = None  #: the ranks' collectives matched (``analysis.comm.skew``)
+    # the host while the step-time basis was measured (``devices.calibrate.host_environment``)
+    host_cpus: int | None = None
+    torch_threads: int | None = None
+    host_others_load_per_cpu: float | None = None
+    host_busy: bool | None = None
+    host_oversubscribed: bool | None = None
+    # several profiled steps merged into one (``analysis.noise.merge_steps``)
+    merged_steps: list[int | None] | None = None
+    matched_ops: int | None = None
+    # a model analysed without training (``analyze_model``)
+    analysis_precision: str | None = None  #: "bf16", "bf16-mixed", ...
+    analysis_device: str | None = None  #: the torch device it ran on ("meta": counted, not computed)
+    backward: bool | None = None
+    backward_from: str | None = None  #: the loss the backward started from
+    attention_backend: str | None = None  #: the fused attention counted on meta, or "device dispatch"
+    optimizer: str | None = None  #: the optimizer step added ("adamw", ..., "custom")
+    attention_calls: dict[str, int] | None = None  #: the attention ops routed, by backend
 
-    def items(self) -> Iterable[tuple[str, Any]]:
-        """(key, value) of the set fields, under their ``meta`` keys."""
-        return ((k, getattr(self, k)) for k in INFO_KEYS if k in self.given)
+    def to_dict(self) -> dict[str, Any]:
+        """The known fields (JSON-safe values; the keyword arguments of ``dataclasses.replace`` that set them)."""
+        return {f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not None}
 
-    def with_values(self, values: dict[str, Any]) -> CaptureInfo:
-        """A copy with ``values`` (typed keys only) set."""
-        return dataclasses.replace(self, **values, given=self.given | set(values)) if values else self
-
-
-#: the keys of ``StepProfile.meta`` that are typed fields of :class:`CaptureInfo`
-INFO_KEYS = tuple(f.name for f in dataclasses.fields(CaptureInfo) if f.name != "given")
-_INFO_KEYS = frozenset(INFO_KEYS)
-
-
-class MetaView(dict):
-    """``StepProfile.meta`` as a dict (kept for one version): the typed fields under their old keys, then the free
-    ``user`` data. Writes go through to the profile: a typed key to ``info``, any other to ``user``."""
-
-    __slots__ = ("_owner",)
-
-    def __init__(self, owner: StepProfile) -> None:
-        super().__init__(owner.info.items())
-        dict.update(self, owner.user)
-        self._owner = owner
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        dict.__setitem__(self, key, value)
-        o = self._owner
-        if key in _INFO_KEYS:
-            o.info = o.info.with_values({key: value})
-        else:
-            o.user[key] = value
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        for k, v in dict(*args, **kwargs).items():
-            self[k] = v
-
-    def setdefault(self, key: str, default: Any = None) -> Any:
-        if key not in self:
-            self[key] = default
-        return self[key]
-
-    def __delitem__(self, key: str) -> None:
-        dict.__delitem__(self, key)
-        o = self._owner
-        if key in _INFO_KEYS:
-            o.info = dataclasses.replace(o.info, **{key: None}, given=o.info.given - {key})
-        else:
-            del o.user[key]
-
-    _MISSING = object()
-
-    def pop(self, key: str, default: Any = _MISSING) -> Any:
-        if key in self:
-            value = self[key]
-            del self[key]
-            return value
-        if default is MetaView._MISSING:
-            raise KeyError(key)
-        return default
-
-    def copy(self) -> dict[str, Any]:
-        return dict(self)
-
-    def __reduce__(self) -> Any:  # pickles and deep-copies as the plain dict it shows
-        return (dict, (dict(self),))
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CaptureInfo:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def split_meta(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(typed keys, free keys) of an old-style meta dict."""
-    typed = {k: v for k, v in meta.items() if k in _INFO_KEYS}
-    return typed, {k: v for k, v in meta.items() if k not in _INFO_KEYS}
+#: the version of :meth:`StepProfile.to_dict`'s format
+PROFILE_VERSION = 2
 
 
-@dataclass(init=False)
+class ProfileFormatError(ValueError):
+    """A saved profile of another format version, or not a profile. One line."""
+
+
+@dataclass
 class StepProfile:
     """The result of one profiled region: ops in execution order plus per-layer totals, with ``info`` (what the
-    capture and its caller know, typed: :class:`CaptureInfo`) and ``user`` (free data: the caller's own labels).
+    capture and its caller know, typed: :class:`CaptureInfo`) and ``user`` (the caller's own data, free)."""
 
-    ``meta`` (one version more): the old string-keyed view of both, a dict whose writes go through. The
-    constructor still takes ``meta=`` and splits it (typed keys to ``info``, the rest to ``user``).
-    """
-
-    ops: list[OpRecord]
-    layers: dict[str, LayerRecord]
-    wall_time_s: float | None  #: host wall time of the whole region
-    info: CaptureInfo
-    user: dict[str, Any]
-
-    def __init__(self, ops: list[OpRecord] | None = None, layers: dict[str, LayerRecord] | None = None,
-                 wall_time_s: float | None = None, meta: dict[str, Any] | None = None, *,
-                 info: CaptureInfo | None = None, user: dict[str, Any] | None = None) -> None:
-        self.ops = ops if ops is not None else []
-        self.layers = layers if layers is not None else {}
-        self.wall_time_s = wall_time_s
-        typed, free = split_meta(meta or {})
-        self.info = (info or CaptureInfo()).with_values(typed)
-        self.user = {**(user or {}), **free}
-
-    @property
-    def meta(self) -> MetaView:
-        return MetaView(self)
+    ops: list[OpRecord] = field(default_factory=list)
+    layers: dict[str, LayerRecord] = field(default_factory=dict)
+    wall_time_s: float | None = None  #: host wall time of the whole region
+    info: CaptureInfo = field(default_factory=CaptureInfo)
+    user: dict[str, Any] = field(default_factory=dict)
 
     # ---- honest coverage (fvcore-style) ----
     def uncounted_ops(self) -> dict[str, int]:
@@ -353,21 +311,30 @@ class StepProfile:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "version": 1,
+            "version": PROFILE_VERSION,
             "wall_time_s": self.wall_time_s,
-            "meta": dict(self.meta),
+            "info": self.info.to_dict(),
+            "user": dict(self.user),
             "ops": [r.to_dict() for r in self.ops],
             "layers": {k: v.to_dict() for k, v in self.layers.items()},
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StepProfile:
+        """Read :meth:`to_dict`'s dict back; :class:`ProfileFormatError` (one line) for another version."""
+        if not isinstance(d, dict) or not isinstance(d.get("ops"), list):
+            raise ProfileFormatError("not a profiled step (expected StepProfile.to_dict())")
+        if d.get("version") != PROFILE_VERSION:
+            raise ProfileFormatError(f"a profile of format version {d.get('version')!r}; this tscope reads version "
+                                     f"{PROFILE_VERSION}: profile the step again with this version")
         return cls(
-            ops=[OpRecord.from_dict(o) for o in d.get("ops", [])],
+            ops=[OpRecord.from_dict(o) for o in d["ops"]],
             layers={k: LayerRecord.from_dict(v) for k, v in d.get("layers", {}).items()},
             wall_time_s=d.get("wall_time_s"),
-            meta=dict(d.get("meta", {})),
+            info=CaptureInfo.from_dict(d.get("info") or {}),
+            user=dict(d.get("user") or {}),
         )
+
 
 
 def model_flops(ops: Iterable[OpRecord] | StepProfile, attention: str = "attended") -> int:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tscope_callbacks.analysis.diagnose import explain
 from tscope_callbacks.analysis.estimate import MEMORY_BOUND, gemm_dims
@@ -43,9 +43,13 @@ from tscope_callbacks.analysis.finding import Finding, measured_effect, ms, rows
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.fmt import n as _n
 from tscope_callbacks.analysis.layer_advice import Context, layer_findings, step_findings
-from tscope_callbacks.analysis.rows import Opportunity, OpRoof, Row
-from tscope_callbacks.analysis.view import RooflineView
+from tscope_callbacks.analysis.noise import Noise
+from tscope_callbacks.analysis.report import Opportunity, Row
+from tscope_callbacks.analysis.rows import OpRoof
 from tscope_callbacks.devices.efficiency import ITEMSIZE
+
+if TYPE_CHECKING:
+    from tscope_callbacks.analysis.roofline import RooflineAnalysis
 
 __all__ = ["opportunities", "below_roof", "KINDS", "BELOW_RATIO", "LAUNCH_BOUND_S", "LAUNCH_IDLE_SHARE", "GRAPH_GAP_S",
            "MIN_SAVING_SHARE", "pad_to"]
@@ -321,15 +325,15 @@ def _swiglu(by_layer: dict[str, list[OpRoof]], model: Any, compiled: bool) -> tu
 
 
 # ---------------- the step ----------------
-def _launch(report: RooflineView, ctx: Context, input_s: float) -> list[Finding]:
+def _launch(report: RooflineAnalysis, ctx: Context, input_s: float) -> list[Finding]:
     """CUDA: the device idles between short kernels in the unprofiled step (the host cannot launch them as fast as
     they run). CUDA graphs replay the step's kernels with one launch: the idle goes, but for a small gap per kernel.
     Needs the step time of unprofiled steps (a capture's own time is slowed by the capture)."""
-    meta = report.meta
-    step, busy = report.measured_step_s, meta.get("device_busy_s")
+    info = report.info
+    step, busy = report.measured_step_s, info.device_busy_s
     if not ctx.cuda or not step or not busy or report.step_time_source in (None, "device-busy", "op-time"):
         return []
-    cc = meta.get("compiled_capture") or {}
+    cc = info.compiled_capture or {}
     if cc.get("cudagraphs"):
         return []  # already replayed as CUDA graphs
     durations = [float(k[2]) * 1e-9 for k in ctx.kernels if len(k) > 2] or [
@@ -352,8 +356,8 @@ def _launch(report: RooflineView, ctx: Context, input_s: float) -> list[Finding]
         {"kernels": len(durations), "idle_s": idle})]
 
 
-def _breakdown(report: RooflineView) -> dict[str, Any]:
-    bd = report.meta.get("step_breakdown")
+def _breakdown(report: RooflineAnalysis) -> dict[str, Any]:
+    bd = report.info.step_breakdown
     return bd if isinstance(bd, dict) else {}
 
 
@@ -403,26 +407,28 @@ def _pattern(layer: str) -> str:
     return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", layer) if layer else layer
 
 
-def _op_time_scale(report: RooflineView) -> float:
+def _op_time_scale(report: RooflineAnalysis) -> float:
     """The unprofiled step over the profiled ops' summed time, when the ops took longer (a CPU capture on a busy
     machine: each op's wall time holds the time the host gave to other processes): savings found in op times are
     scaled to the step they are a share of. 1 otherwise (GPU kernel times are not slowed by the host)."""
     step, ops = report.measured_step_s, report.op_time_s
-    if (report.meta.get("device") != "cpu" or not report.timed or not step or not ops or ops <= step
+    if (report.info.device != "cpu" or not report.timed or not step or not ops or ops <= step
             or report.step_time_source in (None, "op-time", "device-busy")):
         return 1.0
     return step / ops
 
 
-def _step_s(report: RooflineView) -> float:
+def _step_s(report: RooflineAnalysis) -> float:
     return report.measured_step_s or report.estimated_step_s or 0.0
 
 
-def opportunities(report: RooflineView, top: int = 5) -> list[Opportunity]:
-    """Findings, largest predicted saving first, each with cause, fix, predicted saving and how it was predicted.
+def opportunities(report: RooflineAnalysis, noise: Noise | None = None, top: int = 5,
+                  suppressed: list[Opportunity] | None = None) -> list[Opportunity]:
+    """Findings, largest predicted saving first, each with cause, change, predicted saving and how it was predicted.
     The same finding in repeated blocks (``h.0.mlp`` ... ``h.11.mlp``) is one opportunity: savings summed, layers
-    listed. A finding whose saving is within the measured noise of its rows is left out (``report._suppress``)."""
-    model = getattr(report, "kernel_model", None)
+    listed. ``noise``: the step's (``analysis.noise.find_noise``); a finding whose saving is within the measured noise
+    of its rows is left out (appended to ``suppressed``)."""
+    model = report.kernel_model
     step = _step_s(report)
     spec = report.spec
     tf32_peak = float(spec.flops.get("tf32") or 0.0) if getattr(spec, "vendor", "") != "cpu" else 0.0
@@ -449,9 +455,7 @@ def opportunities(report: RooflineView, top: int = 5) -> list[Opportunity]:
     for f in step_findings(ctx) + input_f + _loop(bd) + _launch(report, ctx, (_wait_ms(bd) or 0.0) / 1e3):
         groups.setdefault((f.kind, f.chain, ""), []).append(("", f))
     found: list[Opportunity] = []
-    noise = getattr(report, "noise", None)
-    suppress = getattr(report, "_suppress", lambda o: None)
-    device = report.meta.get("device")
+    device = report.info.device
     scale = _op_time_scale(report)
     for (kind, chain, pattern), all_members in groups.items():
         # an outlier among identical blocks gets no advice (its excess is noise); a finding must exceed the spread of
@@ -478,24 +482,29 @@ def opportunities(report: RooflineView, top: int = 5) -> list[Opportunity]:
         in_rows = [o for o in report.op_roofs if (o.record.layer, o.record.phase) in set(rows)]
         ops_s = [o.measured_s for o in in_rows if o.measured_s is not None]
         effect = measured_effect(kind, chain, device)
-        found.append(Opportunity(
-            layer=pattern if n > 1 else layer, phase="all", type=typ.get(layer, ""), recoverable_s=saving,
-            measured_s=sum(ops_s) if ops_s else None, estimate_s=sum(o.expected_s for o in in_rows),
-            bound="", intensity=None, ridge=None, attained=None,
-            reason=f"{cause}. Fix: {f0.fix}. Saves about {ms(saving)}/step{share}.", kind=kind, saving_s=saving,
-            fix=f0.fix, evidence=evidence, rows=rows, predicted_by=f0.predicted_by, predicted_text=text,
-            measured_ratio=effect.ratio if effect else None, measured_on=effect.text if effect else ""))
         phases = evidence.get("phases")  # the phases its ops ran in, where a finding knows them (a chain's)
         layers = [m[0] for m in members]
         spread = max(sum(noise.layer_spread(x, phases) for x in layers), noise.floor_s) if noise else 0.0
-        if spread and saving <= spread:  # within the measured noise: not a finding
-            found[-1].evidence = {**found[-1].evidence, "noise_s": spread}
-            suppress(found.pop())
+        within = bool(spread) and saving <= spread  # within the measured noise: not a finding
+        o = Opportunity(
+            layer=pattern if n > 1 else layer, phase="all", type=typ.get(layer, ""), kind=kind,
+            cause=f"{cause}. Fix: {f0.fix}. Saves about {ms(saving)}/step{share}.", change=f0.fix, saving_s=saving,
+            recoverable_s=saving, measured_s=sum(ops_s) if ops_s else None,
+            estimate_s=sum(o.expected_s for o in in_rows),
+            evidence={**evidence, "noise_s": spread} if within else evidence, rows=rows,
+            predicted_by=f0.predicted_by, predicted_text=text, measured_ratio=effect.ratio if effect else None,
+            measured_on=effect.text if effect else "", op=str(evidence.get("op") or ""))
+        if not within:
+            found.append(o)
+        elif suppressed is not None and all((x.layer, x.phase, x.kind) != (o.layer, o.phase, o.kind)
+                                            for x in suppressed):
+            suppressed.append(o)
     found.sort(key=lambda o: -(o.saving_s or 0.0))
     return found[:top]
 
 
-def below_roof(report: RooflineView, found: Iterable[Opportunity], top: int = 10) -> list[tuple[Row, str]]:
+def below_roof(report: RooflineAnalysis, found: Iterable[Opportunity], noise: Noise | None = None,
+               top: int = 10) -> list[tuple[Row, str]]:
     """Layer x phase rows below their roof for which no change is known: (row, what the numbers say about it), by
     recoverable time. A row counts when it is timed, takes at least ``BELOW_RATIO`` x its expected time (its roof
     where no kernel model applies), its recoverable time (measured - expected) is at least ``MIN_SAVING_SHARE`` of
@@ -504,7 +513,6 @@ def below_roof(report: RooflineView, found: Iterable[Opportunity], top: int = 10
         return []
     step = _step_s(report)
     covered = {tuple(r) for o in found for r in (o.rows or ())}
-    noise = getattr(report, "noise", None)
     out = []
     for r in report.layer_rows:
         rec = r.recoverable_s or 0.0
@@ -519,14 +527,15 @@ def below_roof(report: RooflineView, found: Iterable[Opportunity], top: int = 10
     return out[:top]
 
 
-def _cause(r: Row, report: RooflineView) -> str:
+def _cause(r: Row, report: RooflineAnalysis) -> str:
     """What the numbers say about a row no rule has a change for: its place on the roofline, and the facts the
     records show (16-bit GEMMs on CUDA cores, a kernel slower than its shape takes on the device, no FLOP formula)."""
+    ops = report.row_ops.get((r.layer, r.phase), [])
     parts = [explain(r)]
-    simt = [o for o in r.ops if o.record.category == "matmul" and o.record.tensor_core is False
+    simt = [o for o in ops if o.record.category == "matmul" and o.record.tensor_core is False
             and o.roof_precision in ("bf16", "fp16", "tf32")]
     if simt:
         parts.append(f"{len(simt)} {simt[0].roof_precision} GEMMs ran on CUDA cores, not tensor cores (kernel names)")
-    if getattr(report, "kernel_model", None) is not None and r.measured_s and r.expected_s:
+    if report.kernel_model is not None and r.measured_s and r.expected_s:
         parts.append(f"{r.measured_s / r.expected_s:.2g}x what the device's libraries take for these shapes")
     return "; ".join(p for p in parts if p) + "; no change known to tscope"

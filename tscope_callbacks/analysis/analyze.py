@@ -1,6 +1,7 @@
-"""``analyze(profile, spec, options) -> StepReport``: a profiled step placed on a device's roofline
-(``analysis.roofline``) and read, once, into the typed :class:`~tscope_callbacks.analysis.report.StepReport` (its
-module docstring documents the JSON). Pure: no torch, no hooks, no renderer."""
+"""``analyze(profile, spec, options)``: a profiled step placed on a device's roofline (``analysis.roofline``), its
+findings (``analysis.advice``) and its noise (``analysis.noise``), read once into the frozen, typed report
+(:class:`~tscope_callbacks.analysis.report.ReportData`; its module docstring documents the JSON). Pure: no torch, no
+hooks, no renderer; ``spec`` is a resolved DeviceSpec (``tscope_callbacks.analyze`` resolves names)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,16 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
+from tscope_callbacks.analysis.advice import below_roof
+from tscope_callbacks.analysis.advice import opportunities as advice_opportunities
+from tscope_callbacks.analysis.comm import comm_rows, comm_summary, overlap_of
+from tscope_callbacks.analysis.compare import compiled_vs_eager
 from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.analysis.memory_fit import memory_fit, report_capacity
+from tscope_callbacks.analysis.model_summary import model_summary, summary_scalars
+from tscope_callbacks.analysis.noise import Noise, find_noise
 from tscope_callbacks.analysis.report import (
     AchievableInfo,
     BelowRoof,
@@ -22,10 +30,10 @@ from tscope_callbacks.analysis.report import (
     NoiseSection,
     Opportunity,
     OpRow,
+    ReportData,
     RoofUsed,
     Row,
     RunContext,
-    StepReport,
     Summary,
     TimeSplit,
     WhatIf,
@@ -34,15 +42,15 @@ from tscope_callbacks.analysis.report import (
     json_safe,
 )
 from tscope_callbacks.analysis.roofline import RooflineAnalysis, build_roofline
-from tscope_callbacks.analysis.rows import Opportunity as Finding
-from tscope_callbacks.analysis.rows import Row as RowSum
 from tscope_callbacks.analysis.step_parts import fetch_of
+from tscope_callbacks.analysis.summary import roofs_used, summary_dict
 from tscope_callbacks.devices.efficiency import KernelModel
-from tscope_callbacks.devices.gpu_arg import UNSET, gpu_alias
 from tscope_callbacks.devices.spec import DeviceSpec
-from tscope_callbacks.records import LayerRecord, StepProfile, op_model_flops
+from tscope_callbacks.records import CaptureInfo, StepProfile, op_model_flops
 
-__all__ = ["AnalyzeOptions", "analyze", "report_of"]
+__all__ = ["AnalyzeOptions", "analyze"]
+
+R = TypeVar("R", bound=ReportData)
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,7 @@ class AnalyzeOptions:
     force matrix ops' roof precision (an fp8 what-if); ``group_small``: table grouping share; ``kernel_model``: True
     (the device's measured efficiency), False (roofs only) or a KernelModel; ``what_if``: the device the times were
     measured on when it is not ``spec`` (the caller resolves it); ``fsdp_whatif``: an ``analysis.fsdp.fsdp_whatif``
-    result to carry; ``eager``: the eager reference's StepReport of a compiled step (``compiled_vs_eager``);
+    result to carry; ``eager``: the eager reference's report of a compiled step (``compiled_vs_eager``);
     ``nonfinite``: the NaN guard's events of the step ({step, layer, op, phase, line, kind}); ``grad_spikes``: its
     gradient spikes (``GradHistory.add``'s dicts: step, norm, median, ratio, layer, layer_ratio, loss, ...);
     ``stage``/``run``/``user``: labels and the user's own data."""
@@ -62,7 +70,7 @@ class AnalyzeOptions:
     kernel_model: bool | KernelModel | None = True
     what_if: str | None = None
     fsdp_whatif: dict[str, Any] | None = None
-    eager: StepReport | None = None
+    eager: ReportData | None = None
     nonfinite: tuple[dict[str, Any], ...] = ()
     grad_spikes: tuple[dict[str, Any], ...] = ()
     stage: str | None = None
@@ -70,29 +78,20 @@ class AnalyzeOptions:
     user: dict[str, Any] = field(default_factory=dict)
 
 
-def analyze(profile: StepProfile, gpu: DeviceSpec | None = None, options: AnalyzeOptions | None = None, *,
-            spec: Any = UNSET) -> StepReport:
-    """The StepReport of ``profile`` (a StepProfile) on ``gpu`` (a resolved DeviceSpec: ``ts.get_device_spec``;
-    ``spec=``: its deprecated spelling)."""
-    spec = gpu_alias(gpu, spec, old_name="spec", func="analyze")
+def analyze(profile: StepProfile, spec: DeviceSpec, options: AnalyzeOptions | None = None, *,
+            report_type: type[R] = ReportData) -> R:  # type: ignore[assignment]
+    """The report of ``profile`` on ``spec`` (a resolved DeviceSpec), built once as ``report_type`` (the report data
+    or ``tscope_callbacks.StepReport``, which adds the renderings)."""
+    if not isinstance(profile, StepProfile):
+        raise TypeError(f"analyze() needs a profiled step: the `prof` of `with ts.profile(model) as prof:` (after "
+                        f"the with-block), its .result, or a StepProfile; got {type(profile).__name__}")
     o = options or AnalyzeOptions()
     eng = build_roofline(profile, spec, achievable=o.achievable, precision=o.precision, group_small=o.group_small,
                          kernel_model=o.kernel_model)
-    return report_of(eng, o)
+    return _report(eng, o, profile, report_type)
 
 
 _LAYER_MEMORY = ("memory_fwd_bytes", "memory_bwd_bytes", "peak_fwd_bytes", "peak_bwd_bytes", "saved_bytes")
-
-
-def _row(r: RowSum) -> Row:
-    return Row(r.name, r.kind, layer=r.layer, type=r.type, phase=r.phase, category=r.category, n_ops=r.n_ops,
-               n_work=r.n_work, flops=int(r.flops), bytes=int(r.bytes), measured_s=r.measured_s,
-               estimate_s=r.estimate_s, expected_s=r.expected_s, achievable_estimate_s=r.achievable_estimate_s,
-               compute_s=r.compute_s, uncounted_s=r.uncounted_s, uncounted_ops=dict(r.uncounted_ops),
-               largest_matmul=tuple(r.largest_matmul) if r.largest_matmul else None,
-               largest_matmul_flops=int(r.largest_matmul_flops), precisions=dict(r.precisions),
-               peaks=dict(r.peaks), bandwidth=float(r.bandwidth),
-               all_comm=bool(r.ops) and all(x.record.category == "comm" for x in r.ops))
 
 
 #: a fusion finding's chain (``analysis.advice``) as its title says it
@@ -100,23 +99,22 @@ _CHAINS = {"optimizer": "optimizer update", "loss": "loss", "gelu": "GELU", "rms
            "rope": "rotary embedding", "swiglu": "SwiGLU"}
 
 
-def _opportunity(o: Finding, step: float | None) -> Opportunity:
+def _opportunity(o: Opportunity, step: float | None) -> Opportunity:
+    """The finding as the report shows it: its title and its share of the step set, its figures JSON-safe."""
     ev = json_safe(dict(o.evidence or {}))
     title = o.kind.replace("_", " ")
     chain = _CHAINS.get(str(ev.get("chain"))) if o.kind == "fusion" else None
     if chain:  # several fusion findings of one layer (the root's: loss, optimizer) tell apart at a glance
         title += f" ({chain})"
-    return Opportunity(title=title, layer=o.layer, op=str(ev.get("op") or ""), phase=o.phase, type=o.type,
-                       kind=o.kind, cause=o.reason, change=o.fix, saving_s=_fin(o.saving_s),
-                       saving_frac=_fin(_div(o.saving_s, step)), recoverable_s=_fin(o.recoverable_s),
-                       measured_s=_fin(o.measured_s), estimate_s=float(o.estimate_s), bound=o.bound,
-                       intensity=_fin(o.intensity), ridge=_fin(o.ridge), attained=_fin(o.attained), evidence=ev,
-                       rows=tuple((str(a), str(b)) for a, b in o.rows), predicted_by=o.predicted_by,
-                       predicted_text=o.predicted_text, measured_ratio=_fin(o.measured_ratio),
-                       measured_on=o.measured_on)
+    return dataclasses.replace(o, title=title, op=o.op or str(ev.get("op") or ""), saving_s=_fin(o.saving_s),
+                               saving_frac=_fin(_div(o.saving_s, step)), recoverable_s=_fin(o.recoverable_s),
+                               measured_s=_fin(o.measured_s), estimate_s=float(o.estimate_s),
+                               intensity=_fin(o.intensity), ridge=_fin(o.ridge), attained=_fin(o.attained),
+                               evidence=ev, rows=tuple((str(a), str(b)) for a, b in o.rows),
+                               measured_ratio=_fin(o.measured_ratio))
 
 
-def _below_roof(r: RowSum, cause: str) -> BelowRoof:
+def _below_roof(r: Row, cause: str) -> BelowRoof:
     return BelowRoof(layer=r.layer, phase=r.phase, type=r.type, measured_s=_fin(r.measured_s),
                      expected_s=float(r.expected_s), recoverable_s=_fin(r.recoverable_s), attained=_fin(r.attained),
                      cause=cause)
@@ -139,8 +137,6 @@ def _device(spec: DeviceSpec, ach: DeviceSpec | None) -> DeviceInfo:
 
 
 def _summary(eng: RooflineAnalysis) -> Summary:
-    from tscope_callbacks.analysis.summary import summary_dict
-
     s = json_safe(summary_dict(eng))
     names = {f.name for f in dataclasses.fields(Summary)}
     s = {k: v for k, v in s.items() if k in names}
@@ -150,12 +146,10 @@ def _summary(eng: RooflineAnalysis) -> Summary:
 
 
 def _memory(eng: RooflineAnalysis, what_if: bool) -> MemorySection | None:
-    from tscope_callbacks.analysis.memory_fit import memory_fit, report_capacity
-
-    mc = eng.meta.get("memory_categories")
+    mc = eng.info.memory_categories
     if not mc:
         return None
-    cap = report_capacity(eng.spec, "what-if" if what_if else None)
+    cap = report_capacity(eng.spec.memory_bytes, "what-if" if what_if else None)
     fit = memory_fit(mc, cap) or {}
     cats: dict[str, int | float | None] = {"weights": mc.get("params")}
     for k, v in mc.items():
@@ -173,7 +167,7 @@ def _time_split(eng: RooflineAnalysis) -> TimeSplit:
     by = {b: 0.0 for b in ("compute", "memory", "comm", "uncounted", "overhead")}
     for o in eng.op_roofs:
         by[o.bound] += (o.measured_s or 0.0) if eng.timed else o.expected_s
-    bd = eng.meta.get("step_breakdown") or {}  # the step monitor's means over its recent clean steps
+    bd = eng.info.step_breakdown or {}  # the step monitor's means over its recent clean steps
     wait, share = fetch_of(bd)  # the DataLoader's next and the batch's transfer (ms a step), their share
     steps = bd.get("steps")
     steps = int(steps) if isinstance(steps, (int, float)) and math.isfinite(steps) else None
@@ -190,25 +184,20 @@ def _time_split(eng: RooflineAnalysis) -> TimeSplit:
                      timed_step)
 
 
-def _context(meta: dict[str, Any]) -> RunContext:
+def _context(info: CaptureInfo, eng: RooflineAnalysis) -> RunContext:
     tup = lambda v: tuple(v) if v is not None else None  # noqa: E731
-    return RunContext(timing=meta.get("timing"), device_kind=meta.get("device"),
-                      step_time_window=tup(meta.get("step_time_window")),
-                      step_time_spread_s=_fin(meta.get("step_time_spread_s")),
-                      step_time_settled=meta.get("step_time_settled"), deferred_from=meta.get("deferred_from"),
-                      host_cpus=meta.get("host_cpus"), host_others_load_per_cpu=_fin(meta.get(
-                          "host_others_load_per_cpu")), host_busy=meta.get("host_busy"),
-                      host_oversubscribed=meta.get("host_oversubscribed"), torch_threads=meta.get("torch_threads"),
-                      merged_steps=tup(meta.get("merged_steps")),
-                      roof_notes=tuple(str(n) for n in meta.get("roof_notes") or ()),
-                      compiled_capture=json_safe(meta.get("compiled_capture")) or None,
-                      compiled_modules_run_eagerly=tup(meta.get("compiled_modules_run_eagerly")) or None,
-                      micro_batches=int(meta.get("micro_batches") or 1),
-                      attention_flops=meta.get("attention_flops"))
+    return RunContext(timing=info.timing, device_kind=info.device, step_time_window=tup(info.step_time_window),
+                      step_time_spread_s=_fin(info.step_time_spread_s), step_time_settled=info.step_time_settled,
+                      deferred_from=info.deferred_from, host_cpus=info.host_cpus,
+                      host_others_load_per_cpu=_fin(info.host_others_load_per_cpu), host_busy=info.host_busy,
+                      host_oversubscribed=info.host_oversubscribed, torch_threads=info.torch_threads,
+                      merged_steps=tup(info.merged_steps), roof_notes=tuple(str(n) for n in eng.roof_notes),
+                      compiled_capture=json_safe(info.compiled_capture) or None,
+                      compiled_modules_run_eagerly=tup(info.compiled_modules_run_eagerly) or None,
+                      micro_batches=int(info.micro_batches or 1), attention_flops=info.attention_flops or "attended")
 
 
-def _noise(eng: RooflineAnalysis, suppressed: list[Finding], step: float | None) -> NoiseSection:
-    n = eng.noise
+def _noise(eng: RooflineAnalysis, n: Noise, suppressed: list[Opportunity], step: float | None) -> NoiseSection:
     marks = tuple(NoiseMarkInfo(m.layer, m.phase, m.kind, float(m.measured_s), float(m.typical_s),
                                 float(m.spread_s), tuple(float(x) for x in m.samples), tuple(m.siblings), m.text)
                   for m in n.marks.values())
@@ -217,11 +206,9 @@ def _noise(eng: RooflineAnalysis, suppressed: list[Finding], step: float | None)
                         tuple(_opportunity(o, step) for o in suppressed))
 
 
-def _communication(eng: RooflineAnalysis) -> dict[str, Any] | None:
-    from tscope_callbacks.analysis.comm import comm_rows
-
+def _communication(eng: RooflineAnalysis, ov: dict[str, float] | None) -> dict[str, Any] | None:
     rows = comm_rows(eng)
-    ov, sk = eng.overlap, eng.meta.get("skew")
+    sk = eng.info.skew
     if not rows and not (ov and ov.get("comm_s")):
         return None
     return json_safe({"rows": rows, "overlap": ov or None, "skew": sk or None})
@@ -250,12 +237,9 @@ def _header(eng: RooflineAnalysis, model: dict[str, Any], mem: MemorySection | N
     }
 
 
-def _area_scalars(eng: RooflineAnalysis, model: dict[str, Any], mem: MemorySection | None,
-                  fsdp: dict[str, Any] | None) -> dict[str, dict[str, float]]:
-    from tscope_callbacks.analysis.comm import comm_summary
-    from tscope_callbacks.analysis.model_summary import summary_scalars
-
-    out: dict[str, dict[str, float]] = {"comm": comm_summary(eng), "model": summary_scalars(model)}
+def _area_scalars(eng: RooflineAnalysis, ov: dict[str, float] | None, model: dict[str, Any],
+                  mem: MemorySection | None, fsdp: dict[str, Any] | None) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {"comm": comm_summary(eng, ov), "model": summary_scalars(model)}
     if mem is not None and mem.categories.get("step_peak"):
         keys = {"step_peak": "step_peak_mb", "weights": "weights_mb", "grads": "grads_mb",
                 "optimizer_state": "optimizer_state_mb", "activations_saved": "activations_saved_mb"}
@@ -274,68 +258,53 @@ def _area_scalars(eng: RooflineAnalysis, model: dict[str, Any], mem: MemorySecti
             if d}
 
 
-def _compared(eng: RooflineAnalysis, eager: StepReport) -> tuple[dict[str, Any], ...]:
-    from types import SimpleNamespace
-
-    from tscope_callbacks.analysis.compare import compiled_vs_eager
-
-    e = SimpleNamespace(layer_totals=list(eager.rows["layer"]), totals=eager.totals)
-    return tuple(json_safe(compiled_vs_eager(eng, e)))
-
-
-def report_of(eng: RooflineAnalysis, options: AnalyzeOptions | None = None) -> StepReport:
-    """The StepReport of a built roofline analysis (``analysis.roofline.RooflineAnalysis``): every table, section and
-    finding computed once (opportunities with ``top=10``; outputs show the first 5)."""
-    from tscope_callbacks.analysis.model_summary import model_summary
-
-    o = options or AnalyzeOptions()
-    meta = eng.meta
+def _report(eng: RooflineAnalysis, o: AnalyzeOptions, profile: StepProfile, cls: type[R]) -> R:
+    """The report of a built roofline analysis: every table, section and finding computed once (opportunities
+    with ``top=10``; outputs show the first 5)."""
+    info = eng.info
     step = eng.measured_step_s
-    from tscope_callbacks.analysis.advice import below_roof
-
-    every = eng.opportunities(top=1000)
+    noise = find_noise(eng)
+    suppressed: list[Opportunity] = []
+    every = advice_opportunities(eng, noise, top=1000, suppressed=suppressed)
     opps = every[:10]
-    below = below_roof(eng, every)
-    suppressed = list(eng.suppressed)
+    below = below_roof(eng, every, noise)
+    ov = overlap_of(info.kernels, eng.op_roofs)
     model = json_safe(model_summary(eng))
     mem = _memory(eng, bool(o.what_if))
     summary = _summary(eng)
-    fsdp = json_safe(o.fsdp_whatif) if o.fsdp_whatif else (json_safe(meta.get("fsdp_whatif")) or None)
+    fsdp = json_safe(o.fsdp_whatif) if o.fsdp_whatif else None
     # the capture leaves the per-layer memory at 0 when its memory tracker did not run (no layer details): the
     # step's tracked peak is then None too, and these figures are not measured (null), not zero
-    mem_measured = (meta.get("memory_categories") or {}).get("step_tracked_peak") is not None
+    mem_measured = (info.memory_categories or {}).get("step_tracked_peak") is not None
     unmeasured = {} if mem_measured else dict.fromkeys(_LAYER_MEMORY)
     layers = tuple(_load(LayerInfo, json_safe({**{f.name: getattr(rec, f.name) for f in dataclasses.fields(LayerInfo)
                                                   if hasattr(rec, f.name)}, **unmeasured}))
-                   for rec in (eng.layer_records or {}).values() if isinstance(rec, LayerRecord) or hasattr(
-                       rec, "path"))
-    ops = tuple(OpRow(i=int(x.record.index), op=x.record.op, layer=x.record.layer, phase=x.record.phase, category=x.record.category,
-                      flops=int(x.flops), model_flops=op_model_flops(x.record, meta.get("attention_flops") or "attended"), bytes=int(x.bytes),
-                      time_s=_fin(x.measured_s), estimate_s=float(x.estimate_s), expected_s=float(x.expected_s),
-                      achievable_estimate_s=_fin(x.achievable_estimate_s), bound=x.bound, precision=x.precision,
-                      roof_precision=x.roof_precision, matrix=bool(x.matrix), peak=float(x.peak),
-                      dtype=x.record.dtype, input_shapes=json_safe(list(x.record.input_shapes)),
+                   for rec in eng.layer_records.values())
+    conv = info.attention_flops or "attended"
+    ops = tuple(OpRow(i=int(x.record.index), op=x.record.op, layer=x.record.layer, phase=x.record.phase,
+                      category=x.record.category, flops=int(x.flops), model_flops=op_model_flops(x.record, conv),
+                      bytes=int(x.bytes), time_s=_fin(x.measured_s), estimate_s=float(x.estimate_s),
+                      expected_s=float(x.expected_s), achievable_estimate_s=_fin(x.achievable_estimate_s),
+                      bound=x.bound, precision=x.precision, roof_precision=x.roof_precision, matrix=bool(x.matrix),
+                      peak=float(x.peak), dtype=x.record.dtype, input_shapes=json_safe(list(x.record.input_shapes)),
                       output_shapes=json_safe(list(x.record.output_shapes)), counted=bool(x.record.counted),
                       start_s=_fin(x.record.start_s))
                 for x in eng.op_roofs)
-    from tscope_callbacks.analysis.summary import roofs_used
-
-    roofs = tuple(_load(RoofUsed, json_safe(r)) for r in roofs_used(eng))
-    rows = {"layer_phase": tuple(_row(r) for r in eng.layer_rows), "layer": tuple(_row(r) for r in eng.layer_totals),
-            "inclusive": tuple(_row(r) for r in eng.inclusive),
-            "category": tuple(_row(r) for r in eng.category_rows), "op_name": tuple(_row(r) for r in eng.op_rows),
-            "total": (_row(eng.totals),)}
-    what_if = WhatIf(o.what_if, str(eng.spec.name)) if o.what_if else None
-    nonfinite = tuple(json_safe(dict(x)) for x in (o.nonfinite or meta.get("nonfinite") or ()) if isinstance(x, dict))
-    spikes = tuple(json_safe(dict(x)) for x in (o.grad_spikes or meta.get("grad_spikes") or ()) if isinstance(x, dict))
-    return StepReport(
-        step=meta.get("step"), stage=o.stage or meta.get("stage"), run=o.run or meta.get("run"),
+    rows = {"layer_phase": tuple(eng.layer_rows), "layer": tuple(eng.layer_totals), "inclusive": tuple(eng.inclusive),
+            "category": tuple(eng.category_rows), "op_name": tuple(eng.op_rows), "total": (eng.totals,)}
+    eager = ((eng.layer_totals, eng.totals), (o.eager.rows["layer"], o.eager.totals)) if o.eager is not None else None
+    return cls(
+        step=info.step, stage=o.stage or info.stage, run=o.run,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), device=_device(eng.spec, eng.achievable),
         header=_header(eng, model, mem, summary.step_time_basis_text), summary=summary, memory=mem,
-        time_split=_time_split(eng), rows=rows, ops=ops, layers=layers, roofs=roofs, model=model,
-        communication=_communication(eng), fsdp_whatif=fsdp,
-        compiled_vs_eager=_compared(eng, o.eager) if o.eager is not None else None, what_if=what_if,
-        opportunities=tuple(_opportunity(x, step) for x in opps), nonfinite=nonfinite,
+        time_split=_time_split(eng), rows=rows, ops=ops, layers=layers,
+        roofs=tuple(_load(RoofUsed, json_safe(r)) for r in roofs_used(eng)), model=model,
+        communication=_communication(eng, ov), fsdp_whatif=fsdp,
+        compiled_vs_eager=tuple(json_safe(compiled_vs_eager(*eager))) if eager is not None else None,
+        what_if=WhatIf(o.what_if, str(eng.spec.name)) if o.what_if else None,
+        opportunities=tuple(_opportunity(x, step) for x in opps),
         below_roof=tuple(_below_roof(r, c) for r, c in below),
-        noise=_noise(eng, suppressed, step), context=_context(meta), scalars=dict(eng.scalars()),
-        area_scalars=_area_scalars(eng, model, mem, fsdp), user=json_safe(dict(o.user)), grad_spikes=spikes)
+        nonfinite=tuple(json_safe(dict(x)) for x in o.nonfinite if isinstance(x, dict)),
+        noise=_noise(eng, noise, suppressed, step), context=_context(info, eng), scalars=eng.scalars(),
+        area_scalars=_area_scalars(eng, ov, model, mem, fsdp), user=json_safe(dict(o.user)),
+        grad_spikes=tuple(json_safe(dict(x)) for x in o.grad_spikes if isinstance(x, dict)), profile=profile)

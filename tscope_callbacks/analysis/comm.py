@@ -16,13 +16,16 @@ rank's duration minus it (time spent waiting for the slowest rank to arrive), sp
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tscope_callbacks.analysis.fmt import div as _div
-from tscope_callbacks.analysis.view import RooflineView
+from tscope_callbacks.analysis.rows import OpRoof
 from tscope_callbacks.formulas.intervals import merge_intervals, union_length
 
-__all__ = ["comm_rows", "comm_summary", "overlap", "skew"]
+if TYPE_CHECKING:
+    from tscope_callbacks.analysis.roofline import RooflineAnalysis
+
+__all__ = ["comm_rows", "comm_summary", "overlap", "overlap_of", "skew"]
 
 
 def _length(iv: list[tuple[int, int]]) -> int:
@@ -86,12 +89,22 @@ def skew(per_rank: Sequence[Sequence[tuple[str, float, float]]]) -> dict[str, An
             "slowest_rank": max(range(len(last)), key=last.__getitem__)}
 
 
-def comm_rows(report: RooflineView) -> list[dict[str, Any]]:
+def overlap_of(kernels: Sequence[Sequence[Any]] | None, ops: Sequence[OpRoof]) -> dict[str, float] | None:
+    """HTA-style overlap of a step's recorded kernels (``CaptureInfo.kernels``; :func:`overlap`): a kernel is
+    communication when the op that launched it is a collective, or its name is NCCL's/RCCL's."""
+    if not kernels:
+        return None
+    comm_ops = {i for i, o in enumerate(ops) if o.record.category == "comm"}
+    return overlap([(int(k[1]), int(k[1]) + int(k[2]), (k[4] in comm_ops) or "nccl" in str(k[0]).lower())
+                    for k in kernels])
+
+
+def comm_rows(report: RooflineAnalysis) -> list[dict[str, Any]]:
     """Per (collective, group): ``collective``, ``group``, ``group_size``, ``calls``, ``bytes`` (S summed),
     ``time_s`` (None untimed), ``algbw`` and ``busbw`` (bytes/s; None on a CPU host or untimed), ``pct_of_link``,
     ``roof_s`` (link bytes / link roof), ``layers`` (launched from), ``phases``; largest time (bytes) first."""
     link = getattr(report.spec, "link_bandwidth", None)
-    cpu = report.meta.get("device") == "cpu"
+    cpu = report.info.device == "cpu"
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for o in report.op_roofs:
         c = o.record.comm
@@ -119,8 +132,9 @@ def comm_rows(report: RooflineView) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (-(r["time_s"] or 0.0), -r["bytes"]))
 
 
-def comm_summary(report: RooflineView) -> dict[str, float]:
-    """Scalars of the communication section (bare names; the callbacks log them under ``tscope/comm/``)."""
+def comm_summary(report: RooflineAnalysis, ov: dict[str, float] | None) -> dict[str, float]:
+    """Scalars of the communication section (bare names; the callbacks log them under ``tscope/comm/``); ``ov``:
+    the kernel timeline's overlap (:func:`overlap_of`)."""
     rows = comm_rows(report)
     out: dict[str, float] = {}
     if rows:
@@ -133,7 +147,6 @@ def comm_summary(report: RooflineView) -> dict[str, float]:
         if bw:
             out["busbw_gbps"] = sum(r["link_bytes"] for r in rows if r["busbw"] is not None) / sum(
                 r["time_s"] for r in rows if r["busbw"] is not None) / 1e9
-    ov = getattr(report, "overlap", None) or report.meta.get("overlap")
     if ov and ov.get("comm_s"):  # a step that ran collectives (every CUDA capture has an overlap without them)
         if ov.get("exposed_comm_s") is not None:
             out["exposed_comm_ms"] = ov["exposed_comm_s"] * 1e3
@@ -141,7 +154,7 @@ def comm_summary(report: RooflineView) -> dict[str, float]:
             out["overlap_frac"] = float(ov["overlap_frac"])
         # (the span's idle time is not logged: the capture slows the host, so the GPU idles more inside it than in
         # the step -- an H200 GPT-2 capture's 341 ms against 1.5 ms of a 56 ms step)
-    sk = report.meta.get("skew")
+    sk = report.info.skew
     if sk:
         out["skew_max_wait_ms"] = sk["max_wait_s"] * 1e3
         out["skew_spread_ms"] = sk["spread_s"] * 1e3

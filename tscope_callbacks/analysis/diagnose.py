@@ -3,11 +3,10 @@ changes, with their predicted savings, are ``analysis.advice``'s opportunities."
 
 from __future__ import annotations
 
-from typing import Any
-
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.fmt import g as _g
 from tscope_callbacks.analysis.fmt import pct as _pct
+from tscope_callbacks.analysis.report import Row
 from tscope_callbacks.devices.gemm import gemm_flops
 
 __all__ = ["explain", "SMALL_MATMUL_FLOPS", "SMALL_MATMUL_DIM", "LAUNCH_BOUND_S", "LOW_ATTAINED", "NEAR_ROOF"]
@@ -22,7 +21,7 @@ LOW_ATTAINED = 0.5
 NEAR_ROOF = 0.8
 
 
-def explain(row: Any) -> str:
+def explain(row: Row) -> str:
     """One line on where a row stands. Rules (in order):
 
     - all ops lack a FLOP formula -> "no FLOP formula for aten.x (N calls): the roofline cannot place its time";

@@ -43,7 +43,7 @@ from tscope_callbacks.analysis.fmt import (
     sig,
     time_text,
 )
-from tscope_callbacks.analysis.report import ReportLike, StepReport, step_report_of
+from tscope_callbacks.analysis.report import ReportData
 
 __all__ = ["Change", "DiffRow", "StepDiff", "diff_reports", "VERDICTS", "SAME_WORK_TOL"]
 
@@ -219,22 +219,22 @@ class StepDiff:
 
 
 # ------------------------------------------------------------------------------------------------------ the rules
-def _value(r: StepReport, key: str) -> float | None:
+def _value(r: ReportData, key: str) -> float | None:
     f = r.header.get(key)
     v = f.value if f is not None else None
     return float(v) if v is not None and math.isfinite(v) and v > 0 else None
 
 
-def _step_noise(r: StepReport, measured: bool) -> float | None:
+def _step_noise(r: ReportData, measured: bool) -> float | None:
     """The step time's noise: the typical deviation of its unprofiled steps (an estimate has none)."""
     return r.context.step_time_spread_s if measured else None
 
 
-def _floor(r: StepReport) -> float | None:
+def _floor(r: ReportData) -> float | None:
     return r.noise.floor_s if r.noise.floor_s > 0 else None
 
 
-def _rows_noise(r: StepReport, layer: str | None) -> float | None:
+def _rows_noise(r: ReportData, layer: str | None) -> float | None:
     """A layer's (``layer`` None: all rows') spread over the profiled steps, at least the busy machine's floor;
     None when the report merged one step and the machine was idle (nothing measured)."""
     if r.noise.steps < 2:
@@ -254,9 +254,8 @@ def _times(rows: tuple[Any, ...], timed: bool, key: str) -> dict[str, float | No
     return {getattr(r, key): ((r.measured_s or 0.0) if timed else r.expected_s) for r in rows}
 
 
-def diff_reports(a: ReportLike, b: ReportLike, labels: tuple[str, str] = ("A", "B")) -> StepDiff:
+def diff_reports(a: ReportData, b: ReportData, labels: tuple[str, str] = ("A", "B")) -> StepDiff:
     """Compare two step reports, ``a`` before and ``b`` after (module doc)."""
-    a, b = step_report_of(a), step_report_of(b)
     notes: list[str] = []
     sa, sb = a.summary, b.summary
     timed = sa.timed and sb.timed

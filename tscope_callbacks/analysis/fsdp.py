@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from tscope_callbacks.analysis.fsdp_memory import FsdpUnit, fsdp_memory, unit_of
-from tscope_callbacks.analysis.view import RooflineReportView, RooflineView
+from tscope_callbacks.analysis.report import ReportData
 from tscope_callbacks.capture.paths import clean_path
 from tscope_callbacks.devices.precision import TORCH_DTYPES, normalize_precision
 
@@ -196,14 +196,15 @@ def mixed_policy(precision: str) -> tuple[torch.dtype | None, torch.dtype | None
     return TORCH_DTYPES.get(normalize_precision(precision)), torch.float32
 
 
-def fsdp_whatif(report: RooflineReportView, model: torch.nn.Module, n: int, *, units: Sequence[str] | str | None = None,
+def fsdp_whatif(report: ReportData, model: torch.nn.Module, n: int, *, units: Sequence[str] | str | None = None,
                 param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
                 reshard_after_forward: bool = True, link_efficiency: float = LINK_EFFICIENCY,
                 latency_s: float = LATENCY_S, gpus_per_node: int = GPUS_PER_NODE,
                 network_bw: float = NETWORK_BW, shard_size: int | None = None) -> dict[str, Any]:
-    """Per-GPU memory, collectives and step time of ``report``'s step (a ``RooflineReport`` of ``model`` on one
-    device, with layer details) under FSDP2 over ``n`` GPUs, or HSDP with ``shard_size`` GPUs per shard group (module
-    doc). JSON-safe; ``report.meta["fsdp_whatif"]`` carries it into the report."""
+    """Per-GPU memory, collectives and step time of ``report``'s step (a report of ``model`` on one device, with
+    layer details) under FSDP2 over ``n`` GPUs, or HSDP with ``shard_size`` GPUs per shard group (module doc).
+    JSON-safe; ``AnalyzeOptions(fsdp_whatif=...)`` carries it into a report (``analyze_model(fsdp=N)`` and
+    ``RooflineCallback(fsdp_whatif=N)`` do)."""
     for name, v in (("link_efficiency", link_efficiency), ("network_bw", network_bw)):
         if not v > 0:
             raise ValueError(f"{name} must be positive, got {v!r}")
@@ -222,7 +223,8 @@ def fsdp_whatif(report: RooflineReportView, model: torch.nn.Module, n: int, *, u
     root = next((u for u in us if not u.path), None)
     numel_tr = sum(p.numel() for p in model.parameters() if p.requires_grad)
     share = sum(u.padded_trainable for u in us) / shard / numel_tr if numel_tr else 0.0
-    what_if = report.options.what_if  # the step's times were measured on another device than the roofs'
+    # the step's times were measured on another device than the roofs'
+    what_if = report.what_if.measured_on if report.what_if else None
     mem = fsdp_memory(report, us, share, reshard_after_forward, two_grads=reduce_dtype not in (None, param_dtype),
                       drop_casts=param_dtype is not None, what_if=what_if)
     n_back = len(blocks) if reshard_after_forward else 0
@@ -259,10 +261,9 @@ def fsdp_whatif(report: RooflineReportView, model: torch.nn.Module, n: int, *, u
     paths = [u.path for u in blocks]
     per: dict[tuple[str, str], float] = {}
     measured = report.timed and not what_if  # times of another device: its expected times
-    for o in report.op_roofs:
-        r = o.record
-        s = (o.measured_s or 0.0) if measured else o.expected_s
-        key = (unit_of(r.layer, paths), "backward" if r.phase == "recompute" else r.phase)
+    for o in report.ops:
+        s = (o.time_s or 0.0) if measured else o.expected_s
+        key = (unit_of(o.layer, paths), "backward" if o.phase == "recompute" else o.phase)
         per[key] = per.get(key, 0.0) + s
     opt_s = per.get(("", "optimizer"), 0.0) + sum(per.get((p, "optimizer"), 0.0) for p in paths)
     sim = simulate_step([per.get((p, "forward"), 0.0) for p in paths], [per.get((p, "backward"), 0.0) for p in paths],
@@ -274,8 +275,8 @@ def fsdp_whatif(report: RooflineReportView, model: torch.nn.Module, n: int, *, u
                         root_ar=t_ar(root.reduce_bytes // shard) if root and reps > 1 else 0.0)
     sim["single_step_s"] = sum(per.values())  # one device, the same basis: its op times in sequence
     sim["basis"] = "measured op times" if measured else "expected op times"
-    sim["mfu"] = (report.model_flops / sim["step_s"] / report.mfu_peak_flops
-                  if sim["step_s"] and report.mfu_peak_flops else None)
+    s = report.summary
+    sim["mfu"] = s.model_flops / sim["step_s"] / s.mfu_peak_flops if sim["step_s"] and s.mfu_peak_flops else None
     comm_s = sum(c["time_s"] for c in comm.values())
     sim["comm_s"] = comm_s
     sim["overlap_frac"] = 1.0 - sim["exposed_s"] / comm_s if comm_s else None
@@ -283,13 +284,13 @@ def fsdp_whatif(report: RooflineReportView, model: torch.nn.Module, n: int, *, u
     return out
 
 
-def _link(report: RooflineView, group: int, gpus_per_node: int, network_bw: float) -> tuple[str, float | None]:
+def _link(report: ReportData, group: int, gpus_per_node: int, network_bw: float) -> tuple[str, float | None]:
     """(name, bandwidth per direction) of the link a collective over ``group`` GPUs runs on: the device's fastest
     link within a node, the network beyond."""
     if group > gpus_per_node:
         return "network", float(network_bw)
-    if report.spec.link_bandwidth:
-        return report.spec.link_name, float(report.spec.link_bandwidth)
+    if report.device.link_bandwidth:
+        return report.device.link_name or "", float(report.device.link_bandwidth)
     return "", None
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tscope_callbacks.analysis.memory_fit import report_capacity, verdict
-from tscope_callbacks.analysis.view import RooflineView
+from tscope_callbacks.analysis.report import ReportData
 
 __all__ = ["FsdpUnit", "fsdp_memory", "unit_of"]
 
@@ -47,13 +47,14 @@ def unit_of(layer: str, paths: Sequence[str]) -> str:
     return best
 
 
-def fsdp_memory(report: RooflineView, us: list[FsdpUnit], share: float, reshard: bool, two_grads: bool,
+def fsdp_memory(report: ReportData, us: list[FsdpUnit], share: float, reshard: bool, two_grads: bool,
                 drop_casts: bool, what_if: str | None = None) -> dict[str, Any]:
     """This rank's memory at the step's peak: the shards, the buffers and, at each op of the profiled step, its
     activations and temporaries (``live_no_grads``; the optimizer's temporaries divided like its state) plus what
     FSDP holds unsharded then (module doc). Without that timeline (older profiles, no layer details) the sum of the
     maxima: an upper bound."""
-    mc = report.meta.get("memory_categories") or {}
+    mc = (report.profile.info.memory_categories if report.profile is not None else None) or (
+        dict(report.memory.categories) if report.memory is not None else {})
     blocks = [u for u in us if u.path]
     root = next((u for u in us if not u.path), None)
     opt, scal = mc.get("optimizer_state"), int(mc.get("optimizer_state_scalars") or 0)
@@ -66,7 +67,7 @@ def fsdp_memory(report: RooflineView, us: list[FsdpUnit], share: float, reshard:
         "buffers": int(mc.get("buffers") or 0),
     }
     live = mc.get("live_no_grads")
-    ops = report.op_roofs
+    ops = report.ops
     if live and len(live) == len(ops):
         mem.update(_peak_walk(ops, live, mc, us, share, reshard, drop_casts))
     else:
@@ -80,7 +81,7 @@ def fsdp_memory(report: RooflineView, us: list[FsdpUnit], share: float, reshard:
     mem["peak"] = (sum(int(mem[k] or 0) for k in ("params", "grads", "optimizer_state", "buffers", "activations",
                                                   "gathered_params", "unsharded_grads"))
                    if mem["activations"] is not None else None)
-    cap = mem["capacity"] = report_capacity(report.spec, what_if)
+    cap = mem["capacity"] = report_capacity(report.device.memory_bytes, what_if)
     mem["share"] = mem["peak"] / cap if cap and mem["peak"] else None
     mem["verdict"] = verdict(mem["peak"], cap) if mem["share"] is not None else None
     return mem
@@ -118,7 +119,7 @@ def _peak_walk(ops: list[Any], live: list[int], mc: dict[str, Any], us: list[Fsd
             alive[u] += n
         cast_alive += casts.get(i, 0)
         v -= cast_alive
-        phase, u = o.record.phase, unit_of(o.record.layer, paths)
+        phase, u = o.phase, unit_of(o.layer, paths)
         j = idx.get(u)
         g = r_gather if phase != "optimizer" else 0
         if phase == "optimizer":

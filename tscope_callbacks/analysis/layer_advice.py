@@ -32,12 +32,14 @@ computed from the step's own records, or says nothing:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tscope_callbacks.analysis.finding import Finding, ms, rows_of
 from tscope_callbacks.analysis.fmt import n as _n
 from tscope_callbacks.analysis.rows import OpRoof
-from tscope_callbacks.analysis.view import RooflineView
+
+if TYPE_CHECKING:
+    from tscope_callbacks.analysis.roofline import RooflineAnalysis
 
 __all__ = ["layer_findings", "step_findings", "Context", "ACTIVATIONS", "ACTIVATION_BACKWARDS", "MONOTONE",
            "CHANNELS_LAST_CPU_OPS"]
@@ -89,17 +91,17 @@ def _four_d(shape: Any) -> bool:
 class Context:
     """What the rules look at besides a layer's own ops: the step's ops in execution order, the capture's facts."""
 
-    def __init__(self, report: RooflineView) -> None:
-        meta = report.meta
-        self.meta = meta
+    def __init__(self, report: RooflineAnalysis) -> None:
+        info = report.info
+        self.info = info
         self.seq = sorted((o for o in report.op_roofs if o.record.category != "view"), key=lambda o: o.record.index)
         self.pos = {o.record.index: i for i, o in enumerate(self.seq)}
         self.all_ops = list(report.op_roofs)
-        self.cuda = str(meta.get("device", "")).startswith("cuda") or str(meta.get("timing", "")).startswith("cuda")
-        self.cpu = meta.get("device") == "cpu" and not self.cuda
-        self.compiled = bool(meta.get("compiled_modules_run_eagerly") or meta.get("compiled_capture"))
-        self.kernel_model = getattr(report, "kernel_model", None)  #: expectations beyond the roofline bound
-        self.kernels = meta.get("kernels") or []  #: [name, start_ns, duration_ns, stream, op position]
+        self.cuda = str(info.device or "").startswith("cuda") or str(info.timing or "").startswith("cuda")
+        self.cpu = info.device == "cpu" and not self.cuda
+        self.compiled = bool(info.compiled_modules_run_eagerly or info.compiled_capture)
+        self.kernel_model = report.kernel_model  #: expectations beyond the roofline bound
+        self.kernels = info.kernels or []  #: [name, start_ns, duration_ns, stream, op position]
         #: a forward-only step (inference, validation): no op ran in a backward
         self.inference = bool(self.seq) and not any(o.record.phase == "backward" for o in self.seq)
 
@@ -155,7 +157,7 @@ def _cl_bytes(o: OpRoof, ctx: Context) -> int:
 
 
 def _channels_last(ctx: Context) -> list[Finding]:
-    if ctx.meta.get("conv_channels_last") is not False:
+    if ctx.info.conv_channels_last is not False:
         return []  # channels-last already, or the layout is unknown
     convs = [o for o in ctx.seq if o.record.category == "conv" and o.measured_s and _act_bytes(o)]
     if not convs:
@@ -212,7 +214,7 @@ def _conv(ops: list[OpRoof], ctx: Context) -> list[Finding]:
     if not convs or not ctx.cuda:
         return []
     out = []
-    if ctx.meta.get("cudnn_benchmark") is False and ctx.kernel_model is not None:
+    if ctx.info.cudnn_benchmark is False and ctx.kernel_model is not None:
         slow = [o for o in convs if (o.measured_s or 0.0) > SLOW_RATIO * o.expected_s]
         if slow:
             now, exp = sum(o.measured_s or 0.0 for o in slow), sum(o.expected_s for o in slow)

@@ -9,13 +9,9 @@ cached blocks), so a step within 90% of the device is flagged as tight.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from tscope_callbacks.analysis.view import RooflineReportView
-    from tscope_callbacks.devices.spec import DeviceSpec
-
-__all__ = ["memory_fit", "report_memory_fit", "report_capacity", "verdict", "TIGHT"]
+__all__ = ["memory_fit", "report_capacity", "verdict", "TIGHT"]
 
 TIGHT = 0.9  #: a peak above this share of the device leaves the allocator little room
 
@@ -25,10 +21,10 @@ def verdict(peak: int, capacity: int) -> str:
     return "fits" if peak <= TIGHT * capacity else "tight" if peak <= capacity else "does not fit"
 
 
-def report_capacity(spec: DeviceSpec, what_if: str | None = None) -> int | None:
-    """The memory a report's step is checked against: its device's (``spec``, the roofs'); None for a what-if
-    (``what_if``, the device the step ran on, when it is another than the roofs')."""
-    return None if what_if else spec.memory_bytes
+def report_capacity(memory_bytes: int | None, what_if: str | None = None) -> int | None:
+    """The memory a report's step is checked against: its device's (``memory_bytes``, the roofs' device's); None for
+    a what-if (``what_if``, the device the step ran on, when it is another than the roofs')."""
+    return None if what_if else memory_bytes
 
 
 def memory_fit(mc: dict[str, Any] | None, capacity: int | None) -> dict[str, Any] | None:
@@ -54,8 +50,3 @@ def memory_fit(mc: dict[str, Any] | None, capacity: int | None) -> dict[str, Any
     if out["verdict"] != "fits" and room > 0 and states:
         out["shard_over"] = max(2, math.ceil(states / room))
     return out
-
-
-def report_memory_fit(report: RooflineReportView) -> dict[str, Any] | None:
-    """:func:`memory_fit` of a report's step against :func:`report_capacity`."""
-    return memory_fit(report.meta.get("memory_categories"), report_capacity(report.spec, report.options.what_if))

@@ -14,11 +14,13 @@ accumulation the latency and the samples are those of one optimizer step of all 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tscope_callbacks.analysis.fmt import div as _div
-from tscope_callbacks.analysis.view import RooflineView
 from tscope_callbacks.records import MATRIX_CATEGORIES, model_flops
+
+if TYPE_CHECKING:
+    from tscope_callbacks.analysis.roofline import RooflineAnalysis
 
 __all__ = ["batch_counts", "model_summary", "summary_scalars"]
 
@@ -32,12 +34,12 @@ def batch_counts(inputs: list) -> tuple[int, int]:
     return shape[0], shape[0] * shape[1] if len(shape) == 2 and "int" in str(dtype) else 0
 
 
-def model_summary(report: RooflineView) -> dict[str, Any]:
+def model_summary(report: RooflineAnalysis) -> dict[str, Any]:
     """The summary of a report (``RooflineAnalysis``) and its layer records; JSON-safe."""
     root = report.layer_records.get("") if report.layer_records else None
     ops = [o.record for o in report.op_roofs]
     fwd = [r for r in ops if r.phase == "forward"]
-    conv = report.meta.get("attention_flops") or "attended"  # model FLOPs: records.model_flops, as the report's
+    conv = report.info.attention_flops or "attended"  # model FLOPs: records.model_flops, as the report's
     mat = [r for r in ops if r.category in MATRIX_CATEGORIES]
     out: dict[str, Any] = {
         "params": getattr(root, "num_parameters", None), "params_trainable": getattr(root, "num_trainable_parameters",
@@ -48,10 +50,10 @@ def model_summary(report: RooflineView) -> dict[str, Any]:
         "macs_step": model_flops(mat, conv) // 2,
     }
     peak, saved = getattr(root, "peak_fwd_bytes", 0) or 0, getattr(root, "saved_bytes", 0) or 0
-    micro = int(report.meta.get("micro_batches") or 1)  # a step of gradient accumulation: each backward frees its own
+    micro = int(report.info.micro_batches or 1)  # a step of gradient accumulation: each backward frees its own
     out["micro_batches"] = micro
     if peak:
-        src = ("allocator peak of the forward" if report.meta.get("device") == "cuda"
+        src = ("allocator peak of the forward" if report.info.device == "cuda"
                else "peak of the forward's tensors")  # tracked live bytes: no allocator statistics off CUDA
         out["activations_mb"], out["activations_source"] = peak / 2**20, src
     elif saved:
@@ -67,7 +69,7 @@ def model_summary(report: RooflineView) -> dict[str, Any]:
         report.expected_time_s("forward")
     total_t = (report.op_time_s or 0.0) if report.timed else report.estimated_step_s
     out["forward_ms"] = (step * fwd_t / total_t * 1e3) if step and total_t else None  # the forward's share
-    batch, tokens = batch_counts(report.meta.get("inputs") or [])
+    batch, tokens = batch_counts(report.info.inputs or [])
     out["batch"] = batch * micro if batch else None
     out["samples_per_s"] = _div(out["batch"], step)
     out["tokens_per_s"] = _div(tokens * micro, step) if tokens else None

@@ -13,14 +13,17 @@ finding").
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tscope_callbacks.analysis.view import RooflineView
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
+
+if TYPE_CHECKING:
+    from tscope_callbacks.analysis.roofline import RooflineAnalysis
 
 __all__ = ["merge_steps", "find_noise", "Noise", "NoiseMark", "NOISY_SPREAD", "OUTLIER_RATIO", "NOISE_FLOOR_SHARE",
            "block_pattern"]
@@ -45,10 +48,10 @@ _REGION_FIELDS = ("device_busy_s", "device_idle_s", "outside_ops_s")
 
 
 def merge_steps(profiles: Sequence[StepProfile]) -> StepProfile:
-    """One profile from several of the same step shape: the first one's records and meta, each op's ``time_s`` the
+    """One profile from several of the same step shape: the first one's records and info, each op's ``time_s`` the
     median of its times in the steps where it ran (matched by op, layer, phase, shapes and occurrence), its times
     kept in ``time_samples``; each layer's times the median of its times; the region's wall, busy and idle times
-    their medians. ``meta["merged_steps"]`` lists the steps."""
+    their medians. ``info.merged_steps`` lists the steps."""
     if not profiles:
         raise ValueError("merge_steps needs at least one profile")
     first = profiles[0]
@@ -81,16 +84,14 @@ def merge_steps(profiles: Sequence[StepProfile]) -> StepProfile:
             setattr(rec, f, statistics.median(vals))
         layers[path] = rec
     walls = [p.wall_time_s for p in profiles if p.wall_time_s is not None]
-    meta = dict(first.meta)
     # the device's busy and idle time of the captured region, on the same basis as its wall time: the median over the
     # steps (the first step's own were a full capture's, far longer than a replayed step's region)
-    for k in _REGION_FIELDS:
-        vals = [v for p in profiles if isinstance(v := p.meta.get(k), (int, float))]
-        if vals:
-            meta[k] = statistics.median(vals)
-    meta["merged_steps"] = [p.meta.get("step") for p in profiles]
-    meta["matched_ops"] = sum(1 for r in ops if r.time_samples and len(r.time_samples) == len(profiles))
-    return StepProfile(ops=ops, layers=layers, wall_time_s=statistics.median(walls) if walls else None, meta=meta)
+    region = {k: statistics.median(vals) for k in _REGION_FIELDS
+              if (vals := [v for p in profiles if isinstance(v := getattr(p.info, k), (int, float))])}
+    info = dataclasses.replace(first.info, **region, merged_steps=[p.info.step for p in profiles],
+                               matched_ops=sum(1 for r in ops if r.time_samples and len(r.time_samples) == len(profiles)))
+    return StepProfile(ops=ops, layers=layers, wall_time_s=statistics.median(walls) if walls else None, info=info,
+                       user=dict(first.user))
 
 
 @dataclass(frozen=True)
@@ -167,16 +168,17 @@ def _signature(ops: list[Any]) -> tuple:
     return tuple((o.record.op, repr(o.record.input_shapes)) for o in sorted(ops, key=lambda o: o.record.index))
 
 
-def find_noise(report: RooflineView) -> Noise:
+def find_noise(report: RooflineAnalysis) -> Noise:
     """Noise marks of a roofline analysis (``report.layer_rows``, ``report.measured_step_s``): see module doc."""
     rows = [r for r in report.layer_rows if r.measured_s is not None and r.kind == "layer"]
     step = report.measured_step_s or sum(r.measured_s for r in rows) or 0.0
     floor = NOISE_FLOOR_SHARE * step
     noise = Noise(steps=int(max((len(o.record.time_samples or ()) for o in report.op_roofs), default=1) or 1))
-    if report.meta.get("host_busy"):
-        noise.floor_s = float(report.meta.get("step_time_spread_s") or 0.0)
+    if report.info.host_busy:
+        noise.floor_s = float(report.info.step_time_spread_s or 0.0)
+    ops_of = lambda r: report.row_ops.get((r.layer, r.phase), [])  # noqa: E731
     for r in rows:
-        s = _samples(r.ops)
+        s = _samples(ops_of(r))
         if s is None:
             continue
         spread = max(s) - min(s)
@@ -187,7 +189,7 @@ def find_noise(report: RooflineView) -> Noise:
     for r in rows:
         pat = block_pattern(r.layer)
         if pat != r.layer:
-            groups.setdefault((pat, r.phase, _signature(r.ops)), []).append(r)
+            groups.setdefault((pat, r.phase, _signature(ops_of(r))), []).append(r)
     for members in groups.values():
         if len(members) < 2:
             continue
@@ -195,7 +197,7 @@ def find_noise(report: RooflineView) -> Noise:
             others = [m for m in members if m is not r]
             typical = statistics.median(m.measured_s for m in others)
             if r.measured_s > OUTLIER_RATIO * typical and r.measured_s - typical > floor:
-                s = _samples(r.ops) or (r.measured_s,)
+                s = _samples(ops_of(r)) or (r.measured_s,)
                 noise.marks[(r.layer, r.phase)] = NoiseMark(r.layer, r.phase, "outlier", r.measured_s, typical,
                                                             max(s) - min(s), s, tuple(m.layer for m in others))
     return noise

@@ -1,13 +1,15 @@
-"""One profiled step, analysed once: :class:`StepReport` and :func:`analyze` (pure: no torch, no hooks, no renderer).
+"""One profiled step, analysed once: :class:`ReportData`, the frozen, typed content of the report (pure: no torch, no
+hooks, no renderer), and the types it is made of.
 
-``analysis.analyze.analyze(profile, spec, options) -> StepReport`` places every op of a StepProfile on ``spec``'s roofline
+``analysis.analyze.analyze(profile, spec, options)`` places every op of a StepProfile on ``spec``'s roofline
 (``analysis.roofline``), then reads everything an output needs into one frozen, typed object. Every output
-(markdown, CSV, JSON, plot, console, the callbacks' sinks, the dashboard) is a function of a StepReport alone.
+(markdown, CSV, JSON, plot, console, the callbacks' sinks, the dashboard) is a function of it alone. Users get it as
+``tscope_callbacks.StepReport`` (``tscope_callbacks.report``: the same with its renderings one call away).
 
-JSON (``StepReport.to_dict()`` / ``StepReport.from_dict(d)``; ``json.dumps(d, allow_nan=False)`` works and
+JSON (``report.to_dict()`` / ``StepReport.from_dict(d)``; ``json.dumps(d, allow_nan=False)`` works and
 ``to_dict(from_dict(d)) == d``)::
 
-    schema: "tscope.step_report"   version: 2
+    schema: "tscope.step_report"   version: 3
     step: int | null    stage: "train"|"validation"|...|null    run: str | null    created: ISO time (UTC)
     device: {name, source, vendor, measured, bandwidth (B/s), peaks: {precision: FLOP/s},
              achievable: {name, bandwidth, peaks} | null, memory_bytes | null, link_bandwidth | null,
@@ -40,9 +42,9 @@ JSON (``StepReport.to_dict()`` / ``StepReport.from_dict(d)``; ``json.dumps(d, al
     communication: {rows: [...], overlap: {...} | null, skew: {...} | null} | null   (null: no collectives)
     fsdp_whatif: {...} (analysis.fsdp.fsdp_whatif) | null      compiled_vs_eager: [...] | null
     what_if: {measured_on, roofs_of} | null   (times of one device placed on another's roofs)
-    opportunities: [Opportunity]  {title, layer, op, phase, type, kind, cause, change, saving_s, saving_frac,
-          recoverable_s, measured_s, estimate_s, bound, intensity, ridge, attained, evidence, rows: [[layer, phase]],
-          predicted_by, predicted_text, measured_ratio, measured_on}, largest saving first; each names a change
+    opportunities: [Opportunity]  {layer, phase, type, kind, cause, change, saving_s, recoverable_s, measured_s,
+          estimate_s, bound, intensity, ridge, attained, evidence, rows: [[layer, phase]], predicted_by,
+          predicted_text, measured_ratio, measured_on, op, title, saving_frac}, largest saving first; each names a change
     below_roof: [BelowRoof]  {layer, phase, type, measured_s, expected_s, recoverable_s, attained, cause}: rows below
           their roof for which no change is known (not opportunities), by recoverable time
     nonfinite: [{step, layer, op, phase, line, kind}]
@@ -57,9 +59,8 @@ JSON (``StepReport.to_dict()`` / ``StepReport.from_dict(d)``; ``json.dumps(d, al
 
 The step file ``<log_dir>/tscope/step_<N>.json`` is ``{"profile": StepProfile.to_dict(), "device":
 DeviceSpec.to_dict() | null, "report": <this dict> | null}`` (``report`` null: no device roof); a file holding this
-dict at its top level is read too. :func:`load_step_file` reads either. A version 1 file (the same three keys,
-written before this schema: its ``report`` has ``"version": 1`` and no ``schema``) is re-analysed from its profile by
-``tscope report``; :func:`load_step_file` raises :class:`StepFileError` naming the version.
+dict at its top level is read too. :func:`read_step_report` reads either; a file of another version is refused in one
+line (:class:`StepFileError`).
 """
 
 from __future__ import annotations
@@ -74,15 +75,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.records import StepProfile
 
-__all__ = ["SCHEMA", "VERSION", "ALERTS_FILE", "StepReport", "load_step_file", "read_step_json", "read_alerts_file",
-           "not_a_step_file", "ReportLike", "HasStepReport",
-           "step_report_of", "StepFileError", "Figure", "DeviceInfo", "Summary", "MemorySection", "TimeSplit", "Row", "OpRow",
+__all__ = ["SCHEMA", "VERSION", "ALERTS_FILE", "ReportData", "read_step_report", "read_step_json", "step_file",
+           "read_alerts_file", "not_a_step_file", "StepFileError", "Figure", "DeviceInfo", "Summary", "MemorySection",
+           "TimeSplit", "Row", "OpRow",
            "LayerInfo", "RoofUsed", "Opportunity", "BelowRoof", "NoiseSection", "NoiseMarkInfo", "RunContext", "WhatIf",
            "merge_rows", "json_safe"]
 
 SCHEMA = "tscope.step_report"
-VERSION = 2
+VERSION = 3
 #: ``<log_dir>/tscope/alerts.jsonl``: every alert of a run (the step monitor's, the NaN guard's), one JSON object a
 #: line (``step``, ``key``, ``title``, ``text``), whatever the logger: what an offline dashboard shows without events
 ALERTS_FILE = "alerts.jsonl"
@@ -505,31 +507,34 @@ class RoofUsed:
 
 @dataclass(frozen=True)
 class Opportunity:
-    """A finding: where, why (``cause``), what to change (``change``) and the predicted saving per step."""
+    """A finding: where time goes that need not, why (``cause``, computed from the numbers), what to change in the
+    user's code (``change``), the predicted saving per step (``saving_s``) and how it was predicted
+    (``predicted_by``, ``predicted_text``). ``kind``: one of ``analysis.advice.KINDS``. ``title`` and
+    ``saving_frac`` (of the step) are set when the report is built."""
 
-    title: str
     layer: str
-    op: str
     phase: str
     type: str
     kind: str  #: ``analysis.advice.KINDS``
     cause: str
-    change: str
-    saving_s: float | None
-    saving_frac: float | None  #: of the step
-    recoverable_s: float | None
-    measured_s: float | None
-    estimate_s: float
-    bound: str
-    intensity: float | None
-    ridge: float | None
-    attained: float | None
-    evidence: dict[str, Any] = field(default_factory=dict)
+    change: str = ""
+    saving_s: float | None = None  #: predicted saving per step (None: untimed and no kernel model)
+    recoverable_s: float | None = None
+    measured_s: float | None = None
+    estimate_s: float = 0.0
+    bound: str = ""
+    intensity: float | None = None
+    ridge: float | None = None
+    attained: float | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)  #: the figures the finding rests on
     rows: tuple[tuple[str, str], ...] = ()  #: the (layer, phase) rows the saving comes from
     predicted_by: str = ""  #: how the saving was predicted: a key of ``analysis.finding.PREDICTED_BY``
     predicted_text: str = ""  #: the prediction's figures, one sentence
     measured_ratio: float | None = None  #: measured / predicted saving of this kind of change in the closed loop
     measured_on: str = ""  #: where the closed loop measured it ("": never, on this kind of device)
+    op: str = ""  #: the op it is about, where one is
+    title: str = ""
+    saving_frac: float | None = None  #: of the step
 
 
 @dataclass(frozen=True)
@@ -570,8 +575,12 @@ class NoiseSection:
     spread: tuple[tuple[Any, ...], ...] = ()  #: (layer, phase, seconds) per layer x phase row
     suppressed: tuple[Opportunity, ...] = ()  #: findings within the noise: not shown as findings
 
+    def mark(self, layer: str, phase: str) -> NoiseMarkInfo | None:
+        """The mark of a layer x phase row (None: its time is not noise)."""
+        return next((m for m in self.marks if m.layer == layer and m.phase == phase), None)
+
     def is_marked(self, layer: str, phase: str) -> bool:
-        return any(m.layer == layer and m.phase == phase for m in self.marks)
+        return self.mark(layer, phase) is not None
 
     def spread_of(self, layer: str, phase: str) -> float:
         return next((float(s[2]) for s in self.spread if s[0] == layer and s[1] == phase), 0.0)
@@ -605,12 +614,18 @@ class RunContext:
     compiled_capture: dict[str, Any] | None = None
     compiled_modules_run_eagerly: tuple[str, ...] | None = None
     micro_batches: int = 1
-    attention_flops: str | None = None  #: the model-FLOPs convention of causal attention ("attended"/"full")
+    attention_flops: str = "attended"  #: the model-FLOPs convention of causal attention (``records.model_flops``)
+
+
+R = typing.TypeVar("R", bound="ReportData")
 
 
 @dataclass(frozen=True)
-class StepReport:
-    """One profiled step, analysed once (see the module docstring for the JSON)."""
+class ReportData:
+    """One profiled step, analysed once: every figure, table and finding an output shows (see the module docstring
+    for the JSON). The report users get is ``tscope_callbacks.StepReport``, this with its renderings; renderers are
+    pure functions of this. ``profile`` is the StepProfile it was analysed from, when known (not in its JSON: a step
+    file stores it beside the report)."""
 
     step: int | None
     stage: str | None
@@ -639,6 +654,7 @@ class StepReport:
     user: dict[str, Any] = field(default_factory=dict)
     grad_spikes: tuple[dict[str, Any], ...] = ()
     below_roof: tuple[BelowRoof, ...] = ()  #: rows below their roof with no known change (not opportunities)
+    profile: StepProfile | None = field(default=None, compare=False, repr=False, metadata={"json": False})
 
     # ---- tables
     @property
@@ -677,47 +693,26 @@ class StepReport:
         return {"schema": SCHEMA, "version": VERSION, **_dump(self)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StepReport:
-        """Read :meth:`to_dict`'s dict back (extra keys are ignored); :class:`StepFileError` for another schema or
-        version, or a malformed dict."""
+    def from_dict(cls: type[R], d: dict[str, Any], profile: StepProfile | None = None) -> R:
+        """Read :meth:`to_dict`'s dict back (extra keys are ignored; ``profile``: the StepProfile it was analysed
+        from, when known); :class:`StepFileError` (one line) for another schema or version, or a malformed dict."""
         if not isinstance(d, dict):
             raise StepFileError(f"a step report is a JSON object, got {type(d).__name__}")
         if d.get("schema") != SCHEMA:
-            raise StepFileError("not a tscope step report (no \"schema\": \"tscope.step_report\"): "
-                                + ("a version 1 step file; `tscope report` re-analyses its profile" if "profile" in d
-                                   else "expected StepReport.to_dict()"))
+            raise StepFileError("not a tscope step report (no \"schema\": \"tscope.step_report\"; expected "
+                                "StepReport.to_dict())")
         if d.get("version") != VERSION:
-            raise StepFileError(f"step report version {d.get('version')!r}; this tscope reads version {VERSION}: "
-                                "upgrade tscope_callbacks, or re-analyse the file's profile with `tscope report`")
+            raise StepFileError(f"a step report of version {d.get('version')!r}; this tscope reads version {VERSION}: "
+                                "profile the step again with this version")
         try:
-            return _load(cls, d)
+            return dataclasses.replace(_load(cls, d), profile=profile)
         except (TypeError, KeyError, ValueError, AttributeError) as e:
             raise StepFileError(f"malformed step report ({type(e).__name__}: {e})") from None
 
     def __repr__(self) -> str:
         s = self.summary
-        return f"StepReport(step={self.step}, device={s.device!r}, ops={s.n_ops}, flops={s.total_flops}, mfu={s.mfu})"
-
-
-@typing.runtime_checkable
-class HasStepReport(typing.Protocol):
-    """An object that carries a StepReport (``render.report.RooflineReport``, what ``ts.roofline`` returns)."""
-
-    @property
-    def step_report(self) -> StepReport: ...
-
-
-#: what the renderers' public functions take: a StepReport, or an object carrying one
-ReportLike = StepReport | HasStepReport
-
-
-def step_report_of(report: ReportLike) -> StepReport:
-    """The StepReport itself, or the one ``report`` carries."""
-    if isinstance(report, StepReport):
-        return report
-    if isinstance(report, HasStepReport):
-        return report.step_report
-    raise TypeError(f"expected a StepReport (or ts.roofline's report), got {type(report).__name__}")
+        return (f"{type(self).__name__}(step={self.step}, device={s.device!r}, ops={s.n_ops}, flops={s.total_flops}, "
+                f"mfu={s.mfu})")
 
 
 class StepFileError(ValueError):
@@ -727,7 +722,7 @@ class StepFileError(ValueError):
 # ------------------------------------------------------------------------------------------------ (de)serializing
 def _dump(x: Any) -> Any:
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        out = {f.name: _dump(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        out = {f.name: _dump(getattr(x, f.name)) for f in dataclasses.fields(x) if f.metadata.get("json", True)}
         derived = getattr(x, "_derived", None)
         if derived is not None:
             out.update({k: _dump(v) for k, v in derived().items()})
@@ -748,7 +743,8 @@ def _load(tp: Any, v: Any) -> Any:
         return _load(args[0], v) if len(args) == 1 else v
     if dataclasses.is_dataclass(tp):
         hints = _HINTS.get(tp) or _HINTS.setdefault(tp, typing.get_type_hints(tp))
-        kw = {f.name: _load(hints[f.name], v[f.name]) for f in dataclasses.fields(tp) if f.name in v}
+        kw = {f.name: _load(hints[f.name], v[f.name]) for f in dataclasses.fields(tp)
+              if f.name in v and f.metadata.get("json", True)}
         return tp(**kw)
     if origin is tuple:
         args = typing.get_args(tp)
@@ -831,24 +827,35 @@ def read_alerts_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return out
 
 
-def load_step_file(path: str | os.PathLike[str], data: dict[str, Any] | None = None) -> StepReport:
-    """The StepReport of a step file (``<log_dir>/tscope/step_<N>.json``; ``data``: its JSON, when already read
-    with :func:`read_step_json`). Raises :class:`StepFileError` with one line for a missing, unreadable, corrupt or
-    half-written file, or one of another schema or version (a version 1 file: re-analyse its profile with
-    ``tscope report``)."""
+def step_file(profile: StepProfile, device: dict[str, Any] | None, report: ReportData | None) -> dict[str, Any]:
+    """A step file's content: ``{"profile", "device", "report"}`` -- the raw records, the device's roof row
+    (``DeviceSpec.to_dict()``: a re-analysis on that device) and the report's JSON (None: no device roof)."""
+    return {"profile": profile.to_dict(), "device": device, "report": report.to_dict() if report is not None else None}
+
+
+def read_step_report(cls: type[R], path: str | os.PathLike[str], data: dict[str, Any] | None = None) -> R:
+    """The report (of class ``cls``) of a step file (``<log_dir>/tscope/step_<N>.json``, ``{"profile", "device",
+    "report"}``; a report dict at the top level is read too), with its profile when the file has one; ``data``: its
+    JSON, when already read with :func:`read_step_json`. Raises :class:`StepFileError` with one line for a missing,
+    unreadable, corrupt or half-written file, or one of another schema or version."""
     if data is None:
         data = read_step_json(path)
+    profile = None
     if data.get("schema") != SCHEMA and "profile" in data:
         rep = data.get("report")
         if rep is None:
             raise StepFileError(f"{path} has no report (the step had no device roof): `tscope report {path} --gpu "
                                 "NAME` analyses its profile")
-        if not (isinstance(rep, dict) and "schema" in rep):
+        if not (isinstance(rep, dict) and rep.get("schema") == SCHEMA and rep.get("version") == VERSION):
             v = rep.get("version", 1) if isinstance(rep, dict) else 1
-            raise StepFileError(f"{path} is a version {v} step file (no schema): `tscope report {path}` "
-                                "re-analyses its profile")
+            raise StepFileError(f"{path} is a step file of version {v}; this tscope reads version {VERSION}: "
+                                "profile the step again with this version")
+        try:
+            profile = StepProfile.from_dict(data["profile"])
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise StepFileError(f"{path}: malformed profile ({type(e).__name__}: {e})") from None
         data = rep
     try:
-        return StepReport.from_dict(data)
+        return cls.from_dict(data, profile)
     except StepFileError as e:
         raise StepFileError(f"{path}: {e}") from None

@@ -5,39 +5,43 @@ Per op (DESIGN.md "Counting semantics"): the precision actually used (TF32 for f
 vector roof otherwise), intensity = flops/bytes, ridge = peak/bandwidth, bound, estimate = max(flops/peak,
 bytes/bandwidth), attained = estimate/measured ("% of roof") and recoverable = max(0, measured - estimate).
 Rows aggregate ops per layer x phase (self attribution, so rows never double count), per layer, per layer
-inclusive of children, per op class and per op name. The caller resolves the device (``api.roofline``);
-``analysis.analyze.report_of`` reads the analysis into the typed StepReport every output renders.
+inclusive of children, per op class and per op name. The caller resolves the device (``api.analyze``);
+``analysis.analyze.report_of`` reads the analysis, its findings and its noise into the typed report every output
+renders.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from tscope_callbacks.analysis.advice import below_roof as advice_below_roof
-from tscope_callbacks.analysis.advice import opportunities as advice_opportunities
 from tscope_callbacks.analysis.estimate import expected_s
 from tscope_callbacks.analysis.fmt import div as _div
-from tscope_callbacks.analysis.noise import Noise, find_noise
-from tscope_callbacks.analysis.report import layer_point_rows
+from tscope_callbacks.analysis.report import Row
 from tscope_callbacks.analysis.roofs import beaten as _beaten
-from tscope_callbacks.analysis.roofs import overlap_of as _overlap
 from tscope_callbacks.analysis.roofs import widen as _widen
-from tscope_callbacks.analysis.rows import Opportunity, OpRoof, Row
-from tscope_callbacks.analysis.summary import summary_dict
+from tscope_callbacks.analysis.rows import OpRoof, sum_row
 from tscope_callbacks.capture.paths import ancestors
 from tscope_callbacks.devices.efficiency import KernelModel, model_for
 from tscope_callbacks.devices.precision import normalize_precision, precision_for_dtype, tf32_enabled
 from tscope_callbacks.devices.spec import DeviceSpec
-from tscope_callbacks.records import MATRIX_CATEGORIES, PHASES, LayerRecord, OpRecord, StepProfile, model_flops
+from tscope_callbacks.records import (
+    MATRIX_CATEGORIES,
+    PHASES,
+    CaptureInfo,
+    LayerRecord,
+    OpRecord,
+    StepProfile,
+    model_flops,
+)
 
-__all__ = ["build_roofline", "RooflineAnalysis", "OpRoof", "Row", "Opportunity", "layer_points"]
+__all__ = ["build_roofline", "RooflineAnalysis"]
 
 
 def _rate(spec: DeviceSpec, p: str, matrix: bool) -> tuple[str, bool, float] | None:
     """(roof precision, matrix roof?, FLOP/s) that ``spec`` uses for ``p``; None when it has none. The TF32 rule is
-    applied by the caller from the profile's meta, never from this process's torch settings (allow_tf32=False)."""
+    applied by the caller from the profile's info, never from this process's torch settings (allow_tf32=False)."""
     try:
         if hasattr(spec, "effective_precision"):
             peak = spec.peak_flops(p, matrix, allow_tf32=False)
@@ -103,7 +107,7 @@ def _ran(ops: list) -> str:
 def build_roofline(prof: StepProfile, spec: DeviceSpec, *, achievable: DeviceSpec | None = None,
                    precision: str | None = None, group_small: float = 0.01,
                    kernel_model: bool | KernelModel | None = True) -> RooflineAnalysis:
-    """Place every op of ``prof`` (a StepProfile, or anything with ``.ops/.layers/.wall_time_s/.meta``) on the roofline.
+    """Place every op of ``prof`` on the roofline.
 
     ``spec``: a resolved DeviceSpec (``devices.resolve.get_device_spec`` turns names into one; analysis never
     measures). ``achievable``: measured roofs (a DeviceSpec) shown beside the datasheet ones; default
@@ -115,13 +119,10 @@ def build_roofline(prof: StepProfile, spec: DeviceSpec, *, achievable: DeviceSpe
     efficiency (``devices.efficiency.model_for``; none for CPU roofs); False keeps pure roofline bounds; or a
     ``KernelModel``.
     """
-    if spec is None or isinstance(spec, str):
-        raise TypeError("build_roofline needs a resolved DeviceSpec (use tscope_callbacks.get_device_spec, or "
-                        "tscope_callbacks.roofline which resolves names)")
-    meta = dict(getattr(prof, "meta", None) or {})
+    info = prof.info
     ach = achievable if achievable is not None else getattr(spec, "achievable", None)
     override = normalize_precision(precision) if precision else None
-    tf32 = tf32_enabled(meta.get("float32_matmul_precision", "highest")) and bool(spec.flops.get("tf32"))
+    tf32 = tf32_enabled(info.float32_matmul_precision or "highest") and bool(spec.flops.get("tf32"))
     roofs = _Roofs(spec, ach)
     ach_bw = float(ach.bandwidth) if ach is not None and getattr(ach, "bandwidth", None) else None
     model = model_for(spec) if kernel_model is True else (kernel_model or None)
@@ -132,17 +133,10 @@ def build_roofline(prof: StepProfile, spec: DeviceSpec, *, achievable: DeviceSpe
         ops.append(OpRoof(rec, p, roof_matrix, peak, float(spec.bandwidth), ach_peak if ach_bw else None,
                           ach_bw if ach_peak else None, roof_p, expected_s(rec, roof_p, model),
                           getattr(spec, "link_bandwidth", None)))
-    meta["kernel_model"] = model.source if model is not None else None
-    meta["roof_notes"] = _widen(ops, spec) if getattr(spec, "measured", False) else _beaten(ops)
-    return RooflineAnalysis(ops, spec, meta=meta, layers=dict(getattr(prof, "layers", None) or {}),
-                            wall_time_s=getattr(prof, "wall_time_s", None), achievable=ach, group_small=group_small,
-                            coverage=_coverage(prof), tf32=tf32, roofs=roofs, kernel_model=model)
-
-
-def _coverage(prof: StepProfile) -> float:
-    cov = getattr(prof, "coverage", None)
-    return float(cov()) if callable(cov) else StepProfile(ops=list(prof.ops)).coverage()
-
+    notes = _widen(ops, spec) if getattr(spec, "measured", False) else _beaten(ops)
+    return RooflineAnalysis(ops, spec, info=info, layers=dict(prof.layers), wall_time_s=prof.wall_time_s,
+                            achievable=ach, group_small=group_small, coverage=prof.coverage(), tf32=tf32, roofs=roofs,
+                            kernel_model=model, roof_notes=tuple(notes))
 
 
 def _mfu_roof(ops: list[OpRoof], roofs: _Roofs, spec: DeviceSpec, fallback: str) -> tuple[str, float]:
@@ -170,41 +164,41 @@ def _bound_fractions(ops: list[OpRoof], timed: bool) -> dict[str, float | None]:
 
 
 class RooflineAnalysis:
-    """Roofline of one profiled region. Build with :func:`build_roofline` (or ``tscope_callbacks.roofline``).
+    """Roofline of one profiled region, the analysis' working object (``analysis.analyze`` reads it into the report;
+    users never see it). Build with :func:`build_roofline`.
 
-    Row tables (lists of :class:`Row`, largest time first; "time" = measured, or estimated when untimed):
+    Row tables (frozen ``analysis.report.Row``, largest time first; "time" = measured, or estimated when untimed):
     ``layer_rows`` (layer x phase, self attribution: they sum to ``totals``), ``layer_totals`` (per layer, all phases,
     self), ``inclusive`` (per layer including children; overlapping, never summed), ``category_rows`` (op class),
-    ``op_rows`` (op name; view ops folded into one "(view ops)" row). ``totals`` is the whole region.
-    ``table(kind, top)`` applies the grouping of small rows. Model-level figures are attributes and ``summary``:
-    ``mfu`` counts model FLOPs (``model_flops``: activation-checkpointing recompute and the optimizer update
-    excluded), ``hfu`` hardware FLOPs (``hardware_flops``: everything that ran); ``scalars()`` has ``hfu`` only when
-    they differ.
+    ``op_rows`` (op name; view ops folded into one "(view ops)" row). ``totals`` is the whole region; ``row_ops``
+    the ops of each layer x phase row. Model-level figures are attributes: ``mfu`` counts model FLOPs
+    (``model_flops``: activation-checkpointing recompute and the optimizer update excluded), ``hfu`` hardware FLOPs
+    (``hardware_flops``: everything that ran).
     """
 
-    def __init__(self, ops: list[OpRoof], spec: DeviceSpec, *, meta: dict[str, Any], layers: dict[str, LayerRecord],
+    def __init__(self, ops: list[OpRoof], spec: DeviceSpec, *, info: CaptureInfo, layers: dict[str, LayerRecord],
                  wall_time_s: float | None, achievable: DeviceSpec | None, group_small: float, coverage: float,
-                 tf32: bool, roofs: _Roofs, kernel_model: KernelModel | None = None) -> None:
-        self.op_roofs, self.spec, self.achievable, self.meta = ops, spec, achievable, meta
+                 tf32: bool, roofs: _Roofs, kernel_model: KernelModel | None = None,
+                 roof_notes: tuple[str, ...] = ()) -> None:
+        self.op_roofs, self.spec, self.achievable, self.info = ops, spec, achievable, info
         self.kernel_model = kernel_model  #: the devices.efficiency.KernelModel behind ``expected_s`` (None: roofs only)
+        self.roof_notes = roof_notes  #: measured roofs widened where an op beat them, datasheet roofs beaten
         self.layer_records, self.wall_time_s, self.group_small = layers, wall_time_s, group_small
         self.flop_coverage, self.tf32 = coverage, tf32
-        self.profile: StepProfile | None = None  #: the StepProfile, when the caller attaches it (analyze_model does)
         self.timed = any(o.measured_s is not None for o in ops)
         self._build_rows(layers)
         t = self.totals
         self.total_flops, self.total_bytes = t.flops, t.bytes
         self.op_time_s = t.measured_s  #: sum of measured op times (None when untimed)
         # The step time MFU/MBU use: the step as it runs unprofiled, never the wall time of the captured region
-        # (capture slows the host). Given by the capture or its caller in meta: "unprofiled-median" (callbacks:
-        # median of the unprofiled steps around the profile), "device-busy" (CUDA: union of kernel intervals),
-        # "op-time" (CPU: summed op times); a profile without it (older files) uses its summed op times.
-        given = meta.get("step_time_s")
-        if given:
-            self.measured_step_s: float | None = float(given)
-            self.step_time_source: str | None = meta.get("step_time_basis") or "given"
+        # (capture slows the host). Given by the capture or its caller: "unprofiled-median" (callbacks: median of
+        # the unprofiled steps around the profile), "device-busy" (CUDA: union of kernel intervals), "op-time" (CPU:
+        # summed op times); a profile without it uses its summed op times.
+        if info.step_time_s:
+            self.measured_step_s: float | None = float(info.step_time_s)
+            self.step_time_source: str | None = info.step_time_basis or "given"
         else:
-            self.measured_step_s = t.measured_s if meta.get("device") != "meta" else None
+            self.measured_step_s = t.measured_s if info.device != "meta" else None
             self.step_time_source = "op-time" if self.measured_step_s is not None else None
         self.estimated_step_s = t.expected_s  #: sum of shape-aware expected kernel times (roof bound where none)
         self.roof_step_s = t.estimate_s  #: sum of roofline bounds (datasheet)
@@ -219,7 +213,7 @@ class RooflineAnalysis:
         self.hardware_flops = t.flops
         #: MFU's FLOPs (``records.model_flops``, the automatic MFU windows' too): forward and backward, attention
         #: backward as 2x its forward, causal attention under the profile's convention (``attention_flops``)
-        self.model_flops = model_flops([o.record for o in ops], meta.get("attention_flops") or "attended")
+        self.model_flops = model_flops([o.record for o in ops], info.attention_flops or "attended")
         self.mfu = _div(_div(self.model_flops, step), self.mfu_peak_flops)  #: model FLOPs utilization
         self.hfu = _div(_div(self.hardware_flops, step), self.mfu_peak_flops)  #: hardware FLOPs utilization
         self.mbu = _div(_div(t.bytes, step), self.bandwidth)
@@ -234,79 +228,36 @@ class RooflineAnalysis:
         self.compute_bound_time_frac, self.memory_bound_time_frac = frac["compute"], frac["memory"]
         self.uncounted_time_frac, self.overhead_time_frac = frac["uncounted"], frac["overhead"]
         self.comm_time_frac = frac["comm"]
-        self.overlap = _overlap(meta, ops)  #: exposed communication, overlap, idle (CUDA kernel timeline)
-        #: rows whose time is noise (spread over the merged steps, or an outlier among identical blocks): no advice
-        self.noise: Noise = find_noise(self)
-        self.suppressed: list[Opportunity] = []  #: findings not shown: their saving is within the measured noise
 
     def _build_rows(self, layers: dict[str, LayerRecord]) -> None:
         """The row tables: layer x phase, layer, inclusive, op class, op name, and the totals."""
         typ = {k: getattr(v, "type", "") for k, v in layers.items()}
+        by = self._group(lambda o: [(o.record.layer, o.record.phase)])
+        self.row_ops: dict[tuple[str, str], list[OpRoof]] = by
+        self.layer_rows = self._sorted(sum_row(k[0] or "(root)", "layer", v, layer=k[0], type=typ.get(k[0], ""),
+                                               phase=k[1]) for k, v in by.items())
+        self.layer_totals = self._sorted(
+            sum_row(k or "(root)", "layer_total", v, layer=k, type=typ.get(k, ""), phase="total")
+            for k, v in self._group(lambda o: [o.record.layer]).items())
+        self.inclusive = self._sorted(
+            sum_row(k or "(root)", "inclusive", v, layer=k, type=typ.get(k, ""), phase="total")
+            for k, v in self._group(lambda o: ancestors(o.record.layer)).items())
+        self.category_rows = self._sorted(sum_row(k, "category", v, category=k, phase="total")
+                                          for k, v in self._group(lambda o: [o.record.category]).items())
+        self.op_rows = self._sorted(
+            sum_row(k, "op", v, phase="total", category=v[0].record.category)
+            for k, v in self._group(lambda o: ["(view ops)" if o.record.category == "view" else o.record.op]).items())
+        self.totals = sum_row("total", "total", self.op_roofs, phase="total")
 
-        def lrow(kind: str, layer: str, phase: str) -> Row:
-            return Row(layer or "(root)", kind, layer=layer, type=typ.get(layer, ""), phase=phase)
-
-        self.layer_rows = self._rows(lambda o: [(o.record.layer, o.record.phase)],
-                                     lambda k: lrow("layer", k[0], k[1]))
-        self.layer_totals = self._rows(lambda o: [o.record.layer], lambda k: lrow("layer_total", k, "total"))
-        self.inclusive = self._rows(lambda o: ancestors(o.record.layer), lambda k: lrow("inclusive", k, "total"))
-        self.category_rows = self._rows(lambda o: [o.record.category],
-                                        lambda k: Row(k, "category", category=k, phase="total"))
-        self.op_rows = self._rows(lambda o: ["(view ops)" if o.record.category == "view" else o.record.op],
-                                  lambda k: Row(k, "op", phase="total"))
-        for r in self.op_rows:
-            r.category = r.ops[0].record.category
-        self.totals = Row("total", "total", phase="total")
-        for o in self.op_roofs:
-            self.totals.add(o)
-
-    def _rows(self, keys: Any, make: Any) -> list[Row]:
-        rows: dict[Any, Row] = {}
+    def _group(self, keys: Callable[[OpRoof], list[Any]]) -> dict[Any, list[OpRoof]]:
+        out: dict[Any, list[OpRoof]] = {}
         for o in self.op_roofs:
             for k in keys(o):
-                if k not in rows:
-                    rows[k] = make(k)
-                rows[k].add(o)
-        return sorted(rows.values(), key=self._time, reverse=True)
+                out.setdefault(k, []).append(o)
+        return out
 
-    def _time(self, r: Row) -> float:
-        return (r.measured_s or 0.0) if self.timed else r.expected_s
-
-    # ---- tables ----
-    def table(self, kind: str = "layer", top: int | None = None) -> list[Row]:
-        """Rows of ``kind`` ("layer", "layer_total", "category", "op"), rows under ``group_small`` share of time AND
-        of FLOPs (and rows past ``top``) grouped into one "(other N ...)" row, so the rows still sum to ``totals``."""
-        rows = {"layer": self.layer_rows, "layer_total": self.layer_totals, "category": self.category_rows,
-                "op": self.op_rows, "inclusive": self.inclusive}[kind]
-        if kind == "inclusive":  # overlapping rows: never grouped into a sum
-            return rows[:top] if top is not None else list(rows)
-        tot_t, g = self._time(self.totals), self.group_small
-        keep: list[Row] = []
-        small: list[Row] = []
-        for r in rows:
-            tiny = (_div(self._time(r), tot_t) or 0.0) < g and (_div(r.flops, self.totals.flops) or 0.0) < g
-            (small if tiny or (top is not None and len(keep) >= top) else keep).append(r)
-        if len(small) <= 1:
-            return keep + small
-        unit = {"layer": "layers", "layer_total": "layers", "category": "classes"}.get(kind, "ops")
-        other = Row(f"(other {len(small)} {unit})", "other", phase="")
-        for r in small:
-            for o in r.ops:
-                other.add(o)
-        return keep + [other]
-
-    def measured_over_estimated(self, categories: Collection[str] = MATRIX_CATEGORIES) -> float | None:
-        """Aggregate measured / estimated time of the ops in ``categories`` (default: matmul, conv, attention)."""
-        ops = [o for o in self.op_roofs if o.record.category in set(categories) and o.measured_s is not None]
-        return _div(sum(o.measured_s or 0.0 for o in ops), sum(o.estimate_s for o in ops))
-
-    def category_comparison(self) -> list[dict[str, Any]]:
-        """Per op class: measured time against the roofline bound (``ratio``: 1.0 = on the roof) and against the
-        shape-aware expectation (``expected_ratio``: 1.0 = as fast as the device's libraries do these shapes)."""
-        return [{"category": r.name, "n_ops": r.n_ops, "measured_s": r.measured_s, "estimated_s": r.estimate_s,
-                 "expected_s": r.expected_s, "ratio": r.ratio, "expected_ratio": r.expected_ratio,
-                 "achievable_estimated_s": r.achievable_estimate_s,
-                 "ratio_achievable": _div(r.measured_s, r.achievable_estimate_s)} for r in self.category_rows]
+    def _sorted(self, rows: Iterable[Row]) -> list[Row]:
+        return sorted(rows, key=lambda r: (r.measured_s or 0.0) if self.timed else r.expected_s, reverse=True)
 
     def expected_time_s(self, phase: str | None = None) -> float:
         """Sum of the shape-aware expected kernel times (roofline bound where no model applies), optionally for one
@@ -314,37 +265,6 @@ class RooflineAnalysis:
         if phase is not None and phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES} or None, got {phase!r}")
         return sum(o.expected_s for o in self.op_roofs if phase is None or o.record.phase == phase)
-
-    def estimated_time_s(self, phase: str | None = None, *, achievable: bool = False) -> float:
-        """Sum of per-op roofline estimates (datasheet roof, or the achievable one), optionally for one phase."""
-        if phase is not None and phase not in PHASES:
-            raise ValueError(f"phase must be one of {PHASES} or None, got {phase!r}")
-        tot = 0.0
-        for o in self.op_roofs:
-            if phase is None or o.record.phase == phase:
-                tot += (o.achievable_estimate_s or 0.0) if achievable else o.estimate_s
-        return tot
-
-    def opportunities(self, top: int = 5) -> list[Opportunity]:
-        """The changes that would save time (``analysis.advice``: cause, change, predicted saving and how it was
-        predicted), largest saving first. Findings within the measured noise of their rows are left out (kept in
-        ``self.suppressed``)."""
-        return advice_opportunities(self, top=top)
-
-    def below_roof(self, top: int = 10) -> list[tuple[Row, str]]:
-        """Layer x phase rows below their roof for which no change is known, with what the numbers say about them
-        (``analysis.advice.below_roof``): not opportunities."""
-        return advice_below_roof(self, advice_opportunities(self, top=1000), top=top)
-
-    def _suppress(self, o: Opportunity) -> None:
-        if all((x.layer, x.phase, x.kind) != (o.layer, o.phase, o.kind) for x in self.suppressed):
-            self.suppressed.append(o)
-
-    # ---- model level ----
-    @property
-    def summary(self) -> dict[str, Any]:
-        """Model-level figures (JSON-safe); keys listed in ``analysis.summary.summary_dict``."""
-        return summary_dict(self)
 
     def scalars(self) -> dict[str, float]:
         """Model-level figures by their bare metric names (``mfu``, ``mbu``, ...; the callbacks add the
@@ -360,8 +280,3 @@ class RooflineAnalysis:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(device={self.spec.name!r}, ops={len(self.op_roofs)}, flops={self.total_flops}, "
                 f"mfu={self.mfu}, estimated_step_s={self.estimated_step_s:.3g})")
-
-
-def layer_points(report: RooflineAnalysis) -> list[dict[str, Any]]:
-    """Per layer (all phases, self attribution): where it sits on the roofline, as table rows (JSON-safe)."""
-    return layer_point_rows(report.layer_totals)

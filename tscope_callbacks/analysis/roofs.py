@@ -1,15 +1,13 @@
-"""Roofs checked against the data: a measured roof widened when an op beats it, datasheet roofs beaten explained, and
-the kernel timeline's overlap (``analysis.comm.overlap``) for a report."""
+"""Roofs checked against the data: a measured roof widened when an op beats it, datasheet roofs beaten explained."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tscope_callbacks.analysis.comm import overlap
 from tscope_callbacks.analysis.fmt import bw_text, rate_text
 from tscope_callbacks.analysis.rows import OpRoof
 
-__all__ = ["widen", "beaten", "overlap_of"]
+__all__ = ["widen", "beaten"]
 
 #: ops shorter than this are too noisy (timer resolution) to move a measured roof
 _WIDEN_MIN_S = 20e-6
@@ -58,16 +56,3 @@ def beaten(ops: list[OpRoof]) -> list[str]:
     return [f"{len(over)} ops ran faster than their datasheet roof ({mem} memory-bound: small working sets served "
             "from L2 beat the HBM bandwidth; the others mean the profile's device is not the one named, or a count "
             "is wrong)"]
-
-
-def overlap_of(meta: dict[str, Any], ops: list[OpRoof]) -> dict[str, float] | None:
-    """HTA-style overlap of the recorded kernels (``analysis.comm.overlap``): a kernel is communication when the op
-    that launched it is a collective, or its name is NCCL's/RCCL's."""
-    kernels = meta.get("kernels")
-    if not kernels:
-        return None
-    comm_ops = {i for i, o in enumerate(ops) if o.record.category == "comm"}
-    return overlap([(int(k[1]), int(k[1]) + int(k[2]), (k[4] in comm_ops) or "nccl" in str(k[0]).lower())
-                    for k in kernels])
-
-

@@ -1,17 +1,17 @@
-"""The roofline's rows: one op placed on its roof (:class:`OpRoof`), aggregates of ops (:class:`Row`: a layer x phase,
-a layer, an op class, an op name) and ranked opportunities (:class:`Opportunity`)."""
+"""The roofline's rows: one op placed on its roof (:class:`OpRoof`) and the sums of a set of them (:func:`sum_row`:
+a layer x phase, a layer, an op class, an op name; the report's frozen ``Row``)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from tscope_callbacks.analysis.fmt import div as _div
-from tscope_callbacks.analysis.report import RowFigures
+from tscope_callbacks.analysis.report import Row
 from tscope_callbacks.records import OpRecord
 
-__all__ = ["OpRoof", "Row", "Opportunity"]
+__all__ = ["OpRoof", "sum_row"]
 
 
 @dataclass(slots=True)
@@ -122,107 +122,49 @@ def _mnk(rec: OpRecord) -> tuple[int, int, int] | None:
     return math.prod(a[:-1]), b[-1], a[-1]
 
 
-@dataclass
-class Row(RowFigures):
-    """Aggregate of a set of ops (a layer x phase, a layer, an op class, an op name, or a group of small rows)."""
-
-    name: str
-    kind: str  #: "layer" | "layer_total" | "inclusive" | "category" | "op" | "other" | "total"
-    layer: str = ""
-    type: str = ""
-    phase: str = ""  #: one of PHASES, or "total"/"" when the row spans phases
-    category: str = ""
-    n_ops: int = 0
-    n_work: int = 0  #: ops with a formula that do work (not views, not uncounted, flops or bytes > 0)
-    flops: int = 0
-    bytes: int = 0
-    measured_s: float | None = None  #: None when none of the row's ops was timed
-    estimate_s: float = 0.0  #: roofline bound: sum of max(flops / peak, bytes / bandwidth)
-    expected_s: float = 0.0  #: shape-aware expected time (the roofline bound where no kernel model applies)
-    achievable_estimate_s: float | None = None
-    compute_s: float = 0.0  #: sum of flops/peak
-    uncounted_ops: dict[str, int] = field(default_factory=dict)
-    uncounted_s: float = 0.0  #: measured (or, untimed, estimated) time of ops without a formula
-    largest_matmul: tuple[int, int, int] | None = None  #: (M, N, K) of the row's largest matmul
-    largest_matmul_flops: int = 0
-    precisions: dict[str, int] = field(default_factory=dict)  #: precision -> FLOPs (bytes when no FLOPs)
-    bandwidth: float = 0.0
-    peaks: dict[str, float] = field(default_factory=dict, repr=False)  #: precision -> FLOP/s roof of its ops
-    ops: list[OpRoof] = field(default_factory=list, repr=False)
-
-    def add(self, o: OpRoof) -> None:
+def sum_row(name: str, kind: str, ops: Iterable[OpRoof], *, layer: str = "", type: str = "", phase: str = "",
+            category: str = "") -> Row:
+    """The row summing ``ops`` (a layer x phase, a layer, an op class, an op name, the total): every sum a row stores
+    (``analysis.report.Row``), its derived figures being properties of them. ``measured_s`` is None when none of the
+    ops was timed; ``precisions`` weighs each precision by FLOPs (bytes for ops without FLOPs), views left out."""
+    n_ops = n_work = flops = nbytes = 0
+    measured: float | None = None
+    estimate = expected = compute = uncounted_s = 0.0
+    ach: float | None = None
+    uncounted: dict[str, int] = {}
+    precisions: dict[str, int] = {}
+    peaks: dict[str, float] = {}
+    bandwidth = 0.0
+    mm, mm_flops = None, 0
+    comm = True
+    for o in ops:
         r = o.record
-        self.ops.append(o)
-        self.n_ops += 1
-        self.flops += r.flops
-        self.bytes += r.bytes
+        n_ops += 1
+        flops += r.flops
+        nbytes += r.bytes
         if r.time_s is not None:
-            self.measured_s = (self.measured_s or 0.0) + r.time_s
-        est = o.estimate_s
-        self.estimate_s += est
-        self.expected_s += o.expected_s
-        ach = o.achievable_estimate_s
-        if ach is not None:
-            self.achievable_estimate_s = (self.achievable_estimate_s or 0.0) + ach
-        self.compute_s += o.compute_s
-        self.bandwidth = o.bandwidth
+            measured = (measured or 0.0) + r.time_s
+        estimate += o.estimate_s
+        expected += o.expected_s
+        a = o.achievable_estimate_s
+        if a is not None:
+            ach = (ach or 0.0) + a
+        compute += o.compute_s
+        bandwidth = o.bandwidth
+        comm = comm and r.category == "comm"
         if r.category != "view":
-            self.precisions[o.precision] = self.precisions.get(o.precision, 0) + (r.flops or r.bytes)
-            self.peaks.setdefault(o.precision, o.peak)
+            precisions[o.precision] = precisions.get(o.precision, 0) + (r.flops or r.bytes)
+            peaks.setdefault(o.precision, o.peak)
         if r.counted and r.category != "view" and (r.flops or r.bytes):
-            self.n_work += 1
+            n_work += 1
         if not r.counted:
-            self.uncounted_ops[r.op] = self.uncounted_ops.get(r.op, 0) + 1
-            self.uncounted_s += r.time_s if r.time_s is not None else o.expected_s
+            uncounted[r.op] = uncounted.get(r.op, 0) + 1
+            uncounted_s += r.time_s if r.time_s is not None else o.expected_s
         mnk = _mnk(r)
-        if mnk is not None and r.flops > self.largest_matmul_flops:
-            self.largest_matmul, self.largest_matmul_flops = mnk, r.flops
-
-    @property
-    def all_comm(self) -> bool:
-        """Every op of the row is a collective."""
-        return bool(self.ops) and all(o.record.category == "comm" for o in self.ops)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict (no inf/nan: missing figures are None)."""
-        mm = self.largest_matmul
-        return {
-            "name": self.name, "kind": self.kind, "layer": self.layer, "type": self.type, "phase": self.phase,
-            "category": self.category, "precision": self.precision, "n_ops": self.n_ops, "flops": self.flops,
-            "bytes": self.bytes, "intensity": self.intensity, "ridge": self.ridge, "bound": self.bound,
-            "estimate_s": self.estimate_s, "expected_s": self.expected_s,
-            "achievable_estimate_s": self.achievable_estimate_s,
-            "measured_s": self.measured_s, "attained": self.attained,
-            "attained_achievable": self.attained_achievable, "recoverable_s": self.recoverable_s,
-            "uncounted_ops": dict(self.uncounted_ops), "largest_matmul": list(mm) if mm else None,
-        }
-
-
-@dataclass
-class Opportunity:
-    """A finding: where time goes that need not, why (computed from the numbers), what to change (``fix``), and the
-    predicted saving per step (``saving_s``), with how it was predicted. ``kind``: one of ``advice.KINDS``."""
-
-    layer: str
-    phase: str
-    type: str
-    recoverable_s: float | None
-    measured_s: float | None
-    estimate_s: float
-    bound: str
-    intensity: float | None
-    ridge: float | None
-    attained: float | None
-    reason: str
-    kind: str = ""
-    saving_s: float | None = None  #: predicted saving per step (None: untimed and no model)
-    fix: str = ""  #: what to change, in the user's terms
-    evidence: dict[str, Any] = field(default_factory=dict)  #: the figures the finding rests on
-    rows: tuple[tuple[str, str], ...] = ()  #: the (layer, phase) rows the saving comes from
-    predicted_by: str = ""  #: how the saving was predicted: a key of ``analysis.finding.PREDICTED_BY``
-    predicted_text: str = ""  #: the prediction's figures, one sentence
-    measured_ratio: float | None = None  #: measured / predicted saving of this kind of change in the closed loop
-    measured_on: str = ""  #: where the closed loop measured it ("" when it never did on this kind of device)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        if mnk is not None and r.flops > mm_flops:
+            mm, mm_flops = mnk, r.flops
+    return Row(name, kind, layer=layer, type=type, phase=phase, category=category, n_ops=n_ops, n_work=n_work,
+               flops=flops, bytes=nbytes, measured_s=measured, estimate_s=estimate, expected_s=expected,
+               achievable_estimate_s=ach, compute_s=compute, uncounted_s=uncounted_s, uncounted_ops=uncounted,
+               largest_matmul=mm, largest_matmul_flops=mm_flops, precisions=precisions, peaks=peaks,
+               bandwidth=bandwidth, all_comm=bool(n_ops) and comm)

@@ -6,14 +6,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tscope_callbacks.analysis.roofline import RooflineAnalysis
+    from tscope_callbacks.records import CaptureInfo
 
 __all__ = ["summary_dict", "roofs_used", "step_basis_text"]
 
 
-def step_basis_text(source: str | None, meta: dict[str, Any]) -> str:
+def step_basis_text(source: str | None, info: CaptureInfo) -> str:
     """What the step time behind MFU/MBU is, in words (every figure says its basis)."""
     if source == "unprofiled-median":
-        n, clock = meta.get("step_time_steps"), meta.get("step_time_clock") or "wall clock"
+        n, clock = info.step_time_steps, info.step_time_clock or "wall clock"
         return f"median of {n} unprofiled steps, {clock}" if n else f"unprofiled steps, {clock}"
     if source == "device-busy":
         return "device busy: union of kernel intervals"
@@ -32,17 +33,17 @@ def summary_dict(r: RooflineAnalysis) -> dict[str, Any]:
         "device": r.spec.name, "device_source": getattr(r.spec, "source", ""),
         "roof": "measured" if getattr(r.spec, "measured", False) else "datasheet",
         "achievable_roof": getattr(ach, "name", None) if ach is not None else None,
-        "model": r.meta.get("model"), "step": r.meta.get("step"), "timed": r.timed,
-        "timing": r.meta.get("timing"), "float32_matmul_precision": r.meta.get("float32_matmul_precision"),
+        "model": r.info.model, "step": r.info.step, "timed": r.timed,
+        "timing": r.info.timing, "float32_matmul_precision": r.info.float32_matmul_precision,
         "tf32": r.tf32, "n_ops": len(r.op_roofs), "total_flops": r.total_flops,
         "total_bytes": r.total_bytes, "intensity": r.totals.intensity,
         "measured_step_s": r.measured_step_s, "step_time_source": r.step_time_source,
-        "step_time_basis_text": step_basis_text(r.step_time_source, r.meta),
-        "device_idle_s": r.meta.get("device_idle_s"), "device_busy_s": r.meta.get("device_busy_s"),
-        "wall_time_s": r.wall_time_s, "capture_cost": r.meta.get("capture_cost"), "op_time_s": r.op_time_s,
+        "step_time_basis_text": step_basis_text(r.step_time_source, r.info),
+        "device_idle_s": r.info.device_idle_s, "device_busy_s": r.info.device_busy_s,
+        "wall_time_s": r.wall_time_s, "capture_cost": r.info.capture_cost, "op_time_s": r.op_time_s,
         "estimated_step_s": r.estimated_step_s,
         "roof_step_s": r.roof_step_s,
-        "kernel_model": r.kernel_model.source if getattr(r, "kernel_model", None) is not None else None,
+        "kernel_model": r.kernel_model.source if r.kernel_model is not None else None,
         "achievable_estimated_step_s": r.totals.achievable_estimate_s,
         "mfu": r.mfu, "hfu": r.hfu, "model_flops": r.model_flops, "hardware_flops": r.hardware_flops,
         "recompute_flops": r.recompute_flops, "mfu_precision": r.mfu_precision, "mfu_peak_flops": r.mfu_peak_flops,
@@ -51,7 +52,7 @@ def summary_dict(r: RooflineAnalysis) -> dict[str, Any]:
         "achieved_tflops": r.achieved_tflops, "achieved_gbps": r.achieved_gbps,
         "time_basis": r.time_basis, "compute_bound_time_frac": r.compute_bound_time_frac,
         "memory_bound_time_frac": r.memory_bound_time_frac, "uncounted_time_frac": r.uncounted_time_frac,
-        "overhead_time_frac": r.overhead_time_frac, "comm_time_frac": getattr(r, "comm_time_frac", None),
+        "overhead_time_frac": r.overhead_time_frac, "comm_time_frac": r.comm_time_frac,
         "flop_coverage": r.flop_coverage,
         "dominant_precision": r.dominant_precision, "precisions": dict(r.totals.precisions),
         "uncounted_ops": dict(sorted(r.totals.uncounted_ops.items(), key=lambda kv: -kv[1])),

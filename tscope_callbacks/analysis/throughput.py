@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from tscope_callbacks.analysis.fmt import flops_text, pct_text, ratio_text, time_text
-from tscope_callbacks.analysis.report import StepReport
+from tscope_callbacks.analysis.report import ReportData
 from tscope_callbacks.records import ATTENTION_CONVENTIONS, model_flops
 
 __all__ = ["Throughput", "Window", "ATTENTION_CONVENTIONS", "model_flops", "mfu_bases"]
@@ -72,7 +72,7 @@ class Throughput:
         return out
 
 
-def mfu_bases(report: StepReport, window: Window, peak_flops: float | None) -> str | None:
+def mfu_bases(report: ReportData, window: Window, peak_flops: float | None) -> str | None:
     """One line on why the automatic MFU of ``window`` (its steps' model FLOPs over the window's whole time, against
     ``peak_flops``) differs from the profiled step's MFU in ``report`` (its model FLOPs over the median of the
     unprofiled steps around it): the two step times and their bases, and the FLOPs or roofs when they differ too.

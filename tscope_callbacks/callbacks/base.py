@@ -15,6 +15,7 @@ integer comparison.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ from tscope_callbacks.callbacks.guarded import GuardedCallback
 from tscope_callbacks.callbacks.schedule import NEVER, Schedule, normalize_stages
 from tscope_callbacks.callbacks.session import Capture, ProfileContext, batch_signature
 from tscope_callbacks.callbacks.sinks import Sink
-from tscope_callbacks.records import StepProfile
+from tscope_callbacks.records import CaptureInfo, StepProfile
 
 __all__ = ["ProfilingCallback", "ProfileContext"]
 
@@ -70,7 +71,8 @@ class ProfilingCallback(GuardedCallback):
         """Handle one profiled step's records (all ranks; ``self.sinks(trainer)`` writes on rank zero only)."""
 
     def _step_basis(self, trainer: pl.Trainer) -> dict[str, Any]:
-        """Labels giving the profile its step-time basis (the RooflineCallback's unprofiled-step median)."""
+        """``CaptureInfo`` fields giving the profile its step-time basis (the RooflineCallback's unprofiled-step
+        median: ``step_time_*``, ``host_*``)."""
         return {}
 
     def _due(self, stage: str, step: int) -> bool:
@@ -118,10 +120,11 @@ class ProfilingCallback(GuardedCallback):
                 m._claim(stage, step)
                 scheduled = True
         opts = [m._capture_options() for m in members]
-        labels: dict[str, Any] = {"step": step, "stage": stage, "global_step": trainer.global_step,
-                                  "epoch": trainer.current_epoch, "reason": reason}
+        basis: dict[str, Any] = {}
         for m in members:
-            labels.update(m._step_basis(trainer))
+            basis.update(m._step_basis(trainer))
+        info = CaptureInfo(step=step, stage=stage, global_step=trainer.global_step, epoch=trainer.current_epoch,
+                           reason=reason, **basis)
         prof = None
         sig = batch_signature(batch) if stage == "train" else ()
         details = any(o.get("layer_details") for o in opts)
@@ -137,9 +140,9 @@ class ProfilingCallback(GuardedCallback):
             from tscope_callbacks.capture.profile import profile
 
             if source is not None:
-                prof = profile(pl_module, replay=source, labels=labels, faults=self.faults)
+                prof = profile(pl_module, replay=source, info=info, faults=self.faults)
             else:
-                prof = profile(pl_module, layer_details=details, check_finite=check, labels=labels, compiled=compiled,
+                prof = profile(pl_module, layer_details=details, check_finite=check, info=info, compiled=compiled,
                                faults=self.faults)
             prof.start()
         except Exception as e:
@@ -164,7 +167,7 @@ class ProfilingCallback(GuardedCallback):
             session.after_capture(trainer, s.key, prof, result)
         except Exception as e:
             self.faults.report("stopping the profile", e)
-        step_s = float((result.meta.get("step_time_s") or 0.0) if result is not None else 0.0)
+        step_s = float((result.info.step_time_s or 0.0) if result is not None else 0.0)
         # all ranks reach here at the same steps when the schedule (deterministic in the step) made it due; a
         # recount (local batch shapes) may happen on one rank only, so it never joins a collective
         times = [step_s]
@@ -175,9 +178,9 @@ class ProfilingCallback(GuardedCallback):
                 self.faults.report("gathering step times across ranks", e)
         if result is None:
             return
-        if not result.meta.get("inputs") and s.inputs:  # the LightningModule itself was never called: the batch's
-            result.meta["inputs"] = s.inputs
-        result.meta["rank_step_times_s"] = times
+        # the LightningModule itself was never called: the batch's tensors are the model's inputs
+        inputs = s.inputs if not result.info.inputs and s.inputs else result.info.inputs
+        result.info = dataclasses.replace(result.info, inputs=inputs, rank_step_times_s=times)
         if s.scheduled and trainer.world_size > 1:
             self._gather_comm(trainer, result)
         ctx = ProfileContext(stage=s.stage, step=s.step, global_step=s.global_step, epoch=s.epoch,
@@ -193,12 +196,12 @@ class ProfilingCallback(GuardedCallback):
         """Every rank's collectives (kind, start on the host clock, duration), for the rank-skew analysis."""
         from tscope_callbacks.analysis.comm import skew
 
-        origin = (result.meta.get("clock_origin_ns") or 0) * 1e-9
+        origin = (result.info.clock_origin_ns or 0) * 1e-9
         mine = [(r.comm["collective"], origin + (r.start_s or 0.0), r.time_s or 0.0) for r in result.ops
                 if r.comm and r.comm.get("collective") != "wait"]
         try:
             per_rank = session.gather_objects(trainer, mine)
-            result.meta["skew"] = skew(per_rank)
+            result.info = dataclasses.replace(result.info, skew=skew(per_rank))
         except Exception as e:
             self.faults.report("gathering collectives across ranks", e)
 

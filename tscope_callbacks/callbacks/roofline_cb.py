@@ -10,7 +10,9 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from tscope_callbacks.analysis.report import StepReport
+from tscope_callbacks.analysis.analyze import AnalyzeOptions
+from tscope_callbacks.analysis.compare import compiled_vs_eager
+from tscope_callbacks.analysis.report import json_safe
 from tscope_callbacks.analysis.throughput import ATTENTION_CONVENTIONS, Throughput, model_flops
 from tscope_callbacks.callbacks import roofline_io as io
 from tscope_callbacks.callbacks import session
@@ -23,7 +25,7 @@ from tscope_callbacks.callbacks.session import batch_signature, batch_size
 from tscope_callbacks.callbacks.sinks import metric_key
 from tscope_callbacks.devices.spec import DeviceSpec
 from tscope_callbacks.records import StepProfile
-from tscope_callbacks.render.report import RooflineReport
+from tscope_callbacks.report import StepReport
 
 __all__ = ["RooflineCallback"]
 
@@ -133,12 +135,12 @@ class RooflineCallback(ProfilingCallback):
 
     Under DDP every rank profiles the same steps; only rank zero analyses and writes.
 
-    A profiled step is analysed once into a :class:`~tscope_callbacks.analysis.report.StepReport`; every output above
-    (scalars, tables, plot, files) is a function of it (``callbacks.roofline_io.emit``).
+    A profiled step is analysed once into a :class:`~tscope_callbacks.StepReport`; every output above (scalars,
+    tables, plot, files) is a function of it (``callbacks.roofline_io.emit``).
 
-    Attributes: ``last_profile`` (StepProfile), ``last_report`` (RooflineReport or None: the roofline analysis with
-    its renderings), ``last_step_report`` (its StepReport, what the outputs were made of), ``last_mfu``,
-    ``history`` (summaries of recent profiled steps), ``spec`` (the DeviceSpec or None), ``throughput``.
+    Attributes: ``last_profile`` (StepProfile), ``last_report`` (the last step's StepReport, what every output was
+    made of; None without a device roof), ``last_mfu``, ``history`` (summaries of recent profiled steps), ``spec``
+    (the DeviceSpec or None), ``throughput``.
     """
 
     def __init__(self, gpu: Any = "auto", precision: str | None = None, *, top: int = 20, plot: bool = True,
@@ -176,7 +178,7 @@ class RooflineCallback(ProfilingCallback):
         self.gpu, self.precision, self.top, self.plot = gpu, precision, top, plot
         self.save_json, self.auto_mfu, self.attention_flops = save_json, auto_mfu, attention_flops
         self.compare_eager, self.save_trace, self.replay = compare_eager, save_trace, replay
-        self.eager_report: RooflineReport | None = None  #: the eager reference of a compiled model (``compare_eager``)
+        self.eager_report: StepReport | None = None  #: the eager reference of a compiled model (``compare_eager``)
         self._eager_at: int | None = None
         self._eager_pending = False
         self.spec: Any = gpu if isinstance(gpu, DeviceSpec) else None
@@ -186,8 +188,7 @@ class RooflineCallback(ProfilingCallback):
             # an unknown name or a bad JSON file fails here, naming the closest devices / the row and field
             self.spec = get_device_spec(gpu)
         self.last_profile: StepProfile | None = None
-        self.last_report: RooflineReport | None = None  #: the last step's roofline (its analysis and StepReport)
-        self.last_step_report: StepReport | None = None  #: the last step's StepReport (what every output is made of)
+        self.last_report: StepReport | None = None  #: the last step's report (what every output is made of)
         self.history: deque[dict[str, Any]] = deque(maxlen=history)
         self.auto = AutoMFU(MAX_SIGNATURES)  #: the automatic MFU between profiles (its FLOPs, window, rates)
         self._clock: StepClock | None = None
@@ -324,13 +325,13 @@ class RooflineCallback(ProfilingCallback):
     @override
     def _on_profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
                     ctx: ProfileContext) -> None:
-        if ctx.reason == "eager-reference":  # the eager reference of a compiled model: the last compiled step's
-            if self.spec is not None and ctx.is_global_zero:  # report again, with the comparison, at this step
-                self.eager_report = self._roofline(result)
-                if self.last_report is not None:
-                    eager = self.eager_report.step_report
-                    compiled = self._with(self.last_report, eager=eager).step_report
-                    io.emit_comparison(io.Comparison(compiled.step, eager.step, compiled.compiled_vs_eager or ()),
+        if ctx.reason == "eager-reference":  # the eager reference of a compiled model: the last compiled step
+            if self.spec is not None and ctx.is_global_zero:  # compared with it, at this step
+                eager = self.eager_report = self._report(result, AnalyzeOptions(precision=self.precision))
+                last = self.last_report
+                if last is not None and eager is not None:
+                    rows = compiled_vs_eager((last.rows["layer"], last.totals), (eager.rows["layer"], eager.totals))
+                    io.emit_comparison(io.Comparison(last.step, eager.step, tuple(json_safe(rows))),
                                        self.sinks(trainer), ctx, self.top)
             return
         if ctx.reason == "repeat":
@@ -340,7 +341,7 @@ class RooflineCallback(ProfilingCallback):
                 self._next_train = min(self._next_train, ctx.step + 1)
             return
         self._flush_series(trainer, pl_module)  # a series cut short by this profile
-        if (ctx.reason == "schedule" and ctx.stage == "train" and not result.meta.get("compiled_capture")
+        if (ctx.reason == "schedule" and ctx.stage == "train" and not result.info.compiled_capture
                 and self._series.begin(result, ctx)):
             self._next_train = min(self._next_train, ctx.step + 1)
             return
@@ -360,7 +361,8 @@ class RooflineCallback(ProfilingCallback):
         held = self._series.release(trainer.global_step, now=now)
         if held is not None:
             if self._clock is not None and self._clock.basis(2 * AFTER_STEPS) is not None:
-                held[0].meta.update(self._clock.labels(2 * AFTER_STEPS))  # the 5 unprofiled steps after it, 5 before
+                # the 5 unprofiled steps after it and the 5 before: its step-time basis
+                held[0].info = dataclasses.replace(held[0].info, **self._clock.labels(2 * AFTER_STEPS))
             self._analyse(trainer, pl_module, *held)
             # the analysis and its outputs ran inside this step: no step-time basis, no automatic-MFU window (an
             # H200 GPT-2 fit logged a 95 ms window, MFU 7% against 11.8%, for the step its report was written in)
@@ -370,11 +372,11 @@ class RooflineCallback(ProfilingCallback):
                  ctx: ProfileContext) -> None:
         """A profiled step (or a merged series): analysed once, then emitted (rank zero) as a function of its
         StepReport."""
-        rr = self._analyze(trainer, pl_module, result, ctx)
-        step = io.AnalysedStep(result, rr.step_report if rr is not None else None, self.spec,
+        report = self._analyze(trainer, pl_module, result, ctx)
+        step = io.AnalysedStep(result, report, self.spec,
                                self._traces(trainer, result, ctx) if self.save_trace else None,
-                               self.eager_report.meta.get("step") if self.eager_report is not None else None)
-        self.last_profile, self.last_report, self.last_step_report = result, rr, step.report
+                               self.eager_report.step if self.eager_report is not None else None)
+        self.last_profile, self.last_report = result, report
         if ctx.stage == "train":  # the automatic MFU counts the FLOPs of this batch shape from now on
             self.auto.learn(ctx.batch_signature, model_flops(result, self.attention_flops),
                             step.report.summary.mfu_peak_flops if step.report is not None else None)
@@ -386,51 +388,49 @@ class RooflineCallback(ProfilingCallback):
                                   model=not self._model_logged)
             io.emit(step, self.sinks(trainer), ctx, opts, self.faults)
             self._model_logged |= step.report is not None and ctx.stage == "train"
-        if (self.compare_eager and ctx.stage == "train" and result.meta.get("compiled_capture")
+        if (self.compare_eager and ctx.stage == "train" and result.info.compiled_capture
                 and self.eager_report is None and self._eager_at is None):  # an eager reference at the next step
             self._eager_at = ctx.step + 1
             self._next_train = min(self._next_train, ctx.step + 1)
 
     def _analyze(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
-                 ctx: ProfileContext) -> RooflineReport | None:
-        """The step's one analysis (rank zero, with a device roof): its roofline, with the FSDP what-if and the
-        eager reference (compiled models) in the options its StepReport is built with. None when there is none."""
-        result.meta["trainer_precision"] = str(getattr(trainer, "precision", ""))
-        result.meta["attention_flops"] = self.attention_flops
+                 ctx: ProfileContext) -> StepReport | None:
+        """The step's one report (rank zero, with a device roof), with the FSDP what-if and the eager reference
+        (compiled models) in the options it is built with. None when there is none."""
+        result.info = dataclasses.replace(result.info, trainer_precision=str(getattr(trainer, "precision", "")),
+                                          attention_flops=self.attention_flops)
         if self.spec is None or not ctx.is_global_zero:
             return None
-        try:
-            rr = self._roofline(result)
-        except Exception as e:  # counts and times are still logged
-            self.faults.report("the roofline analysis", e)
-            return None
         extra: dict[str, Any] = {}
-        if self.fsdp_whatif and ctx.stage == "train":
-            try:
-                extra["fsdp_whatif"] = result.meta["fsdp_whatif"] = io.fsdp_whatif_of(
-                    rr, pl_module, self.fsdp_whatif, str(getattr(trainer, "precision", "")))  # the records carry it
-            except Exception as e:  # e.g. an already sharded model: said once, the rest of the report stands
-                self.faults.report(f"the FSDP what-if over {self.fsdp_whatif} GPUs", e)
-        if (self.compare_eager and ctx.stage == "train" and self.eager_report is not None
-                and result.meta.get("compiled_capture")):
-            extra["eager"] = self.eager_report.step_report
+        if self.compare_eager and ctx.stage == "train" and self.eager_report is not None and \
+                result.info.compiled_capture:
+            extra["eager"] = self.eager_report
         # the NaN guard's gradient spikes up to this step (its public ``spikes``), for the report and the dashboard
         guard = next((c for c in trainer.callbacks if type(c).__name__ == "NaNGuardCallback"), None)
         spikes = tuple(dict(x) for x in getattr(guard, "spikes", None) or ()
                        if isinstance(x, dict) and isinstance(x.get("step"), int) and x["step"] <= ctx.step)
         if spikes:
             extra["grad_spikes"] = spikes
-        return self._with(rr, **extra) if extra else rr
+        opts = AnalyzeOptions(precision=self.precision, **extra)
+        report = self._report(result, opts)
+        if report is not None and self.fsdp_whatif and ctx.stage == "train":
+            try:
+                w = io.fsdp_whatif_of(report, pl_module, self.fsdp_whatif, str(getattr(trainer, "precision", "")))
+                report = self._report(result, dataclasses.replace(opts, fsdp_whatif=w)) or report
+            except Exception as e:  # e.g. an already sharded model: said once, the rest of the report stands
+                self.faults.report(f"the FSDP what-if over {self.fsdp_whatif} GPUs", e)
+        return report
 
-    @staticmethod
-    def _with(rr: RooflineReport, **options: Any) -> RooflineReport:
-        """The same analysis with more analysis options (its StepReport is built from them)."""
-        return RooflineReport(rr.analysis, dataclasses.replace(rr.options, **options))
+    def _report(self, result: StepProfile, options: AnalyzeOptions) -> StepReport | None:
+        """``ts.analyze`` of the step on the callback's device; None (reported once) when the analysis fails:
+        counts and times are still logged."""
+        from tscope_callbacks.api import analyze
 
-    def _roofline(self, result: StepProfile) -> RooflineReport:
-        from tscope_callbacks.api import roofline
-
-        return roofline(result, self.spec, precision=self.precision)
+        try:
+            return analyze(result, self.spec, options)
+        except Exception as e:
+            self.faults.report("the roofline analysis", e)
+            return None
 
     def _traces(self, trainer: pl.Trainer, result: StepProfile, ctx: ProfileContext) -> tuple[StepProfile, ...]:
         """Every rank's records of the step, for the trace (a collective under several ranks: all ranks call it)."""

@@ -1,12 +1,12 @@
 """The RooflineCallback's outputs of one profiled step. :func:`emit` writes them -- scalars, the markdown table, the
 layer table and scatter, the plot, the step JSON, the Chrome trace and the compiled-vs-eager comparison -- and each
-is a pure function of the step's :class:`~tscope_callbacks.analysis.report.StepReport` (with the step's
+is a pure function of the step's report (:class:`~tscope_callbacks.analysis.report.ReportData`, with the step's
 :class:`ProfileContext` for where it goes): nothing here reads or writes the callback. The analysis hands out bare
 keys; the namespaced ones (``tscope/<area>/[<stage>/]<name>``) are made here.
 
 The step file ``<log_dir>/tscope/step_<N>.json`` is ``{"profile", "device", "report"}``: the raw records and the
-DeviceSpec (for re-analysis) and, under ``"report"``, the StepReport's JSON (``StepReport.to_dict()``, schema
-``tscope.step_report``; ``analysis.report.load_step_file`` reads it back)."""
+DeviceSpec (for re-analysis) and, under ``"report"``, the report's JSON (``report.to_dict()``, schema
+``tscope.step_report``; ``ts.load_step_file`` reads it back)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tscope_callbacks.analysis.report import StepReport, layer_point_rows
+from tscope_callbacks.analysis.report import ReportData, layer_point_rows
+from tscope_callbacks.analysis.report import step_file as step_file_of
 from tscope_callbacks.callbacks.session import ProfileContext
 from tscope_callbacks.callbacks.sinks import Sink, metric_key
 from tscope_callbacks.capture.faults import Faults
@@ -25,12 +26,10 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
     import torch
 
-    from tscope_callbacks.render.report import RooflineReport
-
 __all__ = ["AnalysedStep", "Comparison", "EmitOptions", "emit", "emit_comparison", "step_scalars", "table_text",
            "layer_points", "step_file", "step_file_name", "gather_traces", "fsdp_whatif_of"]
 
-#: areas of ``StepReport.area_scalars`` logged before the step's own scalars
+#: areas of ``ReportData.area_scalars`` logged before the step's own scalars
 _BEFORE = ("fsdp_whatif",)
 
 
@@ -41,7 +40,7 @@ class Comparison:
 
     compiled_step: int | None
     eager_step: int | None
-    rows: tuple[dict[str, Any], ...]  #: ``StepReport.compiled_vs_eager``
+    rows: tuple[dict[str, Any], ...]  #: ``ReportData.compiled_vs_eager``
 
     @property
     def speedup(self) -> float | None:
@@ -50,11 +49,11 @@ class Comparison:
 
 @dataclass(frozen=True)
 class AnalysedStep:
-    """One profiled step, analysed once: the records, the StepReport (None without a device roof or off rank zero),
+    """One profiled step, analysed once: the records, the ReportData (None without a device roof or off rank zero),
     the device, every rank's records for the trace, and the eager reference's step (``compiled_vs_eager``)."""
 
     profile: StepProfile
-    report: StepReport | None
+    report: ReportData | None
     device: DeviceSpec | None = None
     traces: tuple[StepProfile, ...] | None = None
     eager_step: int | None = None
@@ -87,7 +86,7 @@ def gather_traces(trainer: pl.Trainer, result: StepProfile, ctx: ProfileContext)
     return tuple(StepProfile.from_dict(d) for d in gather_objects(trainer, result.to_dict()))
 
 
-def fsdp_whatif_of(report: RooflineReport, model: torch.nn.Module, n: int, trainer_precision: str) -> dict[str, Any]:
+def fsdp_whatif_of(report: ReportData, model: torch.nn.Module, n: int, trainer_precision: str) -> dict[str, Any]:
     """``fsdp_whatif=N``: the step predicted under FSDP2 over N GPUs (``analysis.fsdp``). Under "-mixed" precision
     parameters are gathered at the low dtype and gradients reduced in fp32 (as ``analyze_model``)."""
     from tscope_callbacks.analysis.fsdp import fsdp_whatif, mixed_policy
@@ -104,7 +103,7 @@ def step_scalars(step: AnalysedStep, ctx: ProfileContext) -> dict[str, float]:
         out = dict(report.scalars)
     else:
         out = {"flop_coverage": float(result.coverage())}
-        t = result.meta.get("step_time_s")
+        t = result.info.step_time_s
         if t:
             out["measured_step_ms"] = t * 1e3
             out["achieved_tflops"] = result.total_flops / t / 1e12
@@ -114,7 +113,7 @@ def step_scalars(step: AnalysedStep, ctx: ProfileContext) -> dict[str, float]:
     return out
 
 
-def layer_points(report: StepReport) -> list[dict[str, Any]]:
+def layer_points(report: ReportData) -> list[dict[str, Any]]:
     """Per layer (all phases, self attribution): where it sits on the roofline, as table rows (JSON-safe): the
     ``tscope/roofline/layers`` table and the W&B scatter."""
     return layer_point_rows(report.rows["layer"])
@@ -152,9 +151,8 @@ def step_file_name(ctx: ProfileContext, kind: str = "step") -> str:
 
 
 def step_file(step: AnalysedStep) -> dict[str, Any]:
-    """The step file's content: ``{"profile", "device", "report"}`` (module doc)."""
-    return {"profile": step.profile.to_dict(), "device": step.device.to_dict() if step.device is not None else None,
-            "report": step.report.to_dict() if step.report is not None else None}
+    """The step file's content: ``{"profile", "device", "report"}`` (``analysis.report.step_file``)."""
+    return step_file_of(step.profile, step.device.to_dict() if step.device is not None else None, step.report)
 
 
 def emit_comparison(c: Comparison, sinks: Sink, ctx: ProfileContext, top: int) -> None:
@@ -164,7 +162,7 @@ def emit_comparison(c: Comparison, sinks: Sink, ctx: ProfileContext, top: int) -
         sinks.log_scalars({metric_key("roofline", "compile_speedup"): c.speedup}, ctx.log_step)
 
 
-def _areas(report: StepReport, areas: Sequence[str], ctx: ProfileContext, sinks: Sink) -> None:
+def _areas(report: ReportData, areas: Sequence[str], ctx: ProfileContext, sinks: Sink) -> None:
     for area in areas:
         vals = report.area_scalars.get(area)
         if vals:
@@ -172,7 +170,7 @@ def _areas(report: StepReport, areas: Sequence[str], ctx: ProfileContext, sinks:
 
 
 def emit(step: AnalysedStep, sinks: Sink, ctx: ProfileContext, opts: EmitOptions, faults: Faults) -> None:
-    """Every output of one profiled step (rank zero), each a function of its StepReport: the FSDP what-if's scalars,
+    """Every output of one profiled step (rank zero), each a function of its ReportData: the FSDP what-if's scalars,
     the step's scalars, the markdown table, communication (scalars and table), model (once per fit) and memory
     scalars, the layer table and scatter, the plot, the step JSON, the trace and the compiled-vs-eager comparison.
     A failing plot is reported to ``faults``; the rest is still written."""

@@ -230,7 +230,7 @@ def after_capture(trainer: pl.Trainer, key: tuple, prof: Profile | None, result:
     if prof is None or result is None or not key:
         return
     sources = _SOURCES.setdefault(trainer, {})
-    rep = result.meta.get("replay")
+    rep = result.info.replay
     if rep is not None:
         if rep.get("status") != "matched":
             sources[key] = None

@@ -4,6 +4,7 @@ metadata, including the step-time basis of a bare capture (:func:`step_time`).""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -13,13 +14,13 @@ from tscope_callbacks.capture.cuda_timing import Timeline
 from tscope_callbacks.capture.layers import build_layers
 from tscope_callbacks.capture.step_memory import memory_categories
 from tscope_callbacks.formulas.apply import count_op
-from tscope_callbacks.records import CaptureInfo, OpRecord, StepProfile, split_meta
+from tscope_callbacks.records import CaptureInfo, OpRecord, StepProfile
 
 if TYPE_CHECKING:
     from tscope_callbacks.capture.profile import Profile
     from tscope_callbacks.capture.state import CaptureState
 
-__all__ = ["build_result", "base_meta", "step_time"]
+__all__ = ["build_result", "base_info", "step_time"]
 
 _NAMES: dict[Any, tuple[str, str]] = {}
 #: the ``fused_ops`` of every record that is not an Inductor kernel: one shared empty list (records are read-only, as
@@ -46,7 +47,7 @@ def layout_facts(model: torch.nn.Module) -> dict[str, Any]:
     return out
 
 
-def base_meta(p: Profile, st: CaptureState) -> dict[str, Any]:
+def base_info(p: Profile, st: CaptureState) -> dict[str, Any]:
     """The capture's facts about its region, under their ``CaptureInfo`` field names."""
     dev = st.tree.device() if st.tree is not None else _device_of(p.model)
     name = "cpu"
@@ -129,8 +130,9 @@ def build_result(p: Profile, st: CaptureState, wall: float | None, timeline: Tim
     if st.details is not None:
         st.details.finish()
     layers = build_layers(p.model, ops, st.details, st.collapse, st.calls, tree=st.tree, sums=sums)
-    labels, user = split_meta(p.labels)  # the caller's labels: typed ones (step, a measured basis...) win
-    info = CaptureInfo().with_values({**base_meta(p, st), **step_time(ops, wall, timeline, p.timing), **labels})
+    # the caller's facts (the step, a basis measured on unprofiled steps...) win over the capture's
+    info = CaptureInfo(**base_info(p, st), **step_time(ops, wall, timeline, p.timing))
+    info = dataclasses.replace(info, **p.given.to_dict())
     tree = st.tree
     cats = memory_categories(p.model, ops, layers,
                              params=[prm for _, prm in tree.parameters] if tree is not None else None,
@@ -141,10 +143,11 @@ def build_result(p: Profile, st: CaptureState, wall: float | None, timeline: Tim
     if cats is not None:
         device["memory_categories"] = cats
     if timeline is not None and timeline.kernels:  # the device side, for overlap analysis and traces
-        device.update(timeline.meta())
+        device.update(timeline.device_info())
     elif st.timed:
         device["clock_origin_ns"] = st.t0  # perf_counter_ns: one clock for every process of a host
-    return StepProfile(ops=ops, layers=layers, wall_time_s=wall, info=info.with_values(device), user=user)
+    return StepProfile(ops=ops, layers=layers, wall_time_s=wall, info=dataclasses.replace(info, **device),
+                       user=dict(p.user))
 
 
 def _names(func: Any) -> tuple[str, str]:

@@ -19,8 +19,8 @@ A compiled module under profiling runs its compiled code (no recompile, no graph
   phase is forward inside the compiled forward and backward inside ``CompiledFunctionBackward``.
 
 What is not split per kernel: CUDA-graph replays (``mode="reduce-overhead"``): their kernels count in the
-device-busy time but have no record (``meta["compiled_capture"]["limits"]`` says so). Modules compiled in place
-(``module.compile()``) keep the eager path (``mode="eager"``). Provenance used is in ``meta["compiled_capture"]``.
+device-busy time but have no record (``info.compiled_capture["limits"]`` says so). Modules compiled in place
+(``module.compile()``) keep the eager path (``mode="eager"``). Provenance used is in ``info.compiled_capture``.
 """
 
 from __future__ import annotations

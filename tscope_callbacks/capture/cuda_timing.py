@@ -130,10 +130,10 @@ class Timeline:
     def kernel_names(self, op: int) -> list[str]:
         return [k.name for k in self.kernels if k.op == op]
 
-    def meta(self) -> dict[str, Any]:
-        """The device side as a profile's meta carries it (overlap analysis, traces): ``clock_origin_ns`` (the first
-        kernel's start) and ``kernels`` ([name, start after the origin, duration, stream, op] in ns); {} without
-        kernels."""
+    def device_info(self) -> dict[str, Any]:
+        """The device side as a profile's ``CaptureInfo`` fields carry it (overlap analysis, traces):
+        ``clock_origin_ns`` (the first kernel's start) and ``kernels`` ([name, start after the origin, duration,
+        stream, op] in ns); {} without kernels."""
         if not self.kernels:
             return {}
         t0 = min(k.start_ns for k in self.kernels)

@@ -23,6 +23,7 @@ region raised). Tscope's own work inside a region runs under :func:`paused`, so 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -54,10 +55,10 @@ _perf_ns = time.perf_counter_ns
 class Profile:
     """A capture session. Use as a context manager, or ``start()``/``stop()`` (stop is idempotent).
 
-    After stop: ``ops``, ``layers``, ``wall_time_s``, ``info`` (typed: ``records.CaptureInfo``), ``meta`` (its old
-    dict view) and ``result`` (a :class:`StepProfile`); ``timeline`` holds the CUDA kernel timeline (None off CUDA).
-    ``labels`` (and :meth:`label`) are copied into the result at stop: a typed key (``step``, a ``step_time_s``
-    measured on unprofiled steps by the caller...) into ``info``, any other into ``user``.
+    After stop: ``ops``, ``layers``, ``wall_time_s``, ``info`` (typed: ``records.CaptureInfo``), ``user`` and
+    ``result`` (a :class:`StepProfile`); ``timeline`` holds the CUDA kernel timeline (None off CUDA). The caller's
+    ``info`` (and :meth:`label`'s fields) are the result's at stop where set (``step``, a ``step_time_s`` measured
+    on unprofiled steps by the caller...), over the capture's own; ``user`` (the caller's own data) is copied as is.
 
     ``info.capture_cost``: tscope's own host seconds -- ``start_s`` (hooks, dispatch mode, Kineto's prepare and
     enable), ``region_s`` (start to the device done: the step with the per-op work; ``wall_time_s``), on CUDA
@@ -77,7 +78,8 @@ class Profile:
         depth: int | None = None,
         record_shapes: bool = True,
         raise_errors: bool = False,
-        labels: dict[str, Any] | None = None,
+        info: CaptureInfo | None = None,
+        user: dict[str, Any] | None = None,
         compiled: str = "auto",
         faults: Faults | None = None,
     ) -> None:
@@ -99,7 +101,11 @@ class Profile:
         self.selection = Selection(paths or None, depth)  # validates both
         self.record_shapes = record_shapes
         self.raise_errors = raise_errors
-        self.labels: dict[str, Any] = dict(labels or {})
+        if info is not None and not isinstance(info, CaptureInfo):
+            raise TypeError(f"profile(info=...) takes a CaptureInfo (tscope_callbacks.records), got "
+                            f"{type(info).__name__}; put your own data in user={{...}}")
+        self.given = info or CaptureInfo()  #: the caller's facts about the step (:meth:`label` adds to them)
+        self.user: dict[str, Any] = dict(user or {})
         self.result = StepProfile()
         self.timeline: Timeline | None = None
         self.errors: list[str] = []
@@ -127,10 +133,6 @@ class Profile:
     @property
     def info(self) -> CaptureInfo:
         return self.result.info
-
-    @property
-    def meta(self) -> dict[str, Any]:
-        return self.result.meta
 
     @property
     def running(self) -> bool:
@@ -163,9 +165,9 @@ class Profile:
     def set_phase(self, name: str | None) -> None:
         self.state.phase_override = name
 
-    def label(self, **labels: Any) -> None:
-        """Add labels copied into ``meta`` at stop."""
-        self.labels.update(labels)
+    def label(self, **fields: Any) -> None:
+        """Set ``CaptureInfo`` fields of the result (at stop; a field it does not have is a TypeError)."""
+        self.given = dataclasses.replace(self.given, **fields)
 
     def add_optimizer(self, optimizer: Any) -> None:
         """Count ``optimizer``'s state in the step's memory (an optimizer whose ``step()`` runs in the region is
@@ -227,9 +229,10 @@ class Profile:
                 self.result = build.build_result(self, st, wall, timeline)
             except Exception as e:
                 self._internal_error(e, "building the step's records")
-                self.result = StepProfile(wall_time_s=wall, meta={**build.base_meta(self, st), **self.labels})
+                self.result = StepProfile(wall_time_s=wall, info=dataclasses.replace(
+                    CaptureInfo(**build.base_info(self, st)), **self.given.to_dict()), user=dict(self.user))
             cost.update(region_s=wall, build_s=(_perf_ns() - t) * 1e-9, ops=len(self.result.ops))
-            self.result.info = self.result.info.with_values({"capture_cost": cost})
+            self.result.info = dataclasses.replace(self.result.info, capture_cost=cost)
             st.clear_region()
         finally:  # the region's garbage is collected from here on: its pending records are gone, the step's too
             if collector is not None:
@@ -263,8 +266,8 @@ def profile(model: torch.nn.Module, *, replay: Profile | ReplayProfile | None = 
     >>> prof.ops[0].op, prof.layers[""].flops_fwd
 
     ``replay=<a full profile of an earlier step, same shapes>`` (CUDA): time this step from kernel records alone
-    with that profile's counts (``capture.replay.ReplayProfile``; takes ``labels``, ``raise_errors`` and ``faults``
-    only)."""
+    with that profile's counts (``capture.replay.ReplayProfile``; takes ``info``, ``user``, ``raise_errors`` and
+    ``faults`` only)."""
     if replay is None:
         return Profile(model, **kwargs)
     from tscope_callbacks.capture import replay as _replay

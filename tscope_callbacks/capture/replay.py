@@ -13,7 +13,7 @@ flags, kernel timeline, device-busy and idle time this step's.
 Kernels the step runs that the plan lacks (a logging copy, a kernel of a branch taken this step only) count in the
 device-busy time and stay unattributed; plan kernels the step skips leave their op untimed (``time_s`` None). When
 less than ``min_match`` of either side matches (different shapes, another code path, cuDNN autotuning still
-running), the result says so (``meta["replay"]["status"] == "mismatch"``), no op is timed, and a full capture is
+running), the result says so (``info.replay["status"] == "mismatch"``), no op is timed, and a full capture is
 needed: the callbacks then recount at their next profile.
 
 What a replayed step does not give: per-step values (non-finite checks, ``check_finite``), and anything of ops that
@@ -43,7 +43,7 @@ from tscope_callbacks.capture.cuda_timing import (
 )
 from tscope_callbacks.capture.faults import Faults
 from tscope_callbacks.capture.layers import add_op_totals
-from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
+from tscope_callbacks.records import CaptureInfo, LayerRecord, OpRecord, StepProfile
 
 __all__ = ["ReplayProfile", "can_replay", "kernel_plan", "align", "MIN_MATCH"]
 
@@ -112,15 +112,15 @@ def align(plan: Sequence[str], run: Sequence[str], window: int = _WINDOW, confir
 class ReplayProfile:
     """A step timed from kernel records only, with the counts of ``source`` (a stopped full CUDA capture of a step
     of the same shapes). The surface of :class:`~tscope_callbacks.capture.profile.Profile`: a context manager or
-    ``start()``/``stop()``, ``pause``/``resume``, ``label``, ``phase``; after stop ``ops``, ``layers``, ``meta``,
+    ``start()``/``stop()``, ``pause``/``resume``, ``label``, ``phase``; after stop ``ops``, ``layers``, ``info``,
     ``result`` and ``timeline``. Made by ``ts.profile(model, replay=earlier_profile)``."""
 
-    def __init__(self, model: torch.nn.Module, source: Any, *, labels: dict[str, Any] | None = None,
-                 raise_errors: bool = False, min_match: float = MIN_MATCH, faults: Faults | None = None,
-                 **other: Any) -> None:
+    def __init__(self, model: torch.nn.Module, source: Any, *, info: CaptureInfo | None = None,
+                 user: dict[str, Any] | None = None, raise_errors: bool = False, min_match: float = MIN_MATCH,
+                 faults: Faults | None = None, **other: Any) -> None:
         if other:
-            raise TypeError(f"profile(replay=...) takes only labels, raise_errors and faults (a replay records what "
-                            f"its source recorded); got {', '.join(sorted(other))}")
+            raise TypeError(f"profile(replay=...) takes only info, user, raise_errors and faults (a replay records "
+                            f"what its source recorded); got {', '.join(sorted(other))}")
         source = getattr(source, "source", None) or source  # a replay of a replay counts from the same capture
         if not all(hasattr(source, a) for a in ("timeline", "result", "model", "running", "layer_details")):
             raise TypeError(f"replay= needs a stopped ts.profile() of an earlier step, got {type(source).__name__}")
@@ -136,7 +136,8 @@ class ReplayProfile:
         self.raise_errors = raise_errors
         self.faults = faults if faults is not None else Faults("replay", raise_errors=raise_errors)
         self.min_match = min_match
-        self.labels: dict[str, Any] = dict(labels or {})
+        self.given = info or CaptureInfo()  #: the caller's facts about the step (:meth:`label` adds to them)
+        self.user: dict[str, Any] = dict(user or {})
         self.layer_details = source.layer_details
         self.check_finite = False
         self.timing = "cuda"
@@ -154,7 +155,6 @@ class ReplayProfile:
     # ---------------- the Profile surface ----------------
     ops = property(lambda self: self.result.ops)
     layers = property(lambda self: self.result.layers)
-    meta = property(lambda self: self.result.meta)
     info = property(lambda self: self.result.info)
     wall_time_s = property(lambda self: self.result.wall_time_s)
     running = property(lambda self: self._running)  #: between start() and stop()
@@ -171,8 +171,8 @@ class ReplayProfile:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def label(self, **labels: Any) -> None:
-        self.labels.update(labels)
+    def label(self, **fields: Any) -> None:
+        self.given = dataclasses.replace(self.given, **fields)
 
     def set_phase(self, name: str | None) -> None:
         """Phases come from the source's records; accepted for the Profile surface."""
@@ -236,11 +236,12 @@ class ReplayProfile:
             self.result = self._build(tl, wall)
         except Exception as e:
             self._internal_error(e, "building the replay's records")
-            self.result = StepProfile(wall_time_s=wall, meta={**self.labels, "internal_errors": list(self.errors)})
+            self.result = StepProfile(wall_time_s=wall, info=dataclasses.replace(
+                self.given, internal_errors=list(self.errors)), user=dict(self.user))
         cost = {  # as Profile's (see its doc); the records are the source's copies
             "start_s": self._start_s, "region_s": wall, **(self._kt.cost if self._kt else {}),
             "build_s": (time.perf_counter_ns() - t) * 1e-9, "ops": len(self.result.ops)}
-        self.result.info = self.result.info.with_values({"capture_cost": cost})
+        self.result.info = dataclasses.replace(self.result.info, capture_cost=cost)
         return self.result
 
     def _internal_error(self, e: BaseException, part: str) -> None:
@@ -282,13 +283,10 @@ class ReplayProfile:
             c.time_s, c.tensor_core, c.start_s = t, tc, st
             ops.append(c)
         layers = _retimed_layers(src.layers, ops)
-        meta = {k: v for k, v in src.meta.items() if k not in _PER_STEP}
-        meta.update(step_time(ops, wall, timeline, "cuda"))
-        meta.update(self.labels)
-        meta["internal_errors"] = list(self.errors)
-        meta["replay"] = {
+        info = dataclasses.replace(src.info, **{**dict.fromkeys(_PER_STEP), **step_time(ops, wall, timeline, "cuda")})
+        replay = {
             "status": "matched" if ok else "mismatch",
-            "source_step": src.meta.get("step"),
+            "source_step": src.info.step,
             "kernels_planned": len(self._plan), "kernels_run": len(run), "kernels_matched": n_match,
             "unmatched_s": sum((k.end_ns - k.start_ns) * 1e-9 for k in kernels if k.op is None),
             "note": ("counts, shapes, layers and memory from the full capture of the source step; times, tensor-core "
@@ -296,11 +294,12 @@ class ReplayProfile:
                     (f"this step's kernels do not follow the source step's ({n_match} of {len(self._plan)} planned "
                      f"and of {len(run)} run matched): op times unavailable; profile a step in full again"),
         }
-        meta.update(timeline.meta())
-        return StepProfile(ops=ops, layers=layers, wall_time_s=wall, meta=meta)
+        info = dataclasses.replace(info, **self.given.to_dict(), internal_errors=list(self.errors), replay=replay,
+                                   **timeline.device_info())
+        return StepProfile(ops=ops, layers=layers, wall_time_s=wall, info=info, user=dict(self.user))
 
 
-#: meta keys of the source capture that describe its own step, not this one
+#: CaptureInfo fields of the source capture that describe its own step, not this one
 _PER_STEP = frozenset({"kernels", "clock_origin_ns", "step_time_s", "step_time_basis", "device_busy_s",
                        "device_idle_s", "outside_ops_s", "internal_errors", "paused_s", "step", "global_step", "epoch",
                        "reason", "micro_batches", "rank_step_times_s", "skew", "capture_cost"})

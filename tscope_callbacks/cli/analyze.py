@@ -238,6 +238,8 @@ def _first_line(e: BaseException) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tscope_callbacks.analysis.report import step_file
+    from tscope_callbacks.devices.resolve import get_device_spec
     from tscope_callbacks.devices.spec import UnknownDeviceError
     from tscope_callbacks.inputs import ModelRunError, user_frame_of
 
@@ -265,7 +267,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"tscope analyze: {args.target} is {factory.choice}", file=sys.stderr)
     dtypes = [None if d in (None, "float") else d for d in (args.input_dtype or [])]
     try:
-        report = analyze_model(model, args.input_shape, args.gpu, args.precision, input_dtypes=dtypes,
+        spec = get_device_spec(args.gpu)
+        report = analyze_model(model, args.input_shape, spec, args.precision, input_dtypes=dtypes,
                                backward=args.backward, device=args.device,
                                attention_backend=args.attention_backend, optimizer=args.optimizer,
                                fsdp=args.fsdp, fsdp_units=_units(args.fsdp_units), fsdp_shard=args.fsdp_shard)
@@ -284,10 +287,9 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             # the analysed device travels with the profile: `tscope report` re-rates it on that device, not this host
             # the step file the callbacks write (its report in the current schema: ts.load_step_file reads it)
-            json.dump({"profile": report.profile.to_dict(), "device": report.spec.to_dict(),
-                       "report": report.step_report.to_dict()}, f)
+            json.dump(step_file(report.profile, spec.to_dict(), report), f)
         from tscope_callbacks.cli.hints import command  # the hint works without an activated venv
 
         print(f"JSON written to {args.json} (`{command('tscope', 'tscope_callbacks.cli')} report {args.json}` "
-              f"re-renders it for {report.spec.name})")
+              f"re-renders it for {spec.name})")
     return 0

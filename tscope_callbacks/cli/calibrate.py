@@ -15,7 +15,6 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default=None, metavar="DEVICE",
                    help="cpu, cuda or cuda:N (default auto: the current GPU, else the CPU)")
-    p.add_argument("--device", default=None, dest="device_deprecated", help=argparse.SUPPRESS)  # deprecated: --gpu
     p.add_argument("--quick", action="store_true", help="smaller, faster measurements")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--no-cache", action="store_true", help="measure again even when a cached result exists")
@@ -29,13 +28,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     gpu = args.gpu
-    if args.device_deprecated is not None:
-        print("tscope calibrate: --device is deprecated and will be removed in the next version: use --gpu",
-              file=sys.stderr)
-        if gpu is not None and gpu != args.device_deprecated:
-            print("tscope calibrate: name the device once, as --gpu", file=sys.stderr)
-            return 2
-        gpu = args.device_deprecated
     try:
         spec = calibrate(gpu, quick=args.quick, cache=not args.no_cache)
     except (ValueError, RuntimeError) as e:

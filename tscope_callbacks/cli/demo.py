@@ -171,11 +171,10 @@ def _print_summary(trainer, roof, guard, logger, args, took: float) -> None:
 
 def _auto_mfu_line(report, roof, mfu: float) -> str:
     """The automatic MFU, with why it differs from the profiled step's (``analysis.throughput.mfu_bases``)."""
-    from tscope_callbacks.analysis.report import step_report_of
     from tscope_callbacks.analysis.throughput import mfu_bases
 
     tp = roof.auto.throughput  # the windows the automatic MFU was computed over
-    line = mfu_bases(step_report_of(report), tp.windows[-1], tp.peak_flops) if report and tp.windows else None
+    line = mfu_bases(report, tp.windows[-1], tp.peak_flops) if report and tp.windows else None
     return line or f"Automatic MFU (unprofiled steps of the last logging window, FLOPs from the profile): {mfu:.2%}"
 
 

@@ -7,8 +7,8 @@ import json
 import os
 import sys
 
-from tscope_callbacks.analysis.report import ReportLike
 from tscope_callbacks.cli.args import output_file, positive_int
+from tscope_callbacks.report import StepReport
 
 __all__ = ["add_arguments", "run"]
 
@@ -22,11 +22,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, type=output_file, metavar="OUT.json", help="write the comparison as JSON here")
 
 
-def _report(path: str, gpu: str | None) -> ReportLike:
+def _report(path: str, gpu: str | None) -> StepReport:
     """The step's saved report (what the callback wrote: the numbers the dashboard shows); with ``gpu``, or for a
     file without one, its profile analysed."""
-    from tscope_callbacks.analysis.report import StepFileError, load_step_file
-    from tscope_callbacks.api import load_profile_file, roofline
+    from tscope_callbacks.analysis.report import StepFileError
+    from tscope_callbacks.api import analyze, load_profile_file
+    from tscope_callbacks.report import load_step_file
 
     if gpu is None:
         try:
@@ -34,7 +35,7 @@ def _report(path: str, gpu: str | None) -> ReportLike:
         except StepFileError:
             pass  # a profile without a report (or of another version): analysed below, or its one-line error
     prof, dev = load_profile_file(path)
-    return roofline(prof, gpu or dev or None)
+    return analyze(prof, gpu or dev or None)
 
 
 def run(args: argparse.Namespace) -> int:

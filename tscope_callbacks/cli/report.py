@@ -1,10 +1,10 @@
-"""``tscope report PATH``: re-render a saved profiled step (JSON) as the roofline table, CSV, plot and trace.
+"""``tscope report PATH``: re-render a saved profiled step (JSON) as the roofline table, CSV, plot, page and trace.
 
-PATH holds a step file (``StepReport.to_dict()`` with ``"schema": "tscope.step_report"``, version 2: what the
-callbacks write as ``tscope/step_<N>.json``; read back as it is, without re-analysis, unless ``--gpu`` names another
-device), or a profiled step to analyse: ``StepProfile.to_dict()``, or a version 1 wrapper ``{"profile": {...},
-"device": {...} | "name"}`` (what ``tscope analyze --json`` writes). The device of a re-analysis is, in order:
-``--gpu``, the wrapper's device, the profile's ``meta["device_name"]``.
+PATH holds a step file (what the callbacks write as ``tscope/step_<N>.json`` and ``tscope analyze --json`` writes:
+``{"profile", "device", "report"}``, the report read back as it is, without re-analysis, unless ``--gpu`` names
+another device), a report JSON (``report.to_dict()``), or a profiled step to analyse (``StepProfile.to_dict()``, or
+a step file without a report). The device of an analysis is, in order: ``--gpu``, the file's device, the profile's
+``info.device_name``. A file of another version is refused in one line.
 
 Output: the markdown report on stdout; with file outputs (``--csv``, ``--plot``, ``--html``, ``--trace``) one line per
 file written instead, and the report too only with ``--print`` (``--markdown``).
@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
-from tscope_callbacks.analysis.report import StepReport, load_step_file, read_step_json
+from tscope_callbacks.analysis.report import read_step_json
 from tscope_callbacks.cli.args import output_file, positive_int
-from tscope_callbacks.records import StepProfile
-from tscope_callbacks.render import legacy, markdown, plot
-from tscope_callbacks.render.trace import save_trace
 
 __all__ = ["add_arguments", "run"]
 
@@ -42,41 +38,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--csv/--plot/--html/--trace is given; with them, one line per file written)")
 
 
-def _stored(path: str, data: dict[str, Any]) -> tuple[StepReport, StepProfile | None] | None:
-    """The StepReport of a version 2 step file (``data``: its JSON) and its profile (when the file keeps it); None
-    for other files."""
-    if not ("schema" in data or isinstance(data.get("report"), dict) and "schema" in data["report"]):
-        return None
-    report = load_step_file(path, data)  # StepFileError: another version, malformed
-    prof = data.get("profile")
-    try:
-        return report, StepProfile.from_dict(prof) if isinstance(prof, dict) else None
-    except (TypeError, AttributeError, KeyError):
-        return report, None
-
-
 def run(args: argparse.Namespace) -> int:
-    from tscope_callbacks.api import load_profile_file, roofline
+    from tscope_callbacks.api import analyze, load_profile_file
+    from tscope_callbacks.report import load_step_file
 
     try:
         data = read_step_json(args.path)  # the file read once
-        stored = None if args.gpu else _stored(args.path, data)
-        if stored is not None:
-            report, prof = stored
+        if not args.gpu and ("schema" in data or data.get("report") is not None):
+            report = load_step_file(args.path, data)  # StepFileError: another version, malformed
         else:
             prof, dev = load_profile_file(args.path, data)
-            report = roofline(prof, args.gpu or dev or None).step_report
+            report = analyze(prof, args.gpu or dev or None)
     except (LookupError, ValueError, OSError) as e:  # StepFileError, UnknownDeviceError, a bad spec JSON path
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
         print(f"tscope report: {msg or type(e).__name__}", file=sys.stderr)
         return 2
     if getattr(args, "print_markdown", False) or not any((args.csv, args.plot, args.html, args.trace)):
-        print(markdown.to_markdown(report, top=args.top))
+        print(report.to_markdown(top=args.top))
     if args.csv:
-        legacy.to_csv(report, args.csv)
+        report.to_csv(args.csv)
         print(f"CSV written to {args.csv}")
     if args.plot:
-        plot.plot(report, args.plot)
+        report.plot(args.plot)
         print(f"plot written to {args.plot}")
     if args.html:
         from tscope_callbacks.dashboard.page import report_html, run_name_of
@@ -85,10 +68,10 @@ def run(args: argparse.Namespace) -> int:
             fh.write(report_html(report, run=report.run or run_name_of(args.path)))
         print(f"dashboard page written to {args.html}")
     if args.trace:
-        if prof is None:
+        if report.profile is None:
             print(f"tscope report: {args.path} keeps no profile, so no trace can be written (the callbacks keep it "
                   "in the step file)", file=sys.stderr)
             return 2
-        save_trace(prof, args.trace, report)
+        report.save_trace(args.trace)
         print(f"trace written to {args.trace} (open it in ui.perfetto.dev)")
     return 0

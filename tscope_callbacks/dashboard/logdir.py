@@ -12,8 +12,8 @@ Nothing here raises for bad input: a file that cannot be read is listed with its
   on (``render.dashboard.open_step``), ``"<stage>:<step>"`` or None. ``hint`` says how to add the callback when no
   run holds tscope data.
 - ``load(run_dir, step, stage="train") -> dict``: the step's StepReport dict (the contract of
-  ``StepReport.to_dict()``, schema ``"tscope.step_report"`` version 2), or ``{"error": "<one line>"}`` for a missing,
-  corrupt, half-written or older-schema file (the message names the schema version found).
+  ``StepReport.to_dict()``, schema ``"tscope.step_report"``, ``analysis.report.VERSION``), or ``{"error": "<one
+  line>"}`` for a missing, corrupt, half-written or other-version file (the message names the version found).
 - ``series(run_dir) -> {"mfu": [[step, value], ...], "step_ms": ..., "tokens_per_s": ..., ...,
   "step/fetch_ms": ..., "gpu/power_w": ..., "alerts": [[step, text], ...],
   "ranks": {"step_ms": {"<rank>": [[step, ms], ...]}, "sync_ms": {...}, "late_rank": [[step, rank]],
@@ -42,18 +42,18 @@ from typing import Any
 
 from tscope_callbacks.analysis.report import (
     ALERTS_FILE,
+    SCHEMA,
     StepFileError,
     not_a_step_file,
     read_alerts_file,
     read_step_json,
 )
+from tscope_callbacks.analysis.report import VERSION as SCHEMA_VERSION
 from tscope_callbacks.render.dashboard import layer_details, open_step
 
 __all__ = ["HINT", "HOW_TO", "OPS_CAP", "SCHEMA", "SCHEMA_VERSION", "StepFileError", "load", "ops", "read_step_file",
            "scan", "series", "step_path"]
 
-SCHEMA = "tscope.step_report"
-SCHEMA_VERSION = 2
 OPS_CAP = 5000
 #: how to get tscope data into a log dir (the command line's words; HINT adds the tab's)
 HOW_TO = ("add the callback to your Trainer and train: Trainer(callbacks=[tscope_callbacks.RooflineCallback()], "
@@ -114,24 +114,10 @@ def _key(path: Path) -> tuple | None:
 
 
 # ---------------------------------------------------------------------------------------------------- one file
-def _older(version: Any, name: str) -> StepFileError:
-    found = "no schema version (written by tscope before version 2)" if version is None else (
-        f"step-report schema version {version}")
+def _other_version(version: Any, name: str) -> StepFileError:
+    found = "no schema version (an early tscope's)" if version is None else f"step-report schema version {version}"
     return StepFileError(f"{name}: {found}; this dashboard reads schema version {SCHEMA_VERSION}: profile the run "
                          "again with the installed tscope_callbacks")
-
-
-def _legacy(path: Path, data: dict) -> dict | None:
-    """A version-1 file (``{"profile", "device", "report"}``; ``data``: its JSON, already read) as the version-2
-    dict: its profile analysed again (:func:`~tscope_callbacks.dashboard.interim.report_dict_from_file`), when it
-    can be."""
-    from tscope_callbacks.dashboard.interim import report_dict_from_file
-
-    try:
-        d = report_dict_from_file(str(path), data=data)
-    except Exception:  # a file this cannot map says so through _older()
-        return None
-    return d if isinstance(d, dict) and d.get("schema") == SCHEMA and d.get("version") == SCHEMA_VERSION else None
 
 
 def read_step_file(path: str | os.PathLike) -> dict:
@@ -156,10 +142,7 @@ def read_step_file(path: str | os.PathLike) -> dict:
                             f"{SCHEMA_VERSION}: upgrade tscope_callbacks")
     if not {"profile", "report", "schema", "version"} & d.keys():  # no step file of any version: say what it is
         raise StepFileError(not_a_step_file(name, d))
-    legacy = _legacy(path, d)
-    if legacy is not None:
-        return legacy
-    raise _older(version if schema == SCHEMA else None, name)
+    raise _other_version(version if schema == SCHEMA else None, name)
 
 
 def _parse_cached(path: Path) -> dict:

@@ -30,7 +30,6 @@ import torch
 from tscope_callbacks.devices import table as spec_table
 from tscope_callbacks.devices.cache import cache_dir, cache_get, cache_put, spec_from_entry
 from tscope_callbacks.devices.gemm import gemm_flops
-from tscope_callbacks.devices.gpu_arg import UNSET, gpu_alias
 from tscope_callbacks.devices.spec import DeviceSpec, UnknownDeviceError
 from tscope_callbacks.hostclock import CpuCounters, cpu_counters
 from tscope_callbacks.rng import rng_preserving
@@ -325,17 +324,16 @@ def cached_achievable(name: str) -> DeviceSpec | None:
 
 
 def calibrate(gpu: str | int | torch.device | None = None, *, quick: bool = False, cache: bool = True,
-              timer: Callable[[Benchmark], float] | None = None, budget_s: float | None = None,
-              device: Any = UNSET) -> DeviceSpec:
+              timer: Callable[[Benchmark], float] | None = None, budget_s: float | None = None) -> DeviceSpec:
     """Measure the achievable roofs of ``gpu``: "cpu", "cuda", "cuda:N", a CUDA index, a ``torch.device`` or "auto"
-    (default: the current CUDA device, else the CPU). ``device=``: the deprecated spelling of ``gpu=``.
+    (default: the current CUDA device, else the CPU).
 
     Returns the datasheet spec with ``.achievable`` set to the measured one. On CPU the measured roof is the
     datasheet too (``achievable`` is a copy of it). On a GPU missing from the table a warning is issued and the
     measured spec is returned in both roles. ``cache=False`` re-measures (and refreshes the cache); ``timer``
     replaces the CUDA event timer (tests); ``budget_s`` is the CPU time budget (default 2.5 s, quick 1 s).
     """
-    device = gpu_alias(gpu, device, old_name="device", func="calibrate")
+    device = gpu
     if isinstance(device, str) and device.strip().lower() == "auto":
         device = None
     dev = torch.device(device) if isinstance(device, (str, torch.device)) else (

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from tscope_callbacks.devices import table as spec_table
-from tscope_callbacks.devices.gpu_arg import UNSET, gpu_alias
 from tscope_callbacks.devices.spec import DeviceSpec
 
 __all__ = ["get_device_spec", "list_specs"]
@@ -27,7 +26,7 @@ def _looks_like_path(s: str) -> bool:
 
 def get_device_spec(gpu: str | os.PathLike[str] | DeviceSpec | torch.device | None = "auto", *,
                     table: str | os.PathLike[str] | None = None, cache: bool = True,
-                    budget_s: float | None = None, device: Any = UNSET) -> DeviceSpec:
+                    budget_s: float | None = None) -> DeviceSpec:
     """Resolve ``gpu`` to a :class:`DeviceSpec`.
 
     ``gpu``: ``"auto"`` (the current CUDA/ROCm device's name through the table; on a machine without CUDA a
@@ -38,9 +37,9 @@ def get_device_spec(gpu: str | os.PathLike[str] | DeviceSpec | torch.device | No
     several rows raises :class:`AmbiguousDeviceError`, an unknown one :class:`UnknownDeviceError`.
 
     ``table``: an extra JSON table searched before the built-in one. ``cache`` / ``budget_s``: CPU measurement
-    cache use and time budget in seconds (default 2.5). ``device=``: the deprecated spelling of ``gpu=``.
+    cache use and time budget in seconds (default 2.5).
     """
-    device = gpu_alias(gpu, device, old_name="device", func="get_device_spec", default="auto")
+    device = gpu
     if isinstance(device, DeviceSpec):
         return device
     if device is None:

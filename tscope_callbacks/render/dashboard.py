@@ -1,5 +1,5 @@
 """The tscope dashboard page (``tscope_callbacks.dashboard.page`` re-exports it): one HTML page (inline JS and CSS,
-no library, no network) that renders StepReport dicts, and what it needs computed in Python.
+no library, no network) that renders ReportData dicts, and what it needs computed in Python.
 
 The page's JavaScript is small CommonJS modules in ``static/js/`` (``main.js`` starts the page; the pure ones --
 formatting, scales, the layer tree, the report's cards, the steps -- have ``node --test`` tests in ``tests/js``).
@@ -73,7 +73,7 @@ from importlib import resources
 from typing import Any
 
 from tscope_callbacks.analysis.diff import diff_reports
-from tscope_callbacks.analysis.report import ReportLike, StepFileError, StepReport, step_report_of
+from tscope_callbacks.analysis.report import ReportData, StepFileError
 from tscope_callbacks.render.markdown import input_lines
 from tscope_callbacks.render.notes import environment_warnings
 
@@ -149,7 +149,7 @@ def open_step(steps: list[dict[str, Any]]) -> str | None:
     return None if pick is None else f"{pick.get('stage') or 'train'}:{pick['step']}"
 
 
-def page_section(report: StepReport) -> dict[str, Any]:
+def page_section(report: ReportData) -> dict[str, Any]:
     """The report's ``page`` section, the text report's own sentences as plain text: ``warnings``, how far its times
     can be trusted (``render.notes.environment_warnings``: kind, text), and ``input``, the step's time fetching its
     batch (``render.markdown.input_lines``; None without the step monitor's figures)."""
@@ -158,9 +158,9 @@ def page_section(report: StepReport) -> dict[str, Any]:
             "input": _plain(inp[0].removeprefix("- ")) if inp else None}
 
 
-def page_step(d: dict[str, Any], report: StepReport | None = None) -> dict[str, Any]:
+def page_step(d: dict[str, Any], report: ReportData | None = None) -> dict[str, Any]:
     """A step as the page reads it: its report dict without the ops (the page asks for them apart), with
-    ``ops_count`` and its ``page`` section (``report``: its StepReport when at hand, else read from ``d``; a dict
+    ``ops_count`` and its ``page`` section (``report``: its ReportData when at hand, else read from ``d``; a dict
     that does not read as one gets no warnings)."""
     if report is None:
         report = _report_or_none(d)
@@ -175,12 +175,12 @@ def step_label(stage: str | None, step: int | None) -> str:
     return ("" if (stage or "train") == "train" else f"{stage} ") + f"step {step}"
 
 
-def step_diff(a: dict[str, Any] | StepReport, b: dict[str, Any] | StepReport, labels: tuple[str, str],
+def step_diff(a: dict[str, Any] | ReportData, b: dict[str, Any] | ReportData, labels: tuple[str, str],
               top: int = DIFF_TOP) -> dict[str, Any]:
     """The page's diff of two steps (before, after): ``analysis.diff.diff_reports(...).to_dict(top)``, or
     ``{"error"}`` when a report cannot be read."""
-    ra = a if isinstance(a, StepReport) else _report_or_none(a)
-    rb = b if isinstance(b, StepReport) else _report_or_none(b)
+    ra = a if isinstance(a, ReportData) else _report_or_none(a)
+    rb = b if isinstance(b, ReportData) else _report_or_none(b)
     if ra is None or rb is None:
         return {"error": "a step's report cannot be read: " + ("the first" if ra is None else "the second")}
     return diff_reports(ra, rb, labels).to_dict(top=top)
@@ -279,18 +279,18 @@ def series_from_reports(reports: list[dict[str, Any]]) -> dict[str, list[list[fl
     return out
 
 
-def standalone_data(reports: list[tuple[str, dict[str, Any] | StepReport]], *,
+def standalone_data(reports: list[tuple[str, dict[str, Any] | ReportData]], *,
                     series: dict[str, dict] | None = None,
                     unreadable: list[tuple[str, str, int, str]] | None = None,
                     ops_budget: int = OPS_BUDGET_BYTES, hint: str | None = None) -> dict[str, Any]:
-    """The inline data of a standalone page from ``(run, report)`` pairs (a report: its dict, or the StepReport);
+    """The inline data of a standalone page from ``(run, report)`` pairs (a report: its dict, or the ReportData);
     ``unreadable``: ``(run, stage, step, error)`` listed as such; ``series`` per run (default: from the reports'
     headers). Each step gets its ``page`` section, and each run the diffs of its steps (:func:`_diff_pairs`)."""
     runs: dict[str, list[dict[str, Any]]] = {}
     steps, ops, by_run, objs, labels = {}, {}, {}, {}, {}
     for run, rep in reports:
-        obj = rep if isinstance(rep, StepReport) else _report_or_none(rep)  # None: the page shows the dict alone
-        d = rep.to_dict() if isinstance(rep, StepReport) else dict(rep)
+        obj = rep if isinstance(rep, ReportData) else _report_or_none(rep)  # None: the page shows the dict alone
+        d = rep.to_dict() if isinstance(rep, ReportData) else dict(rep)
         stage, step = d.get("stage") or "train", d.get("step")
         entry: dict[str, Any] = {"readable": True, "error": None, "details": layer_details(d)}
         if step is None:  # an estimate (tscope analyze, ts.analyze_model): no trained step; listed as such
@@ -323,18 +323,18 @@ def standalone_data(reports: list[tuple[str, dict[str, Any] | StepReport]], *,
     return {"runs": index, "hint": hint, "steps": steps, "ops": ops, "diffs": diffs, "series": ser}
 
 
-def _report_or_none(d: dict[str, Any]) -> StepReport | None:
-    """The StepReport of a report dict, read without its op list: what the page section and the diff read (the
+def _report_or_none(d: dict[str, Any]) -> ReportData | None:
+    """The ReportData of a report dict, read without its op list: what the page section and the diff read (the
     ops are most of a large report's parsing time: 14,005 ops, 1.9 s of a 4.2 s page); None when it does not read."""
     try:
-        return StepReport.from_dict({**d, "ops": []})
+        return ReportData.from_dict({**d, "ops": []})
     except StepFileError:
         return None
 
 
-def report_html(report: ReportLike | dict[str, Any], *, run: str | None = None, title: str | None = None) -> str:
+def report_html(report: ReportData | dict[str, Any], *, run: str | None = None, title: str | None = None) -> str:
     """One step as a self-contained page (``StepReport.to_html()``)."""
-    rep = report if isinstance(report, dict) else step_report_of(report)
+    rep = report
     d = rep if isinstance(rep, dict) else {"run": rep.run, "step": rep.step}
     name = run or d.get("run") or "run"
     t = title or f"tscope · {name} · " + (f"step {d['step']}" if d.get("step") is not None else "estimate")

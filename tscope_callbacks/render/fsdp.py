@@ -1,9 +1,9 @@
-"""The FSDP what-if section of the Markdown report (``analysis.fsdp``: ``StepReport.fsdp_whatif``)."""
+"""The FSDP what-if section of the Markdown report (``analysis.fsdp``: ``ReportData.fsdp_whatif``)."""
 
 from __future__ import annotations
 
 from tscope_callbacks.analysis.fmt import n
-from tscope_callbacks.analysis.report import StepReport
+from tscope_callbacks.analysis.report import ReportData
 
 __all__ = ["fsdp_lines"]
 
@@ -20,7 +20,7 @@ def _ms(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 1e3:.4g}"
 
 
-def fsdp_lines(report: StepReport) -> list[str]:
+def fsdp_lines(report: ReportData) -> list[str]:
     """Per-GPU memory, collectives and step time of the step under FSDP over N GPUs; [] without a what-if."""
     w = report.fsdp_whatif
     if not w:

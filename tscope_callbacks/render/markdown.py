@@ -1,5 +1,5 @@
-"""Rendering of a :class:`~tscope_callbacks.analysis.report.StepReport`: markdown and the rich console (CSV and the
-version 1 dict: ``render.legacy``). Pure functions of the report.
+"""Rendering of a report (:class:`~tscope_callbacks.analysis.report.ReportData`): markdown and the rich console (CSV:
+``render.csv_table``). Pure functions of the report.
 
 "Roof" always means the datasheet roof of the spec (or the measured roof when the spec itself is measured, e.g. on
 CPU); "achievable" is the calibrated roof shown beside it when known.
@@ -17,24 +17,20 @@ from tscope_callbacks.analysis.fmt import pct as _pct
 from tscope_callbacks.analysis.report import (
     NoiseSection,
     Opportunity,
-    ReportLike,
+    ReportData,
     RoofUsed,
     Row,
-    StepReport,
     Summary,
-    json_safe,
-    step_report_of,
 )
 from tscope_callbacks.records import StepProfile
 from tscope_callbacks.render.fsdp import fsdp_lines
-from tscope_callbacks.render.legacy import CSV_FIELDS, to_csv, to_dict
 from tscope_callbacks.render.notes import basis_extra, environment_lines, noise_lines
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["header_lines", "to_markdown", "to_csv", "to_dict", "to_console", "json_safe", "op_table", "COLUMNS",
-           "columns", "compare_table", "opportunity_line", "CSV_FIELDS"]
+__all__ = ["header_lines", "to_markdown", "to_console", "op_table", "COLUMNS", "columns", "compare_table",
+           "opportunity_line"]
 
 def _p(x: float | None) -> str:
     return "" if x is None else _pct(x)
@@ -65,7 +61,7 @@ def _roof_line(r: RoofUsed) -> str:
     return s
 
 
-def step_lines(report: StepReport) -> list[str]:
+def step_lines(report: ReportData) -> list[str]:
     """The step time and its basis, the expected time, MFU/MBU (and HFU where recompute makes it differ)."""
     s, lines = report.summary, []
     if s.kernel_model:
@@ -96,7 +92,7 @@ def step_lines(report: StepReport) -> list[str]:
     return lines + input_lines(report)
 
 
-def input_lines(report: StepReport) -> list[str]:
+def input_lines(report: ReportData) -> list[str]:
     """The step's time fetching its batch (the DataLoader's next and the transfer to the device: the step monitor's
     mean over its recent clean steps), and when it is input-bound, what to change in the DataLoader; [] without a
     monitor's figures."""
@@ -112,7 +108,7 @@ def input_lines(report: StepReport) -> list[str]:
     return [line]
 
 
-def hfu_line(report: StepReport) -> str:
+def hfu_line(report: ReportData) -> str:
     """HFU vs MFU, naming only what this step's hardware FLOPs hold beyond its model FLOPs: activation-checkpointing
     recompute, the optimizer's update, a fused attention backward's recomputed scores (each only when present)."""
     s = report.summary
@@ -129,7 +125,7 @@ def hfu_line(report: StepReport) -> str:
             + (f": {', '.join(model)}" if model else "") + ")")
 
 
-def header_lines(report: StepReport) -> list[str]:
+def header_lines(report: ReportData) -> list[str]:
     """The figures above the table: device, roofs, precision, step times, MFU/MBU, bound fractions, coverage."""
     s = report.summary
     device = (f"what-if on {s.device}, measured on {report.what_if.measured_on}" if report.what_if is not None
@@ -172,7 +168,7 @@ def header_lines(report: StepReport) -> list[str]:
     return lines
 
 
-def compiled_lines(report: StepReport) -> list[str]:
+def compiled_lines(report: ReportData) -> list[str]:
     """How a compiled model was captured: its Inductor kernels, or its compiled modules run eagerly."""
     cc = report.context.compiled_capture
     if cc:
@@ -189,7 +185,7 @@ def compiled_lines(report: StepReport) -> list[str]:
 
 
 def _cost_text(cost: dict[str, float | int] | None) -> str:
-    """tscope's own host time around the region (``meta["capture_cost"]``), so a slow profiled step is explained."""
+    """tscope's own host time around the region (``info.capture_cost``), so a slow profiled step is explained."""
     if not cost:
         return ""
     ms = lambda k: _f(cost.get(k) or 0.0, ".3g", 1e3)  # noqa: E731
@@ -197,7 +193,7 @@ def _cost_text(cost: dict[str, float | int] | None) -> str:
     return f"; tscope's own host time outside it: start {ms('start_s')} ms{dev}, records {ms('build_s')} ms"
 
 
-def memory_lines(report: StepReport) -> list[str]:
+def memory_lines(report: ReportData) -> list[str]:
     """The step's memory by category, its peak against the device's memory, and under sharding FSDPMemTracker's
     split (``capture.step_memory``, ``analysis.memory_fit``)."""
     m = report.memory
@@ -234,7 +230,7 @@ def memory_lines(report: StepReport) -> list[str]:
     return lines
 
 
-def model_line(report: StepReport) -> str:
+def model_line(report: ReportData) -> str:
     """The model level in one line (``analysis.model_summary``)."""
     m = report.model or {}
     parts = []
@@ -268,7 +264,7 @@ def _cells(r: Row, ach: bool, expected: bool = False, noise: NoiseSection | None
     return c + [_p(r.attained_achievable) if r.bound != "uncounted" else ""] if ach else c
 
 
-def comm_lines(report: StepReport) -> list[str]:
+def comm_lines(report: ReportData) -> list[str]:
     """The communication section: collectives per kind on the link roof, overlap, rank skew (empty without any)."""
     c = report.communication
     if not c:
@@ -316,7 +312,7 @@ def opportunity_line(o: Opportunity, step: float | None) -> str:
     return line
 
 
-def below_roof_lines(report: StepReport, top: int = 5) -> list[str]:
+def below_roof_lines(report: ReportData, top: int = 5) -> list[str]:
     """Rows below their roof for which no change is known: what the numbers say (not opportunities)."""
     rows = report.below_roof[:top]
     if not rows:
@@ -333,7 +329,7 @@ def below_roof_lines(report: StepReport, top: int = 5) -> list[str]:
     return out
 
 
-def advice_marks(report: StepReport) -> dict[tuple[str, str], str]:
+def advice_marks(report: ReportData) -> dict[tuple[str, str], str]:
     """(layer, phase) -> the table's advice cell: the numbers of the opportunities whose saving comes from the row
     ("#1, #3"), or "no known change" for a row below its roof that no opportunity covers."""
     marks: dict[tuple[str, str], list[str]] = {}
@@ -355,7 +351,7 @@ COLUMNS = ["layer", "type", "phase", "GFLOPs", "MB", "FLOP/B", "bound", "roof ms
            "% of roof"]
 
 
-def columns(report: StepReport) -> list[str]:
+def columns(report: ReportData) -> list[str]:
     """The table's columns: "expected ms" (shape-aware kernel estimate) only when a kernel model applies (GPU specs);
     "% of achievable" only with an achievable roof; "advice" (timed): the opportunities the row's time would be saved
     by ("#1"), or "no known change" for a row below its roof that no opportunity covers."""
@@ -365,10 +361,9 @@ def columns(report: StepReport) -> list[str]:
     return cols + (["% of achievable"] if report.summary.has_achievable else []) + ["advice"]
 
 
-def to_markdown(report: ReportLike, top: int = 20) -> str:
+def to_markdown(report: ReportData, top: int = 20) -> str:
     """Header figures, the layer x phase table (top rows + grouped rest + total), the op-class comparison and the
     opportunities list."""
-    report = step_report_of(report)
     ach, exp, timed = report.summary.has_achievable, report.summary.has_kernel_model, report.timed
     head = columns(report)
     marks = advice_marks(report)
@@ -404,9 +399,8 @@ def to_markdown(report: ReportLike, top: int = 20) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_console(report: ReportLike, top: int = 20, console: Console | None = None) -> None:
+def to_console(report: ReportData, top: int = 20, console: Console | None = None) -> None:
     """Print the table with rich when installed (plain markdown otherwise)."""
-    report = step_report_of(report)
     try:
         from rich.console import Console
         from rich.markdown import Markdown

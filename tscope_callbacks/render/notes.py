@@ -5,11 +5,10 @@ the steps merged, and the rows named as noise (``analysis.noise``)."""
 from __future__ import annotations
 
 from tscope_callbacks.analysis.fmt import fig as _f
-from tscope_callbacks.analysis.report import RunContext, StepReport
+from tscope_callbacks.analysis.report import ReportData, RunContext
 from tscope_callbacks.devices.calibrate import BUSY_LOAD_PER_CPU
-from tscope_callbacks.render.legacy import noise_dict
 
-__all__ = ["basis_extra", "environment_lines", "environment_warnings", "noise_lines", "noise_dict"]
+__all__ = ["basis_extra", "environment_lines", "environment_warnings", "noise_lines"]
 
 
 def basis_extra(c: RunContext, step: int | None) -> str:
@@ -29,7 +28,7 @@ def basis_extra(c: RunContext, step: int | None) -> str:
     return out
 
 
-def environment_warnings(report: StepReport) -> list[tuple[str, str]]:
+def environment_warnings(report: ReportData) -> list[tuple[str, str]]:
     """What makes the step's times less trustworthy, as ``(kind, markdown)``: other processes' load over the timed
     steps (``busy``), torch's threads against the CPUs (``oversubscribed``), a roof measured under load
     (``roof-load``), a roof an op beat (``roof-note``) and the rows marked as noise (``noise``). The text report's
@@ -61,7 +60,7 @@ def environment_warnings(report: StepReport) -> list[tuple[str, str]]:
     return out
 
 
-def environment_lines(report: StepReport) -> list[str]:
+def environment_lines(report: ReportData) -> list[str]:
     """The machine the times were taken on, when it matters: other processes' load over the timed steps, torch's
     threads against the CPUs, and a roof measured under load (``devices.calibrate.host_environment``)."""
     m, out = report.context, []
@@ -90,7 +89,7 @@ def environment_lines(report: StepReport) -> list[str]:
     return out
 
 
-def noise_lines(report: StepReport, top: int | None = None) -> list[str]:
+def noise_lines(report: ReportData, top: int | None = None) -> list[str]:
     """Rows whose time is noise and findings within the measured noise: named, with no advice; at most ``top``
     entries (the slowest noisy rows first), then how many more there are (``report.noise`` holds them all)."""
     noise = report.noise

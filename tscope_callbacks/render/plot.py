@@ -1,4 +1,4 @@
-"""Log-log roofline plot of a :class:`~tscope_callbacks.analysis.report.StepReport`.
+"""Log-log roofline plot of a :class:`~tscope_callbacks.analysis.report.ReportData`.
 
 Built on ``matplotlib.figure.Figure`` with the Agg canvas (never ``pyplot``): thread-safe, no global figures left
 behind, usable from a callback (``figure(report)`` for sinks that call ``add_figure``).
@@ -24,7 +24,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
 from tscope_callbacks.analysis.fmt import bw_text, pct_text, rate_text, sig, time_text
-from tscope_callbacks.analysis.report import ReportLike, RoofUsed, StepReport, step_report_of
+from tscope_callbacks.analysis.report import ReportData, RoofUsed
 from tscope_callbacks.records import LayerRecord
 
 __all__ = ["figure", "plot", "card_figure", "card_layer_bars", "displayed_font_px", "unused_bandwidth_label",
@@ -36,7 +36,7 @@ PRECISION_COLORS = {"bf16": "#d62728", "fp16": "#e377c2", "tf32": "#17becf", "fp
 _SHORT = {"forward": "fwd", "backward": "bwd", "recompute": "recomp", "optimizer": "opt"}
 
 
-def _points(report: StepReport) -> list[dict[str, Any]]:
+def _points(report: ReportData) -> list[dict[str, Any]]:
     """Plottable layer x phase rows: positive FLOPs and bytes; y from measured time (untimed: the expected,
     shape-aware kernel time, the dashboard's basis too)."""
     total = (report.summary.op_time_s if report.timed else report.summary.estimated_step_s) or 0.0
@@ -246,9 +246,8 @@ def _draw_roofs(ax: Any, roofs: Sequence[RoofUsed], bw: float, x_lo: float, x_hi
     return handles
 
 
-def figure(report: ReportLike, top_labels: int = 8, *, figsize: tuple[float, float] = (10, 6), dpi: int = 120) -> Figure:
+def figure(report: ReportData, top_labels: int = 8, *, figsize: tuple[float, float] = (10, 6), dpi: int = 120) -> Figure:
     """The roofline as a standalone :class:`~matplotlib.figure.Figure` (Agg canvas attached; no pyplot state)."""
-    report = step_report_of(report)
     fig = Figure(figsize=figsize, dpi=dpi)
     FigureCanvasAgg(fig)
     fig.subplots_adjust(left=0.08, right=0.965, bottom=0.09, top=0.9)
@@ -305,7 +304,7 @@ def figure(report: ReportLike, top_labels: int = 8, *, figsize: tuple[float, flo
     return fig
 
 
-def plot(report: ReportLike, path: str | os.PathLike[str], top_labels: int = 8) -> str:
+def plot(report: ReportData, path: str | os.PathLike[str], top_labels: int = 8) -> str:
     """Write the roofline PNG (10x6 in at 120 dpi) to ``path``; returns the path."""
     fig = figure(report, top_labels=top_labels)
     fig.savefig(os.fspath(path), dpi=fig.dpi)
@@ -380,10 +379,9 @@ def _card_axes(fig: Figure) -> Any:
     return ax
 
 
-def card_figure(report: ReportLike, top_labels: int = 3) -> Figure:
+def card_figure(report: ReportData, top_labels: int = 3) -> Figure:
     """The roofline for a logger's image card (TensorBoard's Images and Time Series tabs, W&B media): 700 x 430 px,
     text 8 pt or more (11 px or more in TensorBoard's boxes), the 3 largest layer x phase points labelled."""
-    report = step_report_of(report)
     fs = CARD_FONT_PT
     fig = Figure(figsize=(CARD_WIDTH_IN, CARD_HEIGHT_IN), dpi=CARD_DPI)
     ax = _card_axes(fig)

@@ -22,13 +22,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tscope_callbacks.analysis.report import ReportLike, StepReport, step_report_of
-from tscope_callbacks.records import OpRecord, StepProfile
+from tscope_callbacks.analysis.report import ReportData
+from tscope_callbacks.records import CaptureInfo, OpRecord, StepProfile
 
 __all__ = ["chrome_trace", "save_trace"]
 
 
-def _bounds(report: StepReport | None) -> dict[int, str]:
+def _bounds(report: ReportData | None) -> dict[int, str]:
     if report is None:
         return {}
     return {o.i: o.bound for o in report.ops}
@@ -51,18 +51,17 @@ def _op_args(r: OpRecord, bound: str | None) -> dict[str, Any]:
     return a
 
 
-def _rank_events(prof: StepProfile, rank: int, report: StepReport | None) -> list[dict[str, Any]]:
-    meta = prof.meta
-    origin_us = (meta.get("clock_origin_ns") or 0) / 1e3
+def _rank_events(prof: StepProfile, rank: int, report: ReportData | None) -> list[dict[str, Any]]:
+    origin_us = (prof.info.clock_origin_ns or 0) / 1e3
     bounds = _bounds(report)
     ev: list[dict[str, Any]] = [{"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}},
                                 {"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}}]
-    kernels = meta.get("kernels") or []
+    kernels = prof.info.kernels or []
     if kernels:  # CUDA: kernels per stream, and one annotation per op over its kernels
         span: dict[int, list[float]] = {}
         for corr, (name, start, dur, stream, op) in enumerate(kernels):
             ts = origin_us + start / 1e3
-            args = {"device": meta.get("device_index", 0), "stream": stream, "correlation": corr}
+            args = {"device": 0, "stream": stream, "correlation": corr}
             if op is not None:
                 args["External id"] = op
                 s = span.setdefault(op, [ts, ts + dur / 1e3])
@@ -88,24 +87,24 @@ def _rank_events(prof: StepProfile, rank: int, report: StepReport | None) -> lis
 
 
 def chrome_trace(profiles: StepProfile | Sequence[StepProfile],
-                 reports: Sequence[ReportLike | None] | ReportLike | None = None) -> dict[str, Any]:
+                 reports: Sequence[ReportData | None] | ReportData | None = None) -> dict[str, Any]:
     """The trace dict of one profile or a list of per-rank profiles (rank = position); ``reports`` (one per
     profile, or one for all) adds each op's roofline bound."""
     profs = list(profiles) if isinstance(profiles, (list, tuple)) else [profiles]
     many = reports if isinstance(reports, (list, tuple)) else [reports] * len(profs)
-    reps = [None if r is None else step_report_of(r) for r in many]
+    reps = list(many)
     events: list[dict[str, Any]] = []
     for rank, (p, rep) in enumerate(zip(profs, reps)):
         events += _rank_events(p, rank, rep)
-    m = profs[0].meta if profs else {}
+    m = profs[0].info if profs else CaptureInfo()
     return {"schemaVersion": 1, "displayTimeUnit": "ms", "traceEvents": events,
-            "distributedInfo": {"rank": 0, "world_size": len(profs), "backend": m.get("comm_backend", "")},
-            "tscope": {"device": m.get("device_name"), "step": m.get("step"), "model": m.get("model"),
-                       "step_time_s": m.get("step_time_s"), "step_time_basis": m.get("step_time_basis")}}
+            "distributedInfo": {"rank": 0, "world_size": len(profs), "backend": ""},
+            "tscope": {"device": m.device_name, "step": m.step, "model": m.model, "step_time_s": m.step_time_s,
+                       "step_time_basis": m.step_time_basis}}
 
 
 def save_trace(profiles: StepProfile | Sequence[StepProfile], path: str | os.PathLike[str],
-               reports: Sequence[ReportLike | None] | ReportLike | None = None) -> Path:
+               reports: Sequence[ReportData | None] | ReportData | None = None) -> Path:
     """Write :func:`chrome_trace` to ``path`` (open it in ui.perfetto.dev or chrome://tracing)."""
     out = Path(path)
     out.write_text(json.dumps(chrome_trace(profiles, reports)))
