@@ -203,6 +203,6 @@ def test_cli_calibrate_gpu_json_and_no_cache(monkeypatch, capsys, fake_gpu):
 
 
 def test_cli_calibrate_error_exit(capsys):
-    assert main(["calibrate", "--device", "meta"]) == 2
+    assert main(["calibrate", "--gpu", "meta"]) == 2
     err = capsys.readouterr().err
     assert "unsupported device" in err and "Traceback" not in err

@@ -142,7 +142,7 @@ def test_analyze_a_hugging_face_config(capsys: pytest.CaptureFixture[str], tmp_p
     direct = ts.analyze_model(model, input_shape=[(2, 16)], gpu="h100", precision="bf16", backward=True)
     for path in (a, b):
         ops = json.loads(path.read_text())["profile"]["ops"]
-        assert sum(o["flops"] for o in ops) == direct.total_flops > 0
+        assert sum(o["flops"] for o in ops) == direct.summary.total_flops > 0
     assert main(["analyze", "hf:lama", "--input-shape", "2,16"]) == 2
     err = capsys.readouterr().err
     assert "'lama' is not a transformers model type (close: llama" in err and len(err.strip().splitlines()) == 1
