@@ -415,7 +415,7 @@ def test_layer_memory_is_null_when_not_measured():
     """Without layer details the capture's memory tracker does not run and leaves the per-layer memory at 0: the
     report says null (not measured), and reads back null; with layer details the measured bytes stay."""
     from tscope_callbacks.analysis.analyze import analyze
-    from tscope_callbacks.analysis.report import StepReport
+    from tscope_callbacks import StepReport
 
     _, res, spec = _mlp_profile(False)
     d = analyze(res, spec).to_dict()
@@ -689,15 +689,10 @@ def test_tensorboard_mode_picks_up_new_steps(driver, fit_logdir, tmp_path):
             "const done = arguments[arguments.length - 1]; window.tscopeDashboard.poll().then(done);") is False
 
 
-def test_fresh_fit_writes_version_2_step_files_read_without_reanalysis(fit_logdir, monkeypatch):
-    """The callbacks write ``{"profile", "device", "report": StepReport.to_dict()}``; the dashboard reads the report
-    as it is (the version-1 path, which re-analyses a profile, is never taken)."""
+def test_fresh_fit_writes_step_files_the_dashboard_reads_as_they_are(fit_logdir):
+    """The callbacks write ``{"profile", "device", "report": report.to_dict()}``; the dashboard reads the report as it
+    is (no re-analysis: its dict is the file's, less the raw profile)."""
     _, run_dir, steps = fit_logdir
-
-    def no_reanalysis(path):
-        raise AssertionError(f"version-1 re-analysis taken for {path}")
-
-    monkeypatch.setattr(ld, "_legacy", no_reanalysis)
     for st in steps:
         path = run_dir / "tscope" / f"step_{st}.json"
         raw = json.loads(path.read_text())

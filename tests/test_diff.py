@@ -187,7 +187,7 @@ def test_mfu_change_is_on_one_roof_when_the_steps_roofs_differ():
     spec_a = a100()
     spec_b = replace(spec_a, flops={**spec_a.flops, "bf16": 312e12 * 1.04})
     a, b = roofline(toy_profile(), spec_a), roofline(toy_profile(), spec_b)
-    assert b.mfu == pytest.approx(a.mfu / 1.04)  # the same step reads 4% lower MFU on the wider roof
+    assert b.summary.mfu == pytest.approx(a.summary.mfu / 1.04)  # the same step reads 4% lower MFU on the wider roof
     d = diff_reports(a, b)
     assert d.change("MFU").change == "+0 pts"  # on A's roof: B's MFU x 324.48 / 312 = A's
     assert any("MFU roofs differ (312 TFLOP/s vs 324 TFLOP/s)" in n for n in d.notes), d.notes

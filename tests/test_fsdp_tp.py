@@ -73,8 +73,8 @@ RAW = """
                    comm=[dict(r.comm, layer=r.layer, phase=r.phase) for r in prof.ops if r.comm],
                    mm={{r.layer: r.flops for r in prof.ops if r.category == "matmul" and r.phase == "forward"}},
                    cats=prof.info.memory_categories, md=rep.to_markdown(),
-                   link=next(r["link_bytes"] for r in rep.communication["rows"] if r["collective"] == "all_gather")
-                   if rep.communication else None)
+                   link=next((r["link_bytes"] for r in rep.communication["rows"] if r["collective"] == "all_gather"),
+                             None) if rep.communication else None)
         with open(os.path.join(out, f"rank{{rank}}.json"), "w") as f:
             json.dump(res, f)
         dist.destroy_process_group()

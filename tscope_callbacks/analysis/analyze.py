@@ -82,6 +82,7 @@ def analyze(profile: StepProfile, spec: DeviceSpec, options: AnalyzeOptions | No
             report_type: type[R] = ReportData) -> R:  # type: ignore[assignment]
     """The report of ``profile`` on ``spec`` (a resolved DeviceSpec), built once as ``report_type`` (the report data
     or ``tscope_callbacks.StepReport``, which adds the renderings)."""
+    profile = profile if isinstance(profile, StepProfile) else getattr(profile, "result", profile)  # a ts.profile
     if not isinstance(profile, StepProfile):
         raise TypeError(f"analyze() needs a profiled step: the `prof` of `with ts.profile(model) as prof:` (after "
                         f"the with-block), its .result, or a StepProfile; got {type(profile).__name__}")
