@@ -90,7 +90,7 @@ def test_an_outlier_block_is_named_noise_not_a_finding():
 
 
 def _below(rep) -> set[tuple[str, str]]:
-    return {(r.layer, r.phase) for r, _ in rep.below_roof(top=20)}
+    return {(r.layer, r.phase) for r in rep.below_roof}
 
 
 def test_a_row_is_called_below_its_roof_only_when_its_excess_exceeds_the_measured_noise():

@@ -91,7 +91,7 @@ def test_roofline_with_the_default_roof_leaves_the_random_streams(empty_roof_cac
     reference = _draws_after(lambda: None)
     reports: list[Any] = []
     assert _same(_draws_after(lambda: reports.append(ts.roofline(prof))), reference)
-    assert reports[0].spec.measured, "the default roof was measured here"
+    assert reports[0].device.measured, "the default roof was measured here"
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])

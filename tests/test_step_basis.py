@@ -71,9 +71,9 @@ def test_mfu_basis_is_the_median_of_the_unprofiled_steps_around_each_profile(tmp
     cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=5, every_n_steps=10)
     _, saved = _fit(tmp_path, cb, Scripted(), max_steps=45)
     assert len(saved) >= 2  # the first waits for warm-up (up to 16 steps), then 10-step spacing
-    profiled = {s for d in saved for s in d["profile"]["meta"]["merged_steps"]}
+    profiled = {s for d in saved for s in d["profile"]["info"]["merged_steps"]}
     for d in saved:
-        meta, rep = d["profile"]["meta"], d["report"]
+        meta, rep = d["profile"]["info"], d["report"]
         assert meta["step_time_basis"] == "unprofiled-median" and len(meta["merged_steps"]) == 3
         window = meta["step_time_sample_steps"]  # each: from its start to the next step's start
         assert window[0] == meta["step_time_window"][0] and window[-1] == meta["step_time_window"][1]
@@ -92,7 +92,7 @@ def test_the_first_profile_waits_for_warmed_up_steps_and_says_so(tmp_path, host)
     # steps 0-3 take 30 ms, then 5 ms: a basis from them would put MFU several times too low
     cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=2, every_n_steps=100)
     _, saved = _fit(tmp_path, cb, SlowStart(slow=4), max_steps=26)
-    meta = saved[0]["profile"]["meta"]
+    meta = saved[0]["profile"]["info"]
     # 5 fast unprofiled steps agree (4-8) and settle the clock: the profile at step 9, its basis from step 4 on
     assert meta["deferred_from"] == 2 and meta["step"] == 4 + SETTLE_STEPS and meta["step_time_settled"]
     assert meta["step_time_window"][0] >= 4 and meta["step_time_s"] == pytest.approx(0.005)
@@ -104,7 +104,7 @@ def test_k_steps_are_merged_and_a_short_run_still_reports(tmp_path):
     cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=3, every_n_steps=100, wait_for_warmup=False)
     _, saved = _fit(tmp_path, cb, max_steps=5)  # steps 3, 4: the end of training cuts the series at 2
     (d,) = saved
-    assert d["profile"]["meta"]["merged_steps"] == [3, 4] and d["profile"]["meta"]["step"] == 3
+    assert d["profile"]["info"]["merged_steps"] == [3, 4] and d["profile"]["info"]["step"] == 3
     assert all(len(o["time_samples"]) == 2 for o in d["profile"]["ops"] if o["time_s"] is not None)
     assert [h["step"] for h in cb.history] == [3]
 
@@ -150,11 +150,11 @@ def test_a_deferred_first_profile_is_not_cut_by_the_next_scheduled_one(tmp_path,
     monkeypatch.setattr(StepClock, "settle", settle)
     cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=5, every_n_steps=10, monitor=False)
     _, saved = _fit(tmp_path, cb, max_steps=45)
-    first = saved[0]["profile"]["meta"]
+    first = saved[0]["profile"]["info"]
     assert first["deferred_from"] == 5 and first["merged_steps"] == [8, 9, 10]
     assert max(first["step_time_sample_steps"]) > 10  # unprofiled steps after the series
-    assert [d["profile"]["meta"]["step"] for d in saved] == [8, 20, 30, 40]
-    assert all(len(d["profile"]["meta"]["merged_steps"]) == 3 for d in saved)
+    assert [d["profile"]["info"]["step"] for d in saved] == [8, 20, 30, 40]
+    assert all(len(d["profile"]["info"]["merged_steps"]) == 3 for d in saved)
 
 
 def test_the_step_monitors_layer_timing_steps_are_no_step_time_basis(tmp_path, monkeypatch, host):
@@ -174,4 +174,4 @@ def test_the_step_monitors_layer_timing_steps_are_no_step_time_basis(tmp_path, m
     stamps = {s: dirty for s, _, dirty, _ in cb._clock._stamps}
     assert all(stamps[m + 1] for m in ran)  # each interval from a ModuleClock step's start to the next step's
     for d in saved:
-        assert not set(ran) & set(d["profile"]["meta"]["step_time_sample_steps"])
+        assert not set(ran) & set(d["profile"]["info"]["step_time_sample_steps"])
