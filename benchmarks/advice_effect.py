@@ -475,26 +475,21 @@ def report_of(v: Variant, steps: int, cuda: bool, gpu: str) -> Any:
     plain = statistics.median(_timed(v, 1, cuda) for _ in range(max(5, steps)))
     profs = []
     for i in range(steps):
-        with ts.profile(v.model, labels={"step": i, "step_time_s": plain,
-                                         "step_time_basis": "unprofiled-median"}) as p:
+        with ts.profile(v.model, info=ts.CaptureInfo(step=i, step_time_s=plain,
+                                                     step_time_basis="unprofiled-median")) as p:
             v.step()
         profs.append(p.result)
     return ts.roofline(merge_steps(profs), gpu)
 
 
-class _NoNoise:
-    """A report seen without its noise marks: what the rules find before the noise filter."""
+def _findings(rep: Any, gpu: str) -> tuple[list[Any], list[Any]]:
+    """(the report's findings, up to 20; every finding the rules make before the noise filter, up to 50): the
+    report's step analysed again (its profile on the same roofs) to see past the report's top 10."""
+    from tscope_callbacks.analysis.noise import find_noise
+    from tscope_callbacks.analysis.roofline import build_roofline
 
-    noise = None
-
-    def __init__(self, report: Any) -> None:
-        self._report = report
-
-    def _suppress(self, o: Any) -> None:
-        pass
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._report, name)
+    eng = build_roofline(rep.profile, ts.get_device_spec(gpu))
+    return advice.opportunities(eng, find_noise(eng), top=20), advice.opportunities(eng, None, top=50)
 
 
 def _kind(o: Any) -> str:
@@ -546,12 +541,11 @@ def run_model(name: str, build: Callable[[], Variant], args: argparse.Namespace)
     applied: set[str] = set()
     for pass_ in (1, 2):
         rep = report_of(base, args.profile_steps, cuda, args.gpu)
-        found = list(rep.opportunities(top=20))
+        found, every = _findings(rep, args.gpu)
         shown = {(_kind(o), o.layer) for o in found}
         # every finding the rules make, also those the report holds back as noise (a busy machine's spread, an
         # outlier block): their predictions are checked too, marked "(noise)"
-        held = [o for o in advice.opportunities(_NoNoise(rep), top=50)
-                if (_kind(o), o.layer) not in shown and _kind(o) in CHANGES]
+        held = [o for o in every if (_kind(o), o.layer) not in shown and _kind(o) in CHANGES]
         if pass_ == 1:
             before = [_line(o) for o in found[:5]] + [_line(o) + " (within the noise)" for o in held]
         print(f"  pass {pass_}: found {[_line(o) for o in found]}; within the noise {[_line(o) for o in held]}",
@@ -588,13 +582,13 @@ def run_model(name: str, build: Callable[[], Variant], args: argparse.Namespace)
         applied |= new
         base = after
     rep = report_of(base, args.profile_steps, cuda, args.gpu)
-    after_top = [_line(o) for o in rep.opportunities(top=5)] + [_line(o) + " (within the noise)"
-                                                                for o in rep.suppressed if _kind(o) in CHANGES]
-    for o in rep.opportunities(top=20):
+    after_top = [_line(o) for o in rep.opportunities[:5]] + [_line(o) + " (within the noise)"
+                                                             for o in rep.noise.suppressed if _kind(o) in CHANGES]
+    for o in _findings(rep, args.gpu)[0]:
         if _kind(o) in applied:
             why = (" (expected: the capture runs a compiled function eagerly)" if _kind(o) in EAGER_UNDER_CAPTURE
                    else "")
-            print(f"  !! {_kind(o)} fires again after its change was applied{why}: {o.reason}", flush=True)
+            print(f"  !! {_kind(o)} fires again after its change was applied{why}: {o.cause}", flush=True)
             after_top.append(f"(fired again after its change: {_kind(o)}{why})")
     return cases, before, after_top
 

@@ -79,8 +79,8 @@ def measure(runs: int, smoke: bool, cprofile: str | None = None) -> tuple[str, d
               f"{'PASS' if ratio <= 2.0 else 'FAIL'}",
               f"- headline MFU {rep.summary.mfu:.2%} on the {rep.summary.step_time_source} basis ({rep.summary.measured_step_s * 1e3:.1f} ms) "
               f"vs hand count over the plain step {hand:.2%}: {'PASS' if mfu_ok else 'FAIL'} (target within 5%)",
-              f"- GPU idle during the capture: {(rep.meta.get('device_idle_s') or 0) * 1e3:.1f} ms; captured region "
-              f"{(rep.wall_time_s or 0) * 1e3:.1f} ms wall (not used as a step time)"]
+              f"- GPU idle during the capture: {(rep.summary.device_idle_s or 0) * 1e3:.1f} ms; captured region "
+              f"{(rep.summary.wall_time_s or 0) * 1e3:.1f} ms wall (not used as a step time)"]
     named = {"layer_details=False": last[False], "layer_details=True": last[True]}
     if "replay" in last:
         named["replay"] = last["replay"]

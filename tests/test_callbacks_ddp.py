@@ -59,5 +59,5 @@ def test_ddp_two_processes(tmp_path: Path) -> None:
     assert {"tscope/roofline/step_ms_min", "tscope/roofline/step_ms_max", "tscope/roofline/mfu"} <= set(scalars)
     mins, maxs = acc.Scalars("tscope/roofline/step_ms_min"), acc.Scalars("tscope/roofline/step_ms_max")
     assert [e.step for e in mins] == [1, 2] and all(a.value <= b.value for a, b in zip(mins, maxs))
-    table = json.loads((log_dir / "tscope" / "step_2.json").read_text())["profile"]["meta"]["rank_step_times_s"]
+    table = json.loads((log_dir / "tscope" / "step_2.json").read_text())["profile"]["info"]["rank_step_times_s"]
     assert len(table) == 2

@@ -414,8 +414,8 @@ _LAYER_MEMORY = ("memory_fwd_bytes", "memory_bwd_bytes", "peak_fwd_bytes", "peak
 def test_layer_memory_is_null_when_not_measured():
     """Without layer details the capture's memory tracker does not run and leaves the per-layer memory at 0: the
     report says null (not measured), and reads back null; with layer details the measured bytes stay."""
-    from tscope_callbacks.analysis.analyze import analyze
     from tscope_callbacks import StepReport
+    from tscope_callbacks.analysis.analyze import analyze
 
     _, res, spec = _mlp_profile(False)
     d = analyze(res, spec).to_dict()

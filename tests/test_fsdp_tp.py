@@ -75,9 +75,7 @@ RAW = """
                    cats=prof.info.memory_categories, md=rep.to_markdown(),
                    link=next((r["link_bytes"] for r in rep.communication["rows"] if r["collective"] == "all_gather"),
                              None) if rep.communication else None)
-        with open(os.path.join(out, f"rank{{rank}}.json"), "w") as f:
-            json.dump(res, f)
-        dist.destroy_process_group()
+        return res
 
     if __name__ == "__main__":
         mp.spawn(run, args=(sys.argv[1], {modes!r}), nprocs=2)
