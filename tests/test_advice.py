@@ -298,25 +298,25 @@ def test_alignment_is_advised_only_for_a_dimension_off_the_dtypes_tile():
         ops = [_mm(64, 4096, 256, "classifier.1", "forward", 0.05, dtype=dtype),
                _mm(64, 256, 4096, "classifier.1", "backward", 0.05, dtype=dtype),
                _mm(4096, 64, 256, "classifier.1", "backward", 0.05, dtype=dtype)]
-        assert not [o for o in _report(ops, step_time_s=1e-3).opportunities(top=20) if o.kind == "misaligned"]
+        assert not [o for o in _report(ops, step_time_s=1e-3).opportunities[:20] if o.kind == "misaligned"]
     # fp32 rows are 16-byte aligned at multiples of 4: 1000 classes are, 1001 are not (named, padded to 1024)
     ok = [_mm(4096, 512, 1000, "head", "forward", 0.5, dtype="float32")]
-    assert not [o for o in _report(ok, step_time_s=2e-3).opportunities() if o.kind == "misaligned"]
+    assert not [o for o in _report(ok, step_time_s=2e-3).opportunities if o.kind == "misaligned"]
     bad = [_mm(4096, 512, 1001, "head", "forward", 0.5, dtype="float32")]
-    (o,) = [o for o in _report(bad, step_time_s=2e-3).opportunities() if o.kind == "misaligned"]
-    assert o.evidence["dim"] == 1001 and o.evidence["padded"] == 1024 and "not a multiple of 4 (fp32" in o.reason
+    (o,) = [o for o in _report(bad, step_time_s=2e-3).opportunities if o.kind == "misaligned"]
+    assert o.evidence["dim"] == 1001 and o.evidence["padded"] == 1024 and "not a multiple of 4 (fp32" in o.cause
     # a CPU has no GEMM tables to say what padding buys: no advice there
     cpu = ts.DeviceSpec("CPU (test)", {"fp32": 1e12}, 20e9, vendor="cpu", source="tests")
-    assert not [o for o in _report(bad, spec=cpu, device="cpu", step_time_s=2e-3).opportunities()
+    assert not [o for o in _report(bad, spec=cpu, device="cpu", step_time_s=2e-3).opportunities
                 if o.kind == "misaligned"]
 
 
 def test_tf32_is_advised_only_for_fp32_on_a_gpu_with_tensor_cores():
     ops = [_mm(4096, 4096, 4096, "fc", "forward", 2.6, dtype="float32")]
     cpu = ts.DeviceSpec("CPU (test)", {"fp32": 1e12, "tf32": 1e12}, 20e9, vendor="cpu", source="tests")
-    assert not [o for o in _report(ops, spec=cpu, device="cpu").opportunities() if o.kind == "fp32_matmul"]
+    assert not [o for o in _report(ops, spec=cpu, device="cpu").opportunities if o.kind == "fp32_matmul"]
     bf16 = [_mm(4096, 4096, 4096, "fc", "forward", 0.3)]
-    assert not [o for o in _report(bf16).opportunities() if o.kind == "fp32_matmul"]
+    assert not [o for o in _report(bf16).opportunities if o.kind == "fp32_matmul"]
 
 
 def test_savings_found_in_cpu_op_times_are_scaled_to_the_unprofiled_step():
@@ -325,13 +325,13 @@ def test_savings_found_in_cpu_op_times_are_scaled_to_the_unprofiled_step():
     # ops' own rate) is scaled by 20 / 40
     cpu = ts.DeviceSpec("CPU (test)", {"fp32": 1e12}, 20e9, vendor="cpu", source="tests")
     ops = [pointwise(1 << 20, name=f"aten.{n}", layer="act", time_s=10e-3) for n in ("pow", "mul", "add", "tanh")]
-    o = next(o for o in _report(ops, spec=cpu, device="cpu", step_time_s=20e-3).opportunities()
+    o = next(o for o in _report(ops, spec=cpu, device="cpu", step_time_s=20e-3).opportunities
              if o.kind == "fusion")
     assert o.saving_s == pytest.approx(30e-3 * 20 / 40) and "x0.5, the unprofiled step (20 ms)" in o.predicted_text
     # not on a GPU (kernel times are not stretched by the host), nor when the ops add up to less than the step
-    gpu = next(o for o in _report(ops, step_time_s=20e-3).opportunities() if o.kind == "fusion")
+    gpu = next(o for o in _report(ops, step_time_s=20e-3).opportunities if o.kind == "fusion")
     assert gpu.saving_s > 20e-3
-    calm = next(o for o in _report(ops, spec=cpu, device="cpu", step_time_s=50e-3).opportunities()
+    calm = next(o for o in _report(ops, spec=cpu, device="cpu", step_time_s=50e-3).opportunities
                 if o.kind == "fusion")
     assert calm.saving_s == pytest.approx(30e-3)
 
@@ -342,15 +342,15 @@ def test_the_step_monitors_findings_are_opportunities_with_its_figures():
           "loop_findings": [{"cause": "log_every_n_steps=1 logs every step", "change": "log_every_n_steps=50",
                              "saving_s": 3e-3, "basis": "the loggers' measured 3 ms a step"}]}
     rep = _report(lm_head_ops(), step_breakdown=bd, step_time_s=40e-3)
-    by = {o.kind: o for o in rep.opportunities(top=10)}
-    assert by["input"].saving_s == pytest.approx(12e-3) and "num_workers" in by["input"].fix
+    by = {o.kind: o for o in rep.opportunities[:10]}
+    assert by["input"].saving_s == pytest.approx(12e-3) and "num_workers" in by["input"].change
     assert by["input"].predicted_by == "data_wait" and by["input"].rows == ()
-    assert by["loop"].saving_s == pytest.approx(3e-3) and by["loop"].fix == "log_every_n_steps=50"
+    assert by["loop"].saving_s == pytest.approx(3e-3) and by["loop"].change == "log_every_n_steps=50"
     md = rep.to_markdown()
     assert "the input pipeline — **input**" in md and "the training loop — **loop**" in md
     # not input-bound: no finding
     quiet = _report(lm_head_ops(), step_breakdown={**bd, "input_bound": False, "loop_findings": []})
-    assert not {"input", "loop"} & {o.kind for o in quiet.opportunities(top=10)}
+    assert not {"input", "loop"} & {o.kind for o in quiet.opportunities[:10]}
 
 
 def test_an_opportunity_carries_the_closed_loops_measured_ratio_for_its_kind_and_device(monkeypatch):
@@ -359,7 +359,7 @@ def test_an_opportunity_carries_the_closed_loops_measured_ratio_for_its_kind_and
     table = {"effects": {"cuda": {"misaligned": {"ratio": 0.8, "models": ["HF GPT-2"]}},
                          "cpu": {"fusion:optimizer": {"ratio": 1.1, "models": ["demo transformer"]}}}}
     monkeypatch.setattr(finding, "_effects", lambda: table)
-    (o,) = [o for o in _report(lm_head_ops(), device="cuda").opportunities() if o.kind == "misaligned"]
+    (o,) = [o for o in _report(lm_head_ops(), device="cuda").opportunities if o.kind == "misaligned"]
     assert o.measured_ratio == 0.8 and "HF GPT-2" in o.measured_on and "0.8x the predicted one" in o.measured_on
     md = _report(lm_head_ops(), device="cuda").to_markdown()
     assert "Checked: applied in tscope's closed loop on CUDA, the measured saving was 0.8x the predicted one (HF GPT-2)" in md

@@ -311,7 +311,7 @@ def _pooling(ops: list[OpRoof], ctx: Context) -> list[Finding]:
         # PyTorch's NCHW max pooling on CPU is a scalar loop whose branches follow the data: fed the activation's
         # input instead of its output it measured slower, by more than an inference step's activation saved (in
         # training the activation's backward saves more: measured 1.0x the prediction)
-        nchw_cpu_inference = ctx.cpu and ctx.inference and ctx.meta.get("conv_channels_last") is False
+        nchw_cpu_inference = ctx.cpu and ctx.inference and ctx.info.conv_channels_last is False
         if (not nchw_cpu_inference and act is not None and act.record.op in MONOTONE
                 and act.record.output_shapes[:1] == pool.record.input_shapes[:1]):
             bwd = ctx.backward_of(act)
