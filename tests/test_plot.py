@@ -154,7 +154,7 @@ def test_a_ridge_shared_by_two_roofs_is_labelled_once():
     spec = DeviceSpec(name="cpu", flops={"fp32": 100e9}, bandwidth=50e9, measured=True)
     prof = make_profile([pointwise(1_000_000, time_s=1e-3, layer="act"),
                          matmul(256, 256, 256, dtype="float32", layer="fc", time_s=1e-3)])
-    rep = api.roofline(prof, spec).step_report
+    rep = api.roofline(prof, spec)
     assert {(r.matrix, r.ridge) for r in rep.roofs} == {(True, 2.0), (False, 2.0)}  # 100 GFLOP/s / 50 GB/s
     ridges = [t.get_text() for t in figure(rep).axes[0].texts if t.get_text().startswith("ridge")]
     assert ridges == ["ridge 2"]
