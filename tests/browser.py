@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["CHROMIUM", "CHROMEDRIVER", "browser_missing", "chromium", "requested"]
+__all__ = ["CHROMIUM", "CHROMEDRIVER", "browser_missing", "chromium", "requested", "wait"]
 
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = os.environ.get("CHROMEDRIVER") or shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -71,3 +71,13 @@ def requested(driver: Any) -> list[str]:
         if msg.get("method") == "Network.requestWillBeSent":
             out.append(msg["params"]["request"]["url"])
     return out
+
+
+def wait(d: Any, cond: Any, what: str = "the page", timeout: float = 20) -> Any:
+    """``cond(d)``'s first true value within ``timeout`` s. An element found by one check and re-rendered by the page
+    before the next (stale) or not there yet counts as "not yet", as on a slow machine it often is."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(d, timeout, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)
+                         ).until(cond, f"waited {timeout:.0f} s for {what}")

@@ -18,7 +18,7 @@ import warnings
 
 import pytest
 
-from tests.browser import chromium
+from tests.browser import chromium, wait
 from tscope_callbacks.analysis.fmt import figure_text, sig
 from tscope_callbacks.dashboard import logdir as ld
 from tscope_callbacks.dashboard.page import page_html, report_html, run_html, standalone_data
@@ -63,9 +63,7 @@ def driver(page_file):
 
 
 def _wait(d, cond, timeout: float = 20):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(d, timeout).until(cond)
+    return wait(d, cond, timeout=timeout)
 
 
 def _open(d, url: str) -> None:

@@ -33,6 +33,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from models import TinyLM
 
 import tscope_callbacks as ts
+from tests.browser import wait
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from tb_server import TensorBoardUnavailable, get_json, serve
@@ -205,9 +206,7 @@ def driver():
 
 
 def _wait(d, cond, what: str):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(d, WAIT_S).until(cond, f"waited {WAIT_S:.0f} s for {what}")
+    return wait(d, cond, what, WAIT_S)
 
 
 def _open_tab(d, base: str) -> None:
