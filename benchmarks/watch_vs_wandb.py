@@ -83,9 +83,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
-    from wandb.integration.torch.wandb_torch import TorchHistory
-
     import wandb
+    from wandb.integration.torch.wandb_torch import TorchHistory
 
     os.environ.setdefault("WANDB_SILENT", "true")
     torch.manual_seed(0)

@@ -47,9 +47,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests keep their order
 
 
+def _chdir_for(path: str) -> Iterator[None]:
+    """The working directory is ``path`` until the fixture ends (not through ``monkeypatch``: a test's
+    ``monkeypatch.undo()`` would take the test back to the checkout)."""
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_working_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    yield from _chdir_for(str(tmp_path_factory.mktemp("session_cwd")))  # module-scoped fixtures run here
+
+
 @pytest.fixture(autouse=True)
-def _own_working_directory(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+def _own_working_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    yield from _chdir_for(str(tmp_path_factory.mktemp("cwd")))
 
 
 @pytest.fixture

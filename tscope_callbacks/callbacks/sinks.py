@@ -349,6 +349,7 @@ class WandbSink(MetricsSink):
 
     def log_text(self, key: str, markdown: str, step: int) -> None:
         import wandb
+
         from tscope_callbacks.render.html import markdown_to_html
 
         self.logger.log_metrics({key: wandb.Html(markdown_to_html(markdown))}, step=step)
