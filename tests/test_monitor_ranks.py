@@ -185,3 +185,44 @@ def test_four_gloo_ranks_late_in_data_compute_and_before_the_step(tmp_path: Path
     assert sorted(page["step_ms"]) == ["0", "1", "2", "3"] and sorted(page["sync_ms"]) == ["0", "1", "2", "3"]
     assert dict(map(tuple, page["late_rank"]))[40] == 2.0
     assert dict(map(tuple, page["late_cost_ms"]))[40] == pytest.approx(30.0, rel=0.25)
+
+
+def test_cuda_rank_gather_is_read_once_complete_never_waited(monkeypatch) -> None:
+    # on a GPU the all-gather runs on the stream: its rows are read at a later logging step, once an event says the
+    # gather completed (no host sync on the step's path)
+    from tscope_callbacks.callbacks.monitor import _RankGather
+
+    class _Event:
+        done = False
+
+        def record(self) -> None:
+            pass
+
+        def query(self) -> bool:
+            return _Event.done
+
+        def synchronize(self) -> None:
+            raise AssertionError("waited on the gather")
+
+    class _Rows:
+        """The gathered tensor stand-in: .tolist() must not be called before the event completed."""
+
+        def __init__(self, rows):
+            self.rows = rows
+
+        def reshape(self, *shape):
+            return self
+
+        def tolist(self):
+            assert _Event.done, "read before the gather completed (a host sync)"
+            return self.rows
+
+    monkeypatch.setattr(torch.cuda, "Event", lambda *a, **k: _Event())
+    strategy = types.SimpleNamespace(root_device=torch.device("cpu"),
+                                     all_gather=lambda t: _Rows([t.tolist(), [9.0] * len(t)]))
+    g = _RankGather(cuda=True)
+    trainer = types.SimpleNamespace(world_size=2, strategy=strategy)
+    assert g.exchange(trainer, [1.0, 2.0], 10) == []  # not complete: nothing read
+    _Event.done = True
+    got = g.exchange(trainer, [3.0, 4.0], 20)
+    assert [s for s, _ in got] == [10, 20] and got[0][1] == [[1.0, 2.0], [9.0, 9.0]]

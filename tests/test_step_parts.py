@@ -397,3 +397,30 @@ def test_parts_agree_with_lightnings_simple_profiler(tmp_path) -> None:
     close([st.part("forward") + st.part("backward") + st.part("optimizer") for st in steps],
           [opt[i] - sum(v[i] for v in inner) - sum(v[i] for v in in_bwd) for i in idx], "optimizer_step")
     assert 0.9 < med([st.named["hooks:_SlowHook"] for st in steps]) < 20  # (the sleep: 1 ms and the wake-up)
+
+
+def test_grad_tail_learns_the_last_gradient_and_keeps_one_hook() -> None:
+    # DDP's reducer waits at the end of backward; the tail is measured from the last parameter's gradient
+    # accumulation: the first backward learns which parameter that is (a hook on each), then one hook stays
+    from tscope_callbacks.callbacks.loop_probe import GradTail
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    c = _Clock()
+    tail = GradTail(net.parameters(), c, cuda=False)
+    tail.arm()
+    hooks = lambda: sum(len(p._post_accumulate_grad_hooks or {}) for p in net.parameters())  # noqa: E731
+    assert hooks() == 4
+    t0 = c()
+    net(torch.randn(3, 4)).sum().backward()
+    c.go(7.0)  # the reducer's wait after the last accumulation
+    wait, ev = tail.take(t0, c())
+    assert wait * 1e3 == pytest.approx(7.0) and ev is None
+    assert tail.last == 0 and hooks() == 1  # the first layer's weight is accumulated last; one hook from here
+    t1 = c()
+    c.go(1.0)
+    net(torch.randn(3, 4)).sum().backward()
+    c.go(3.0)
+    assert tail.take(t1, c())[0] * 1e3 == pytest.approx(3.0)
+    assert tail.take(c(), c())[0] == 0.0  # a backward without the hooked accumulation: no tail
+    tail.remove()
+    assert hooks() == 0
