@@ -11,7 +11,7 @@ so each figure below has Lightning's own beside it, from the same steps of the s
 - ``logging``, ``tscope``, ``other``: the monitor's own parts (Lightning marks none of them: ``other`` is its
   bookkeeping no hook marks).
 
-Runs: HF GPT-2 (2 layers, d=64) on in-memory data with ``log_every_n_steps`` 1 and 50; the tscope demo model; a slow
+Runs: HF GPT-2 (2 layers, d=64, a 1024-token vocabulary) on in-memory data with ``log_every_n_steps`` 1 and 50; the tscope demo model; a slow
 Dataset (each sample sleeps 1 ms); the demo model with one layer made slower from step 60 by 20%, 30% and 100% of the
 step (a sleep in its forward, sized from the median step of steps 25-55). ``--ddp``: 4 gloo ranks, one late by a 30 ms
 sleep in its data (steps 20-39), its compute (40-59) and before the step (60-79).
@@ -43,6 +43,7 @@ from tscope_callbacks.analysis.step_parts import StepTimes
 from tscope_callbacks.devices.calibrate import cpu_snapshot, others_load_per_cpu
 
 RESULTS = Path(__file__).resolve().parent / "results" / "step_monitor_scenarios.md"
+VOCAB = 1024  #: HF GPT-2's vocabulary here: a ~10 ms CPU step, where the loop's own work is a visible share
 SLOW_FROM = 60
 
 
@@ -65,7 +66,7 @@ class GPT2Module(pl.LightningModule):
         super().__init__()
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        self.model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, n_positions=128))
+        self.model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, n_positions=128, vocab_size=VOCAB))
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         (x,) = batch
@@ -252,7 +253,7 @@ def main() -> None:
     torch.set_num_threads(1)
     since = cpu_snapshot()
     g = torch.Generator().manual_seed(0)
-    tokens = TensorDataset(torch.randint(0, 50257, (4096, 64), generator=g))
+    tokens = TensorDataset(torch.randint(0, VOCAB, (4096, 64), generator=g))
     results = []
     results.append(run("HF GPT-2 2x64, in-memory, log_every_n_steps=1", GPT2Module(),
                        DataLoader(tokens, batch_size=8), args.steps, log_every=1))

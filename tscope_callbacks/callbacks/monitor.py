@@ -195,7 +195,7 @@ class StepMonitor(ProfilingCallback):
     biggest items (a logger at every step, a checkpoint every N steps, a slow callback). Under DDP every rank's parts
     are gathered at logging steps and the **late rank** is named with how much every other rank waits for it a step
     and the part it is slow in (its data, its compute, its host): scalars, an alert, and the dashboard's per-rank
-    view.
+    view (alerted once it holds two logging intervals in a row, once per rank and kind).
 
     A **slowdown** of the run's own step time (the step less its wait for a CPU) is found from the run's own
     spread (``analysis.anomaly.SlowSteps``: the median of the last 12 steps against the healthy median plus 4x
@@ -292,7 +292,8 @@ class StepMonitor(ProfilingCallback):
         self._guard, self._guard_seen = None, 0
         self._loader: dict[str, Any] = {}
         self._input_told = self._witness_told = self._loop_told = False
-        self._late_told: set[int] = set()
+        self._late_told: set[tuple[int, str]] = set()
+        self._late_prev: tuple[int, str] | None = None  #: the last interval's late rank and kind (a finding)
         self._episode_checked = -(10**9)
         self._contended_since: int | None = None  #: the first step of a slow stretch found to be contention
         self._wait_episode: int | None = None  #: the step a contention episode began (None: none running)
@@ -760,8 +761,12 @@ class StepMonitor(ProfilingCallback):
                 scalars[f"tscope/ranks/sync_ms/{r}"] = sy
             scalars["tscope/ranks/late_rank"] = float(late.rank)
             scalars["tscope/ranks/late_cost_ms"] = late.cost_ms
-            if late.finding and late.rank not in self._late_told:
-                self._late_told.add(late.rank)
+            key = (late.rank, late.kind) if late.finding else None
+            seen_before, self._late_prev = self._late_prev == key, key
+            # alerted once it held two logging intervals in a row (one noisy interval, the warm-up's, is no
+            # finding), once per rank and kind (a rank late in its data, later in its compute: two findings)
+            if key is not None and seen_before and key not in self._late_told:
+                self._late_told.add(key)
                 text = f"tscope step monitor: {late.text} (logging step {step})."
                 entry = {"step": gs, "profile_step": None, "trigger": {"kind": "late-rank", "step": step},
                          "findings": [an.Finding("late rank", f"rank {late.rank}", None, late.cost_ms, "ms",
