@@ -111,7 +111,7 @@ def _sp(d: dict[str, list[float]], suffix: str) -> list[float]:
 
 
 def run(name: str, module: pl.LightningModule, loader: DataLoader, steps: int, *, log_every: int = 50,
-        callbacks: list[pl.Callback] | None = None) -> dict[str, Any]:
+        callbacks: list[pl.Callback] | None = None, logger: Any = False) -> dict[str, Any]:
     prof = SimpleProfiler()
     roof = ts.RooflineCallback(start_step=20, every_n_steps=None, plot=False, save_json=False)
     seen: list[StepTimes] = []
@@ -119,7 +119,7 @@ def run(name: str, module: pl.LightningModule, loader: DataLoader, steps: int, *
     add = mon._add
     mon._add = lambda trainer, st: (seen.append(st), add(trainer, st))  # type: ignore[method-assign]
     since = cpu_snapshot()
-    trainer = pl.Trainer(max_steps=steps, callbacks=[roof, *(callbacks or [])], profiler=prof, logger=False,
+    trainer = pl.Trainer(max_steps=steps, callbacks=[roof, *(callbacks or [])], profiler=prof, logger=logger,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          accelerator="cpu", devices=1, log_every_n_steps=log_every)
     with warnings.catch_warnings():
@@ -255,10 +255,13 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     tokens = TensorDataset(torch.randint(0, VOCAB, (4096, 64), generator=g))
     results = []
-    results.append(run("HF GPT-2 2x64, in-memory, log_every_n_steps=1", GPT2Module(),
-                       DataLoader(tokens, batch_size=8), args.steps, log_every=1))
-    results.append(run("HF GPT-2 2x64, in-memory, log_every_n_steps=50", GPT2Module(),
-                       DataLoader(tokens, batch_size=8), args.steps, log_every=50))
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    tmp = tempfile.mkdtemp()
+    for every in (1, 50):  # Lightning's default logger (TensorBoard), as a user's fit has it
+        results.append(run(f"HF GPT-2 2x64, in-memory, TensorBoard, log_every_n_steps={every}", GPT2Module(),
+                           DataLoader(tokens, batch_size=8), args.steps, log_every=every,
+                           logger=TensorBoardLogger(tmp, name=f"every{every}")))
     m, dl, cbs = demo(args.steps)
     results.append(run("demo model, in-memory", m, dl, args.steps, callbacks=cbs))
     m, _, cbs = demo(args.steps)

@@ -168,6 +168,17 @@ def test_contention_is_a_slowdown_spread_over_the_step_with_the_load_rising() ->
     assert an.concentrated(h, one) == "forward" and not an.contention(h, one)
     # a slowdown concentrated in a part is the run's, however busy the machine
     assert not an.contention(dataclasses.replace(h, load=0.9), dataclasses.replace(one, load=0.9))
+    # ... also when the machine's waits for a CPU inflated every part besides: the steps wait 2/3 of their time for a
+    # CPU, before (1 ms of own time: 3 ms) and after, when a layer takes 1.5 ms more (2.5 ms of own time: 7.5 ms):
+    # on the run's own time (each part less its share of the wait) the layer is the growth
+    def waiting(step: int, forward: float, layer: float) -> an.Snapshot:
+        parts = tuple({"fetch": 0.3, "forward": forward, "backward": 0.3}.get(p, 0.0) * 3e-3 for p in PARTS)
+        st = StepTimes(0, sum(parts), parts, {}, sum(parts) * 2 / 3)
+        return an.Snapshot(step, summarize([st]), layers={"l": layer}, load=0.8)
+
+    wait_h, wait_n = waiting(20, 0.4, 0.0001), waiting(40, 1.9, 0.0016)
+    assert wait_n.breakdown.medians_ms["forward"] == pytest.approx(1.9)  # 5.7 ms of which 3.8 waiting
+    assert an.concentrated(wait_h, wait_n) == "forward" and not an.contention(wait_h, wait_n)
     assert an.host_contention(None, 0.6) and not an.host_contention(0.1, 0.3) and an.host_contention(0.1, 0.36)
     assert not an.host_contention(0.1, None)
 

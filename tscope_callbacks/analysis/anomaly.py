@@ -380,7 +380,8 @@ def concentrated(healthy: Snapshot, now: Snapshot) -> str | None:
     """The part, hook, layer or op whose growth beyond the slowdown of the rest of the step (its healthy time x the
     rest's ratio) is at least half the step's growth, or None: the step got slower all over (host contention, lower
     clocks). A sleep in one layer, a slow loader or a slow callback is concentrated; a busy host is not. The parts
-    are compared by their medians over the steps (``Breakdown.medians_ms``)."""
+    are compared by their medians over the steps on the run's own time (``Breakdown.medians_ms``: each step less its
+    wait for a CPU)."""
     hb, nb = healthy.breakdown, now.breakdown
     if hb is None or nb is None:
         return None
@@ -397,22 +398,19 @@ def concentrated(healthy: Snapshot, now: Snapshot) -> str | None:
     if healthy.ops:
         cands += [(k, healthy.ops.get(k, 0.0) * 1e3, v * 1e3) for k, v in now.ops.items()]
     for name, x, y in cands:
-        rest = (b - y) / (a - x) if a - x > 0 else 1.0  # how much the rest of the step slowed
+        rest = max(b - y, 0.0) / (a - x) if a - x > 0 else 1.0  # how much the rest of the step slowed
         if y - max(rest, 1.0) * x >= 0.5 * grew:
             return name
     return None
 
 
 def contention(healthy: Snapshot, now: Snapshot) -> bool:
-    """The slowdown is the machine's, not the run's: the training thread's wait for a CPU grew by at least half the
-    step's growth, or the step slowed all over (nothing :func:`concentrated`) while other processes loaded the CPUs
-    (:func:`host_contention`: a CPU shared with a busy neighbour runs everything slower, which timing alone cannot
-    tell from a slower run). A slowdown concentrated in a part, hook, layer or op is the run's, whatever the load."""
-    hb, nb = healthy.breakdown, now.breakdown
-    if hb is not None and nb is not None and hb.cpu_wait_ms is not None and nb.cpu_wait_ms is not None:
-        grew = nb.step_ms - hb.step_ms
-        if grew > 0 and nb.cpu_wait_ms - hb.cpu_wait_ms >= 0.5 * grew:
-            return True
+    """A slowdown of the run's own time (its step less its wait for a CPU: what the trigger reads) that is the
+    machine's, not the run's: the step slowed all over (nothing :func:`concentrated`) while other processes loaded the
+    CPUs (:func:`host_contention`): a CPU shared with a busy neighbour (hyperthreads, caches, a VM's stolen time) runs
+    everything slower, which timing alone cannot tell from a slower run. A slowdown concentrated in a part, hook,
+    layer or op is the run's, whatever the load. (A longer wait for a CPU alone is no slowdown of the run's own time:
+    the monitor names it as contention at its logging steps.)"""
     return host_contention(healthy.load, now.load) and concentrated(healthy, now) is None
 
 

@@ -144,8 +144,9 @@ class Breakdown:
     fetch_share: float = 0.0
     input_bound: bool = False
     named: tuple[NamedCost, ...] = ()
-    #: each part's median over the steps (ms; {} where not taken): a typical step's, robust to the odd step a
-    #: preemption or a GC landed in (the diagnosis compares these)
+    #: each part's median over the steps on the run's own time (ms; each step's wait for a CPU taken off its parts in
+    #: proportion; {} where not taken): a typical step's, robust to the odd step a preemption or a GC landed in (the
+    #: diagnosis compares these)
     medians_ms: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -204,6 +205,13 @@ def input_bound(fetch_share: float, idle_share: float | None, share: float = INP
     return fetch_share >= share and (idle_share is None or idle_share >= share)
 
 
+def _own_share(s: StepTimes) -> float:
+    """The share of a step's host time that was the run's own (not its wait for a CPU)."""
+    if not s.cpu_wait_s or s.host_s <= 0:
+        return 1.0
+    return max(1.0 - s.cpu_wait_s / s.host_s, 0.0)
+
+
 def summarize(steps: Sequence[StepTimes], share: float = INPUT_BOUND_SHARE) -> Breakdown | None:
     """The means of the clean ``steps`` (:class:`Breakdown`); None when none is clean."""
     clean = [s for s in steps if not s.dirty]
@@ -223,8 +231,11 @@ def summarize(steps: Sequence[StepTimes], share: float = INPUT_BOUND_SHARE) -> B
              if any(s.device_sync_s is not None for s in clean) else None)
     frac = (parts["fetch"] + parts["transfer"]) / host if host > 0 else 0.0
     idle_frac = None if idle is None else (idle / step if step > 0 else 0.0)
-    medians = {p: statistics.median(s.parts[i] for s in clean) * 1e3 for i, p in enumerate(PARTS)}
-    medians["step"] = statistics.median(s.step_s for s in clean) * 1e3
+    # a typical step's parts on the run's own time: each step's parts less its wait for a CPU, spread over them in
+    # proportion (the wait lands in whatever part ran), then each part's median over the steps
+    own = [[v * _own_share(s) for v in s.parts] for s in clean]
+    medians = {p: statistics.median(row[i] for row in own) * 1e3 for i, p in enumerate(PARTS)}
+    medians["step"] = statistics.median(s.own_s for s in clean) * 1e3
     return Breakdown(steps=n, step_ms=step, host_ms=host, parts_ms=parts, cpu_wait_ms=cpu_wait, device_busy_ms=busy,
                      idle_ms=idle, device_sync_ms=dsync, fetch_share=frac, input_bound=input_bound(frac, idle_frac, share),
                      named=loop_costs(clean), medians_ms=medians)
