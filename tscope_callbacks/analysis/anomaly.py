@@ -38,15 +38,16 @@ from tscope_callbacks.analysis.step_parts import (
 __all__ = ["StepTimes", "Breakdown", "summarize", "loader_settings", "input_fixes", "SlowSteps", "Spikes", "RateLimit",
            "Snapshot", "Finding", "what_grew", "alert_text", "witness", "INPUT_BOUND_SHARE", "SPREAD_K", "RECENT_STEPS",
            "MIN_RISE", "WINDOW", "MIN_STEPS", "MIN_VERDICT_STEPS", "VERDICT_WINDOW", "LOSS_SPIKE", "MIN_GAP_STEPS",
-           "GREW_SHARE", "NOISE_SHARE", "WITNESS_MARGIN", "CONTENTION_RISE", "CONTENTION_LOAD", "host_contention", "concentrated",
+           "GREW_SHARE", "NOISE_SHARE", "WITNESS_MARGIN", "CONTENTION_RISE", "CONTENTION_LOAD", "CONTENTION_WAIT_SHARE", "host_contention", "concentrated",
            "contention", "contention_text", "REFRESH"]
 
 #: a slowdown is significant above this many times the spread of the healthy steps' n-step medians ...
 SPREAD_K = 4.0
 #: ... where n is this many recent steps (their median is what is compared) ...
 RECENT_STEPS = 12
-#: ... and when it is at least this share of the healthy median (smaller changes are not reported)
-MIN_RISE = 0.10
+#: ... and when it is at least this share of the healthy median (smaller changes are not reported: on a shared machine
+#: the run's own time drifts by 10% for dozens of steps)
+MIN_RISE = 0.15
 #: healthy steps the rolling median and spread keep
 WINDOW = 100
 #: healthy steps before any trigger (the median of fewer misleads)
@@ -65,6 +66,8 @@ NOISE_SHARE = 0.05
 #: with someone else's work), or its rise from the healthy steps
 CONTENTION_LOAD = 0.5
 CONTENTION_RISE = 0.25
+#: ... or the training thread waited for a CPU at least this share of the slow steps
+CONTENTION_WAIT_SHARE = 0.10
 #: the tensor pipes' active share and the FLOP-count MFU disagree above this many points (absolute, 0-1)
 WITNESS_MARGIN = 0.20
 
@@ -397,9 +400,10 @@ def concentrated(healthy: Snapshot, now: Snapshot) -> str | None:
         cands += [(f"layer '{k or '<root>'}'", healthy.layers.get(k, 0.0) * 1e3, v * 1e3) for k, v in now.layers.items()]
     if healthy.ops:
         cands += [(k, healthy.ops.get(k, 0.0) * 1e3, v * 1e3) for k, v in now.ops.items()]
+    floor = NOISE_SHARE * a  # (a few hundredths of the step: the steps' own noise, not a cause)
     for name, x, y in cands:
         rest = max(b - y, 0.0) / (a - x) if a - x > 0 else 1.0  # how much the rest of the step slowed
-        if y - max(rest, 1.0) * x >= 0.5 * grew:
+        if y - max(rest, 1.0) * x >= max(0.5 * grew, floor):
             return name
     return None
 
@@ -407,11 +411,17 @@ def concentrated(healthy: Snapshot, now: Snapshot) -> str | None:
 def contention(healthy: Snapshot, now: Snapshot) -> bool:
     """A slowdown of the run's own time (its step less its wait for a CPU: what the trigger reads) that is the
     machine's, not the run's: the step slowed all over (nothing :func:`concentrated`) while other processes loaded the
-    CPUs (:func:`host_contention`): a CPU shared with a busy neighbour (hyperthreads, caches, a VM's stolen time) runs
-    everything slower, which timing alone cannot tell from a slower run. A slowdown concentrated in a part, hook,
+    CPUs (:func:`host_contention`) or the training thread waited for a CPU at least :data:`CONTENTION_WAIT_SHARE` of
+    its steps (a machine that busy runs everything slower too: hyperthreads, caches, a VM's stolen time), which
+    timing alone cannot tell from a slower run. A slowdown concentrated in a part, hook,
     layer or op is the run's, whatever the load. (A longer wait for a CPU alone is no slowdown of the run's own time:
     the monitor names it as contention at its logging steps.)"""
-    return host_contention(healthy.load, now.load) and concentrated(healthy, now) is None
+    if concentrated(healthy, now) is not None:
+        return False
+    nb = now.breakdown
+    waited = (nb is not None and nb.cpu_wait_ms is not None and nb.step_ms > 0
+              and nb.cpu_wait_ms >= CONTENTION_WAIT_SHARE * nb.step_ms)
+    return host_contention(healthy.load, now.load) or waited
 
 
 def contention_text(trigger: Mapping[str, Any], findings: Sequence[Finding], healthy: Snapshot,

@@ -55,7 +55,7 @@ class MonitorOptions:
     spread_k: float = an.SPREAD_K
     #: ... where n is this many recent steps (their median is compared with the healthy median) ...
     recent_steps: int = an.RECENT_STEPS
-    #: ... and when it is at least this share of the healthy median (0.10: slowdowns of 10% or more)
+    #: ... and when it is at least this share of the healthy median (0.15: slowdowns of 15% or more)
     min_rise: float = an.MIN_RISE
     #: healthy steps behind the median and spread
     window: int = an.WINDOW
@@ -199,7 +199,7 @@ class StepMonitor(ProfilingCallback):
 
     A **slowdown** of the run's own step time (the step less its wait for a CPU) is found from the run's own
     spread (``analysis.anomaly.SlowSteps``: the median of the last 12 steps against the healthy median plus 4x
-    the spread of 12-step medians, and at least 10%); a loss spike and a ``NaNGuardCallback``'s gradient-norm spike
+    the spread of 12-step medians, and at least 15%); a loss spike and a ``NaNGuardCallback``'s gradient-norm spike
     are triggers too. Each trigger starts one diagnosis: where a capture is allowed (from ``start_step``; once a
     baseline profile exists to compare with) a profile of the next step and each layer's forward host time over the
     3 steps after it; then 3 clean steps must confirm the slowdown. The alert names what grew against the healthy
