@@ -384,7 +384,8 @@ def concentrated(healthy: Snapshot, now: Snapshot) -> str | None:
     rest's ratio) is at least half the step's growth, or None: the step got slower all over (host contention, lower
     clocks). A sleep in one layer, a slow loader or a slow callback is concentrated; a busy host is not. The parts
     are compared by their medians over the steps on the run's own time (``Breakdown.medians_ms``: each step less its
-    wait for a CPU)."""
+    wait for a CPU), and a cause must grow by more than a typical slow step's wait for a CPU (a preemption lands whole
+    in whatever ran)."""
     hb, nb = healthy.breakdown, now.breakdown
     if hb is None or nb is None:
         return None
@@ -400,7 +401,9 @@ def concentrated(healthy: Snapshot, now: Snapshot) -> str | None:
         cands += [(f"layer '{k or '<root>'}'", healthy.layers.get(k, 0.0) * 1e3, v * 1e3) for k, v in now.layers.items()]
     if healthy.ops:
         cands += [(k, healthy.ops.get(k, 0.0) * 1e3, v * 1e3) for k, v in now.ops.items()]
-    floor = NOISE_SHARE * a  # (a few hundredths of the step: the steps' own noise, not a cause)
+    # a cause clears the steps' own noise (a few hundredths of the step) and a typical step's wait for a CPU: that
+    # wait lands whole in whatever part, layer or op was running (a preemption), so growth under it proves nothing
+    floor = max(NOISE_SHARE * a, nb.medians_ms.get("cpu_wait", 0.0))
     for name, x, y in cands:
         rest = max(b - y, 0.0) / (a - x) if a - x > 0 else 1.0  # how much the rest of the step slowed
         if y - max(rest, 1.0) * x >= max(0.5 * grew, floor):

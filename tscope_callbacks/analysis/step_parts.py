@@ -236,6 +236,8 @@ def summarize(steps: Sequence[StepTimes], share: float = INPUT_BOUND_SHARE) -> B
     own = [[v * _own_share(s) for v in s.parts] for s in clean]
     medians = {p: statistics.median(row[i] for row in own) * 1e3 for i, p in enumerate(PARTS)}
     medians["step"] = statistics.median(s.own_s for s in clean) * 1e3
+    if cpu_wait is not None:  # a typical step's wait for a CPU: what may land in any one part of it
+        medians["cpu_wait"] = statistics.median(s.cpu_wait_s or 0.0 for s in clean) * 1e3
     return Breakdown(steps=n, step_ms=step, host_ms=host, parts_ms=parts, cpu_wait_ms=cpu_wait, device_busy_ms=busy,
                      idle_ms=idle, device_sync_ms=dsync, fetch_share=frac, input_bound=input_bound(frac, idle_frac, share),
                      named=loop_costs(clean), medians_ms=medians)
