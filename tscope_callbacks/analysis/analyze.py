@@ -174,15 +174,20 @@ def _time_split(eng: RooflineAnalysis) -> TimeSplit:
     steps = int(steps) if isinstance(steps, (int, float)) and math.isfinite(steps) else None
     bound = bool(bd.get("input_bound"))  # the monitor's own verdict (its threshold, over its verdict window)
     # the rest of the measured step beside its op time (the capture's own wall time, and the device idle inside it,
-    # are slowed by the capture: never the basis)
+    # are slowed by the capture: never the basis). The parts add up to the step: where the profiled ops took longer
+    # than the unprofiled step (the capture slowed them), their times are scaled to it, and said so
     step, ops = _fin(eng.measured_step_s), _fin(eng.op_time_s) if eng.timed else None
     timed_step = step if step and ops else None
-    return TimeSplit(by["compute"], by["memory"], by["comm"], by["uncounted"], by["overhead"],
-                     max(0.0, step - ops) if timed_step else None,
-                     _fin(wait / 1e3) if isinstance(wait, (int, float)) else None,
-                     "measured op time" if eng.timed else "estimated (shape-aware kernel times)",
+    scale = min(1.0, timed_step / ops) if timed_step and ops else 1.0
+    basis = "measured op time" if eng.timed else "estimated (shape-aware kernel times)"
+    if scale < 1.0:
+        basis += (f", scaled x{scale:.3g} to the unprofiled step (the profiled ops took {ops * 1e3:.4g} ms, "
+                  f"the step {timed_step * 1e3:.4g} ms: the capture slowed them)")
+    parts = [by[b] * scale for b in ("compute", "memory", "comm", "uncounted", "overhead")]
+    return TimeSplit(*parts, max(0.0, timed_step - sum(parts)) if timed_step else None,
+                     _fin(wait / 1e3) if isinstance(wait, (int, float)) else None, basis,
                      share, steps, bound, tuple(str(f) for f in bd.get("input_fixes") or ()) if bound else (),
-                     timed_step)
+                     timed_step, scale)
 
 
 def _context(info: CaptureInfo, eng: RooflineAnalysis) -> RunContext:

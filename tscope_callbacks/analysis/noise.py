@@ -1,8 +1,9 @@
 """Times from several steps, and what in them is noise (DESIGN: "a finding smaller than the measured noise is not a
 finding").
 
-- :func:`merge_steps`: k profiles of consecutive steps -> one profile whose op times are the median of the k, each
-  op keeping its k times (``OpRecord.time_samples``); ops are matched by (op, layer, phase, shapes, occurrence).
+- :func:`merge_steps`: k profiles of consecutive steps -> one profile with one time per layer x phase, the median of
+  the row's per-step totals (its ops' times in its median step), each op keeping its k times
+  (``OpRecord.time_samples``); ops are matched by (op, layer, phase, shapes, occurrence).
 - :func:`find_noise`: per layer x phase row, its time in each step (the sum of its ops') and their spread
   (max - min). A row is **noisy** when the spread exceeds ``NOISY_SPREAD`` x its median; a repeated block (same
   pattern ``h.*.mlp``, same ops and shapes) is an **outlier** when it took ``OUTLIER_RATIO`` x what its identical
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tscope_callbacks.capture.layers import add_op_totals
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
 if TYPE_CHECKING:
@@ -48,10 +50,13 @@ _REGION_FIELDS = ("device_busy_s", "device_idle_s", "outside_ops_s")
 
 
 def merge_steps(profiles: Sequence[StepProfile]) -> StepProfile:
-    """One profile from several of the same step shape: the first one's records and info, each op's ``time_s`` the
-    median of its times in the steps where it ran (matched by op, layer, phase, shapes and occurrence), its times
-    kept in ``time_samples``; each layer's times the median of its times; the region's wall, busy and idle times
-    their medians. ``info.merged_steps`` lists the steps."""
+    """One profile from several of the same step shape (ops matched by op, layer, phase, shapes and occurrence): the
+    first one's records and info, with one time per layer x phase, the median of that row's time in each step (the
+    sum of its ops' times there). Each op keeps its times in ``time_samples``; its ``time_s`` is its time in the
+    row's median step (the mean of the two middle steps for an even count), so the row's ops add up to the row's
+    median and every table (layer x phase, op class, op name, totals) sums the same times. Layer records are summed
+    again from those op times (self and inclusive, as the capture sums them), so the layer tree shows the same
+    figure; the region's wall, busy and idle times are their medians. ``info.merged_steps`` lists the steps."""
     if not profiles:
         raise ValueError("merge_steps needs at least one profile")
     first = profiles[0]
@@ -67,22 +72,23 @@ def merge_steps(profiles: Sequence[StepProfile]) -> StepProfile:
             times[(*k, n)] = r.time_s
         index.append(times)
     ops: list[OpRecord] = []
+    per_step: list[list[float | None]] = []  # per op of ``first``: its time in each step (None: not there)
     seen = {}
     for r in first.ops:
         k = _key(r)
         n = seen[k] = seen.get(k, -1) + 1
-        samples = [t for times in index if (t := times.get((*k, n))) is not None]
-        rec = OpRecord.from_dict(r.to_dict())
-        if samples:
-            rec.time_s, rec.time_samples = statistics.median(samples), samples
-        ops.append(rec)
-    layers: dict[str, LayerRecord] = {}
-    for path, lr in first.layers.items():
-        rec = LayerRecord.from_dict(lr.to_dict())
+        per_step.append([times.get((*k, n)) for times in index])
+        ops.append(OpRecord.from_dict(r.to_dict()))
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, r in enumerate(ops):
+        groups.setdefault((r.layer, r.phase), []).append(i)
+    for members in groups.values():
+        _median_step_times(ops, per_step, members)
+    layers = {path: LayerRecord.from_dict(lr.to_dict()) for path, lr in first.layers.items()}
+    for rec in layers.values():
         for f in _TIME_FIELDS:
-            vals = [getattr(p.layers[path], f) for p in profiles if path in p.layers]
-            setattr(rec, f, statistics.median(vals))
-        layers[path] = rec
+            setattr(rec, f, 0.0)
+    add_op_totals(layers, ops, counts=False)
     walls = [p.wall_time_s for p in profiles if p.wall_time_s is not None]
     # the device's busy and idle time of the captured region, on the same basis as its wall time: the median over the
     # steps (the first step's own were a full capture's, far longer than a replayed step's region)
@@ -92,6 +98,27 @@ def merge_steps(profiles: Sequence[StepProfile]) -> StepProfile:
                                matched_ops=sum(1 for r in ops if r.time_samples and len(r.time_samples) == len(profiles)))
     return StepProfile(ops=ops, layers=layers, wall_time_s=statistics.median(walls) if walls else None, info=info,
                        user=dict(first.user))
+
+
+def _median_step_times(ops: list[OpRecord], per_step: list[list[float | None]], members: list[int]) -> None:
+    """The ops ``members`` of one layer x phase row: each op's samples, and its time in the row's median step (the
+    steps ranked by the row's total there, counting the steps where every timed op of the row ran)."""
+    k = len(per_step[members[0]])
+    for i in members:
+        samples = [t for t in per_step[i] if t is not None]
+        if samples:
+            ops[i].time_samples = samples
+    timed = [i for i in members if any(t is not None for t in per_step[i])]
+    steps = [j for j in range(k) if all(per_step[i][j] is not None for i in timed)]
+    if not timed or not steps:
+        for i in timed:  # no step ran all of them: each op's own median
+            ops[i].time_s = statistics.median(t for t in per_step[i] if t is not None)
+        return
+    ranked = sorted(steps, key=lambda j: (sum(per_step[i][j] or 0.0 for i in timed), j))
+    mid = len(ranked) // 2
+    middle = ranked[mid:mid + 1] if len(ranked) % 2 else ranked[mid - 1:mid + 1]
+    for i in timed:
+        ops[i].time_s = sum(per_step[i][j] or 0.0 for j in middle) / len(middle)
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -78,6 +79,7 @@ from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.records import StepProfile
 
 __all__ = ["SCHEMA", "VERSION", "ALERTS_FILE", "ReportData", "read_step_report", "read_step_json", "step_file",
+           "step_file_name", "parse_step_file_name", "STEP_FILE_KINDS",
            "read_alerts_file", "not_a_step_file", "StepFileError", "Figure", "DeviceInfo", "Summary", "MemorySection",
            "TimeSplit", "Row", "OpRow",
            "LayerInfo", "RoofUsed", "Opportunity", "BelowRoof", "NoiseSection", "NoiseMarkInfo", "RunContext", "WhatIf",
@@ -221,7 +223,9 @@ class TimeSplit:
     """The step's op time by bound (seconds; measured, or estimated when untimed: ``basis``), and ``idle_s``, the rest
     of the measured step: ``step_s`` (the unprofiled steps' median, MFU's basis) minus the measured op time -- on
     CUDA the device doing no op work, on CPU host time between ops (Python, hooks, data loading). The parts add up to
-    ``step_s``. None without a measured step (a capture's own wall time is slowed by the capture: never a basis).
+    ``step_s``: when the profiled ops took longer than the unprofiled step (the capture slowed them), the op parts
+    are their times x ``scale`` (step / op time, below 1; the basis says so) and ``idle_s`` is 0. ``idle_s`` is None
+    without a measured step (a capture's own wall time is slowed by the capture: never a basis).
     ``input_s`` is the host's wait for each batch, a figure beside the split, not a part of it (on a GPU the device
     may still be running queued work while the host waits)."""
 
@@ -240,6 +244,7 @@ class TimeSplit:
     input_bound: bool = False
     input_fixes: tuple[str, ...] = ()  #: what to change in the DataLoader, read from its settings
     step_s: float | None = None  #: the measured step the parts add up to (None: untimed, or no step measured)
+    scale: float = 1.0  #: the factor the op parts were scaled by to add up to the step (1: not scaled)
 
 
 class RowFigures:
@@ -790,13 +795,11 @@ def read_step_json(path: str | os.PathLike[str], label: str | None = None) -> di
 def not_a_step_file(path: str | os.PathLike[str], data: dict[str, Any]) -> str:
     """One line on why ``data`` (the JSON object read from ``path``) is no step file: what it is instead, when it is
     another tscope output (the layer profiler's file, a trace), and what to open."""
-    import re
-
-    name = os.path.basename(os.fspath(path))
-    m = re.fullmatch(r"layers_(?:([a-z]+)_)?step_(\d+)\.json", name)
+    parsed = parse_step_file_name(os.fspath(path))
+    layers = parsed is not None and parsed[0] == "layers"
     tree = len(data) == 1 and all(isinstance(v, dict) and "info" in v and "children" in v for v in data.values())
-    if m or tree:
-        step = "step_N.json" if m is None else (f"{m.group(1)}_" if m.group(1) else "") + f"step_{m.group(2)}.json"
+    if layers or tree:
+        step = step_file_name(parsed[2], parsed[1]) if layers and parsed is not None else "step_N.json"
         return (f"{path} is the LayerProfilerCallback's layer tree (InspectorGadgets format), not a step file: "
                 f"`tscope report` reads the RooflineCallback's {step} beside it; `tscope view LOGDIR` shows both")
     if "traceEvents" in data:
@@ -825,6 +828,30 @@ def read_alerts_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         if isinstance(a, dict) and type(a.get("step")) is int and isinstance(a.get("text"), str):
             out.append(a)
     return out
+
+
+#: the kinds of per-step file under ``<log_dir>/tscope/``: the step file (profile, device, report), the Chrome trace
+#: (``save_trace``) and the LayerProfilerCallback's layer tree (InspectorGadgets format)
+STEP_FILE_KINDS = ("step", "trace", "layers")
+_STEP_NAME = re.compile(r"^(?:(?P<kind>trace|layers)_)?(?:(?P<stage>[a-z]+)_)?step_(?P<step>\d+)\.json$")
+
+
+def step_file_name(step: int, stage: str = "train", kind: str = "step") -> str:
+    """The name of a per-step file: ``step_<N>.json`` (other stages ``<stage>_step_<N>.json``); a trace or layer tree
+    prefixed with its kind (``trace_step_<N>.json``, ``layers_validation_step_<N>.json``). The one rule every writer
+    and reader uses (:func:`parse_step_file_name` reads it back)."""
+    if kind not in STEP_FILE_KINDS:
+        raise ValueError(f"kind must be one of {STEP_FILE_KINDS}, got {kind!r}")
+    name = f"step_{int(step)}.json" if stage == "train" else f"{stage}_step_{int(step)}.json"
+    return name if kind == "step" else f"{kind}_{name}"
+
+
+def parse_step_file_name(name: str) -> tuple[str, str, int] | None:
+    """``(kind, stage, step)`` of a name :func:`step_file_name` makes; None for any other name."""
+    m = _STEP_NAME.match(os.path.basename(name))
+    if m is None or m["stage"] in STEP_FILE_KINDS:
+        return None
+    return m["kind"] or "step", m["stage"] or "train", int(m["step"])
 
 
 def step_file(profile: StepProfile, device: dict[str, Any] | None, report: ReportData | None) -> dict[str, Any]:

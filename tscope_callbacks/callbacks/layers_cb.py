@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 from typing_extensions import override
 
 from tscope_callbacks.analysis.layers import inspector_gadgets_json, layer_rows, select_layers, top_layers
+from tscope_callbacks.analysis.report import step_file_name
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
 from tscope_callbacks.callbacks.sinks import metric_key
 from tscope_callbacks.capture.paths import Selection
@@ -119,5 +120,4 @@ class LayerProfilerCallback(ProfilingCallback):
             except Exception as e:
                 self.faults.report("drawing the layer bars", e)
         if self.save_json:
-            name = f"layers_step_{ctx.step}.json" if ctx.stage == "train" else f"layers_{ctx.stage}_step_{ctx.step}.json"
-            sinks.write_json(name, inspector_gadgets_json(layers, model_name))
+            sinks.write_json(step_file_name(ctx.step, ctx.stage, "layers"), inspector_gadgets_json(layers, model_name))

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tscope_callbacks.analysis.report import ReportData, layer_point_rows
+from tscope_callbacks.analysis.report import ReportData, layer_point_rows, step_file_name
 from tscope_callbacks.analysis.report import step_file as step_file_of
 from tscope_callbacks.callbacks.session import ProfileContext
 from tscope_callbacks.callbacks.sinks import Sink, metric_key
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["AnalysedStep", "Comparison", "EmitOptions", "emit", "emit_comparison", "step_scalars", "table_text",
-           "layer_points", "step_file", "step_file_name", "gather_traces", "fsdp_whatif_of"]
+           "layer_points", "step_file", "gather_traces", "fsdp_whatif_of"]
 
 #: areas of ``ReportData.area_scalars`` logged before the step's own scalars
 _BEFORE = ("fsdp_whatif",)
@@ -144,12 +144,6 @@ def comparison_text(c: Comparison, top: int) -> str:
     return head + compare_table(list(c.rows), top)
 
 
-def step_file_name(ctx: ProfileContext, kind: str = "step") -> str:
-    """``step_<N>.json`` (train) or ``<stage>_step_<N>.json``; ``kind="trace"``: ``trace_step_<N>.json``."""
-    name = f"{kind}_step_{ctx.step}.json" if kind != "step" else f"step_{ctx.step}.json"
-    return name if ctx.stage == "train" else f"{ctx.stage}_{name}"
-
-
 def step_file(step: AnalysedStep) -> dict[str, Any]:
     """The step file's content: ``{"profile", "device", "report"}`` (``analysis.report.step_file``)."""
     return step_file_of(step.profile, step.device.to_dict() if step.device is not None else None, step.report)
@@ -208,11 +202,11 @@ def emit(step: AnalysedStep, sinks: Sink, ctx: ProfileContext, opts: EmitOptions
 
         sinks.log_html(key("roofline", "dashboard"), dashboard, at)  # W&B: wandb.Html of the step's page
     if opts.save_json:
-        sinks.write_json(step_file_name(ctx), step_file(step))
+        sinks.write_json(step_file_name(ctx.step, ctx.stage), step_file(step))
     if step.traces:
         from tscope_callbacks.render.trace import chrome_trace
 
-        sinks.write_json(step_file_name(ctx, "trace"),
+        sinks.write_json(step_file_name(ctx.step, ctx.stage, "trace"),
                          chrome_trace(list(step.traces), [report] + [None] * (len(step.traces) - 1)))
     if step.comparison is not None:
         emit_comparison(step.comparison, sinks, ctx, opts.top)

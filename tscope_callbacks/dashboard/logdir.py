@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -45,8 +44,10 @@ from tscope_callbacks.analysis.report import (
     SCHEMA,
     StepFileError,
     not_a_step_file,
+    parse_step_file_name,
     read_alerts_file,
     read_step_json,
+    step_file_name,
 )
 from tscope_callbacks.analysis.report import VERSION as SCHEMA_VERSION
 from tscope_callbacks.render.dashboard import layer_details, open_step
@@ -60,8 +61,6 @@ HOW_TO = ("add the callback to your Trainer and train: Trainer(callbacks=[tscope
           "logger=TensorBoardLogger(\"<this log dir>\")); each profiled step writes <log_dir>/tscope/step_<N>.json")
 HINT = f"No tscope data in this log dir. {HOW_TO[0].upper()}{HOW_TO[1:]}, which this tab reads."
 
-_STEP_RE = re.compile(r"^(?:(?P<stage>[a-z]+)_)?step_(?P<step>\d+)\.json$")
-_NOT_STEPS = {"trace", "layers"}  # trace_step_<N>.json, layers_step_<N>.json: other outputs
 _FILE_ONLY = ("profile", "device_spec")
 _SERIES_PREFIXES = (("tscope/roofline/", ""), ("tscope/step/", "step/"), ("tscope/gpu/", "gpu/"))
 _ALERTS_TAG = "tscope/step/alerts"
@@ -180,9 +179,8 @@ def _status(path: Path) -> tuple[str | None, bool]:
 
 # ---------------------------------------------------------------------------------------------------- the index
 def step_path(run_dir: str | os.PathLike, step: int, stage: str = "train") -> Path:
-    """``<run_dir>/tscope/step_<N>.json`` (other stages: ``<stage>_step_<N>.json``)."""
-    name = f"step_{int(step)}.json" if stage == "train" else f"{stage}_step_{int(step)}.json"
-    return Path(run_dir) / "tscope" / name
+    """``<run_dir>/tscope/step_<N>.json`` (other stages: ``<stage>_step_<N>.json``: ``analysis.report.step_file_name``)."""
+    return Path(run_dir) / "tscope" / step_file_name(step, stage)
 
 
 def _step_files(tdir: Path) -> list[tuple[str, int, Path]]:
@@ -192,10 +190,10 @@ def _step_files(tdir: Path) -> list[tuple[str, int, Path]]:
     except OSError:
         return out
     for e in entries:
-        m = _STEP_RE.match(e.name)
-        if m is None or (m["stage"] or "") in _NOT_STEPS:
+        parsed = parse_step_file_name(e.name)
+        if parsed is None or parsed[0] != "step":  # a trace or a layer tree: other outputs
             continue
-        out.append((m["stage"] or "train", int(m["step"]), Path(e.path)))
+        out.append((parsed[1], parsed[2], Path(e.path)))
     return sorted(out, key=lambda t: (t[0] != "train", t[0], t[1]))
 
 
