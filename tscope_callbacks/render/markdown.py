@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tscope_callbacks.analysis.fmt import fig as _f
 from tscope_callbacks.analysis.fmt import g as _g
+from tscope_callbacks.analysis.fmt import ms_text, sig
 from tscope_callbacks.analysis.fmt import n as _n
 from tscope_callbacks.analysis.fmt import pct as _pct
 from tscope_callbacks.analysis.report import (
@@ -161,7 +162,7 @@ def header_lines(report: ReportData) -> list[str]:
         lines += [f"- **Roof note**: {note}"]
     lines += compiled_lines(report)
     lines += memory_lines(report)
-    lines += [f"- **Totals**: {_n(s.total_flops / 1e9)} GFLOP, {_n(s.total_bytes / 1e6)} MB, {s.n_ops} ops; "
+    lines += [f"- **Totals**: {sig(s.total_flops / 1e9)} GFLOP, {_mib(s.total_bytes)} MiB, {s.n_ops} ops; "
               f"FLOP coverage {_p(s.flop_coverage)}"
               + (" (no formula: " + ", ".join(f"{k} ×{v}" for k, v in list(s.uncounted_ops.items())[:5]) + ")"
                  if s.uncounted_ops else "")]
@@ -251,16 +252,26 @@ def model_line(report: ReportData) -> str:
     return "- **Model**: " + "; ".join(parts)
 
 
+def _ms(s: float | None) -> str:
+    """A time in a column headed "ms": the one formatter's (``analysis.fmt.ms_text``); "" when there is none."""
+    return "" if s is None else ms_text(s)
+
+
+def _mib(b: float | None) -> str:
+    """Bytes in a column headed "MiB" (the one convention for bytes: binary units, as the page shows them)."""
+    return "" if b is None else sig(b / 2**20)
+
+
 def _cells(r: Row, ach: bool, expected: bool = False, noise: NoiseSection | None = None,
            timed: bool = True) -> list[str]:
     """A table row's cells, in :func:`columns`' order (untimed: no measured time, no % of roof)."""
     c = [r.name if r.kind != "layer" and r.kind != "layer_total" else f"`{r.name}`", r.type, r.phase,
-         _n(r.flops / 1e9), _n(r.bytes / 1e6), _g(r.intensity), r.bound, _f(r.estimate_s, ".4g", 1e3)]
-    c += [_f(r.expected_s, ".4g", 1e3)] if expected else []
+         sig(r.flops / 1e9), _mib(r.bytes), _g(r.intensity), r.bound, _ms(r.estimate_s)]
+    c += [_ms(r.expected_s)] if expected else []
     if not timed:
         return c
     noisy = noise is not None and r.kind == "layer" and noise.is_marked(r.layer, r.phase)
-    c += [_f(r.measured_s, ".4g", 1e3) + " (noise)" * noisy, _p(r.attained) if r.bound != "uncounted" else ""]
+    c += [_ms(r.measured_s) + " (noise)" * noisy, _p(r.attained) if r.bound != "uncounted" else ""]
     return c + [_p(r.attained_achievable) if r.bound != "uncounted" else ""] if ach else c
 
 
@@ -277,10 +288,10 @@ def comm_lines(report: ReportData) -> list[str]:
            f"reduce-scatter: the full input); busbw = algbw x factor; {roof}."
            + (" CPU host (gloo): times are launches, no bandwidths." if report.context.device_kind == "cpu" else ""),
            ""]
-    out += _md_table(["collective", "group (n)", "calls", "MB", "ms", "algbw GB/s", "busbw GB/s", "% of link",
+    out += _md_table(["collective", "group (n)", "calls", "MiB", "ms", "algbw GB/s", "busbw GB/s", "% of link",
                       "launched from"],
                      [[r["collective"], f"{r['group'] or '-'} ({r['group_size'] or '?'})", str(r["calls"]),
-                       _n(r["bytes"] / 1e6), _f(r["time_s"], ".4g", 1e3), _f(r["algbw"], ".4g", 1e-9),
+                       _mib(r["bytes"]), _ms(r["time_s"]), _f(r["algbw"], ".4g", 1e-9),
                        _f(r["busbw"], ".4g", 1e-9), _p(r["pct_of_link"]),
                        ", ".join(f"`{k}` ×{v}" for k, v in sorted(r["layers"].items(), key=lambda kv: -kv[1])[:3])
                        + " · " + "/".join(sorted(r["phases"]))] for r in rows])
@@ -347,7 +358,7 @@ def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
     return out + ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
 
 
-COLUMNS = ["layer", "type", "phase", "GFLOPs", "MB", "FLOP/B", "bound", "roof ms", "expected ms", "measured ms",
+COLUMNS = ["layer", "type", "phase", "GFLOPs", "MiB", "FLOP/B", "bound", "roof ms", "expected ms", "measured ms",
            "% of roof"]
 
 
@@ -374,13 +385,13 @@ def to_markdown(report: ReportData, top: int = 20) -> str:
     tot[0], tot[2] = "**total**", ""
     lines = header_lines(report) + ["", "### Layers (self time, forward and backward apart)", ""]
     lines += _md_table(head, rows + [tot])
-    measured = lambda r: ([_f(r.measured_s, ".4g", 1e3), _f(r.ratio, ".3g")]  # noqa: E731
+    measured = lambda r: ([_ms(r.measured_s), _f(r.ratio, ".3g")]  # noqa: E731
                           + ([_f(r.expected_ratio, ".3g")] if exp else []) + [_p(r.attained)]) if timed else []
-    cat_rows = [[r.name, str(r.n_ops), _n(r.flops / 1e9), _n(r.bytes / 1e6), _f(r.estimate_s, ".4g", 1e3)]
-                + ([_f(r.expected_s, ".4g", 1e3)] if exp else []) + measured(r) for r in report.table("category")]
+    cat_rows = [[r.name, str(r.n_ops), sig(r.flops / 1e9), _mib(r.bytes), _ms(r.estimate_s)]
+                + ([_ms(r.expected_s)] if exp else []) + measured(r) for r in report.table("category")]
     lines += ["", "### By op class (" + (("measured vs roof" + (" and expected)" if exp else ")")) if timed
                                          else "roof" + (" and expected, untimed)" if exp else ", untimed)")), ""]
-    lines += _md_table(["class", "ops", "GFLOPs", "MB", "roof ms"] + (["expected ms"] if exp else [])
+    lines += _md_table(["class", "ops", "GFLOPs", "MiB", "roof ms"] + (["expected ms"] if exp else [])
                        + ((["measured ms", "measured/roof"] + (["measured/expected"] if exp else []) + ["% of roof"])
                           if timed else []), cat_rows)
     lines += comm_lines(report) + fsdp_lines(report)
@@ -450,6 +461,5 @@ def op_table(profile: StepProfile, top: int = 20) -> str:
         a[2] += r.bytes
         a[3] += r.time_s or 0.0
     items = sorted(agg.items(), key=lambda kv: (kv[1][3], kv[1][1]), reverse=True)[:top]
-    return "\n".join(_md_table(["op", "calls", "GFLOPs", "MB", "time ms"],
-                               [[k, str(int(v[0])), f"{v[1] / 1e9:.4f}", f"{v[2] / 1e6:.3f}", f"{v[3] * 1e3:.3f}"]
-                                for k, v in items]))
+    return "\n".join(_md_table(["op", "calls", "GFLOPs", "MiB", "time ms"],
+                               [[k, str(int(v[0])), sig(v[1] / 1e9), _mib(v[2]), _ms(v[3])] for k, v in items]))
