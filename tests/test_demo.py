@@ -33,7 +33,7 @@ def test_demo_prints_table_opportunities_mfu_and_tensorboard_command(
     assert "litlogger" not in out + caplog.text  # Lightning's advertisement is filtered out of the demo
     assert "tscope demo: 25 steps in" in out
     assert "## Roofline" in out and "· DemoLM · step 20" in out  # profiled at 10 and 20: the last one is shown
-    assert "| layer | type | phase | GFLOPs | MB | FLOP/B | bound | roof ms | measured ms | % of roof |" in out
+    assert "| layer | type | phase | GFLOPs | MiB | FLOP/B | bound | roof ms | measured ms | % of roof |" in out
     assert "### Opportunities" in out
     assert "**MFU**" in out and "Automatic MFU" in out
     view = next(line for line in out.splitlines() if line.startswith("View them:"))

@@ -97,7 +97,7 @@ def test_markdown_has_columns_header_and_opportunities():
     bwd = next(ln for ln in md.splitlines() if ln.startswith("| `blocks.0.fc` | Linear | backward"))
     assert bwd.endswith("| no known change |")
     assert "### Below their roof, no known change" in md and "`blocks.0.fc` backward — 1.32 ms above expected" in md
-    assert COLUMNS == ["layer", "type", "phase", "GFLOPs", "MB", "FLOP/B", "bound", "roof ms", "expected ms",
+    assert COLUMNS == ["layer", "type", "phase", "GFLOPs", "MiB", "FLOP/B", "bound", "roof ms", "expected ms",
                        "measured ms", "% of roof"]
     for s in ("NVIDIA A100-SXM4-80GB", "**MFU**", "**MBU**", "datasheet", "bf16 matrix 312 TFLOP/s",
               "measured 4 ms (median of 8 unprofiled steps, wall clock)", "captured region 9 ms wall", "FLOP coverage", "### Opportunities", "`blocks.0.fc` | Linear | backward",
@@ -120,11 +120,11 @@ def test_markdown_untimed_has_no_measured_columns():
     assert re.search(r"MFU at the estimate [\d.]+%, MBU [\d.]+%", md)
     # an estimate measured nothing: the tables drop the measured time and the % of roof instead of leaving them blank
     (head,) = [ln for ln in md.splitlines() if ln.startswith("| layer |")]
-    assert head == "| layer | type | phase | GFLOPs | MB | FLOP/B | bound | roof ms |"
+    assert head == "| layer | type | phase | GFLOPs | MiB | FLOP/B | bound | roof ms |"
     line = next(ln for ln in md.splitlines() if ln.startswith("| `blocks.0.fc` | Linear | forward"))
-    assert line.endswith("| compute | 0.4405 |")
+    assert line.endswith("| compute | 0.441 |")  # 0.4405 ms, in the one formatter (3 significant figures)
     (cls,) = [ln for ln in md.splitlines() if ln.startswith("| class |")]
-    assert cls == "| class | ops | GFLOPs | MB | roof ms |" and "### By op class (roof, untimed)" in md
+    assert cls == "| class | ops | GFLOPs | MiB | roof ms |" and "### By op class (roof, untimed)" in md
     timed = roofline(toy_profile(), a100()).to_markdown()
     assert "| roof ms | measured ms | % of roof |" in timed and "measured/roof" in timed
 
