@@ -184,7 +184,8 @@ def _time_split(eng: RooflineAnalysis) -> TimeSplit:
         basis += (f", scaled x{scale:.3g} to the unprofiled step (the profiled ops took {ops * 1e3:.4g} ms, "
                   f"the step {timed_step * 1e3:.4g} ms: the capture slowed them)")
     parts = [by[b] * scale for b in ("compute", "memory", "comm", "uncounted", "overhead")]
-    return TimeSplit(*parts, max(0.0, timed_step - sum(parts)) if timed_step else None,
+    idle = None if not timed_step else 0.0 if scale < 1.0 else max(0.0, timed_step - sum(parts))
+    return TimeSplit(*parts, idle,
                      _fin(wait / 1e3) if isinstance(wait, (int, float)) else None, basis,
                      share, steps, bound, tuple(str(f) for f in bd.get("input_fixes") or ()) if bound else (),
                      timed_step, scale)
