@@ -1,6 +1,7 @@
 """The NaN guard's per-fit state (:class:`GuardState`) and its per-step work: the deferred (sync-free) and immediate
-flag paths, the bad-step analysis across ranks and the parameter check. The functions take the guard
-(:class:`~.nan_guard.NaNGuardCallback`, for its public options and ``faults``) and its state; they return what the
+flag paths, the bad-step analysis across ranks and the parameter check. The functions take the guard's options
+(:class:`GuardOptions`: what they read of the ``NaNGuardCallback``, its public options and ``faults``) and its state;
+they return what the
 guard acts on (a :class:`~tscope_callbacks.analysis.nonfinite.NonFiniteEvent`, or a healthy step's norms) and never
 touch the guard's own members. See the guard's module docstring for what each path guarantees."""
 
@@ -10,7 +11,7 @@ import itertools
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -19,13 +20,27 @@ from tscope_callbacks.analysis.grad_history import GradHistory, owner, step_loss
 from tscope_callbacks.analysis.nonfinite import NonFiniteEvent
 from tscope_callbacks.callbacks.session import gather_floats, gather_objects
 from tscope_callbacks.capture import locate as nl_locate
+from tscope_callbacks.capture.faults import Faults
 from tscope_callbacks.capture.paths import named_parameters
 
-if TYPE_CHECKING:
-    from tscope_callbacks.callbacks.nan_guard import NaNGuardCallback
-
-__all__ = ["GuardState", "Healthy", "push_deferred", "check_now", "deferred_event", "check_params", "learning_rate",
+__all__ = ["GuardOptions", "GuardState", "Healthy", "push_deferred", "check_now", "deferred_event", "check_params", "learning_rate",
            "params_of", "step_params", "fit_state", "progress_trackers"]
+
+
+class GuardOptions(Protocol):
+    """What the steps read of the guard (``NaNGuardCallback``'s public options, see its docstring, and its fault
+    log): the guard module imports this one, never the other way round."""
+
+    action: str
+    locate: bool
+    sync: bool | None
+    amp_min_scale: float
+    amp_max_overflows: int
+    grad_norms: bool
+    spike_factor: float | None
+    history: int
+    every_n_steps: int
+    faults: Faults
 
 
 @dataclass(eq=False, slots=True)
@@ -71,7 +86,7 @@ class GuardState:
     trainer: Any = None  #: this fit's trainer (a read of the history flushes ``pending`` through its sinks)
 
 
-def fit_state(guard: NaNGuardCallback, trainer: Any, pl_module: Any) -> GuardState:
+def fit_state(guard: GuardOptions, trainer: Any, pl_module: Any) -> GuardState:
     """A fit's state: how flags reach the host, whether a bad step can be replayed, and the trainer's settings a
     healthy step needs, read once here (a healthy step then reads no Lightning property)."""
     st = GuardState(GradHistory(guard.history, guard.spike_factor))
@@ -221,7 +236,7 @@ def _all_reduce_max(st: GuardState, t: torch.Tensor) -> None:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
 
 
-def push_deferred(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: Any, optimizer: Any,
+def push_deferred(guard: GuardOptions, st: GuardState, trainer: Any, pl_module: Any, optimizer: Any,
                   params: list, losses: list, snaps: list) -> None:
     """Flag the step on the device, mask the update there when the action drops it, queue the flag for a late read.
 
@@ -270,7 +285,7 @@ def _grads_and_names(st: GuardState, module: Any, params: list) -> tuple[list, l
     return [nl.local(g) for g in grads], names
 
 
-def _locate(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: Any, snaps: list,
+def _locate(guard: GuardOptions, st: GuardState, trainer: Any, pl_module: Any, snaps: list,
             scaler: Any) -> tuple[Any, str]:
     """(LocateResult or None, note) for this rank."""
     if st.streak > 0:
@@ -290,7 +305,7 @@ def _locate(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: An
     return res, ""
 
 
-def _merge(guard: NaNGuardCallback, st: GuardState, trainer: Any, info: nl.RankInfo, step: int, epoch: int,
+def _merge(guard: GuardOptions, st: GuardState, trainer: Any, info: nl.RankInfo, step: int, epoch: int,
            batch_idx: int) -> NonFiniteEvent | None:
     try:
         infos = gather_objects(trainer, info)
@@ -308,7 +323,7 @@ def _merge(guard: NaNGuardCallback, st: GuardState, trainer: Any, info: nl.RankI
     return NonFiniteEvent(step=step, epoch=epoch, **fields)
 
 
-def deferred_event(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: Any, step: int,
+def deferred_event(guard: GuardOptions, st: GuardState, trainer: Any, pl_module: Any, step: int,
                    values: list[float], payload: dict) -> NonFiniteEvent | None:
     """The event of a bad step whose flag was read late. Every rank calls it at the same step (collectives)."""
     names = payload["grad_names"]
@@ -335,7 +350,7 @@ def deferred_event(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_mod
     return _merge(guard, st, trainer, info, step, payload["epoch"], payload["batch_idx"])
 
 
-def check_now(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: Any, params: list, losses: list,
+def check_now(guard: GuardOptions, st: GuardState, trainer: Any, pl_module: Any, params: list, losses: list,
               snaps: list, scaler: Any) -> Healthy | NonFiniteEvent | None:
     """The immediate path: read the flag at the step (one host sync). Returns the healthy step's norms (with
     ``grad_norms``), the bad step's event, or None (nothing to record)."""
@@ -394,7 +409,7 @@ def check_now(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: 
         return None
 
 
-def _bad_step(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: Any, params: list,
+def _bad_step(guard: GuardOptions, st: GuardState, trainer: Any, pl_module: Any, params: list,
               flags: list[float], losses: list, snaps: list, scaler: Any) -> NonFiniteEvent | None:
     rank = trainer.global_rank
     flagged = [r for r, v in enumerate(flags) if not math.isfinite(v)]
@@ -418,7 +433,7 @@ def _bad_step(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: 
                   trainer.fit_loop.epoch_loop.batch_idx)
 
 
-def _amp_overflow(guard: NaNGuardCallback, st: GuardState, trainer: Any, scaler: Any,
+def _amp_overflow(guard: GuardOptions, st: GuardState, trainer: Any, scaler: Any,
                   flagged: list[int]) -> NonFiniteEvent | None:
     st.amp_streak += 1
     scale = float(scaler.get_scale())
@@ -434,7 +449,7 @@ def _amp_overflow(guard: NaNGuardCallback, st: GuardState, trainer: Any, scaler:
                                f"amp_max_overflows={guard.amp_max_overflows}); the GradScaler skips every step.")
 
 
-def check_params(guard: NaNGuardCallback, st: GuardState, trainer: Any, pl_module: Any,
+def check_params(guard: GuardOptions, st: GuardState, trainer: Any, pl_module: Any,
                  batch_idx: int) -> NonFiniteEvent | None:
     """After the update (``check_params=True``): non-finite parameters, read at the step (it cannot be undone).
     Returns the event (to act on after the update), or None."""
