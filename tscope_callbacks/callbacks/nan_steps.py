@@ -1,8 +1,7 @@
 """The NaN guard's per-fit state (:class:`GuardState`) and its per-step work: the deferred (sync-free) and immediate
 flag paths, the bad-step analysis across ranks and the parameter check. The functions take the guard's options
 (:class:`GuardOptions`: what they read of the ``NaNGuardCallback``, its public options and ``faults``) and its state;
-they return what the
-guard acts on (a :class:`~tscope_callbacks.analysis.nonfinite.NonFiniteEvent`, or a healthy step's norms) and never
+they return what the guard acts on (a :class:`~tscope_callbacks.analysis.nonfinite.NonFiniteEvent`, or a healthy step's norms) and never
 touch the guard's own members. See the guard's module docstring for what each path guarantees."""
 
 from __future__ import annotations
