@@ -11,11 +11,11 @@ import torch
 from profiles import make_profile, matmul, op
 
 import tscope_callbacks as ts
-from tscope_callbacks.analysis.comm import comm_summary, overlap, skew
+from tscope_callbacks.analysis.comm import overlap, skew
+from tscope_callbacks.analysis.report import comm_scalars
 from tscope_callbacks.cli import main
 from tscope_callbacks.devices.spec import DeviceSpec, SpecFileError
 from tscope_callbacks.formulas.comm import collective_info
-from tscope_callbacks.records import CaptureInfo
 from tscope_callbacks.render.trace import chrome_trace
 
 H100 = ts.get_device_spec("h100")
@@ -112,11 +112,8 @@ def test_overlap_is_a_union_of_intervals_not_a_sum():
 def test_comm_scalars_only_for_a_step_that_ran_collectives():
     # every CUDA capture has an overlap; a single-GPU step's logged tscope/comm/idle_ms (the capture's idle: 341 ms
     # on an H200 GPT-2 step of 56 ms) and exposed_comm_ms 0 were figures of nothing
-    from types import SimpleNamespace
-
-    step = SimpleNamespace(info=CaptureInfo(device="cuda"), op_roofs=[], spec=H100)
-    assert comm_summary(step, overlap([(0, 100, False), (200, 300, False)])) == {}
-    got = comm_summary(step, overlap([(0, 100, False), (150, 300, False), (80, 200, True)]))
+    assert comm_scalars({"rows": [], "overlap": overlap([(0, 100, False), (200, 300, False)])}) == {}
+    got = comm_scalars({"rows": [], "overlap": overlap([(0, 100, False), (150, 300, False), (80, 200, True)])})
     # exposed 50 ns = 5e-5 ms, overlap 70/120; no idle (the capture's, not the step's)
     assert got == {"exposed_comm_ms": pytest.approx(5e-5), "overlap_frac": pytest.approx(70 / 120)}
 

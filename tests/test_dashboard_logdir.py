@@ -9,25 +9,34 @@ apps TensorBoard mounts).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
 from pathlib import Path
 
 import pytest
+from profiles import a100, toy_profile
 
+import tscope_callbacks as ts
 from tscope_callbacks.dashboard import logdir as ld
 
 V3 = {"schema": "tscope.step_report", "version": 3}
 
 
+@functools.cache
+def _base() -> str:
+    return json.dumps(ts.analyze(toy_profile(), a100()).to_dict())
+
+
 def _report(step: int, mfu: float, n_ops: int = 3) -> dict:
+    """A report (the toy profile's) with this MFU and a step of ``10 * step`` ms (its header's figures), and
+    ``n_ops`` made-up ops."""
     ops = [{"i": i, "op": "aten::mm", "layer": ("model.fc" if i % 2 == 0 else "model.fc.sub") if i < n_ops - 1
             else "model.head", "phase": "forward"} for i in range(n_ops)]
-    return {**V3, "step": step, "stage": "train", "header": {"mfu": {"value": mfu, "unit": "", "basis": "b"},
-                                                              "step_ms": {"value": 10.0 * step, "unit": "ms",
-                                                                          "basis": "b"}},
-            "ops": ops, "rows": {}}
+    d = json.loads(_base())
+    d["summary"].update(mfu=mfu, measured_step_s=step / 100)
+    return {**d, "step": step, "stage": "train", "ops": ops}
 
 
 def _write(path: Path, obj: object | str) -> Path:
@@ -82,7 +91,7 @@ def test_scan_lists_every_step_and_why_one_cannot_be_read(logdir: Path) -> None:
 
 def test_load_answers_the_report_or_an_error(logdir: Path) -> None:
     run = logdir / "demo" / "version_0"
-    assert ld.load(run, 1)["header"]["mfu"]["value"] == 0.25  # the "report" key of the file
+    assert ld.load(run, 1)["summary"]["mfu"] == 0.25  # the "report" key of the file
     assert ld.load(run, 3)["step"] == 3
     assert "profile" not in ld.load(run, 3) and "device_spec" not in ld.load(run, 3)  # file-only keys
     assert ld.load(run, 2, "validation")["step"] == 2
@@ -99,7 +108,7 @@ def test_a_run_being_written_shows_new_and_completed_steps(logdir: Path) -> None
     _write(run / "tscope" / "step_17.json", _report(17, 0.8))  # a new profile
     steps = _steps(ld.scan(logdir), "demo/version_0")
     assert steps[("train", 5)]["readable"] and steps[("train", 17)]["readable"]
-    assert ld.load(run, 5)["header"]["mfu"]["value"] == 0.75
+    assert ld.load(run, 5)["summary"]["mfu"] == 0.75
 
 
 def test_no_tscope_data_gives_the_hint(tmp_path: Path) -> None:
@@ -132,7 +141,8 @@ def test_series_from_the_event_files_and_the_headers(logdir: Path) -> None:
     w.close()
     s = ld.series(run)
     assert s["mfu"] == [[1, pytest.approx(0.2)], [2, pytest.approx(0.3)], [3, pytest.approx(0.4)]]
-    assert s["step_ms"] == [[1, 10.0], [3, 30.0]]  # no event series: the profiles' headers fill it
+    assert s["step_ms"] == [[1, pytest.approx(10.0)], [3, pytest.approx(30.0)]]  # no event series: the profiles'
+    # header figures fill it
     assert s["profiles"]["mfu"] == [[1, 0.25], [3, 0.5]]
     assert not any(k.startswith("model.") for k in s)
 

@@ -22,6 +22,7 @@ from tests.browser import chromium, wait
 from tscope_callbacks.analysis.fmt import figure_text, sig
 from tscope_callbacks.dashboard import logdir as ld
 from tscope_callbacks.dashboard.page import page_html, report_html, run_html, standalone_data
+from tscope_callbacks.render.dashboard import page_step
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +144,8 @@ def test_report_html_of_a_step_report_and_of_a_roofline_report():
     rep = analyze(prof, spec)
     text = report_html(rep, run="mlp")
     data = json.loads(re.search(r'data-tscope-step="mlp/[a-z]+/\d+">(.*?)</script>', text, re.S)[1])
-    assert data["schema"] == "tscope.step_report" and data["header"] == rep.to_dict()["header"]
+    assert data["schema"] == "tscope.step_report" and data["header"] == rep.header_json()
+    assert "header" not in rep.to_dict()  # derived, not stored
     assert "</html>" in report_html(ts.roofline(prof, spec))
 
 
@@ -168,9 +170,12 @@ def test_ops_are_summarised_over_the_budget():
 
 
 def test_standalone_data_lists_steps_and_series():
-    rep = {"schema": "tscope.step_report", "version": 3, "step": 4, "stage": "train",
-           "header": {"mfu": {"value": 0.5, "unit": "ratio", "basis": "b"}}, "ops": []}
-    d = standalone_data([("r", rep), ("r", {**rep, "step": 2, "header": {"mfu": {"value": 0.25, "unit": "ratio"}}})])
+    import tscope_callbacks as ts
+    from tests.profiles import a100, toy_profile
+
+    rep = json.loads(json.dumps(ts.analyze(toy_profile(), a100()).to_dict()))
+    rep.update(step=4, stage="train", summary={**rep["summary"], "mfu": 0.5})
+    d = standalone_data([("r", rep), ("r", {**rep, "step": 2, "summary": {**rep["summary"], "mfu": 0.25}})])
     assert [s["step"] for s in d["runs"][0]["steps"]] == [2, 4]
     assert d["series"]["r"]["mfu"] == [[2, 0.25], [4, 0.5]]
     assert "ops" not in d["steps"]["r/train/4"]
@@ -179,8 +184,7 @@ def test_standalone_data_lists_steps_and_series():
 # ---------- in the browser ----------
 
 def test_cards_show_the_reports_numbers(driver, fit_logdir):
-    rep = _shown_report(fit_logdir)
-    h = rep["header"]
+    h = page_step(_shown_report(fit_logdir))["header"]  # as the page reads it: derived from the report
     card = lambda k: driver.find_element("css selector", f"[data-card={k}] .value").text  # noqa: E731
     assert card("step_time") == _card_text(h["step_ms"])
     assert re.fullmatch(r"[\d.,]+ (ms|s|µs)", card("step_time"))
@@ -285,7 +289,7 @@ def test_diff_shows_a_change(driver, fit_logdir):
     Select(driver.find_element("css selector", "#diff-select")).select_by_value(f"train:{steps[0]}")
     _wait(driver, lambda d: d.find_elements("css selector", "#diff-headline tr[data-figure]"))
     # shown: the last step; diffed with the first. The diff reads before -> after: the earlier step is A
-    a, b = ld.load(run_dir, steps[0], "train"), ld.load(run_dir, steps[-1], "train")
+    a, b = (page_step(ld.load(run_dir, s, "train")) for s in (steps[0], steps[-1]))
     heads = [c.text for c in driver.find_elements("css selector", "#diff-headline th")]
     assert heads[1:3] == [f"step {steps[0]}", f"step {steps[-1]}"]
     row = driver.find_element("css selector", '#diff-headline tr[data-figure="MFU"]')
@@ -360,7 +364,7 @@ def test_tscope_report_html(fit_logdir, tmp_path):
     assert main(["report", str(run_dir / "tscope" / f"step_{steps[-1]}.json"), "--html", str(out)]) == 0
     text = out.read_text(encoding="utf-8")
     data = json.loads(re.search(r'data-tscope-step="[^"]+">(.*?)</script>', text, re.S)[1])
-    assert data["header"]["mfu"] == ld.load(run_dir, steps[-1], "train")["header"]["mfu"]
+    assert data["header"]["mfu"] == page_step(ld.load(run_dir, steps[-1], "train"))["header"]["mfu"]
     # the run is named by the step file's run directory (tiny/version_0), not "run"
     assert "<title>tscope · tiny/version_0 · step" in text and '"run": "tiny/version_0"' in text.replace('":"', '": "')
 
@@ -697,7 +701,7 @@ def test_fresh_fit_writes_step_files_the_dashboard_reads_as_they_are(fit_logdir)
         assert set(raw) == {"profile", "device", "report"}
         assert raw["report"]["schema"] == "tscope.step_report" and raw["report"]["version"] == 3
         d = ld.read_step_file(path)
-        assert d["header"] == raw["report"]["header"] and d["step"] == st
+        assert d["summary"] == raw["report"]["summary"] and d["step"] == st
 
 
 def test_fit_reports_the_guards_gradient_spikes(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from profiles import a100, matmul, toy_profile
 
 from tscope_callbacks.analysis.diff import diff_reports, verdict
-from tscope_callbacks.analysis.report import NoiseSection
+from tscope_callbacks.analysis.report import MemorySection, NoiseSection
 from tscope_callbacks.api import roofline
 from tscope_callbacks.cli import main
 
@@ -135,8 +135,9 @@ def test_small_changes_and_large_figures_read_plainly():
     assert _rel_text(4.0, 3.6, lower_better=True) == "-10% (1.11x faster)"
     assert _rel_text(3.6, 4.0, lower_better=True) == "+11.1% (1.11x slower)"
     a = _report(_toy())
-    b = replace(a, header={**a.header, "memory_peak_bytes": replace(a.header["step_ms"], value=12.86 * 2**30,
-                                                                     unit="bytes")})
+    b = replace(a, memory=MemorySection(peak_bytes=round(12.86 * 2**30), device_bytes=None, fits=None, verdict="",
+                                        share=None, states_bytes=None, rest_bytes=None, shard_over=None, basis="b",
+                                        categories={}))
     peak = diff_reports(b, b).change("step memory peak")
     assert peak.text(peak.a) == "12.9 GiB" and peak.verdict == "noise"  # thousands separated, never an exponent
 

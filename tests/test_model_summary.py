@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import tscope_callbacks as ts
 from tests.cb_utils import FAST, test_spec
 from tests.models import TinyLM
-from tscope_callbacks.analysis.model_summary import summary_scalars
+from tscope_callbacks.analysis.report import model_scalars
 from tscope_callbacks.demo.model import GPTConfig, TinyGPT, matmul_flops
 from tscope_callbacks.render.plot import layer_bars
 
@@ -39,7 +39,7 @@ def test_summary_of_an_analysis_on_meta():
     md = rep.to_markdown()
     assert md.splitlines()[2].startswith(f"- **Model**: {n / 1e6:.4g} M parameters")
     assert {"params_m", "size_mb", "gflops_forward", "gmacs_step", "latency_ms", "tokens_per_s"} <= set(
-        summary_scalars(m))
+        model_scalars(m))
 
 
 def test_activations_from_saved_bytes_with_layer_details():

@@ -145,7 +145,8 @@ def test_csv_has_every_row_ungrouped(tmp_path):
 def test_to_dict_is_json_safe(timed):
     d = roofline(toy_profile(timed), a100()).to_dict()
     s = json.dumps(d, allow_nan=False)
-    assert d["schema"] == "tscope.step_report" and {"summary", "header", "rows", "ops", "opportunities", "noise"} <= set(d)
+    assert d["schema"] == "tscope.step_report" and {"summary", "rows", "ops", "opportunities", "noise"} <= set(d)
+    assert not {"header", "scalars", "area_scalars"} & set(d)  # derived from the stored sections: each figure once
     back = json.loads(s)
     assert back["summary"]["device"] == "NVIDIA A100-SXM4-80GB" and back["rows"]["total"][0]["flops"] > 0
 

@@ -13,17 +13,16 @@ from typing import Any, TypeVar
 
 from tscope_callbacks.analysis.advice import below_roof
 from tscope_callbacks.analysis.advice import opportunities as advice_opportunities
-from tscope_callbacks.analysis.comm import comm_rows, comm_summary, overlap_of
+from tscope_callbacks.analysis.comm import comm_rows, overlap_of
 from tscope_callbacks.analysis.compare import compiled_vs_eager
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.memory_fit import memory_fit, report_capacity
-from tscope_callbacks.analysis.model_summary import model_summary, summary_scalars
+from tscope_callbacks.analysis.model_summary import model_summary
 from tscope_callbacks.analysis.noise import Noise, find_noise
 from tscope_callbacks.analysis.report import (
     AchievableInfo,
     BelowRoof,
     DeviceInfo,
-    Figure,
     LayerInfo,
     MemorySection,
     NoiseMarkInfo,
@@ -221,50 +220,6 @@ def _communication(eng: RooflineAnalysis, ov: dict[str, float] | None) -> dict[s
     return json_safe({"rows": rows, "overlap": ov or None, "skew": sk or None})
 
 
-def _header(eng: RooflineAnalysis, model: dict[str, Any], mem: MemorySection | None, basis: str) -> dict[str, Figure]:
-    ms = lambda s: None if s is None else s * 1e3  # noqa: E731
-    est = "sum of shape-aware kernel estimates" if eng.kernel_model is not None else "sum of per-op roofline bounds"
-    mfu_b = f"model FLOPs / step time / {eng.mfu_precision} matrix roof"
-    return {
-        "step_ms": Figure(_fin(ms(eng.measured_step_s)), "ms", basis),
-        "estimated_step_ms": Figure(_fin(ms(eng.estimated_step_s)), "ms", est),
-        "mfu": Figure(_fin(eng.mfu), "fraction", mfu_b),
-        "mbu": Figure(_fin(eng.mbu), "fraction", "bytes / step time / "
-                      f"{'measured' if getattr(eng.spec, 'measured', False) else 'datasheet'} bandwidth "
-                      f"{eng.bandwidth / 1e9:.4g} GB/s"),
-        "hfu": Figure(_fin(eng.hfu), "fraction", "hardware FLOPs (recompute included) / step time / "
-                      f"{eng.mfu_precision} matrix roof"),
-        "achieved_tflops": Figure(_fin(eng.achieved_tflops), "TFLOP/s", "all FLOPs / step time"),
-        "tokens_per_s": Figure(_fin(model.get("tokens_per_s")), "tokens/s", "tokens in the batch / step time"),
-        "samples_per_s": Figure(_fin(model.get("samples_per_s")), "samples/s", "batch size / step time"),
-        "memory_peak_bytes": Figure(None if mem is None or mem.peak_bytes is None else float(mem.peak_bytes), "bytes",
-                                    mem.basis if mem is not None and mem.peak_bytes is not None else
-                                    "needs layer details"),
-        "flop_coverage": Figure(_fin(eng.flop_coverage), "fraction", "share of ops with a FLOP formula"),
-    }
-
-
-def _area_scalars(eng: RooflineAnalysis, ov: dict[str, float] | None, model: dict[str, Any],
-                  mem: MemorySection | None, fsdp: dict[str, Any] | None) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {"comm": comm_summary(eng, ov), "model": summary_scalars(model)}
-    if mem is not None and mem.categories.get("step_peak"):
-        keys = {"step_peak": "step_peak_mb", "weights": "weights_mb", "grads": "grads_mb",
-                "optimizer_state": "optimizer_state_mb", "activations_saved": "activations_saved_mb"}
-        m = {name: mem.categories[k] / 2**20 for k, name in keys.items() if mem.categories.get(k) is not None}
-        if mem.share is not None:
-            m["device_share"] = mem.share
-        out["memory"] = m
-    if fsdp:
-        fm, sim = fsdp["memory"], fsdp.get("time") or {}
-        vals = {"peak_mb": fm["peak"] / 2**20 if fm.get("peak") else None, "device_share": fm.get("share"),
-                "step_ms": sim["step_s"] * 1e3 if sim.get("step_s") else None,
-                "exposed_comm_ms": sim["exposed_s"] * 1e3 if sim.get("exposed_s") is not None else None,
-                "mfu": sim.get("mfu")}
-        out["fsdp_whatif"] = {k: float(v) for k, v in vals.items() if v is not None}
-    return {k: {n: float(v) for n, v in d.items() if v is not None and math.isfinite(v)} for k, d in out.items()
-            if d}
-
-
 def _report(eng: RooflineAnalysis, o: AnalyzeOptions, profile: StepProfile, cls: type[R]) -> R:
     """The report of a built roofline analysis: every table, section and finding computed once (opportunities
     with ``top=10``; outputs show the first 5)."""
@@ -303,7 +258,7 @@ def _report(eng: RooflineAnalysis, o: AnalyzeOptions, profile: StepProfile, cls:
     return cls(
         step=info.step, stage=o.stage or info.stage, run=o.run,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), device=_device(eng.spec, eng.achievable),
-        header=_header(eng, model, mem, summary.step_time_basis_text), summary=summary, memory=mem,
+        summary=summary, memory=mem,
         time_split=_time_split(eng), rows=rows, ops=ops, layers=layers,
         roofs=tuple(_load(RoofUsed, json_safe(r)) for r in roofs_used(eng)), model=model,
         communication=_communication(eng, ov), fsdp_whatif=fsdp,
@@ -312,6 +267,6 @@ def _report(eng: RooflineAnalysis, o: AnalyzeOptions, profile: StepProfile, cls:
         opportunities=tuple(_opportunity(x, step) for x in opps),
         below_roof=tuple(_below_roof(r, c) for r, c in below),
         nonfinite=tuple(json_safe(dict(x)) for x in o.nonfinite if isinstance(x, dict)),
-        noise=_noise(eng, noise, suppressed, step), context=_context(info, eng), scalars=eng.scalars(),
-        area_scalars=_area_scalars(eng, ov, model, mem, fsdp), user=json_safe(dict(o.user)),
+        noise=_noise(eng, noise, suppressed, step), context=_context(info, eng),
+        user=json_safe(dict(o.user)),
         grad_spikes=tuple(json_safe(dict(x)) for x in o.grad_spikes if isinstance(x, dict)), profile=profile)

@@ -25,7 +25,7 @@ from tscope_callbacks.formulas.intervals import merge_intervals, union_length
 if TYPE_CHECKING:
     from tscope_callbacks.analysis.roofline import RooflineAnalysis
 
-__all__ = ["comm_rows", "comm_summary", "overlap", "overlap_of", "skew"]
+__all__ = ["comm_rows", "overlap", "overlap_of", "skew"]
 
 
 def _length(iv: list[tuple[int, int]]) -> int:
@@ -130,32 +130,3 @@ def comm_rows(report: RooflineAnalysis) -> list[dict[str, Any]]:
         row["pct_of_link"] = _div(row["busbw"], link)
         out.append(row)
     return sorted(out, key=lambda r: (-(r["time_s"] or 0.0), -r["bytes"]))
-
-
-def comm_summary(report: RooflineAnalysis, ov: dict[str, float] | None) -> dict[str, float]:
-    """Scalars of the communication section (bare names; the callbacks log them under ``tscope/comm/``); ``ov``:
-    the kernel timeline's overlap (:func:`overlap_of`)."""
-    rows = comm_rows(report)
-    out: dict[str, float] = {}
-    if rows:
-        out["calls"] = float(sum(r["calls"] for r in rows))
-        out["bytes_mb"] = sum(r["bytes"] for r in rows) / 1e6
-        t = [r["time_s"] for r in rows if r["time_s"] is not None]
-        if t:
-            out["time_ms"] = sum(t) * 1e3
-        bw = [r["busbw"] for r in rows if r["busbw"] is not None]
-        if bw:
-            out["busbw_gbps"] = sum(r["link_bytes"] for r in rows if r["busbw"] is not None) / sum(
-                r["time_s"] for r in rows if r["busbw"] is not None) / 1e9
-    if ov and ov.get("comm_s"):  # a step that ran collectives (every CUDA capture has an overlap without them)
-        if ov.get("exposed_comm_s") is not None:
-            out["exposed_comm_ms"] = ov["exposed_comm_s"] * 1e3
-        if ov.get("overlap_frac") is not None:
-            out["overlap_frac"] = float(ov["overlap_frac"])
-        # (the span's idle time is not logged: the capture slows the host, so the GPU idles more inside it than in
-        # the step -- an H200 GPT-2 capture's 341 ms against 1.5 ms of a 56 ms step)
-    sk = report.info.skew
-    if sk:
-        out["skew_max_wait_ms"] = sk["max_wait_s"] * 1e3
-        out["skew_spread_ms"] = sk["spread_s"] * 1e3
-    return out

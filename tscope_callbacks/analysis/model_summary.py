@@ -22,7 +22,7 @@ from tscope_callbacks.records import MATRIX_CATEGORIES, model_flops
 if TYPE_CHECKING:
     from tscope_callbacks.analysis.roofline import RooflineAnalysis
 
-__all__ = ["batch_counts", "model_summary", "summary_scalars"]
+__all__ = ["batch_counts", "model_summary"]
 
 
 def batch_counts(inputs: list) -> tuple[int, int]:
@@ -74,12 +74,3 @@ def model_summary(report: RooflineAnalysis) -> dict[str, Any]:
     out["samples_per_s"] = _div(out["batch"], step)
     out["tokens_per_s"] = _div(tokens * micro, step) if tokens else None
     return out
-
-
-def summary_scalars(s: dict[str, Any]) -> dict[str, float]:
-    """The summary as bare scalar names (the callbacks log them as ``tscope/model/*``)."""
-    keys = {"params": ("params_m", 1e-6), "params_trainable": ("params_trainable_m", 1e-6), "size_mb": ("size_mb", 1),
-            "activations_mb": ("activations_mb", 1), "flops_forward": ("gflops_forward", 1e-9),
-            "flops_step": ("gflops_step", 1e-9), "macs_step": ("gmacs_step", 1e-9), "latency_ms": ("latency_ms", 1),
-            "samples_per_s": ("samples_per_s", 1), "tokens_per_s": ("tokens_per_s", 1)}
-    return {name: float(s[k]) * scale for k, (name, scale) in keys.items() if s.get(k) is not None}

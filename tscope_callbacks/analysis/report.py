@@ -14,8 +14,6 @@ JSON (``report.to_dict()`` / ``StepReport.from_dict(d)``; ``json.dumps(d, allow_
     device: {name, source, vendor, measured, bandwidth (B/s), peaks: {precision: FLOP/s},
              achievable: {name, bandwidth, peaks} | null, memory_bytes | null, link_bandwidth | null,
              link_name | null, load_per_cpu | null}
-    header: {<figure>: {value: float | null, unit: str, basis: str}}  figures: step_ms, estimated_step_ms, mfu,
-             mbu, hfu, achieved_tflops, tokens_per_s, samples_per_s, memory_peak_bytes, flop_coverage
     summary: the model-level figures of the roofline (Summary: device, roof, step times and their basis, MFU/HFU/MBU,
              FLOP and byte totals, bound fractions, precisions, uncounted ops...)
     memory: {peak_bytes, device_bytes, fits, verdict, share, states_bytes, rest_bytes, shard_over, basis,
@@ -53,9 +51,12 @@ JSON (``report.to_dict()`` / ``StepReport.from_dict(d)``; ``json.dumps(d, allow_
     noise: {steps, floor_s, marks: [...], spread: [[layer, phase, s]], suppressed: [Opportunity]}
     context: the run's facts the report prints (RunContext: timing, model name, float32 matmul precision, step-time
           window and spread, environment, compiled capture, roof notes, merged steps, capture cost, ...)
-    scalars: {bare_key: float}   the roofline figures the callback logs as tscope/roofline/<key>
-    area_scalars: {area: {bare_key: float}}   the other areas it logs (comm, memory, model, fsdp_whatif)
     user: {}   the user's own data (the only free dict)
+
+Each figure is stored once. Derived from the stored sections (properties, not in the JSON): ``header`` (the headline
+figures with their unit and basis: what the page's cards show; the page's served step carries it,
+``render.dashboard.page_step``), ``scalars`` (the roofline figures the callback logs as ``tscope/roofline/<key>``)
+and ``area_scalars`` (the other areas it logs: comm, memory, model, fsdp_whatif).
 
 The step file ``<log_dir>/tscope/step_<N>.json`` is ``{"profile": StepProfile.to_dict(), "device":
 DeviceSpec.to_dict() | null, "report": <this dict> | null}`` (``report`` null: no device roof); a file holding this
@@ -79,7 +80,7 @@ from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.records import StepProfile
 
 __all__ = ["SCHEMA", "VERSION", "ALERTS_FILE", "ReportData", "read_step_report", "read_step_json", "step_file",
-           "step_file_name", "parse_step_file_name", "STEP_FILE_KINDS",
+           "comm_scalars", "model_scalars", "step_file_name", "parse_step_file_name", "STEP_FILE_KINDS",
            "read_alerts_file", "not_a_step_file", "StepFileError", "Figure", "DeviceInfo", "Summary", "MemorySection",
            "TimeSplit", "Row", "OpRow",
            "LayerInfo", "RoofUsed", "Opportunity", "BelowRoof", "NoiseSection", "NoiseMarkInfo", "RunContext", "WhatIf",
@@ -320,6 +321,47 @@ class RowFigures:
     def expected_ratio(self) -> float | None:
         """measured / shape-aware expectation (1.0 = as fast as the library does this shape)."""
         return _div(self.measured_s, self.expected_s)
+
+
+def comm_scalars(communication: dict[str, Any] | None, skew: dict[str, float] | None = None) -> dict[str, float]:
+    """The communication section's figures by bare names (the callbacks log them under ``tscope/comm/``): calls,
+    bytes_mb, time_ms, busbw_gbps (the timed rows' link bytes over their time), and from the kernel timeline
+    exposed_comm_ms and overlap_frac (a step that ran collectives), skew_max_wait_ms and skew_spread_ms (the ranks'
+    step-time skew: the section's, else ``skew``, the capture's)."""
+    c = communication or {}
+    rows, ov, sk = c.get("rows") or [], c.get("overlap"), c.get("skew") or skew
+    out: dict[str, float] = {}
+    if rows:
+        out["calls"] = float(sum(r["calls"] for r in rows))
+        out["bytes_mb"] = sum(r["bytes"] for r in rows) / 1e6
+        t = [r["time_s"] for r in rows if r["time_s"] is not None]
+        if t:
+            out["time_ms"] = sum(t) * 1e3
+        bw = [r for r in rows if r.get("busbw") is not None]
+        if bw:
+            out["busbw_gbps"] = sum(r["link_bytes"] for r in bw) / sum(r["time_s"] for r in bw) / 1e9
+    if ov and ov.get("comm_s"):  # a step that ran collectives (every CUDA capture has an overlap without them)
+        if ov.get("exposed_comm_s") is not None:
+            out["exposed_comm_ms"] = ov["exposed_comm_s"] * 1e3
+        if ov.get("overlap_frac") is not None:
+            out["overlap_frac"] = float(ov["overlap_frac"])
+        # (the span's idle time is not logged: the capture slows the host, so the GPU idles more inside it than in
+        # the step -- an H200 GPT-2 capture's 341 ms against 1.5 ms of a 56 ms step)
+    if sk:
+        out["skew_max_wait_ms"] = sk["max_wait_s"] * 1e3
+        out["skew_spread_ms"] = sk["spread_s"] * 1e3
+    return out
+
+
+def model_scalars(model: dict[str, Any] | None) -> dict[str, float]:
+    """The model summary (``analysis.model_summary``) as bare scalar names (the callbacks log them as
+    ``tscope/model/*``)."""
+    s = model or {}
+    keys = {"params": ("params_m", 1e-6), "params_trainable": ("params_trainable_m", 1e-6), "size_mb": ("size_mb", 1),
+            "activations_mb": ("activations_mb", 1), "flops_forward": ("gflops_forward", 1e-9),
+            "flops_step": ("gflops_step", 1e-9), "macs_step": ("gmacs_step", 1e-9), "latency_ms": ("latency_ms", 1),
+            "samples_per_s": ("samples_per_s", 1), "tokens_per_s": ("tokens_per_s", 1)}
+    return {name: float(s[k]) * scale for k, (name, scale) in keys.items() if s.get(k) is not None}
 
 
 def layer_point_rows(rows: typing.Iterable[RowFigures]) -> list[dict[str, Any]]:
@@ -637,7 +679,6 @@ class ReportData:
     run: str | None
     created: str
     device: DeviceInfo
-    header: dict[str, Figure]
     summary: Summary
     memory: MemorySection | None
     time_split: TimeSplit
@@ -654,12 +695,82 @@ class ReportData:
     nonfinite: tuple[dict[str, Any], ...]
     noise: NoiseSection
     context: RunContext
-    scalars: dict[str, float]
-    area_scalars: dict[str, dict[str, float]]
     user: dict[str, Any] = field(default_factory=dict)
     grad_spikes: tuple[dict[str, Any], ...] = ()
     below_roof: tuple[BelowRoof, ...] = ()  #: rows below their roof with no known change (not opportunities)
     profile: StepProfile | None = field(default=None, compare=False, repr=False, metadata={"json": False})
+
+    # ---- figures derived from the stored sections (each figure is stored once)
+    @property
+    def header(self) -> dict[str, Figure]:
+        """The headline figures with their unit and basis (the page's cards): step_ms, estimated_step_ms, mfu, mbu,
+        hfu, achieved_tflops, tokens_per_s, samples_per_s, memory_peak_bytes, flop_coverage."""
+        s, model, mem = self.summary, self.model or {}, self.memory
+        ms = lambda x: None if x is None else x * 1e3  # noqa: E731
+        est = "sum of shape-aware kernel estimates" if s.has_kernel_model else "sum of per-op roofline bounds"
+        mfu_b = f"model FLOPs / step time / {s.mfu_precision} matrix roof"
+        return {
+            "step_ms": Figure(_fin(ms(s.measured_step_s)), "ms", s.step_time_basis_text),
+            "estimated_step_ms": Figure(_fin(ms(s.estimated_step_s)), "ms", est),
+            "mfu": Figure(_fin(s.mfu), "fraction", mfu_b),
+            "mbu": Figure(_fin(s.mbu), "fraction", "bytes / step time / "
+                          f"{'measured' if self.device.measured else 'datasheet'} bandwidth "
+                          f"{s.bandwidth / 1e9:.4g} GB/s"),
+            "hfu": Figure(_fin(s.hfu), "fraction", "hardware FLOPs (recompute included) / step time / "
+                          f"{s.mfu_precision} matrix roof"),
+            "achieved_tflops": Figure(_fin(s.achieved_tflops), "TFLOP/s", "all FLOPs / step time"),
+            "tokens_per_s": Figure(_fin(model.get("tokens_per_s")), "tokens/s", "tokens in the batch / step time"),
+            "samples_per_s": Figure(_fin(model.get("samples_per_s")), "samples/s", "batch size / step time"),
+            "memory_peak_bytes": Figure(None if mem is None or mem.peak_bytes is None else float(mem.peak_bytes),
+                                        "bytes", mem.basis if mem is not None and mem.peak_bytes is not None else
+                                        "needs layer details"),
+            "flop_coverage": Figure(_fin(s.flop_coverage), "fraction", "share of ops with a FLOP formula"),
+        }
+
+    def header_json(self) -> dict[str, dict[str, Any]]:
+        """:attr:`header` as JSON (``{figure: {value, unit, basis}}``): what the page's cards read."""
+        return {k: dataclasses.asdict(f) for k, f in self.header.items()}
+
+    @property
+    def scalars(self) -> dict[str, float]:
+        """The roofline figures by their bare metric names (``mfu``, ``mbu``, ...; the callbacks add the
+        ``tscope/roofline/`` namespace and stage); figures that do not exist (untimed) are left out, ``hfu`` too
+        where it equals ``mfu``."""
+        s = self.summary
+        ms = lambda x: None if x is None else x * 1e3  # noqa: E731
+        vals = {"mfu": s.mfu, "hfu": s.hfu if s.hardware_flops != s.model_flops else None, "mbu": s.mbu,
+                "achieved_tflops": s.achieved_tflops, "measured_step_ms": ms(s.measured_step_s),
+                "estimated_step_ms": ms(s.estimated_step_s), "compute_bound_time_frac": s.compute_bound_time_frac,
+                "memory_bound_time_frac": s.memory_bound_time_frac, "flop_coverage": s.flop_coverage}
+        return {k: float(v) for k, v in vals.items() if v is not None and math.isfinite(v)}
+
+    @property
+    def area_scalars(self) -> dict[str, dict[str, float]]:
+        """The other areas' figures by bare names (the callbacks log them as ``tscope/<area>/<key>``): ``comm``
+        (collectives), ``model`` (the model summary), ``memory`` (the step's memory by category, MiB) and
+        ``fsdp_whatif``; areas with no figure are left out."""
+        skew = self.profile.info.skew if self.profile is not None else None
+        out: dict[str, dict[str, Any]] = {"comm": comm_scalars(self.communication, skew),
+                                          "model": model_scalars(self.model)}
+        mem = self.memory
+        if mem is not None and mem.categories.get("step_peak"):
+            keys = {"step_peak": "step_peak_mb", "weights": "weights_mb", "grads": "grads_mb",
+                    "optimizer_state": "optimizer_state_mb", "activations_saved": "activations_saved_mb"}
+            m: dict[str, Any] = {name: (mem.categories[k] or 0) / 2**20 for k, name in keys.items()
+                                 if mem.categories.get(k) is not None}
+            if mem.share is not None:
+                m["device_share"] = mem.share
+            out["memory"] = m
+        fsdp = self.fsdp_whatif
+        if fsdp:
+            fm, sim = fsdp["memory"], fsdp.get("time") or {}
+            out["fsdp_whatif"] = {
+                "peak_mb": fm["peak"] / 2**20 if fm.get("peak") else None, "device_share": fm.get("share"),
+                "step_ms": sim["step_s"] * 1e3 if sim.get("step_s") else None,
+                "exposed_comm_ms": sim["exposed_s"] * 1e3 if sim.get("exposed_s") is not None else None,
+                "mfu": sim.get("mfu")}
+        return {k: {n: float(v) for n, v in d.items() if v is not None and math.isfinite(v)} for k, d in out.items()
+                if d}
 
     # ---- tables
     @property

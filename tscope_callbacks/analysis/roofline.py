@@ -12,7 +12,6 @@ renders.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -265,17 +264,6 @@ class RooflineAnalysis:
         if phase is not None and phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES} or None, got {phase!r}")
         return sum(o.expected_s for o in self.op_roofs if phase is None or o.record.phase == phase)
-
-    def scalars(self) -> dict[str, float]:
-        """Model-level figures by their bare metric names (``mfu``, ``mbu``, ...; the callbacks add the
-        ``tscope/roofline/`` namespace and stage); figures that do not exist (untimed) are left out."""
-        ms = lambda s: None if s is None else s * 1e3  # noqa: E731
-        vals = {"mfu": self.mfu, "hfu": self.hfu if self.hardware_flops != self.model_flops else None, "mbu": self.mbu,
-                "achieved_tflops": self.achieved_tflops,
-                "measured_step_ms": ms(self.measured_step_s), "estimated_step_ms": ms(self.estimated_step_s),
-                "compute_bound_time_frac": self.compute_bound_time_frac,
-                "memory_bound_time_frac": self.memory_bound_time_frac, "flop_coverage": self.flop_coverage}
-        return {k: float(v) for k, v in vals.items() if v is not None and math.isfinite(v)}
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(device={self.spec.name!r}, ops={len(self.op_roofs)}, flops={self.total_flops}, "

@@ -42,6 +42,7 @@ from typing import Any
 from tscope_callbacks.analysis.report import (
     ALERTS_FILE,
     SCHEMA,
+    ReportData,
     StepFileError,
     not_a_step_file,
     parse_step_file_name,
@@ -101,7 +102,7 @@ class _Cache:
 
 
 _REPORTS = _Cache(16, max_bytes=48_000_000)  # key -> report dict or StepFileError (the newest kept always)
-_STATUS = _Cache(4096)  # key -> (error message or None (readable), layer details): small, for the runs index
+_STATUS = _Cache(4096)  # key -> (error or None (readable), layer details, header figures): small, for the index
 
 
 def _key(path: Path) -> tuple | None:
@@ -155,26 +156,38 @@ def _parse_cached(path: Path) -> dict:
         except StepFileError as e:
             hit = e
         _REPORTS.put(key, hit)
-        _STATUS.put(key, (str(hit), False) if isinstance(hit, StepFileError) else (None, layer_details(hit)))
+        _STATUS.put(key, (str(hit), False, {}) if isinstance(hit, StepFileError) else
+                    (None, layer_details(hit), _header_values(hit)))
     if isinstance(hit, StepFileError):
         raise hit
     return hit
 
 
-def _status(path: Path) -> tuple[str | None, bool]:
-    """(None when the file is readable, else its error; whether it has layer details), parsed once per (path, mtime,
-    size)."""
+def _header_values(d: dict) -> dict[str, float]:
+    """The report's finite header figures (``ReportData.header``) named in ``_HEADER_SERIES``; {} when it does not
+    read."""
+    try:
+        h = ReportData.from_dict({**d, "ops": []}).header
+    except Exception:  # never let one file break the index
+        return {}
+    vals = {k: h[k].value for k in _HEADER_SERIES if k in h}
+    return {k: float(v) for k, v in vals.items() if v is not None and math.isfinite(v)}
+
+
+def _status(path: Path) -> tuple[str | None, bool, dict[str, float]]:
+    """(None when the file is readable, else its error; whether it has layer details; its header figures), parsed
+    once per (path, mtime, size)."""
     key = _key(path)
     if key is None:
-        return f"{path.name}: removed while listing", False
+        return f"{path.name}: removed while listing", False, {}
     if key not in _STATUS:
         try:
             _parse_cached(path)
         except StepFileError:
             pass
         except Exception as e:  # never let one file break the index
-            _STATUS.put(key, (f"{path.name}: cannot be read ({type(e).__name__}: {e})", False))
-    return _STATUS.get(key) or (None, False)
+            _STATUS.put(key, (f"{path.name}: cannot be read ({type(e).__name__}: {e})", False, {}))
+    return _STATUS.get(key) or (None, False, {})
 
 
 # ---------------------------------------------------------------------------------------------------- the index
@@ -222,7 +235,7 @@ def scan(logdir: str | os.PathLike) -> dict:
     for rd in _run_dirs(logdir):
         steps = []
         for stage, step, path in _step_files(rd / "tscope"):
-            err, details = _status(path)
+            err, details, _ = _status(path)
             steps.append({"step": step, "stage": stage, "readable": err is None, "error": err, "details": details})
         runs.append({"run": run_name(logdir, rd), "dir": str(rd), "steps": steps, "open": open_step(steps)})
     return {"runs": runs, "hint": None if runs else HINT}
@@ -378,17 +391,11 @@ def series(run_dir: str | os.PathLike) -> dict:
                 d[int(s)] = v  # a later event at the same step wins, as in TensorBoard
     profiles: dict[str, dict[int, float]] = {}
     for stage, step, path in _step_files(run_dir / "tscope"):
-        if stage != "train" or _status(path)[0] is not None:
+        err, _, header = _status(path) if stage == "train" else ("", False, {})
+        if err is not None:
             continue
-        try:
-            header = _parse_cached(path).get("header") or {}
-        except Exception:
-            continue
-        for k in _HEADER_SERIES:
-            fig = header.get(k)
-            v = fig.get("value") if isinstance(fig, dict) else None
-            if isinstance(v, (int, float)) and math.isfinite(v):
-                profiles.setdefault(k, {})[step] = float(v)
+        for k, v in header.items():
+            profiles.setdefault(k, {})[step] = v
     for k, pts in profiles.items():
         d = merged.setdefault(k, {})
         for s, v in pts.items():

@@ -160,12 +160,14 @@ def page_section(report: ReportData) -> dict[str, Any]:
 
 def page_step(d: dict[str, Any], report: ReportData | None = None) -> dict[str, Any]:
     """A step as the page reads it: its report dict without the ops (the page asks for them apart), with
-    ``ops_count`` and its ``page`` section (``report``: its ReportData when at hand, else read from ``d``; a dict
-    that does not read as one gets no warnings)."""
+    ``ops_count``, its ``header`` (the headline figures, derived: ``ReportData.header_json``) and its ``page``
+    section (``report``: its ReportData when at hand, else read from ``d``; a dict that does not read as one gets no
+    header and no warnings)."""
     if report is None:
         report = _report_or_none(d)
     out = {k: v for k, v in d.items() if k != "ops"}
     out["ops_count"] = len(d.get("ops") or ())
+    out["header"] = report.header_json() if report is not None else {}
     out["page"] = page_section(report) if report is not None else {"warnings": [], "input": None}
     return out
 
@@ -267,7 +269,8 @@ def _header_value(d: dict[str, Any], key: str) -> float | None:
 
 
 def series_from_reports(reports: list[dict[str, Any]]) -> dict[str, list[list[float]]]:
-    """MFU, step ms, tokens/s and samples/s per profiled step, from the reports' headers."""
+    """MFU, step ms, tokens/s and samples/s per profiled step, from the reports' headers (the dicts as
+    :func:`page_step` gives them)."""
     out: dict[str, list[list[float]]] = {"mfu": [], "step_ms": [], "tokens_per_s": [], "samples_per_s": []}
     for d in sorted(reports, key=lambda d: d.get("step") or 0):
         if d.get("stage", "train") != "train" or d.get("step") is None:
