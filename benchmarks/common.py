@@ -124,14 +124,14 @@ def publish(text: str, args: Any, stem: str) -> None:
 
 
 def cost_lines(profiles: dict[str, Any], plain_s: float) -> list[str]:
-    """Where a profiled step's extra time went: each capture's ``meta["capture_cost"]`` (tscope's own host seconds
+    """Where a profiled step's extra time went: each capture's ``info.capture_cost`` (tscope's own host seconds
     per part) as a table, with the region's excess over a plain step per op -- the per-op hot path."""
     keys = [("start_s", "start"), ("region_s", "region"), ("sync_s", "device sync"), ("kineto_s", "Kineto read-out"),
             ("assign_s", "kernels to ops"), ("build_s", "records")]
     rows = {name: p.info.capture_cost or {} for name, p in profiles.items()}
     if not any(rows.values()):
         return []
-    out = ["", "Where the time went (host ms, last run of each; `meta[\"capture_cost\"]`):", "",
+    out = ["", "Where the time went (host ms, last run of each; `info.capture_cost`):", "",
            "| capture | " + " | ".join(k for _, k in keys) + " | region - plain, µs per op |",
            "|---|" + "---:|" * (len(keys) + 1)]
     for name, c in rows.items():

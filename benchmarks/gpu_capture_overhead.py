@@ -99,9 +99,9 @@ def measure(runs: int, smoke: bool, cprofile: str | None = None) -> tuple[str, d
         lines += [f"- replayed step / plain = **{r:.2f}** (target <= 2.0): {'PASS' if r <= 2.0 else 'FAIL'}; "
                   f"kernels {info['status']}: {info['kernels_matched']} of {info['kernels_planned']} planned, "
                   f"{info['kernels_run']} run; op time {rep_s * 1e3:.2f} ms vs the full capture's {full_s * 1e3:.2f} "
-                  f"ms; MFU {rrep.mfu:.2%} on the {rrep.step_time_source} basis "
-                  f"({rrep.measured_step_s * 1e3:.1f} ms)"]
-        out.update(replay_ratio=r, replay_status=info["status"], replay_mfu=rrep.mfu)
+                  f"ms; MFU {rrep.summary.mfu:.2%} on the {rrep.summary.step_time_source} basis "
+                  f"({rrep.summary.measured_step_s * 1e3:.1f} ms)"]
+        out.update(replay_ratio=r, replay_status=info["status"], replay_mfu=rrep.summary.mfu)
     return "\n".join(lines), out
 
 

@@ -83,8 +83,8 @@ def measure(runs: int, smoke: bool) -> tuple[str, bool]:
               f"wrapped; timed records cover {kernel_s * 1e3:.2f} ms of {busy * 1e3:.2f} ms device-busy "
               f"({kernel_s / busy if busy else float('nan'):.0%})",
               f"- compiled vs eager (op time of the two profiles): {rc.totals.measured_s * 1e3:.2f} ms vs "
-              f"{re_.totals.measured_s * 1e3:.2f} ms; headline MFU compiled {rc.mfu or 0:.1%} "
-              f"({rc.step_time_source})"]
+              f"{re_.totals.measured_s * 1e3:.2f} ms; headline MFU compiled {rc.summary.mfu or 0:.1%} "
+              f"({rc.summary.step_time_source})"]
     by_cat: dict[str, list[float]] = {}
     for i, prof in enumerate((pe, pc)):
         for r in prof.ops:

@@ -28,7 +28,7 @@ import torch
 from common import write
 
 from tscope_callbacks.capture.cuda_timing import RANGE_PREFIX, KernelRecord, Timeline, assign_kernels
-from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
+from tscope_callbacks.records import CaptureInfo, LayerRecord, OpRecord, StepProfile
 
 N_OPS, N_KERNELS, N_LAYERS = 1797, 1163, 150
 CPU, CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
@@ -90,7 +90,7 @@ def source_profile(timeline: Timeline) -> Any:
                     bytes_read=1 << 16, bytes_written=1 << 14, input_shapes=[[64, 64], [64, 64]],
                     output_shapes=[[64, 64]], index=i, time_s=timeline.times[i]) for i in range(N_OPS)]
     model = torch.nn.Linear(2, 2)
-    res = StepProfile(ops=ops, layers=layers, wall_time_s=0.1, meta={"step": 1})
+    res = StepProfile(ops=ops, layers=layers, wall_time_s=0.1, info=CaptureInfo(step=1))
     return SimpleNamespace(timeline=timeline, result=res, model=model, running=False, layer_details=True), model
 
 

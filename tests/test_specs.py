@@ -356,6 +356,16 @@ def test_auto_cpu_corrupted_cache_is_rewritten(tmp_path, monkeypatch):
     assert data["version"] == 1 and len(data["entries"]) == 1
 
 
+def test_cpu_names_the_measured_cpu_roof_on_any_machine(tmp_path, monkeypatch):
+    # gpu="cpu" is what a user writes for torch.device("cpu"); it used to say 'unknown device cpu, closest: P100'
+    monkeypatch.setenv("TSCOPE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a CUDA host: "cpu" still means the CPU
+    fake = DeviceSpec("CPU (fake, 1 threads)", {"fp32": 1e11, "bf16": 5e10}, 1e10, measured=True)
+    monkeypatch.setattr(cal, "measure_cpu", lambda **kw: fake)
+    assert get_device_spec("cpu", budget_s=0.1).flops == fake.flops
+    assert get_device_spec(" CPU ", budget_s=0.1).name == get_device_spec(torch.device("cpu")).name == fake.name
+
+
 def test_auto_on_cuda_uses_device_name(monkeypatch, tmp_path):
     monkeypatch.setenv("TSCOPE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

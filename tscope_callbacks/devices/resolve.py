@@ -30,7 +30,8 @@ def get_device_spec(gpu: str | os.PathLike[str] | DeviceSpec | torch.device | No
     """Resolve ``gpu`` to a :class:`DeviceSpec`.
 
     ``gpu``: ``"auto"`` (the current CUDA/ROCm device's name through the table; on a machine without CUDA a
-    measured CPU roof, cached per machine under ``$TSCOPE_CACHE_DIR`` or ``~/.cache/tscope``), a canonical name,
+    measured CPU roof, cached per machine under ``$TSCOPE_CACHE_DIR`` or ``~/.cache/tscope``), ``"cpu"`` (that
+    measured CPU roof on any machine), a canonical name,
     a real ``torch.cuda.get_device_name()`` string, an alias ("h100", "a100-80gb", "4090"), a path to a JSON file
     (one row object, or a list holding one row), a ``torch.device``, or a ``DeviceSpec`` (returned as is).
     Matching is case-insensitive: exact names first, then aliases, then the rows' regex patterns; a name fitting
@@ -55,6 +56,8 @@ def get_device_spec(gpu: str | os.PathLike[str] | DeviceSpec | torch.device | No
         return spec_table.spec_from_file(device)
     if not isinstance(device, str):
         raise TypeError(f"get_device_spec expects a name, a JSON path, a DeviceSpec or 'auto', got {type(device).__name__}")
+    if device.strip().lower() == "cpu":  # the string a user writes for torch.device("cpu")
+        return _cpu_spec(cache=cache, budget_s=budget_s)
     if device.strip().lower() == "auto":
         if torch.cuda.is_available():
             return _cuda_spec(torch.cuda.current_device(), table=table)
