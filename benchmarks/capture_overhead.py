@@ -1,15 +1,16 @@
 """Capture cost on CPU, side by side with PyTorch's own profiler: one training step plain, under
-``torch.profiler.profile(record_shapes=True)`` and under ``ts.profile`` (the first capture with layer details, as the
-callbacks take it, and without them), on three workloads:
+``torch.profiler.profile(record_shapes=True)`` and under ``ts.profile`` (a full capture with layer details, and one
+without them), on three workloads:
 
 - HF GPT-2, 2 layers, d=128, built from a config (many small ops: the per-op cost decides);
 - a 4-layer d=256 transformer (TinyGPT; large ops);
 - a small CNN (conv / batch norm / ReLU / max pool blocks, SGD with momentum).
 
-1 CPU thread, interleaved rounds in alternating order, medians (the fastest run beside), one process. The time of a
-run is the process's CPU time (``time.process_time``: every thread of the process, so a profiler's helper threads
-count; on a shared machine the wall time mostly measures waiting for a core; it is printed beside). Per-op cost:
-(median - plain median) / the step's dispatched ops, for both profilers.
+1 CPU thread, interleaved rounds in alternating order, medians (the fastest run beside), one process; each run pays
+for its own garbage (a full collection before it, untimed; the younger two generations collected after it, timed). The
+time of a run is the process's CPU time (``time.process_time``: every thread of the process, so a profiler's helper
+threads count; on a shared machine the wall time mostly measures waiting for a core; it is printed beside). Per-op
+cost: (median - plain median) / the step's dispatched ops, for both profilers.
 
 Two floors are measured beside them, so the design choice stays checkable: a bare pass-through dispatch mode (the
 floor of any capture that sees each op in Python), and torch.profiler plus one pass reading its record (op name,
@@ -23,10 +24,12 @@ shapes on each workload. The GPU version is ``benchmarks/gpu_capture_overhead.py
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -152,7 +155,10 @@ def contenders(model: nn.Module, run: Callable[[], None]) -> tuple[dict[str, Cal
         def f() -> None:
             with ts.profile(model, layer_details=details) as prof:
                 run()
-            last[details] = prof
+            # the warm-up capture is kept for the checks; a timed one is dropped at its end, as torch.profiler's
+            # is, so each frees its own records inside its timed window (see ``interleaved``)
+            last.setdefault(details, prof)
+            last["cost", details] = prof.info.capture_cost
 
         return f
 
@@ -180,7 +186,13 @@ TP, TS = "torch.profiler(record_shapes=True)", "tscope, layer details (first cap
 
 
 def interleaved(cont: dict[str, Callable[[], None]], runs: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """(CPU seconds, wall seconds) of every run per contender; rounds in alternating order, each path warmed once."""
+    """(CPU seconds, wall seconds) of every run per contender; rounds in alternating order, each path warmed once.
+
+    Each run pays for its own garbage and no other's: the cyclic collector runs in full before it (not timed), and
+    after it on the two generations the run can have filled (timed: after a full collection every older object is
+    in the oldest). torch.profiler's profile object is a reference cycle (its action map holds its bound methods),
+    as tscope's is: without this, freeing a record (several ms for torch.profiler's) fell into whichever run
+    collected next -- tscope's, whose stop collects the young generation it put off."""
     cpu: dict[str, list[float]] = {k: [] for k in cont}
     wall: dict[str, list[float]] = {k: [] for k in cont}
     for f in cont.values():
@@ -190,8 +202,10 @@ def interleaved(cont: dict[str, Callable[[], None]], runs: int) -> tuple[dict[st
         if i % 2:
             order.reverse()
         for k, f in order:
+            gc.collect()
             w, c = time.perf_counter(), time.process_time()
             f()
+            gc.collect(1)
             cpu[k].append(time.process_time() - c)
             wall[k].append(time.perf_counter() - w)
     return cpu, wall
@@ -203,9 +217,11 @@ def cold_first_capture(model: nn.Module, run: Callable[[], None]) -> float:
     from tscope_callbacks.formulas import DEFAULT_REGISTRY
 
     reg = DEFAULT_REGISTRY.copy()
+    gc.collect()
     c = time.process_time()
     with ts.profile(model, layer_details=True, formulas=reg):
         run()
+    gc.collect(1)
     return time.process_time() - c
 
 
@@ -232,7 +248,10 @@ def measure(name: str, model: nn.Module, run: Callable[[], None], runs: int) -> 
               f"vs {(tp - plain) / n_ops * 1e6:.1f} µs.",
               f"First capture of these shapes in the process (empty count memo, one run): {cold * 1e3:.2f} ms CPU, "
               f"{cold / tp:.3f}x torch.profiler's median."]
-    lines += cost_lines({"layer details": last[True], "no layer details": last[False]}, plain)
+    # the capture's own parts are host wall seconds (``capture_cost``): the per-op column against the plain step's wall
+    lines += cost_lines({name: SimpleNamespace(meta={"capture_cost": last["cost", d]})
+                         for name, d in (("layer details", True), ("no layer details", False))},
+                        statistics.median(wall["plain step"]))
     return lines, ratio, last
 
 
