@@ -249,7 +249,7 @@ def measure(name: str, model: nn.Module, run: Callable[[], None], runs: int) -> 
               f"First capture of these shapes in the process (empty count memo, one run): {cold * 1e3:.2f} ms CPU, "
               f"{cold / tp:.3f}x torch.profiler's median."]
     # the capture's own parts are host wall seconds (``capture_cost``): the per-op column against the plain step's wall
-    lines += cost_lines({name: SimpleNamespace(meta={"capture_cost": last["cost", d]})
+    lines += cost_lines({name: SimpleNamespace(info=SimpleNamespace(capture_cost=last["cost", d]))
                          for name, d in (("layer details", True), ("no layer details", False))},
                         statistics.median(wall["plain step"]))
     return lines, ratio, last
