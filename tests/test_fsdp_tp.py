@@ -58,7 +58,8 @@ RAW = """
             for b in m.blocks:
                 parallelize_module(b.mlp, tp, {{"fc": ColwiseParallel(), "proj": RowwiseParallel()}})
         if mode in ("fsdp", "fsdp_tp"):
-            kw = {{"mesh": mesh["dp"]}} if mode == "fsdp_tp" else {{}}
+            # a CPU mesh named (fully_shard's default mesh is CUDA's on a machine with a GPU)
+            kw = {{"mesh": mesh["dp"] if mode == "fsdp_tp" else init_device_mesh("cpu", (2,))}}
             for b in m.blocks:
                 fully_shard(b, **kw)
             fully_shard(m, **kw)

@@ -40,6 +40,7 @@ warnings.filterwarnings("ignore")
 import torch, torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
 import tscope_callbacks as ts
 from tscope_callbacks.analysis.fsdp import fsdp_whatif
@@ -69,7 +70,10 @@ def one(n, cfg, reshard=True, opt="adamw", mixed=False, batch=4):
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=n)
     torch.manual_seed(0)
     m1 = TinyGPT(cfg)
-    kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)} if mixed else {}
+    # a CPU mesh named: fully_shard's default mesh is CUDA's on a machine with a GPU (the step then ran there)
+    kw = {"mesh": init_device_mesh("cpu", (n,))}
+    if mixed:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
     for b in m1.blocks:
         fully_shard(b, reshard_after_forward=reshard, **kw)
     fully_shard(m1, **kw)
