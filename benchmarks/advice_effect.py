@@ -524,10 +524,6 @@ def _line(o: Any) -> str:
     return f"{o.kind}{'/' + chain if chain else ''} `{o.layer or '(model)'}` {(o.saving_s or 0) * 1e3:.3g} ms"
 
 
-#: changes whose re-profile cannot show them applied: the capture runs a compiled function (not module) eagerly
-EAGER_UNDER_CAPTURE = {"fusion:loss"}
-
-
 def run_model(name: str, build: Callable[[], Variant], args: argparse.Namespace) -> tuple[list[Case], list[str],
                                                                                            list[str]]:
     """The closed loop on one model: profile, apply each finding's change (each measured against the model it was
@@ -586,10 +582,8 @@ def run_model(name: str, build: Callable[[], Variant], args: argparse.Namespace)
                                                              for o in rep.noise.suppressed if _kind(o) in CHANGES]
     for o in _findings(rep, args.gpu)[0]:
         if _kind(o) in applied:
-            why = (" (expected: the capture runs a compiled function eagerly)" if _kind(o) in EAGER_UNDER_CAPTURE
-                   else "")
-            print(f"  !! {_kind(o)} fires again after its change was applied{why}: {o.cause}", flush=True)
-            after_top.append(f"(fired again after its change: {_kind(o)}{why})")
+            print(f"  !! {_kind(o)} fires again after its change was applied: {o.cause}", flush=True)
+            after_top.append(f"(fired again after its change: {_kind(o)})")
     return cases, before, after_top
 
 

@@ -189,6 +189,10 @@ class CaptureInfo:
     conv_channels_last: bool | None = None  #: the model's 2-D convolutions (kernels over 1x1) are channels-last
     # compiled modules
     compiled_modules_run_eagerly: list[str] | None = None
+    #: ``torch.compile``'d functions (not modules) the capture ran eagerly (force_eager): name -> [[first, last]]
+    #: runs of the op indices (``OpRecord.index``) they ran, their backward ops included. The real run executes them
+    #: compiled: the advice does not tell the user to fuse or compile those ops
+    compiled_functions_run_eagerly: dict[str, list[list[int]]] | None = None
     compiled_capture: dict[str, Any] | None = None  #: kernels-mode capture of compiled modules
     replay: dict[str, Any] | None = None  #: a replayed step's match against its source profile
     # the step (callbacks)

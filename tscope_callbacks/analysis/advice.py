@@ -16,7 +16,7 @@ of device, the opportunity carries the measured / predicted ratio. Findings:
 - ``fp32_matmul``: fp32 GEMMs on a device with TF32 tensor cores, TF32 off; re-estimated at TF32;
 - ``fusion``: runs of memory-bound ops (pointwise, norms, softmax, the optimizer's per-tensor update) writing
   intermediates the next op reads back; one kernel moving the run's first input and last output (skipped for
-  compiled modules: Inductor fuses them already); by chain: optimizer, loss, GELU, RMSNorm, rotary embedding,
+  compiled modules and for the ops of a `torch.compile`d function, which the capture runs eagerly: Inductor fuses them already); by chain: optimizer, loss, GELU, RMSNorm, rotary embedding,
   SwiGLU, other;
 - ``launch`` (CUDA, step): the device idles between short kernels in the unprofiled step: launch overhead; CUDA
   graphs (``torch.compile(mode="reduce-overhead")``);
@@ -42,7 +42,7 @@ from tscope_callbacks.analysis.estimate import MEMORY_BOUND, gemm_dims
 from tscope_callbacks.analysis.finding import Finding, measured_effect, ms, rows_of
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.analysis.fmt import n as _n
-from tscope_callbacks.analysis.layer_advice import Context, layer_findings, step_findings
+from tscope_callbacks.analysis.layer_advice import Context, compiled_function_ops, layer_findings, step_findings
 from tscope_callbacks.analysis.noise import Noise
 from tscope_callbacks.analysis.report import Opportunity, Row
 from tscope_callbacks.analysis.rows import OpRoof
@@ -440,9 +440,12 @@ def opportunities(report: RooflineAnalysis, noise: Noise | None = None, top: int
     root = report.layer_records.get("") if report.layer_records else None
     param_bytes = int(getattr(root, "param_bytes", 0) or 0)
     groups: dict[tuple[str, str, str], list[tuple[str, Finding]]] = {}
-    swiglu, claimed = _swiglu(by_layer, model, ctx.compiled)
+    # ops a ``torch.compile``'d function ran (eagerly under the capture): compiled in the real run, never fusion advice
+    eager = ctx.compiled_fn
+    uncompiled = {k: [o for o in v if o.record.index not in eager] for k, v in by_layer.items()} if eager else by_layer
+    swiglu, claimed = _swiglu(uncompiled, model, ctx.compiled)
     for layer, ops in by_layer.items():
-        free = [o for o in ops if o.record.index not in claimed]
+        free = [o for o in uncompiled[layer] if o.record.index not in claimed]
         # BatchNorm's own ops are one kernel each way (``bn_fusion`` fuses it with its activation)
         chains = [] if "batchnorm" in typ.get(layer, "").lower() else _fusion(
             free, model, ctx.compiled, param_bytes, typ.get(layer, ""), ctx.cuda)
@@ -532,10 +535,18 @@ def _cause(r: Row, report: RooflineAnalysis) -> str:
     records show (16-bit GEMMs on CUDA cores, a kernel slower than its shape takes on the device, no FLOP formula)."""
     ops = report.row_ops.get((r.layer, r.phase), [])
     parts = [explain(r)]
+    fns = compiled_function_ops(report.info)
+    ran = sorted({fns[o.record.index] for o in ops if o.record.index in fns})
+    compiled = ""
+    if ran:  # the user compiled it: the capture's eager time is not what their run takes
+        n = sum(1 for o in ops if o.record.index in fns)
+        compiled = (f"; {n} of its {len(ops)} ops ran in `torch.compile`d {', '.join(f'`{x}`' for x in ran)}, run "
+                    "eagerly under the capture: already compiled in the real run (fused there; this eager time "
+                    "overstates it)")
     simt = [o for o in ops if o.record.category == "matmul" and o.record.tensor_core is False
             and o.roof_precision in ("bf16", "fp16", "tf32")]
     if simt:
         parts.append(f"{len(simt)} {simt[0].roof_precision} GEMMs ran on CUDA cores, not tensor cores (kernel names)")
     if report.kernel_model is not None and r.measured_s and r.expected_s:
         parts.append(f"{r.measured_s / r.expected_s:.2g}x what the device's libraries take for these shapes")
-    return "; ".join(p for p in parts if p) + "; no change known to tscope"
+    return "; ".join(p for p in parts if p) + (compiled or "; no change known to tscope")

@@ -84,6 +84,16 @@ def _pad8(c: int) -> int:
     return -(-c // 8) * 8
 
 
+def compiled_function_ops(info: Any) -> dict[int, str]:
+    """Op index -> the ``torch.compile``'d function (not module) that ran it eagerly under the capture
+    (``CaptureInfo.compiled_functions_run_eagerly``): its ops are fused in the user's real run."""
+    out: dict[int, str] = {}
+    for name, runs in (getattr(info, "compiled_functions_run_eagerly", None) or {}).items():
+        for first, last in runs:
+            out.update(dict.fromkeys(range(int(first), int(last) + 1), str(name)))
+    return out
+
+
 def _four_d(shape: Any) -> bool:
     return isinstance(shape, (list, tuple)) and len(shape) == 4
 
@@ -100,6 +110,8 @@ class Context:
         self.cuda = str(info.device or "").startswith("cuda") or str(info.timing or "").startswith("cuda")
         self.cpu = info.device == "cpu" and not self.cuda
         self.compiled = bool(info.compiled_modules_run_eagerly or info.compiled_capture)
+        #: op index -> the ``torch.compile``'d function that ran it eagerly under the capture (the real run fuses it)
+        self.compiled_fn: dict[int, str] = compiled_function_ops(info)
         self.kernel_model = report.kernel_model  #: expectations beyond the roofline bound
         self.kernels = info.kernels or []  #: [name, start_ns, duration_ns, stream, op position]
         #: a forward-only step (inference, validation): no op ran in a backward
@@ -274,7 +286,8 @@ def _batchnorm(ops: list[OpRoof], ctx: Context) -> list[Finding]:
     if ctx.compiled or not ctx.cuda:
         return []
     saving, pairs, moved, acts = 0.0, 0, 0, []
-    for bn in (o for o in ops if o.record.op in _BN and o.record.phase == "forward"):
+    for bn in (o for o in ops if o.record.op in _BN and o.record.phase == "forward"
+               and o.record.index not in ctx.compiled_fn):
         act = ctx.after(bn)
         if act is None or act.record.op not in ACTIVATIONS or act.record.input_shapes[:1] != bn.record.output_shapes[:1]:
             continue

@@ -62,6 +62,7 @@ def base_info(p: Profile, st: CaptureState) -> dict[str, Any]:
         "torch": torch.__version__,
         "internal_errors": list(p.errors),
         "compiled_modules_run_eagerly": list(st.compiled),
+        "compiled_functions_run_eagerly": st.eager_fns.ranges() if st.eager_fns is not None else None,
         "compiled_capture": None if st.cstate is None else {
             "mode": "kernels", "provenance": PROVENANCE, "graphs": st.cstate.graphs,
             "kernels_wrapped": st.cstate.kernels, "kernel_records": len(st.fused),

@@ -29,7 +29,7 @@ from tscope_callbacks.capture.cuda_timing import (
     cupti_teardown_note,
     timed_call,
 )
-from tscope_callbacks.capture.eager import EagerStance
+from tscope_callbacks.capture.eager import CompiledFrames, EagerStance
 from tscope_callbacks.capture.layers import LayerDetails
 from tscope_callbacks.capture.memory import MemoryTracker
 from tscope_callbacks.capture.paths import ModelTree, clean_path
@@ -113,6 +113,7 @@ def install(p: Profile, st: CaptureState) -> Installed:
     st.session = s  # visible to remove() even when a later step raises
     s.collector.enter()  # the cyclic collector runs after the region, not inside it for tscope's own objects
     st.cstate = None
+    st.eager_fns = None
     model = p.model
     tree = st.tree = ModelTree(model)  # one walk, reused by build_result
     wrappers, inplace = [], []
@@ -136,7 +137,8 @@ def install(p: Profile, st: CaptureState) -> Installed:
             s.handles.append(w.register_forward_pre_hook(_depth(st.cstate, 1), prepend=True))
             s.handles.append(w.register_forward_hook(_depth(st.cstate, -1), always_call=True))
     else:
-        s.stance.enter()
+        st.eager_fns = CompiledFrames()
+        s.stance.enter(st.eager_fns)
         st.compiled = list(s.compiled)
         warn_key = (type(model).__qualname__, tuple(s.compiled))
         if s.compiled and warn_key not in _WARNED_COMPILED:  # once per model and process, not per profile

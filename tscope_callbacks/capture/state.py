@@ -70,6 +70,7 @@ class CaptureState:
     param_owner: dict[int, str] = field(default_factory=dict)
     compiled: list[str] = field(default_factory=list)  #: compiled modules (run eagerly under the capture)
     cstate: Any = None  #: ``compiled.CompiledState`` when compiled modules run compiled
+    eager_fns: Any = None  #: ``eager.CompiledFrames``: the ops compiled functions ran eagerly (force_eager captures)
     pending: list[tuple] = field(default_factory=list)
     fused: dict[int, tuple] = field(default_factory=dict)  #: pending index -> the aten ops an Inductor kernel fused
     comm: dict[int, dict] = field(default_factory=dict)  #: pending index -> a collective's info (formulas.comm)
@@ -239,6 +240,9 @@ class CaptureState:
         if dt is not None:
             self.starts[i] = (self.op_t0 - self.t0) * 1e-9
         pending.append((func, c, layer, phase, dt))
+        ef = self.eager_fns
+        if ef is not None and (ef.active or ef.seqs):  # inside a compiled function (or its backward), run eagerly
+            ef.mark(i, node)
         mem = self.memory
         if mem is not None:
             if func is _TO_COPY and args and id(args[0]) in self.param_owner:  # a weight cast (autocast)
