@@ -286,6 +286,19 @@ def test_no_import_cycles() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(_rel(x) or TOP for x in cycle)
 
 
+def test_no_import_circle_in_the_capture_even_for_annotations() -> None:
+    # the capture's helpers (state, attribute, cuda_timing; build, region, profile, replay) see the objects that own
+    # them through Protocols (attribute.AttributionState, cuda_timing.TimedState, options.CaptureOptions): no import
+    # runs back up, not even one for an annotation or a lazy one inside a function
+    mods = {m for m in _modules() if _rel(m).startswith("capture")}
+    graph = {}
+    for m in mods:
+        tree, is_pkg = _source(m)
+        graph[m] = {d for d in imports_of(tree, m, is_pkg, annotations=True) if d in mods}
+    cycle = find_cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(_rel(x) for x in cycle)
+
+
 def test_no_module_touches_the_private_members_of_another_modules_class() -> None:
     found = foreign_private_accesses({_rel(m): _source(m)[0] for m in _modules()})
     new = {m: {n: lines for n, lines in names.items() if n not in PENDING_PRIVATE.get(m, set())}

@@ -3,21 +3,45 @@ in one place."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import torch
 import torch.optim.optimizer as _optimizer
 
-if TYPE_CHECKING:
-    from tscope_callbacks.capture.state import CaptureState
+__all__ = ["AttributionState", "attribute", "phase_of", "optimizer_hooks"]
 
-__all__ = ["attribute", "phase_of", "optimizer_hooks"]
+
+class AttributionState(Protocol):
+    """What the rules read and write of a running capture (``state.CaptureState``, which imports this module, never
+    the other way round): the module stack, the phase flags, the forward sequence-number map and what backward
+    needs of it."""
+
+    stack: list[tuple[str, bool]]  #: (module path, entered during backward), innermost last
+    phase_override: str | None
+    in_opt_step: int
+    in_backward: bool
+    cstate: Any  #: ``compiled.CompiledState`` when compiled modules run compiled, else None
+    pending: list[tuple]
+    seq_hi: int
+    seq_layer: dict[int, str]
+    hooked: set[int]
+    memory: Any  #: ``memory.MemoryTracker`` with layer details, else None
+    param_owner: dict[int, str]
+    error: Callable[[BaseException, str], None]
+
+    def mute(self) -> AbstractContextManager[None]: ...
+
+    def layer_of_node(self, node: Any) -> str | None: ...
+
+    def add_optimizer(self, optimizer: Any) -> None: ...
 
 _graph_task = torch._C._current_graph_task_id
 _saved_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 
 
-def phase_of(st: CaptureState, node: Any) -> str:
+def phase_of(st: AttributionState, node: Any) -> str:
     """The phase of an op or kernel run now by the capture ``st`` (``node``: the autograd node running, None outside
     backward): the override; backward inside the backward engine, its callbacks included (FSDP's reduce-scatter);
     the update itself inside ``optimizer.step()`` when no module runs and grad is off (a no-grad op inside a
@@ -35,7 +59,7 @@ def phase_of(st: CaptureState, node: Any) -> str:
     return "recompute" if stack and stack[-1][1] else "backward"
 
 
-def attribute(st: CaptureState, args: tuple, seq: int, node: Any) -> tuple[str, str]:
+def attribute(st: AttributionState, args: tuple, seq: int, node: Any) -> tuple[str, str]:
     """(phase, layer) of the op being recorded by the capture ``st`` (``seq``: the sequence counter at dispatch,
     ``node``: the autograd node running, None outside backward). Updates ``st``'s forward seq -> layer map."""
     stack = st.stack
@@ -90,7 +114,7 @@ def attribute(st: CaptureState, args: tuple, seq: int, node: Any) -> tuple[str, 
     return phase, layer
 
 
-def optimizer_hooks(st: CaptureState) -> list[Any]:
+def optimizer_hooks(st: AttributionState) -> list[Any]:
     """Global optimizer step hooks: ops of an ``optimizer.step()`` inside the region are phase ``"optimizer"``. A
     closure the step runs (``step(closure)``: forward and backward inside the step, as Lightning does) keeps its
     phases: inside a step, backward ops are backward and ops with grad mode on (the closure's forward) are forward;

@@ -21,16 +21,13 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from tscope_callbacks.formulas.intervals import union_length
 
-if TYPE_CHECKING:
-    from tscope_callbacks.capture.state import CaptureState
-
-__all__ = ["RANGE_PREFIX", "PAUSED_RANGE", "KernelRecord", "Timeline", "KernelTimeline", "assign_kernels",
+__all__ = ["RANGE_PREFIX", "PAUSED_RANGE", "KernelRecord", "Timeline", "KernelTimeline", "TimedState", "assign_kernels",
            "is_tensor_core_kernel", "union_s", "timed_call", "CUPTI_NOTE", "cupti_teardown_note"]
 
 RANGE_PREFIX = "tscope#"
@@ -146,7 +143,17 @@ def union_s(intervals: Iterable[tuple[int, int]]) -> float:
     return union_length(intervals) * 1e-9
 
 
-def timed_call(st: CaptureState, fn: Any, args: tuple, kwargs: dict) -> tuple[Any, float | None]:
+class TimedState(Protocol):
+    """What :func:`timed_call` reads and writes of a running capture (``state.CaptureState``, which imports this
+    module, never the other way round)."""
+
+    timeline: KernelTimeline | None
+    timed: bool
+    pending: list[tuple]
+    op_t0: int
+
+
+def timed_call(st: TimedState, fn: Any, args: tuple, kwargs: dict) -> tuple[Any, float | None]:
     """Run one op or kernel of the capture ``st`` under its timing: ``(output, seconds)``. On CUDA inside the
     Kineto range ``tscope#<index of its record>`` (its kernel time comes from the timeline: seconds None); on CPU
     timed by ``perf_counter_ns``, its start kept in ``st.op_t0``; untimed, just run."""
