@@ -97,7 +97,8 @@ def fit(kind: str, steps: int, root: str, spec: Any = "auto") -> dict[str, Any]:
     emit = roofline_io.emit
     if kind != "plain":
         first = steps + 10 if kind == "off" else 10
-        roof = ts.RooflineCallback(gpu=spec, start_step=first, profile_steps=1, wait_for_warmup=False)
+        roof = ts.RooflineCallback(gpu=spec, start_step=first,
+                                   capture=ts.CaptureOptions(steps=1, wait_for_warmup=False))
         lay = ts.LayerProfilerCallback(start_step=first, depth=3)
         cbs += [roof, lay]
         for name, obj, attr in (("roofline outputs", roof, "_on_profile"), ("layer outputs", lay, "_on_profile"),

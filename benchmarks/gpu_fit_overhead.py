@@ -68,7 +68,7 @@ def main() -> int:
         return sum(steps)
 
     def with_callbacks() -> float:
-        roof = ts.RooflineCallback(plot=False, start_step=10, every_n_steps=None)
+        roof = ts.RooflineCallback(start_step=10, every_n_steps=None, outputs=ts.RooflineOutputs(plot=False))
         cbs = [roof, ts.LayerProfilerCallback(start_step=10, every_n_steps=None), ts.NaNGuardCallback()]
         steps, trainer = fit_steps(w, device, cbs, first=first, last=last)
         cbs_seen.append((roof, cbs[2], trainer))
@@ -80,7 +80,7 @@ def main() -> int:
     profiled: dict[int, str] = {}
     for r, _, _ in cbs_seen:
         profiled.update(profiled_steps(r))
-    span = max(roof.profile_steps, 1) + CONFIRM_STEPS + 4
+    span = max(roof.capture.steps, 1) + CONFIRM_STEPS + 4
     keep = [i for i in range(first, last) if not any(p - 1 <= i <= p + span for p in profiled)]
 
     def mean_kept(steps: list[float]) -> float:
@@ -95,7 +95,7 @@ def main() -> int:
     listed = ", ".join(f"{s} ({why})" for s, why in sorted(profiled.items()))
     model = trainer.lightning_module.model
     peak = roof.throughput.peak_flops
-    hand = hand_count(model, w, roof.attention_flops) / (p / 1e3) / peak if peak else None
+    hand = hand_count(model, w, roof.mfu.attention_flops) / (p / 1e3) / peak if peak else None
     auto = roof.last_mfu
     lines = [f"# GPU fit overhead ({torch.cuda.get_device_name() if device == 'cuda' else 'CPU smoke run'}, "
              f"torch {torch.__version__})", "",
@@ -116,7 +116,7 @@ def main() -> int:
              f"it; {(c_all - p_all) / (1000 * p) * 1e2:+.2f}% of a 1,000-step fit)"]
     if auto is not None and hand:
         ok = abs(auto / hand - 1) <= 0.03
-        lines.append(f"- automatic MFU {auto:.2%} vs hand count {hand:.2%} over the plain step ({roof.attention_flops} "
+        lines.append(f"- automatic MFU {auto:.2%} vs hand count {hand:.2%} over the plain step ({roof.mfu.attention_flops} "
                      f"attention): ratio {auto / hand:.3f} (target within 3%): {'PASS' if ok else 'FAIL'}")
     text = "\n".join(lines)
     publish(text, args, "gpu_fit_overhead")

@@ -135,7 +135,7 @@ def healthy(width: int, depth: int, steps: int) -> dict[str, Any]:
     """A healthy fit under RooflineCallback's defaults (the monitor inside): what its monitor said."""
     torch.manual_seed(0)
     since = cpu_snapshot()
-    roof = ts.RooflineCallback(plot=False, save_json=False)
+    roof = ts.RooflineCallback(outputs=ts.RooflineOutputs(plot=False, save_json=False))
     t = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

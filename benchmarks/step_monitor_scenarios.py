@@ -113,7 +113,8 @@ def _sp(d: dict[str, list[float]], suffix: str) -> list[float]:
 def run(name: str, module: pl.LightningModule, loader: DataLoader, steps: int, *, log_every: int = 50,
         callbacks: list[pl.Callback] | None = None, logger: Any = False) -> dict[str, Any]:
     prof = SimpleProfiler()
-    roof = ts.RooflineCallback(start_step=20, every_n_steps=None, plot=False, save_json=False)
+    roof = ts.RooflineCallback(start_step=20, every_n_steps=None,
+                               outputs=ts.RooflineOutputs(plot=False, save_json=False))
     seen: list[StepTimes] = []
     mon = roof.monitor
     add = mon._add

@@ -56,7 +56,8 @@ def _fit(root: Path) -> Path:
             data = torch.randint(0, 50257, (8, SEQ), generator=g)
             return torch.utils.data.DataLoader(data, batch_size=BATCH)
 
-    roof = ts.RooflineCallback(start_step=1, profile_steps=1, wait_for_warmup=False, every_n_steps=None)
+    roof = ts.RooflineCallback(start_step=1, every_n_steps=None,
+                               capture=ts.CaptureOptions(steps=1, wait_for_warmup=False))
     trainer = pl.Trainer(max_steps=3, accelerator="cpu", devices=1, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                          log_every_n_steps=1, callbacks=[roof], logger=TensorBoardLogger(str(root), name="gpt2"))

@@ -186,8 +186,9 @@ def path_trace() -> tuple[list[str], int, Counter]:
             if level(a) < level(b):
                 up[f"{a} -> {b}"] += 1
 
-    cb = ts.RooflineCallback(spec, start_step=2, every_n_steps=None, profile_steps=1, wait_for_warmup=False,
-                             plot=False, auto_mfu=False, compare_eager=False, save_json=True)
+    cb = ts.RooflineCallback(spec, start_step=2, every_n_steps=None,
+                             capture=ts.CaptureOptions(steps=1, wait_for_warmup=False, compare_eager=False),
+                             outputs=ts.RooflineOutputs(plot=False, save_json=True), mfu=ts.MFUOptions(automatic=False))
     # stop once the table reached the logger: wrap the sink's log_text
     from tscope_callbacks.callbacks import sinks as sinks_mod
 

@@ -208,8 +208,9 @@ def _fit(profile_steps: int) -> dict[str, Any]:
     loader = torch.utils.data.DataLoader(data, batch_size=8)
     spec = ts.DeviceSpec(name="trace-cpu", flops={"fp32": 1e11}, bandwidth=2e10, source="step_path", measured=True,
                          vendor="cpu")
-    cb = ts.RooflineCallback(gpu=spec, start_step=2, every_n_steps=None, profile_steps=profile_steps,
-                             wait_for_warmup=False, auto_mfu=False)
+    cb = ts.RooflineCallback(gpu=spec, start_step=2, every_n_steps=None,
+                             capture=ts.CaptureOptions(steps=profile_steps, wait_for_warmup=False),
+                             mfu=ts.MFUOptions(automatic=False))
     tracer = Tracer(cb)
     tracing = {"on": False, "done": False}
     stop = capture_profile.Profile.stop

@@ -26,7 +26,7 @@ SCHED: dict[str, Any] = dict(start_step=1, every_n_steps=2)
 def all_callbacks(*, plot: bool = False, nan_action: str = "stop", **sched: Any) -> list[pl.Callback]:
     """RooflineCallback + LayerProfilerCallback + NaNGuardCallback, the profiling ones on the same schedule."""
     sched = {**SCHED, **sched}
-    return [ts.RooflineCallback(gpu=test_spec(), plot=plot, **sched), ts.LayerProfilerCallback(**sched),
+    return [ts.RooflineCallback(gpu=test_spec(), **sched, outputs=ts.RooflineOutputs(plot=plot)), ts.LayerProfilerCallback(**sched),
             ts.NaNGuardCallback(action=nan_action)]
 
 

@@ -43,7 +43,8 @@ def _fit(tmp_path: Path, callbacks: list, backend: str, steps: int = 30) -> dict
 def test_profiles_leave_the_compiled_graphs_unchanged(tmp_path: Path, backend: str) -> None:
     plain = _fit(tmp_path / "plain", [], backend)
     assert plain["unique_graphs"] >= 1  # the model really was compiled
-    cbs = [ts.RooflineCallback(gpu=test_spec(), every_n_steps=10, start_step=5, max_profiles=2, plot=False),
+    cbs = [ts.RooflineCallback(gpu=test_spec(), every_n_steps=10, start_step=5, max_profiles=2,
+                               outputs=ts.RooflineOutputs(plot=False)),
            ts.LayerProfilerCallback(every_n_steps=10, start_step=5, max_profiles=2),
            ts.NaNGuardCallback()]
     profiled = _fit(tmp_path / "profiled", cbs, backend)

@@ -185,8 +185,8 @@ def _fit(tmp_path: Path, callbacks: list, steps: int = 14) -> dict[str, int]:
 
 def test_fit_profiles_compiled_kernels_and_compares_with_eager(tmp_path: Path):
     plain = _fit(tmp_path / "plain", [])
-    cb = ts.RooflineCallback(gpu=test_spec(), every_n_steps=6, start_step=3, max_profiles=2, plot=False,
-                             wait_for_warmup=False)  # exactly on schedule (compiling makes the first steps slow)
+    cb = ts.RooflineCallback(gpu=test_spec(), every_n_steps=6, start_step=3, max_profiles=2,
+                             outputs=ts.RooflineOutputs(plot=False), capture=ts.CaptureOptions(wait_for_warmup=False))  # exactly on schedule (compiling makes the first steps slow)
     profiled = _fit(tmp_path / "profiled", [cb])
     assert profiled == plain  # two kernels-mode profiles and an eager reference: no recompile, no graph break
     assert [h["step"] for h in cb.history] == [3, 6]  # the eager reference (step 4) is not a profile of its own

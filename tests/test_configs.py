@@ -39,7 +39,8 @@ def _only(cli: LightningCLI, cls: type) -> object:
 
 def test_roofline_yaml(tmp_path: Path) -> None:
     cb = _only(_cli(tmp_path, "roofline.yaml"), ts.RooflineCallback)
-    assert cb.gpu == "auto" and cb.precision is None and cb.top == 20 and cb.plot is True
+    assert cb.gpu == "auto" and cb.what_if == ts.WhatIf() and cb.outputs == ts.RooflineOutputs(top=20, plot=True)
+    assert cb.capture == ts.CaptureOptions(steps=3) and isinstance(cb.monitor, ts.StepMonitor)
     s = cb.schedules["train"]
     assert (s.every_n_steps, s.start_step, s.max_profiles, s.profile_first) == (500, 10, None, True)
     assert cb.stages == ("train",)
@@ -47,7 +48,8 @@ def test_roofline_yaml(tmp_path: Path) -> None:
 
 def test_layers_yaml(tmp_path: Path) -> None:
     cb = _only(_cli(tmp_path, "layers.yaml"), ts.LayerProfilerCallback)
-    assert cb.paths is None and cb.depth == 3 and cb.top_k == 10 and cb.check_finite and cb.save_json
+    assert cb.paths is None and cb.depth == 3 and cb.check_finite
+    assert cb.outputs == ts.LayerOutputs(top_k=10, save_json=True)
     s = cb.schedules["train"]
     assert (s.every_n_steps, s.start_step, s.max_profiles) == (1000, 10, 5)
 

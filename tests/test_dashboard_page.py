@@ -30,12 +30,14 @@ def fit_logdir(tmp_path_factory):
     """A TinyLM fit profiled at steps 2, 5 and 8 (one step per profile, on schedule), plus a corrupt step file."""
     import lightning.pytorch as pl
 
+    import tscope_callbacks as ts
     from tests.models import TinyLM
     from tscope_callbacks import RooflineCallback
 
     root = tmp_path_factory.mktemp("dash")
-    cb = RooflineCallback(every_n_steps=3, start_step=2, profile_steps=1, wait_for_warmup=False, plot=False,
-                          compare_eager=False, replay=False)
+    cb = RooflineCallback(every_n_steps=3, start_step=2,
+                          capture=ts.CaptureOptions(steps=1, wait_for_warmup=False, compare_eager=False, replay=False),
+                          outputs=ts.RooflineOutputs(plot=False))
     tr = pl.Trainer(max_steps=10, logger=pl.loggers.TensorBoardLogger(str(root), name="tiny"), callbacks=[cb],
                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                     accelerator="cpu", devices=1)
@@ -375,6 +377,7 @@ def test_wandb_gets_the_page_at_each_profile(tmp_path, monkeypatch):
     import lightning.pytorch as pl
     from lightning.pytorch.loggers import WandbLogger
 
+    import tscope_callbacks as ts
     from tests.models import TinyLM
     from tscope_callbacks import RooflineCallback
 
@@ -383,8 +386,9 @@ def test_wandb_gets_the_page_at_each_profile(tmp_path, monkeypatch):
     settings = wandb.Settings(x_disable_stats=True, x_disable_meta=True, console="off", disable_git=True,
                               save_code=False)
     logger = WandbLogger(offline=True, save_dir=str(tmp_path), project="tscope-test", settings=settings)
-    cb = RooflineCallback(gpu="NVIDIA A100-SXM4-80GB", every_n_steps=3, start_step=1, profile_steps=1,
-                          wait_for_warmup=False, plot=False, compare_eager=False, replay=False)
+    cb = RooflineCallback(gpu="NVIDIA A100-SXM4-80GB", every_n_steps=3, start_step=1,
+                          capture=ts.CaptureOptions(steps=1, wait_for_warmup=False, compare_eager=False, replay=False),
+                          outputs=ts.RooflineOutputs(plot=False))
     try:
         pl.Trainer(max_steps=5, logger=logger, callbacks=[cb], enable_checkpointing=False, enable_progress_bar=False,
                    enable_model_summary=False, accelerator="cpu", devices=1).fit(TinyLM())
@@ -709,6 +713,7 @@ def test_fit_reports_the_guards_gradient_spikes(tmp_path):
     (the loss x1000 at step 12 makes its gradient norm ~1000x the median of the 12 steps before it)."""
     import lightning.pytorch as pl
 
+    import tscope_callbacks as ts
     from tests.models import TinyLM
     from tscope_callbacks import NaNGuardCallback, RooflineCallback
 
@@ -718,8 +723,9 @@ def test_fit_reports_the_guards_gradient_spikes(tmp_path):
             return loss * 1000.0 if self.global_step == 12 else loss
 
     guard = NaNGuardCallback(action="warn")
-    cb = RooflineCallback(gpu="NVIDIA A100-SXM4-80GB", every_n_steps=100, start_step=13, profile_steps=1,
-                          wait_for_warmup=False, plot=False, compare_eager=False, replay=False)
+    cb = RooflineCallback(gpu="NVIDIA A100-SXM4-80GB", every_n_steps=100, start_step=13,
+                          capture=ts.CaptureOptions(steps=1, wait_for_warmup=False, compare_eager=False, replay=False),
+                          outputs=ts.RooflineOutputs(plot=False))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pl.Trainer(max_steps=14, logger=pl.loggers.CSVLogger(str(tmp_path)), callbacks=[guard, cb],

@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from models import TinyLM
 
+import tscope_callbacks as ts
 from tscope_callbacks.analysis import nonfinite as nl
 from tscope_callbacks.analysis.grad_history import GradHistory, global_norm, layer_norms
 from tscope_callbacks.callbacks.nan_guard import NaNGuardCallback
@@ -259,10 +260,10 @@ def test_off_and_validated():
     assert not guard.grad_history.steps and not guard.spikes
     with pytest.raises(TypeError, match="grad_norms must be a bool"):
         NaNGuardCallback(grad_norms="yes")
-    with pytest.raises(ValueError, match="spike_factor must be >= 1"):
-        NaNGuardCallback(spike_factor=0.5)
-    with pytest.raises(ValueError, match="history must be >= 2"):
-        NaNGuardCallback(history=1)
+    with pytest.raises(ValueError, match="spike_factor must be a number >= 1"):
+        NaNGuardCallback(options=ts.NaNGuardOptions(spike_factor=0.5))
+    with pytest.raises(ValueError, match="history must be an int >= 2"):
+        NaNGuardCallback(options=ts.NaNGuardOptions(history=1))
 
 
 def test_steps_and_epochs_come_from_lightnings_trackers_also_after_a_resume(tmp_path):

@@ -26,7 +26,8 @@ def test_step_figures_are_neither_hyperparameters_nor_series():
 
 
 def test_a_fit_keeps_step_figures_out_of_hparams_and_writes_no_hp_metric(tmp_path: Path):
-    roof = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=1, every_n_steps=2, profile_steps=1)
+    roof = ts.RooflineCallback(gpu=test_spec(), start_step=1, every_n_steps=2, outputs=ts.RooflineOutputs(plot=False),
+                               capture=ts.CaptureOptions(steps=1))
     logger = _logger("tensorboard", str(tmp_path))  # the demo's logger
     trainer = pl.Trainer(max_steps=4, callbacks=[roof], logger=logger, **FAST)
     trainer.fit(DemoLM(d_model=32, n_layer=1), datamodule=RandomTokenData(batch_size=4, num_samples=64))

@@ -27,7 +27,7 @@ def _fit(tmp_path: Path, callbacks: list, *, max_steps: int = 5, **kw: Any) -> p
 
 
 def test_tensorboard_table_scalars_and_inspector_gadgets_json(tmp_path: Path) -> None:
-    cb = ts.LayerProfilerCallback(depth=3, top_k=3, **SCHED)
+    cb = ts.LayerProfilerCallback(depth=3, **SCHED, outputs=ts.LayerOutputs(top_k=3))
     trainer = _fit(tmp_path, [LeakCheck(), cb], logger=TensorBoardLogger(tmp_path, name="tb"))
     assert_clean(trainer.lightning_module, trainer.optimizers)
     layers = cb.last_layers
@@ -58,8 +58,9 @@ def test_tensorboard_table_scalars_and_inspector_gadgets_json(tmp_path: Path) ->
 
 
 def test_shares_the_capture_with_roofline_and_prints(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    roof = ts.RooflineCallback(gpu=test_spec(), plot=False, **SCHED)
-    lay = ts.LayerProfilerCallback(paths=["model.blocks.?"], verbose=True, save_json=False, **SCHED)
+    roof = ts.RooflineCallback(gpu=test_spec(), **SCHED, outputs=ts.RooflineOutputs(plot=False))
+    lay = ts.LayerProfilerCallback(paths=["model.blocks.?"], **SCHED,
+                                   outputs=ts.LayerOutputs(verbose=True, save_json=False))
     _fit(tmp_path, [lay, roof], max_steps=4)
     assert [h["step"] for h in roof.history] == [1, 3]
     assert roof.last_profile.layers is not lay.last_layers
@@ -73,7 +74,7 @@ def test_shares_the_capture_with_roofline_and_prints(tmp_path: Path, capsys: pyt
 def test_csv_and_no_logger_files(tmp_path: Path) -> None:
     from lightning.pytorch.loggers import CSVLogger
 
-    cb = ts.LayerProfilerCallback(depth=2, top_k=2, start_step=1, every_n_steps=10)
+    cb = ts.LayerProfilerCallback(depth=2, start_step=1, every_n_steps=10, outputs=ts.LayerOutputs(top_k=2))
     trainer = _fit(tmp_path, [cb], max_steps=2, logger=CSVLogger(tmp_path, name="csv"))
     d = Path(trainer.logger.log_dir)
     header = (d / "metrics.csv").read_text().splitlines()[0]
@@ -128,7 +129,7 @@ def test_invalid_arguments() -> None:
     with pytest.raises(TypeError, match="paths"):
         ts.LayerProfilerCallback(paths=[])
     with pytest.raises(ValueError, match="top_k"):
-        ts.LayerProfilerCallback(top_k=-3)
+        ts.LayerProfilerCallback(outputs=ts.LayerOutputs(top_k=-3))
     with pytest.raises(TypeError, match="check_finite"):
         ts.LayerProfilerCallback(check_finite="no")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="start_step"):

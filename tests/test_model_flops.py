@@ -17,8 +17,10 @@ from tscope_callbacks.records import model_flops
 
 
 def test_full_square_attention_reaches_the_report_and_the_windows(tmp_path: Path) -> None:
-    cb = ts.RooflineCallback(gpu=test_spec(), attention_flops="full", profile_steps=1, wait_for_warmup=False,
-                             start_step=1, every_n_steps=100, plot=False, save_json=False)
+    cb = ts.RooflineCallback(gpu=test_spec(), start_step=1, every_n_steps=100,
+                             mfu=ts.MFUOptions(attention_flops="full"),
+                             capture=ts.CaptureOptions(steps=1, wait_for_warmup=False),
+                             outputs=ts.RooflineOutputs(plot=False, save_json=False))
     trainer = pl.Trainer(max_steps=6, default_root_dir=tmp_path, callbacks=[cb], logger=False, **FAST)
     trainer.fit(TinyLM())
     rep, prof = cb.last_report, cb.last_profile

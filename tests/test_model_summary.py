@@ -72,7 +72,7 @@ def _tb_hparams(log_dir: str) -> dict[str, object]:
 
 
 def test_callback_logs_the_model_once(tmp_path: Path):
-    roof = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=1, every_n_steps=2)
+    roof = ts.RooflineCallback(gpu=test_spec(), start_step=1, every_n_steps=2, outputs=ts.RooflineOutputs(plot=False))
     lay = ts.LayerProfilerCallback(start_step=1, every_n_steps=2)
     trainer = pl.Trainer(max_steps=5, default_root_dir=tmp_path, callbacks=[roof, lay],
                          logger=pl.loggers.TensorBoardLogger(tmp_path, name="tb"), **FAST)

@@ -139,8 +139,9 @@ def _callbacks() -> list[pl.Callback]:
     # (min_rise=100: no slow-steps trigger, whose timing is the machine's; the loss spike is deterministic)
     mon = ts.StepMonitor(MonitorOptions(min_steps=8, recent_steps=4, window=16, confirm_steps=2, min_gap_steps=1,
                                         min_rise=100.0), telemetry=False)
-    roof = ts.RooflineCallback(gpu=test_spec(), start_step=3, every_n_steps=None, profile_steps=1,
-                               wait_for_warmup=False, plot=False, save_json=False, monitor=mon)
+    roof = ts.RooflineCallback(gpu=test_spec(), start_step=3, every_n_steps=None, monitor=mon,
+                               capture=ts.CaptureOptions(steps=1, wait_for_warmup=False),
+                               outputs=ts.RooflineOutputs(plot=False, save_json=False))
     return [roof]
 
 

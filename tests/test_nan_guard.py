@@ -68,7 +68,7 @@ def test_exports_and_config_validation():
     with pytest.raises(TypeError, match="locate must be a bool"):
         NaNGuardCallback(locate="yes")
     with pytest.raises(ValueError, match="alert_every_s"):
-        NaNGuardCallback(alert_every_s=-1)
+        NaNGuardCallback(options=ts.NaNGuardOptions(alert_every_s=-1))
     with pytest.raises(TypeError):
         NaNGuardCallback("warn")  # keyword-only
 
@@ -350,7 +350,7 @@ def test_skip_keeps_weights_bit_identical(optimizer):
 def test_skip_stops_after_max_skips():
     model = TinyLM()
     inject_gradient(model, steps=range(2, 100))
-    guard = NaNGuardCallback(action="skip", max_skips=3)
+    guard = NaNGuardCallback(action="skip", options=ts.NaNGuardOptions(max_skips=3))
     trainer = make_trainer(guard, max_steps=20)
     trainer.fit(model)
     assert guard.skipped_steps == 3 and trainer.global_step == 5  # steps 2, 3, 4 skipped, then stop
@@ -387,7 +387,7 @@ def test_warn_continues():
 def test_rate_limited_alerts_in_a_streak(caplog):
     model = TinyLM()
     inject_gradient(model, steps=range(2, 22))  # a streak of 20 bad steps
-    guard = NaNGuardCallback(action="skip", max_skips=100)
+    guard = NaNGuardCallback(action="skip", options=ts.NaNGuardOptions(max_skips=100))
     trainer = make_trainer(guard, max_steps=24)
     trainer.fit(model)
     assert trainer.global_step == 24 and guard.skipped_steps == 20
@@ -458,7 +458,7 @@ def test_amp_overflow_is_the_scalers_business_until_the_scale_collapses():
     model = TinyLM()
     w = model.model.blocks[0].mlp.fc.weight
     w.register_hook(lambda g: g * float("inf") if model.trainer.global_step in (1, 3, 4, 5, 6, 7) else g)
-    guard = NaNGuardCallback(action="stop", amp_max_overflows=4)
+    guard = NaNGuardCallback(action="stop", options=ts.NaNGuardOptions(amp_max_overflows=4))
     trainer = make_trainer(guard, max_steps=12, plugins=[amp_plugin()])
     trainer.fit(model)
     # step 1: a lone overflow; steps 3..6: 4 in a row -> collapse reported at step 6
@@ -490,7 +490,8 @@ def test_nan_guard_yaml(monkeypatch, tmp_path):
                              f"--trainer.default_root_dir={tmp_path}"])
     (guard,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, NaNGuardCallback)]
     assert (guard.action, guard.every_n_steps, guard.locate, guard.check_params) == ("stop", 1, True, False)
-    assert (guard.max_skips, guard.alert_every_s, guard.alert_every_n, guard.amp_min_scale) == (10, 300.0, 100, 1e-4)
+    o = guard.options
+    assert (o.max_skips, o.alert_every_s, o.alert_every_n, o.amp_min_scale, o.amp_max_overflows) == (10, 300.0, 100, 1e-4, 16)
 
 
 def test_origin_in_hf_gpt2_names_the_injecting_multiply_not_an_allocation():

@@ -87,8 +87,8 @@ def test_card_layer_bars_size_and_fonts():
 
 
 def test_tensorboard_logs_the_card_images(tmp_path: Path):
-    roof = ts.RooflineCallback(gpu=test_spec(), start_step=1, every_n_steps=10, profile_steps=1,
-                               wait_for_warmup=False)
+    roof = ts.RooflineCallback(gpu=test_spec(), start_step=1, every_n_steps=10,
+                               capture=ts.CaptureOptions(steps=1, wait_for_warmup=False))
     lay = ts.LayerProfilerCallback(start_step=1, every_n_steps=10)
     trainer = pl.Trainer(max_steps=2, default_root_dir=tmp_path, callbacks=[roof, lay],
                          logger=pl.loggers.TensorBoardLogger(tmp_path, name="tb"), **FAST)
@@ -104,8 +104,8 @@ def test_tensorboard_logs_the_card_images(tmp_path: Path):
 def test_csv_logger_writes_the_card_png(tmp_path: Path):
     import struct
 
-    roof = ts.RooflineCallback(gpu=test_spec(), start_step=1, every_n_steps=10, profile_steps=1,
-                               wait_for_warmup=False)
+    roof = ts.RooflineCallback(gpu=test_spec(), start_step=1, every_n_steps=10,
+                               capture=ts.CaptureOptions(steps=1, wait_for_warmup=False))
     trainer = pl.Trainer(max_steps=2, default_root_dir=tmp_path, callbacks=[roof],
                          logger=pl.loggers.CSVLogger(tmp_path, name="csv"), **FAST)
     trainer.fit(TinyLM())

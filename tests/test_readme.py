@@ -48,7 +48,7 @@ def test_the_readme_fit_profiles_the_steps_its_comment_names() -> None:
     max_steps = int(re.search(r"max_steps=(\d+)", block)[1])
     start = int(re.search(r"RooflineCallback\([^)]*start_step=(\d+)", block)[1])
     cb = ts.RooflineCallback(gpu="h100", start_step=start)
-    window = [s for s in range(start, start + cb.profile_steps) if s < max_steps]  # global steps 0..max_steps-1
+    window = [s for s in range(start, start + cb.capture.steps) if s < max_steps]  # global steps 0..max_steps-1
     assert named == window == [10, 11, 12]
     after = (Path(__file__).resolve().parents[1] / "README.md").read_text().split(block, 1)[1][:600]
     assert "log_every_n_steps" in after and "default 50" in after  # when the automatic MFU is logged

@@ -261,7 +261,7 @@ def fit_with(tmp_path, monkeypatch, callbacks_of):
 
 
 def test_callbacks_replay_later_profiles_of_the_same_shapes(fake, monkeypatch, tmp_path):
-    opts = {"gpu": "h100", "every_n_steps": 2, "start_step": 0, "plot": False, "save_json": False}
+    opts = {"gpu": "h100", "every_n_steps": 2, "start_step": 0, "outputs": ts.RooflineOutputs(plot=False, save_json=False)}
     seen = fit_with(tmp_path, monkeypatch, lambda Record: [Record(**opts)])
     assert seen[0].info.replay is None  # the first profile is a full capture
     for r in seen[1:]:
@@ -271,10 +271,11 @@ def test_callbacks_replay_later_profiles_of_the_same_shapes(fake, monkeypatch, t
 
 
 def test_callbacks_profile_in_full_when_asked_or_when_values_are_checked(fake, monkeypatch, tmp_path):
-    opts = {"gpu": "h100", "every_n_steps": 2, "start_step": 0, "plot": False, "save_json": False}
-    seen = fit_with(tmp_path, monkeypatch, lambda Record: [Record(replay=False, **opts)])
+    opts = {"gpu": "h100", "every_n_steps": 2, "start_step": 0, "outputs": ts.RooflineOutputs(plot=False, save_json=False)}
+    seen = fit_with(tmp_path, monkeypatch, lambda Record: [Record(capture=ts.CaptureOptions(replay=False), **opts)])
     assert not any(r.info.replay is not None for r in seen)
-    layers = ts.LayerProfilerCallback(every_n_steps=2, start_step=0, save_json=False, plot=False)  # check_finite
+    layers = ts.LayerProfilerCallback(every_n_steps=2, start_step=0,
+                                      outputs=ts.LayerOutputs(save_json=False, plot=False))  # check_finite
     seen = fit_with(tmp_path / "2", monkeypatch, lambda Record: [Record(**opts), layers])
     # the steps the value-checking callback shares are full captures; the roofline's own later steps of a k-step
     # series (reason "repeat", no value check) may replay

@@ -23,7 +23,7 @@ from tests.scripted_host import ScriptedHost, StepCost
 
 KEYS = ["mfu", "mbu", "achieved_tflops", "measured_step_ms", "estimated_step_ms", "compute_bound_time_frac",
         "memory_bound_time_frac", "flop_coverage"]
-EXACT = dict(profile_steps=1, wait_for_warmup=False)  #: profile exactly the scheduled steps, one step each
+EXACT = dict(capture=ts.CaptureOptions(steps=1, wait_for_warmup=False))  #: exactly the scheduled steps, one step each
 SCHED = dict(start_step=1, every_n_steps=3, **EXACT)
 
 
@@ -37,7 +37,7 @@ def _fit(tmp_path: Path, callbacks: list, *, max_steps: int = 8, model: pl.Light
 
 def test_tensorboard_outputs_schedule_and_auto_mfu(tmp_path: Path) -> None:
     leak = LeakCheck()
-    cb = ts.RooflineCallback(gpu=test_spec(), top=5, **SCHED)
+    cb = ts.RooflineCallback(gpu=test_spec(), **SCHED, outputs=ts.RooflineOutputs(top=5))
     trainer = _fit(tmp_path, [leak, cb], logger=TensorBoardLogger(tmp_path, name="tb"))
     assert [h["step"] for h in cb.history] == [1, 3, 6]
     assert leak.checked == 8
@@ -71,7 +71,8 @@ def test_tensorboard_outputs_schedule_and_auto_mfu(tmp_path: Path) -> None:
 
 
 def test_accumulation_covers_both_micro_batches_and_the_optimizer(tmp_path: Path) -> None:
-    cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), plot=False, start_step=1, every_n_steps=10)
+    cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), start_step=1, every_n_steps=10,
+                             outputs=ts.RooflineOutputs(plot=False))
     _fit(tmp_path, [cb], max_steps=3, accumulate_grad_batches=2, model=TinyLM(optimizer="adamw"))
     assert [h["step"] for h in cb.history] == [1]
     prof = cb.last_profile
@@ -95,7 +96,8 @@ class _SubmoduleLM(TinyLM):
 
 
 def test_throughput_from_the_batch_when_the_module_itself_is_never_called(tmp_path: Path) -> None:
-    cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), plot=False, start_step=1, every_n_steps=10)
+    cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), start_step=1, every_n_steps=10,
+                             outputs=ts.RooflineOutputs(plot=False))
     layers = ts.LayerProfilerCallback(start_step=1, every_n_steps=10)  # layer details: the saved activations
     _fit(tmp_path, [cb, layers], max_steps=4, accumulate_grad_batches=2, model=_SubmoduleLM())
     prof, rep = cb.last_profile, cb.last_report
@@ -127,7 +129,8 @@ class _ManualLM(TinyLM):
 
 
 def test_manual_optimization_profiles_the_whole_training_step(tmp_path: Path) -> None:
-    cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), plot=False, start_step=1, every_n_steps=10)
+    cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), start_step=1, every_n_steps=10,
+                             outputs=ts.RooflineOutputs(plot=False))
     trainer = _fit(tmp_path, [LeakCheck(), cb], max_steps=3, model=_ManualLM())
     assert [h["step"] for h in cb.history] == [1]
     assert {"forward", "backward", "optimizer"} <= {r.phase for r in cb.last_profile.ops}
@@ -144,7 +147,7 @@ def test_start_beyond_max_steps_profiles_nothing(tmp_path: Path) -> None:
 
 
 def test_state_dict_resume_continues_the_schedule(tmp_path: Path) -> None:
-    kw = dict(gpu=test_spec(), plot=False, max_profiles=3, **SCHED)
+    kw = dict(gpu=test_spec(), outputs=ts.RooflineOutputs(plot=False), max_profiles=3, **SCHED)
     first = ts.RooflineCallback(**kw)
     trainer = _fit(tmp_path, [first], max_steps=4)
     assert [h["step"] for h in first.history] == [1, 3]
@@ -202,7 +205,7 @@ def test_named_unknown_device_is_an_error_at_construction() -> None:
 
 
 def test_csv_logger_metrics_contain_the_keys(tmp_path: Path) -> None:
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, **SCHED)
+    cb = ts.RooflineCallback(gpu=test_spec(), **SCHED, outputs=ts.RooflineOutputs(plot=False))
     trainer = _fit(tmp_path, [cb], max_steps=3, logger=CSVLogger(tmp_path, name="csv"))
     header = (Path(trainer.logger.log_dir) / "metrics.csv").read_text().splitlines()[0].split(",")
     for k in KEYS:
@@ -249,7 +252,8 @@ def _shape_loader(n_long: int, n_short: int) -> DataLoader:
 
 
 def test_auto_mfu_recounts_when_the_batch_shape_changes(tmp_path: Path) -> None:
-    cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), plot=False, save_json=False, start_step=1, every_n_steps=100)
+    cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), start_step=1, every_n_steps=100,
+                             outputs=ts.RooflineOutputs(plot=False, save_json=False))
     model = TinyLM()
     model.train_dataloader = lambda: _shape_loader(4, 6)  # type: ignore[method-assign]
     _fit(tmp_path, [cb], max_steps=10, model=model)
@@ -288,7 +292,8 @@ def test_memory_stays_flat_over_many_profiles(tmp_path: Path) -> None:
             return sum(isinstance(o, OpRecord) for o in gc.get_objects())
 
     before = live_records()  # other tests may keep records alive
-    cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), plot=False, save_json=False, history=8, start_step=0, every_n_steps=1)
+    cb = ts.RooflineCallback(**EXACT, gpu=test_spec(), start_step=0, every_n_steps=1,
+                             outputs=ts.RooflineOutputs(plot=False, save_json=False, history=8))
     _fit(tmp_path, [cb], max_steps=50, model=_LinearLM())
     assert cb.schedules["train"].taken == 50 and len(cb.history) == 8
     held = live_records() - before
@@ -301,13 +306,13 @@ def test_invalid_arguments() -> None:
     with pytest.raises(TypeError, match="gpu"):
         ts.RooflineCallback(gpu=3)
     with pytest.raises(ValueError, match="top"):
-        ts.RooflineCallback(top=0)
+        ts.RooflineCallback(outputs=ts.RooflineOutputs(top=0))
     with pytest.raises(TypeError, match="plot"):
-        ts.RooflineCallback(plot="yes")
+        ts.RooflineCallback(outputs=ts.RooflineOutputs(plot="yes"))
     with pytest.raises(ValueError, match="stage"):
         ts.RooflineCallback(stages=["eval"])
     with pytest.raises(ValueError, match="precision|fp"):
-        ts.RooflineCallback(precision="fp7")
+        ts.RooflineCallback(what_if=ts.WhatIf(precision="fp7"))
     with pytest.raises(TypeError):
         ts.RooflineCallback("auto", None, 20)  # type: ignore[misc]  # schedule/top are keyword-only
 
@@ -320,7 +325,8 @@ def test_validation_stage_profiles_forward_only(tmp_path: Path) -> None:
         def val_dataloader(self) -> Any:
             return token_dataloader(TINY_CFG, n_batches=3)
 
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, stages=("validation",), start_step=1, every_n_steps=10)
+    cb = ts.RooflineCallback(gpu=test_spec(), stages=("validation",), start_step=1, every_n_steps=10,
+                             outputs=ts.RooflineOutputs(plot=False))
     _fit(tmp_path, [LeakCheck(), cb], max_steps=4, model=ValLM(), val_check_interval=2, limit_val_batches=3)
     assert [(h["stage"], h["step"]) for h in cb.history] == [("validation", 1), ("validation", 1)]
     assert {r.phase for r in cb.last_profile.ops} == {"forward"}
@@ -336,7 +342,8 @@ def test_test_and_predict_stages_by_batch_index(tmp_path: Path) -> None:
         def predict_step(self, batch: Any, batch_idx: int) -> Any:
             return self(batch[0])
 
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, stages=("test", "predict"), start_step=0, every_n_steps=2)
+    cb = ts.RooflineCallback(gpu=test_spec(), stages=("test", "predict"), start_step=0, every_n_steps=2,
+                             outputs=ts.RooflineOutputs(plot=False))
     model = EvalLM()
     trainer = pl.Trainer(default_root_dir=tmp_path, callbacks=[cb], logger=False, **FAST)
     trainer.test(model, dataloaders=token_dataloader(TINY_CFG, n_batches=5), verbose=False)
@@ -354,12 +361,12 @@ def test_fsdp_whatif_option_adds_the_section_and_scalars(tmp_path: Path) -> None
 
     from tscope_callbacks.analysis.fsdp import fsdp_whatif
 
-    with pytest.raises(ValueError, match="fsdp_whatif must be a number of GPUs >= 2"):
-        ts.RooflineCallback(gpu=test_spec(), fsdp_whatif=1)
+    with pytest.raises(ValueError, match="WhatIf.fsdp_gpus must be an int >= 2"):
+        ts.RooflineCallback(gpu=test_spec(), what_if=ts.WhatIf(fsdp_gpus=1))
     # a 600 GB/s (bidirectional) link, so the what-if also times the step (test_spec has none)
 
     spec = dataclasses.replace(test_spec(), interconnect={"nvlink": 6e11})
-    cb = ts.RooflineCallback(gpu=spec, plot=False, fsdp_whatif=4, **SCHED)
+    cb = ts.RooflineCallback(gpu=spec, **SCHED, outputs=ts.RooflineOutputs(plot=False), what_if=ts.WhatIf(fsdp_gpus=4))
     model = TinyLM()
     trainer = _fit(tmp_path, [cb], max_steps=3, model=model, logger=CSVLogger(tmp_path, name="csv"))
     w = cb.last_report.fsdp_whatif
@@ -394,7 +401,8 @@ def test_the_step_a_report_is_written_in_is_no_mfu_window(tmp_path: Path, monkey
         return original(self, trainer, pl_module, result, ctx)
 
     monkeypatch.setattr(roofline_cb.RooflineCallback, "_analyse", slow_analyse)
-    cb = ts.RooflineCallback(gpu=test_spec(), start_step=3, every_n_steps=12, profile_steps=3, wait_for_warmup=False)
+    cb = ts.RooflineCallback(gpu=test_spec(), start_step=3, every_n_steps=12,
+                             capture=ts.CaptureOptions(steps=3, wait_for_warmup=False))
     _fit(tmp_path, [cb, StepCost(host, 0.005)], max_steps=32, logger=CSVLogger(tmp_path, name="csv"),
          log_every_n_steps=1)
     # the series of steps 3-5 and 15-17, each written steps later (not in its own steps); the automatic MFU runs from

@@ -22,7 +22,7 @@ from tscope_callbacks.callbacks.session import ProfileContext
 from tscope_callbacks.callbacks.sinks import Sink
 from tscope_callbacks.capture.faults import Faults
 
-SCHED = dict(start_step=1, every_n_steps=3, profile_steps=1, wait_for_warmup=False)
+SCHED = dict(start_step=1, every_n_steps=3, capture=ts.CaptureOptions(steps=1, wait_for_warmup=False))
 
 
 class _Recorder(Sink):
@@ -59,7 +59,7 @@ def _fit(tmp_path: Path, cb: ts.RooflineCallback, **kw: Any) -> pl.Trainer:
 
 
 def test_the_step_file_holds_the_step_report_and_every_output_is_a_function_of_it(tmp_path: Path) -> None:
-    cb = ts.RooflineCallback(gpu=test_spec(), top=5, **SCHED)
+    cb = ts.RooflineCallback(gpu=test_spec(), **SCHED, outputs=ts.RooflineOutputs(top=5))
     trainer = _fit(tmp_path, cb, max_steps=4, logger=TensorBoardLogger(tmp_path, name="tb"))
     path = Path(trainer.logger.log_dir) / "tscope" / "step_3.json"
     saved = json.loads(path.read_text())
@@ -117,7 +117,8 @@ def test_a_failing_fsdp_whatif_is_said_once_and_the_step_is_still_written(tmp_pa
         raise RuntimeError("cannot shard this")
 
     monkeypatch.setattr(fsdp, "fsdp_whatif", broken)
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, fsdp_whatif=4, **SCHED)
+    cb = ts.RooflineCallback(gpu=test_spec(), **SCHED, outputs=ts.RooflineOutputs(plot=False),
+                             what_if=ts.WhatIf(fsdp_gpus=4))
     with caplog.at_level(logging.WARNING, logger="tscope_callbacks"):
         _fit(tmp_path, cb, max_steps=5)
     said = [r.getMessage() for r in caplog.records if "cannot shard this" in r.getMessage()]

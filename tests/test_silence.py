@@ -17,7 +17,7 @@ def _fit(tmp_path, cb, **kw):
 
 
 def test_run_shorter_than_start_step(tmp_path):
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False)  # start_step=10
+    cb = ts.RooflineCallback(gpu=test_spec(), outputs=ts.RooflineOutputs(plot=False))  # start_step=10
     with pytest.warns(UserWarning, match=r"ended at step 4, before the first profile \(start_step=10\)"):
         _fit(tmp_path, cb, max_steps=4)
     assert not cb.history
@@ -30,7 +30,8 @@ def test_fast_dev_run(tmp_path):
 
 
 def test_standalone_validate_with_default_stages(tmp_path):
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=1, every_n_steps=1, max_profiles=1)
+    cb = ts.RooflineCallback(gpu=test_spec(), start_step=1, every_n_steps=1, max_profiles=1,
+                             outputs=ts.RooflineOutputs(plot=False))
     trainer = pl.Trainer(default_root_dir=tmp_path, logger=False, callbacks=[cb], **FAST, limit_val_batches=2)
     class WithVal(TinyLM):
         def validation_step(self, batch, batch_idx):
@@ -58,7 +59,8 @@ def _told(recwarn) -> list[str]:
 
 def test_validation_stage_on_a_fit_without_validation_says_why_once(tmp_path, recwarn):
     # stages=("validation",) and a fit with no val_dataloader: nothing can be profiled; it says so, once
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=5, stages=("validation",))
+    cb = ts.RooflineCallback(gpu=test_spec(), start_step=5, stages=("validation",),
+                             outputs=ts.RooflineOutputs(plot=False))
     _fit(tmp_path, cb, max_steps=6)
     told = _told(recwarn)
     assert len(told) == 1 and "stages includes 'validation', but no validation batch ran" in told[0], told

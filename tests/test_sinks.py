@@ -246,8 +246,8 @@ def test_an_unwritable_log_dir_names_the_lost_files_and_the_directory(tmp_path, 
 
     root = tmp_path / "not_a_dir"
     root.write_text("a file where the run's directory should be\n")
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=2, every_n_steps=3, profile_steps=1,
-                             wait_for_warmup=False)
+    cb = ts.RooflineCallback(gpu=test_spec(), start_step=2, every_n_steps=3, outputs=ts.RooflineOutputs(plot=False),
+                             capture=ts.CaptureOptions(steps=1, wait_for_warmup=False))
     trainer = pl.Trainer(max_steps=9, default_root_dir=str(root), logger=False, callbacks=[cb], **FAST)
     with caplog.at_level(logging.INFO, logger="tscope_callbacks"):
         trainer.fit(TinyLM())

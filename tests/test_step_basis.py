@@ -68,7 +68,7 @@ class Scripted(TinyLM):
 def test_mfu_basis_is_the_median_of_the_unprofiled_steps_around_each_profile(tmp_path, host):
     # on the scripted host each step takes _cost(step): the basis is checked against the durations the test spent
     # (the wall clock of a busy machine read 11% apart on the same steps)
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=5, every_n_steps=10)
+    cb = ts.RooflineCallback(gpu=test_spec(), start_step=5, every_n_steps=10, outputs=ts.RooflineOutputs(plot=False))
     _, saved = _fit(tmp_path, cb, Scripted(), max_steps=45)
     assert len(saved) >= 2  # the first waits for warm-up (up to 16 steps), then 10-step spacing
     profiled = {s for d in saved for s in d["profile"]["info"]["merged_steps"]}
@@ -90,7 +90,7 @@ def test_mfu_basis_is_the_median_of_the_unprofiled_steps_around_each_profile(tmp
 
 def test_the_first_profile_waits_for_warmed_up_steps_and_says_so(tmp_path, host):
     # steps 0-3 take 30 ms, then 5 ms: a basis from them would put MFU several times too low
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=2, every_n_steps=100)
+    cb = ts.RooflineCallback(gpu=test_spec(), start_step=2, every_n_steps=100, outputs=ts.RooflineOutputs(plot=False))
     _, saved = _fit(tmp_path, cb, SlowStart(slow=4), max_steps=26)
     meta = saved[0]["profile"]["info"]
     # 5 fast unprofiled steps agree (4-8) and settle the clock: the profile at step 9, its basis from step 4 on
@@ -101,7 +101,8 @@ def test_the_first_profile_waits_for_warmed_up_steps_and_says_so(tmp_path, host)
 
 
 def test_k_steps_are_merged_and_a_short_run_still_reports(tmp_path):
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=3, every_n_steps=100, wait_for_warmup=False)
+    cb = ts.RooflineCallback(gpu=test_spec(), start_step=3, every_n_steps=100, outputs=ts.RooflineOutputs(plot=False),
+                             capture=ts.CaptureOptions(wait_for_warmup=False))
     _, saved = _fit(tmp_path, cb, max_steps=5)  # steps 3, 4: the end of training cuts the series at 2
     (d,) = saved
     assert d["profile"]["info"]["merged_steps"] == [3, 4] and d["profile"]["info"]["step"] == 3
@@ -148,7 +149,8 @@ def test_a_deferred_first_profile_is_not_cut_by_the_next_scheduled_one(tmp_path,
         return self.settled_from is not None
 
     monkeypatch.setattr(StepClock, "settle", settle)
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=5, every_n_steps=10, monitor=False)
+    cb = ts.RooflineCallback(gpu=test_spec(), start_step=5, every_n_steps=10, monitor=None,
+                             outputs=ts.RooflineOutputs(plot=False))
     _, saved = _fit(tmp_path, cb, max_steps=45)
     first = saved[0]["profile"]["info"]
     assert first["deferred_from"] == 5 and first["merged_steps"] == [8, 9, 10]
@@ -168,7 +170,8 @@ def test_the_step_monitors_layer_timing_steps_are_no_step_time_basis(tmp_path, m
     start = module_clock.ModuleClock.start
     monkeypatch.setattr(module_clock.ModuleClock, "start",
                         lambda self: (ran.append(self.model.trainer.global_step), start(self))[1])
-    cb = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=5, every_n_steps=20, wait_for_warmup=False)
+    cb = ts.RooflineCallback(gpu=test_spec(), start_step=5, every_n_steps=20, outputs=ts.RooflineOutputs(plot=False),
+                             capture=ts.CaptureOptions(wait_for_warmup=False))
     _, saved = _fit(tmp_path, cb, SlowStart(slow=0), max_steps=30)
     assert len(ran) == 3 and min(ran) >= 5 + 3 + 5 and max(ran) < 20  # after the series' basis, before the next
     stamps = {s: dirty for s, _, dirty, _ in cb._clock._stamps}

@@ -218,8 +218,9 @@ def test_breakdown_keys_and_input_bound_from_a_sleeping_loader(tmp_path, caplog)
     mon = StepMonitor()
     roof = ts.RooflineCallback(gpu=ts.DeviceSpec(name="test-cpu", flops={"fp32": 1e11}, bandwidth=2e10,
                                                  source="tests", measured=True, vendor="cpu"),
-                               start_step=30, every_n_steps=None, profile_steps=1, wait_for_warmup=False,
-                               plot=False, save_json=False)
+                               start_step=30, every_n_steps=None,
+                               capture=ts.CaptureOptions(steps=1, wait_for_warmup=False),
+                               outputs=ts.RooflineOutputs(plot=False, save_json=False))
     with caplog.at_level(logging.WARNING, logger="tscope_callbacks"):
         # each sample sleeps 1 ms: 16 ms of fetch per batch against a ~1-3 ms step
         _fit(_Net(_Flags(), sleep_s=0.001), 34, mon, roof, logger=CSVLogger(str(tmp_path), name="run"))
@@ -493,7 +494,7 @@ def test_no_silence_warning_and_validate_keeps_the_fits_state(recwarn) -> None:
 def _roof(**kw) -> ts.RooflineCallback:
     spec = ts.DeviceSpec(name="test-cpu", flops={"fp32": 1e11}, bandwidth=2e10, source="tests", measured=True,
                          vendor="cpu")
-    return ts.RooflineCallback(gpu=spec, plot=False, save_json=False, **kw)
+    return ts.RooflineCallback(gpu=spec, **kw, outputs=ts.RooflineOutputs(plot=False, save_json=False))
 
 
 def test_on_by_default_inside_roofline_callback() -> None:
@@ -511,9 +512,9 @@ def test_on_by_default_inside_roofline_callback() -> None:
     mine = StepMonitor()  # a monitor the trainer already has is the one: not a second
     trainer = _fit(_Net(_Flags()), 3, mine, _roof())
     assert [c for c in trainer.callbacks if isinstance(c, StepMonitor)] == [mine]
-    trainer = _fit(_Net(_Flags()), 3, _roof(monitor=False))
+    trainer = _fit(_Net(_Flags()), 3, _roof(monitor=None))
     assert not [c for c in trainer.callbacks if isinstance(c, StepMonitor)]
-    with pytest.raises(TypeError, match="monitor must be True, False or a StepMonitor, got str"):
+    with pytest.raises(TypeError, match="monitor takes a tscope_callbacks.MonitorOptions .* got 'yes'"):
         _roof(monitor="yes")
 
 
@@ -674,7 +675,7 @@ def test_nothing_is_captured_before_start_step(monkeypatch) -> None:
     assert [(f.kind, f.name) for f in mon.alerts[0]["findings"]][0] == ("part", "forward")
     # the same fit with start_step=20: the baseline is the scheduled profile, the diagnosis profiles its step
     started.clear()
-    roof = _roof(start_step=20, every_n_steps=None, profile_steps=1, wait_for_warmup=False)
+    roof = _roof(start_step=20, every_n_steps=None, capture=ts.CaptureOptions(steps=1, wait_for_warmup=False))
     _fit(_Net(_Flags(), slow="layer"), SLOW_FROM + 25, roof)
     mon = roof.monitor
     assert mon.healthy is not None and mon.healthy.step == 20 and all(s >= 20 for s in mon.captures)

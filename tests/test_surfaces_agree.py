@@ -74,8 +74,9 @@ class TinyGPT2(pl.LightningModule):
 
 
 def _fit(tmp: Path, model: pl.LightningModule, data: Any = None) -> tuple[ts.RooflineCallback, Path, int]:
-    cb = ts.RooflineCallback(gpu=test_spec(), start_step=2, every_n_steps=1000, profile_steps=3,
-                             wait_for_warmup=False, top=1000, plot=False, auto_mfu=False, monitor=False)
+    cb = ts.RooflineCallback(gpu=test_spec(), start_step=2, every_n_steps=1000, monitor=None,
+                             capture=ts.CaptureOptions(steps=3, wait_for_warmup=False),
+                             outputs=ts.RooflineOutputs(top=1000, plot=False), mfu=ts.MFUOptions(automatic=False))
     trainer = pl.Trainer(max_steps=8, logger=TensorBoardLogger(tmp, name="tb"), callbacks=[cb], accelerator="cpu",
                          devices=1, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          log_every_n_steps=1, num_sanity_val_steps=0, default_root_dir=tmp)

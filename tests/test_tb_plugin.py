@@ -64,7 +64,8 @@ CHROMEDRIVER = os.environ.get("CHROMEDRIVER") or shutil.which("chromedriver") or
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("tbplugin")
-    roof = ts.RooflineCallback(gpu=test_spec(), start_step=1, every_n_steps=3, wait_for_warmup=False)
+    roof = ts.RooflineCallback(gpu=test_spec(), start_step=1, every_n_steps=3,
+                               capture=ts.CaptureOptions(wait_for_warmup=False))
     trainer = pl.Trainer(**{**FAST, "log_every_n_steps": 2}, max_steps=8, callbacks=[roof],
                          logger=TensorBoardLogger(str(root), name="demo"))
     trainer.fit(TinyLM(n_batches=10))

@@ -267,8 +267,8 @@ def test_config_errors_and_failures_never_break_training(monkeypatch, caplog):
 
 
 def test_inside_a_profiled_step_the_watch_ops_are_not_the_users():
-    roof = ts.LayerProfilerCallback(every_n_steps=None, start_step=2, check_finite=False, save_json=False,
-                                    plot=False)
+    roof = ts.LayerProfilerCallback(every_n_steps=None, start_step=2, check_finite=False,
+                                    outputs=ts.LayerOutputs(save_json=False, plot=False))
     seen = []
 
     class Grab(Callback):

@@ -20,6 +20,12 @@ _EXPORTS = {
     "WatchCallback": "callbacks.watch",
     "StepMonitor": "callbacks.monitor",
     "MonitorOptions": "callbacks.monitor",
+    "CaptureOptions": "callbacks.options",
+    "RooflineOutputs": "callbacks.options",
+    "MFUOptions": "callbacks.options",
+    "WhatIf": "callbacks.options",
+    "LayerOutputs": "callbacks.options",
+    "NaNGuardOptions": "callbacks.options",
     "NonFiniteEvent": "analysis.nonfinite",
     "NonFiniteError": "analysis.nonfinite",
     # any loop: profile a region, place it on the roofline

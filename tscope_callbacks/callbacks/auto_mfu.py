@@ -1,9 +1,8 @@
-"""The automatic MFU between profiles (``RooflineCallback(auto_mfu=True)``): the model FLOPs of each batch shape,
-learnt from the profiles, summed over the optimizer steps of a logging window and divided by the window's time
+"""The automatic MFU between profiles (``RooflineCallback(mfu=MFUOptions(automatic=True))``): the model FLOPs of each
+batch shape, learnt from the profiles, summed over the optimizer steps of a logging window and divided by the window's time
 (:class:`~tscope_callbacks.callbacks.clock.WindowTimer`: CUDA events read one window late, wall clock on CPU).
-
-:class:`AutoMFU` owns that state; it writes nowhere: :meth:`AutoMFU.windows` returns the scalars of the finished
-windows (bare keys) and the callback logs them."""
+:class:`AutoMFU` owns that state; it writes nowhere: :meth:`AutoMFU.windows` returns the scalars of the finished windows
+(bare keys) and the callback logs them."""
 
 from __future__ import annotations
 

@@ -132,7 +132,7 @@ class ProfilingCallback(GuardedCallback):
         compiled = "eager" if any(o.get("compiled") == "eager" for o in opts) else "auto"
         # count once, time later (CUDA): a training step of the batch shapes of an earlier full capture is timed from
         # kernel records alone with that capture's counts, unless a member checks values or opted out (the later
-        # steps of a k-step series too: RooflineCallback's ``profile_steps``)
+        # steps of a k-step series too: RooflineCallback's ``capture.steps``)
         key = (stage, sig, details, compiled)
         replayable = stage == "train" and not check and reason in ("schedule", "repeat") and all(o.get("replay", True) for o in opts)
         source = session.replay_source(trainer, key) if replayable else None

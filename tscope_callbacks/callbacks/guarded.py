@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from lightning.pytorch.callbacks import Callback
 
@@ -46,6 +46,16 @@ class GuardedCallback(Callback):
     #: exceptions raised on purpose, never swallowed
     _passthrough: tuple[type[BaseException], ...] = ()
     raise_errors: bool = False
+    #: keyword arguments the callback no longer takes -> what to write instead (``options.moved_arguments``)
+    _moved: ClassVar[dict[str, str]] = {}
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # a wrong keyword gets one line saying what to write, before ``__init__`` (and Python's own message) runs
+        if kwargs:
+            from tscope_callbacks.callbacks.options import moved_arguments
+
+            moved_arguments(cls, kwargs, cls._moved)
+        return super().__new__(cls)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -12,6 +12,7 @@ from typing_extensions import override
 from tscope_callbacks.analysis.layers import inspector_gadgets_json, layer_rows, select_layers, top_layers
 from tscope_callbacks.analysis.report import step_file_name
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
+from tscope_callbacks.callbacks.options import LayerOutputs, check_bool, check_option
 from tscope_callbacks.callbacks.sinks import metric_key
 from tscope_callbacks.capture.paths import Selection
 from tscope_callbacks.records import LayerRecord, StepProfile
@@ -32,13 +33,10 @@ class LayerProfilerCallback(ProfilingCallback):
         paths: module paths or fnmatch globs to report (others are aggregated into their nearest reported
             ancestor); None: all modules (up to ``depth``).
         depth: report modules at most this many path segments deep (``model.blocks.0`` is depth 3); None: all.
-        top_k: per-layer scalars (``forward_ms``, ``backward_ms``) for the ``top_k`` layers with the most FLOPs
-            (a set that stays the same from step to step and run to run, unlike one by noisy self time); with
-            ``paths``, for the selected layers instead. 0: none (the tables and the bars plot carry the layers).
         check_finite: flag non-finite outputs and gradients per layer.
-        save_json: write the InspectorGadgets-format JSON per profiled step.
-        verbose: ``print`` the table on rank zero (otherwise it goes to the ``tscope_callbacks`` logger at INFO).
-        plot: log ``tscope/layers/bars``: per-layer forward/backward self time and memory, largest first.
+        outputs: what each profiled step writes (:class:`~tscope_callbacks.LayerOutputs`: scalars for the
+            ``top_k`` layers by FLOPs (5), ``save_json``, the bars ``plot``, ``verbose`` printing). None: its
+            defaults. ``top_k=``, ``save_json=``, ``verbose=``, ``plot=`` given here raise one line saying so.
         every_n_steps, start_step, max_profiles, profile_first, stages, raise_errors: see
             :class:`~tscope_callbacks.callbacks.base.ProfilingCallback`.
 
@@ -57,23 +55,18 @@ class LayerProfilerCallback(ProfilingCallback):
     ``last_table`` (its rendered table).
     """
 
-    def __init__(self, paths: str | Sequence[str] | None = None, depth: int | None = None, *, top_k: int = 5,
-                 check_finite: bool = True, save_json: bool = True, verbose: bool = False, plot: bool = True,
-                 every_n_steps: int | None = 500, start_step: int = 10, max_profiles: int | None = None,
-                 profile_first: bool = True, stages: str | list[str] | tuple[str, ...] = ("train",),
-                 raise_errors: bool = False) -> None:
+    _moved = {k: f"outputs=ts.LayerOutputs({k}=...)" for k in ("top_k", "save_json", "verbose", "plot")}
+
+    def __init__(self, paths: str | Sequence[str] | None = None, depth: int | None = None, *,
+                 check_finite: bool = True, outputs: LayerOutputs | None = None, every_n_steps: int | None = 500,
+                 start_step: int = 10, max_profiles: int | None = None, profile_first: bool = True,
+                 stages: str | list[str] | tuple[str, ...] = ("train",), raise_errors: bool = False) -> None:
         super().__init__(every_n_steps=every_n_steps, start_step=start_step, max_profiles=max_profiles,
                          profile_first=profile_first, stages=stages, raise_errors=raise_errors)
         sel = Selection(paths, depth)  # validates both (the same rule as ts.profile(paths=, depth=))
-        paths = sel.paths
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-            raise ValueError(f"top_k must be an int >= 0, got {top_k!r}")
-        for name, val in (("check_finite", check_finite), ("save_json", save_json), ("verbose", verbose),
-                          ("plot", plot)):
-            if not isinstance(val, bool):
-                raise TypeError(f"{name} must be a bool, got {type(val).__name__}")
-        self.paths, self.depth, self.top_k = paths, depth, top_k
-        self.check_finite, self.save_json, self.verbose, self.plot = check_finite, save_json, verbose, plot
+        check_bool("LayerProfilerCallback", "check_finite", check_finite)
+        self.paths, self.depth, self.check_finite = sel.paths, depth, check_finite
+        self.outputs: LayerOutputs = check_option("LayerProfilerCallback", "outputs", outputs, LayerOutputs)
         self.last_layers: dict[str, LayerRecord] | None = None
         self.last_table: str | None = None
 
@@ -97,7 +90,7 @@ class LayerProfilerCallback(ProfilingCallback):
         self.last_layers, self.last_table = layers, table
         if not ctx.is_global_zero:
             return
-        if self.verbose:
+        if self.outputs.verbose:
             print(table)
         else:
             log.info("%s", table)
@@ -106,18 +99,18 @@ class LayerProfilerCallback(ProfilingCallback):
         # a markdown table (TensorBoard's text plugin cuts a wide code block off on the right; a table wraps)
         sinks.log_text(key("table"), render_tree_markdown(layers, root_name=model_name, title=title), log_step)
         scalars: dict[str, float] = {}
-        chosen = ([L for p, L in layers.items() if p] if self.paths else top_layers(layers, self.top_k))
+        chosen = ([L for p, L in layers.items() if p] if self.paths else top_layers(layers, self.outputs.top_k))
         for L in chosen:
             scalars[key(f"{L.path}/forward_ms")] = L.forward_s * 1e3
             scalars[key(f"{L.path}/backward_ms")] = L.backward_s * 1e3
         sinks.log_scalars(scalars, log_step)
         sinks.log_table(key("rows"), layer_rows(layers), log_step)
-        if self.plot:
+        if self.outputs.plot:
             try:
                 from tscope_callbacks.render.plot import card_layer_bars
 
                 sinks.log_figure(key("bars"), card_layer_bars(layers), log_step)  # sized for the image card
             except Exception as e:
                 self.faults.report("drawing the layer bars", e)
-        if self.save_json:
+        if self.outputs.save_json:
             sinks.write_json(step_file_name(ctx.step, ctx.stage, "layers"), inspector_gadgets_json(layers, model_name))

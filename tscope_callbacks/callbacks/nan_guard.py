@@ -22,19 +22,19 @@ A raised flag is **located** once per streak of bad steps by replaying ``trainin
 (:mod:`tscope_callbacks.analysis.locate`); read deferred with ``"stop"``/``"raise"`` the weights are unchanged since
 the bad step, so the replay is exact; with ``"skip"``/``"warn"`` a later update may have applied (the note says so).
 
-Actions: ``"warn"`` logs (the update is applied). ``"skip"`` drops the bad update, and stops after ``max_skips``
+Actions: ``"warn"`` logs (the update is applied). ``"skip"`` drops the bad update, and stops after ``options.max_skips``
 skipped steps in a row. ``"stop"`` (default) drops it too and sets ``trainer.should_stop`` (subject to
 ``min_steps``/``min_epochs``): a checkpoint written at the end holds the last finite weights. ``"raise"`` raises
 :class:`NonFiniteError` out of ``fit``. A ``check_params`` event comes after the update, which cannot be skipped:
 ``"skip"`` stops then.
 
 AMP: with a GradScaler (fp16) a step whose gradients overflow while the loss is finite is the scaler's business (it
-skips the step, halves the scale): no event unless the scale collapses (the next scale < ``amp_min_scale``, or
-``amp_max_overflows`` overflows in a row). ``bf16-mixed`` has no scaler: normal checks.
+skips the step, halves the scale): no event unless the scale collapses (the next scale < ``options.amp_min_scale``,
+or ``options.amp_max_overflows`` overflows in a row). ``bf16-mixed`` has no scaler: normal checks.
 
 Alerts (rank zero, through the sinks): ``logging`` warning on logger ``"tscope_callbacks"``, TensorBoard text
-``tscope/nan``, W&B ``run.alert``; the first event, then at most one per ``alert_every_s`` seconds or
-``alert_every_n`` events (saying how many were not alerted), and a summary at the end. Scalar ``tscope/nan/events``
+``tscope/nan``, W&B ``run.alert``; the first event, then at most one per ``options.alert_every_s`` seconds or
+``options.alert_every_n`` events (saying how many were not alerted), and a summary at the end. Scalar ``tscope/nan/events``
 (cumulative) at each event. Errors inside the callback are logged and never break training (only
 :class:`NonFiniteError`).
 """
@@ -54,6 +54,7 @@ from tscope_callbacks.analysis.grad_history import GradHistory, spike_text, step
 from tscope_callbacks.analysis.nonfinite import NonFiniteError, NonFiniteEvent
 from tscope_callbacks.callbacks import nan_steps
 from tscope_callbacks.callbacks.guarded import GuardedCallback
+from tscope_callbacks.callbacks.options import NaNGuardOptions, check_option
 from tscope_callbacks.callbacks.session import sinks_for
 from tscope_callbacks.callbacks.sinks import METRIC_ROOT, NULL_SINK, metric_key
 from tscope_callbacks.capture import active as _active
@@ -84,11 +85,6 @@ class NaNGuardCallback(GuardedCallback):
         check_loss: include the loss(es) from ``on_before_backward`` in the check.
         check_params: also check the parameters after each checked update (one more reduction per step).
         locate: replay the first bad step of each streak to name the layer (costs nothing on healthy steps).
-        max_skips: with action "skip", stop after this many skipped steps in a row.
-        alert_every_s, alert_every_n: after the first alert, at most one summary alert per this many seconds or
-            this many events.
-        amp_min_scale, amp_max_overflows: GradScaler collapse thresholds (see module docstring).
-        max_events: how many events ``events`` keeps (the first ones); ``num_events`` counts all.
         sync: None (default): flags are read without a host sync on a GPU (``lag`` steps late, bad updates masked on
             the device), immediately on CPU; True: read at each checked step (one host sync per step); False: deferred
             everywhere.
@@ -98,9 +94,10 @@ class NaNGuardCallback(GuardedCallback):
             history with the step's loss (read with the norms) and learning rate, and a non-finite event says how
             they moved before it (``event.trend``) and whether it built up or came suddenly (``event.onset``). Off
             with a GradScaler (scaled gradients).
-        spike_factor: alert when a healthy step's global norm exceeds this many times the median of the checked
-            steps before it (at least 10 of them; None: no spike alerts). Alerts only; ``spikes`` keeps them.
-        history: how many checked steps the norms' history keeps.
+        options: thresholds and limits (:class:`~tscope_callbacks.NaNGuardOptions`: ``max_skips`` with action
+            "skip", alert rate ``alert_every_s``/``alert_every_n``, GradScaler collapse ``amp_min_scale``/
+            ``amp_max_overflows``, ``max_events`` kept, gradient ``spike_factor``, norms ``history``). None: its
+            defaults. Those names given here raise one line saying so.
 
     Attributes: ``events`` (list[NonFiniteEvent]), ``num_events``, ``skipped_steps``, ``alerts`` (alerts emitted on
     this rank), ``replays`` (replays run), ``mode`` ("deferred"/"immediate", decided at fit start), ``host_syncs``
@@ -113,11 +110,13 @@ class NaNGuardCallback(GuardedCallback):
 
     _passthrough = (NonFiniteError,)  #: action="raise" ends the fit on purpose
 
+    _moved = {k: f"options=ts.NaNGuardOptions({k}=...)" for k in (
+        "max_skips", "alert_every_s", "alert_every_n", "amp_min_scale", "amp_max_overflows", "max_events",
+        "spike_factor", "history")}
+
     def __init__(self, *, action: str = "stop", every_n_steps: int = 1, check_loss: bool = True,
-                 check_params: bool = False, locate: bool = True, max_skips: int = 10, alert_every_s: float = 300.0,
-                 alert_every_n: int = 100, amp_min_scale: float = 1e-4, amp_max_overflows: int = 16,
-                 max_events: int = 1000, sync: bool | None = None, grad_norms: bool = True,
-                 spike_factor: float | None = 10.0, history: int = 64) -> None:
+                 check_params: bool = False, locate: bool = True, sync: bool | None = None, grad_norms: bool = True,
+                 options: NaNGuardOptions | None = None) -> None:
         if action not in ACTIONS:
             raise ValueError(f"NaNGuardCallback: action must be one of {ACTIONS}, got {action!r}")
         for name, v in (("check_loss", check_loss), ("check_params", check_params), ("locate", locate),
@@ -129,24 +128,17 @@ class NaNGuardCallback(GuardedCallback):
         self.action, self.check_loss, self.check_params, self.locate = action, check_loss, check_params, locate
         self.sync = sync
         self.every_n_steps = _checked("every_n_steps", every_n_steps, 1)
-        self.max_skips = _checked("max_skips", max_skips, 1)
-        self.alert_every_s = _checked("alert_every_s", alert_every_s, 0.0, float)
-        self.alert_every_n = _checked("alert_every_n", alert_every_n, 1)
-        self.amp_min_scale = _checked("amp_min_scale", amp_min_scale, 0.0, float)
-        self.amp_max_overflows = _checked("amp_max_overflows", amp_max_overflows, 1)
-        self.max_events = _checked("max_events", max_events, 0)
         self.grad_norms = grad_norms
-        self.spike_factor = None if spike_factor is None else _checked("spike_factor", spike_factor, 1.0, float)
-        self.history = _checked("history", history, 2)
+        self.options: NaNGuardOptions = check_option("NaNGuardCallback", "options", options, NaNGuardOptions)
         self._reset()
 
     def _reset(self) -> None:
         self.events: list[NonFiniteEvent] = []
         self.num_events = self.skipped_steps = self.alerts = 0
         self.spikes: list[dict[str, Any]] = []
-        self._state = nan_steps.GuardState(GradHistory(self.history, self.spike_factor))
-        self._limiter = nl.AlertLimiter(self.alert_every_s, self.alert_every_n)
-        self._spike_limiter = nl.AlertLimiter(self.alert_every_s, self.alert_every_n)
+        self._state = nan_steps.GuardState(GradHistory(self.options.history, self.options.spike_factor))
+        self._limiter = nl.AlertLimiter(self.options.alert_every_s, self.options.alert_every_n)
+        self._spike_limiter = nl.AlertLimiter(self.options.alert_every_s, self.options.alert_every_n)
 
     @property
     def mode(self) -> str:
@@ -355,8 +347,8 @@ class NaNGuardCallback(GuardedCallback):
             self.skipped_steps += 1
             st = self._state
             st.skips_in_row += 1
-            event.action = f"update skipped ({st.skips_in_row} in a row, max_skips={self.max_skips}){late}"
-            if st.skips_in_row >= self.max_skips:
+            event.action = f"update skipped ({st.skips_in_row} in a row, max_skips={self.options.max_skips}){late}"
+            if st.skips_in_row >= self.options.max_skips:
                 trainer.should_stop = True
                 event.action += "; max_skips reached: stopping the run"
         elif action == "stop":
@@ -382,7 +374,7 @@ class NaNGuardCallback(GuardedCallback):
         pending = st.pending
         pending.append((step, names, norms, loss, lr))
         if (len(pending) >= HISTORY_BATCH or (st.log_norms and step % st.log_every == 0)
-                or (self.spike_factor is not None and math.hypot(*norms) > self.spike_factor * st.history.floor)):
+                or (self.options.spike_factor is not None and math.hypot(*norms) > self.options.spike_factor * st.history.floor)):
             self._flush_history(trainer)
 
     def _flush_history(self, trainer: pl.Trainer | None) -> None:
@@ -410,7 +402,7 @@ class NaNGuardCallback(GuardedCallback):
 
     def _spike(self, trainer: pl.Trainer, step: int, spike: dict[str, Any]) -> None:
         self.spikes.append(spike)
-        del self.spikes[:-self.max_events or None]
+        del self.spikes[:-self.options.max_events or None]
         if self._spike_limiter.admit()[0]:
             self._alert(trainer, f"Gradient spike at step {step}", spike_text(spike, len(self._state.history.steps) - 1))
 
@@ -429,7 +421,7 @@ class NaNGuardCallback(GuardedCallback):
             except Exception as e:
                 self.faults.report("gradient trend", e)
         self.num_events += 1
-        if len(self.events) < self.max_events:
+        if len(self.events) < self.options.max_events:
             self.events.append(event)
         sinks = sinks_for(trainer, False)
         sinks.log_scalars({metric_key("nan", "events"): float(self.num_events)}, trainer.global_step)
@@ -450,4 +442,4 @@ class NaNGuardCallback(GuardedCallback):
         if sinks is NULL_SINK:  # fast_dev_run writes nothing, but the log line still goes out
             _log.warning("%s", text)
             return
-        sinks.alert(f"{METRIC_ROOT}/nan", title, text, trainer.global_step, wait_s=self.alert_every_s)
+        sinks.alert(f"{METRIC_ROOT}/nan", title, text, trainer.global_step, wait_s=self.options.alert_every_s)

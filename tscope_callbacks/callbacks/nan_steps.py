@@ -10,7 +10,7 @@ import itertools
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 
@@ -21,6 +21,9 @@ from tscope_callbacks.callbacks.session import gather_floats, gather_objects
 from tscope_callbacks.capture import locate as nl_locate
 from tscope_callbacks.capture.faults import Faults
 from tscope_callbacks.capture.paths import named_parameters
+
+if TYPE_CHECKING:
+    from tscope_callbacks.callbacks.options import NaNGuardOptions
 
 __all__ = ["GuardOptions", "GuardState", "Healthy", "push_deferred", "check_now", "deferred_event", "check_params", "learning_rate",
            "params_of", "step_params", "fit_state", "progress_trackers"]
@@ -33,11 +36,8 @@ class GuardOptions(Protocol):
     action: str
     locate: bool
     sync: bool | None
-    amp_min_scale: float
-    amp_max_overflows: int
     grad_norms: bool
-    spike_factor: float | None
-    history: int
+    options: NaNGuardOptions  #: thresholds and limits (amp_min_scale, amp_max_overflows, spike_factor, history...)
     every_n_steps: int
     faults: Faults
 
@@ -88,7 +88,7 @@ class GuardState:
 def fit_state(guard: GuardOptions, trainer: Any, pl_module: Any) -> GuardState:
     """A fit's state: how flags reach the host, whether a bad step can be replayed, and the trainer's settings a
     healthy step needs, read once here (a healthy step then reads no Lightning property)."""
-    st = GuardState(GradHistory(guard.history, guard.spike_factor))
+    st = GuardState(GradHistory(guard.options.history, guard.options.spike_factor))
     cuda = trainer.strategy.root_device.type == "cuda"
     st.mode = "deferred" if (guard.sync is False or (guard.sync is None and cuda)) else "immediate"
     st.channel.lag = 2 if cuda else 1
@@ -437,15 +437,15 @@ def _amp_overflow(guard: GuardOptions, st: GuardState, trainer: Any, scaler: Any
     st.amp_streak += 1
     scale = float(scaler.get_scale())
     backoff = float(scaler.get_backoff_factor()) if hasattr(scaler, "get_backoff_factor") else 0.5
-    if scale * backoff >= guard.amp_min_scale and st.amp_streak < guard.amp_max_overflows:
+    if scale * backoff >= guard.options.amp_min_scale and st.amp_streak < guard.options.amp_max_overflows:
         return None  # an ordinary overflow: the GradScaler skips the step
     st.streak += 1
     return NonFiniteEvent(step=trainer.global_step, epoch=trainer.current_epoch,
                           batch_idx=trainer.fit_loop.epoch_loop.batch_idx, kind="gradient",
                           ranks=flagged or [trainer.global_rank],
                           note=f"AMP loss scale collapsed: {st.amp_streak} overflowing step(s) in a row, "
-                               f"scale {scale:g} -> {scale * backoff:g} (amp_min_scale={guard.amp_min_scale:g}, "
-                               f"amp_max_overflows={guard.amp_max_overflows}); the GradScaler skips every step.")
+                               f"scale {scale:g} -> {scale * backoff:g} (amp_min_scale={guard.options.amp_min_scale:g}, "
+                               f"amp_max_overflows={guard.options.amp_max_overflows}); the GradScaler skips every step.")
 
 
 def check_params(guard: GuardOptions, st: GuardState, trainer: Any, pl_module: Any,

@@ -13,13 +13,14 @@ from typing_extensions import override
 from tscope_callbacks.analysis.analyze import AnalyzeOptions
 from tscope_callbacks.analysis.compare import compiled_vs_eager
 from tscope_callbacks.analysis.report import json_safe
-from tscope_callbacks.analysis.throughput import ATTENTION_CONVENTIONS, Throughput, model_flops
+from tscope_callbacks.analysis.throughput import Throughput, model_flops
 from tscope_callbacks.callbacks import roofline_io as io
 from tscope_callbacks.callbacks import session
 from tscope_callbacks.callbacks.auto_mfu import MAX_SIGNATURES, AutoMFU
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
 from tscope_callbacks.callbacks.clock import StepClock
-from tscope_callbacks.callbacks.monitor import StepMonitor
+from tscope_callbacks.callbacks.monitor import MonitorOptions, StepMonitor
+from tscope_callbacks.callbacks.options import CaptureOptions, MFUOptions, RooflineOutputs, WhatIf, check_option
 from tscope_callbacks.callbacks.series import AFTER_STEPS, FirstProfileWait, ProfileSeries
 from tscope_callbacks.callbacks.session import batch_signature, batch_size
 from tscope_callbacks.callbacks.sinks import metric_key
@@ -32,6 +33,8 @@ __all__ = ["RooflineCallback"]
 _AUTO_SPECS: dict[str, Any] = {}  #: device -> spec resolved for gpu="auto" in this process
 #: unprofiled steps timed before a scheduled profile (their median is the profiled step's time basis)
 BASIS_STEPS = 16
+#: ``monitor``'s default: the step monitor on, with its default thresholds
+MONITOR_ON = MonitorOptions()
 
 
 class RooflineCallback(ProfilingCallback):
@@ -40,15 +43,15 @@ class RooflineCallback(ProfilingCallback):
 
     Every figure describes the step as it runs **unprofiled** (capture slows the host, so the profiled step's own
     wall time is never used): the step time behind MFU, MBU, ``measured_step_ms`` and the report is the median of
-    the unprofiled steps around the profile, past warm-up (with ``profile_steps`` > 1 the 5 after it, its report is
-    made then, and the 5 before; else up to 16 before it), timed with CUDA events on a GPU (wall clock on CPU) without any host
-    sync. Warm-up is over once 5 unprofiled steps in a row agree (``callbacks.clock``); the first
+    the unprofiled steps around the profile, past warm-up (with ``capture.steps`` > 1 the 5 after it, its report is
+    made then, and the 5 before; else up to 16 before it), timed with CUDA events on a GPU (wall clock on CPU)
+    without any host sync. Warm-up is over once 5 unprofiled steps in a row agree (``callbacks.clock``); the first
     profile waits for that (at most 16 steps past ``start_step``) and its report says so. Only with fewer than 3
     such steps (every step profiled) the capture's device-busy time (CUDA: union of kernel intervals) or summed op
     times (CPU) stand in. The report says which, names the steps, and says when other processes kept the CPUs busy
     or torch's threads oversubscribe them.
 
-    Per-op and per-layer times are the median over ``profile_steps`` consecutive profiled steps (their spread kept
+    Per-op and per-layer times are the median over ``capture.steps`` consecutive profiled steps (their spread kept
     per op); rows whose times disagree across those steps, or with identical blocks (same ops and shapes), are
     marked noise in the report and get no advice (``analysis.noise``).
 
@@ -58,52 +61,28 @@ class RooflineCallback(ProfilingCallback):
             and the roofline part is skipped (FLOPs, times and coverage are still logged); a name the table does not
             know (``UnknownDeviceError``, listing the closest names) or a malformed JSON file (``SpecFileError``,
             naming the row and field) raises here, at construction.
-        precision: force the roof precision of matrix ops (e.g. ``"fp8"`` for a what-if). Default: each op's own
-            dtype (TF32 for fp32 matmuls when ``float32_matmul_precision`` allows it).
-        top: rows of the markdown table.
-        plot: log the roofline plot.
-        save_json: write ``<log_dir>/tscope/step_<N>.json``: ``{"profile", "device", "report"}``, the raw records,
-            the device and the step's StepReport JSON (schema ``tscope.step_report``; ``ts.load_step_file`` reads it,
-            ``tscope report PATH`` renders it again, the dashboard shows it).
-        save_trace: also write ``<log_dir>/tscope/trace_step_<N>.json``, a Chrome/Perfetto trace of the step with one
-            process per rank (ops and kernels annotated with layer, FLOPs, bytes, bound; Kineto's argument names).
-        auto_mfu: after a profile counted the step's FLOPs, log MFU at the trainer's ``log_every_n_steps``: model
-            FLOPs of the window's steps over its CUDA-event time (wall clock on CPU), read one window late so no
-            step waits for the GPU. FLOPs are kept per batch-shape signature; a new shape is recounted by profiling
-            the next step (at most ``MAX_SIGNATURES`` shapes). Windows with a profile, validation or an epoch
-            boundary are left out.
-        attention_flops: FLOP convention of causal attention in MFU: ``"attended"`` (default: the (query, key)
-            pairs computed, what a causal flash kernel does) or ``"full"`` (the full square, as FlopCounterMode,
-            PaLM and Megatron count it: use it to compare with published MFU). Model FLOPs always exclude
-            activation-checkpointing recompute (``hfu`` includes it).
-        compare_eager: on a ``torch.compile``'d model (profiled in kernels mode: the compiled execution), profile the
-            step after the first profile eagerly once and log ``tscope/roofline/compiled_vs_eager`` (per layer:
-            compiled vs eager time, speedup, compiled % of roof) and ``tscope/roofline/compile_speedup``; later
-            profiles repeat the comparison against that eager reference.
-        replay: on CUDA, time later profiles of the first profile's batch shapes from kernel records alone, with that
-            profile's counts (``ts.profile(replay=)``: no dispatch mode or hook in the step, so a profiled step costs
-            about what the profiler's kernel tracing costs); a step whose kernels do not match is reported untimed
-            and ends replays. False: every profile is a full capture.
-        fsdp_whatif: N (>= 2): predict each profiled step under FSDP2 over N GPUs (``ts.fsdp_whatif``: per-GPU
-            memory op by op, collectives, exposed communication, step time) into the report and as scalars
-            ``tscope/fsdp_whatif/{peak_mb, device_share, step_ms, exposed_comm_ms, mfu}``. Profiles then take layer
-            details (the memory timeline). For a model trained on one device; None: off.
-        history: how many per-step summaries ``history`` keeps (only the last profile and report are kept whole).
-        profile_steps: consecutive steps profiled per scheduled profile (default 3); the report, scalars and JSON
-            (written when the last of them ends, at the first one's step) use each op's median time over them. On
-            CUDA the later ones are replays (cheap). 1: one step, no noise estimate. Compiled captures use one step.
-        wait_for_warmup: the first profile waits until 5 unprofiled steps in a row agree (warm-up over: the step-time
-            basis), at most 16 steps past its scheduled step and never past the last ``profile_steps`` steps of
-            ``max_steps``; its report says from which step it moved. False: profile exactly on schedule.
-        monitor: the always-on step monitor (:class:`~tscope_callbacks.callbacks.monitor.StepMonitor`): every step's
-            time in named parts (``tscope/step/*``), input-bound and loop-overhead verdicts, the late rank under DDP
+        every_n_steps, start_step, max_profiles, profile_first, stages, raise_errors: the schedule and error
+            policy, as in every tscope callback (:class:`~tscope_callbacks.callbacks.base.ProfilingCallback`).
+        capture: how each scheduled profile is taken (:class:`~tscope_callbacks.CaptureOptions`: ``steps``
+            consecutive steps per profile (3), ``wait_for_warmup``, ``replay`` on CUDA, ``compare_eager`` for compiled
+            models). None: its defaults.
+        outputs: what each profiled step writes (:class:`~tscope_callbacks.RooflineOutputs`: markdown ``top`` rows,
+            ``plot``, ``save_json``, ``save_trace``, ``history``). None: its defaults.
+        mfu: the model FLOPs utilization (:class:`~tscope_callbacks.MFUOptions`: ``automatic`` MFU between profiles
+            at the trainer's ``log_every_n_steps``, the ``attention_flops`` convention). None: its defaults.
+        what_if: what-ifs added to each report (:class:`~tscope_callbacks.WhatIf`: a forced matrix ``precision``
+            such as ``"fp8"``, FSDP2 over ``fsdp_gpus`` GPUs). None: none.
+        monitor: **on by default**: the step monitor (:class:`~tscope_callbacks.StepMonitor`) this callback adds to
+            the trainer's callbacks at setup (unless the trainer already has one): every step's time in named parts
+            (``tscope/step/*``), input-bound and loop-overhead verdicts, the late rank under DDP
             (``tscope/ranks/*``), GPU power, clocks and energy (``tscope/gpu/*``, with the ``nvml`` extra) and a
-            diagnosis when steps get slower or the loss or gradient norm spikes, with an alert naming what grew; its
-            baseline is this callback's first profile, and it captures nothing before ``start_step``. True: one with its
-            defaults; a ``StepMonitor``: that one; False: off. Added to the trainer's callbacks at setup (unless the
-            trainer has one).
-        every_n_steps, start_step, max_profiles, profile_first, stages, raise_errors: see
-            :class:`~tscope_callbacks.callbacks.base.ProfilingCallback`.
+            diagnosis when steps get slower or the loss or gradient norm spikes, with an alert naming what grew;
+            its baseline is this callback's first profile, and it captures nothing before ``start_step``.
+            A :class:`~tscope_callbacks.MonitorOptions` (default ``ts.MonitorOptions()``): a monitor with those
+            thresholds; a ``StepMonitor``: that one (e.g. ``StepMonitor(telemetry=False)``); None: no monitor.
+
+    An argument that moved into an option object (``plot=``, ``profile_steps=``, ``precision=``...) raises one line
+    saying what to write instead.
 
     Keys written (stage ``train``; other stages use ``tscope/roofline/<stage>/...``):
 
@@ -143,41 +122,37 @@ class RooflineCallback(ProfilingCallback):
     (the DeviceSpec or None), ``throughput``.
     """
 
-    def __init__(self, gpu: Any = "auto", precision: str | None = None, *, top: int = 20, plot: bool = True,
-                 save_json: bool = True, save_trace: bool = False, auto_mfu: bool = True,
-                 attention_flops: str = "attended",
-                 compare_eager: bool = True, replay: bool = True, fsdp_whatif: int | None = None, history: int = 32,
-                 profile_steps: int = 3, wait_for_warmup: bool = True, monitor: bool | StepMonitor = True,
-                 every_n_steps: int | None = 500, start_step: int = 10,
+    #: arguments that moved into an option object: what to write instead (one line, ``options.moved_arguments``)
+    _moved = {
+        "precision": "what_if=ts.WhatIf(precision=...)", "fsdp_whatif": "what_if=ts.WhatIf(fsdp_gpus=...)",
+        **{k: f"outputs=ts.RooflineOutputs({k}=...)" for k in ("top", "plot", "save_json", "save_trace", "history")},
+        "auto_mfu": "mfu=ts.MFUOptions(automatic=...)", "attention_flops": "mfu=ts.MFUOptions(attention_flops=...)",
+        "profile_steps": "capture=ts.CaptureOptions(steps=...)",
+        **{k: f"capture=ts.CaptureOptions({k}=...)" for k in ("wait_for_warmup", "replay", "compare_eager")},
+    }
+
+    def __init__(self, gpu: str | DeviceSpec = "auto", *, every_n_steps: int | None = 500, start_step: int = 10,
                  max_profiles: int | None = None, profile_first: bool = True,
-                 stages: str | list[str] | tuple[str, ...] = ("train",), raise_errors: bool = False) -> None:
+                 stages: str | list[str] | tuple[str, ...] = ("train",), capture: CaptureOptions | None = None,
+                 outputs: RooflineOutputs | None = None, mfu: MFUOptions | None = None, what_if: WhatIf | None = None,
+                 monitor: MonitorOptions | StepMonitor | None = MONITOR_ON, raise_errors: bool = False) -> None:
         super().__init__(every_n_steps=every_n_steps, start_step=start_step, max_profiles=max_profiles,
                          profile_first=profile_first, stages=stages, raise_errors=raise_errors)
         if not isinstance(gpu, (str, DeviceSpec)):
-            raise TypeError(f"gpu must be 'auto', a device name, a JSON path or a DeviceSpec, got {type(gpu).__name__}")
-        if precision is not None:
-            if not isinstance(precision, str):
-                raise TypeError(f"precision must be a string like 'bf16' or 'bf16-mixed', or None, got {precision!r}")
-            from tscope_callbacks.devices.precision import normalize_precision
-
-            precision = normalize_precision(precision)  # raises ValueError naming the accepted values
-        for name, val in (("plot", plot), ("save_json", save_json), ("save_trace", save_trace),
-                          ("auto_mfu", auto_mfu),
-                          ("compare_eager", compare_eager), ("replay", replay), ("wait_for_warmup", wait_for_warmup)):
-            if not isinstance(val, bool):
-                raise TypeError(f"{name} must be a bool, got {type(val).__name__}")
-        for name, val in (("top", top), ("history", history), ("profile_steps", profile_steps)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {val!r}")
-        if fsdp_whatif is not None and (isinstance(fsdp_whatif, bool) or not isinstance(fsdp_whatif, int)
-                                        or fsdp_whatif < 2):
-            raise ValueError(f"fsdp_whatif must be a number of GPUs >= 2, or None, got {fsdp_whatif!r}")
-        self.fsdp_whatif = fsdp_whatif
-        if attention_flops not in ATTENTION_CONVENTIONS:
-            raise ValueError(f"attention_flops must be one of {ATTENTION_CONVENTIONS}, got {attention_flops!r}")
-        self.gpu, self.precision, self.top, self.plot = gpu, precision, top, plot
-        self.save_json, self.auto_mfu, self.attention_flops = save_json, auto_mfu, attention_flops
-        self.compare_eager, self.save_trace, self.replay = compare_eager, save_trace, replay
+            raise TypeError(f"RooflineCallback: gpu must be 'auto', a device name, a JSON path or a DeviceSpec, got "
+                            f"{type(gpu).__name__}")
+        self.gpu = gpu
+        self.capture: CaptureOptions = check_option("RooflineCallback", "capture", capture, CaptureOptions)
+        self.outputs: RooflineOutputs = check_option("RooflineCallback", "outputs", outputs, RooflineOutputs)
+        self.mfu: MFUOptions = check_option("RooflineCallback", "mfu", mfu, MFUOptions)
+        self.what_if: WhatIf = check_option("RooflineCallback", "what_if", what_if, WhatIf)
+        if isinstance(monitor, bool) or not isinstance(monitor, (MonitorOptions, StepMonitor, type(None))):
+            say = "monitor=None" if monitor is False else "monitor=ts.MonitorOptions() (the default)"
+            raise TypeError(f"RooflineCallback: monitor takes a tscope_callbacks.MonitorOptions (on, the default), a "
+                            f"StepMonitor or None (off), got {monitor!r}; write {say}")
+        #: the step monitor this callback adds to the trainer at setup (None: off; see ``monitor`` above)
+        self.monitor: StepMonitor | None = StepMonitor(monitor) if isinstance(monitor, MonitorOptions) else monitor
+        self._auto_on = self.mfu.automatic  #: the automatic MFU runs (off after a failure, said once)
         self.eager_report: StepReport | None = None  #: the eager reference of a compiled model (``compare_eager``)
         self._eager_at: int | None = None
         self._eager_pending = False
@@ -189,18 +164,14 @@ class RooflineCallback(ProfilingCallback):
             self.spec = get_device_spec(gpu)
         self.last_profile: StepProfile | None = None
         self.last_report: StepReport | None = None  #: the last step's report (what every output is made of)
-        self.history: deque[dict[str, Any]] = deque(maxlen=history)
+        self.history: deque[dict[str, Any]] = deque(maxlen=self.outputs.history)
         self.auto = AutoMFU(MAX_SIGNATURES)  #: the automatic MFU between profiles (its FLOPs, window, rates)
         self._clock: StepClock | None = None
         self._last_gs = -1
         self._recount_at: int | None = None  #: a step whose batch shape is new: profile it to count its FLOPs
         self._model_logged = False  #: ``tscope/model/*`` are logged once per fit
-        self.profile_steps, self.wait_for_warmup = profile_steps, wait_for_warmup
-        if not isinstance(monitor, (bool, StepMonitor)):
-            raise TypeError(f"monitor must be True, False or a StepMonitor, got {type(monitor).__name__}")
-        self.monitor = StepMonitor() if monitor is True else (monitor or None)
-        self._series = ProfileSeries(profile_steps)  #: the running k-step series
-        self._wait = FirstProfileWait(wait_for_warmup)  #: the first profile's wait for warmed-up steps
+        self._series = ProfileSeries(self.capture.steps)  #: the running k-step series
+        self._wait = FirstProfileWait(self.capture.wait_for_warmup)  #: the first profile's wait for warmed-up steps
 
     @property
     def throughput(self) -> Throughput:
@@ -225,7 +196,7 @@ class RooflineCallback(ProfilingCallback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         cuda = trainer.strategy.root_device.type == "cuda"
         self._clock = StepClock(cuda)
-        self._series = ProfileSeries(self.profile_steps)
+        self._series = ProfileSeries(self.capture.steps)
         session.register_clock(trainer, self._clock)
         session.register_clock(trainer, self.auto.start(cuda))
         if self.monitor is not None and not any(isinstance(c, StepMonitor) for c in trainer.callbacks):
@@ -273,7 +244,7 @@ class RooflineCallback(ProfilingCallback):
                 self._clock = None
                 self.faults.report("the step clock", e)
         self._release(trainer, pl_module, now="train" in self.schedules and self.schedules["train"].next_due(gs) <= gs)
-        if self.auto_mfu and self.auto.flops and gs % max(trainer.log_every_n_steps, 1) == 0:
+        if self._auto_on and self.auto.flops and gs % max(trainer.log_every_n_steps, 1) == 0:
             self._log_windows(trainer, gs)
 
     def _count(self, trainer: pl.Trainer, batch: Any) -> None:
@@ -286,7 +257,7 @@ class RooflineCallback(ProfilingCallback):
                 self._recount_at = trainer.global_step
                 self._next_train = min(self._next_train, trainer.global_step)
         except Exception as e:  # the automatic MFU stops; profiles go on
-            self.auto_mfu, self.auto.timer = False, None
+            self._auto_on, self.auto.timer = False, None
             self.faults.report("counting samples and FLOPs per step", e)
 
     def _log_windows(self, trainer: pl.Trainer, step: int, *, final: bool = False) -> None:
@@ -295,7 +266,7 @@ class RooflineCallback(ProfilingCallback):
             for at, vals in self.auto.windows(step, final=final):
                 self.sinks(trainer).log_scalars({metric_key("roofline", k): v for k, v in vals.items()}, at)
         except Exception as e:
-            self.auto_mfu = False
+            self._auto_on = False
             self.faults.report("the automatic MFU", e)
 
     def _dirty(self) -> None:
@@ -318,8 +289,8 @@ class RooflineCallback(ProfilingCallback):
     # ------------------------------------------------------------------ profiled steps
     @override
     def _capture_options(self) -> dict[str, Any]:
-        return {**super()._capture_options(), "replay": self.replay,
-                **({"layer_details": True} if self.fsdp_whatif else {}),
+        return {**super()._capture_options(), "replay": self.capture.replay,
+                **({"layer_details": True} if self.what_if.fsdp_gpus else {}),
                 **({"compiled": "eager"} if self._eager_pending else {})}
 
     @override
@@ -327,12 +298,12 @@ class RooflineCallback(ProfilingCallback):
                     ctx: ProfileContext) -> None:
         if ctx.reason == "eager-reference":  # the eager reference of a compiled model: the last compiled step
             if self.spec is not None and ctx.is_global_zero:  # compared with it, at this step
-                eager = self.eager_report = self._report(result, AnalyzeOptions(precision=self.precision))
+                eager = self.eager_report = self._report(result, AnalyzeOptions(precision=self.what_if.precision))
                 last = self.last_report
                 if last is not None and eager is not None:
                     rows = compiled_vs_eager((last.rows["layer"], last.totals), (eager.rows["layer"], eager.totals))
                     io.emit_comparison(io.Comparison(last.step, eager.step, tuple(json_safe(rows))),
-                                       self.sinks(trainer), ctx, self.top)
+                                       self.sinks(trainer), ctx, self.outputs.top)
             return
         if ctx.reason == "repeat":
             if self._series.add(result, ctx):
@@ -374,21 +345,21 @@ class RooflineCallback(ProfilingCallback):
         StepReport."""
         report = self._analyze(trainer, pl_module, result, ctx)
         step = io.AnalysedStep(result, report, self.spec,
-                               self._traces(trainer, result, ctx) if self.save_trace else None,
+                               self._traces(trainer, result, ctx) if self.outputs.save_trace else None,
                                self.eager_report.step if self.eager_report is not None else None)
         self.last_profile, self.last_report = result, report
         if ctx.stage == "train":  # the automatic MFU counts the FLOPs of this batch shape from now on
-            self.auto.learn(ctx.batch_signature, model_flops(result, self.attention_flops),
+            self.auto.learn(ctx.batch_signature, model_flops(result, self.mfu.attention_flops),
                             step.report.summary.mfu_peak_flops if step.report is not None else None)
             self._recount_at = None
         scalars = {metric_key("roofline", k, ctx.stage): v for k, v in io.step_scalars(step, ctx).items()}
         self.history.append({"stage": ctx.stage, "step": ctx.step, "reason": ctx.reason, **scalars})
         if ctx.is_global_zero:
-            opts = io.EmitOptions(top=self.top, plot=self.plot, save_json=self.save_json,
+            opts = io.EmitOptions(top=self.outputs.top, plot=self.outputs.plot, save_json=self.outputs.save_json,
                                   model=not self._model_logged)
             io.emit(step, self.sinks(trainer), ctx, opts, self.faults)
             self._model_logged |= step.report is not None and ctx.stage == "train"
-        if (self.compare_eager and ctx.stage == "train" and result.info.compiled_capture
+        if (self.capture.compare_eager and ctx.stage == "train" and result.info.compiled_capture
                 and self.eager_report is None and self._eager_at is None):  # an eager reference at the next step
             self._eager_at = ctx.step + 1
             self._next_train = min(self._next_train, ctx.step + 1)
@@ -398,11 +369,11 @@ class RooflineCallback(ProfilingCallback):
         """The step's one report (rank zero, with a device roof), with the FSDP what-if and the eager reference
         (compiled models) in the options it is built with. None when there is none."""
         result.info = dataclasses.replace(result.info, trainer_precision=str(getattr(trainer, "precision", "")),
-                                          attention_flops=self.attention_flops)
+                                          attention_flops=self.mfu.attention_flops)
         if self.spec is None or not ctx.is_global_zero:
             return None
         extra: dict[str, Any] = {}
-        if self.compare_eager and ctx.stage == "train" and self.eager_report is not None and \
+        if self.capture.compare_eager and ctx.stage == "train" and self.eager_report is not None and \
                 result.info.compiled_capture:
             extra["eager"] = self.eager_report
         # the NaN guard's gradient spikes up to this step (its public ``spikes``), for the report and the dashboard
@@ -411,14 +382,14 @@ class RooflineCallback(ProfilingCallback):
                        if isinstance(x, dict) and isinstance(x.get("step"), int) and x["step"] <= ctx.step)
         if spikes:
             extra["grad_spikes"] = spikes
-        opts = AnalyzeOptions(precision=self.precision, **extra)
+        opts = AnalyzeOptions(precision=self.what_if.precision, **extra)
         report = self._report(result, opts)
-        if report is not None and self.fsdp_whatif and ctx.stage == "train":
+        if report is not None and self.what_if.fsdp_gpus and ctx.stage == "train":
             try:
-                w = io.fsdp_whatif_of(report, pl_module, self.fsdp_whatif, str(getattr(trainer, "precision", "")))
+                w = io.fsdp_whatif_of(report, pl_module, self.what_if.fsdp_gpus, str(getattr(trainer, "precision", "")))
                 report = self._report(result, dataclasses.replace(opts, fsdp_whatif=w)) or report
             except Exception as e:  # e.g. an already sharded model: said once, the rest of the report stands
-                self.faults.report(f"the FSDP what-if over {self.fsdp_whatif} GPUs", e)
+                self.faults.report(f"the FSDP what-if over {self.what_if.fsdp_gpus} GPUs", e)
         return report
 
     def _report(self, result: StepProfile, options: AnalyzeOptions) -> StepReport | None:
@@ -464,12 +435,12 @@ class RooflineCallback(ProfilingCallback):
     @override
     def _claim(self, stage: str, step: int) -> None:
         sched = self.schedules.get("train")
-        span = self.profile_steps + AFTER_STEPS
+        span = self.capture.steps + AFTER_STEPS
         first_deferred = (stage == "train" and self._wait.deferred_from is not None and sched.taken == 0
                           and step > self._wait.deferred_from
                           and (sched.every_n_steps is None or sched.every_n_steps >= span))
         super()._claim(stage, step)
-        if first_deferred and self.profile_steps > 1:
+        if first_deferred and self.capture.steps > 1:
             # the first profile moved off its scheduled step (warm-up): its series and the unprofiled steps timed
             # after it (its basis) are not cut by the next scheduled profile, which moves to the first scheduled step
             # past them (where they do not reach it, the schedule is unchanged; a schedule denser than a series and
@@ -502,7 +473,7 @@ class RooflineCallback(ProfilingCallback):
                 return
             self._flush_series(trainer, pl_module)  # a step was skipped (e.g. resumed): analyse what there is
         if self._clock is not None and sched.taken == 0 and self._due("train", step):
-            if self._wait.hold(self._clock, step, trainer.max_steps, self.profile_steps):
+            if self._wait.hold(self._clock, step, trainer.max_steps, self.capture.steps):
                 self._next_train = step + 1  # wait for warmed-up unprofiled steps (the step-time basis)
                 return
             self._start(trainer, pl_module, "train", step, batch)
@@ -513,7 +484,7 @@ class RooflineCallback(ProfilingCallback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._flush_series(trainer, pl_module)  # a series the end of training cut short
         timer = self.auto.timer
-        if self.auto_mfu and timer is not None and (timer.closed or timer.current is not None):
+        if self._auto_on and timer is not None and (timer.closed or timer.current is not None):
             self._log_windows(trainer, trainer.global_step, final=True)  # the last windows: one wait, at the end
 
     # ------------------------------------------------------------------ checkpointing

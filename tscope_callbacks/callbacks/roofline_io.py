@@ -35,8 +35,8 @@ _BEFORE = ("fsdp_whatif",)
 
 @dataclass(frozen=True)
 class Comparison:
-    """A compiled step against its eager reference (``compare_eager``): per-layer rows (the last is the total) and
-    the whole step's speedup (eager op time / compiled op time)."""
+    """A compiled step against its eager reference (``CaptureOptions.compare_eager``): per-layer rows (the last is the
+    total) and the whole step's speedup (eager op time / compiled op time)."""
 
     compiled_step: int | None
     eager_step: int | None
@@ -87,7 +87,7 @@ def gather_traces(trainer: pl.Trainer, result: StepProfile, ctx: ProfileContext)
 
 
 def fsdp_whatif_of(report: ReportData, model: torch.nn.Module, n: int, trainer_precision: str) -> dict[str, Any]:
-    """``fsdp_whatif=N``: the step predicted under FSDP2 over N GPUs (``analysis.fsdp``). Under "-mixed" precision
+    """``WhatIf(fsdp_gpus=N)``: the step predicted under FSDP2 over N GPUs (``analysis.fsdp``). Under "-mixed" precision
     parameters are gathered at the low dtype and gradients reduced in fp32 (as ``analyze_model``)."""
     from tscope_callbacks.analysis.fsdp import fsdp_whatif, mixed_policy
 
