@@ -192,8 +192,11 @@ class FakeTimeline:
     synced_ns = None  #: as KernelTimeline's: the fakes' device is done when stop() is called
     cost: dict = {}
 
+    last = None  #: the latest instance (its ranges, for the checks)
+
     def __init__(self) -> None:
         self.names: list[str] = []
+        FakeTimeline.last = self
 
     def start(self) -> None:
         pass
@@ -205,12 +208,12 @@ class FakeTimeline:
     def exit(self, handle) -> None:
         pass
 
-    def stop(self, n_ops):
+    def stop(self, n_ops, no_range=()):
         corr = {n: i + 1 for i, n in enumerate(self.names)}
         events = [Ev(n, CPU, _corr=c) for n, c in corr.items()]
         events += [_kernel("nvjet_gemm", corr[f"{RANGE_PREFIX}{i}"], 10**6 * i, 10**6 * i + 10_000 * (i + 1))
-                   for i in range(n_ops)]
-        return assign_kernels(events, n_ops)
+                   for i in range(n_ops) if f"{RANGE_PREFIX}{i}" in corr]
+        return assign_kernels(events, n_ops, no_range)
 
     def abort(self) -> None:
         pass
@@ -224,19 +227,27 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
 
 
+VIEWS = {"aten.t", "aten.view", "aten.expand", "aten.transpose", "aten.detach", "aten.alias", "aten._reshape_alias",
+         "aten.unsqueeze", "aten.squeeze", "aten.permute", "aten.select", "aten.slice", "aten.split"}
+
+
 def test_capture_uses_the_kernel_timeline(fake_cuda):
-    """The capture's CUDA path on a fake timeline: a range per op, times and flags assigned by index at stop,
-    device-busy time as the step-time basis."""
+    """The capture's CUDA path on a fake timeline: a range per op but views (metadata, never a kernel: no range,
+    device time 0), times and flags assigned by index at stop, device-busy time as the step-time basis."""
     model = torch.nn.Linear(4, 4)
     with ts.profile(model, timing="cuda") as prof:
-        model(torch.randn(2, 4)).sum().backward()
+        model(torch.randn(2, 4)).view(4, 2).sum().backward()
     n = len(prof.ops)
+    views = [r.index for r in prof.ops if r.op in VIEWS]
+    assert {prof.ops[i].op for i in views} >= {"aten.t", "aten.view"}  # linear's weight transpose, the user's view
     assert prof.info.timing == "cuda-kernels"
-    assert [r.time_s for r in prof.ops] == [pytest.approx(10e-6 * (i + 1)) for i in range(n)]
-    assert all(r.tensor_core for r in prof.ops)
+    ranged = [int(n.removeprefix(RANGE_PREFIX)) for n in FakeTimeline.last.names if n != PAUSED_RANGE]
+    assert ranged == [i for i in range(n) if i not in views]  # one range per op, none for a view
+    assert [r.time_s for r in prof.ops] == [0.0 if i in views else pytest.approx(10e-6 * (i + 1)) for i in range(n)]
+    assert [r.tensor_core for r in prof.ops] == [None if i in views else True for i in range(n)]
     assert prof.info.step_time_basis == "device-busy"
-    assert prof.info.step_time_s == pytest.approx(sum(10e-6 * (i + 1) for i in range(n)))
-    assert prof.timeline is not None and len(prof.timeline.kernels) == n
+    assert prof.info.step_time_s == pytest.approx(sum(10e-6 * (i + 1) for i in range(n) if i not in views))
+    assert prof.timeline is not None and len(prof.timeline.kernels) == n - len(views)
 
 
 def test_value_dependent_counts_wait_for_the_stop(fake_cuda, monkeypatch):
@@ -393,3 +404,30 @@ def test_kernel_timeline_asks_kineto_for_no_external_correlation(monkeypatch):
         kt.exit(h)
     tl = kt.stop(3)
     assert tl.times == [0.0, 0.0, 0.0] and tl.kernels == []  # three ranges seen; no device here to run kernels
+
+
+def test_a_modules_finite_checks_run_in_one_paused_range(fake_cuda):
+    """The non-finite checks of a module's outputs are tscope's own kernels: they run in one ``tscope#paused`` range
+    per module call (one range's CUPTI and Kineto cost, not one per tensor), and still flag each output."""
+
+    class Three(torch.nn.Module):
+        def forward(self, x):
+            return x + 1, x * 2, x / 0  # the last one holds inf (and nan at 0 / 0)
+
+    class Outer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.three = Three()
+
+        def forward(self, x):
+            a, b, c = self.three(x)
+            return a, b  # handed up: already checked, the same tensors again
+
+    x = torch.arange(4.0)
+    with ts.profile(Outer(), timing="cuda", layer_details=True, check_finite=True) as prof:
+        prof.model(x)
+    names = FakeTimeline.last.names
+    # one range for `three`'s three outputs, none for the root's (its outputs are `three`'s, reduced once)
+    assert names.count(PAUSED_RANGE) == 1
+    assert prof.layers["three"].nonfinite_output and prof.layers[""].nonfinite_output is False
+    assert [r.op for r in prof.ops] == ["aten.add", "aten.mul", "aten.div"]  # the checks' own ops: not recorded

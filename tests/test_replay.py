@@ -31,7 +31,7 @@ class SourceTimeline(FakeTimeline):
     """The full capture's Kineto session: each op range launches one kernel named ``name_of(op)`` lasting
     (op + 1) µs, launched in op order (correlation ids 1000 + op)."""
 
-    def stop(self, n_ops):
+    def stop(self, n_ops, no_range=()):
         events = []
         for c, n in enumerate(self.names):
             events.append(Ev(n, CPU, _corr=c + 1, _start=c * 10_000, _end=c * 10_000 + 9_000))
@@ -42,7 +42,7 @@ class SourceTimeline(FakeTimeline):
                 continue
             events.append(Ev(name_of(i), CUDA, _corr=1000 + i, _link=rng, _start=10**6 * i,
                              _end=10**6 * i + 1000 * (i + 1)))
-        return assign_kernels(events, n_ops)
+        return assign_kernels(events, n_ops, no_range)
 
 
 class ReplayTimeline(FakeTimeline):
@@ -57,7 +57,7 @@ class ReplayTimeline(FakeTimeline):
         super().__init__()
         ReplayTimeline.instances.append(self)
 
-    def stop(self, n_ops):
+    def stop(self, n_ops, no_range=()):
         assert n_ops == 0  # a replay records no op range
         events, t = [], 0
         for j, (name, dur) in enumerate(self.script):
@@ -109,29 +109,37 @@ def test_a_replayed_step_times_every_op_from_its_own_kernels_with_the_source_cou
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     src = full_capture(model, opt)
+    # every op launched one kernel but the views (the layers' weight transposes, autograd's detach: metadata, run
+    # without a range, device time 0)
+    views = {r.index for r in src.ops if r.time_s == 0.0}
+    assert views and {src.ops[i].op for i in views} <= {"aten.t", "aten.detach", "aten.view", "aten.expand"}
+    n_k = len(src.ops) - len(views)
     kernels = [r for r in src.ops if r.time_s]
-    assert len(kernels) == len(src.ops) and src.info.step_time_basis == "device-busy"
+    assert len(kernels) == n_k and src.info.step_time_basis == "device-busy"
     # the replayed step: same kernels at twice the time, plus a logging copy the source step did not run
     script = plan_script(src)
     script.insert(len(script) // 2, ("Memcpy DtoH (Device -> Pageable)", 7_000))
     ReplayTimeline.script = script
     modes = []
-    with ts.profile(model, replay=src, info=ts.CaptureInfo(step=9)) as rep:
+    # (16 kernels: the one extra is 6% of the run, over the default 5% a real step's thousand kernels allow)
+    with ts.profile(model, replay=src, info=ts.CaptureInfo(step=9), min_match=0.9) as rep:
         modes.append(_get_current_dispatch_mode())
         n_hooks = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
         step(model, opt)
     assert modes == [None] and n_hooks == 0  # nothing of tscope runs per op in a replayed step
     r = rep.info.replay
-    assert r["status"] == "matched" and r["kernels_matched"] == r["kernels_planned"] == len(src.ops)
-    assert r["kernels_run"] == len(src.ops) + 1 and r["unmatched_s"] == pytest.approx(7e-6)
+    assert r["status"] == "matched" and r["kernels_matched"] == r["kernels_planned"] == n_k
+    assert r["kernels_run"] == n_k + 1 and r["unmatched_s"] == pytest.approx(7e-6)
     # op i's source kernel took (i + 1) µs; replayed: 2 (i + 1) µs. Counts and layers are the source's
-    assert [o.time_s for o in rep.ops] == [pytest.approx(2 * (i + 1) * 1e-6) for i in range(len(src.ops))]
+    assert [o.time_s for o in rep.ops] == [0.0 if i in views else pytest.approx(2 * (i + 1) * 1e-6)
+                                           for i in range(len(src.ops))]
     assert [(o.op, o.flops, o.bytes, o.layer, o.phase) for o in rep.ops] == \
         [(o.op, o.flops, o.bytes, o.layer, o.phase) for o in src.ops]
     timed = {"time_s", "tensor_core", "start_s"}  # every other field is the source record's, copied
     assert all({k: v for k, v in a.to_dict().items() if k not in timed} ==
                {k: v for k, v in b.to_dict().items() if k not in timed} and a is not b for a, b in zip(rep.ops, src.ops))
-    assert [o.time_s for o in src.ops] == [pytest.approx((i + 1) * 1e-6) for i in range(len(src.ops))]  # untouched
+    assert [o.time_s for o in src.ops] == [0.0 if i in views else pytest.approx((i + 1) * 1e-6)
+                                           for i in range(len(src.ops))]  # untouched
     for path, L in rep.layers.items():
         S = src.layers[path]
         assert L.forward_s == pytest.approx(2 * S.forward_s) and L.backward_s == pytest.approx(2 * S.backward_s)
@@ -169,14 +177,15 @@ def test_a_skipped_kernel_leaves_only_its_op_untimed(fake):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     src = full_capture(model, opt)
     script = plan_script(src, scale=1)
-    gone = 4
-    del script[gone]
+    gone = sorted(src.timeline.kernels, key=lambda k: k.corr)[4].op  # the op of the step's fifth kernel
+    del script[4]
     ReplayTimeline.script = script
     with ts.profile(model, replay=src, min_match=0.8) as rep:
         step(model, opt)
     assert rep.info.replay["status"] == "matched"
     assert rep.ops[gone].time_s is None
-    assert all(o.time_s == pytest.approx((i + 1) * 1e-6) for i, o in enumerate(rep.ops) if i != gone)
+    assert all(o.time_s == (0.0 if s.time_s == 0.0 else pytest.approx((i + 1) * 1e-6))
+               for i, (o, s) in enumerate(zip(rep.ops, src.ops)) if i != gone)  # a view: no kernel, 0
 
 
 def test_tscope_own_kernels_in_a_replay_are_left_out(fake):
@@ -190,7 +199,7 @@ def test_tscope_own_kernels_in_a_replay_are_left_out(fake):
         with paused():  # e.g. the NaN guard's check: its kernels run in the paused range
             pass
     assert PAUSED_RANGE in ReplayTimeline.instances[-1].names
-    assert rep.info.replay["kernels_run"] == len(src.ops)
+    assert rep.info.replay["kernels_run"] == len(src.timeline.kernels)
     assert not any(k[0] == "reduce_kernel_isfinite" for k in rep.info.kernels)
 
 

@@ -2,7 +2,8 @@
 
 While a profile runs on CUDA, each recorded aten op runs inside a profiler range ``tscope#<index>`` opened with
 ``torch.autograd._record_function_with_args_enter`` (a USER_SCOPE RecordFunction, ~2 µs, not seen by dispatch
-modes). Kineto is told to record **only** USER_SCOPE ranges, so it records our ranges (and the few Lightning /
+modes); a view (every result a read-only alias of an input: metadata, never a kernel) runs without one, device time
+0. Kineto is told to record **only** USER_SCOPE ranges, so it records our ranges (and the few Lightning /
 optimizer ranges) instead of every aten op: each kernel, memcpy and memset the GPU ran is linked by the profiler
 (``linked_correlation_id``) to the innermost recorded range, which is ours. After the region one pass over the raw
 ``_KinetoEvent`` list (no ``FunctionEvent`` tree) gives per op its device time, its kernels' names (tensor-core use)
@@ -190,10 +191,11 @@ def _call(e: Any, name: str, default: Any = None) -> Any:
 _RUNTIME = re.compile(r"^(cuda|cu[A-Z]|hip)")  # CUDA runtime/driver (HIP) API calls: the host side of a launch
 
 
-def assign_kernels(events: Sequence[Any], n_ops: int) -> Timeline:
+def assign_kernels(events: Sequence[Any], n_ops: int, no_range: Iterable[int] = ()) -> Timeline:
     """Per-op device times, tensor-core flags and the kernel list from profiler events (``_KinetoEvent``-like).
 
-    CPU events named ``tscope#<i>`` are op i's range. A device event belongs to the range that launched it:
+    CPU events named ``tscope#<i>`` are op i's range; ``no_range``: the ops run without one because they launch no
+    kernel (views), device time 0. A device event belongs to the range that launched it:
     where the profiler links it (``linked_correlation_id``, older torch), that range; otherwise (torch 2.11 with
     only USER_SCOPE recorded: every link is 0, as recorded on an H100) through its launch, the runtime API event
     (``cudaLaunchKernel``, ``cuLaunchKernel``, ``cudaMemcpyAsync``, ...) with the same ``correlation_id``, which ran
@@ -231,6 +233,9 @@ def assign_kernels(events: Sequence[Any], n_ops: int) -> Timeline:
     times: list[float | None] = [None] * n_ops
     for idx in ranges.values():
         if idx >= 0:
+            times[idx] = 0.0
+    for idx in no_range:
+        if 0 <= idx < n_ops:
             times[idx] = 0.0
     tc: list[bool | None] = [None] * n_ops
     kernels = []
@@ -342,10 +347,11 @@ class KernelTimeline:
         _enable_profiler(self._config(create_trace_id=False), self._activities, {RecordScope.USER_SCOPE})
         self._running = True
 
-    def stop(self, n_ops: int) -> Timeline:
-        """Synchronize once, end the Kineto session and assign every device activity to its op. Keeps when the
-        device was done (``synced_ns``: the region's end; Kineto's teardown and the pass below are tscope's own
-        work) and the host time of each part (``cost``)."""
+    def stop(self, n_ops: int, no_range: Iterable[int] = ()) -> Timeline:
+        """Synchronize once, end the Kineto session and assign every device activity to its op (``no_range``: the
+        ops run without a range, see :func:`assign_kernels`). Keeps when the device was done (``synced_ns``: the
+        region's end; Kineto's teardown and the pass below are tscope's own work) and the host time of each part
+        (``cost``)."""
         from torch.autograd.profiler import _disable_profiler
 
         t0 = time.perf_counter_ns()
@@ -354,7 +360,7 @@ class KernelTimeline:
         self._running = False
         events = _disable_profiler().events()
         t2 = time.perf_counter_ns()
-        timeline = assign_kernels(events, n_ops)
+        timeline = assign_kernels(events, n_ops, no_range)
         self.cost = {"sync_s": (t1 - t0) * 1e-9, "kineto_s": (t2 - t1) * 1e-9,
                      "assign_s": (time.perf_counter_ns() - t2) * 1e-9}
         return timeline

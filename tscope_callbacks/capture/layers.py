@@ -81,20 +81,31 @@ class LayerDetails:
         return d
 
     def _check(self, path: str, flag: str, ts: list[torch.Tensor]) -> None:
-        """Queue an exact, sync-free non-finite check of ``ts`` (read in :meth:`finish`)."""
+        """Queue an exact, sync-free non-finite check of ``ts`` (read in :meth:`finish`). The reductions of one call
+        (a module's outputs) run in one muted stretch: on CUDA one ``tscope#paused`` range, not one per tensor."""
+        todo = []
         for t in ts:
             if t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
                 continue
             seen = self._checked.get(id(t))
             if seen is not None and seen[0]() is t:
-                lo, hi = seen[1], seen[2]
+                self._flags.append((path, flag, seen[1]))
+                self._flags.append((path, flag, seen[2]))
             else:
-                with self._mute(), torch.no_grad():  # no autograd node: nothing saved, nothing recorded
+                todo.append(t)
+        if not todo:
+            return
+        with self._mute(), torch.no_grad():  # no autograd node: nothing saved, nothing recorded
+            for t in todo:
+                seen = self._checked.get(id(t))  # the same tensor twice in one output
+                if seen is not None and seen[0]() is t:
+                    lo, hi = seen[1], seen[2]
+                else:
                     x = torch.view_as_real(t) if t.is_complex() else t
                     lo, hi = torch.aminmax(x.detach())
-                self._checked[id(t)] = (weakref.ref(t), lo, hi)
-            self._flags.append((path, flag, lo))
-            self._flags.append((path, flag, hi))
+                    self._checked[id(t)] = (weakref.ref(t), lo, hi)
+                self._flags.append((path, flag, lo))
+                self._flags.append((path, flag, hi))
 
     def on_enter(self, path: str, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         d = self._get(path)

@@ -213,7 +213,7 @@ class Profile:
             end = _perf_ns()
             kt = st.timeline
             if kt is not None:
-                timeline = kt.stop(len(st.pending))
+                timeline = kt.stop(len(st.pending), no_range=st.unranged)
                 end = kt.synced_ns or end  # the device done: Kineto's teardown and read-out are tscope's work
                 cost.update(kt.cost)
             wall = (end - st.t0 - st.paused_ns) * 1e-9

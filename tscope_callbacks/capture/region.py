@@ -34,6 +34,7 @@ from tscope_callbacks.capture.layers import LayerDetails
 from tscope_callbacks.capture.memory import MemoryTracker
 from tscope_callbacks.capture.paths import ModelTree, clean_path
 from tscope_callbacks.capture.step_memory import grad_bytes, local_tensor
+from tscope_callbacks.formulas.bytes import op_plan
 from tscope_callbacks.formulas.memo import CountCache
 from tscope_callbacks.formulas.registry import FormulaRegistry
 
@@ -208,15 +209,19 @@ _current_node = torch._C._current_autograd_node
 _perf_ns = time.perf_counter_ns
 
 
-#: id(op) -> (op, skip, call): ``skip`` for ops that are annotations, not work (``profiler::_record_function_*``:
-#: run, never recorded); ``call`` runs the op (an ``OpOverload``'s C++ callable, one Python frame less per op). Keyed
-#: by id (``OpOverload.__hash__`` is a Python method); a hit must be that very op
-_OPS: dict[int, tuple[Any, bool, Any]] = {}
+#: id(op) -> (op, skip, call, view): ``skip`` for ops that are annotations, not work (``profiler::_record_function_*``:
+#: run, never recorded); ``call`` runs the op (an ``OpOverload``'s C++ callable, one Python frame less per op);
+#: ``view``: its schema makes every result a read-only alias of an input (``view``, ``t``, ``transpose``, ``expand``,
+#: ``split``...: metadata, never a kernel), so on CUDA it runs without a Kineto range. Keyed by id
+#: (``OpOverload.__hash__`` is a Python method); a hit must be that very op
+_OPS: dict[int, tuple[Any, bool, Any, bool]] = {}
 
 
-def _op_entry(func: Any) -> tuple[Any, bool, Any]:
-    call = func._op if type(func) is OpOverload else func
-    hit = _OPS[id(func)] = (func, getattr(func, "namespace", "") == "profiler", call)
+def _op_entry(func: Any) -> tuple[Any, bool, Any, bool]:
+    overload = type(func) is OpOverload
+    call = func._op if overload else func
+    hit = _OPS[id(func)] = (func, getattr(func, "namespace", "") == "profiler", call,
+                            overload and op_plan(func).view)
     return hit
 
 
@@ -272,10 +277,16 @@ class _Mode(TorchDispatchMode):
             return func(*args, **kwargs)
         seq = _get_sequence_nr()
         node = _current_node()
-        if st.timeline is None and st.timed:  # timed_call's CPU branch, inlined: one call less per op
-            t0 = st.op_t0 = _perf_ns()
-            out = e[2](*args, **kwargs)
-            dt = (_perf_ns() - t0) * 1e-9
+        if st.timeline is None:
+            if st.timed:  # timed_call's CPU branch, inlined: one call less per op
+                t0 = st.op_t0 = _perf_ns()
+                out = e[2](*args, **kwargs)
+                dt = (_perf_ns() - t0) * 1e-9
+            else:
+                out, dt = e[2](*args, **kwargs), None
+        elif e[3]:  # a view on CUDA: no kernel to time, so no range (a quarter of a transformer's ops)
+            st.unranged.append(len(st.pending))
+            out, dt = e[2](*args, **kwargs), None
         else:
             out, dt = timed_call(st, func, args, kwargs)
         try:

@@ -79,6 +79,8 @@ class CaptureState:
     deferred: dict[int, tuple] = field(default_factory=dict)
     masks: MaskCounts = field(default_factory=MaskCounts)  #: explicit masks of attention calls
     starts: dict[int, float] = field(default_factory=dict)  #: pending index -> start (s after t0; CPU timing)
+    #: pending indices of the ops run without a Kineto range on CUDA (views: no kernel, device time 0)
+    unranged: list[int] = field(default_factory=list)
     op_t0: int = 0  #: perf_counter_ns at the current op's start (set by the dispatch mode when timed)
     inputs: list | None = None  #: [shape, dtype] of the root module's tensor inputs (first call)
     paused: int = 0
@@ -100,6 +102,7 @@ class CaptureState:
         self.masks.clear()
         self.tree = None
         self.starts = {}
+        self.unranged = []
         self.seq_layer = {}
         self.seq_hi = -1
         self.hooked = set()
