@@ -49,6 +49,8 @@ def test_gpu_benchmarks_smoke() -> None:
     assert "measured / expected" in out and "analyze_model on meta" in out and "Top opportunities" in out
     out = _run("benchmarks/gpu_compiled_profile.py", "--smoke", "--runs", "2")
     assert "profiled compiled step (kernels)" in out and "Dynamo before" in out
+    out = _run("benchmarks/gpu_capture_parts.py", "--smoke", "--runs", "1")
+    assert "| ts: + finite checks |" in out and "plain step's host time" in out
 
 
 def test_gpu_host_passes_runs() -> None:
