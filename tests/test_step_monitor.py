@@ -167,7 +167,11 @@ def test_contention_is_a_slowdown_spread_over_the_step_with_the_load_rising() ->
     one = _snap(40, load=0.8, fetch=0.5, forward=4.0, backward=0.5)  # the forward alone: the run's
     assert an.concentrated(h, one) == "forward" and not an.contention(h, one)
     # a slowdown concentrated in a part is the run's, however busy the machine
-    assert not an.contention(dataclasses.replace(h, load=0.9), dataclasses.replace(one, load=0.9))
+    busy_h, busy_one = dataclasses.replace(h, load=0.9), dataclasses.replace(one, load=0.9)
+    assert not an.contention(busy_h, busy_one)
+    # ... as long as the alert can name it: with no finding of a cause (only the load, the CPU wait) it is the load's
+    assert an.contention(busy_h, busy_one, findings=[an.Finding("host load", "other processes", 0.9, 0.9, "", "")])
+    assert not an.contention(busy_h, busy_one, findings=an.what_grew(busy_h, busy_one, cuda=False))
     # ... also when the machine's waits for a CPU inflated every part besides: the steps wait 2/3 of their time for a
     # CPU, before (1 ms of own time: 3 ms) and after, when a layer takes 1.5 ms more (2.5 ms of own time: 7.5 ms):
     # on the run's own time (each part less its share of the wait) the layer is the growth

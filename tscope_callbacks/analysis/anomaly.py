@@ -39,7 +39,7 @@ __all__ = ["StepTimes", "Breakdown", "summarize", "loader_settings", "input_fixe
            "Snapshot", "Finding", "what_grew", "alert_text", "witness", "INPUT_BOUND_SHARE", "SPREAD_K", "RECENT_STEPS",
            "MIN_RISE", "WINDOW", "MIN_STEPS", "MIN_VERDICT_STEPS", "VERDICT_WINDOW", "LOSS_SPIKE", "MIN_GAP_STEPS",
            "GREW_SHARE", "NOISE_SHARE", "WITNESS_MARGIN", "CONTENTION_RISE", "CONTENTION_LOAD", "CONTENTION_WAIT_SHARE", "host_contention", "concentrated",
-           "contention", "contention_text", "REFRESH"]
+           "contention", "contention_text", "CAUSES", "REFRESH"]
 
 #: a slowdown is significant above this many times the spread of the healthy steps' n-step medians ...
 SPREAD_K = 4.0
@@ -411,7 +411,12 @@ def concentrated(healthy: Snapshot, now: Snapshot) -> str | None:
     return None
 
 
-def contention(healthy: Snapshot, now: Snapshot) -> bool:
+#: the kinds of findings that name a cause in the run (the others: the machine's load, the CPU wait, tscope's own)
+CAUSES = ("part", "hook", "layer", "op", "communication", "late rank", "straggler", "GPU idle", "device busy",
+          "clocks", "power")
+
+
+def contention(healthy: Snapshot, now: Snapshot, findings: Sequence[Finding] | None = None) -> bool:
     """A slowdown of the run's own time (its step less its wait for a CPU: what the trigger reads) that is the
     machine's, not the run's: the step slowed all over (nothing :func:`concentrated`) while other processes loaded the
     CPUs (:func:`host_contention`) or the training thread waited for a CPU at least :data:`CONTENTION_WAIT_SHARE` of
@@ -419,8 +424,8 @@ def contention(healthy: Snapshot, now: Snapshot) -> bool:
     timing alone cannot tell from a slower run. A slowdown concentrated in a part, hook,
     layer or op is the run's, whatever the load. (A longer wait for a CPU alone is no slowdown of the run's own time:
     the monitor names it as contention at its logging steps.)"""
-    if concentrated(healthy, now) is not None:
-        return False
+    if concentrated(healthy, now) is not None and (findings is None or any(f.kind in CAUSES for f in findings)):
+        return False  # (a cause too small to be a finding names nothing: no cause)
     nb = now.breakdown
     waited = (nb is not None and nb.cpu_wait_ms is not None and nb.step_ms > 0
               and nb.cpu_wait_ms >= CONTENTION_WAIT_SHARE * nb.step_ms)

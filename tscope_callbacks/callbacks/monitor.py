@@ -618,7 +618,7 @@ class StepMonitor(ProfilingCallback):
                  and d.capture else None, "trigger": dict(why), "findings": findings, "text": text,
                  "breakdown": snap.breakdown, "healthy": healthy.breakdown}
         if why["kind"] == "slow-steps":
-            if an.contention(healthy, snap):
+            if an.contention(healthy, snap, findings):
                 entry["text"] = text = an.contention_text(why, findings, healthy, snap)
                 if not self.options.alert_on_contention:
                     # the machine's load, not the run: the healthy steps stay the basis. A stretch that stays slow
