@@ -53,6 +53,14 @@ def test_gpu_benchmarks_smoke() -> None:
     assert "| ts: + finite checks |" in out and "plain step's host time" in out
 
 
+def test_gpu_step_monitor_smoke() -> None:
+    out = _run("scripts/gpu_step_monitor.py", "--smoke", "--steps", "20")
+    for run in ("a. monitor alone, prog_bar=True", "b. monitor alone, prog_bar=False", "c. as b + 8 ms host work",
+                "d. demo callbacks"):
+        assert f"## {run}" in out, out[-3000:]
+    assert "part          host ms   device ms" in out and "values read back every step" in out
+
+
 def test_gpu_host_passes_runs() -> None:
     # GPT-2 124M-sized kernel records: every kernel goes to the op that launched it, and a replay matches them all
     out = _run("benchmarks/gpu_host_passes.py", "--runs", "1")

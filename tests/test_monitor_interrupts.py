@@ -35,14 +35,17 @@ POINTS = ("fetch", "forward", "backward", "optimizer", "batch_end", "log", "tsco
 
 class _Boom:
     """Where and what to raise: at ``point``, the first time it is reached at or after global step ``step`` (a
-    logger is called at logging steps only; a step's fetch comes before its batch starts)."""
+    logger is called at logging steps only). A step's fetch comes before its batch starts, while ``gs`` still holds
+    the step before: the fetch of step ``step`` is the first one once ``gs + 1 >= step`` (with ``gs >= step``, the
+    last step's fetch was never reached and nothing was raised: the fast test failed so whenever the steps where
+    tscope captured made step 39 the fetch's turn)."""
 
     def __init__(self, step: int, point: str, exc: type[BaseException]) -> None:
         self.step, self.point, self.exc, self.fired = step, point, exc, False
         self.gs = 0
 
     def __call__(self, point: str) -> None:
-        if not self.fired and point == self.point and self.gs >= self.step:
+        if not self.fired and point == self.point and self.gs + (point == "fetch") >= self.step:
             self.fired = True
             raise self.exc(f"interrupt at step {self.step}, {point}")
 

@@ -400,7 +400,7 @@ def test_cuda_steps_join_host_parts_device_figures_and_the_ddp_tail(monkeypatch)
         _FakeEvent.now = t1
         e.record()
         st = StepTimes(step, 0.011, tuple([0.001] * len(PARTS)), {}, None)
-        mon.probe.done.append((st, [(g, e)]))
+        mon.probe.done.append((st, [(g, e)], []))
     mon._collect(None)
     assert added == []  # nothing complete yet: nothing read
     _FakeEvent.done = True
@@ -584,7 +584,7 @@ def _run_scripted(steps: list[StepTimes], load: _Load, levels=None) -> StepMonit
             load.level = levels(st.step)
         spend(st.host_s)
         mon._gs = st.step + 1
-        mon.probe.done.append((st, []))
+        mon.probe.done.append((st, [], []))
         mon._tick(trainer, None, st.step + 1, None)
         if (st.step + 1) % 10 == 0:
             mon._log(trainer, st.step + 1, None)

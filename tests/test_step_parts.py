@@ -155,7 +155,7 @@ def test_probe_parts_are_exclusive_and_add_up_to_the_step() -> None:
     _step(p, c, 1, logging=0.4)
     _step(p, c, 2, fetch=5.0, ckpt=30.0)
     p.begin("[_TrainingEpochLoop].train_dataloader_next")  # the next step's fetch closes step 2
-    done = [st for st, _ in p.take()]
+    done = [st for st, _, _ in p.take()]
     assert [s.step for s in done] == [0, 1, 2] and done[0].dirty and not done[1].dirty
     s1, s2 = done[1], done[2]
     # step 1 (ms): fetch 2; transfer 0.2 + 0.3; forward 4; backward 1 + 2 (its hook apart); optimizer 0.05 + 0.95;
@@ -182,7 +182,7 @@ def test_probe_moves_the_ddp_tail_wait_to_sync() -> None:
     _step(p, c, 0)
     _step(p, c, 1, tail=30.0)
     p.begin("[_TrainingEpochLoop].train_dataloader_next")
-    s = [st for st, _ in p.take()][1]
+    s = [st for st, _, _ in p.take()][1]
     assert s.part("sync") * 1e3 == pytest.approx(30.0) and s.part("backward") * 1e3 == pytest.approx(3.0)
     assert s.named["sync:DDP gradient all-reduce wait"] * 1e3 == pytest.approx(30.0)
 
@@ -193,7 +193,7 @@ def test_probe_counts_its_own_cost_as_tscope() -> None:
     _step(p, c, 0)
     _step(p, c, 1)
     p.begin("[_TrainingEpochLoop].train_dataloader_next")
-    s = [st for st, _ in p.take()][1]
+    s = [st for st, _, _ in p.take()][1]
     # 11 marked actions in step 1 (its fetch, transfer x2, 2 callback hooks, run_training_batch, optimizer_step,
     # training_step, backward, tscope's hook and the log inside it), 1 us each
     assert s.named["tscope:step-parts probe"] == pytest.approx(11e-6)

@@ -22,13 +22,20 @@ fetch to the start of the next step's, in these parts (:data:`PARTS`; host secon
 
 The parts add up to the step. Beside them, ``cpu_wait``: the time the training thread was ready to run but waited
 for a CPU (the kernel's run-queue wait, ``/proc/thread-self/schedstat``): contention, spread over the parts it
-slowed. On a GPU the parts are host times; the device's own busy and idle time come from CUDA events.
+slowed. On a GPU the parts are host times, and each part also has its **device time**: the device's time while
+the host ran it (CUDA events around the parts, ``callbacks.loop_probe``): for the loop's parts, the device's idle
+while the host ran them. The host runs ahead of the device, so a host part costs a GPU step only its device time:
+11 ms of host time in Lightning's metric bookkeeping that is the host blocked in a device sync while the device
+runs the step's kernels costs nothing by itself.
 
-A step is **input-bound** when fetch and transfer are at least ``share`` of the step (on a GPU the device must also
-idle that long: a host fetch the device does not wait for is hidden). The **loop's own work** (hooks, logging,
-checkpoints, Lightning's bookkeeping) is a finding once it is at least :data:`LOOP_SHARE` of the step, naming the
-biggest items. A **late rank** (:func:`late_rank`) is the one the others wait for: each rank's sync wait is
-gathered, the rank that waits least is the one the others wait for, its cost is how much longer they wait.
+A step is **input-bound** when fetch and transfer are at least ``share`` of the step (on a GPU their device time
+must be that share: the device waited for the batch). The **loop's own work** (hooks, logging, checkpoints,
+Lightning's bookkeeping) is a finding once it is at least :data:`LOOP_SHARE` of the step (on a GPU: its device
+time), naming the biggest items. On a GPU a **host-device sync in the loop** (:func:`sync_text`: a value logged
+for the progress bar, read back every step) is named where the device then idled at least that share of the step
+while the host prepared the next step. A **late rank** (:func:`late_rank`) is the one the others wait for: each
+rank's sync wait is gathered, the rank that waits least is the one the others wait for, its cost is how much
+longer they wait.
 """
 
 from __future__ import annotations
@@ -41,7 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["PARTS", "DATA_PARTS", "COMPUTE_PARTS", "LOOP_PARTS", "PART_TEXT", "StepTimes", "Breakdown", "NamedCost",
-           "summarize", "Rolling", "fetch_of", "input_bound", "loop_costs", "loop_text", "loop_findings", "LateRank", "late_rank", "RANK_FIELDS",
+           "summarize", "Rolling", "fetch_of", "input_bound", "loop_costs", "loop_text", "loop_findings", "sync_text", "sync_findings",
+           "LateRank", "HOST_PARTS", "late_rank", "RANK_FIELDS",
            "rank_vector", "INPUT_BOUND_SHARE", "LOOP_SHARE", "LATE_SHARE", "LATE_MIN_MS", "MIN_VERDICT_STEPS",
            "VERDICT_WINDOW"]
 
@@ -51,6 +59,9 @@ DATA_PARTS = ("fetch", "transfer")
 COMPUTE_PARTS = ("forward", "backward", "optimizer")
 #: the loop's own work: what the user's loop setup costs besides the model (tscope's own cost is apart)
 LOOP_PARTS = ("hooks", "logging", "checkpoint", "other")
+#: the parts that queue no device work of their own: on a GPU their device time is the device's idle while the host
+#: ran them
+HOST_PARTS = ("fetch", "hooks", "logging", "checkpoint", "tscope", "other")
 #: a part's name in a sentence
 PART_TEXT = {"fetch": "fetching the batch", "transfer": "moving the batch to the device", "forward": "forward",
              "backward": "backward", "optimizer": "optimizer step", "sync": "waiting for other ranks",
@@ -81,8 +92,9 @@ class StepTimes:
     time, the host's on CPU and on a GPU the device's (CUDA events, one batch end to the next); ``parts``: host
     seconds per :data:`PARTS` (``other`` is the rest of ``host_s``); ``named``: seconds per hook, logger or
     callback (``"<part>:<name>"``: the loop's and tscope's items); ``cpu_wait_s``: run-queue wait (None: not
-    known); ``busy_s``/``idle_s``/``device_sync_s``: the device's (GPU only); ``dirty``: the step held non-training work (a
-    profile, validation, an epoch boundary) and is no basis."""
+    known); ``busy_s``/``idle_s``/``device_sync_s``: the device's (GPU only); ``dev_parts``/``dev_named``: each
+    part's and named item's device seconds (GPU only: the device's time while the host ran it, from CUDA events);
+    ``dirty``: the step held non-training work (a profile, validation, an epoch boundary) and is no basis."""
 
     step: int
     host_s: float
@@ -94,6 +106,8 @@ class StepTimes:
     idle_s: float | None = None
     device_sync_s: float | None = None  #: GPU: the device's wait at the end of a DDP backward (CUDA events)
     dirty: bool = False
+    dev_parts: tuple[float, ...] | None = None
+    dev_named: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.step_s < 0:
@@ -112,7 +126,7 @@ class StepTimes:
 class NamedCost:
     """One hook, logger or callback over a run of steps: its mean ``ms`` a step, the steps it ran in
     (``occurrences`` of ``steps``) and its mean per occurrence (a checkpoint every 50 steps: 40 ms each, 0.8 ms a
-    step)."""
+    step); on a GPU ``device_ms``: its device time a step (the device's idle while the host ran it; None: CPU)."""
 
     part: str
     name: str
@@ -120,6 +134,12 @@ class NamedCost:
     per_occurrence_ms: float
     occurrences: int
     steps: int
+    device_ms: float | None = None
+
+    @property
+    def cost_ms(self) -> float:
+        """What it costs the step a step: its device time on a GPU, its host time on CPU."""
+        return self.ms if self.device_ms is None else self.device_ms
 
     @property
     def every(self) -> float:
@@ -148,10 +168,25 @@ class Breakdown:
     #: proportion; {} where not taken): a typical step's, robust to the odd step a preemption or a GC landed in (the
     #: diagnosis compares these)
     medians_ms: dict[str, float] = field(default_factory=dict)
+    #: GPU: each part's device time (ms a step: the device's time while the host ran it); None: CPU
+    device_parts_ms: dict[str, float] | None = None
 
     @property
     def loop_ms(self) -> float:
         return sum(self.parts_ms.get(p, 0.0) for p in LOOP_PARTS)
+
+    @property
+    def loop_device_ms(self) -> float | None:
+        """GPU: the loop's own work's device time (ms a step); None on CPU."""
+        d = self.device_parts_ms
+        return None if d is None else sum(d.get(p, 0.0) for p in LOOP_PARTS)
+
+    @property
+    def host_idle_ms(self) -> float | None:
+        """GPU: the device's time while the host ran the parts that queue no device work (:data:`HOST_PARTS`): the
+        device's idle waiting for the host (ms a step); None on CPU."""
+        d = self.device_parts_ms
+        return None if d is None else sum(d.get(p, 0.0) for p in HOST_PARTS)
 
     @property
     def fetch_ms(self) -> float:
@@ -170,22 +205,32 @@ class Breakdown:
             out["idle_ms"] = self.idle_ms
         if self.device_sync_ms is not None:
             out["device_sync_ms"] = self.device_sync_ms
+        if self.device_parts_ms is not None:
+            out["loop_device_ms"] = self.loop_device_ms or 0.0
+            out["tscope_device_ms"] = self.device_parts_ms.get("tscope", 0.0)
+            out["host_idle_ms"] = self.host_idle_ms or 0.0
         return out
 
     def to_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "step_ms": self.step_ms, "host_ms": self.host_ms, "parts_ms": dict(self.parts_ms),
                 "cpu_wait_ms": self.cpu_wait_ms, "device_busy_ms": self.device_busy_ms, "idle_ms": self.idle_ms,
                 "device_sync_ms": self.device_sync_ms, "fetch_share": self.fetch_share, "input_bound": self.input_bound,
-                "named": [[c.part, c.name, c.ms, c.per_occurrence_ms, c.occurrences, c.steps] for c in self.named]}
+                "device_parts_ms": None if self.device_parts_ms is None else dict(self.device_parts_ms),
+                "named": [[c.part, c.name, c.ms, c.per_occurrence_ms, c.occurrences, c.steps]
+                          + ([] if c.device_ms is None else [c.device_ms]) for c in self.named]}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Breakdown:
+        dev = d.get("device_parts_ms")
         return cls(steps=int(d["steps"]), step_ms=float(d["step_ms"]), host_ms=float(d.get("host_ms", d["step_ms"])),
                    parts_ms={str(k): float(v) for k, v in (d.get("parts_ms") or {}).items()},
                    cpu_wait_ms=d.get("cpu_wait_ms"), device_busy_ms=d.get("device_busy_ms"), idle_ms=d.get("idle_ms"),
-                   device_sync_ms=d.get("device_sync_ms"), fetch_share=float(d.get("fetch_share", 0.0)), input_bound=bool(d.get("input_bound")),
-                   named=tuple(NamedCost(str(a), str(b), float(c), float(e), int(f), int(g))
-                               for a, b, c, e, f, g in d.get("named") or ()))
+                   device_sync_ms=d.get("device_sync_ms"), fetch_share=float(d.get("fetch_share", 0.0)),
+                   input_bound=bool(d.get("input_bound")),
+                   device_parts_ms=None if dev is None else {str(k): float(v) for k, v in dev.items()},
+                   named=tuple(NamedCost(str(r[0]), str(r[1]), float(r[2]), float(r[3]), int(r[4]), int(r[5]),
+                                         float(r[6]) if len(r) > 6 and r[6] is not None else None)
+                               for r in d.get("named") or ()))
 
 
 def fetch_of(bd: Mapping[str, Any]) -> tuple[float | None, float | None]:
@@ -201,8 +246,19 @@ def fetch_of(bd: Mapping[str, Any]) -> tuple[float | None, float | None]:
 
 def input_bound(fetch_share: float, idle_share: float | None, share: float = INPUT_BOUND_SHARE) -> bool:
     """Input-bound: fetching the batch (fetch + transfer) takes at least ``share`` of the step and, on a GPU
-    (``idle_share`` given), the device idles at least that share too (it waited for the batch)."""
+    (``idle_share`` given: the device's time while the host fetched and moved the batch, else its idle between
+    steps), the device idles at least that share too (it waited for the batch)."""
     return fetch_share >= share and (idle_share is None or idle_share >= share)
+
+
+def _idle_share(dev: Mapping[str, float] | None, idle_ms: float | None, step_ms: float) -> float | None:
+    """The device's share of the step spent waiting for the batch: the device time of fetch + transfer where known,
+    else the device's idle between steps; None on CPU."""
+    if step_ms <= 0:
+        return None if dev is None and idle_ms is None else 0.0
+    if dev is not None:
+        return (dev.get("fetch", 0.0) + dev.get("transfer", 0.0)) / step_ms
+    return None if idle_ms is None else idle_ms / step_ms
 
 
 def _own_share(s: StepTimes) -> float:
@@ -229,8 +285,11 @@ def summarize(steps: Sequence[StepTimes], share: float = INPUT_BOUND_SHARE) -> B
         idle = mean(s.idle_s or 0.0 for s in clean) * 1e3
     dsync = (mean(s.device_sync_s or 0.0 for s in clean) * 1e3
              if any(s.device_sync_s is not None for s in clean) else None)
+    dev = None
+    if all(s.dev_parts is not None for s in clean):
+        dev = {p: mean(s.dev_parts[i] for s in clean) * 1e3 for i, p in enumerate(PARTS)}  # type: ignore[index]
     frac = (parts["fetch"] + parts["transfer"]) / host if host > 0 else 0.0
-    idle_frac = None if idle is None else (idle / step if step > 0 else 0.0)
+    idle_frac = _idle_share(dev, idle, step)
     # a typical step's parts on the run's own time: each step's parts less its wait for a CPU, spread over them in
     # proportion (the wait lands in whatever part ran), then each part's median over the steps
     own = [[v * _own_share(s) for v in s.parts] for s in clean]
@@ -240,7 +299,7 @@ def summarize(steps: Sequence[StepTimes], share: float = INPUT_BOUND_SHARE) -> B
         medians["cpu_wait"] = statistics.median(s.cpu_wait_s or 0.0 for s in clean) * 1e3
     return Breakdown(steps=n, step_ms=step, host_ms=host, parts_ms=parts, cpu_wait_ms=cpu_wait, device_busy_ms=busy,
                      idle_ms=idle, device_sync_ms=dsync, fetch_share=frac, input_bound=input_bound(frac, idle_frac, share),
-                     named=loop_costs(clean), medians_ms=medians)
+                     named=loop_costs(clean), medians_ms=medians, device_parts_ms=dev)
 
 
 class Rolling:
@@ -252,8 +311,10 @@ class Rolling:
         self.steps: deque[StepTimes] = deque()
         self._sums = [0.0] * len(PARTS)
         self._host = self._step = self._wait = self._busy = self._idle = self._dsync = 0.0
-        self._n_wait = self._n_busy = self._n_dsync = 0
+        self._n_wait = self._n_busy = self._n_dsync = self._n_dev = 0
+        self._dev = [0.0] * len(PARTS)
         self._named: dict[str, float] = {}
+        self._dev_named: dict[str, float] = {}
         self._occ: dict[str, int] = {}
 
     def __len__(self) -> int:
@@ -279,6 +340,9 @@ class Rolling:
         if st.device_sync_s is not None:
             self._dsync += sign * st.device_sync_s
             self._n_dsync += sign
+        if st.dev_parts is not None:
+            self._dev = [a + sign * b for a, b in zip(self._dev, st.dev_parts)]
+            self._n_dev += sign
         if not self.keep_named:
             return
         for k, v in st.named.items():
@@ -289,6 +353,10 @@ class Rolling:
             else:
                 self._occ.pop(k, None)
                 self._named.pop(k, None)
+                self._dev_named.pop(k, None)
+        for k, v in (st.dev_named or {}).items():
+            if k in self._occ:
+                self._dev_named[k] = self._dev_named.get(k, 0.0) + sign * v
 
     def add(self, st: StepTimes) -> None:
         if st.dirty:
@@ -317,31 +385,39 @@ class Rolling:
         host, step = self._host / n * 1e3, self._step / n * 1e3
         busy = self._busy / n * 1e3 if self._n_busy == n else None
         idle = self._idle / n * 1e3 if self._n_busy == n else None
+        dev = ({p: max(self._dev[i], 0.0) / n * 1e3 for i, p in enumerate(PARTS)} if self._n_dev == n else None)
         frac = (parts["fetch"] + parts["transfer"]) / host if host > 0 else 0.0
-        idle_frac = None if idle is None else (idle / step if step > 0 else 0.0)
+        idle_frac = _idle_share(dev, idle, step)
         named = [NamedCost(*(k.partition(":")[::2]), max(v, 0.0) / n * 1e3, max(v, 0.0) / self._occ[k] * 1e3,
-                           self._occ[k], n) for k, v in self._named.items()]
+                           self._occ[k], n,
+                           None if dev is None else max(self._dev_named.get(k, 0.0), 0.0) / n * 1e3)
+                 for k, v in self._named.items()]
         return Breakdown(steps=n, step_ms=step, host_ms=host, parts_ms=parts,
                          cpu_wait_ms=self._wait / n * 1e3 if self._n_wait == n else None, device_busy_ms=busy,
                          idle_ms=idle, device_sync_ms=self._dsync / n * 1e3 if self._n_dsync else None,
                          fetch_share=frac, input_bound=input_bound(frac, idle_frac, share),
-                         named=tuple(sorted(named, key=lambda c: -c.ms)))
+                         named=tuple(sorted(named, key=lambda c: -c.cost_ms)), device_parts_ms=dev)
 
 
 def loop_costs(steps: Sequence[StepTimes]) -> tuple[NamedCost, ...]:
     """Each named item's cost over ``steps`` (all of them, clean or not as given), largest mean first."""
     tot: dict[str, float] = {}
+    dev: dict[str, float] = {}
     occ: dict[str, int] = {}
     for s in steps:
         for k, v in s.named.items():
             tot[k] = tot.get(k, 0.0) + v
             occ[k] = occ.get(k, 0) + 1
+        for k, v in (s.dev_named or {}).items():
+            dev[k] = dev.get(k, 0.0) + v
     n = len(steps)
+    on_device = bool(steps) and all(s.dev_parts is not None for s in steps)
     out = []
     for k, v in tot.items():
         part, _, name = k.partition(":")
-        out.append(NamedCost(part, name, v / n * 1e3, v / occ[k] * 1e3, occ[k], n))
-    return tuple(sorted(out, key=lambda c: -c.ms))
+        out.append(NamedCost(part, name, v / n * 1e3, v / occ[k] * 1e3, occ[k], n,
+                             dev.get(k, 0.0) / n * 1e3 if on_device else None))
+    return tuple(sorted(out, key=lambda c: -c.cost_ms))
 
 
 def _cost(c: NamedCost) -> str:
@@ -350,9 +426,39 @@ def _cost(c: NamedCost) -> str:
     return f"{c.name} {c.ms:.3g} ms a step"
 
 
+def _device_cost(c: NamedCost) -> str:
+    dev = c.device_ms or 0.0
+    if c.occurrences < c.steps * 0.5:
+        return (f"{c.name} {dev * c.steps / c.occurrences:.3g} ms every {c.every:.3g} steps = {dev:.3g} ms a step "
+                f"(host {c.ms:.3g} ms)")
+    return f"{c.name} {dev:.3g} ms a step (host {c.ms:.3g} ms)"
+
+
+def _device_loop_text(b: Breakdown, share: float, top: int) -> str | None:
+    """:func:`loop_text` on a GPU: the loop's device time (module doc)."""
+    dev = b.device_parts_ms or {}
+    loop = b.loop_device_ms or 0.0
+    if b.step_ms <= 0 or loop / b.step_ms < share:
+        return None
+    items = [c for c in b.named if c.part in LOOP_PARTS and (c.device_ms or 0.0) > 0.0][:top]
+    named = [_device_cost(c) for c in items]
+    other = dev.get("other", 0.0)
+    if other >= 0.1 * loop:
+        named.append(f"Lightning's own loop (bookkeeping no hook marks) {other:.3g} ms a step "
+                     f"(host {b.parts_ms.get('other', 0.0):.3g} ms)")
+    return (f"the device waits {loop:.3g} ms a step for the loop's own work ({loop / b.step_ms:.0%} of the "
+            f"{b.step_ms:.3g} ms step, mean of {b.steps} steps: the device's time while the host ran it; the host "
+            f"spent {b.loop_ms:.3g} ms in it, the rest while the device was busy): " + "; ".join(named)
+            + f". tscope's own hooks: the device waited {dev.get('tscope', 0.0):.3g} ms a step in them (host "
+            f"{b.parts_ms.get('tscope', 0.0):.3g} ms), not counted in it")
+
+
 def loop_text(b: Breakdown, share: float = LOOP_SHARE, top: int = 3) -> str | None:
     """The loop-overhead finding: the loop's own work (hooks, logging, checkpoints, Lightning's bookkeeping) when it
-    is at least ``share`` of the step, naming its ``top`` biggest items; tscope's own cost said apart. None below."""
+    is at least ``share`` of the step, naming its ``top`` biggest items; tscope's own cost said apart. None below.
+    On a GPU (:attr:`Breakdown.device_parts_ms`) only what the device lost counts: each part's device time."""
+    if b.device_parts_ms is not None:
+        return _device_loop_text(b, share, top)
     if b.step_ms <= 0 or b.loop_ms / b.host_ms < share:
         return None
     items = [c for c in b.named if c.part in LOOP_PARTS][:top]
@@ -383,15 +489,97 @@ def loop_findings(b: Breakdown, share: float = LOOP_SHARE, top: int = 3) -> list
     (hooks, loggers, checkpoints: not Lightning's unmarked bookkeeping, which has no change to name) when the loop's
     work is at least ``share`` of the step: ``{cause, change, saving_s}``, ``saving_s`` the item's mean cost a step
     (what removing it saves; making it rarer saves that share of it)."""
-    if b.host_ms <= 0 or b.loop_ms / b.host_ms < share:
+    gpu = b.device_parts_ms is not None
+    step = b.step_ms if gpu else b.host_ms
+    loop = (b.loop_device_ms or 0.0) if gpu else b.loop_ms
+    if step <= 0 or loop / step < share:
         return []
     out = []
     for c in [c for c in b.named if c.part in ("hooks", "logging", "checkpoint")][:top]:
-        if c.ms < 0.01 * b.host_ms:
+        if c.cost_ms < 0.01 * step:
             continue  # under 1% of the step: not worth a change
-        out.append({"cause": f"the loop's own work: {_cost(c)} ({c.ms / b.host_ms:.0%} of the {b.host_ms:.3g} ms step)",
-                    "change": _change(c), "saving_s": c.ms / 1e3})
+        what = _device_cost(c) if gpu else _cost(c)
+        out.append({"cause": f"the loop's own work: {what} ({c.cost_ms / step:.0%} of the {step:.3g} ms step"
+                             + (": the device's wait while the host ran it)" if gpu else ")"),
+                    "change": _change(c), "saving_s": c.cost_ms / 1e3})
     return out
+
+
+@dataclass(frozen=True)
+class _Sync:
+    reads: tuple[str, ...]
+    idle_ms: float  #: the device's wait a step while the host ran the parts that queue no device work
+    at: NamedCost | None  #: where the host waited for the device
+    blocked_ms: float
+    saving_ms: float
+    where: tuple[tuple[str, float, float], ...]  #: (what, device ms, host ms): where the device waited most
+
+
+def _sync(b: Breakdown, reads: Sequence[str], share: float) -> _Sync | None:
+    """The figures of :func:`sync_text`; None where it is no finding."""
+    dev = b.device_parts_ms
+    if not reads or dev is None or b.step_ms <= 0:
+        return None
+    idle = b.host_idle_ms or 0.0
+    if idle / b.step_ms < share:
+        return None  # the device kept busy: the sync is hidden (the host's wait in it cost nothing)
+    # where the host waited: the loop item whose host time most exceeds the device's time in it
+    cands = [c for c in b.named if c.part in ("logging", "hooks") and c.device_ms is not None]
+    at = max(cands, key=lambda c: c.ms - (c.device_ms or 0.0), default=None)
+    blocked = max(at.ms - (at.device_ms or 0.0), 0.0) if at is not None else 0.0
+    # without the wait the host's own work a step is host_ms - blocked: the device keeps busy unless that exceeds
+    # the step; the idle it can take back is at most the step less that work
+    saving = min(idle, max(b.step_ms - (b.host_ms - blocked), 0.0))
+    if saving < share * b.step_ms:
+        return None  # the host's own work is the bottleneck, not the sync: the loop finding says so
+    # where the device waited: the named items (a callback, a logger, tscope's hooks) and the unnamed parts
+    items = [(c.name if c.part != "tscope" else f"tscope's {c.name}", c.device_ms or 0.0, c.ms) for c in b.named
+             if c.part in HOST_PARTS and c is not at]
+    items += [(PART_TEXT[p], dev.get(p, 0.0), b.parts_ms.get(p, 0.0)) for p in ("fetch", "other")]
+    where = tuple(sorted((x for x in items if x[1] >= 0.05 * idle), key=lambda x: -x[1])[:4])
+    return _Sync(tuple(reads), idle, at, blocked, saving, where)
+
+
+def _reads_text(reads: Sequence[str]) -> str:
+    names = ", ".join(repr(r) for r in reads)
+    return f"the logged value{'s' * (len(reads) > 1)} {names}"
+
+
+def sync_text(b: Breakdown, reads: Sequence[str], share: float = LOOP_SHARE) -> str | None:
+    """A host-device sync in the loop, on a GPU: ``reads`` (``loop_probe.progress_bar_reads``: values logged for the
+    progress bar, read back to the host after every batch) make the host wait for the device every step; the
+    finding holds where the device then waited for the host at least ``share`` of the step (its time in the parts
+    that queue no device work) and taking the sync away would give at least that back (the host's own work a step,
+    its wait excluded, is shorter than the step). None otherwise (a sync the device never waits after costs
+    nothing)."""
+    f = _sync(b, reads, share)
+    if f is None:
+        return None
+    where = "; ".join(f"{w} {d:.3g} ms (host {h:.3g} ms)" for w, d, h in f.where)
+    at = (f" ({f.at.name}: {f.at.ms:.3g} ms a step on the host, {f.blocked_ms:.3g} ms of it while the device was "
+          f"busy)" if f.at is not None else "")
+    first = f.reads[0]
+    return (f"{_reads_text(f.reads)} {'is' if len(f.reads) == 1 else 'are'} read back to the host after every "
+            f"batch: a device sync in the loop (logged with self.log(..., prog_bar=True), Lightning turns it into a "
+            f"number with .item(), with or without a progress bar). The host waits there for the device{at}, then "
+            f"the device, its queue empty, waits {f.idle_ms:.3g} ms a step ({f.idle_ms / b.step_ms:.0%} of the "
+            f"{b.step_ms:.3g} ms step, mean of {b.steps} steps) while the host prepares the next step: {where}. "
+            f"Change: self.log({first!r}, ..., prog_bar=False), or on_step=False (Lightning reduces it at the "
+            f"epoch's end), or log it every few steps yourself: the host then runs ahead of the device; saves up to "
+            f"{f.saving_ms:.3g} ms a step")
+
+
+def sync_findings(b: Breakdown, reads: Sequence[str], share: float = LOOP_SHARE) -> list[dict[str, Any]]:
+    """:func:`sync_text` as a finding the report turns into an opportunity (``{cause, change, saving_s}``)."""
+    f = _sync(b, reads, share)
+    if f is None:
+        return []
+    return [{"cause": f"a device sync in the loop: {_reads_text(f.reads)} read back to the host after every batch "
+                      f"(self.log(..., prog_bar=True)); the device then waits {f.idle_ms:.3g} ms a step for the host "
+                      f"({f.idle_ms / b.step_ms:.0%} of the {b.step_ms:.3g} ms step)",
+             "change": f"self.log({f.reads[0]!r}, ..., prog_bar=False) or on_step=False (reduced at the epoch's end), "
+                       f"so the host runs ahead of the device",
+             "saving_s": f.saving_ms / 1e3}]
 
 
 # ---------------------------------------------------------------------------------------------- late ranks

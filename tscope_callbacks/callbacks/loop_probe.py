@@ -21,11 +21,27 @@ Times are the host clock's (``hostclock.host_time``); the wait for a CPU is ``ho
 run-queue wait, read at each step's start). Cost: two clock reads and a dict lookup per marked action (tens a step),
 one ``pread`` of the thread's schedstat per step; measured at install (:attr:`LoopProbe.call_cost_s`) and counted
 in the ``tscope`` part.
+
+**On a GPU a host part costs the step only where the device idled during it.** The host runs ahead of the device:
+its time in Lightning's metric bookkeeping may be the host blocked in a device sync (a logged value read back with
+``.item()``) while the device still runs the step's kernels, or host work hidden behind them. So on CUDA the probe
+also cuts the step into **device segments**: a CUDA event at the step's start, at the edges of the parts that queue
+device work (transfer, forward, backward, optimizer) and wherever at least :data:`SEGMENT_S` of host time passed
+since the last event; each segment's host time is kept per part. A segment's device time (the elapsed time between
+its two events, read once the later one completed: ``query()``, never waiting) is the device's time while the host
+ran it: its idle, waiting for the host, plus what the segment itself queued (for the loop's parts: little or
+nothing). It is shared among the segment's parts by their host time in it (a segment holds one long piece and at
+most :data:`SEGMENT_S` of short ones, or one compute part). :func:`read_segments` gives each part's and each named
+item's device seconds. Cost: one event record per segment (about a dozen a step) and one ``elapsed_time`` each.
+:func:`progress_bar_reads` names the logged values Lightning reads back to the host every step (``self.log(...,
+prog_bar=True)`` on a device tensor: ``.item()`` in its metric bookkeeping, with or without a progress bar): a
+device sync in the loop.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -34,7 +50,7 @@ import torch
 from tscope_callbacks.analysis.step_parts import PARTS, StepTimes
 from tscope_callbacks.hostclock import cpu_wait, host_time
 
-__all__ = ["LoopProbe", "GradTail", "classify"]
+__all__ = ["LoopProbe", "GradTail", "classify", "read_segments", "progress_bar_reads", "SEGMENT_S"]
 
 log = logging.getLogger("tscope_callbacks")
 
@@ -48,6 +64,63 @@ _NAMED = {HOOKS, LOGGING, CHECKPOINT, TSCOPE}  #: parts whose items are kept by 
 
 #: (part index, name, starts a step) of an action; None: not a part (its time stays in the part around it)
 Kind = tuple[int, str, bool]
+#: CUDA: a host stretch this long since the last event gets an event of its own at the next mark (a shorter piece
+#: shares its segment and can hide at most its own host time of device idle)
+SEGMENT_S = 50e-6
+#: the parts that queue device work: always an event at their edges (their device time is never shared)
+_DEVICE_WORK = {TRANSFER, FORWARD, BACKWARD, OPTIMIZER}
+#: one device segment: (start event, end event, host seconds per (part index, named key or None))
+Segment = tuple[Any, Any, dict[tuple[int, "str | None"], float]]
+
+
+def read_segments(segs: list[Segment]) -> tuple[tuple[float, ...], dict[str, float]] | None:
+    """Each part's and each named item's device seconds over one step's segments (module doc), None while the
+    device has not passed the last event (``query()``: nothing waits). A segment's device time is shared among its
+    parts by their host time in it."""
+    if not segs:
+        return None
+    if not segs[-1][1].query():
+        return None
+    dev = [0.0] * len(PARTS)
+    named: dict[str, float] = {}
+    for e0, e1, w in segs:
+        span = max(e0.elapsed_time(e1) / 1e3, 0.0)
+        tot = math.fsum(w.values())
+        if span <= 0.0:
+            continue
+        if tot <= 0.0:  # (two events at once: nothing ran between them on the host)
+            dev[OTHER] += span
+            continue
+        for (part, key), h in w.items():
+            x = span * h / tot
+            dev[part] += x
+            if key is not None:
+                named[key] = named.get(key, 0.0) + x
+    return tuple(dev), named
+
+
+def _on_device(t: torch.Tensor) -> bool:
+    """A tensor whose read on the host waits for the device."""
+    return t.device.type == "cuda"
+
+
+def progress_bar_reads(trainer: Any) -> tuple[str, ...]:
+    """The values logged this step with ``self.log(..., prog_bar=True)`` (on_step) that live on the device: Lightning
+    turns each into a number (``.item()``) in its metric bookkeeping after every batch, progress bar or not -- a
+    host-device sync every step. () where there are none or Lightning's internals differ."""
+    try:
+        res = trainer._results
+        if res is None:
+            return ()
+        out = []
+        for _, rm in res.valid_items():
+            meta = getattr(rm, "meta", None)
+            v = getattr(rm, "_forward_cache", None)
+            if meta is not None and meta.prog_bar and meta.on_step and isinstance(v, torch.Tensor) and _on_device(v):
+                out.append(str(meta.name))
+        return tuple(out)
+    except Exception:
+        return ()
 
 
 def classify(action: str, tscope_keys: dict[str, str], labels: dict[str, str]) -> Kind | None:
@@ -155,6 +228,7 @@ class LoopProbe:
         self.tail: GradTail | None = None
         self.call_cost_s = 0.0  #: the probe's own seconds per marked action (measured at install)
         self.faults = 0
+        self._free: list[Any] = []  #: CUDA events read and done with (reused)
         self._reset_steps()
 
     @property
@@ -171,8 +245,14 @@ class LoopProbe:
         self._tail_events: list[tuple[Any, Any]] = []
         self.calls = 0  #: marked actions in the running step
         self.step = -1  #: the running step's number (the monitor sets it at batch start)
-        self.done: list[tuple[StepTimes, list[tuple[Any, Any]]]] = []  #: closed steps and their CUDA tail events
+        #: closed steps, their CUDA tail events and their device segments
+        self.done: list[tuple[StepTimes, list[tuple[Any, Any]], list[Segment]]] = []
         self._stack.clear()
+        self._seg_ev: Any = None  #: CUDA: the running segment's start event (None: no step started)
+        self._seg_w: dict[tuple[int, str | None], float] = {}  #: ... its host seconds per (part, named key)
+        self._seg_host = 0.0
+        self._slice_t = 0.0  #: host time of the last mark
+        self._segs: list[Segment] = []  #: the running step's closed segments
 
     def _kind(self, name: str) -> tuple[int, str | None, bool] | None:
         k = self._own.get(name) or classify(name, self.tscope_keys, self.labels)
@@ -199,7 +279,10 @@ class LoopProbe:
                 return
             st = self._stack
             # an action inside one of tscope's hooks (its logger call, its profile) is tscope's work too
-            self._stack.append([name, t, 0.0, st[-1][3] if st and st[-1][3][0] == TSCOPE else kind])
+            as_kind = st[-1][3] if st and st[-1][3][0] == TSCOPE else kind
+            if self._seg_ev is not None:
+                self._device_mark(t, as_kind[0] in _DEVICE_WORK)
+            self._stack.append([name, t, 0.0, as_kind])
         except Exception as e:  # never into the user's loop
             self._fault(e)
 
@@ -212,6 +295,8 @@ class LoopProbe:
                     return  # not a part, or a stop whose start was not seen
                 while st[-1][0] != name:
                     st.pop()  # an action whose stop never came (an exception inside it)
+            if self._seg_ev is not None:
+                self._device_mark(t, st[-1][3][0] in _DEVICE_WORK)
             _, t0, children, as_kind = st.pop()
             dur = t - t0
             own = dur - children
@@ -237,6 +322,32 @@ class LoopProbe:
             end_ev.record()
             self._tail_events.append((ev, end_ev))
         return max(wait, 0.0)
+
+    def _event(self) -> Any:
+        e = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def _device_mark(self, t: float, cut: bool) -> None:
+        """CUDA: the host time since the last mark goes to the running segment under the part running (the
+        innermost open action's, else ``other``); a new segment starts here where ``cut`` or the segment is long
+        enough (module doc)."""
+        dt = t - self._slice_t
+        self._slice_t = t
+        if dt > 0.0:
+            k = (self._stack[-1][3][0], self._stack[-1][3][1]) if self._stack else (OTHER, None)
+            self._seg_w[k] = self._seg_w.get(k, 0.0) + dt
+            self._seg_host += dt
+        if cut or self._seg_host >= SEGMENT_S:
+            ev = self._event()
+            self._segs.append((self._seg_ev, ev, self._seg_w))
+            self._seg_ev, self._seg_w, self._seg_host = ev, {}, 0.0
+
+    def release(self, segs: list[Segment]) -> None:
+        """Segments read: their events are reused (all but the last: the next step's first)."""
+        self._free.extend(e0 for e0, _, _ in segs)
+        if len(self._free) > 256:
+            del self._free[256:]
 
     def account(self, part: str, name: str, seconds: float, *, nested: bool = True) -> None:
         """Count ``seconds`` of the running action (a tscope hook) as ``part`` instead (tscope's gather of the
@@ -270,6 +381,17 @@ class LoopProbe:
 
     def _boundary(self, t: float) -> None:
         q = self._read_wait()
+        segs: list[Segment] = []
+        if self.cuda:  # the step's last segment ends here, the next step's first starts here
+            try:
+                if self._seg_ev is not None:
+                    self._device_mark(t, True)
+                    segs = self._segs
+                else:
+                    self._seg_ev, self._slice_t = self._event(), t
+            except Exception as e:
+                self._fault(e)
+                self._seg_ev = None
         if self._t0 is not None and self._closing:
             host = t - self._t0
             acc = self._acc
@@ -281,7 +403,7 @@ class LoopProbe:
             acc[OTHER] = max(host - sum(acc), 0.0)
             wait = q - self._q0 if q is not None and self._q0 is not None else None
             self.done.append((StepTimes(self.step, host, tuple(acc), self._named, wait, dirty=self._dirty),
-                              self._tail_events))
+                              self._tail_events, segs))
             if len(self.done) > 256:  # nobody reads them: keep the latest
                 del self.done[:-64]
         # (a step that never ended its batches -- an exception, a skipped batch -- is left out)
@@ -289,9 +411,10 @@ class LoopProbe:
         self._acc = [0.0] * len(PARTS)
         self._named = {}
         self._tail_events = []
+        self._segs, self._seg_w, self._seg_host = [], {}, 0.0
         self._t0, self._q0, self._closing, self.calls = t, q, False, 0
 
-    def take(self) -> list[tuple[StepTimes, list[tuple[Any, Any]]]]:
+    def take(self) -> list[tuple[StepTimes, list[tuple[Any, Any]], list[Segment]]]:
         out, self.done = self.done, []
         return out
 

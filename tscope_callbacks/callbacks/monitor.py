@@ -26,7 +26,7 @@ from tscope_callbacks.analysis.step_parts import Breakdown, StepTimes
 from tscope_callbacks.callbacks import session
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
 from tscope_callbacks.callbacks.clock import DeviceClock
-from tscope_callbacks.callbacks.loop_probe import LoopProbe
+from tscope_callbacks.callbacks.loop_probe import LoopProbe, progress_bar_reads, read_segments
 from tscope_callbacks.callbacks.sinks import metric_key
 from tscope_callbacks.devices.calibrate import CpuSnapshot, cpu_snapshot, others_load_per_cpu
 from tscope_callbacks.hostclock import host_time
@@ -192,7 +192,11 @@ class StepMonitor(ProfilingCallback):
     Verdicts, over the last 64 clean steps and from 8 on, once per fit: **input-bound** when fetch + transfer are at
     least ``input_bound_share`` of the step (on a GPU the device idles that long too), naming the DataLoader
     setting to change; **loop overhead** when the loop's own work is at least ``loop_share`` of the step, naming its
-    biggest items (a logger at every step, a checkpoint every N steps, a slow callback). Under DDP every rank's parts
+    biggest items (a logger at every step, a checkpoint every N steps, a slow callback). On a GPU a host part costs
+    the step only its **device time** (the device's time while the host ran it, from CUDA events around the parts:
+    ``callbacks.loop_probe``): host time spent blocked in a device sync, or hidden behind the device's work, is no
+    overhead; a value logged for the progress bar and read back every step is named as a **host-device sync** where
+    the device then waited for the host (``analysis.step_parts.sync_text``). Under DDP every rank's parts
     are gathered at logging steps and the **late rank** is named with how much every other rank waits for it a step
     and the part it is slow in (its data, its compute, its host): scalars, an alert, and the dashboard's per-rank
     view (alerted once it holds two logging intervals in a row, once per rank and kind).
@@ -221,14 +225,15 @@ class StepMonitor(ProfilingCallback):
     Keys (logging steps; to the run's loggers only): ``tscope/step/{step_ms, fetch_ms, transfer_ms, forward_ms,
     backward_ms, optimizer_ms, sync_ms, hooks_ms, logging_ms, checkpoint_ms, tscope_ms, other_ms, loop_ms,
     cpu_wait_ms, fetch_share, input_bound}`` (means over the interval's clean steps; on a GPU also
-    ``device_busy_ms``, ``idle_ms`` and under DDP ``device_sync_ms``); under DDP ``tscope/ranks/step_ms/<rank>``,
+    ``device_busy_ms``, ``idle_ms``, ``loop_device_ms``, ``tscope_device_ms``, ``host_idle_ms`` and under DDP
+    ``device_sync_ms``); under DDP ``tscope/ranks/step_ms/<rank>``,
     ``tscope/ranks/sync_ms/<rank>``, ``tscope/ranks/late_rank``, ``tscope/ranks/late_cost_ms``; with telemetry
     ``tscope/gpu/{power_w, energy_j_per_step, energy_j_per_token, sm_clock_mhz, throttled, temperature_c,
     memory_used_mb, tensor_active, mfu_witness_gap}``; alerts as text ``tscope/step/alerts``.
 
     Attributes: ``alerts`` (dicts: step, profile_step, trigger, findings (``anomaly.Finding``), text, breakdown and
     healthy (``Breakdown``)), ``transients``, ``contended``, ``last_breakdown`` (the last logged ``Breakdown``),
-    ``input_fixes``, ``loop_finding``, ``late`` (the last ``step_parts.LateRank``), ``rank_history``,
+    ``input_fixes``, ``loop_finding``, ``progress_bar_reads`` (GPU), ``late`` (the last ``step_parts.LateRank``), ``rank_history``,
     ``telemetry_off``, ``healthy`` (the baseline ``anomaly.Snapshot``), ``captures`` (steps the monitor captured).
     """
 
@@ -270,6 +275,8 @@ class StepMonitor(ProfilingCallback):
         self.last_breakdown: Breakdown | None = None
         self.input_fixes: list[str] = []
         self.loop_finding: str | None = None
+        #: GPU: the values Lightning reads back to the host every step (``self.log(..., prog_bar=True)``): a sync
+        self.progress_bar_reads: tuple[str, ...] = ()
         self.late: sp.LateRank | None = None
         self.rank_history: list[tuple[int, sp.LateRank]] = []
         self.healthy: an.Snapshot | None = None
@@ -374,7 +381,10 @@ class StepMonitor(ProfilingCallback):
         s = session.running()
         if s is not None and s.stage == "train" and self.last_breakdown is not None and s.profile is not None:
             v = self._verdict.summary(self.options.input_bound_share)
-            loop = sp.loop_findings(v, self.options.loop_share) if v is not None and self._loop_told else []
+            loop = []
+            if v is not None and self._loop_told:
+                loop = (sp.sync_findings(v, self.progress_bar_reads, self.options.loop_share)
+                        or sp.loop_findings(v, self.options.loop_share))
             s.profile.label(step_breakdown={**self.last_breakdown.to_dict(), "input_fixes": list(self.input_fixes),
                                             "input_bound_share": self.options.input_bound_share,
                                             "loop_findings": loop,
@@ -420,11 +430,11 @@ class StepMonitor(ProfilingCallback):
     def _collect(self, trainer: pl.Trainer) -> None:
         """The steps the probe closed (and, on a GPU, whose device figures are in), oldest first."""
         if self.device is None:
-            for st, _ in self.probe.take():
+            for st, _, _ in self.probe.take():
                 self._add(trainer, st)
             return
-        for st, tail in self.probe.take():
-            self._host[st.step] = (st, tail)
+        for st, tail, segs in self.probe.take():
+            self._host[st.step] = (st, tail, segs)
         for step, busy, span, idle, first in self.device.ready():
             self._dev[step] = (busy, span, idle, first)
         for step in sorted(self._host):
@@ -432,14 +442,21 @@ class StepMonitor(ProfilingCallback):
                 if len(self._host) > 64:  # device figures that never came (a step the device clock missed)
                     self._host.pop(step)
                 continue
-            st, tail = self._host[step]
+            st, tail, segs = self._host[step]
             if tail and not all(e1.query() for _, e1 in tail):
                 break
+            parts = read_segments(segs) if segs else None
+            if segs and parts is None:
+                break  # the device has not passed the step's last segment yet
             self._host.pop(step)
+            if segs:
+                self.probe.release(segs)
             busy, span, idle, first = self._dev.pop(step)
             dsync = sum(e0.elapsed_time(e1) / 1e3 for e0, e1 in tail) if tail else None
             self._add(trainer, dataclasses.replace(st, step_s=span, busy_s=busy, idle_s=idle, device_sync_s=dsync,
-                                                   dirty=st.dirty or first))
+                                                   dirty=st.dirty or first,
+                                                   dev_parts=parts[0] if parts else None,
+                                                   dev_named=parts[1] if parts else None))
         for step in [s for s in self._dev if s < min(self._host, default=self._gs)]:
             self._dev.pop(step)  # a step the probe left out (it never ended its batches)
 
@@ -683,6 +700,8 @@ class StepMonitor(ProfilingCallback):
                 load = self.host_load.load(self._load_snap)
                 self._load_healthy = load if load is not None else self._load_healthy
             self._load_snap = self.host_load.snapshot()
+        if self.cuda:  # (a few attribute reads: the values logged this step)
+            self.progress_bar_reads = progress_bar_reads(trainer) or self.progress_bar_reads
         b = sp.summarize(steps, self.options.input_bound_share)
         if b is None:
             return None
@@ -703,11 +722,17 @@ class StepMonitor(ProfilingCallback):
                 log.warning("tscope StepMonitor: input-bound: fetching the batch takes %.0f%% of the step (%.3g ms of "
                             "%.3g ms, mean of %d steps; threshold %.0f%%). %s.", v.fetch_share * 100, v.fetch_ms,
                             v.host_ms, v.steps, self.options.input_bound_share * 100, "; ".join(self.input_fixes))
-        text = sp.loop_text(v, self.options.loop_share)
-        if text is not None and not self._loop_told:
+        if self._loop_told:
+            return b
+        # on a GPU only what the device lost counts (step_parts): a sync that left the device waiting is named as
+        # such (the logged value read back every step), else the loop's own work by its device time
+        kind, text = "host-device sync", sp.sync_text(v, self.progress_bar_reads, self.options.loop_share)
+        if text is None:
+            kind, text = "loop overhead", sp.loop_text(v, self.options.loop_share)
+        if text is not None:
             self._loop_told, self.loop_finding = True, text
             if trainer.is_global_zero:
-                log.warning("tscope StepMonitor: loop overhead: %s.", text)
+                log.warning("tscope StepMonitor: %s: %s.", kind, text)
         return b
 
     def _contention_episode(self, gs: int) -> None:
