@@ -204,6 +204,31 @@ def test_host_work_the_device_waits_for_is_loop_overhead_by_the_devices_wait(gpu
     assert [r for r in caplog.records if r.message.startswith("tscope StepMonitor: loop overhead:")]
 
 
+class _Slower(_Net):
+    """The device's work a step grows by half from step 60 (a slower kernel): the host's wait in the read-back grows
+    with it."""
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step == 60:
+            self.device_s *= 1.5
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_slower_kernel_is_named_on_the_device_not_as_the_hosts_longer_wait(gpu: _Stream) -> None:
+    mon = StepMonitor(MonitorOptions(), profile=False, telemetry=False)
+    trainer = pl.Trainer(max_steps=110, callbacks=[mon], **{**FAST, "logger": False, "log_every_n_steps": 10})
+    trainer.fit(_Slower(gpu, 0.020, True))
+    slow = [a for a in mon.alerts if a["trigger"]["kind"] == "slow-steps"]
+    assert slow, [a["text"] for a in mon.alerts]
+    grew = {(f.kind, f.name): f for f in slow[0]["findings"]}
+    # the forward's device time grew 20 -> 30 ms; the host's wait in Lightning's bookkeeping grew as much (19 -> 29
+    # ms) but cost the device nothing: not named
+    f = grew.get(("part", "forward"))
+    assert f is not None and f.before == pytest.approx(20.0, abs=0.01) and f.after == pytest.approx(30.0, abs=0.01)
+    assert "forward 20 -> 30 ms a step on the device" in slow[0]["text"]
+    assert ("part", "logging") not in grew and ("hook", "Lightning metrics (self.log) bookkeeping") not in grew
+
+
 def test_segments_share_their_device_time_by_host_time() -> None:
     class E:
         def __init__(self, d: float) -> None:

@@ -300,6 +300,8 @@ def _part(hb: Breakdown, nb: Breakdown, p: str) -> tuple[float, float]:
     in whatever part ran: the median of each part is the typical step's), else the means."""
     if p in hb.medians_ms and p in nb.medians_ms:
         return hb.medians_ms[p], nb.medians_ms[p]
+    if hb.device_parts_ms is not None and nb.device_parts_ms is not None:  # a GPU: what each part cost the device
+        return hb.device_parts_ms.get(p, 0.0), nb.device_parts_ms.get(p, 0.0)
     return hb.parts_ms.get(p, 0.0), nb.parts_ms.get(p, 0.0)
 
 
@@ -314,16 +316,19 @@ def what_grew(healthy: Snapshot, now: Snapshot, *, cuda: bool, top: int = 3) -> 
     grew_ms = max(_step_ms(nb) - _step_ms(hb), 0.0)
     floor_ms = max(GREW_SHARE * grew_ms, NOISE_SHARE * _step_ms(hb), 1e-3)
     if hb is not None and nb is not None:
+        # on a GPU the parts' and items' device times: a host part's wait in a device sync grows with any slower
+        # kernel, and is none of the step's cost
+        on = " on the device" if hb.device_parts_ms is not None and nb.device_parts_ms is not None else ""
         rows = [(p, *_part(hb, nb, p)) for p in PARTS]
         for p, a, b in sorted(rows, key=lambda r: r[1] - r[2]):
             if b - a >= floor_ms:
                 kind = "tscope" if p == "tscope" else "part"
-                out.append(Finding(kind, p, a, b, "ms", f"{PART_TEXT[p]} {a:.3g} -> {b:.3g} ms a step"))
-        before = {f"{c.part}:{c.name}": c.ms for c in hb.named}
-        after = {f"{c.part}:{c.name}": c.ms for c in nb.named if c.part in ("hooks", "logging", "checkpoint")}
+                out.append(Finding(kind, p, a, b, "ms", f"{PART_TEXT[p]} {a:.3g} -> {b:.3g} ms a step{on}"))
+        before = {f"{c.part}:{c.name}": c.cost_ms for c in hb.named}
+        after = {f"{c.part}:{c.name}": c.cost_ms for c in nb.named if c.part in ("hooks", "logging", "checkpoint")}
         for key, a, b in _grown(before, after, floor_ms)[:top]:
             name = key.partition(":")[2]
-            out.append(Finding("hook", name, a, b, "ms", f"{name} {a:.3g} -> {b:.3g} ms a step"))
+            out.append(Finding("hook", name, a, b, "ms", f"{name} {a:.3g} -> {b:.3g} ms a step{on}"))
         if hb.cpu_wait_ms is not None and nb.cpu_wait_ms is not None and nb.cpu_wait_ms - hb.cpu_wait_ms >= floor_ms:
             out.append(Finding("cpu wait", "waiting for a CPU", hb.cpu_wait_ms, nb.cpu_wait_ms, "ms",
                                f"waiting for a CPU (other processes' work) {hb.cpu_wait_ms:.3g} -> "
@@ -395,8 +400,8 @@ def concentrated(healthy: Snapshot, now: Snapshot) -> str | None:
         return None
     grew = b - a
     cands = [(PART_TEXT[p], x, y) for p, (x, y) in parts.items() if p != "other"]
-    before = {f"{c.part}:{c.name}": c.ms for c in hb.named}
-    cands += [(c.name, before.get(f"{c.part}:{c.name}", 0.0), c.ms) for c in nb.named]
+    before = {f"{c.part}:{c.name}": c.cost_ms for c in hb.named}
+    cands += [(c.name, before.get(f"{c.part}:{c.name}", 0.0), c.cost_ms) for c in nb.named]
     if healthy.layers:
         cands += [(f"layer '{k or '<root>'}'", healthy.layers.get(k, 0.0) * 1e3, v * 1e3) for k, v in now.layers.items()]
     if healthy.ops:

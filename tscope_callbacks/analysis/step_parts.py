@@ -165,8 +165,8 @@ class Breakdown:
     input_bound: bool = False
     named: tuple[NamedCost, ...] = ()
     #: each part's median over the steps on the run's own time (ms; each step's wait for a CPU taken off its parts in
-    #: proportion; {} where not taken): a typical step's, robust to the odd step a preemption or a GC landed in (the
-    #: diagnosis compares these)
+    #: proportion; on a GPU each part's device time; {} where not taken): a typical step's, robust to the odd step a
+    #: preemption or a GC landed in (the diagnosis compares these)
     medians_ms: dict[str, float] = field(default_factory=dict)
     #: GPU: each part's device time (ms a step: the device's time while the host ran it); None: CPU
     device_parts_ms: dict[str, float] | None = None
@@ -291,8 +291,12 @@ def summarize(steps: Sequence[StepTimes], share: float = INPUT_BOUND_SHARE) -> B
     frac = (parts["fetch"] + parts["transfer"]) / host if host > 0 else 0.0
     idle_frac = _idle_share(dev, idle, step)
     # a typical step's parts on the run's own time: each step's parts less its wait for a CPU, spread over them in
-    # proportion (the wait lands in whatever part ran), then each part's median over the steps
-    own = [[v * _own_share(s) for v in s.parts] for s in clean]
+    # proportion (the wait lands in whatever part ran), then each part's median over the steps. On a GPU each part's
+    # device time (what it cost the step: a host part's wait in a device sync or behind the device's work is none)
+    if dev is not None:
+        own = [list(s.dev_parts or ()) for s in clean]
+    else:
+        own = [[v * _own_share(s) for v in s.parts] for s in clean]
     medians = {p: statistics.median(row[i] for row in own) * 1e3 for i, p in enumerate(PARTS)}
     medians["step"] = statistics.median(s.own_s for s in clean) * 1e3
     if cpu_wait is not None:  # a typical step's wait for a CPU: what may land in any one part of it
