@@ -21,7 +21,7 @@ SCRIPT = """
     import tscope_callbacks as ts
 
     out = sys.argv[1]
-    roof = ts.RooflineCallback(gpu=test_spec(), plot=False, start_step=1, every_n_steps=2)
+    roof = ts.RooflineCallback(gpu=test_spec(), start_step=1, every_n_steps=2, outputs=ts.RooflineOutputs(plot=False))
     lay = ts.LayerProfilerCallback(depth=2, start_step=1, every_n_steps=2)
     watch = ts.WatchCallback(every_n_steps=2, update_ratio=True)
     flags = {**FAST, "devices": 2}

@@ -167,7 +167,8 @@ LIGHTNING = SHARDED_LM + """
         return output * float("nan") if t.global_rank == 1 and step == {nan_step} else output
 
     model.model.blocks[1].mlp.register_forward_hook(inject)
-    roof = ts.RooflineCallback(gpu="h100", plot=False, start_step=1, every_n_steps=2, save_trace=True)
+    roof = ts.RooflineCallback(gpu="h100", start_step=1, every_n_steps=2,
+                               outputs=ts.RooflineOutputs(plot=False, save_trace=True))
     lay = ts.LayerProfilerCallback(start_step=1, every_n_steps=2)
     guard = ts.NaNGuardCallback(action="stop")
     trainer = pl.Trainer(strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), max_steps=8,

@@ -114,22 +114,25 @@ def test_invalid_schedule_arguments_name_the_argument(cls: type, kwargs: dict, e
     (dict(action="explode"), ValueError, "action"),
     (dict(every_n_steps=0), ValueError, "every_n_steps"),
     (dict(every_n_steps="1"), TypeError, "every_n_steps"),
-    (dict(max_skips=0), ValueError, "max_skips"),
-    (dict(alert_every_s=-1.0), ValueError, "alert_every_s"),
+    (lambda: dict(options=ts.NaNGuardOptions(max_skips=0)), ValueError, "max_skips"),
+    (lambda: dict(options=ts.NaNGuardOptions(alert_every_s=-1.0)), ValueError, "alert_every_s"),
+    (dict(max_skips=3), TypeError, r"moved: write options=ts\.NaNGuardOptions\(max_skips=3\)"),
     (dict(locate="yes"), TypeError, "locate"),
 ])
-def test_invalid_nan_guard_arguments_name_the_argument(kwargs: dict, exc: type, word: str) -> None:
+def test_invalid_nan_guard_arguments_name_the_argument(kwargs, exc: type, word: str) -> None:
     with pytest.raises(exc, match=word):
-        ts.NaNGuardCallback(**kwargs)
+        ts.NaNGuardCallback(**kwargs() if callable(kwargs) else kwargs)
 
 
 @pytest.mark.parametrize("kwargs, exc, word", [
-    (dict(gpu=3), TypeError, "gpu"), (dict(precision="fp7"), ValueError, "precision"),
-    (dict(top=0), ValueError, "top"), (dict(plot="yes"), TypeError, "plot"),
+    (lambda: dict(gpu=3), TypeError, "gpu"), (lambda: dict(what_if=ts.WhatIf(precision="fp7")), ValueError, "fp7"),
+    (lambda: dict(outputs=ts.RooflineOutputs(top=0)), ValueError, "top"),
+    (lambda: dict(outputs=ts.RooflineOutputs(plot="yes")), TypeError, "plot"),
+    (lambda: dict(precision="fp8"), TypeError, r"moved: write what_if=ts\.WhatIf\(precision='fp8'\)"),
 ])
-def test_invalid_roofline_arguments_name_the_argument(kwargs: dict, exc: type, word: str) -> None:
+def test_invalid_roofline_arguments_name_the_argument(kwargs, exc: type, word: str) -> None:
     with pytest.raises(exc, match=word):
-        ts.RooflineCallback(**kwargs)
+        ts.RooflineCallback(**kwargs())
 
 
 # ---------------------------------------------------------------- unwritable outputs
