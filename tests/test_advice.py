@@ -336,6 +336,25 @@ def test_savings_found_in_cpu_op_times_are_scaled_to_the_unprofiled_step():
     assert calm.saving_s == pytest.approx(30e-3)
 
 
+def test_a_busy_hosts_stretch_is_taken_out_of_the_long_ops_only():
+    # a 30 ms GEMM and a chain of four 0.5 ms ops (each shorter than a scheduler slice: the merged profile keeps
+    # their unpreempted time), in a step measured at 17 ms unprofiled: the ops' 15 ms excess is the GEMM's
+    # (k_long = (17 - 2) / 30 = 0.5), and the chain's saving (1.5 ms: a quarter of the bytes at the ops' own rate) is
+    # not scaled; the uniform scale (17 / 32) would have cut it to 0.8 ms
+    cpu = ts.DeviceSpec("CPU (test)", {"fp32": 1e12}, 20e9, vendor="cpu", source="tests")
+    chain = [pointwise(1 << 20, name=f"aten.{n}", layer="act", time_s=0.5e-3) for n in ("pow", "mul", "add", "tanh")]
+    ops = [matmul(2048, 2048, 2048, layer="fc", phase="forward", time_s=30e-3, dtype="float32"), *chain]
+    o = next(o for o in _report(ops, spec=cpu, device="cpu", step_time_s=17e-3).opportunities if o.kind == "fusion")
+    assert o.saving_s == pytest.approx(1.5e-3)
+    assert "over the profiled ops" not in o.predicted_text
+    # the same chain at 2 ms an op (long): stretched like the GEMM, (17 - 0) / 38 each
+    slow = [pointwise(1 << 20, name=f"aten.{n}", layer="act", time_s=2e-3) for n in ("pow", "mul", "add", "tanh")]
+    o = next(o for o in _report([ops[0], *slow], spec=cpu, device="cpu", step_time_s=17e-3).opportunities
+             if o.kind == "fusion")
+    assert o.saving_s == pytest.approx(6e-3 * 17 / 38)
+    assert "taken out of the ops of 1 ms or more" not in o.predicted_text  # every op long: the uniform scale
+
+
 def test_the_step_monitors_findings_are_opportunities_with_its_figures():
     bd = {"parts_ms": {"fetch": 11.0, "transfer": 1.0, "forward": 9.0}, "fetch_share": 0.3, "input_bound": True,
           "input_fixes": ["num_workers=0: set num_workers (e.g. 4-8 per GPU)"],
