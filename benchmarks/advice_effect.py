@@ -215,6 +215,10 @@ _COMPILED: dict[Any, Any] = {}
 
 
 def _compiled(fn: Callable, **kw: Any) -> Callable:
+    """``torch.compile(fn)`` with static shapes: several models here share one loss function, and Dynamo's cache is
+    per code object, so a second model's shape would otherwise recompile it with dynamic shapes (slower kernels than
+    a user with one model gets)."""
+    kw.setdefault("dynamic", False)
     key = (fn, tuple(sorted(kw.items())))
     if key not in _COMPILED:
         _COMPILED[key] = torch.compile(fn, **kw)
@@ -722,11 +726,12 @@ def main() -> None:
     ap.add_argument("--profile-steps", type=int, default=5)
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--allocator", default="keep", choices=["keep", "default"],
-                    help="keep (CPU): glibc keeps freed memory (MALLOC_MMAP_MAX_=0, a trim threshold of 64 GiB), so "
-                         "a fresh tensor takes no page faults and the measured effect of a change is the change's; "
-                         "default: glibc's own settings (which op pays the page faults then depends on the process's "
-                         "history)")
+    ap.add_argument("--allocator", default="default", choices=["default", "keep"],
+                    help="CPU: default: glibc's own settings, as users run (a fresh large tensor is page-faulted in, "
+                         "and which op pays depends on the process's history); keep: glibc keeps freed memory "
+                         "(MALLOC_MMAP_MAX_=0, a trim threshold of 64 GiB), as under jemalloc/tcmalloc or a caching "
+                         "allocator: no page faults in the steady state (--write: advice_effect_keep.md, the shipped "
+                         "ratios unchanged)")
     args = ap.parse_args()
     if args.device == "cpu" and args.allocator == "keep" and os.environ.get("MALLOC_MMAP_MAX_") is None:
         # glibc reads these at the process's first malloc: run this script again with them set
@@ -754,9 +759,12 @@ def main() -> None:
     text = table(cases, args.device, args, f"{load}; after: {load_after}", tops)
     print(text)
     if args.write and not args.smoke:
-        (RESULTS / ("advice_effect.md" if args.device == "cpu" else "advice_effect_gpu.md")).write_text(
-            text + "\n" + NOTES + f"\nReproduce: `python benchmarks/advice_effect.py --device {args.device} --write`\n")
-        write_effects(effects(cases, args.device), args.device)
+        keep = args.device == "cpu" and args.allocator == "keep"
+        name = "advice_effect_keep.md" if keep else "advice_effect.md" if args.device == "cpu" else "advice_effect_gpu.md"
+        (RESULTS / name).write_text(text + "\n" + NOTES + "\nReproduce: `python benchmarks/advice_effect.py --device "
+                                    f"{args.device}{' --allocator keep' if keep else ''} --write`\n")
+        if not keep:
+            write_effects(effects(cases, args.device), args.device)
 
 
 if __name__ == "__main__":

@@ -412,42 +412,69 @@ def _pattern(layer: str) -> str:
 class _Stretch:
     """How much a busy host stretched the profiled ops' wall times, to scale savings found in op times to the
     unprofiled step they are a share of (a CPU capture: each op's wall time holds the time the host gave to other
-    processes; GPU kernel times are not slowed by the host: no scale).
+    processes; GPU kernel times are not slowed by the host, and a calm host's ops add up to less than the step: no
+    scale).
 
     The scheduler preempts a running thread at the end of its time slice (Linux's EEVDF base slice: 0.75 ms x
-    (1 + log2 CPUs, at most 8), 1.5 ms on 2 CPUs). An op shorter than ``PREEMPT_S`` is preempted in few of the profiled
-    steps, and a merged profile keeps its time in the row's median step: not stretched. An op longer than that is
-    stretched in every step. So the ops' excess over the unprofiled step is taken out of the long ops only:
-    ``k_long = (step - short ops) / long ops``; a finding's saving is scaled by its rows' ops' mix of the two (on the
-    CNN of ``benchmarks/advice_effect.py`` at load 5 on 2 CPUs: max pooling 22-29 ms under the capture, 10.7 ms of
-    thread time; BatchNorm 0.63 ms, 0.6 ms of thread time; a uniform step/ops scale, x0.44, halved BatchNorm folding's
-    prediction). When the short ops alone exceed the step, every op takes the uniform
-    step/ops scale."""
+    (1 + log2 CPUs, at most 8), 1.5 ms on 2 CPUs). An op shorter than ``PREEMPT_S`` runs whole in some of the
+    profiled steps: its time in the least disturbed one is taken (its samples' minimum; the median step's time can
+    be a preempted one on a host that busy). An op longer than that is stretched in every step: the ops' remaining
+    excess over the unprofiled step is taken out of those, ``k_long = (step - short ops) / long ops``. A finding's
+    saving is scaled by its rows' ops' times so corrected over their times (on the CNN of
+    ``benchmarks/advice_effect.py`` at load 4-5 on 2 CPUs: max pooling 22-29 ms under the capture, 10.7 ms of thread
+    time, in every step; BatchNorm 0.6 ms in most steps, 4.8 ms in a preempted one; the former uniform step / ops
+    scale, x0.44, halved BatchNorm folding's prediction). When the short ops alone exceed the step, every op takes the
+    uniform step / ops scale."""
 
     def __init__(self, report: RooflineAnalysis) -> None:
         step, ops = report.measured_step_s, report.op_time_s
         self.step_s, self.ops_s = step or 0.0, ops or 0.0
         self.k = self.k_long = 1.0
+        self.split = False
         if (report.info.device != "cpu" or not report.timed or not step or not ops or ops <= step
                 or report.step_time_source in (None, "op-time", "device-busy")):
             return
-        self.k = step / ops
-        short = sum(t for o in report.op_roofs if (t := o.measured_s) and t < PREEMPT_S)
-        long_ = ops - short
-        self.k_long = (step - short) / long_ if long_ > 0 and step > short else self.k
+        self.k = self.k_long = step / ops
+        short = long_ = 0.0
+        for o in report.op_roofs:
+            t = o.measured_s
+            if t:
+                lo = _least(o)
+                if lo < PREEMPT_S:
+                    short += lo
+                else:
+                    long_ += t
+        if short > 0 and long_ > 0 and step > short:
+            self.split, self.k_long = True, min(1.0, (step - short) / long_)
 
     def scale(self, ops: Iterable[OpRoof]) -> float:
-        """The scale of a saving found in ``ops``' times: their times' mix of stretched and unstretched ones."""
+        """The scale of a saving found in ``ops``' times: their corrected times over their times."""
         if self.k >= 1.0:
             return 1.0
-        if self.k_long == self.k:
+        if not self.split:
             return self.k
-        tot = scaled = 0.0
+        tot = fixed = 0.0
         for o in ops:
             t = o.measured_s or 0.0
-            tot += t
-            scaled += t * (self.k_long if t >= PREEMPT_S else 1.0)
-        return scaled / tot if tot else self.k
+            if t:
+                lo = _least(o)
+                tot += t
+                fixed += lo if lo < PREEMPT_S else t * self.k_long
+        return fixed / tot if tot else self.k
+
+    def text(self, k: float, saving: float) -> str:
+        basis = f"the unprofiled step ({ms(self.step_s)}) over the profiled ops' time ({ms(self.ops_s)})"
+        if self.split:
+            basis = (f"the ops under {ms(PREEMPT_S)} at their least preempted step's time, the excess of the profiled "
+                     f"ops ({ms(self.ops_s)}) over the unprofiled step ({ms(self.step_s)}) taken out of the longer ones")
+        return f"; x{k:.2g}, {basis}: {ms(saving)}"
+
+
+def _least(o: OpRoof) -> float:
+    """An op's time in its least disturbed profiled step (its samples' minimum; its time when it has none)."""
+    t = o.measured_s or 0.0
+    samples = o.record.time_samples
+    return min(t, min(samples)) if samples else t
 
 
 def _step_s(report: RooflineAnalysis) -> float:
@@ -512,11 +539,8 @@ def opportunities(report: RooflineAnalysis, noise: Noise | None = None, top: int
             cause = f"in each of {n} layers `{pattern}`: {cause}"
             evidence["layers"] = [m[0] for m in members]
             text = f"per layer, as in `{layer}`: {text}; {n} layers: {ms(saving / k)}"
-        if k < 1.0:
-            text += (f"; x{k:.2g}, the unprofiled step ({ms(stretch.step_s)}) over the profiled ops' time "
-                     f"({ms(stretch.ops_s)})" + ("" if stretch.k_long == stretch.k else
-                                                 f", taken out of the ops of {ms(PREEMPT_S)} or more") +
-                     f": {ms(saving)}")
+        if k != 1.0:
+            text += stretch.text(k, saving)
         share = f" ({saving / step:.0%} of the step)" if step else ""
         ops_s = [o.measured_s for o in in_rows if o.measured_s is not None]
         effect = measured_effect(kind, chain, device)
