@@ -25,9 +25,9 @@ from tscope_callbacks.capture.collector import DeferredCollection
 from tscope_callbacks.capture.compiled import CompiledState, is_compiled_wrapper, kernel_recorder
 from tscope_callbacks.capture.cuda_timing import (
     PAUSED_RANGE,
+    RANGE_PREFIX,
     KernelTimeline,
     cupti_teardown_note,
-    timed_call,
 )
 from tscope_callbacks.capture.eager import CompiledFrames, EagerStance
 from tscope_callbacks.capture.layers import LayerDetails
@@ -287,8 +287,14 @@ class _Mode(TorchDispatchMode):
         elif e[3]:  # a view on CUDA: no kernel to time, so no range (a quarter of a transformer's ops)
             st.unranged.append(len(st.pending))
             out, dt = e[2](*args, **kwargs), None
-        else:
-            out, dt = timed_call(st, func, args, kwargs)
+        else:  # timed_call's CUDA branch, inlined (the op's kernels are timed from Kineto's records at stop)
+            tl = st.timeline
+            h = tl.enter(f"{RANGE_PREFIX}{len(st.pending)}")
+            try:
+                out = e[2](*args, **kwargs)
+            finally:
+                tl.exit(h)
+            dt = None
         try:
             st.record(func, args, kwargs, out, dt, seq, node)
         except Exception as e:  # our bookkeeping must never break the user's op
