@@ -288,7 +288,7 @@ def test_no_import_cycles() -> None:
 
 def test_no_import_circle_in_the_capture_even_for_annotations() -> None:
     # the capture's helpers (state, attribute, cuda_timing; build, region, profile, replay) see the objects that own
-    # them through Protocols (attribute.AttributionState, cuda_timing.TimedState, options.CaptureOptions): no import
+    # them through Protocols (attribute.AttributionState, cuda_timing.TimedState, profile_options.ProfileOptions): no import
     # runs back up, not even one for an annotation or a lazy one inside a function
     mods = {m for m in _modules() if _rel(m).startswith("capture")}
     graph = {}

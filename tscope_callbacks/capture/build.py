@@ -17,7 +17,7 @@ from tscope_callbacks.formulas.apply import count_op
 from tscope_callbacks.records import CaptureInfo, OpRecord, StepProfile
 
 if TYPE_CHECKING:
-    from tscope_callbacks.capture.options import CaptureOptions
+    from tscope_callbacks.capture.profile_options import ProfileOptions
     from tscope_callbacks.capture.state import CaptureState
 
 __all__ = ["build_result", "base_info", "step_time"]
@@ -47,7 +47,7 @@ def layout_facts(model: torch.nn.Module) -> dict[str, Any]:
     return out
 
 
-def base_info(p: CaptureOptions, st: CaptureState) -> dict[str, Any]:
+def base_info(p: ProfileOptions, st: CaptureState) -> dict[str, Any]:
     """The capture's facts about its region, under their ``CaptureInfo`` field names."""
     dev = st.tree.device() if st.tree is not None else _device_of(p.model)
     name = "cpu"
@@ -90,7 +90,7 @@ def step_time(ops: list[OpRecord], wall: float | None, timeline: Timeline | None
     return {"step_time_s": None, "step_time_basis": None}
 
 
-def build_result(p: CaptureOptions, st: CaptureState, wall: float | None, timeline: Timeline | None) -> StepProfile:
+def build_result(p: ProfileOptions, st: CaptureState, wall: float | None, timeline: Timeline | None) -> StepProfile:
     for i, (func, args, kwargs, out) in st.deferred.items():  # value-dependent ops on CUDA: counted now, synced
         f, _, layer, phase, dt = st.pending[i]
         st.pending[i] = (f, count_op(func, args, kwargs, out, p.registry), layer, phase, dt)

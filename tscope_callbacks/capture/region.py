@@ -39,7 +39,7 @@ from tscope_callbacks.formulas.memo import CountCache
 from tscope_callbacks.formulas.registry import FormulaRegistry
 
 if TYPE_CHECKING:
-    from tscope_callbacks.capture.options import CaptureOptions
+    from tscope_callbacks.capture.profile_options import ProfileOptions
     from tscope_callbacks.capture.state import CaptureState
 
 __all__ = ["Installed", "install", "count_cache", "resolve_timing", "PAUSED_RANGE"]
@@ -107,7 +107,7 @@ class Installed:
             self.collector.exit()
 
 
-def install(p: CaptureOptions, st: CaptureState) -> Installed:
+def install(p: ProfileOptions, st: CaptureState) -> Installed:
     """Install everything a capture of ``p.model`` needs into ``p``'s state ``st`` (the caller removes it with
     ``Installed.remove``)."""
     s = Installed()

@@ -12,10 +12,10 @@ from tscope_callbacks.capture.faults import Faults
 from tscope_callbacks.formulas.registry import FormulaRegistry
 from tscope_callbacks.records import CaptureInfo
 
-__all__ = ["CaptureOptions"]
+__all__ = ["ProfileOptions"]
 
 
-class CaptureOptions(Protocol):
+class ProfileOptions(Protocol):
     """A capture's options and the caller's data (see ``Profile``'s arguments)."""
 
     model: torch.nn.Module
