@@ -53,8 +53,8 @@ LAYERS: list[tuple[str, ...]] = [("records", "rng"), ("devices", "formulas"), ("
                                  ("api", "inputs", "compat", "demo", "report"), ("callbacks", "demo.lightning"),
                                  ("cli",)]
 OWN = ("callbacks/roofline_cb.py", "callbacks/base.py", "callbacks/roofline_io.py", "callbacks/sinks.py",
-       "callbacks/session.py", "callbacks/schedule.py", "callbacks/series.py", "callbacks/sink_setup.py",
-       "callbacks/emit.py")
+       "callbacks/coordinator.py", "callbacks/context.py", "callbacks/schedule.py", "callbacks/series.py",
+       "callbacks/sink_setup.py", "callbacks/emit.py")
 
 
 def _rel(filename: str) -> str | None:

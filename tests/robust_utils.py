@@ -32,8 +32,8 @@ def all_callbacks(*, plot: bool = False, nan_action: str = "stop", **sched: Any)
 
 def assert_nothing_left(model: torch.nn.Module | None = None, optimizers: Any = ()) -> None:
     """No module hook (on ``model``), no global module hook, no dispatch mode, no running tscope profile or
-    session, no torch profiler, no optimizer step hook."""
-    from tscope_callbacks.callbacks import session
+    session, no torch profiler, no optimizer step hook; every tscope callback of the model's trainer let go of the
+    trainer's coordinator (teardown)."""
     from tscope_callbacks.capture.profile import active_profile
 
     if model is not None:
@@ -42,7 +42,10 @@ def assert_nothing_left(model: torch.nn.Module | None = None, optimizers: Any = 
                 or getattr(_mm, "_global_backward_pre_hooks", None)), "global module hooks left behind"
     assert len(_get_current_dispatch_mode_stack()) == 0, "a dispatch mode is still active"
     assert active_profile() is None, "a tscope profile is still running"
-    assert session.running() is None, "a tscope capture session is still open"
+    trainer = getattr(model, "_trainer", None)
+    for cb in getattr(trainer, "callbacks", ()):
+        c = getattr(cb, "_coordinator", None)
+        assert c is None or c.running is None, f"{type(cb).__name__} holds a running tscope capture"
     assert not torch._C._autograd._profiler_enabled(), "a torch profiler is still running"
     for opt in optimizers or ():
         opt = getattr(opt, "optimizer", opt)

@@ -86,7 +86,7 @@ def test_gpt2_step_model_flops_do_not_depend_on_attention_dropout(gpt2_runs):
     for convention in ("attended", "full"):
         assert model_flops(dropped, convention) == model_flops(plain, convention), convention
     assert model_flops(dropped, "full") - model_flops(dropped, "attended") == FULL_MINUS_ATTENDED
-    # what RooflineCallback(attention_flops="full") sets
+    # what RooflineCallback(mfu=ts.MFUOptions(attention_flops="full")) sets
     full = dataclasses.replace(dropped, info=dataclasses.replace(dropped.info, attention_flops="full"))
     assert full.model_flops == model_flops(plain, "full") != dropped.model_flops == model_flops(plain, "attended")
     # dropout's own elementwise work: hardware FLOPs (4*2*256*256 = 524,288 each), no model FLOPs

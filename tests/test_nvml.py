@@ -169,10 +169,8 @@ def test_monitor_logs_telemetry_and_flags_the_mfu_witness(pynvml, host, tmp_path
 
 
 def test_an_interval_with_tscopes_own_work_logs_no_energy_per_step(pynvml, host, tmp_path) -> None:
-    # a profile, its report or timed layers inside a logging interval (session.dirty_clocks) put tscope's time into
+    # a profile, its report or timed layers inside a logging interval (the coordinator's dirty_clocks) put tscope's time into
     # the energy counter's difference: on an H200 GPT-2 fit those intervals read twice the energy per token
-    from tscope_callbacks.callbacks import session
-
     mon = StepMonitor()
 
     class _Inject(pl.Callback):
@@ -181,7 +179,7 @@ def test_an_interval_with_tscopes_own_work_logs_no_energy_per_step(pynvml, host,
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if trainer.global_step == 25:
-                session.dirty_clocks(trainer)  # what a profile's end or a report's analysis does
+                mon.coordinator(trainer).dirty_clocks()  # what a profile's end or a report's analysis does
 
     trainer = pl.Trainer(max_steps=40, callbacks=[mon, _Inject(), StepCost(host)],
                          logger=CSVLogger(str(tmp_path), name="run"),

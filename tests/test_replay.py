@@ -247,7 +247,6 @@ def fit_with(tmp_path, monkeypatch, callbacks_of):
     import lightning.pytorch as pl
 
     import tscope_callbacks.capture.region as region
-    from tscope_callbacks.callbacks import session
     from tscope_callbacks.demo.lightning import DemoLM, RandomTokenData
 
     monkeypatch.setattr(region, "resolve_timing", lambda model, timing: "cuda")
@@ -256,7 +255,7 @@ def fit_with(tmp_path, monkeypatch, callbacks_of):
     class Record(ts.RooflineCallback):
         def _on_profile(self, trainer, pl_module, result, ctx):
             seen.append(result)
-            srcs = [v for v in session._SOURCES.get(trainer, {}).values() if v is not None]
+            srcs = self.coordinator(trainer).replay_sources()
             if srcs:
                 ReplayTimeline.script = plan_script(srcs[0], scale=3)
             super()._on_profile(trainer, pl_module, result, ctx)

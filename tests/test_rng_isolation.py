@@ -17,18 +17,16 @@ from robust_utils import SCHED, MLPModule, assert_same_weights, seeded_fit
 from torch.utils.data import DataLoader, TensorDataset
 
 import tscope_callbacks as ts
-from tscope_callbacks.callbacks import roofline_cb
 from tscope_callbacks.devices import calibrate
 from tscope_callbacks.rng import RngState, preserved_rng
 
 
 @pytest.fixture
 def empty_roof_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """No cached CPU roof and no per-process one: gpu="auto" measures (with a short budget, as the real one would)."""
+    """No cached CPU roof: gpu="auto" measures (with a short budget, as the real one would)."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("TSCOPE_CACHE_DIR", str(cache))
     monkeypatch.setattr(calibrate, "DEFAULT_CPU_BUDGET_S", 0.2)
-    monkeypatch.setattr(roofline_cb, "_AUTO_SPECS", {})
     return cache
 
 

@@ -35,10 +35,8 @@ def test_auto_on_an_unknown_device_warns_once_skips_roofline_logs_counts(tmp_pat
     def unknown(device: Any = "auto", *a: Any, **k: Any) -> Any:
         raise UnknownDeviceError("NVIDIA Mystery GPU", ["NVIDIA L4"])
 
-    from tscope_callbacks.callbacks import roofline_cb
 
     monkeypatch.setattr(specs, "get_device_spec", unknown)
-    monkeypatch.setattr(roofline_cb, "_AUTO_SPECS", {})  # "auto" is resolved once per process
     cbs = [ts.RooflineCallback(gpu="auto", start_step=1, every_n_steps=1), ts.LayerProfilerCallback(start_step=1)]
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")

@@ -184,10 +184,7 @@ def test_unknown_auto_device_warns_and_logs_counts(tmp_path: Path, monkeypatch: 
     def unknown(name: Any = "auto", *a: Any, **k: Any) -> Any:
         raise UnknownDeviceError(str(name), ["NVIDIA L4"])
 
-    import tscope_callbacks.callbacks.roofline_cb as rcb
-
     monkeypatch.setattr(specs, "get_device_spec", unknown)
-    monkeypatch.setattr(rcb, "_AUTO_SPECS", {})
     cb = ts.RooflineCallback(gpu="auto", **SCHED)
     with pytest.warns(UserWarning, match="roofline part is skipped"):
         _fit(tmp_path, [cb], max_steps=3, logger=CSVLogger(tmp_path, name="csv"))

@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import tscope_callbacks as ts
 from tscope_callbacks import StepReport, load_step_file
 from tscope_callbacks.callbacks import roofline_io as io
-from tscope_callbacks.callbacks.session import ProfileContext
+from tscope_callbacks.callbacks.context import ProfileContext
 from tscope_callbacks.callbacks.sinks import Sink
 from tscope_callbacks.capture.faults import Faults
 

@@ -312,21 +312,20 @@ def test_names_are_the_users_under_torch_compile():
 
 def test_a_watched_step_is_no_step_time_basis_nor_mfu_window():
     """The histograms, the update ratios and their read-out are tscope's work inside the user's steps: the clocks
-    behind the step-time basis and the automatic MFU are told (session.dirty_clocks), at the watched step and at the
+    behind the step-time basis and the automatic MFU are told (the coordinator's dirty_clocks), at the watched step and at the
     step its read-out runs in, and at no other."""
-    from tscope_callbacks.callbacks import session
-
     told: list[int] = []
+    watch = WatchCallback(every_n_steps=3)
 
     class Clock(Callback):  # a registered clock, as RooflineCallback registers its own
         def on_fit_start(self, trainer, pl_module):
             self.trainer = trainer
-            session.register_clock(trainer, self)
+            watch.coordinator(trainer).register_clock(self)  # the trainer's coordinator, as RooflineCallback does
 
         def mark_dirty(self):
             told.append(self.trainer.global_step)
 
-    _fit(Clock(), WatchCallback(every_n_steps=3), max_steps=8)
+    _fit(Clock(), watch, max_steps=8)
     # steps 0, 3, 6 watched (global_step before the update: 0, 3, 6); on CPU the read-out runs at the same step's
     # batch end, where global_step already counts its update (1, 4, 7): each time the same step's interval
     assert sorted(set(told)) == [0, 1, 3, 4, 6, 7], told

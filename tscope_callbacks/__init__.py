@@ -39,6 +39,7 @@ _EXPORTS = {
     # records
     "StepProfile": "records",
     "CaptureInfo": "records",
+    "ProfileReason": "records",
     "OpRecord": "records",
     "LayerRecord": "records",
     # no training

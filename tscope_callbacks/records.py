@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-__all__ = ["OpRecord", "LayerRecord", "StepProfile", "CaptureInfo", "PROFILE_VERSION", "ProfileFormatError", "PHASES",
+__all__ = ["OpRecord", "LayerRecord", "StepProfile", "CaptureInfo", "ProfileReason", "PROFILE_VERSION", "ProfileFormatError", "PHASES",
            "CATEGORIES", "NON_MODEL_PHASES", "ATTENTION_CONVENTIONS", "model_flops", "op_model_flops"]
 
 #: Phases an op can run in. ``recompute`` is a forward re-run inside backward (activation checkpointing);
@@ -162,6 +163,25 @@ class LayerRecord:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+class ProfileReason(StrEnum):
+    """Why a callback profiled a step (``CaptureInfo.reason``, the callbacks' ``history`` entries; a ``str``, so
+    ``info.reason == "schedule"`` holds and the JSON stores the plain value)."""
+
+    #: the callback's schedule (``every_n_steps``, ``start_step``, ``profile_first``) made the step due; also the
+    #: first profile moved past warm-up (``CaptureOptions.wait_for_warmup``: the report says from which step)
+    SCHEDULE = "schedule"
+    #: a later step of a k-step series (``CaptureOptions.steps``): its op times enter the series' medians
+    REPEAT = "repeat"
+    #: a batch shape never profiled before: profiled once to count its FLOPs for the automatic MFU
+    RECOUNT = "recount"
+    #: the eager reference of a ``torch.compile``'d model (``CaptureOptions.compare_eager``), once
+    EAGER_REFERENCE = "eager-reference"
+    #: the step monitor's diagnosis of a trigger (a slowdown, a loss or gradient-norm spike)
+    ANOMALY = "anomaly"
+    #: the step monitor's own healthy baseline (the monitor alone in a trainer, without a scheduled callback)
+    BASELINE = "baseline"
+
+
 @dataclass(frozen=True)
 class CaptureInfo:
     """What a profiled step's capture and its caller know about it, typed (``StepProfile.info``). Every field is
@@ -200,7 +220,7 @@ class CaptureInfo:
     stage: str | None = None  #: "train" / "validation" / "test" / "predict"
     global_step: int | None = None  #: ``trainer.global_step`` when the profile started
     epoch: int | None = None
-    reason: str | None = None  #: why the step was profiled ("schedule", "repeat", "recount", "anomaly", ...)
+    reason: ProfileReason | None = None  #: why the step was profiled (a callback's capture; None: ``ts.profile``)
     micro_batches: int | None = None  #: micro-batches of the profiled optimizer step (gradient accumulation)
     #: the step monitor's medians over its recent clean steps (data wait, its share, steps, input_bound, input_fixes)
     step_breakdown: dict[str, Any] | None = None
@@ -245,7 +265,10 @@ class CaptureInfo:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CaptureInfo:
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        known = {k: v for k, v in d.items() if k in names}
+        if isinstance(known.get("reason"), str) and known["reason"] in ProfileReason.__members__.values():
+            known["reason"] = ProfileReason(known["reason"])
+        return cls(**known)
 
 
 #: the version of :meth:`StepProfile.to_dict`'s format

@@ -22,12 +22,18 @@ from typing import Any
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from tscope_callbacks.callbacks import session
+from tscope_callbacks.callbacks.context import (
+    ProfileContext,
+    batch_signature,
+    gather_floats,
+    gather_objects,
+    signature_inputs,
+)
+from tscope_callbacks.callbacks.coordinator import Capture
 from tscope_callbacks.callbacks.guarded import GuardedCallback
 from tscope_callbacks.callbacks.schedule import NEVER, Schedule, normalize_stages
-from tscope_callbacks.callbacks.session import Capture, ProfileContext, batch_signature
 from tscope_callbacks.callbacks.sinks import Sink
-from tscope_callbacks.records import CaptureInfo, StepProfile
+from tscope_callbacks.records import CaptureInfo, ProfileReason, StepProfile
 
 __all__ = ["ProfilingCallback", "ProfileContext"]
 
@@ -47,6 +53,9 @@ class ProfilingCallback(GuardedCallback):
             part, training continues unchanged).
     """
 
+    #: the first training step with work for this callback: set by ``_replan`` only, read by the hot path
+    _next_train: int = NEVER
+
     def __init__(self, *, every_n_steps: int | None = 500, start_step: int = 10, max_profiles: int | None = None,
                  profile_first: bool = True, stages: str | Sequence[str] = ("train",),
                  raise_errors: bool = False) -> None:
@@ -56,7 +65,7 @@ class ProfilingCallback(GuardedCallback):
         self.stages = normalize_stages(stages)
         self.raise_errors = raise_errors
         self.schedules = {s: Schedule(every_n_steps, start_step, max_profiles, profile_first) for s in self.stages}
-        self._next_train = self.schedules["train"].next_due(0) if "train" in self.schedules else NEVER
+        self._replan(0)
         self._next_eval: dict[str, int] = {}
         self._silence_told: set[tuple[str, str]] = set()
         self._eval_batches: dict[str, int] = {}  #: eval stage -> most batches one of its epochs ran (silence reasons)
@@ -74,6 +83,16 @@ class ProfilingCallback(GuardedCallback):
         """``CaptureInfo`` fields giving the profile its step-time basis (the RooflineCallback's unprofiled-step
         median: ``step_time_*``, ``host_*``)."""
         return {}
+
+    def _next_step(self, step: int) -> int:
+        """The first training step ``>= step`` at which this callback has work: the schedule's next due step (a
+        subclass adds its own reasons)."""
+        sched = self.schedules.get("train")
+        return sched.next_due(step) if sched is not None else NEVER
+
+    def _replan(self, step: int) -> None:
+        """The one place the next training step with work is set (the hot path's one comparison reads it)."""
+        self._next_train = self._next_step(step)
 
     def _due(self, stage: str, step: int) -> bool:
         sched = self.schedules.get(stage)
@@ -93,7 +112,7 @@ class ProfilingCallback(GuardedCallback):
         sched = self.schedules[stage]
         sched.mark(step)
         if stage == "train":
-            self._next_train = sched.next_due(step + 1)
+            self._replan(step + 1)
         else:
             self._next_eval[stage] = sched.next_due(step + 1, ignore_last=True)
 
@@ -101,16 +120,14 @@ class ProfilingCallback(GuardedCallback):
     def sinks(self, trainer: pl.Trainer) -> Sink:
         """Where outputs go: the trainer's loggers on rank zero, a do-nothing sink elsewhere (and under
         ``fast_dev_run``, which runs the profiling code path but writes nothing)."""
-        return session.sinks_for(trainer, self.raise_errors)
+        return self.coordinator(trainer).sinks(trainer, self.raise_errors)
 
     # ------------------------------------------------------------------ session control
     def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str, step: int, batch: Any,
-               reason: str = "schedule") -> None:
-        running = session.running()
-        if running is not None:
-            if running.trainer is trainer:
-                return  # another stage's capture is running (e.g. validation inside an accumulation window)
-            session.abort()  # stale, from another trainer
+               reason: ProfileReason = ProfileReason.SCHEDULE) -> None:
+        coord = self.coordinator(trainer)
+        if coord.running is not None:
+            return  # another stage's capture is running (e.g. validation inside an accumulation window)
         members = [cb for cb in trainer.callbacks if isinstance(cb, ProfilingCallback) and cb is not self
                    and (cb._due(stage, step) or cb._wants(stage, step))]
         members.insert(0, self)
@@ -134,8 +151,9 @@ class ProfilingCallback(GuardedCallback):
         # kernel records alone with that capture's counts, unless a member checks values or opted out (the later
         # steps of a k-step series too: RooflineCallback's ``capture.steps``)
         key = (stage, sig, details, compiled)
-        replayable = stage == "train" and not check and reason in ("schedule", "repeat") and all(o.get("replay", True) for o in opts)
-        source = session.replay_source(trainer, key) if replayable else None
+        replayable = (stage == "train" and not check and reason in (ProfileReason.SCHEDULE, ProfileReason.REPEAT)
+                      and all(o.get("replay", True) for o in opts))
+        source = coord.replay_source(key) if replayable else None
         try:
             from tscope_callbacks.capture.profile import profile
 
@@ -148,14 +166,14 @@ class ProfilingCallback(GuardedCallback):
         except Exception as e:
             prof = None
             self.faults.report(f"starting the profile of {stage} step {step}", e)
-        cap = Capture(trainer, stage, step, members, prof, sig, reason, scheduled, key)
-        cap.inputs = session.signature_inputs(sig or batch_signature(batch))
-        session.set_running(cap)
+        cap = Capture(coord, trainer, stage, step, members, prof, sig, reason, scheduled, key)
+        cap.inputs = signature_inputs(sig or batch_signature(batch))
+        coord.running = cap
 
     def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Stop the running capture, gather per-rank step times (all ranks, same steps), hand out the records."""
-        s = session.running()
-        session.set_running(None)
+        coord = self.coordinator(trainer)
+        s = coord.take()
         if s is None:
             return
         result: StepProfile | None = None
@@ -164,7 +182,7 @@ class ProfilingCallback(GuardedCallback):
             if s.profile is not None:
                 s.profile.label(micro_batches=max(s.micro_batches, 1))
             result = s.stop()
-            session.after_capture(trainer, s.key, prof, result)
+            coord.after_capture(s.key, prof, result)
         except Exception as e:
             self.faults.report("stopping the profile", e)
         step_s = float((result.info.step_time_s or 0.0) if result is not None else 0.0)
@@ -173,7 +191,7 @@ class ProfilingCallback(GuardedCallback):
         times = [step_s]
         if s.scheduled:
             try:
-                times = [row[0] for row in session.gather_floats(trainer, [step_s])]
+                times = [row[0] for row in gather_floats(trainer, [step_s])]
             except Exception as e:
                 self.faults.report("gathering step times across ranks", e)
         if result is None:
@@ -200,7 +218,7 @@ class ProfilingCallback(GuardedCallback):
         mine = [(r.comm["collective"], origin + (r.start_s or 0.0), r.time_s or 0.0) for r in result.ops
                 if r.comm and r.comm.get("collective") != "wait"]
         try:
-            per_rank = session.gather_objects(trainer, mine)
+            per_rank = gather_objects(trainer, mine)
             result.info = dataclasses.replace(result.info, skew=skew(per_rank))
         except Exception as e:
             self.faults.report("gathering collectives across ranks", e)
@@ -214,29 +232,29 @@ class ProfilingCallback(GuardedCallback):
         try:
             self._train_due(trainer, pl_module, batch)
         except Exception as e:
-            session.abort()
-            self._next_train = trainer.global_step + 1
+            self.coordinator(trainer).abort()
+            self._replan(trainer.global_step + 1)
             self.faults.report("scheduling a profile", e)
 
     def _train_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         step = trainer.global_step
         sched = self.schedules["train"]
         if not sched.is_due(step):
-            self._next_train = sched.next_due(step)  # resumed past a due step, or already profiled
+            self._replan(step)  # resumed past a due step, or already profiled
             return
         self._start(trainer, pl_module, "train", step, batch)
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        s = session.running()
+        s = self.coordinator(trainer).running
         if s is not None and s.stage == "train":
             s.mark_optimizer()
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        s = session.running()
-        if s is None or s.stage != "train" or s.trainer is not trainer:
+        s = self.coordinator(trainer).running
+        if s is None or s.stage != "train":
             return
         s.count_batch(batch_idx)
         if (pl_module.automatic_optimization and trainer.global_step == s.global_step
@@ -246,8 +264,8 @@ class ProfilingCallback(GuardedCallback):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        s = session.running()
-        if s is not None and s.stage == "train" and s.trainer is trainer:
+        s = self.coordinator(trainer).running
+        if s is not None and s.stage == "train":
             self._finish(trainer, pl_module)
 
     # ------------------------------------------------------------------ eval stages (forward only, by batch index)
@@ -267,19 +285,19 @@ class ProfilingCallback(GuardedCallback):
             else:
                 self._next_eval[stage] = self.schedules[stage].next_due(batch_idx + 1, ignore_last=True)
         except Exception as e:
-            session.abort()
+            self.coordinator(trainer).abort()
             self._next_eval[stage] = batch_idx + 1
             self.faults.report("scheduling a profile", e)
 
     def _eval_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str, batch_idx: int) -> None:
-        s = session.running()
-        if s is not None and s.stage == stage and s.step == batch_idx and s.trainer is trainer:
+        s = self.coordinator(trainer).running
+        if s is not None and s.stage == stage and s.step == batch_idx:
             s.count_batch(batch_idx)
             self._finish(trainer, pl_module)
 
     def _pause_training_capture(self, trainer: pl.Trainer, paused: bool) -> None:
-        s = session.running()
-        if s is not None and s.stage == "train" and s.trainer is trainer:
+        s = self.coordinator(trainer).running
+        if s is not None and s.stage == "train":
             s.pause(paused)  # validation inside a profiled training window is not training work
 
     @override
@@ -332,12 +350,11 @@ class ProfilingCallback(GuardedCallback):
     # ------------------------------------------------------------------ cleanup
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        session.abort()
+        self.coordinator(trainer).abort()
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        session.abort()
-        session.forget_trainer(trainer)
+        self.release_coordinator()
         try:
             self._explain_silence(trainer, stage)
         except Exception:
@@ -402,4 +419,4 @@ class ProfilingCallback(GuardedCallback):
             if k in self.schedules:
                 self.schedules[k].load_state_dict(v)
         if "train" in self.schedules:
-            self._next_train = self.schedules["train"].next_due(0)
+            self._replan(0)

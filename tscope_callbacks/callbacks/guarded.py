@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from lightning.pytorch.callbacks import Callback
 
+from tscope_callbacks.callbacks.coordinator import Coordinator, coordinator_of
 from tscope_callbacks.capture.faults import Faults
 
 __all__ = ["GuardedCallback", "HOOKS"]
@@ -48,6 +49,8 @@ class GuardedCallback(Callback):
     raise_errors: bool = False
     #: keyword arguments the callback no longer takes -> what to write instead (``options.moved_arguments``)
     _moved: ClassVar[dict[str, str]] = {}
+    #: the coordinator of the trainer this callback last served (``coordinator``)
+    _coordinator: Coordinator | None = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # a wrong keyword gets one line saying what to write, before ``__init__`` (and Python's own message) runs
@@ -65,6 +68,21 @@ class GuardedCallback(Callback):
             fn = cls.__dict__.get(name)
             if callable(fn) and not getattr(fn, "_tscope_guarded", False):
                 setattr(cls, name, _guard_hook(name, fn))
+
+    def coordinator(self, trainer: Any) -> Coordinator:
+        """What the tscope callbacks of ``trainer`` share (its running capture, sinks, clocks, the NaN guard): one
+        :class:`~tscope_callbacks.callbacks.coordinator.Coordinator` per trainer, found through its callbacks."""
+        c = self._coordinator
+        if c is None or not c.serves(trainer):
+            c = self._coordinator = coordinator_of(trainer)
+        return c
+
+    def release_coordinator(self) -> None:
+        """At teardown: stop what the trainer's coordinator still runs, forget it (a callback outliving its fit keeps
+        no trainer state alive; the next fit finds or makes one again)."""
+        c, self._coordinator = self._coordinator, None
+        if c is not None:
+            c.close()
 
     @property
     def faults(self) -> Faults:

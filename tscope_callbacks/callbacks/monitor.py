@@ -23,14 +23,14 @@ from tscope_callbacks.analysis import anomaly as an
 from tscope_callbacks.analysis import step_parts as sp
 from tscope_callbacks.analysis.anomaly import loader_settings
 from tscope_callbacks.analysis.step_parts import Breakdown, StepTimes
-from tscope_callbacks.callbacks import session
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
 from tscope_callbacks.callbacks.clock import DeviceClock
+from tscope_callbacks.callbacks.context import batch_signature, batch_size
 from tscope_callbacks.callbacks.loop_probe import LoopProbe, progress_bar_reads, read_segments
 from tscope_callbacks.callbacks.sinks import metric_key
 from tscope_callbacks.devices.calibrate import CpuSnapshot, cpu_snapshot, others_load_per_cpu
 from tscope_callbacks.hostclock import host_time
-from tscope_callbacks.records import StepProfile
+from tscope_callbacks.records import ProfileReason, StepProfile
 
 __all__ = ["StepMonitor", "MonitorOptions", "CONFIRM_STEPS", "LAYER_STEPS", "loader_settings"]
 
@@ -123,7 +123,7 @@ class _HostLoad:
 
 
 class _Work:
-    """Registered with the session's clocks: ``mark_dirty()`` (a profile ended, a report was written, layers were
+    """Registered with the coordinator's clocks: ``mark_dirty()`` (a profile ended, a report was written, layers were
     timed) says the running logging interval holds tscope's own work."""
 
     __slots__ = ("seen",)
@@ -313,8 +313,9 @@ class StepMonitor(ProfilingCallback):
             return  # validate/test/predict: the fit's alerts and breakdown stay
         dev = trainer.strategy.root_device
         self._reset(dev.type == "cuda")
-        session.register_clock(trainer, self._work)  # told when a step holds tscope's own work
-        session.register_clock(trainer, self.probe)
+        coord = self.coordinator(trainer)
+        coord.register_clock(self._work)  # told when a step holds tscope's own work
+        coord.register_clock(self.probe)
         try:
             self.probe.install(trainer)
         except Exception as e:
@@ -331,7 +332,7 @@ class StepMonitor(ProfilingCallback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._loader = loader_settings(trainer)
         self._load_start = self.host_load.snapshot()  # other processes' load from here (until a healthy one)
-        self._guard = next((c for c in trainer.callbacks if type(c).__name__ == "NaNGuardCallback"), None)
+        self._guard = self.coordinator(trainer).guard  # the trainer's NaN guard (registered at its fit start)
         self.probe.refresh_callbacks(trainer)  # callbacks added during setup (this monitor, by RooflineCallback)
         self._scheduled = [c for c in trainer.callbacks if isinstance(c, ProfilingCallback) and c is not self
                            and "train" in c.schedules and c.schedules["train"].max_profiles != 0]
@@ -367,7 +368,7 @@ class StepMonitor(ProfilingCallback):
         if d is not None and not d.started and gs >= d.at:
             self._begin_diagnosis(trainer, pl_module, d, gs, batch)
         elif d is not None and d.started and d.capture and len(d.layer_steps) < LAYER_STEPS \
-                and gs > (d.profile_step if d.profile_step is not None else d.at - 1) and session.running() is None:
+                and gs > (d.profile_step if d.profile_step is not None else d.at - 1) and self.coordinator(trainer).running is None:
             from tscope_callbacks.capture.module_clock import ModuleClock
 
             self._modclock = ModuleClock(pl_module)  # each layer's forward host time over the steps after it
@@ -378,7 +379,7 @@ class StepMonitor(ProfilingCallback):
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        s = session.running()
+        s = self.coordinator(trainer).running
         if s is not None and s.stage == "train" and self.last_breakdown is not None and s.profile is not None:
             v = self._verdict.summary(self.options.input_bound_share)
             loop = []
@@ -416,7 +417,7 @@ class StepMonitor(ProfilingCallback):
                 d.layer_steps.append(layers)
             # its forward hooks slowed this step: no basis for any clock. Said at the step's end, before the next
             # step's, whatever the order of the callbacks' batch-start hooks
-            session.dirty_clocks(trainer)
+            self.coordinator(trainer).dirty_clocks()
         if self.options.loss_spike is not None:
             self._loss(trainer, outputs)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # finishes a running capture
@@ -519,7 +520,7 @@ class StepMonitor(ProfilingCallback):
         is reached; with a scheduled tscope callback, that callback's first profile (joined) then the layers' times
         once its series is over."""
         if self._scheduled:
-            if self._base_ops is None or session.running() is not None:
+            if self._base_ops is None or self.coordinator(trainer).running is not None:
                 return
             if gs < max(c.held_until() for c in self._scheduled):
                 return  # its series and the unprofiled steps it times after it
@@ -557,7 +558,7 @@ class StepMonitor(ProfilingCallback):
         if d.capture and self.profile:
             d.profile_step = self._diag_step = gs
             self.captures.append(gs)
-            self._start(trainer, pl_module, "train", gs, batch, reason="anomaly" if d.why else "baseline")
+            self._start(trainer, pl_module, "train", gs, batch, reason=ProfileReason.ANOMALY if d.why else ProfileReason.BASELINE)
         elif d.capture:
             d.profile_step = gs - 1  # no profile: the layers are timed from this step
 
@@ -800,7 +801,7 @@ class StepMonitor(ProfilingCallback):
                 self.sinks(trainer).alert(metric_key("step", "alerts"), f"Late rank {late.rank}", text, gs)
 
     def _telemetry(self, trainer: pl.Trainer, gs: int, batch: Any) -> dict[str, float]:
-        _, tokens = session.batch_size(session.batch_signature(batch))
+        _, tokens = batch_size(batch_signature(batch))
         tel = self.tel_last = self._tel.window(gs, tokens * max(trainer.accumulate_grad_batches, 1))
         out = {metric_key("gpu", k): float(v) for k, v in tel.items() if isinstance(v, (int, float))}
         mfu = next((c.last_mfu for c in trainer.callbacks if getattr(c, "last_mfu", None) is not None), None)

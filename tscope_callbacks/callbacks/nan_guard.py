@@ -55,7 +55,6 @@ from tscope_callbacks.analysis.nonfinite import NonFiniteError, NonFiniteEvent
 from tscope_callbacks.callbacks import nan_steps
 from tscope_callbacks.callbacks.guarded import GuardedCallback
 from tscope_callbacks.callbacks.options import NaNGuardOptions, check_option
-from tscope_callbacks.callbacks.session import sinks_for
 from tscope_callbacks.callbacks.sinks import METRIC_ROOT, NULL_SINK, metric_key
 from tscope_callbacks.capture import active as _active
 from tscope_callbacks.capture import locate as nl_locate
@@ -173,6 +172,8 @@ class NaNGuardCallback(GuardedCallback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
         self._state = nan_steps.fit_state(self, trainer, pl_module)
+        # the trainer's other tscope callbacks read this guard's gradient spikes through their coordinator
+        self.coordinator(trainer).guard = self
 
     def _due_now(self, trainer: pl.Trainer) -> bool:
         """Whether this optimizer step is checked (every step by default: no ``trainer.global_step`` read)."""
@@ -282,6 +283,7 @@ class NaNGuardCallback(GuardedCallback):
             opt.__dict__.pop("found_inf", None)
         self._state.masked.clear()
         self._state.trainer = None  # the guard outlives the fit: it keeps no trainer (nor its model) alive
+        self.release_coordinator()
 
     # ---------------------------------------------------------------- the check
     def _check_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
@@ -394,7 +396,7 @@ class NaNGuardCallback(GuardedCallback):
                     if s == step:
                         scalars = {metric_key("grad_norm", "total"): total}
                         scalars.update({metric_key("grad_norm", k or "root"): v for k, v in layers.items()})
-                        sinks_for(trainer, False).log_scalars(scalars, step)
+                        self.coordinator(trainer).sinks(trainer, False).log_scalars(scalars, step)
                 if spike is not None:
                     self._spike(trainer, step, spike)
             except Exception as e:
@@ -423,7 +425,7 @@ class NaNGuardCallback(GuardedCallback):
         self.num_events += 1
         if len(self.events) < self.options.max_events:
             self.events.append(event)
-        sinks = sinks_for(trainer, False)
+        sinks = self.coordinator(trainer).sinks(trainer, False)
         sinks.log_scalars({metric_key("nan", "events"): float(self.num_events)}, trainer.global_step)
         alert, missed = self._limiter.admit()
         if not alert:
@@ -438,7 +440,7 @@ class NaNGuardCallback(GuardedCallback):
         if not trainer.is_global_zero:
             return
         self.alerts += 1
-        sinks = sinks_for(trainer, False)
+        sinks = self.coordinator(trainer).sinks(trainer, False)
         if sinks is NULL_SINK:  # fast_dev_run writes nothing, but the log line still goes out
             _log.warning("%s", text)
             return

@@ -17,7 +17,7 @@ import torch
 from tscope_callbacks.analysis import nonfinite as nl
 from tscope_callbacks.analysis.grad_history import GradHistory, owner, step_loss
 from tscope_callbacks.analysis.nonfinite import NonFiniteEvent
-from tscope_callbacks.callbacks.session import gather_floats, gather_objects
+from tscope_callbacks.callbacks.context import gather_floats, gather_objects
 from tscope_callbacks.capture import locate as nl_locate
 from tscope_callbacks.capture.faults import Faults
 from tscope_callbacks.capture.paths import named_parameters

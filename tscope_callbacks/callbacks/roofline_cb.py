@@ -15,22 +15,20 @@ from tscope_callbacks.analysis.compare import compiled_vs_eager
 from tscope_callbacks.analysis.report import json_safe
 from tscope_callbacks.analysis.throughput import Throughput, model_flops
 from tscope_callbacks.callbacks import roofline_io as io
-from tscope_callbacks.callbacks import session
 from tscope_callbacks.callbacks.auto_mfu import MAX_SIGNATURES, AutoMFU
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
 from tscope_callbacks.callbacks.clock import StepClock
+from tscope_callbacks.callbacks.context import batch_signature, batch_size
 from tscope_callbacks.callbacks.monitor import MonitorOptions, StepMonitor
 from tscope_callbacks.callbacks.options import CaptureOptions, MFUOptions, RooflineOutputs, WhatIf, check_option
 from tscope_callbacks.callbacks.series import AFTER_STEPS, FirstProfileWait, ProfileSeries
-from tscope_callbacks.callbacks.session import batch_signature, batch_size
 from tscope_callbacks.callbacks.sinks import metric_key
 from tscope_callbacks.devices.spec import DeviceSpec
-from tscope_callbacks.records import StepProfile
+from tscope_callbacks.records import ProfileReason, StepProfile
 from tscope_callbacks.report import StepReport
 
 __all__ = ["RooflineCallback"]
 
-_AUTO_SPECS: dict[str, Any] = {}  #: device -> spec resolved for gpu="auto" in this process
 #: unprofiled steps timed before a scheduled profile (their median is the profiled step's time basis)
 BASIS_STEPS = 16
 #: ``monitor``'s default: the step monitor on, with its default thresholds
@@ -136,8 +134,6 @@ class RooflineCallback(ProfilingCallback):
                  stages: str | list[str] | tuple[str, ...] = ("train",), capture: CaptureOptions | None = None,
                  outputs: RooflineOutputs | None = None, mfu: MFUOptions | None = None, what_if: WhatIf | None = None,
                  monitor: MonitorOptions | StepMonitor | None = MONITOR_ON, raise_errors: bool = False) -> None:
-        super().__init__(every_n_steps=every_n_steps, start_step=start_step, max_profiles=max_profiles,
-                         profile_first=profile_first, stages=stages, raise_errors=raise_errors)
         if not isinstance(gpu, (str, DeviceSpec)):
             raise TypeError(f"RooflineCallback: gpu must be 'auto', a device name, a JSON path or a DeviceSpec, got "
                             f"{type(gpu).__name__}")
@@ -152,10 +148,16 @@ class RooflineCallback(ProfilingCallback):
                             f"StepMonitor or None (off), got {monitor!r}; write {say}")
         #: the step monitor this callback adds to the trainer at setup (None: off; see ``monitor`` above)
         self.monitor: StepMonitor | None = StepMonitor(monitor) if isinstance(monitor, MonitorOptions) else monitor
+        # what, besides the schedule, makes a training step due (``_next_step``)
+        self._recount_at: int | None = None  #: a step whose batch shape is new: profile it to count its FLOPs
+        self._eager_at: int | None = None  #: the step of the eager reference (``CaptureOptions.compare_eager``)
+        self._eager_pending = False
+        self._series = ProfileSeries(self.capture.steps)  #: the running k-step series
+        self._wait = FirstProfileWait(self.capture.wait_for_warmup)  #: the first profile's wait for warmed-up steps
+        super().__init__(every_n_steps=every_n_steps, start_step=start_step, max_profiles=max_profiles,
+                         profile_first=profile_first, stages=stages, raise_errors=raise_errors)
         self._auto_on = self.mfu.automatic  #: the automatic MFU runs (off after a failure, said once)
         self.eager_report: StepReport | None = None  #: the eager reference of a compiled model (``compare_eager``)
-        self._eager_at: int | None = None
-        self._eager_pending = False
         self.spec: Any = gpu if isinstance(gpu, DeviceSpec) else None
         if self.spec is None and gpu.strip().lower() != "auto":
             from tscope_callbacks.devices.resolve import get_device_spec
@@ -168,10 +170,7 @@ class RooflineCallback(ProfilingCallback):
         self.auto = AutoMFU(MAX_SIGNATURES)  #: the automatic MFU between profiles (its FLOPs, window, rates)
         self._clock: StepClock | None = None
         self._last_gs = -1
-        self._recount_at: int | None = None  #: a step whose batch shape is new: profile it to count its FLOPs
         self._model_logged = False  #: ``tscope/model/*`` are logged once per fit
-        self._series = ProfileSeries(self.capture.steps)  #: the running k-step series
-        self._wait = FirstProfileWait(self.capture.wait_for_warmup)  #: the first profile's wait for warmed-up steps
 
     @property
     def throughput(self) -> Throughput:
@@ -197,8 +196,9 @@ class RooflineCallback(ProfilingCallback):
         cuda = trainer.strategy.root_device.type == "cuda"
         self._clock = StepClock(cuda)
         self._series = ProfileSeries(self.capture.steps)
-        session.register_clock(trainer, self._clock)
-        session.register_clock(trainer, self.auto.start(cuda))
+        coord = self.coordinator(trainer)
+        coord.register_clock(self._clock)
+        coord.register_clock(self.auto.start(cuda))
         if self.monitor is not None and not any(isinstance(c, StepMonitor) for c in trainer.callbacks):
             trainer.callbacks.append(self.monitor)  # its own hooks from here (Lightning calls it in this loop too)
         if self.spec is not None or isinstance(self.gpu, DeviceSpec):
@@ -206,12 +206,8 @@ class RooflineCallback(ProfilingCallback):
         from tscope_callbacks.devices.resolve import get_device_spec
         from tscope_callbacks.devices.spec import UnknownDeviceError
 
-        dev = trainer.strategy.root_device
-        try:
-            key = str(dev)
-            if key not in _AUTO_SPECS:  # once per process: a CPU roof may be measured (seconds)
-                _AUTO_SPECS[key] = get_device_spec(dev)  # CUDA: the device's name; CPU: a measured roof
-            self.spec = _AUTO_SPECS[key]
+        try:  # CUDA: the device's name; CPU: this machine's measured roof (cached per machine)
+            self.spec = get_device_spec(trainer.strategy.root_device)
         except UnknownDeviceError as e:
             rank_zero_warn(f"tscope RooflineCallback: no roof known for this device ({e}). The roofline part is "
                            "skipped; FLOPs, times and coverage are still logged. Pass gpu=<name> or a DeviceSpec.")
@@ -255,7 +251,7 @@ class RooflineCallback(ProfilingCallback):
             self.auto.count_micro_batch(*batch_size(sig))
             if trainer.global_step != self._last_gs and self.auto.count_step(sig):  # the optimizer stepped
                 self._recount_at = trainer.global_step
-                self._next_train = min(self._next_train, trainer.global_step)
+                self._replan(trainer.global_step)
         except Exception as e:  # the automatic MFU stops; profiles go on
             self._auto_on, self.auto.timer = False, None
             self.faults.report("counting samples and FLOPs per step", e)
@@ -296,7 +292,7 @@ class RooflineCallback(ProfilingCallback):
     @override
     def _on_profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
                     ctx: ProfileContext) -> None:
-        if ctx.reason == "eager-reference":  # the eager reference of a compiled model: the last compiled step
+        if ctx.reason == ProfileReason.EAGER_REFERENCE:  # the eager reference of a compiled model: the last compiled step
             if self.spec is not None and ctx.is_global_zero:  # compared with it, at this step
                 eager = self.eager_report = self._report(result, AnalyzeOptions(precision=self.what_if.precision))
                 last = self.last_report
@@ -305,16 +301,16 @@ class RooflineCallback(ProfilingCallback):
                     io.emit_comparison(io.Comparison(last.step, eager.step, tuple(json_safe(rows))),
                                        self.sinks(trainer), ctx, self.outputs.top)
             return
-        if ctx.reason == "repeat":
+        if ctx.reason == ProfileReason.REPEAT:
             if self._series.add(result, ctx):
                 self._flush_series(trainer, pl_module, wait=True)
             else:
-                self._next_train = min(self._next_train, ctx.step + 1)
+                self._replan(ctx.step + 1)  # the series' next step
             return
         self._flush_series(trainer, pl_module)  # a series cut short by this profile
-        if (ctx.reason == "schedule" and ctx.stage == "train" and not result.info.compiled_capture
+        if (ctx.reason == ProfileReason.SCHEDULE and ctx.stage == "train" and not result.info.compiled_capture
                 and self._series.begin(result, ctx)):
-            self._next_train = min(self._next_train, ctx.step + 1)
+            self._replan(ctx.step + 1)  # the series' next step
             return
         self._analyse(trainer, pl_module, result, ctx)
 
@@ -337,7 +333,7 @@ class RooflineCallback(ProfilingCallback):
             self._analyse(trainer, pl_module, *held)
             # the analysis and its outputs ran inside this step: no step-time basis, no automatic-MFU window (an
             # H200 GPT-2 fit logged a 95 ms window, MFU 7% against 11.8%, for the step its report was written in)
-            session.dirty_clocks(trainer)
+            self.coordinator(trainer).dirty_clocks()
 
     def _analyse(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
                  ctx: ProfileContext) -> None:
@@ -362,7 +358,7 @@ class RooflineCallback(ProfilingCallback):
         if (self.capture.compare_eager and ctx.stage == "train" and result.info.compiled_capture
                 and self.eager_report is None and self._eager_at is None):  # an eager reference at the next step
             self._eager_at = ctx.step + 1
-            self._next_train = min(self._next_train, ctx.step + 1)
+            self._replan(ctx.step + 1)
 
     def _analyze(self, trainer: pl.Trainer, pl_module: pl.LightningModule, result: StepProfile,
                  ctx: ProfileContext) -> StepReport | None:
@@ -376,10 +372,9 @@ class RooflineCallback(ProfilingCallback):
         if self.capture.compare_eager and ctx.stage == "train" and self.eager_report is not None and \
                 result.info.compiled_capture:
             extra["eager"] = self.eager_report
-        # the NaN guard's gradient spikes up to this step (its public ``spikes``), for the report and the dashboard
-        guard = next((c for c in trainer.callbacks if type(c).__name__ == "NaNGuardCallback"), None)
-        spikes = tuple(dict(x) for x in getattr(guard, "spikes", None) or ()
-                       if isinstance(x, dict) and isinstance(x.get("step"), int) and x["step"] <= ctx.step)
+        # the trainer's NaN guard's gradient spikes up to this step (through the coordinator), for the report and the
+        # dashboard
+        spikes = self.coordinator(trainer).grad_spikes(ctx.step)
         if spikes:
             extra["grad_spikes"] = spikes
         opts = AnalyzeOptions(precision=self.what_if.precision, **extra)
@@ -410,6 +405,19 @@ class RooflineCallback(ProfilingCallback):
         except Exception as e:
             self.faults.report("gathering the ranks' profiles for the trace", e)
             return (result,)
+
+    @override
+    def _next_step(self, step: int) -> int:
+        """The schedule's next due step, or earlier: the next step of a running series, a batch shape to recount,
+        the eager reference, or every step while the first profile waits for warmed-up steps."""
+        nxt = super()._next_step(step)
+        sched = self.schedules.get("train")
+        if sched is not None and sched.taken == 0 and self._wait.deferred_from is not None:
+            return step  # the first profile, waiting (``_due``)
+        for s in (self._series.next, self._recount_at, self._eager_at):
+            if s is not None:
+                nxt = min(nxt, max(s, step))
+        return nxt
 
     @override
     def _wants(self, stage: str, step: int) -> bool:
@@ -446,7 +454,7 @@ class RooflineCallback(ProfilingCallback):
             # past them (where they do not reach it, the schedule is unchanged; a schedule denser than a series and
             # its basis, every_n_steps < profile_steps + AFTER_STEPS, is kept as asked)
             sched.reserve(step + span)
-            self._next_train = sched.next_due(step + 1)
+            self._replan(step + 1)
 
     @override
     def _train_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
@@ -455,26 +463,26 @@ class RooflineCallback(ProfilingCallback):
             self._eager_at = None
             self._eager_pending = True
             try:
-                self._start(trainer, pl_module, "train", step, batch, reason="eager-reference")
+                self._start(trainer, pl_module, "train", step, batch, reason=ProfileReason.EAGER_REFERENCE)
             finally:
                 self._eager_pending = False
-            self._next_train = self.schedules["train"].next_due(step + 1)
+            self._replan(step + 1)
             return
         if self._recount_at is not None and step >= self._recount_at and not self.schedules["train"].is_due(step):
             self._recount_at = None
             if batch_signature(batch) not in self._flops:  # the new shape persists: count it
-                self._start(trainer, pl_module, "train", step, batch, reason="recount")
-            self._next_train = self.schedules["train"].next_due(step + 1)
+                self._start(trainer, pl_module, "train", step, batch, reason=ProfileReason.RECOUNT)
+            self._replan(step + 1)
             return
         sched = self.schedules["train"]
         if self._series.next is not None and not sched.is_due(step):
             if step == self._series.next:  # the next step of a k-step series
-                self._start(trainer, pl_module, "train", step, batch, reason="repeat")
+                self._start(trainer, pl_module, "train", step, batch, reason=ProfileReason.REPEAT)
                 return
             self._flush_series(trainer, pl_module)  # a step was skipped (e.g. resumed): analyse what there is
         if self._clock is not None and sched.taken == 0 and self._due("train", step):
             if self._wait.hold(self._clock, step, trainer.max_steps, self.capture.steps):
-                self._next_train = step + 1  # wait for warmed-up unprofiled steps (the step-time basis)
+                self._replan(step + 1)  # wait for warmed-up unprofiled steps (the step-time basis)
                 return
             self._start(trainer, pl_module, "train", step, batch)
             return

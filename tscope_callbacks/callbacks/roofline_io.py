@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from tscope_callbacks.analysis.report import ReportData, layer_point_rows, step_file_name
 from tscope_callbacks.analysis.report import step_file as step_file_of
-from tscope_callbacks.callbacks.session import ProfileContext
+from tscope_callbacks.callbacks.context import ProfileContext
 from tscope_callbacks.callbacks.sinks import Sink, metric_key
 from tscope_callbacks.capture.faults import Faults
 from tscope_callbacks.devices.spec import DeviceSpec
-from tscope_callbacks.records import StepProfile
+from tscope_callbacks.records import ProfileReason, StepProfile
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -79,9 +79,9 @@ class EmitOptions:
 def gather_traces(trainer: pl.Trainer, result: StepProfile, ctx: ProfileContext) -> tuple[StepProfile, ...]:
     """Every rank's records of this step, for the trace (all ranks call this; a collective under several ranks, on
     scheduled steps only: a recount may happen on one rank)."""
-    if trainer.world_size <= 1 or ctx.reason == "recount":
+    if trainer.world_size <= 1 or ctx.reason == ProfileReason.RECOUNT:
         return (result,)
-    from tscope_callbacks.callbacks.session import gather_objects
+    from tscope_callbacks.callbacks.context import gather_objects
 
     return tuple(StepProfile.from_dict(d) for d in gather_objects(trainer, result.to_dict()))
 

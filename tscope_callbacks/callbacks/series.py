@@ -11,7 +11,7 @@ from tscope_callbacks.records import StepProfile
 
 if TYPE_CHECKING:
     from tscope_callbacks.callbacks.clock import StepClock
-    from tscope_callbacks.callbacks.session import ProfileContext
+    from tscope_callbacks.callbacks.context import ProfileContext
     from tscope_callbacks.capture.faults import Faults
 
     Profiled = tuple[StepProfile, ProfileContext]  #: a step's records and the context they were captured in

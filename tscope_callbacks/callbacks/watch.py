@@ -34,7 +34,6 @@ from typing_extensions import override
 from tscope_callbacks.analysis import histograms as H
 from tscope_callbacks.analysis.grad_history import global_norm, layer_norms, layer_sums
 from tscope_callbacks.callbacks.guarded import GuardedCallback
-from tscope_callbacks.callbacks.session import dirty_clocks, sinks_for
 from tscope_callbacks.callbacks.sinks import METRIC_ROOT, metric_key
 from tscope_callbacks.capture.paths import named_parameters
 from tscope_callbacks.capture.profile import paused
@@ -101,7 +100,8 @@ class WatchCallback(GuardedCallback):
         if trainer.global_step % self.every_n_steps:
             return
         self._guard("the histograms", self._launch, trainer, optimizer)
-        dirty_clocks(trainer)  # tscope's own work in this step: no step-time basis nor automatic-MFU window
+        # tscope's own work in this step: no step-time basis nor automatic-MFU window
+        self.coordinator(trainer).dirty_clocks()
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
@@ -120,6 +120,7 @@ class WatchCallback(GuardedCallback):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._snap, self._pending = None, []  # an interrupted fit: free the copies
+        self.release_coordinator()
 
     def _guard(self, what: str, fn: Any, *args: Any) -> None:
         try:
@@ -229,11 +230,12 @@ class WatchCallback(GuardedCallback):
                 ev.synchronize()
                 self.host_waits += 1
             self._log(trainer, item)
-            dirty_clocks(trainer)  # the read-out and the loggers' writes ran in this step
+            self.coordinator(trainer).dirty_clocks()  # the read-out and the loggers' writes ran in this step
         self._pending = keep
 
     def _log(self, trainer: Any, item: dict) -> None:
         host, step = item["host"].tolist(), item["step"]
+        sinks = self.coordinator(trainer).sinks(trainer, self.raise_errors)
         last = self.last if self.last is not None and self.last["step"] == step else {"step": step}
         scalars: dict[str, float] = {}
         off = 0
@@ -256,10 +258,10 @@ class WatchCallback(GuardedCallback):
                 scalars.update({metric_key("watch", f"nonfinite/{h.name}"): float(h.nonfinite) for h in hists
                                 if h.nonfinite})
             if trainer.is_global_zero:
-                sinks_for(trainer, self.raise_errors).log_histograms(f"{METRIC_ROOT}/{_AREA[kind]}", hists, step)
+                sinks.log_histograms(f"{METRIC_ROOT}/{_AREA[kind]}", hists, step)
         self.last = last
         if scalars and trainer.is_global_zero:
-            sinks_for(trainer, self.raise_errors).log_scalars(scalars, step)
+            sinks.log_scalars(scalars, step)
 
 
 def _layer_shares(names: list[str], same: list[float], numel: list[int]) -> dict[str, float]:
