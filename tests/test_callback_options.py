@@ -94,9 +94,11 @@ def _fit(tmp_path, callbacks, steps=4) -> pl.Trainer:
     return trainer
 
 
-def test_the_step_monitor_is_on_by_default_and_one_typed_option(tmp_path) -> None:
+def test_the_step_monitor_is_on_by_default_and_one_typed_option(tmp_path, caplog) -> None:
     default = ts.RooflineCallback(gpu="auto")  # as in the README: unchanged
-    trainer = _fit(tmp_path / "a", [default])
+    with caplog.at_level("INFO", logger="tscope_callbacks"):
+        trainer = _fit(tmp_path / "a", [default])
+    assert "added its StepMonitor to the trainer's callbacks (monitor=None turns it off)" in caplog.text
     monitors = [c for c in trainer.callbacks if isinstance(c, ts.StepMonitor)]
     assert monitors == [default.monitor] and default.monitor.options == ts.MonitorOptions()
     assert default.monitor.last_breakdown is not None  # it ran: every step timed in parts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import deque
 from typing import Any
 
@@ -28,6 +29,8 @@ from tscope_callbacks.records import ProfileReason, StepProfile
 from tscope_callbacks.report import StepReport
 
 __all__ = ["RooflineCallback"]
+
+log = logging.getLogger("tscope_callbacks")
 
 #: unprofiled steps timed before a scheduled profile (their median is the profiled step's time basis)
 BASIS_STEPS = 16
@@ -201,6 +204,9 @@ class RooflineCallback(ProfilingCallback):
         coord.register_clock(self.auto.start(cuda))
         if self.monitor is not None and not any(isinstance(c, StepMonitor) for c in trainer.callbacks):
             trainer.callbacks.append(self.monitor)  # its own hooks from here (Lightning calls it in this loop too)
+            if trainer.is_global_zero:
+                log.info("tscope RooflineCallback: added its StepMonitor to the trainer's callbacks (monitor=None "
+                         "turns it off)")
         if self.spec is not None or isinstance(self.gpu, DeviceSpec):
             return  # resolved at construction
         from tscope_callbacks.devices.resolve import get_device_spec
