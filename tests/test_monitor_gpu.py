@@ -250,6 +250,13 @@ def test_segments_share_their_device_time_by_host_time() -> None:
     assert dev[PARTS.index("other")] == pytest.approx(0.0005) and dev[FORWARD] == pytest.approx(0.010)
     assert named == {"hooks:A": pytest.approx(0.003), "logging:B": pytest.approx(0.001)}
 
+    # a 10 us hook inside the optimizer step, in one segment with the optimizer's 200 us of host time that queued
+    # 1.3 ms of device work: the hook costs at most its own 10 us, the optimizer the rest
+    OPT = PARTS.index("optimizer")
+    dev, named = read_segments([(E(0.0), E(0.0013), {(HOOKS, "hooks:A"): 10e-6, (OPT, None): 200e-6})])  # type: ignore[misc]
+    assert dev[HOOKS] == pytest.approx(10e-6) and dev[OPT] == pytest.approx(0.0013 - 10e-6)
+    assert named == {"hooks:A": pytest.approx(10e-6)}
+
     class Pending(E):
         def query(self) -> bool:
             return False

@@ -31,7 +31,8 @@ since the last event; each segment's host time is kept per part. A segment's dev
 its two events, read once the later one completed: ``query()``, never waiting) is the device's time while the host
 ran it: its idle, waiting for the host, plus what the segment itself queued (for the loop's parts: little or
 nothing). It is shared among the segment's parts by their host time in it (a segment holds one long piece and at
-most :data:`SEGMENT_S` of short ones, or one compute part). :func:`read_segments` gives each part's and each named
+most :data:`SEGMENT_S` of short ones); where a short hook shares a segment with a part that queues device work, the
+hook gets at most its own host time (it queued nothing) and the device work the rest. :func:`read_segments` gives each part's and each named
 item's device seconds. Cost: one event record per segment (about a dozen a step) and one ``elapsed_time`` each.
 :func:`progress_bar_reads` names the logged values Lightning reads back to the host every step (``self.log(...,
 prog_bar=True)`` on a device tensor: ``.item()`` in its metric bookkeeping, with or without a progress bar): a
@@ -83,6 +84,12 @@ def read_segments(segs: list[Segment]) -> tuple[tuple[float, ...], dict[str, flo
         return None
     dev = [0.0] * len(PARTS)
     named: dict[str, float] = {}
+
+    def add(part: int, key: str | None, x: float) -> None:
+        dev[part] += x
+        if key is not None:
+            named[key] = named.get(key, 0.0) + x
+
     for e0, e1, w in segs:
         span = max(e0.elapsed_time(e1) / 1e3, 0.0)
         tot = math.fsum(w.values())
@@ -91,11 +98,23 @@ def read_segments(segs: list[Segment]) -> tuple[tuple[float, ...], dict[str, flo
         if tot <= 0.0:  # (two events at once: nothing ran between them on the host)
             dev[OTHER] += span
             continue
+        work = math.fsum(h for (part, _), h in w.items() if part in _DEVICE_WORK)
+        if 0.0 < work < tot:
+            # a short hook inside a part that queues device work (a callback's hook inside the optimizer step): the
+            # device's time while the host ran it is at most its host time (it queued nothing); the rest is the
+            # device work's
+            left = span
+            for (part, key), h in w.items():
+                if part not in _DEVICE_WORK:
+                    x = min(span * h / tot, h)
+                    add(part, key, x)
+                    left -= x
+            for (part, key), h in w.items():
+                if part in _DEVICE_WORK:
+                    add(part, key, left * h / work)
+            continue
         for (part, key), h in w.items():
-            x = span * h / tot
-            dev[part] += x
-            if key is not None:
-                named[key] = named.get(key, 0.0) + x
+            add(part, key, span * h / tot)
     return tuple(dev), named
 
 
@@ -280,8 +299,8 @@ class LoopProbe:
             st = self._stack
             # an action inside one of tscope's hooks (its logger call, its profile) is tscope's work too
             as_kind = st[-1][3] if st and st[-1][3][0] == TSCOPE else kind
-            if self._seg_ev is not None:
-                self._device_mark(t, as_kind[0] in _DEVICE_WORK)
+            if self._seg_ev is not None:  # (no cut between nested actions of one part: the transfer's hooks)
+                self._device_mark(t, as_kind[0] in _DEVICE_WORK and not (st and st[-1][3][0] == as_kind[0]))
             self._stack.append([name, t, 0.0, as_kind])
         except Exception as e:  # never into the user's loop
             self._fault(e)
@@ -296,7 +315,8 @@ class LoopProbe:
                 while st[-1][0] != name:
                     st.pop()  # an action whose stop never came (an exception inside it)
             if self._seg_ev is not None:
-                self._device_mark(t, st[-1][3][0] in _DEVICE_WORK)
+                part = st[-1][3][0]
+                self._device_mark(t, part in _DEVICE_WORK and not (len(st) > 1 and st[-2][3][0] == part))
             _, t0, children, as_kind = st.pop()
             dur = t - t0
             own = dur - children
