@@ -12,7 +12,8 @@
 #   5. the callbacks' always-on cost in a fit and the automatic MFU; 6. the NaN guard's host time on a launch-bound
 #      step; 7. the compiled step's profile (FLOPs eager vs compiled, attention calls listed);
 #   8. tscope calibrate --gemm --quick (GEMMs as CUDA-graph replays, SDPA and memory-bound ops as kernel time),
-#      then the roofline accuracy again with that calibration (log only: the committed table stays the packaged one's).
+#      then the roofline accuracy again with that calibration (log only: the committed table stays the packaged one's);
+#   9. scripts/gpu_step_monitor.py: the step monitor's host and device parts, its verdicts and their witnesses (log only).
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 LOG=${OUT:-./gpu_logs}
@@ -35,9 +36,10 @@ declare -A CMD=(
   [compiled]="150 python3 benchmarks/gpu_compiled_profile.py --runs 10 --write"
   [calibrate]="200 python3 -m tscope_callbacks.cli calibrate --gemm --quick"
   [roofline_calibrated]="80 python3 benchmarks/roofline_accuracy.py --gpu"
+  [step_monitor]="120 python3 scripts/gpu_step_monitor.py"
 )
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(gpu_check roofline capture guard fit guard_host compiled calibrate roofline_calibrated)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(gpu_check roofline capture guard fit guard_host compiled calibrate roofline_calibrated step_monitor)
 for s in "${STEPS[@]}"; do
     if [ -z "${CMD[$s]:-}" ]; then echo "unknown step $s (one of: ${!CMD[*]})"; exit 2; fi
     [ "$s" = roofline_calibrated ] && [ ! -s "$TSCOPE_CACHE_DIR/gemm_tables.json" ] && echo "(roofline_calibrated: run calibrate first, in the same call)"
