@@ -59,3 +59,17 @@ def test_class_paths_resolve_to_the_exported_classes() -> None:
     from tscope_callbacks.callbacks.roofline_cb import RooflineCallback
 
     assert ts.RooflineCallback is RooflineCallback and ts.LayerProfilerCallback is LayerProfilerCallback
+
+
+def test_option_objects_and_monitor_off_in_a_config(tmp_path: Path) -> None:
+    """Option objects are nested mappings in a config; ``monitor: null`` turns the step monitor off."""
+    cfg = tmp_path / "roof.yaml"
+    cfg.write_text("trainer:\n  callbacks:\n    - class_path: tscope_callbacks.RooflineCallback\n      init_args:\n"
+                   "        monitor: null\n        capture: {steps: 1, replay: false}\n"
+                   "        what_if: {precision: bf16-mixed, fsdp_gpus: 8}\n        mfu: {attention_flops: full}\n")
+    args = ["--config", str(cfg), "--trainer.logger=false", f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.accelerator=cpu"]
+    cli = LightningCLI(TinyLM, run=False, args=args, save_config_callback=None, seed_everything_default=False)
+    cb = _only(cli, ts.RooflineCallback)
+    assert cb.monitor is None and cb.capture == ts.CaptureOptions(steps=1, replay=False)
+    assert cb.what_if == ts.WhatIf(precision="bf16", fsdp_gpus=8) and cb.mfu.attention_flops == "full"
