@@ -119,8 +119,10 @@ class RooflineCallback(ProfilingCallback):
     tables, plot, files) is a function of it (``callbacks.roofline_io.emit``).
 
     Attributes: ``last_profile`` (StepProfile), ``last_report`` (the last step's StepReport, what every output was
-    made of; None without a device roof), ``last_mfu``, ``history`` (summaries of recent profiled steps), ``spec``
-    (the DeviceSpec or None), ``throughput``.
+    made of; None without a device roof), ``last_mfu``, ``history`` (summaries of recent profiled steps: stage, step,
+    ``reason`` (a :class:`~tscope_callbacks.ProfileReason`) and the step's scalars), ``spec`` (the DeviceSpec or
+    None), ``throughput``, ``monitor`` (the StepMonitor it adds, or None), and its options ``capture``, ``outputs``,
+    ``mfu``, ``what_if``.
     """
 
     #: arguments that moved into an option object: what to write instead (one line, ``options.moved_arguments``)
