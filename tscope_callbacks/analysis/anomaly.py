@@ -402,16 +402,21 @@ def concentrated(healthy: Snapshot, now: Snapshot) -> str | None:
     cands = [(PART_TEXT[p], x, y) for p, (x, y) in parts.items() if p != "other"]
     before = {f"{c.part}:{c.name}": c.cost_ms for c in hb.named}
     cands += [(c.name, before.get(f"{c.part}:{c.name}", 0.0), c.cost_ms) for c in nb.named]
-    if healthy.layers:
-        cands += [(f"layer '{k or '<root>'}'", healthy.layers.get(k, 0.0) * 1e3, v * 1e3) for k, v in now.layers.items()]
-    if healthy.ops:
-        cands += [(k, healthy.ops.get(k, 0.0) * 1e3, v * 1e3) for k, v in now.ops.items()]
     # a cause clears the steps' own noise (a few hundredths of the step) and a typical step's wait for a CPU: that
-    # wait lands whole in whatever part, layer or op was running (a preemption), so growth under it proves nothing
-    floor = max(NOISE_SHARE * a, nb.medians_ms.get("cpu_wait", 0.0))
-    for name, x, y in cands:
+    # wait lands whole in whatever part or op was running (a preemption), so growth under it proves nothing. A
+    # layer's time is the least of its timed steps on the run's own time (the monitor's ``_layer_times``): a
+    # preemption in one of them does not move it, so the noise floor alone
+    noise = NOISE_SHARE * a
+    floor = max(noise, nb.medians_ms.get("cpu_wait", 0.0))
+    rows = [(name, x, y, floor) for name, x, y in cands]
+    if healthy.layers:
+        rows += [(f"layer '{k or '<root>'}'", healthy.layers.get(k, 0.0) * 1e3, v * 1e3, noise)
+                 for k, v in now.layers.items()]
+    if healthy.ops:
+        rows += [(k, healthy.ops.get(k, 0.0) * 1e3, v * 1e3, floor) for k, v in now.ops.items()]
+    for name, x, y, cut in rows:
         rest = max(b - y, 0.0) / (a - x) if a - x > 0 else 1.0  # how much the rest of the step slowed
-        if y - max(rest, 1.0) * x >= max(0.5 * grew, floor):
+        if y - max(rest, 1.0) * x >= max(0.5 * grew, cut):
             return name
     return None
 

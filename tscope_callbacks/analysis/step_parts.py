@@ -117,6 +117,11 @@ class StepTimes:
         return self.parts[_IDX[name]]
 
     @property
+    def own_share(self) -> float:
+        """The share of the step's host time that was the run's own (not its wait for a CPU)."""
+        return _own_share(self)
+
+    @property
     def own_s(self) -> float:
         """The step less its wait for a CPU (contention): what the run itself took; the slowdown detector's input."""
         return max(self.step_s - (self.cpu_wait_s or 0.0), 0.0)

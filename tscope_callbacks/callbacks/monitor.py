@@ -147,7 +147,7 @@ class _Diagnosis:
     slow: list[StepTimes] = field(default_factory=list)  #: the slow steps that triggered it
     started: bool = False
     profile_step: int | None = None
-    layer_steps: list[dict[str, float]] = field(default_factory=list)
+    layer_steps: list[tuple[int, dict[str, float]]] = field(default_factory=list)  #: (step, layer -> host s)
     confirm: list[StepTimes] = field(default_factory=list)
     load_since: CpuSnapshot | None = None
     note: str = ""
@@ -267,6 +267,7 @@ class StepMonitor(ProfilingCallback):
         self._latest = sp.Rolling(2 * o.recent_steps, named=False)  #: the latest clean steps (contention episodes)
         self._lag: deque[StepTimes] = deque()  #: clean steps on their way to ``recent`` (n steps behind)
         self._clean = 0  #: clean steps seen
+        self._shares: dict[int, float] = {}  #: the recent steps' own shares (1 - CPU wait / step), dirty ones too
         self._host: dict[int, tuple[StepTimes, list]] = {}  #: CUDA: host steps waiting for their device figures
         self._dev: dict[int, tuple[float, float, float, bool]] = {}  #: ... and device figures waiting for them
         self.alerts: list[dict[str, Any]] = []
@@ -414,7 +415,7 @@ class StepMonitor(ProfilingCallback):
             layers = self._modclock.stop()
             self._modclock = None
             if d is not None:
-                d.layer_steps.append(layers)
+                d.layer_steps.append((self._gs, layers))
             # its forward hooks slowed this step: no basis for any clock. Said at the step's end, before the next
             # step's, whatever the order of the callbacks' batch-start hooks
             self.coordinator(trainer).dirty_clocks()
@@ -462,6 +463,9 @@ class StepMonitor(ProfilingCallback):
             self._dev.pop(step)  # a step the probe left out (it never ended its batches)
 
     def _add(self, trainer: pl.Trainer, st: StepTimes) -> None:
+        self._shares[st.step] = st.own_share  # (the layer-timing steps are dirty: their own share is read here)
+        if len(self._shares) > 64:
+            del self._shares[next(iter(self._shares))]
         self.interval.append(st)
         if len(self.interval) > 4 * self.options.window:  # logging steps far apart: the latest steps are the interval
             del self.interval[:-self.options.window]
@@ -601,8 +605,7 @@ class StepMonitor(ProfilingCallback):
         self._diag, self._diag_step = None, None
         snap = d.snap
         if d.layer_steps:
-            names = {k for x in d.layer_steps for k in x}
-            snap.layers = {k: statistics.median(x.get(k, 0.0) for x in d.layer_steps) for k in names}
+            snap.layers = self._layer_times(d.layer_steps)
         snap.load = self.host_load.load(d.load_since) if d.load_since is not None else None
         snap.late_rank = self.late
         why = d.why
@@ -622,6 +625,17 @@ class StepMonitor(ProfilingCallback):
             steps = d.slow + d.confirm
         snap.breakdown = sp.summarize(steps)
         self._alert(trainer, why, snap, d, steps)
+
+    def _layer_times(self, layer_steps: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
+        """Each layer's forward time over the timed steps, on the run's own time: each step's layer times times that
+        step's own share (1 - its wait for a CPU / its time: a busy machine inflates every layer alike), then the
+        least over the steps (a preemption only inflates, and lands whole in whatever ran: to grow in the least of
+        3 steps, a layer must be slower in every one of them)."""
+        shares = list(self._shares.values())
+        fallback = statistics.median(shares) if shares else 1.0  # (a step whose times are not in yet)
+        scaled = [{k: v * self._shares.get(step, fallback) for k, v in layers.items()} for step, layers in layer_steps]
+        names = {k for x in scaled for k in x}
+        return {k: min(x.get(k, 0.0) for x in scaled) for k in names}
 
     def _alert(self, trainer: pl.Trainer, why: dict[str, Any], snap: an.Snapshot, d: _Diagnosis,
                steps: list[StepTimes]) -> None:
