@@ -365,6 +365,29 @@ def test_a_busy_hosts_stretch_is_taken_out_of_the_long_ops_only():
     assert "x0.25, the ops under 1 ms at their least preempted step's time" in o.predicted_text
 
 
+def _loss_chain(rows: int, vocab: int, ms: float) -> list:
+    """Cross-entropy written as ops: log_softmax and nll_loss forward, their backward (fp32 logits rows x vocab)."""
+    n = rows * vocab * 4
+    return [op("aten._log_softmax", read=n, written=n, time_s=ms * 0.4e-3, category="softmax"),
+            op("aten.nll_loss_forward", read=n, written=4, time_s=ms * 0.1e-3, category="loss"),
+            op("aten.nll_loss_backward", phase="backward", read=n, written=n, time_s=ms * 0.2e-3, category="loss"),
+            op("aten._log_softmax_backward_data", phase="backward", read=2 * n, written=n, time_s=ms * 0.3e-3,
+               category="softmax")]
+
+
+def test_the_loss_finding_on_cpu_needs_large_logits_and_on_a_gpu_does_not():
+    cpu = ts.DeviceSpec("CPU (test)", {"fp32": 1e12}, 20e9, vendor="cpu", source="tests")
+
+    def loss_kinds(rows, vocab, ms, spec, **kw):
+        rep = _report(_loss_chain(rows, vocab, ms), spec=spec, step_time_s=10 * ms * 1e-3, **kw)
+        return [o for o in rep.opportunities if o.kind == "fusion" and o.evidence.get("chain") == "loss"]
+
+    # 700 x 10,000 fp32 = 28 MB: where a compiled loss saved on CPU; 1,024 x 512 = 2.1 MB: where it lost
+    assert loss_kinds(700, 10000, 26.0, cpu, device="cpu")
+    assert not loss_kinds(1024, 512, 1.7, cpu, device="cpu")
+    assert loss_kinds(1024, 512, 0.05, H100, device="cuda")  # on a GPU a fused loss pays at any size
+
+
 def test_the_step_monitors_findings_are_opportunities_with_its_figures():
     bd = {"parts_ms": {"fetch": 11.0, "transfer": 1.0, "forward": 9.0}, "fetch_share": 0.3, "input_bound": True,
           "input_fixes": ["num_workers=0: set num_workers (e.g. 4-8 per GPU)"],
