@@ -420,6 +420,10 @@ CHANGES: dict[str, Callable[[Variant, Any], str]] = {
 }
 
 
+#: changes that compile something: a first run pays Inductor's compile time (tens of seconds each on a GPU)
+COMPILING = {"bn_fusion", "fusion:loss", "fusion:other", "launch", "pool_indices"}
+
+
 # ---------------------------------------------------------------- measuring
 def _timed(v: Variant, per: int, cuda: bool) -> float:
     if cuda:
@@ -565,6 +569,9 @@ def run_model(name: str, build: Callable[[], Variant], args: argparse.Namespace)
             if apply is None:
                 case.why_not = "no automatic change in this script"
                 continue
+            if args.skip_compiled and key in COMPILING:
+                case.why_not = "needs torch.compile (skipped: --skip-compiled)"
+                continue
             b = base.clone()
             try:
                 case.change = apply(b, o)
@@ -641,23 +648,31 @@ NOTES = """## How to read it
 
 - **Measured** is the training thread's CPU time (`time.thread_time`), so other processes on a shared machine do not
   add to it (they still share its caches and memory bandwidth); **predicted** comes from the report a user gets:
-  5 profiled steps merged, their op times scaled to the unprofiled step where the capture's ops took longer (a busy
-  host stretches each op's wall time). On this shared 2-core machine (load 2-12 during the runs) the predictions
-  moved between runs (channels-last on the CNN: 27-39 ms predicted, 17-20 ms measured in five runs).
+  5 profiled steps merged. On a busy host the capture's op wall times hold the time the host gave to other processes:
+  an op shorter than a scheduler slice (1 ms) is taken at its least preempted step's time, and the rest of the ops'
+  excess over the unprofiled step is taken out of the longer ops (which are stretched in every step).
 - A finding the report held back as noise is applied too (marked `(noise)`): on a busy machine most rows' times
   spread more than the savings, and the prediction is still checked.
+- **The allocator.** With glibc's own settings (the default here, as users run) a fresh tensor above glibc's mmap
+  threshold is page-faulted in at every allocation, and below it, whether the heap was trimmed decides; so which op
+  pays depends on the process's history: the same change (pool order on the channels-last inference CNN) measured
+  +2.8 and -2.3 ms in two processes (0.68 to 8.57 ms in four earlier runs), and 0.64 and 0.75 ms with glibc told to
+  keep freed memory (`--allocator keep`: `MALLOC_MMAP_MAX_=0` and a 64 GiB trim threshold, as under jemalloc,
+  tcmalloc or a caching allocator: 0 page faults a step), against 0.87-0.91 ms predicted.
+  `advice_effect_keep.md` is the same loop with the memory kept.
+- **The compiled loss on CPU** saves mostly page faults: against the eager cross-entropy (forward + backward, one
+  thread, static shapes) it saved 12 and 49 ms over 700 x 10,000 and 256 x 50,257 fp32 logits with glibc's settings,
+  1.8 and 2.3 ms with the memory kept; over 2.1 and 8.4 MB of logits it lost 0.3-1.8 ms. So on CPU the loss finding
+  needs logits of 16 MiB or more (the demo's 2 MB loss measured -0.6 ms in two runs: no finding now).
+- **A `torch.compile`d function** (the compiled loss) runs eagerly under the capture; its ops are marked
+  (`info.compiled_functions_run_eagerly`) and get no fusion advice, so the report after the change no longer asks
+  for it again.
 - Effects the rules do not predict. On the channels-last CNN the classifier's gradient reaches the last max pooling's
   backward channels-first (`Linear` -> `flatten`) while its input is channels-last: that mixed-layout backward takes
   2.97 ms against 0.66 ms with a channels-last gradient; with the ReLU after the pooling the mismatch lands on a
-  4x smaller ReLU backward, so pool order saved several times its prediction there in earlier runs. PyTorch's CPU
-  allocator returns large blocks to the system, so which op pays the page faults of a fresh output depends on the
-  process's history: the same change (pool order on the channels-last inference CNN) measured 0.68, 0.91, 1.12 and
-  8.57 ms in four runs, each interval narrow; BatchNorm folding measured 2-4x its op's time.
-- The compiled loss on CPU: on GPT-2's 256 x 50,257 logits and the LSTM's 700 x 10,000 it saved 0.75-1.35x the
-  prediction; on the demo's 1,024 x 512 (2 MB) it lost 0.6 ms (the compiled call's own cost); the report held it back
-  as noise (1% of the step).
-- The capture runs a `torch.compile`d function (not module) eagerly, so the report after compiling the loss still
-  shows its ops unfused (`fired again`): a limitation of the capture, not a finding the rules should make.
+  4x smaller ReLU backward. The fused optimizer also drops the optimizer's Python loop (a few us an op), which the
+  prediction (the update's bytes) leaves out: on the CNN's SGD, 10 small parameters, measured 2.5x the prediction in
+  one run.
 """
 
 
@@ -726,6 +741,9 @@ def main() -> None:
     ap.add_argument("--profile-steps", type=int, default=5)
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--skip-compiled", action="store_true",
+                    help="leave out the changes that compile (bn_fusion, the compiled loss or layer, CUDA graphs, "
+                         "compiled pooling): a short GPU check without Inductor's compile times")
     ap.add_argument("--allocator", default="default", choices=["default", "keep"],
                     help="CPU: default: glibc's own settings, as users run (a fresh large tensor is page-faulted in, "
                          "and which op pays depends on the process's history); keep: glibc keeps freed memory "
