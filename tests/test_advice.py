@@ -375,17 +375,18 @@ def _loss_chain(rows: int, vocab: int, ms: float) -> list:
                category="softmax")]
 
 
-def test_the_loss_finding_on_cpu_needs_large_logits_and_on_a_gpu_does_not():
+def test_the_loss_finding_on_a_gpu_and_not_on_a_cpu():
     cpu = ts.DeviceSpec("CPU (test)", {"fp32": 1e12}, 20e9, vendor="cpu", source="tests")
 
     def loss_kinds(rows, vocab, ms, spec, **kw):
         rep = _report(_loss_chain(rows, vocab, ms), spec=spec, step_time_s=10 * ms * 1e-3, **kw)
         return [o for o in rep.opportunities if o.kind == "fusion" and o.evidence.get("chain") == "loss"]
 
-    # 700 x 10,000 fp32 = 28 MB: where a compiled loss saved on CPU; 1,024 x 512 = 2.1 MB: where it lost
-    assert loss_kinds(700, 10000, 26.0, cpu, device="cpu")
-    assert not loss_kinds(1024, 512, 1.7, cpu, device="cpu")
-    assert loss_kinds(1024, 512, 0.05, H100, device="cuda")  # on a GPU a fused loss pays at any size
+    # 700 x 10,000 fp32 logits (28 MB): the LSTM's, where a compiled loss on CPU measured -2.0 ms without page
+    # faults; on a GPU a fused loss pays at any size
+    assert not loss_kinds(700, 10000, 26.0, cpu, device="cpu")
+    assert loss_kinds(700, 10000, 0.5, H100, device="cuda")
+    assert loss_kinds(1024, 512, 0.05, H100, device="cuda")
 
 
 def test_the_step_monitors_findings_are_opportunities_with_its_figures():

@@ -23,8 +23,7 @@ def _ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def _model() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
-    # a small body under large logits (1,280 x 4,096 fp32, 21 MB: on CPU the loss finding needs 16 MiB): the loss's
-    # log_softmax / nll chain is most of the step's bytes
+    # a small body under large logits (1,280 x 4,096): the loss's log_softmax / nll chain is most of the step's bytes
     m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4096))
     return m, torch.randn(1280, 32), torch.randint(0, 4096, (1280,))
 
@@ -37,16 +36,18 @@ def _capture(loss_fn) -> StepProfile:
 
 
 def _scripted(prof: StepProfile) -> StepProfile:
-    """The capture's ops at scripted times (their bytes at 5 GB/s + 2 us), so the findings depend on the records
-    only, never on this machine's speed or load; the step is their sum."""
-    ops = [dataclasses.replace(r, time_s=(r.bytes_read + r.bytes_written) / 5e9 + 2e-6) for r in prof.ops]
+    """The capture's ops at scripted times, as an H100's kernels would take them (their bytes at 1 TB/s + 3 us), so
+    the findings depend on the records only, never on this machine's speed or load (and the loss finding is a GPU
+    one: on CPU a compiled loss is not advised); the step is their sum."""
+    ops = [dataclasses.replace(r, time_s=(r.bytes_read + r.bytes_written) / 1e12 + 3e-6) for r in prof.ops]
     step = sum(r.time_s for r in ops)
     return StepProfile(ops=ops, layers=prof.layers, info=dataclasses.replace(
-        prof.info, step_time_s=step, step_time_basis="unprofiled-median"))
+        prof.info, device="cuda", device_name="NVIDIA H100 SXM", timing="cuda-kernels", step_time_s=step,
+        step_time_basis="unprofiled-median"))
 
 
 def _loss_findings(prof: StepProfile) -> list:
-    rep = ts.roofline(_scripted(prof), "cpu")
+    rep = ts.roofline(_scripted(prof), "h100")
     return [o for o in rep.opportunities if o.kind == "fusion" and (o.evidence or {}).get("chain") == "loss"]
 
 
@@ -77,7 +78,7 @@ def test_no_loss_fusion_advice_for_a_compiled_loss_function_and_the_finding_with
     assert compiled.info.compiled_functions_run_eagerly
     assert _loss_findings(compiled) == []
     # the row's time is said to be the eager time of a compiled function, where a row is listed below its roof
-    rep = ts.roofline(_scripted(compiled), "cpu")
+    rep = ts.roofline(_scripted(compiled), "h100")
     loss_rows = [b for b in rep.below_roof if b.layer == ""]
     assert loss_rows and all("already compiled in the real run" in b.cause for b in loss_rows)
     assert all("already compiled" not in b.cause for b in rep.below_roof if b.layer != "")

@@ -17,8 +17,7 @@ of device, the opportunity carries the measured / predicted ratio. Findings:
 - ``fusion``: runs of memory-bound ops (pointwise, norms, softmax, the optimizer's per-tensor update) writing
   intermediates the next op reads back; one kernel moving the run's first input and last output (skipped for
   compiled modules and for the ops of a `torch.compile`d function, which the capture runs eagerly: Inductor fuses
-  them already); by chain: optimizer, loss (on CPU only for logits of 16 MiB or more: a compiled loss over smaller
-  ones measured slower than the eager one), GELU, RMSNorm, rotary embedding, SwiGLU, other;
+  them already); by chain: optimizer, loss (not on CPU: see below), GELU, RMSNorm, rotary embedding, SwiGLU, other;
 - ``launch`` (CUDA, step): the device idles between short kernels in the unprofiled step: launch overhead; CUDA
   graphs (``torch.compile(mode="reduce-overhead")``);
 - ``input``, ``loop`` (step): the step monitor's findings (``callbacks.monitor``): the wait for each batch with the
@@ -26,6 +25,14 @@ of device, the opportunity carries the measured / predicted ratio. Findings:
 - by layer type and device (``analysis.layer_advice``): ``channels_last``, ``cudnn_benchmark``,
   ``conv_channels``, ``bn_fusion``, ``bn_fold``, ``pool_order``, ``pool_indices``, ``rnn_cudnn``, ``rnn_hidden``,
   ``embedding_sparse``.
+
+Not on CPU: the loss chain. A compiled cross-entropy against the eager one (forward + backward, one thread, static
+shapes; ``benchmarks/advice_effect.py``) saves the page faults of the eager loss's fresh logit-sized tensors where the
+process takes them (glibc returns large blocks to the system: 12 and 49 ms, half the eager loss, over 700 x 10,000 and
+256 x 50,257 fp32 logits) and about nothing or less where it does not (glibc keeping freed memory, as jemalloc or
+tcmalloc do: +1.8 and +2.3 ms of 14 and 25 ms; -0.3 ms over 2.1 and 8.4 MB; the LSTM's 28 MB loss -2.0 ms and the
+demo's 2 MB loss -0.6 ms in the closed loop, with no page faults in those processes). The bytes fusion saves predict
+neither.
 
 Time that no rule explains (a slow kernel for its shape, a 16-bit GEMM on CUDA cores, ops without a FLOP formula)
 is what :func:`below_roof` says about the rows, not an opportunity.
@@ -53,7 +60,7 @@ if TYPE_CHECKING:
     from tscope_callbacks.analysis.roofline import RooflineAnalysis
 
 __all__ = ["opportunities", "below_roof", "KINDS", "BELOW_RATIO", "LAUNCH_BOUND_S", "LAUNCH_IDLE_SHARE", "GRAPH_GAP_S",
-           "MIN_SAVING_SHARE", "PREEMPT_S", "CPU_LOSS_MIN_B", "pad_to"]
+           "MIN_SAVING_SHARE", "PREEMPT_S", "pad_to"]
 
 #: every kind of opportunity (each names a change)
 KINDS = ("misaligned", "small_m", "fp32_matmul", "fusion", "launch", "input", "loop", "channels_last",
@@ -64,12 +71,6 @@ LAUNCH_IDLE_SHARE = 0.1  #: the launch finding needs the device idle at least th
 GRAPH_GAP_S = 1e-6  #: the gap a CUDA graph still leaves between two of its kernels (assumed, not yet measured)
 MIN_SAVING_SHARE = 0.005  #: findings saving less than this share of the step are not reported
 BELOW_RATIO = 1.5  #: a row taking at least this x its expected time is below its roof (``below_roof``)
-#: CPU: the loss finding needs logits of at least this many bytes. A compiled cross-entropy (forward + backward, one
-#: thread, glibc's allocator) against the eager one: 1024 x 512 and 4096 x 512 fp32 logits (2.1 and 8.4 MB) lost 0.3
-#: and 1.8 ms, 700 x 10,000 and 256 x 50,257 (28 and 51 MB) saved 12 and 49 ms (half the eager loss: most of it the
-#: page faults of the eager loss's fresh logit-sized tensors); the demo transformer's 2 MB loss measured -0.6 ms in
-#: two closed-loop runs (``benchmarks/advice_effect.py``)
-CPU_LOSS_MIN_B = 16 << 20
 #: CPU ops at least this long are stretched by a busy host in every profiled step (about one scheduler time slice)
 PREEMPT_S = 1e-3
 SMALL_M = 128
@@ -256,8 +257,10 @@ def _fusion(ops: list[OpRoof], model: Any, compiled: bool, param_bytes: int = 0,
         ends = [run[0].record.bytes_read + run[-1].record.bytes_written for run in runs]
         fix = _FIXES[kind]
         fwd = [run for run in runs if run[0].record.phase == "forward"]
-        if kind == "loss" and cpu and max((run[0].record.bytes_read for run in fwd), default=0) < CPU_LOSS_MIN_B:
-            continue  # on CPU a compiled loss over small logits costs more than it saves (measured)
+        if kind == "loss" and cpu:
+            # on CPU a compiled loss saves the eager loss's page faults when the process has them, and about nothing
+            # or less otherwise (module docstring): the bytes it no longer moves do not predict it
+            continue
         if kind == "loss" and fwd and len(fwd) < len(runs):
             # a fused loss keeps no probabilities: its backward reads the logits again to recompute them
             ends.append(fwd[0][0].record.bytes_read)
