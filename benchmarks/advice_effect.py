@@ -660,10 +660,11 @@ NOTES = """## How to read it
   keep freed memory (`--allocator keep`: `MALLOC_MMAP_MAX_=0` and a 64 GiB trim threshold, as under jemalloc,
   tcmalloc or a caching allocator: 0 page faults a step), against 0.87-0.91 ms predicted.
   `advice_effect_keep.md` is the same loop with the memory kept.
-- **The compiled loss on CPU** saves mostly page faults: against the eager cross-entropy (forward + backward, one
-  thread, static shapes) it saved 12 and 49 ms over 700 x 10,000 and 256 x 50,257 fp32 logits with glibc's settings,
-  1.8 and 2.3 ms with the memory kept; over 2.1 and 8.4 MB of logits it lost 0.3-1.8 ms. So on CPU the loss finding
-  needs logits of 16 MiB or more (the demo's 2 MB loss measured -0.6 ms in two runs: no finding now).
+- **The compiled loss on CPU** saves page faults, not bytes: against the eager cross-entropy (forward + backward, one
+  thread, static shapes) it saved 12 and 49 ms (half the eager loss) over 700 x 10,000 and 256 x 50,257 fp32 logits
+  in a process that page-faulted them in, 1.8 and 2.3 ms with the memory kept, and lost 0.3 ms over 2.1 and 8.4 MB.
+  In the closed loop: GPT-2 (31,000 page faults a step) 50 ms for 52 predicted, the LSTM (0 page faults a step)
+  -2.0 ms for 5.3 predicted, the demo -0.6 ms in two runs. So the loss finding is made on GPUs only.
 - **A `torch.compile`d function** (the compiled loss) runs eagerly under the capture; its ops are marked
   (`info.compiled_functions_run_eagerly`) and get no fusion advice, so the report after the change no longer asks
   for it again.
