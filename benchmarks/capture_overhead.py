@@ -287,7 +287,8 @@ def main() -> int:
     text = "\n".join(lines)
     print(text)
     if args.write:
-        write("capture_overhead.md", text, "OMP_NUM_THREADS=1 python benchmarks/capture_overhead.py --write")
+        write("capture_overhead.md", text,
+              f"OMP_NUM_THREADS=1 python benchmarks/capture_overhead.py --runs {args.runs} --write")
     return 0 if ok else 1
 
 
