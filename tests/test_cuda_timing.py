@@ -431,3 +431,28 @@ def test_a_modules_finite_checks_run_in_one_paused_range(fake_cuda):
     assert names.count(PAUSED_RANGE) == 1
     assert prof.layers["three"].nonfinite_output and prof.layers[""].nonfinite_output is False
     assert [r.op for r in prof.ops] == ["aten.add", "aten.mul", "aten.div"]  # the checks' own ops: not recorded
+
+
+def test_an_untimed_capture_of_a_cuda_model_counts_values_at_stop_too(monkeypatch):
+    # timing=None on a CUDA model: no kernel timeline, but reading an embedding's indices mid-step would still sync
+    # the host, so the count waits for the stop as a timed capture's does (the device is faked: a CPU model whose
+    # parameters report CUDA to the capture)
+    from tscope_callbacks.capture.paths import ModelTree
+
+    monkeypatch.setattr(ModelTree, "device", lambda self: torch.device("cuda"))
+    emb = torch.nn.Embedding(10, 128)
+    real_unique, seen = torch.unique, []
+    running = {}
+
+    def unique(*a, **k):
+        seen.append(running["prof"].running)
+        return real_unique(*a, **k)
+
+    monkeypatch.setattr(torch, "unique", unique)
+    prof = ts.profile(emb, timing=None)
+    running["prof"] = prof
+    with prof:
+        emb(torch.full((32,), 3)).sum().backward()
+    assert seen == [False]  # one read, after the region
+    (r,) = [r for r in prof.ops if r.op == "aten.embedding"]
+    assert r.bytes_read == 32 * 8 + 128 * 4 and r.time_s is None  # indices + the one distinct row; untimed

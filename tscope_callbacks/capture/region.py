@@ -148,6 +148,8 @@ def install(p: ProfileOptions, st: CaptureState) -> Installed:
                    if p.layer_details else "compiled='eager', e.g. RooflineCallback's compare_eager reference")
             log.warning("tscope: %s is torch.compile'd and runs eagerly under this profile (%s): op counts are exact, "
                         "times are eager-mode times", s.compiled[0] or "model", why)
+    # on CUDA a value-dependent count waits for the stop (untimed captures too: reading values mid-step syncs)
+    st.defer_values = p.timing == "cuda" or tree.device().type == "cuda"
     for mpath, mod in tree.modules:
         for prm in mod._parameters.values():
             if prm is not None:

@@ -77,6 +77,7 @@ class CaptureState:
     #: pending index -> (op, args, kwargs, out) of a value-dependent op on CUDA, counted at stop (reading its
     #: values now would sync the host in the middle of the step; stop has synchronized anyway)
     deferred: dict[int, tuple] = field(default_factory=dict)
+    defer_values: bool = False  #: the model runs on CUDA: value-dependent counts wait for the stop (set at install)
     masks: MaskCounts = field(default_factory=MaskCounts)  #: explicit masks of attention calls
     starts: dict[int, float] = field(default_factory=dict)  #: pending index -> start (s after t0; CPU timing)
     #: pending indices of the ops run without a Kineto range on CUDA (views: no kernel, device time 0)
@@ -223,7 +224,7 @@ class CaptureState:
             layer = self.collapse(layer)
         pending = self.pending
         i = len(pending)
-        if self.timeline is not None and value_dependent(func):
+        if self.defer_values and value_dependent(func):
             self.deferred[i] = (func, args, kwargs, out)
             c = None
             cat = None
