@@ -98,7 +98,7 @@ def test_fusion_counts_the_bytes_fusion_removes():
     ops = _chain("h.0.act")
     rep = _report(ops, step_time_s=10e-3)  # findings under 0.5% of the step are not reported
     o = next(o for o in rep.opportunities if o.kind == "fusion")
-    # before: 4 ops x (50.33 + 50.33) MB = 402.7 MB; fused: first input + last output = 100.7 MB
+    # before: 4 ops x (50.33 + 50.33) MB = 402.7 MB (384 MiB); fused: first input + last output = 100.7 MB (96 MiB)
     n = 8 * 1024 * 3072 * 2
     assert o.evidence["mb_before"] == pytest.approx(8 * n / 1e6)
     assert o.evidence["mb_after"] == pytest.approx(2 * n / 1e6)
@@ -107,7 +107,7 @@ def test_fusion_counts_the_bytes_fusion_removes():
     # kernel model's time for them (about 17 us on the H100)
     roof = model_for(H100).memory_s("pointwise", 2 * n)
     assert roof < 60e-6 and o.saving_s == pytest.approx(4 * 60e-6 - 60e-6)
-    assert o.predicted_by == "fused_bytes" and "the 4 ops took 0.24 ms for 402.7 MB; 100.7 MB at their rate: 0.06 ms" == o.predicted_text
+    assert o.predicted_by == "fused_bytes" and "the 4 ops took 240 µs for 384 MiB; 96 MiB at their rate: 60 µs" == o.predicted_text
     # ops at 20 us each ran faster than the kernel model's rate: a quarter of their 80 us (20 us) is under what the
     # fused kernel's 100.7 MB take on the H100 (about 34 us), so that bounds it
     fast = next(o for o in _report(_chain("h.0.act", t=20e-6), step_time_s=1e-3).opportunities
@@ -125,14 +125,14 @@ def test_repeated_blocks_are_one_opportunity_with_summed_saving():
     assert o.layer == "h.*.act" and o.evidence["layers"] == ["h.0.act", "h.1.act", "h.2.act"]
     assert o.saving_s == pytest.approx(3 * one) and "in each of 3 layers" in o.cause
     # per layer, as counted: 402.7 MB before (evidence mb_before), 100.7 MB fused
-    assert "move 402.7 MB, each writing what the next reads back; fused, about 100.7 MB" in o.cause
-    # a chain 25x as large: 25 x 402.653184 = 10,066.3 MB, written without an exponent (an H200 GPT-2 step's loss
-    # chain read "1.235e+04 MB")
+    assert "move 384 MiB, each writing what the next reads back; fused, about 96 MiB" in o.cause
+    # a chain 25x as large: 25 x 384 MiB = 9,600 MiB = 9.38 GiB, written without an exponent (an H200 GPT-2 step's
+    # loss chain read "1.235e+04 MB"); fused 25 x 96 MiB = 2.34 GiB
     n = 25 * 8 * 1024 * 3072
     big = [pointwise(n, name=f"aten.{x}", dtype="bfloat16", layer="h.0.act", time_s=25 * 60e-6)
            for x in ("pow", "mul", "add", "tanh")]
     b = next(o for o in _report(big, step_time_s=10e-3).opportunities if o.kind == "fusion")
-    assert "move 10,066 MB, each writing" in b.cause and "about 2,517 MB" in b.cause and "e+" not in b.cause
+    assert "move 9.38 GiB, each writing" in b.cause and "about 2.34 GiB" in b.cause and "e+" not in b.cause
 
 
 def test_no_fusion_advice_for_compiled_modules():
@@ -413,12 +413,12 @@ def test_an_opportunity_carries_the_closed_loops_measured_ratio_for_its_kind_and
                          "cpu": {"fusion:optimizer": {"ratio": 1.1, "models": ["demo transformer"]}}}}
     monkeypatch.setattr(finding, "_effects", lambda: table)
     (o,) = [o for o in _report(lm_head_ops(), device="cuda").opportunities if o.kind == "misaligned"]
-    assert o.measured_ratio == 0.8 and "HF GPT-2" in o.measured_on and "0.8x the predicted one" in o.measured_on
+    assert o.measured_ratio == 0.8 and "HF GPT-2" in o.measured_on and "0.800x the predicted one" in o.measured_on
     md = _report(lm_head_ops(), device="cuda").to_markdown()
-    assert "Checked: applied in tscope's closed loop on CUDA, the measured saving was 0.8x the predicted one (HF GPT-2)" in md
+    assert "Checked: applied in tscope's closed loop on CUDA, the measured saving was 0.800x the predicted one (HF GPT-2)" in md
     # several models: the median, and each model's ratio
     table["effects"]["cuda"]["misaligned"]["cases"] = [{"model": "A", "ratio": 0.7}, {"model": "B", "ratio": 1.3}]
-    assert finding.measured_effect("misaligned", "", "cuda").text.endswith("(median; A: 0.7x; B: 1.3x)")
+    assert finding.measured_effect("misaligned", "", "cuda").text.endswith("(median; A: 0.700x; B: 1.300x)")
     # a CPU's ratio is never given to a GPU's finding, nor one kind's to another
     assert finding.measured_effect("fusion", "optimizer", "cuda") is None
     assert finding.measured_effect("fusion", "loss", "cpu") is None

@@ -192,7 +192,7 @@ def test_cli_calibrate_gpu_json_and_no_cache(monkeypatch, capsys, fake_gpu):
     assert main(["calibrate"]) == 0
     out = capsys.readouterr().out
     row = next(ln for ln in out.splitlines() if ln.startswith("bf16"))
-    assert "989.4" in row and "700" in row and "71%" in row
+    assert "989.4" in row and "700" in row and "70.7%" in row
     assert main(["calibrate", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["name"] == "NVIDIA H100 SXM" and data["achievable"]["flops"]["tf32"] == pytest.approx(380e12)

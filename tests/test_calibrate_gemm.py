@@ -103,11 +103,11 @@ def test_cli_gemm_on_a_fake_h100(monkeypatch, capsys, cache_in_tmp):
     assert main(["calibrate", "--gemm", "--quick"]) == 0
     out = capsys.readouterr().out
     # the fake: 2.5 µs + bytes at 1 TB/s. Its largest layer_norm-backward row, 32M elements (quick), bf16:
-    # 5 x 2**25 x 2 B = 335.5 MB in 2.5 + 335.5 = 338 µs = 0.99 TB/s
+    # 5 x 2**25 x 2 B = 335.5 MB (320 MiB) in 2.5 + 335.5 = 338 µs = 0.993 TB/s (993 GB/s)
     assert "memory-bound: 1 ops timed as kernels" in out
-    assert "aten.native_layer_norm_backward: 336 MB in 338 us = 0.99 TB/s" in out
+    assert "aten.native_layer_norm_backward: 320 MiB in 338 µs = 993 GB/s" in out
     assert "GEMM table of NVIDIA H100 80GB HBM3" in out and "leave-one-out median error" in out
-    assert "SDPA CUDNN_ATTENTION: 8 configurations; (8, 12, 1024, 64) causal: forward 0.032 ms" in out
+    assert "SDPA CUDNN_ATTENTION: 8 configurations; (8, 12, 1024, 64) causal: forward 32.2 µs" in out
     assert "bf16 8192x768 @ 768x50257" in out and "cached in" in out
     assert main(["calibrate", "--gemm", "--quick", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -90,7 +90,7 @@ def test_comm_rows_place_collectives_on_the_link_roof():
     assert o.bound == "comm" and o.flops == 0 and o.bytes == 0  # not on the HBM roof
     assert rep.summary.comm_time_frac == pytest.approx(0.5 / 0.7)
     md = rep.to_markdown()
-    assert "### Communication" in md and "| all_gather | 0 (8) | 1 | 95.4 | 0.5 | 200 | 175 | 39% |" in md
+    assert "### Communication" in md and "| all_gather | 0 (8) | 1 | 95.4 | 0.5 | 200 | 175 | 38.9% |" in md
     assert rep.area_scalars["comm"]["busbw_gbps"] == pytest.approx(175)
     # on a CPU host (gloo) times are launches: no bandwidths
     cpu = ts.roofline(make_profile(ops, device="cpu", device_name=H100.name), H100)

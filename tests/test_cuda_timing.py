@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import tscope_callbacks as ts
+from tscope_callbacks.analysis.fmt import time_text
 from tscope_callbacks.capture.cuda_timing import (
     PAUSED_RANGE,
     RANGE_PREFIX,
@@ -333,7 +334,7 @@ def test_region_ends_when_the_device_is_done_not_after_tscope_reads_the_kernels(
     from tscope_callbacks.render.markdown import _cost_text
 
     # Kineto's read-out (at least the 60 ms it slept), then the assignment
-    assert f"device read-out {cost['kineto_s'] * 1e3:.3g} + " in _cost_text(cost) and cost["kineto_s"] >= 0.06
+    assert f"device read-out {time_text(cost['kineto_s'])} + " in _cost_text(cost) and cost["kineto_s"] >= 0.06
 
 
 def test_the_report_gives_tscope_own_time_beside_the_region():

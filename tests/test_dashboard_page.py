@@ -933,7 +933,7 @@ def test_tensorboard_text_tables_break_no_word(driver, tmp_path):
              "achieved_gflops_per_s": 74.78, "gflops": 0.4032, "mb": 10.75, "measured_ms": 23.917,
              "estimated_ms": 4.27, "calls": 1} for b in range(2) for n in ("fc", "proj")]
     table = rows_to_markdown(rows, max_cols=9)
-    assert "| layer | type | bound | FLOP/B | GFLOP/s | GFLOP | MB | ms | est. ms |" in table
+    assert "| layer | type | bound | FLOP/B | GFLOP/s | GFLOP | MiB | ms | est. ms |" in table
     assert "\u00a0ms" in tree and "`qkv`" in tree
     page = tmp_path / "tb_text.html"
     _tb_text_page([tree, table], page)

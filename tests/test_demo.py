@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tscope_callbacks.cli import main
-from tscope_callbacks.cli.demo import _cpu_threads, _step_of
+from tscope_callbacks.cli.demo import _cpu_threads, _train_step_files
 
 
 @pytest.fixture
@@ -105,15 +105,19 @@ def test_demo_rejects_bad_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     assert "argument --steps: 0 is not a whole number >= 1" in capsys.readouterr().err
 
 
-def test_cpu_threads_and_step_order(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_threads_and_step_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert _cpu_threads(3) == 3
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     monkeypatch.setattr("os.getloadavg", lambda: (3.6, 0.0, 0.0))
     assert _cpu_threads(None) == 1  # 4 cores, 3.6 busy: the idle share, never below 1
     monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))
     assert _cpu_threads(None) == min(torch.get_num_threads(), 4)
-    names = [Path(f"step_{n}.json") for n in (90, 10, 120)]
-    assert [p.name for p in sorted(names, key=_step_of)] == ["step_10.json", "step_90.json", "step_120.json"]
+    # the training step files in step order (not text order); traces, layer trees, other stages and files of
+    # another name are not step files
+    for name in ("step_90.json", "step_10.json", "step_120.json", "trace_step_10.json", "layers_step_10.json",
+                 "validation_step_5.json", "gpt2.json"):
+        (tmp_path / name).write_text("{}")
+    assert [p.name for p in _train_step_files(tmp_path)] == ["step_10.json", "step_90.json", "step_120.json"]
 
 
 def test_demo_arguments_defaults() -> None:

@@ -6,7 +6,7 @@ import json
 
 from tscope_callbacks.analysis.layers import inspector_gadgets_json, layer_rows, select_layers, top_layers
 from tscope_callbacks.records import LayerRecord
-from tscope_callbacks.render.layer_table import format_time, render_tree_table
+from tscope_callbacks.render.layer_table import render_tree_table
 
 
 def _L(path: str, typ: str, fwd: float, bwd: float, self_fwd: float, self_bwd: float, **kw) -> LayerRecord:
@@ -52,18 +52,14 @@ def test_tree_table_draws_the_tree_and_columns() -> None:
     assert lines[0] == "step 3"
     header = [c.strip() for c in lines[1].split("|")]
     assert header == ["Module", "Self fwd", "fwd total", "Self bwd", "bwd total", "GFLOPs fwd", "GFLOPs bwd",
-                      "output MB", "mem fwd MB", "mem bwd MB", "calls"]
+                      "output MiB", "mem fwd MiB", "mem bwd MiB", "calls"]
     labels = [ln.split(" | ")[0].rstrip() for ln in lines[3:]]
     assert labels == ["Net", "├── enc", "│   ├── a", "│   └── b", "└── head"]
     row_a = [c.strip() for c in lines[5].split("|")]
-    assert row_a[1] == "2.000ms" and row_a[7] == "2.000"
-
-
-def test_format_time() -> None:
-    assert format_time(0.001671) == "1.671ms"
-    assert format_time(312.5e-6) == "312.5us"
-    assert format_time(2.1044) == "2.104s"
-    assert format_time(-1e-18) == "0.0us"
+    # the one formatter's units: 2 ms; 2,000,000 B / 2**20 = 1.907 MiB -> "1.91" (3 significant figures)
+    assert row_a[1] == "2 ms" and row_a[7] == "1.91"
+    row_b = [c.strip() for c in lines[6].split("|")]
+    assert row_b[1] == "3 ms" and row_b[7] == "0"  # no output bytes recorded
 
 
 def test_inspector_gadgets_json_nesting_and_keys() -> None:

@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import tscope_callbacks as ts
 from tests.cb_utils import FAST, test_spec
 from tests.models import TinyLM
+from tscope_callbacks.analysis.fmt import sig, time_text
 from tscope_callbacks.analysis.report import model_scalars
 from tscope_callbacks.demo.model import GPTConfig, TinyGPT, matmul_flops
 from tscope_callbacks.render.plot import layer_bars
@@ -33,13 +34,16 @@ def test_summary_of_an_analysis_on_meta():
     assert m["macs_forward"] == (mm + att) // 2
     assert m["flops_forward"] == m["flops_step"] == rep.summary.model_flops  # forward only
     # untimed: latency = the sum of expected kernel times; throughput from it; 2-D int ids: tokens
-    assert m["latency_ms"] == pytest.approx(rep.summary.estimated_step_s * 1e3) and m["latency_source"] == "estimated"
+    assert "latency_ms" not in m and rep.step_s == rep.summary.estimated_step_s  # stored once, in the summary
     assert m["samples_per_s"] == pytest.approx(8 / rep.summary.estimated_step_s)
     assert m["tokens_per_s"] == pytest.approx(8 * cfg.seq_len / rep.summary.estimated_step_s)
     md = rep.to_markdown()
-    assert md.splitlines()[2].startswith(f"- **Model**: {n / 1e6:.4g} M parameters")
-    assert {"params_m", "size_mb", "gflops_forward", "gmacs_step", "latency_ms", "tokens_per_s"} <= set(
-        model_scalars(m))
+    assert md.splitlines()[2].startswith(f"- **Model**: {sig(n / 1e6)} M parameters")
+    assert f"{time_text(rep.summary.estimated_step_s)} per batch (estimated" in md.splitlines()[2]
+    sc = model_scalars(m, rep.step_s)
+    assert {"params_m", "size_mb", "gflops_forward", "gmacs_step", "latency_ms", "tokens_per_s"} <= set(sc)
+    assert sc["latency_ms"] == pytest.approx(rep.summary.estimated_step_s * 1e3)
+    assert rep.area_scalars["model"]["latency_ms"] == sc["latency_ms"]
 
 
 def test_activations_from_saved_bytes_with_layer_details():
@@ -53,7 +57,8 @@ def test_activations_from_saved_bytes_with_layer_details():
     root = p.layers[""]
     assert m["activations_mb"] == pytest.approx((root.peak_fwd_bytes or root.saved_bytes) / 2**20)
     assert m["activations_mb"] > 0
-    assert m["batch"] == 4 and m["latency_source"] == "op-time"
+    assert m["batch"] == 4 and rep.summary.step_time_source == "op-time"
+    assert "per batch (op-time" in rep.to_markdown()
 
 
 def _tb_hparams(log_dir: str) -> dict[str, object]:

@@ -49,35 +49,35 @@ def test_rows_below_their_roof_are_ranked_by_recoverable_time_and_are_not_opport
 
 def test_reason_memory_bound_bf16_and_fp32():
     # gelu on 2^24 bf16: 2^24 FLOPs / 2^26 B = 0.25 FLOP/B; bf16 vector ridge 39e12/2.039e12 = 19.1
-    # estimate 2^26 / 2.039e12 = 32.9 us, measured 100 us -> 33% of roof
+    # estimate 2^26 / 2.039e12 = 32.9 us, measured 100 us -> 32.9% of roof
     r = _row([pointwise(1 << 24, dtype="bfloat16", time_s=100e-6)])
-    assert explain(r) == "memory-bound at 0.25 FLOP/B (ridge 19.1); 33% of roof"
+    assert explain(r) == "memory-bound at 0.25 FLOP/B (ridge 19.1); 32.9% of roof"
     r32 = _row([pointwise(1 << 24, time_s=200e-6)])  # fp32: 0.125 FLOP/B, ridge 9.56, 2^27 B -> 65.8 us: 33%
-    assert explain(r32) == "memory-bound at 0.125 FLOP/B (ridge 9.56); 33% of roof"  # says where, names no change
+    assert explain(r32) == "memory-bound at 0.125 FLOP/B (ridge 9.56); 32.9% of roof"  # says where, names no change
 
 
 def test_reason_launch_bound_many_tiny_ops():
-    # 100 adds on 1024 fp32 elements, 5 us each: 8 KiB / 2.039e12 = 4 ns each -> 0.1% of roof, mean 5 us < 10 us
+    # 100 adds on 1024 fp32 elements, 5 us each: 8 KiB / 2.039e12 = 4 ns each -> 0.0804% of roof (4.02 ns / 5 us), mean 5 us < 10 us
     r = _row([pointwise(1024, name="aten.add", time_s=5e-6) for _ in range(100)])
-    assert explain(r) == ("memory-bound at 0.125 FLOP/B (ridge 9.56); 0.1% of roof; "
-                          "100 ops of 5.0 us each: dispatch or launch overhead")
+    assert explain(r) == ("memory-bound at 0.125 FLOP/B (ridge 9.56); 0.0804% of roof; "
+                          "100 ops of 5 µs each: dispatch or launch overhead")
 
 
 def test_reason_small_matmul():
     # 128^3 fp32 on the CPU roof: 2*128^3 = 4194304 FLOPs / (3*128^2*4) B = 21.3 >= ridge 10 -> compute-bound;
-    # estimate 4.19 us, measured 50 us -> 8% of roof; 4.2e6 FLOPs < 2*512^3 -> small
+    # estimate 4.19 us, measured 50 us -> 8.39% of roof; 4.2e6 FLOPs < 2*512^3 -> small
     r = _row([matmul(128, 128, 128, dtype="float32", time_s=50e-6)], CPU)
-    assert explain(r) == "compute-bound, 8% of roof: small matmul (MxNxK=128x128x128)"
+    assert explain(r) == "compute-bound, 8.39% of roof: small matmul (MxNxK=128x128x128)"
 
 
 def test_reason_names_no_change_and_near_roof():
-    # fp32 4096^3 on A100 without TF32: estimate 137438953472 / 19.5e12 = 7.048 ms, measured 10 ms -> 70%; the
+    # fp32 4096^3 on A100 without TF32: estimate 137438953472 / 19.5e12 = 7.048 ms, measured 10 ms -> 70.5%; the
     # change (TF32) is the fp32_matmul opportunity's, not the row's reason; every dimension is a multiple of 64, so
     # nothing is said about shapes
     r = _row([matmul(4096, 4096, 4096, dtype="float32", time_s=10e-3)])
-    assert explain(r) == "compute-bound, 70% of roof"
+    assert explain(r) == "compute-bound, 70.5% of roof"
     # bf16 4096^3: 0.4405 ms estimate at 0.5 ms -> 88%
-    assert explain(_row([matmul(4096, 4096, 4096, time_s=0.5e-3)])) == "compute-bound, 88% of roof: near roof"
+    assert explain(_row([matmul(4096, 4096, 4096, time_s=0.5e-3)])) == "compute-bound, 88.1% of roof: near roof"
 
 
 def test_reason_uncounted_and_untimed():
@@ -103,8 +103,9 @@ def test_markdown_has_columns_header_and_opportunities():
               "measured 4 ms (median of 8 unprofiled steps, wall clock)", "captured region 9 ms wall", "FLOP coverage", "### Opportunities", "`blocks.0.fc` | Linear | backward",
               "| **total** |", "### By op class", "aten.nonzero ×1",
               # the time split is of the ops' own time (0.8 + 0.001 + 0.1 + 0.3 + 0.05 + 0.04 + 1.2 + 1.0 + 0.2 +
-              # 0.003 + 0.003 + 0.15 = 3.847 ms); the unprofiled 4 ms step's remaining 0.153 ms is outside ops
-              "**Time** (measured op time 3.847 ms)", "outside ops: 0.153 ms of the 4 ms step (4%): host time"):
+              # 0.003 + 0.003 + 0.15 = 3.847 ms, 3 significant figures); the unprofiled 4 ms step's remaining
+              # 0.153 ms (3.82%) is outside ops
+              "**Time** (measured op time 3.85 ms)", "outside ops: 153 µs of the 4 ms step (3.82%): host time"):
         assert s in md, s
     assert "% of achievable" not in md
     ach = DeviceSpec(name="measured", flops={"bf16": 250e12}, bandwidth=1.7e12, vector_flops={"bf16": 30e12,
@@ -114,7 +115,7 @@ def test_markdown_has_columns_header_and_opportunities():
 
 def test_markdown_untimed_has_no_measured_columns():
     md = roofline(toy_profile(timed=False), a100()).to_markdown()
-    assert "not timed" in md and "estimated 1.605 ms" in md
+    assert "not timed" in md and "estimated 1.6 ms" in md  # 1.605 ms, 3 significant figures
     assert "**Time** (estimated)" in md and "outside ops" not in md
     assert "untimed: every time is an estimate (roof ms: the roofline bound" in md and "% of roof\" =" not in md
     assert re.search(r"MFU at the estimate [\d.]+%, MBU [\d.]+%", md)

@@ -103,8 +103,8 @@ def test_without_a_roof_the_outputs_are_the_records_totals(tmp_path: Path) -> No
     assert scalars["tscope/roofline/validation/step_ms_min"] == pytest.approx(10.0)  # 0.01 s
     assert scalars["tscope/roofline/validation/step_ms_max"] == pytest.approx(20.0)
     assert scalars["tscope/roofline/validation/flop_coverage"] == pytest.approx(prof.coverage())
-    assert text.startswith("**validation step 1** (2 micro-batches) -- step time across 2 ranks: min 10.00 ms, "
-                           "max 20.00 ms (slowest: rank 1) -- no device roof; op totals only")
+    assert text.startswith("**validation step 1** (2 micro-batches) -- step time across 2 ranks: min 10 ms, "
+                           "max 20 ms (slowest: rank 1) -- no device roof; op totals only")
     assert body == {"profile": json.loads(json.dumps(prof.to_dict())), "device": None, "report": None}
 
 

@@ -57,7 +57,7 @@ def _events(log_dir: str) -> EventAccumulator:
 def test_rows_to_markdown() -> None:
     md = rows_to_markdown([{"a": 1, "b": 0.123456}, {"a": "x|y", "b": 2.0}])
     # numbers right-aligned, text left
-    assert md.splitlines() == ["| a | b |", "|:--|--:|", "| 1 | 0.1235 |", "| x\\|y | 2 |"]
+    assert md.splitlines() == ["| a | b |", "|:--|--:|", "| 1 | 0.123 |", "| x\\|y | 2 |"]
     assert rows_to_markdown([]) == "(empty)"
     # a narrow view (TensorBoard): long-text columns first, then the columns past max_cols, are left out and named
     wide = [{"layer": "blocks.0", "ms": 1.0, "shapes": "[[8, 1024, 768], [8, 1024, 768]]", "a": 1, "b": 2, "c": 3}]

@@ -382,7 +382,7 @@ def test_auto_on_cuda_uses_device_name(monkeypatch, tmp_path):
 def test_cli_specs_table(capsys):
     assert main(["specs"]) == 0
     out = capsys.readouterr().out
-    assert "bf16 TFLOP/s" in out and "ridge bf16 FLOP/B" in out and "L2 MB" in out
+    assert "bf16 TFLOP/s" in out and "ridge bf16 FLOP/B" in out and "L2 MiB" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("NVIDIA H100 SXM "))
     assert "989.4" in line and "3.35" in line and "295" in line and "50" in line
     assert f"{len(list_specs())} devices" in out
@@ -391,7 +391,7 @@ def test_cli_specs_table(capsys):
 def test_cli_specs_one(capsys):
     assert main(["specs", "NVIDIA L40S"]) == 0
     out = capsys.readouterr().out
-    for piece in ("NVIDIA L40S", "362.05", "733", "0.864 TB/s", "l40s", "datasheet", "fp8", "int8", "ridge"):
+    for piece in ("NVIDIA L40S", "362.05", "733", "864 GB/s", "l40s", "datasheet", "fp8", "int8", "ridge"):
         assert piece in out, piece
     assert main(["specs", "a100", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["bandwidth"] == pytest.approx(2.039e12)

@@ -143,7 +143,7 @@ def test_meta_analysis_estimates_the_same_step_memory_as_a_real_step():
     assert c["optimizer_state"] == 2 * c["params"] + 4 * len(list(real.parameters()))
     assert c["step_peak"] == ref
     md = rep.to_markdown()
-    assert "- **Memory** (this rank, MiB):" in md and "of the 81,920 MiB of NVIDIA H100 SXM" in md
+    assert "- **Memory** (this rank, MiB):" in md and "of the 80 GiB of NVIDIA H100 SXM" in md
     assert "does not fit" not in md
 
 

@@ -154,7 +154,7 @@ def test_what_grew_names_parts_hooks_layers_and_keeps_tscope_apart() -> None:
     assert ("part", "fetch") not in kinds and not any(x.kind == "tscope" for x in f)
     text = an.alert_text({"kind": "slow-steps", "step": 40, "first": 36, "slow_s": 0.03, "median_s": 0.01,
                           "ratio": 3.0, "threshold_s": 0.011}, f, 20)
-    assert "steps 36-40" in text and "forward 5 -> 24.5 ms a step" in text and "layer 'b'" in text
+    assert "steps 36-40" in text and "forward 5 ms -> 24.5 ms a step" in text and "layer 'b'" in text
     assert "baseline profile of step 20" in text
     big = _snap(40, fetch=1.0, forward=5.0, backward=3.0, tscope=20.1, other=1.0)
     assert [(x.kind, x.name) for x in an.what_grew(h, big, cuda=False)] == [("tscope", "tscope")]
@@ -652,7 +652,7 @@ def test_rising_contention_is_named_as_contention_not_alerted() -> None:
     assert mon.contended, "the contention was not named"
     c = mon.contended[0]
     assert 500 <= c["step"] <= 530 and "contention at step" in c["text"], c["text"]
-    assert "0.10 -> 0.90 per CPU" in c["text"] and "0 -> 6 ms a step for a CPU" in c["text"], c["text"]
+    assert "0.10 -> 0.90 per CPU" in c["text"] and "0 ms -> 6 ms a step for a CPU" in c["text"], c["text"]
 
 
 def test_contention_without_a_slowdown_of_the_run_is_named_from_the_cpu_wait() -> None:

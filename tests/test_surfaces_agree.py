@@ -26,7 +26,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import tscope_callbacks as ts
-from tscope_callbacks.analysis.fmt import ms_text
+from tscope_callbacks.analysis.fmt import ms_text, time_text
 from tscope_callbacks.demo.lightning import DemoLM, RandomTokenData
 
 PHASES = {"fwd": "forward", "bwd": "backward", "opt": "optimizer", "recomp": "recompute"}
@@ -137,7 +137,7 @@ def test_every_surface_shows_the_same_layer_times(fit: tuple[Any, Path, int, Pat
     text = {k: ms_text(v) for k, v in want.items()}
     # the sentences beside a noisy row list the samples its median is of
     for m in report.noise.marks:
-        assert m.measured_s == pytest.approx(sorted(m.samples)[len(m.samples) // 2]) and f"{m.measured_s * 1e3:.3g} ms" in m.text
+        assert m.measured_s == pytest.approx(sorted(m.samples)[len(m.samples) // 2]) and time_text(m.measured_s) in m.text
 
     # where the step goes: the parts add up to the step (the op parts scaled when the capture slowed the ops)
     split = report.time_split

@@ -71,10 +71,12 @@ test("the roofs drawn: the step's widened roofs, only its precisions, the device
   assert.equal(none.bw, 25.7e9);
 });
 
-test("a row's time is the measured one, else the expected kernel time", () => {
-  assert.equal(R.timeOf({measured_s: 0.002, expected_s: 0.001}), 0.002);
-  assert.equal(R.timeOf({measured_s: null, expected_s: 0.001}), 0.001);
-  assert.equal(R.timeOf({measured_s: 0, expected_s: 0.001}), 0.001);
+test("a row's time: measured in a timed step (0 where nothing was timed), else the expected kernel time", () => {
+  assert.equal(R.timeOf({measured_s: 0.002, expected_s: 0.001}, true), 0.002);
+  assert.equal(R.timeOf({measured_s: null, expected_s: 0.001}, true), 0);
+  assert.equal(R.timeOf({measured_s: 0.002, expected_s: 0.001}, false), 0.001);
+  assert.equal(R.timed({summary: {timed: true}}), true);
+  assert.equal(R.timed({summary: {timed: false}, rows: {layer_phase: [{measured_s: 1}]}}), false);  /* the flag */
 });
 
 test("the time split: parts in order, the rest named by the device, the batch's fetch beside it", () => {

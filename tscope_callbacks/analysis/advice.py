@@ -45,11 +45,12 @@ import statistics
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from tscope_callbacks.analysis.basis import step_time_of, time_of
 from tscope_callbacks.analysis.diagnose import explain
 from tscope_callbacks.analysis.estimate import MEMORY_BOUND, gemm_dims
 from tscope_callbacks.analysis.finding import Finding, measured_effect, ms, rows_of
+from tscope_callbacks.analysis.fmt import bytes_text, pct_text, rate_text, sig, time_text
 from tscope_callbacks.analysis.fmt import div as _div
-from tscope_callbacks.analysis.fmt import n as _n
 from tscope_callbacks.analysis.layer_advice import Context, compiled_function_ops, layer_findings, step_findings
 from tscope_callbacks.analysis.noise import Noise
 from tscope_callbacks.analysis.report import Opportunity, Row
@@ -81,7 +82,8 @@ def pad_to(x: int, multiple: int = 64) -> int:
 
 
 def _time(o: OpRoof) -> float:
-    return o.measured_s if o.measured_s is not None else o.expected_s
+    """An op's time (``analysis.basis.time_of``), the op's own basis: measured where it was timed."""
+    return time_of(o, o.measured_s is not None)
 
 
 def _took(ops: Iterable[OpRoof]) -> str:
@@ -112,7 +114,7 @@ def _misaligned(layer: str, ops: list[OpRoof], model: Any) -> list[Finding]:
         after = sum(_gemm_s(model, tuple(padded if x == v else x for x in d), o.roof_precision) for o, d in affected)
         o0, (m, n, k) = next(((o, d) for o, d in hits if o.record.phase == "forward"), hits[0])
         tf = _div(o0.record.flops, _time(o0))
-        rate = f" at {tf / 1e12:.0f} TFLOP/s" if tf else ""
+        rate = f" at {rate_text(tf)}" if tf else ""
         item = ITEMSIZE.get(o0.roof_precision, 2)
         out.append(Finding(
             "misaligned", now - after,
@@ -276,9 +278,9 @@ def _fusion(ops: list[OpRoof], model: Any, compiled: bool, param_bytes: int = 0,
         n = len(flat)
         out.append(Finding(
             "fusion", now - after,
-            f"{n} memory-bound ops{_WHAT.get(kind, '')} in {len(runs)} chain(s) move {_n(before_b / 1e6)} MB, each "
-            f"writing what the next reads back; fused, about {_n(fused_b / 1e6)} MB", fix, "fused_bytes",
-            f"the {n} ops {_took(flat)} {ms(now)} for {_n(before_b / 1e6)} MB; {_n(fused_b / 1e6)} MB at their rate: "
+            f"{n} memory-bound ops{_WHAT.get(kind, '')} in {len(runs)} chain(s) move {bytes_text(before_b)}, each "
+            f"writing what the next reads back; fused, about {bytes_text(fused_b)}", fix, "fused_bytes",
+            f"the {n} ops {_took(flat)} {ms(now)} for {bytes_text(before_b)}; {bytes_text(fused_b)} at their rate: "
             f"{ms(after)}", rows_of(flat),
             {"ops": n, "mb_before": before_b / 1e6, "mb_after": fused_b / 1e6, "chain": kind,
              "phases": sorted({run[0].record.phase for run in runs})}))
@@ -330,8 +332,8 @@ def _swiglu(by_layer: dict[str, list[OpRoof]], model: Any, compiled: bool) -> tu
         out[layer] = [Finding(
             "fusion", now - after,
             f"{len(found)} memory-bound ops of the SwiGLU (SiLU, gating product and their backward) move "
-            f"{_n(before_b / 1e6)} MB between the GEMMs; fused, about {_n(after_b / 1e6)} MB", _FIXES["swiglu"],
-            "fused_bytes", f"the {len(found)} ops {_took(found)} {ms(now)}; {_n(after_b / 1e6)} MB at their rate: "
+            f"{bytes_text(before_b)} between the GEMMs; fused, about {bytes_text(after_b)}", _FIXES["swiglu"],
+            "fused_bytes", f"the {len(found)} ops {_took(found)} {ms(now)}; {bytes_text(after_b)} at their rate: "
             f"{ms(after)}",
             rows_of(found), {"ops": len(found), "mb_before": before_b / 1e6, "mb_after": after_b / 1e6,
                              "chain": "swiglu"})]
@@ -361,12 +363,12 @@ def _launch(report: RooflineAnalysis, ctx: Context, input_s: float) -> list[Find
     saving = idle - len(durations) * GRAPH_GAP_S
     return [Finding(
         "launch", saving,
-        f"the device is idle {ms(idle)} of the {ms(step)} step ({idle / step:.0%}) between {len(durations):,} kernels "
-        f"of typically {typical * 1e6:.1f} µs: the host launches them slower than they run",
+        f"the device is idle {ms(idle)} of the {ms(step)} step ({pct_text(idle / step)}) between {len(durations):,} kernels "
+        f"of typically {time_text(typical)}: the host launches them slower than they run",
         "capture the step as a CUDA graph: `torch.compile(model, mode=\"reduce-overhead\")` (or "
         "`torch.cuda.graphs` by hand); fewer, larger ops help too", "idle",
         f"step {ms(step)} - device busy {ms(float(busy))}" + (f" - data wait {ms(input_s)}" if input_s else "")
-        + f" = {ms(idle)} idle; a graph keeps about {GRAPH_GAP_S * 1e6:g} µs per kernel: {ms(saving)}", (),
+        + f" = {ms(idle)} idle; a graph keeps about {time_text(GRAPH_GAP_S)} per kernel: {ms(saving)}", (),
         {"kernels": len(durations), "idle_s": idle})]
 
 
@@ -397,9 +399,9 @@ def _input(bd: dict[str, Any]) -> list[Finding]:
     share = bd.get("fetch_share", bd.get("data_wait_share"))
     return [Finding(
         "input", wait / 1e3,
-        f"each step waits {wait:.3g} ms for its batch" + (f" ({share:.0%} of the step)" if isinstance(
+        f"each step waits {time_text(wait / 1e3)} for its batch" + (f" ({pct_text(share)} of the step)" if isinstance(
             share, (int, float)) else "") + ": the step monitor finds the run input-bound", fix, "data_wait",
-        f"the wait, {wait:.3g} ms a step (median over the step monitor's clean steps), goes once loading overlaps "
+        f"the wait, {time_text(wait / 1e3)} a step (median over the step monitor's clean steps), goes once loading overlaps "
         "with the step", (), {"data_wait_ms": wait})]
 
 
@@ -479,7 +481,7 @@ class _Stretch:
         if self.split:
             basis = (f"the ops under {ms(PREEMPT_S)} at their least preempted step's time, the excess of the profiled "
                      f"ops ({ms(self.ops_s)}) over the unprofiled step ({ms(self.step_s)}) taken out of the longer ones")
-        return f"; x{k:.2g}, {basis}: {ms(saving)}"
+        return f"; x{sig(k)}, {basis}: {ms(saving)}"
 
 
 def _least(o: OpRoof) -> float:
@@ -490,7 +492,7 @@ def _least(o: OpRoof) -> float:
 
 
 def _step_s(report: RooflineAnalysis) -> float:
-    return report.measured_step_s or report.estimated_step_s or 0.0
+    return step_time_of(report.measured_step_s, report.estimated_step_s) or 0.0
 
 
 def opportunities(report: RooflineAnalysis, noise: Noise | None = None, top: int = 5,
@@ -553,7 +555,7 @@ def opportunities(report: RooflineAnalysis, noise: Noise | None = None, top: int
             text = f"per layer, as in `{layer}`: {text}; {n} layers: {ms(saving / k)}"
         if k != 1.0:
             text += stretch.text(k, saving)
-        share = f" ({saving / step:.0%} of the step)" if step else ""
+        share = f" ({pct_text(saving / step)} of the step)" if step else ""
         ops_s = [o.measured_s for o in in_rows if o.measured_s is not None]
         effect = measured_effect(kind, chain, device)
         phases = evidence.get("phases")  # the phases its ops ran in, where a finding knows them (a chain's)
@@ -619,5 +621,5 @@ def _cause(r: Row, report: RooflineAnalysis) -> str:
     if simt:
         parts.append(f"{len(simt)} {simt[0].roof_precision} GEMMs ran on CUDA cores, not tensor cores (kernel names)")
     if report.kernel_model is not None and r.measured_s and r.expected_s:
-        parts.append(f"{r.measured_s / r.expected_s:.2g}x what the device's libraries take for these shapes")
+        parts.append(f"{sig(r.measured_s / r.expected_s)}x what the device's libraries take for these shapes")
     return "; ".join(p for p in parts if p) + (compiled or "; no change known to tscope")

@@ -13,9 +13,11 @@ from typing import Any, TypeVar
 
 from tscope_callbacks.analysis.advice import below_roof
 from tscope_callbacks.analysis.advice import opportunities as advice_opportunities
+from tscope_callbacks.analysis.basis import time_of
 from tscope_callbacks.analysis.comm import comm_rows, overlap_of
 from tscope_callbacks.analysis.compare import compiled_vs_eager
 from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.analysis.fmt import sig, time_text
 from tscope_callbacks.analysis.memory_fit import memory_fit, report_capacity
 from tscope_callbacks.analysis.model_summary import model_summary
 from tscope_callbacks.analysis.noise import Noise, find_noise
@@ -166,7 +168,7 @@ def _memory(eng: RooflineAnalysis, what_if: bool) -> MemorySection | None:
 def _time_split(eng: RooflineAnalysis) -> TimeSplit:
     by = {b: 0.0 for b in ("compute", "memory", "comm", "uncounted", "overhead")}
     for o in eng.op_roofs:
-        by[o.bound] += (o.measured_s or 0.0) if eng.timed else o.expected_s
+        by[o.bound] += time_of(o, eng.timed)
     bd = eng.info.step_breakdown or {}  # the step monitor's means over its recent clean steps
     wait, share = fetch_of(bd)  # the DataLoader's next and the batch's transfer (ms a step), their share
     steps = bd.get("steps")
@@ -180,8 +182,8 @@ def _time_split(eng: RooflineAnalysis) -> TimeSplit:
     scale = min(1.0, timed_step / ops) if timed_step and ops else 1.0
     basis = "measured op time" if eng.timed else "estimated (shape-aware kernel times)"
     if scale < 1.0:
-        basis += (f", scaled x{scale:.3g} to the unprofiled step (the profiled ops took {ops * 1e3:.4g} ms, "
-                  f"the step {timed_step * 1e3:.4g} ms: the capture slowed them)")
+        basis += (f", scaled x{sig(scale)} to the unprofiled step (the profiled ops took {time_text(ops)}, "
+                  f"the step {time_text(timed_step)}: the capture slowed them)")
     parts = [by[b] * scale for b in ("compute", "memory", "comm", "uncounted", "overhead")]
     idle = None if not timed_step else 0.0 if scale < 1.0 else max(0.0, timed_step - sum(parts))
     return TimeSplit(*parts, idle,

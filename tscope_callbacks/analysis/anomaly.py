@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tscope_callbacks.analysis.fmt import figure_text, pct_text, sig, time_text
 from tscope_callbacks.analysis.step_parts import (
     INPUT_BOUND_SHARE,
     MIN_VERDICT_STEPS,
@@ -323,21 +324,24 @@ def what_grew(healthy: Snapshot, now: Snapshot, *, cuda: bool, top: int = 3) -> 
         for p, a, b in sorted(rows, key=lambda r: r[1] - r[2]):
             if b - a >= floor_ms:
                 kind = "tscope" if p == "tscope" else "part"
-                out.append(Finding(kind, p, a, b, "ms", f"{PART_TEXT[p]} {a:.3g} -> {b:.3g} ms a step{on}"))
+                out.append(Finding(kind, p, a, b, "ms",
+                                   f"{PART_TEXT[p]} {figure_text(a, 'ms')} -> {figure_text(b, 'ms')} a step{on}"))
         before = {f"{c.part}:{c.name}": c.cost_ms for c in hb.named}
         after = {f"{c.part}:{c.name}": c.cost_ms for c in nb.named if c.part in ("hooks", "logging", "checkpoint")}
         for key, a, b in _grown(before, after, floor_ms)[:top]:
             name = key.partition(":")[2]
-            out.append(Finding("hook", name, a, b, "ms", f"{name} {a:.3g} -> {b:.3g} ms a step{on}"))
+            out.append(Finding("hook", name, a, b, "ms",
+                               f"{name} {figure_text(a, 'ms')} -> {figure_text(b, 'ms')} a step{on}"))
         if hb.cpu_wait_ms is not None and nb.cpu_wait_ms is not None and nb.cpu_wait_ms - hb.cpu_wait_ms >= floor_ms:
             out.append(Finding("cpu wait", "waiting for a CPU", hb.cpu_wait_ms, nb.cpu_wait_ms, "ms",
-                               f"waiting for a CPU (other processes' work) {hb.cpu_wait_ms:.3g} -> "
-                               f"{nb.cpu_wait_ms:.3g} ms a step"))
+                               f"waiting for a CPU (other processes' work) {figure_text(hb.cpu_wait_ms, 'ms')} -> "
+                               f"{figure_text(nb.cpu_wait_ms, 'ms')} a step"))
         if cuda:
             for name, a, b in (("GPU idle", hb.idle_ms, nb.idle_ms), ("device busy", hb.device_busy_ms,
                                                                       nb.device_busy_ms)):
                 if a is not None and b is not None and b - a >= floor_ms:
-                    out.append(Finding(name, name, a, b, "ms", f"{name} {a:.3g} -> {b:.3g} ms"))
+                    out.append(Finding(name, name, a, b, "ms",
+                                       f"{name} {figure_text(a, 'ms')} -> {figure_text(b, 'ms')}"))
     floor_s = floor_ms / 1e3
     for kind, before_s, after_s in (("layer", healthy.layers, now.layers), ("op", healthy.ops, now.ops)):
         if not before_s:
@@ -345,11 +349,11 @@ def what_grew(healthy: Snapshot, now: Snapshot, *, cuda: bool, top: int = 3) -> 
         for name, a, b in _grown(before_s, after_s, floor_s)[:top]:
             label = f"'{name or '<root>'}'" if kind == "layer" else name
             out.append(Finding(kind, name, a * 1e3, b * 1e3, "ms",
-                               f"{kind} {label} {a * 1e3:.3g} -> {b * 1e3:.3g} ms"))
+                               f"{kind} {label} {time_text(a)} -> {time_text(b)}"))
     if now.comm_s is not None and (now.comm_s - (healthy.comm_s or 0.0)) >= floor_s:
         a = (healthy.comm_s or 0.0) * 1e3
         out.append(Finding("communication", "collectives", a, now.comm_s * 1e3, "ms",
-                           f"communication {a:.3g} -> {now.comm_s * 1e3:.3g} ms"))
+                           f"communication {figure_text(a, 'ms')} -> {time_text(now.comm_s)}"))
     late = now.late_rank
     if late is not None and late.finding:
         out.append(Finding("late rank", f"rank {late.rank}", None, late.cost_ms, "ms", late.text))
@@ -357,8 +361,8 @@ def what_grew(healthy: Snapshot, now: Snapshot, *, cuda: bool, top: int = 3) -> 
     if len(ranks) > 1 and min(ranks) > 0 and max(ranks) / min(ranks) > 1.2:
         r = max(range(len(ranks)), key=ranks.__getitem__)
         out.append(Finding("straggler", f"rank {r}", min(ranks) * 1e3, ranks[r] * 1e3, "ms",
-                           f"straggler rank {r}: {ranks[r] * 1e3:.3g} ms vs {min(ranks) * 1e3:.3g} ms on the fastest "
-                           f"({ranks[r] / min(ranks):.3g}x)"))
+                           f"straggler rank {r}: {time_text(ranks[r])} vs {time_text(min(ranks))} on the fastest "
+                           f"({sig(ranks[r] / min(ranks))}x)"))
     if host_contention(healthy.load, now.load):
         was = "" if healthy.load is None else f"{healthy.load:.2f} -> "
         out.append(Finding("host load", "other processes", healthy.load, now.load, "per CPU",
@@ -451,11 +455,12 @@ def contention_text(trigger: Mapping[str, Any], findings: Sequence[Finding], hea
         why.append(f"other processes' CPU load {'' if healthy.load is None else f'{healthy.load:.2f} -> '}"
                    f"{now.load:.2f} per CPU")
     if hb is not None and nb is not None and hb.cpu_wait_ms is not None and nb.cpu_wait_ms is not None:
-        why.append(f"the training thread waiting {hb.cpu_wait_ms:.3g} -> {nb.cpu_wait_ms:.3g} ms a step for a CPU")
+        why.append(f"the training thread waiting {figure_text(hb.cpu_wait_ms, 'ms')} -> "
+                   f"{figure_text(nb.cpu_wait_ms, 'ms')} a step for a CPU")
     grew = [f.text for f in findings if f.kind not in ("host load", "cpu wait")]
     return (f"tscope step monitor: contention at steps {trigger['first']}-{trigger['step']}: the steps took "
-            f"{trigger['slow_s'] * 1e3:.3g} ms, {trigger['ratio']:.3g}x the healthy median "
-            f"{trigger['median_s'] * 1e3:.3g} ms, spread over the whole step, with " + " and ".join(why or ["the CPUs "
+            f"{time_text(trigger['slow_s'])}, {sig(trigger['ratio'])}x the healthy median "
+            f"{time_text(trigger['median_s'])}, spread over the whole step, with " + " and ".join(why or ["the CPUs "
             "busy"]) + ": the machine's load, not the run's (not alerted)"
             + (f". What grew: {'; '.join(grew)}." if grew else "."))
 
@@ -466,13 +471,13 @@ def alert_text(trigger: Mapping[str, Any], findings: Sequence[Finding], healthy_
     ``healthy_step`` where there is one), or that nothing did; ``note``: why there was no profile."""
     kind = trigger.get("kind")
     if kind == "slow-steps":
-        head = (f"steps {trigger['first']}-{trigger['step']} took {trigger['slow_s'] * 1e3:.3g} ms, "
-                f"{trigger['ratio']:.3g}x the healthy median {trigger['median_s'] * 1e3:.3g} ms (threshold "
-                f"{trigger['threshold_s'] * 1e3:.3g} ms from the run's own spread)")
+        head = (f"steps {trigger['first']}-{trigger['step']} took {time_text(trigger['slow_s'])}, "
+                f"{sig(trigger['ratio'])}x the healthy median {time_text(trigger['median_s'])} (threshold "
+                f"{time_text(trigger['threshold_s'])} from the run's own spread)")
     elif kind == "loss-spike":
-        head = f"loss spike at step {trigger['step']}: {trigger['value']:.4g}, {trigger['ratio']:.3g}x its median"
+        head = f"loss spike at step {trigger['step']}: {trigger['value']:.4g}, {sig(trigger['ratio'])}x its median"
     elif kind == "grad-spike":
-        head = (f"gradient-norm spike at step {trigger['step']}: {trigger.get('ratio', 0.0):.3g}x the median (NaN "
+        head = (f"gradient-norm spike at step {trigger['step']}: {sig(trigger.get('ratio', 0.0))}x the median (NaN "
                 "guard)")
     elif kind == "late-rank":
         head = f"a late rank at step {trigger.get('step')}"
@@ -495,9 +500,9 @@ def witness(mfu: float | None, tensor_active: float | None, margin: float = WITN
     if mfu is None or tensor_active is None:
         return None
     if mfu - tensor_active > margin:
-        return (f"MFU {mfu:.1%} exceeds the tensor pipes' active share {tensor_active:.1%} by more than "
-                f"{margin:.0%}: the FLOP count or the device peak is off")
+        return (f"MFU {pct_text(mfu)} exceeds the tensor pipes' active share {pct_text(tensor_active)} by more than "
+                f"{pct_text(margin)}: the FLOP count or the device peak is off")
     if tensor_active - mfu > margin:
-        return (f"the tensor pipes were active {tensor_active:.1%} of the time but MFU is {mfu:.1%} (more than "
-                f"{margin:.0%} apart): tensor kernels run far below their peak rate, or work is not counted")
+        return (f"the tensor pipes were active {pct_text(tensor_active)} of the time but MFU is {pct_text(mfu)} (more than "
+                f"{pct_text(margin)} apart): tensor kernels run far below their peak rate, or work is not counted")
     return None

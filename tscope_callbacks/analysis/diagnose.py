@@ -4,8 +4,7 @@ changes, with their predicted savings, are ``analysis.advice``'s opportunities."
 from __future__ import annotations
 
 from tscope_callbacks.analysis.fmt import div as _div
-from tscope_callbacks.analysis.fmt import g as _g
-from tscope_callbacks.analysis.fmt import pct as _pct
+from tscope_callbacks.analysis.fmt import pct_text, sig, time_text
 from tscope_callbacks.analysis.report import Row
 from tscope_callbacks.devices.gemm import gemm_flops
 
@@ -39,12 +38,12 @@ def explain(row: Row) -> str:
     if row.bound == "overhead":
         return "no counted work (views/metadata)"
     att = row.attained
-    roof = f"{_pct(att)} of roof" if att is not None else ""
+    roof = f"{pct_text(att)} of roof" if att is not None else ""
     mean_s = _div(row.measured_s, row.n_ops)
     launch = att is not None and att < LOW_ATTAINED and mean_s is not None and mean_s < LAUNCH_BOUND_S
-    launch_txt = f"{row.n_ops} ops of {mean_s * 1e6:.1f} us each: dispatch or launch overhead" if launch else ""
+    launch_txt = f"{row.n_ops} ops of {time_text(mean_s)} each: dispatch or launch overhead" if launch else ""
     if row.bound == "memory":
-        head = f"memory-bound at {_g(row.intensity or 0.0)} FLOP/B (ridge {_g(row.ridge or 0.0)})"
+        head = f"memory-bound at {sig(row.intensity or 0.0)} FLOP/B (ridge {sig(row.ridge or 0.0)})"
         return "; ".join(p for p in (head, roof, launch_txt) if p)
     head = "compute-bound" + (f", {roof}" if roof else "")
     mm = row.largest_matmul

@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from tscope_callbacks.analysis.basis import time_of
 from tscope_callbacks.analysis.fmt import (
     bytes_text,
     count_text,
@@ -251,7 +252,7 @@ def _scaled_noise(value: float | None, step_s: float | None, step_noise: float |
 
 
 def _times(rows: tuple[Any, ...], timed: bool, key: str) -> dict[str, float | None]:
-    return {getattr(r, key): ((r.measured_s or 0.0) if timed else r.expected_s) for r in rows}
+    return {getattr(r, key): time_of(r, timed) for r in rows}
 
 
 def diff_reports(a: ReportData, b: ReportData, labels: tuple[str, str] = ("A", "B")) -> StepDiff:

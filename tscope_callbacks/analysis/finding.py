@@ -19,6 +19,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from tscope_callbacks.analysis.fmt import ratio_text, time_text
 from tscope_callbacks.analysis.rows import OpRoof
 
 __all__ = ["Finding", "PREDICTED_BY", "rows_of", "effect_key", "measured_effect", "EffectRecord", "ms"]
@@ -43,7 +44,8 @@ PREDICTED_BY = {
 
 
 def ms(s: float) -> str:
-    return f"{s * 1e3:.3g} ms"
+    """A time in a finding's text: the one formatter's (``analysis.fmt.time_text``: "1.23 ms", "875 µs")."""
+    return time_text(s)
 
 
 @dataclass
@@ -105,8 +107,8 @@ def measured_effect(kind: str, chain: str, device_kind: str | None) -> EffectRec
         return None
     ratio = float(rec["ratio"])
     cases = [c for c in rec.get("cases") or () if isinstance(c, dict) and isinstance(c.get("ratio"), (int, float))]
-    each = "; ".join(f"{c.get('model')}: {float(c['ratio']):.2g}x" for c in cases[:4])
+    each = "; ".join(f"{c.get('model')}: {ratio_text(float(c['ratio']))}" for c in cases[:4])
     where = each or ", ".join(str(m) for m in rec.get("models") or ())
     text = (f"applied in tscope's closed loop on {'CUDA' if dev == 'cuda' else 'CPU'}, the measured saving was "
-            f"{ratio:.2g}x the predicted one" + (f" (median; {where})" if len(cases) > 1 else f" ({where})"))
+            f"{ratio_text(ratio)} the predicted one" + (f" (median; {where})" if len(cases) > 1 else f" ({where})"))
     return EffectRecord(ratio, text)

@@ -35,7 +35,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from tscope_callbacks.analysis.finding import Finding, ms, rows_of
-from tscope_callbacks.analysis.fmt import n as _n
+from tscope_callbacks.analysis.fmt import bw_text, bytes_text, sig
 from tscope_callbacks.analysis.rows import OpRoof
 
 if TYPE_CHECKING:
@@ -190,8 +190,8 @@ def _channels_last(ctx: Context) -> list[Finding]:
         else:
             moved = sum(2 * _act_bytes(o) for o in convs)
             saving = sum(min(o.measured_s or 0.0, 2 * _act_bytes(o) / o.bandwidth) for o in convs)
-            text = (f"the activations of {len(convs)} convolutions, {_n(moved / 1e6)} MB, read and written once more "
-                    f"to convert them, at {convs[0].bandwidth / 1e9:.4g} GB/s: {ms(saving)}")
+            text = (f"the activations of {len(convs)} convolutions, {bytes_text(moved)}, read and written once more "
+                    f"to convert them, at {bw_text(convs[0].bandwidth)}: {ms(saving)}")
         return [Finding("channels_last", saving,
                         f"{len(convs)} convolutions take NCHW (channels-first) tensors, which cuDNN's tensor-core "
                         f"kernels convert to and from channels-last around each call", fix, "conversion", text,
@@ -210,11 +210,11 @@ def _channels_last(ctx: Context) -> list[Finding]:
     kinds = sorted({"pooling" if "pool" in o.record.op else "BatchNorm" for o in slow})
     return [Finding("channels_last", ops_saving + conv_saving,
                     f"the model runs channels-first (NCHW): {len(slow)} {' and '.join(kinds)} ops take {ms(now)} at "
-                    f"{sum(o.bytes for o in slow) / now / 1e9:.3g} GB/s, where this step's element-wise ops reach "
-                    f"{rate / 1e9:.3g} GB/s (PyTorch's channels-last CPU kernels vectorize across channels; the NCHW "
+                    f"{bw_text(sum(o.bytes for o in slow) / now)}, where this step's element-wise ops reach "
+                    f"{bw_text(rate)} (PyTorch's channels-last CPU kernels vectorize across channels; the NCHW "
                     f"ones loop over each channel plane), and oneDNN converts the activations of {len(convs)} "
                     "convolutions to and from its own layout", fix, "layout_rate",
-                    f"{len(slow)} ops' channels-last kernels (BatchNorm's two passes) at {rate / 1e9:.3g} GB/s "
+                    f"{len(slow)} ops' channels-last kernels (BatchNorm's two passes) at {bw_text(rate)} "
                     f"instead of their measured time: {ms(ops_saving)}; "
                     f"the convolutions' activations once less read and written at that rate: {ms(conv_saving)}",
                     rows_of([*slow, *convs]), {"ops": len(slow), "convs": len(convs), "rate_gbps": rate / 1e9})]
@@ -233,7 +233,7 @@ def _conv(ops: list[OpRoof], ctx: Context) -> list[Finding]:
             out.append(Finding(
                 "cudnn_benchmark", now - exp,
                 f"{len(slow)} convolutions take {ms(now)} where these shapes take {ms(exp)} on this device "
-                f"({now / exp:.1f}x) and cuDNN's autotuner is off (`torch.backends.cudnn.benchmark` is False): its "
+                f"({sig(now / exp)}x) and cuDNN's autotuner is off (`torch.backends.cudnn.benchmark` is False): its "
                 "default algorithm choice is slow for these shapes",
                 "`torch.backends.cudnn.benchmark = True` (Lightning: `Trainer(benchmark=True)`) with fixed input "
                 "shapes: cuDNN times its algorithms once per shape and keeps the fastest", "measured_excess",
@@ -304,13 +304,13 @@ def _batchnorm(ops: list[OpRoof], ctx: Context) -> list[Finding]:
         return []
     return [Finding("bn_fusion", saving,
                     f"BatchNorm's output is written, then read back by the activation after it ({pairs} pair(s), "
-                    f"forward and backward): {_n(moved / 1e6)} MB a fused kernel never moves",
+                    f"forward and backward): {bytes_text(moved)} a fused kernel never moves",
                     "`torch.compile` the model, or the BatchNorm and its activation as one module (Inductor fuses "
                     "them, forward and backward); for inference, fold BatchNorm into the convolution before it",
                     "fused_bytes",
                     f"the activation's forward ({ms(sum(_t(o) for o in acts if o.record.phase == 'forward'))}) folds "
                     "into BatchNorm's kernel, and 2/3 of its backward's traffic goes: "
-                    f"{ms(saving)}", rows_of(acts), {"pairs": pairs, "mb": moved / 1e6})]
+                    f"{ms(saving)}", rows_of(acts), {"pairs": pairs, "mb": moved / 2**20})]
 
 
 # ---------------- pooling ----------------
@@ -339,10 +339,10 @@ def _pooling(ops: list[OpRoof], ctx: Context) -> list[Finding]:
                 "pool_order", saving,
                 f"`{act.record.layer or '(root)'}` applies {name} to the {n_in:,} elements max pooling then reduces "
                 f"to {n_out:,}; {name} is monotonic, so after the pooling it and its backward touch "
-                f"{n_in / n_out:.3g}x fewer elements",
+                f"{sig(n_in / n_out)}x fewer elements",
                 f"apply the {name} after the pooling: `pool(relu(x))` equals `relu(pool(x))` for max pooling",
                 "elements", f"{name} forward and backward measured {ms(now)}; on {n_out:,} of {n_in:,} elements, "
-                f"at {rate / 1e9:.3g} GB/s: {ms(after)}", rows_of(both),
+                f"at {bw_text(rate)}: {ms(after)}", rows_of(both),
                 {"elements_in": n_in, "elements_out": n_out}))
         idx = pool.record.output_shapes[1] if len(pool.record.output_shapes) > 1 else None
         if idx and ctx.cuda and not ctx.compiled:
@@ -351,12 +351,12 @@ def _pooling(ops: list[OpRoof], ctx: Context) -> list[Finding]:
             saving = min(_t(pool) + _t(bwd), 2 * b * 7 / 8 / pool.bandwidth)
             out.append(Finding(
                 "pool_indices", saving,
-                f"max pooling keeps {_numel(idx):,} int64 indices for its backward ({_n(b / 1e6)} MB written, read "
+                f"max pooling keeps {_numel(idx):,} int64 indices for its backward ({bytes_text(b)} written, read "
                 "again in backward)",
                 "`torch.compile` the model: Inductor's max pooling stores int8 offsets within each window instead of "
                 "int64 indices", "bytes",
-                f"7/8 of {_n(2 * b / 1e6)} MB (written and read) at {pool.bandwidth / 1e9:.4g} GB/s: {ms(saving)}",
-                rows_of([o for o in (pool, bwd) if o is not None]), {"mb": b / 1e6}))
+                f"7/8 of {bytes_text(2 * b)} (written and read) at {bw_text(pool.bandwidth)}: {ms(saving)}",
+                rows_of([o for o in (pool, bwd) if o is not None]), {"mb": b / 2**20}))
     return out
 
 
@@ -419,7 +419,7 @@ def _embedding(ops: list[OpRoof], ctx: Context) -> list[Finding]:
         out.append(Finding(
             "embedding_sparse", saving,
             f"the embedding's gradient is a dense {v:,} x {d} table although the step looks up {n:,} rows: "
-            f"{_n(zero / 1e6)} MB of zero rows written",
+            f"{bytes_text(zero)} of zero rows written",
             "`nn.Embedding(..., sparse=True)` with `torch.optim.SparseAdam` (or SGD) for its weight: the gradient and "
             "the optimizer update then cover the looked-up rows only (the optimizer's saving comes on top)",
             "elements", f"the dense gradient measured {ms(_t(o))}; {n:,} of its {v:,} rows: {ms(_t(o) - saving)}",

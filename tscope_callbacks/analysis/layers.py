@@ -18,7 +18,8 @@ __all__ = [
     "layer_rows",
 ]
 
-_MB = 1e6
+_MB = 1e6  # InspectorGadgets' JSON format (its keys, its units)
+_MIB = 2**20  # ours: bytes in binary units, "_mb" keys in MiB
 
 # (inclusive field, self field) pairs re-derived when layers are aggregated into a selected ancestor
 _SELF_PAIRS = (
@@ -154,9 +155,9 @@ def layer_rows(layers: Mapping[str, LayerRecord]) -> list[dict[str, Any]]:
             "self_backward_ms": L.self_backward_s * 1e3,
             "gflops_fwd": L.flops_fwd / 1e9,
             "gflops_bwd": L.flops_bwd / 1e9,
-            "output_mb": L.output_bytes / _MB,
-            "mem_fwd_mb": L.memory_fwd_bytes / _MB,
-            "mem_bwd_mb": L.memory_bwd_bytes / _MB,
+            "output_mb": L.output_bytes / _MIB,
+            "mem_fwd_mb": L.memory_fwd_bytes / _MIB,
+            "mem_bwd_mb": L.memory_bwd_bytes / _MIB,
             "params": L.num_parameters,
             "input_shapes": str(L.input_shapes),
             "output_shapes": str(L.output_shapes),

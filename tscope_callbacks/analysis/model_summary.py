@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tscope_callbacks.analysis.basis import step_time_of, time_of
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.records import MATRIX_CATEGORIES, model_flops
 
@@ -62,11 +63,8 @@ def model_summary(report: RooflineAnalysis) -> dict[str, Any]:
                                                                   if micro > 1 else "")
     else:
         out["activations_mb"], out["activations_source"] = None, "needs layer details"
-    step = report.measured_step_s if report.measured_step_s is not None else report.estimated_step_s
-    out["latency_ms"] = step * 1e3 if step else None
-    out["latency_source"] = report.step_time_source or ("estimated" if not report.timed else None)
-    fwd_t = sum(o.measured_s or 0.0 for o in report.op_roofs if o.record.phase == "forward") if report.timed else \
-        report.expected_time_s("forward")
+    step = step_time_of(report.measured_step_s, report.estimated_step_s)
+    fwd_t = sum(time_of(o, report.timed) for o in report.op_roofs if o.record.phase == "forward")
     total_t = (report.op_time_s or 0.0) if report.timed else report.estimated_step_s
     out["forward_ms"] = (step * fwd_t / total_t * 1e3) if step and total_t else None  # the forward's share
     batch, tokens = batch_counts(report.info.inputs or [])

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tscope_callbacks.analysis.fmt import pct_text, time_text
 from tscope_callbacks.capture.layers import add_op_totals
 from tscope_callbacks.records import LayerRecord, OpRecord, StepProfile
 
@@ -137,7 +138,7 @@ class NoiseMark:
 
     @property
     def text(self) -> str:
-        ms = lambda s: f"{s * 1e3:.3g} ms"  # noqa: E731
+        ms = time_text  # the one formatter
         steps = ", ".join(ms(t) for t in self.samples)
         if self.kind == "outlier":
             return (f"{ms(self.measured_s)} where its {len(self.siblings)} identical block(s) "
@@ -145,7 +146,7 @@ class NoiseMark:
                     f"{ms(self.typical_s)}" + (f" (per step: {steps})" if len(self.samples) > 1 else "")
                     + ": noise, not a finding")
         return (f"{ms(self.measured_s)} median over {len(self.samples)} steps ({steps}): spread {ms(self.spread_s)} "
-                f"is more than {NOISY_SPREAD:.0%} of it: noise, no advice")
+                f"is more than {pct_text(NOISY_SPREAD)} of it: noise, no advice")
 
     def to_dict(self) -> dict[str, Any]:
         return {"layer": self.layer, "phase": self.phase, "kind": self.kind, "measured_s": self.measured_s,

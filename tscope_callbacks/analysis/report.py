@@ -35,8 +35,8 @@ JSON (``report.to_dict()`` / ``StepReport.from_dict(d)``; ``json.dumps(d, allow_
           saved_bytes are null when the step's per-layer memory was not measured (no layer details)
     roofs: [RoofUsed]  the roofs the ops were placed on, most FLOPs first
     model: {params, params_trainable, size_mb, flops_forward, flops_step, macs_forward, macs_step, micro_batches,
-          activations_mb, activations_source, latency_ms, latency_source, forward_ms, batch, samples_per_s,
-          tokens_per_s} | null
+          activations_mb, activations_source, forward_ms, batch, samples_per_s, tokens_per_s} | null (the step
+          time per batch is the summary's: measured_step_s, else estimated_step_s)
     communication: {rows: [...], overlap: {...} | null, skew: {...} | null} | null   (null: no collectives)
     fsdp_whatif: {...} (analysis.fsdp.fsdp_whatif) | null      compiled_vs_eager: [...] | null
     what_if: {measured_on, roofs_of} | null   (times of one device placed on another's roofs)
@@ -76,6 +76,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from tscope_callbacks.analysis.basis import step_time_of, time_of
+from tscope_callbacks.analysis.fmt import bw_text
 from tscope_callbacks.analysis.fmt import div as _div
 from tscope_callbacks.records import StepProfile
 
@@ -333,7 +335,7 @@ def comm_scalars(communication: dict[str, Any] | None, skew: dict[str, float] | 
     out: dict[str, float] = {}
     if rows:
         out["calls"] = float(sum(r["calls"] for r in rows))
-        out["bytes_mb"] = sum(r["bytes"] for r in rows) / 1e6
+        out["bytes_mb"] = sum(r["bytes"] for r in rows) / 2**20
         t = [r["time_s"] for r in rows if r["time_s"] is not None]
         if t:
             out["time_ms"] = sum(t) * 1e3
@@ -353,10 +355,11 @@ def comm_scalars(communication: dict[str, Any] | None, skew: dict[str, float] | 
     return out
 
 
-def model_scalars(model: dict[str, Any] | None) -> dict[str, float]:
+def model_scalars(model: dict[str, Any] | None, step_s: float | None = None) -> dict[str, float]:
     """The model summary (``analysis.model_summary``) as bare scalar names (the callbacks log them as
-    ``tscope/model/*``)."""
-    s = model or {}
+    ``tscope/model/*``); ``latency_ms`` is the step time ``step_s`` (``analysis.basis.step_time_of``: stored once, in
+    the summary)."""
+    s = dict(model or {}, latency_ms=None if not step_s else step_s * 1e3)
     keys = {"params": ("params_m", 1e-6), "params_trainable": ("params_trainable_m", 1e-6), "size_mb": ("size_mb", 1),
             "activations_mb": ("activations_mb", 1), "flops_forward": ("gflops_forward", 1e-9),
             "flops_step": ("gflops_step", 1e-9), "macs_step": ("gmacs_step", 1e-9), "latency_ms": ("latency_ms", 1),
@@ -378,7 +381,7 @@ def layer_point_rows(rows: typing.Iterable[RowFigures]) -> list[dict[str, Any]]:
         out.append({
             "layer": r.layer or "(root)", "type": r.type, "bound": r.bound, "intensity": fin(r.intensity),
             "achieved_gflops_per_s": fin(r.flops / ms / 1e9) if ms else None, "gflops": r.flops / 1e9,
-            "mb": r.bytes / 1e6, "measured_ms": ms * 1e3 if ms is not None else None,
+            "mb": r.bytes / 2**20, "measured_ms": ms * 1e3 if ms is not None else None,
             "estimated_ms": r.expected_s * 1e3, "roof_ms": r.estimate_s * 1e3, "attained": fin(r.attained),
         })
     return out
@@ -715,7 +718,7 @@ class ReportData:
             "mfu": Figure(_fin(s.mfu), "fraction", mfu_b),
             "mbu": Figure(_fin(s.mbu), "fraction", "bytes / step time / "
                           f"{'measured' if self.device.measured else 'datasheet'} bandwidth "
-                          f"{s.bandwidth / 1e9:.4g} GB/s"),
+                          f"{bw_text(s.bandwidth)}"),
             "hfu": Figure(_fin(s.hfu), "fraction", "hardware FLOPs (recompute included) / step time / "
                           f"{s.mfu_precision} matrix roof"),
             "achieved_tflops": Figure(_fin(s.achieved_tflops), "TFLOP/s", "all FLOPs / step time"),
@@ -726,6 +729,11 @@ class ReportData:
                                         "needs layer details"),
             "flop_coverage": Figure(_fin(s.flop_coverage), "fraction", "share of ops with a FLOP formula"),
         }
+
+    @property
+    def step_s(self) -> float | None:
+        """The step time: measured, else expected (``analysis.basis.step_time_of``)."""
+        return step_time_of(self.summary.measured_step_s, self.summary.estimated_step_s)
 
     def header_json(self) -> dict[str, dict[str, Any]]:
         """:attr:`header` as JSON (``{figure: {value, unit, basis}}``): what the page's cards read."""
@@ -751,7 +759,7 @@ class ReportData:
         ``fsdp_whatif``; areas with no figure are left out."""
         skew = self.profile.info.skew if self.profile is not None else None
         out: dict[str, dict[str, Any]] = {"comm": comm_scalars(self.communication, skew),
-                                          "model": model_scalars(self.model)}
+                                          "model": model_scalars(self.model, self.step_s)}
         mem = self.memory
         if mem is not None and mem.categories.get("step_peak"):
             keys = {"step_peak": "step_peak_mb", "weights": "weights_mb", "grads": "grads_mb",
@@ -782,7 +790,7 @@ class ReportData:
         return self.summary.timed
 
     def _time(self, r: Row) -> float:
-        return (r.measured_s or 0.0) if self.timed else r.expected_s
+        return time_of(r, self.timed)
 
     def table(self, kind: str = "layer_phase", top: int | None = None) -> list[Row]:
         """Rows of ``kind`` (``rows`` keys; "layer" and "op" are accepted for "layer_phase" and "op_name"), rows

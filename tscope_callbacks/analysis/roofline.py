@@ -15,8 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tscope_callbacks.analysis.basis import time_of
 from tscope_callbacks.analysis.estimate import expected_s
 from tscope_callbacks.analysis.fmt import div as _div
+from tscope_callbacks.analysis.fmt import time_text
 from tscope_callbacks.analysis.report import Row
 from tscope_callbacks.analysis.roofs import beaten as _beaten
 from tscope_callbacks.analysis.roofs import widen as _widen
@@ -157,7 +159,7 @@ def _bound_fractions(ops: list[OpRoof], timed: bool) -> dict[str, float | None]:
     """The share of op time (measured; expected when untimed) per bound."""
     frac = {b: 0.0 for b in ("compute", "memory", "comm", "uncounted", "overhead")}
     for o in ops:
-        frac[o.bound] += (o.measured_s or 0.0) if timed else o.expected_s
+        frac[o.bound] += time_of(o, timed)
     tot = sum(frac.values())
     return {b: _div(v, tot) for b, v in frac.items()}
 
@@ -256,7 +258,7 @@ class RooflineAnalysis:
         return out
 
     def _sorted(self, rows: Iterable[Row]) -> list[Row]:
-        return sorted(rows, key=lambda r: (r.measured_s or 0.0) if self.timed else r.expected_s, reverse=True)
+        return sorted(rows, key=lambda r: time_of(r, self.timed), reverse=True)
 
     def expected_time_s(self, phase: str | None = None) -> float:
         """Sum of the shape-aware expected kernel times (roofline bound where no model applies), optionally for one
@@ -267,4 +269,4 @@ class RooflineAnalysis:
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(device={self.spec.name!r}, ops={len(self.op_roofs)}, flops={self.total_flops}, "
-                f"mfu={self.mfu}, estimated_step_s={self.estimated_step_s:.3g})")
+                f"mfu={self.mfu}, estimated_step_s={time_text(self.estimated_step_s)})")

@@ -47,6 +47,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tscope_callbacks.analysis.fmt import figure_text, pct_text
+
 __all__ = ["PARTS", "DATA_PARTS", "COMPUTE_PARTS", "LOOP_PARTS", "PART_TEXT", "StepTimes", "Breakdown", "NamedCost",
            "summarize", "Rolling", "fetch_of", "input_bound", "loop_costs", "loop_text", "loop_findings", "sync_text", "sync_findings",
            "LateRank", "HOST_PARTS", "late_rank", "RANK_FIELDS",
@@ -431,16 +433,17 @@ def loop_costs(steps: Sequence[StepTimes]) -> tuple[NamedCost, ...]:
 
 def _cost(c: NamedCost) -> str:
     if c.occurrences < c.steps * 0.5:  # a periodic item (a checkpoint, logging every n steps): say how often
-        return f"{c.name} {c.per_occurrence_ms:.3g} ms every {c.every:.3g} steps = {c.ms:.3g} ms a step"
-    return f"{c.name} {c.ms:.3g} ms a step"
+        return (f"{c.name} {figure_text(c.per_occurrence_ms, 'ms')} every {c.every:.3g} steps = "
+                f"{figure_text(c.ms, 'ms')} a step")
+    return f"{c.name} {figure_text(c.ms, 'ms')} a step"
 
 
 def _device_cost(c: NamedCost) -> str:
     dev = c.device_ms or 0.0
     if c.occurrences < c.steps * 0.5:
-        return (f"{c.name} {dev * c.steps / c.occurrences:.3g} ms every {c.every:.3g} steps = {dev:.3g} ms a step "
-                f"(host {c.ms:.3g} ms)")
-    return f"{c.name} {dev:.3g} ms a step (host {c.ms:.3g} ms)"
+        return (f"{c.name} {figure_text(dev * c.steps / c.occurrences, 'ms')} every {c.every:.3g} steps = "
+                f"{figure_text(dev, 'ms')} a step (host {figure_text(c.ms, 'ms')})")
+    return f"{c.name} {figure_text(dev, 'ms')} a step (host {figure_text(c.ms, 'ms')})"
 
 
 def _device_loop_text(b: Breakdown, share: float, top: int) -> str | None:
@@ -453,13 +456,13 @@ def _device_loop_text(b: Breakdown, share: float, top: int) -> str | None:
     named = [_device_cost(c) for c in items]
     other = dev.get("other", 0.0)
     if other >= 0.1 * loop:
-        named.append(f"Lightning's own loop (bookkeeping no hook marks) {other:.3g} ms a step "
-                     f"(host {b.parts_ms.get('other', 0.0):.3g} ms)")
-    return (f"the device waits {loop:.3g} ms a step for the loop's own work ({loop / b.step_ms:.0%} of the "
-            f"{b.step_ms:.3g} ms step, mean of {b.steps} steps: the device's time while the host ran it; the host "
-            f"spent {b.loop_ms:.3g} ms in it, the rest while the device was busy): " + "; ".join(named)
-            + f". tscope's own hooks: the device waited {dev.get('tscope', 0.0):.3g} ms a step in them (host "
-            f"{b.parts_ms.get('tscope', 0.0):.3g} ms), not counted in it")
+        named.append(f"Lightning's own loop (bookkeeping no hook marks) {figure_text(other, 'ms')} a step "
+                     f"(host {figure_text(b.parts_ms.get('other', 0.0), 'ms')})")
+    return (f"the device waits {figure_text(loop, 'ms')} a step for the loop's own work ({pct_text(loop / b.step_ms)} of the "
+            f"{figure_text(b.step_ms, 'ms')} step, mean of {b.steps} steps: the device's time while the host ran it; the host "
+            f"spent {figure_text(b.loop_ms, 'ms')} in it, the rest while the device was busy): " + "; ".join(named)
+            + f". tscope's own hooks: the device waited {figure_text(dev.get('tscope', 0.0), 'ms')} a step in them (host "
+            f"{figure_text(b.parts_ms.get('tscope', 0.0), 'ms')}), not counted in it")
 
 
 def loop_text(b: Breakdown, share: float = LOOP_SHARE, top: int = 3) -> str | None:
@@ -474,18 +477,18 @@ def loop_text(b: Breakdown, share: float = LOOP_SHARE, top: int = 3) -> str | No
     other = b.parts_ms.get("other", 0.0)
     named = [_cost(c) for c in items]
     if other >= 0.1 * b.loop_ms:
-        named.append(f"Lightning's own loop (bookkeeping no hook marks) {other:.3g} ms a step")
+        named.append(f"Lightning's own loop (bookkeeping no hook marks) {figure_text(other, 'ms')} a step")
     ts_ms = b.parts_ms.get("tscope", 0.0)
-    return (f"the loop's own work takes {b.loop_ms:.3g} ms a step ({b.loop_ms / b.host_ms:.0%} of the "
-            f"{b.host_ms:.3g} ms step, mean of {b.steps} steps): " + "; ".join(named)
-            + f". tscope's own hooks: {ts_ms:.3g} ms a step, not counted in it")
+    return (f"the loop's own work takes {figure_text(b.loop_ms, 'ms')} a step ({pct_text(b.loop_ms / b.host_ms)} of the "
+            f"{figure_text(b.host_ms, 'ms')} step, mean of {b.steps} steps): " + "; ".join(named)
+            + f". tscope's own hooks: {figure_text(ts_ms, 'ms')} a step, not counted in it")
 
 
 def _change(c: NamedCost) -> str:
     """What to change for one item of the loop's own work."""
     if c.part == "checkpoint":
         return (f"save checkpoints less often (ModelCheckpoint every_n_train_steps / train_time_interval): each save "
-                f"takes {c.per_occurrence_ms:.3g} ms, every {c.every:.3g} steps now")
+                f"takes {figure_text(c.per_occurrence_ms, 'ms')}, every {c.every:.3g} steps now")
     if c.part == "logging":
         if c.occurrences >= c.steps * 0.5:
             return f"log less often (raise the Trainer's log_every_n_steps, or log fewer values): {c.name} runs every step"
@@ -508,7 +511,8 @@ def loop_findings(b: Breakdown, share: float = LOOP_SHARE, top: int = 3) -> list
         if c.cost_ms < 0.01 * step:
             continue  # under 1% of the step: not worth a change
         what = _device_cost(c) if gpu else _cost(c)
-        out.append({"cause": f"the loop's own work: {what} ({c.cost_ms / step:.0%} of the {step:.3g} ms step"
+        out.append({"cause": f"the loop's own work: {what} ({pct_text(c.cost_ms / step)} of the "
+                             f"{figure_text(step, 'ms')} step"
                              + (": the device's wait while the host ran it)" if gpu else ")"),
                     "change": _change(c), "saving_s": c.cost_ms / 1e3})
     return out
@@ -564,18 +568,18 @@ def sync_text(b: Breakdown, reads: Sequence[str], share: float = LOOP_SHARE) -> 
     f = _sync(b, reads, share)
     if f is None:
         return None
-    where = "; ".join(f"{w} {d:.3g} ms (host {h:.3g} ms)" for w, d, h in f.where)
-    at = (f" ({f.at.name}: {f.at.ms:.3g} ms a step on the host, {f.blocked_ms:.3g} ms of it while the device was "
+    where = "; ".join(f"{w} {figure_text(d, 'ms')} (host {figure_text(h, 'ms')})" for w, d, h in f.where)
+    at = (f" ({f.at.name}: {figure_text(f.at.ms, 'ms')} a step on the host, {figure_text(f.blocked_ms, 'ms')} of it while the device was "
           f"busy)" if f.at is not None else "")
     first = f.reads[0]
     return (f"{_reads_text(f.reads)} {'is' if len(f.reads) == 1 else 'are'} read back to the host after every "
             f"batch: a device sync in the loop (logged with self.log(..., prog_bar=True), Lightning turns it into a "
             f"number with .item(), with or without a progress bar). The host waits there for the device{at}, then "
-            f"the device, its queue empty, waits {f.idle_ms:.3g} ms a step ({f.idle_ms / b.step_ms:.0%} of the "
-            f"{b.step_ms:.3g} ms step, mean of {b.steps} steps) while the host prepares the next step: {where}. "
+            f"the device, its queue empty, waits {figure_text(f.idle_ms, 'ms')} a step ({pct_text(f.idle_ms / b.step_ms)} of the "
+            f"{figure_text(b.step_ms, 'ms')} step, mean of {b.steps} steps) while the host prepares the next step: {where}. "
             f"Change: self.log({first!r}, ..., prog_bar=False), or on_step=False (Lightning reduces it at the "
             f"epoch's end), or log it every few steps yourself: the host then runs ahead of the device; saves up to "
-            f"{f.saving_ms:.3g} ms a step")
+            f"{figure_text(f.saving_ms, 'ms')} a step")
 
 
 def sync_findings(b: Breakdown, reads: Sequence[str], share: float = LOOP_SHARE) -> list[dict[str, Any]]:
@@ -584,8 +588,8 @@ def sync_findings(b: Breakdown, reads: Sequence[str], share: float = LOOP_SHARE)
     if f is None:
         return []
     return [{"cause": f"a device sync in the loop: {_reads_text(f.reads)} read back to the host after every batch "
-                      f"(self.log(..., prog_bar=True)); the device then waits {f.idle_ms:.3g} ms a step for the host "
-                      f"({f.idle_ms / b.step_ms:.0%} of the {b.step_ms:.3g} ms step)",
+                      f"(self.log(..., prog_bar=True)); the device then waits {figure_text(f.idle_ms, 'ms')} a step for the host "
+                      f"({pct_text(f.idle_ms / b.step_ms)} of the {figure_text(b.step_ms, 'ms')} step)",
              "change": f"self.log({f.reads[0]!r}, ..., prog_bar=False) or on_step=False (reduced at the epoch's end), "
                        f"so the host runs ahead of the device",
              "saving_s": f.saving_ms / 1e3}]
@@ -631,8 +635,8 @@ class LateRank:
     @property
     def text(self) -> str:
         others = statistics.median(s for r, s in enumerate(self.step_ms) if r != self.rank)
-        return (f"rank {self.rank} is late: every other rank waits {self.cost_ms:.3g} ms a step for it "
-                f"({self.cost_ms / others:.0%} of the {others:.3g} ms step); it is slow in its {self.kind} "
+        return (f"rank {self.rank} is late: every other rank waits {figure_text(self.cost_ms, 'ms')} a step for it "
+                f"({pct_text(self.cost_ms / others)} of the {figure_text(others, 'ms')} step); it is slow in its {self.kind} "
                 f"({PART_TEXT[self.part]} {self.excess_ms:+.3g} ms a step against the other ranks' median)")
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import lightning.pytorch as pl
 from typing_extensions import override
 
+from tscope_callbacks.analysis.fmt import time_text
 from tscope_callbacks.analysis.layers import inspector_gadgets_json, layer_rows, select_layers, top_layers
 from tscope_callbacks.analysis.report import step_file_name
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
@@ -43,7 +44,7 @@ class LayerProfilerCallback(ProfilingCallback):
     Keys written (stage ``train``; other stages use ``tscope/layers/<stage>/...``):
 
     - text ``tscope/layers/table``: the torchprof-style tree table (Module | Self fwd | fwd total | Self bwd |
-      bwd total | GFLOPs fwd | GFLOPs bwd | output MB | mem fwd MB | mem bwd MB | calls);
+      bwd total | GFLOPs fwd | GFLOPs bwd | output MiB | mem fwd MiB | mem bwd MiB | calls);
     - scalars ``tscope/layers/<path>/forward_ms``, ``tscope/layers/<path>/backward_ms`` (inclusive op time) for the
       ``top_k`` layers by FLOPs (or the ``paths`` selected);
     - table ``tscope/layers/rows`` (one row per layer; a ``wandb.Table`` on W&B, a CSV file with CSVLogger);
@@ -85,7 +86,7 @@ class LayerProfilerCallback(ProfilingCallback):
         title = f"tscope layers -- {ctx.stage} step {ctx.step}"
         if ctx.world_size > 1:
             t = ctx.step_times_s
-            title += f" (profiled step time across ranks: min {min(t) * 1e3:.2f} ms, max {max(t) * 1e3:.2f} ms)"
+            title += f" (profiled step time across ranks: min {time_text(min(t))}, max {time_text(max(t))})"
         table = render_tree_table(layers, root_name=model_name, title=title)
         self.last_layers, self.last_table = layers, table
         if not ctx.is_global_zero:

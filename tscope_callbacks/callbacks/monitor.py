@@ -22,6 +22,7 @@ from typing_extensions import override
 from tscope_callbacks.analysis import anomaly as an
 from tscope_callbacks.analysis import step_parts as sp
 from tscope_callbacks.analysis.anomaly import loader_settings
+from tscope_callbacks.analysis.fmt import figure_text
 from tscope_callbacks.analysis.step_parts import Breakdown, StepTimes
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
 from tscope_callbacks.callbacks.clock import DeviceClock
@@ -767,9 +768,10 @@ class StepMonitor(ProfilingCallback):
         if rise < self.options.min_rise * h.step_ms or self._wait_episode is not None:
             return
         self._wait_episode = gs
-        text = (f"tscope StepMonitor: contention at step {gs}: the last {b.steps} steps took {b.step_ms:.3g} ms "
-                f"against {h.step_ms:.3g} ms, and the training thread waited {b.cpu_wait_ms:.3g} ms a step for a CPU "
-                f"({h.cpu_wait_ms:.3g} ms before): other processes' work, not the run's")
+        text = (f"tscope StepMonitor: contention at step {gs}: the last {b.steps} steps took "
+                f"{figure_text(b.step_ms, 'ms')} against {figure_text(h.step_ms, 'ms')}, and the training thread waited "
+                f"{figure_text(b.cpu_wait_ms, 'ms')} a step for a CPU ({figure_text(h.cpu_wait_ms, 'ms')} before): "
+                f"other processes' work, not the run's")
         self.contended.append({"step": gs, "trigger": {"kind": "cpu-wait"}, "findings": [], "text": text,
                                "breakdown": b, "healthy": h})
         log.info("%s.", text)

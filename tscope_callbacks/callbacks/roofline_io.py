@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tscope_callbacks.analysis.fmt import ratio_text, time_text
 from tscope_callbacks.analysis.report import ReportData, layer_point_rows, step_file_name
 from tscope_callbacks.analysis.report import step_file as step_file_of
 from tscope_callbacks.callbacks.context import ProfileContext
@@ -128,7 +129,7 @@ def table_text(step: AnalysedStep, ctx: ProfileContext, top: int) -> str:
                                                   if ctx.micro_batches > 1 else "")
     if ctx.world_size > 1:
         t = ctx.step_times_s
-        head += (f" -- step time across {len(t)} ranks: min {min(t) * 1e3:.2f} ms, max {max(t) * 1e3:.2f} ms "
+        head += (f" -- step time across {len(t)} ranks: min {time_text(min(t))}, max {time_text(max(t))} "
                  f"(slowest: rank {max(range(len(t)), key=t.__getitem__)})")
     if step.report is None:
         return head + " -- no device roof; op totals only\n\n" + op_table(step.profile, top)
@@ -140,7 +141,7 @@ def comparison_text(c: Comparison, top: int) -> str:
 
     speed = c.speedup
     head = (f"**compiled step {c.compiled_step} vs eager step {c.eager_step}** (op time, both slowed alike by the "
-            f"capture): {'' if speed is None else f'{speed:.2f}x '}faster compiled\n\n")
+            f"capture): {'' if speed is None else ratio_text(speed) + ' '}faster compiled\n\n")
     return head + compare_table(list(c.rows), top)
 
 

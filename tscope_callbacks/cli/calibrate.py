@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from tscope_callbacks.analysis.fmt import bw_text, bytes_text, pct_text, rate_text, time_text
 from tscope_callbacks.devices.calibrate import calibrate
 from tscope_callbacks.render.text import calibration_table
 
@@ -69,18 +70,18 @@ def _gemm(args: argparse.Namespace, spec) -> int:
           f"({table['timing']} timing)")
     for p, s in summary.items():
         if s:
-            print(f"  {p}: leave-one-out median error {s['median_error']:.0%}, {s['within_1_3x']:.0%} of kernels "
-                  f"over 20 us within 1.3x, time-weighted error {s['time_weighted_error']:.0%}")
+            print(f"  {p}: leave-one-out median error {pct_text(s['median_error'])}, {pct_text(s['within_1_3x'])} of kernels "
+                  f"over 20 us within 1.3x, time-weighted error {pct_text(s['time_weighted_error'])}")
     rows = {(m, n, k): t for m, n, k, t in table["gemm"].get("bf16", [])}
     for a, b in (((8192, 50257, 768), (8192, 50304, 768)), ((8192, 4095, 4096), (8192, 4096, 4096))):
         if a in rows and b in rows:
-            tf = lambda d: 2 * d[0] * d[1] * d[2] / rows[d] / 1e12  # noqa: E731
-            print(f"  bf16 {a[0]}x{a[2]} @ {a[2]}x{a[1]}: {tf(a):.0f} TFLOP/s vs N={b[1]}: {tf(b):.0f} TFLOP/s")
+            tf = lambda d: 2 * d[0] * d[1] * d[2] / rows[d]  # noqa: E731
+            print(f"  bf16 {a[0]}x{a[2]} @ {a[2]}x{a[1]}: {rate_text(tf(a))} vs N={b[1]}: {rate_text(tf(b))}")
     for backend in sorted({r[0] for r in table.get("sdpa", [])}):
         got = [r for r in table["sdpa"] if r[0] == backend]
         ref = next((r for r in got if tuple(r[1:6]) == (8, 12, 1024, 64, True)), got[0])
         print(f"  SDPA {backend}: {len(got)} configurations; ({', '.join(map(str, ref[1:5]))}) "
-              f"{'causal' if ref[5] else 'full'}: forward {ref[6] * 1e3:.3f} ms, backward {ref[7] * 1e3:.3f} ms "
+              f"{'causal' if ref[5] else 'full'}: forward {time_text(ref[6])}, backward {time_text(ref[7])} "
               f"(kernel time)")
     mem = table.get("memory_ops", {})
     if mem:
@@ -89,6 +90,6 @@ def _gemm(args: argparse.Namespace, spec) -> int:
             rows = mem.get(op, {}).get("bf16") or mem.get(op, {}).get("fp32")
             if rows:
                 b, t = rows[-1]
-                print(f"    {op}: {b / 1e6:.0f} MB in {t * 1e6:.0f} us = {b / t / 1e12:.2f} TB/s")
+                print(f"    {op}: {bytes_text(b)} in {time_text(t)} = {bw_text(b / t)}")
     print(f"cached in {cache_dir() / GEMM_CACHE}; reports for {spec.name} now use it")
     return 0

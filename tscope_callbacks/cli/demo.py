@@ -14,6 +14,7 @@ import time
 import warnings
 from pathlib import Path
 
+from tscope_callbacks.analysis.fmt import pct_text
 from tscope_callbacks.cli.args import int_at_least, output_dir, positive_int
 from tscope_callbacks.cli.hints import command
 
@@ -160,7 +161,7 @@ def _print_summary(trainer, roof, guard, logger, args, took: float) -> None:
     elif args.logger == "wandb":
         wandb = command("wandb", "wandb")
         print(f"W&B offline run; sync with:  {wandb} sync {shlex.quote(str(Path(args.out).resolve()))}/wandb/offline-run-*")
-    saved = sorted(log_dir.glob("tscope/step_*.json"), key=_step_of)
+    saved = _train_step_files(log_dir / "tscope")
     if saved:
         tscope = command("tscope", "tscope_callbacks.cli")
         out = shlex.quote(str(Path(args.out).resolve()))
@@ -175,10 +176,12 @@ def _auto_mfu_line(report, roof, mfu: float) -> str:
 
     tp = roof.auto.throughput  # the windows the automatic MFU was computed over
     line = mfu_bases(report, tp.windows[-1], tp.peak_flops) if report and tp.windows else None
-    return line or f"Automatic MFU (unprofiled steps of the last logging window, FLOPs from the profile): {mfu:.2%}"
+    return line or f"Automatic MFU (unprofiled steps of the last logging window, FLOPs from the profile): {pct_text(mfu)}"
 
 
-def _step_of(path: Path) -> int:
-    """N of ``step_<N>.json`` (so step_100 sorts after step_90)."""
-    tail = path.stem.rpartition("_")[2]
-    return int(tail) if tail.isdigit() else -1
+def _train_step_files(folder: Path) -> list[Path]:
+    """The training step files in ``folder``, in step order (``analysis.report.parse_step_file_name``)."""
+    from tscope_callbacks.analysis.report import parse_step_file_name
+
+    named = [(parse_step_file_name(p.name), p) for p in folder.glob("*.json")]
+    return [p for k, p in sorted((k, p) for k, p in named if k is not None and k[:2] == ("step", "train"))]

@@ -8,6 +8,8 @@ import argparse
 import os
 import sys
 
+from tscope_callbacks.analysis.fmt import bytes_text
+
 __all__ = ["add_arguments", "run", "serve"]
 
 
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"tscope view: cannot write {out}: {e.strerror or e}", file=sys.stderr)
         return 2
-    print(f"dashboard written to {out} ({len(text.encode('utf-8')) / 1e6:.2f} MB; open it in a browser, no network "
+    print(f"dashboard written to {out} ({bytes_text(len(text.encode('utf-8')))}; open it in a browser, no network "
           "needed)")
     return 0
 

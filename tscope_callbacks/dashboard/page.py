@@ -5,8 +5,8 @@ TensorBoard plugin and the tests import."""
 from __future__ import annotations
 
 import os
-import re
 
+from tscope_callbacks.analysis.report import parse_step_file_name
 from tscope_callbacks.render.dashboard import (
     OPS_BUDGET_BYTES,
     pack_ops,
@@ -27,7 +27,7 @@ def run_name_of(path: str) -> str:
     ``version_N`` directory with its parent: ``tiny/version_0``); a step file elsewhere -> its directory's name; any
     other file (``tscope analyze --json gpt2.json``) -> its own name (``gpt2``)."""
     base = os.path.basename(path)
-    if not re.fullmatch(r"(?:[a-z]+_)?step_\d+\.json", base):  # a saved analysis, say gpt2.json: its own name
+    if parse_step_file_name(base) is None:  # a saved analysis, say gpt2.json: its own name
         return os.path.splitext(base)[0] or "run"
     d = os.path.dirname(os.path.abspath(path))
     if os.path.basename(d) == "tscope":

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-from tscope_callbacks.analysis.fmt import n
+from tscope_callbacks.analysis.fmt import bw_text, bytes_text, pct_text, sig, time_text
 from tscope_callbacks.analysis.report import ReportData
 
 __all__ = ["fsdp_lines"]
 
 
 def _mib(x: float | None) -> str:
-    return "n/a" if x is None else n(x / 2**20)
+    """Bytes in MiB (the line says the unit once), "n/a" when unknown."""
+    return "n/a" if x is None else sig(x / 2**20)
 
 
-def _mb(x: float) -> str:
-    return n(x / 1e6)
-
-
-def _ms(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 1e3:.4g}"
+def _t(x: float | None) -> str:
+    return "n/a" if x is None else time_text(x)
 
 
 def fsdp_lines(report: ReportData) -> list[str]:
@@ -41,34 +38,34 @@ def fsdp_lines(report: ReportData) -> list[str]:
     if m.get("peak") is not None:
         line += f"; peak about **{_mib(m['peak'])}** ({m['basis']})"
         if m.get("share") is not None:
-            line += f": {m['share']:.1%} of the device's {_mib(m['capacity'])} MiB, **{m['verdict']}**"
+            line += f": {pct_text(m['share'])} of the device's {bytes_text(m['capacity'])}, **{m['verdict']}**"
     else:
         line += "; peak n/a (profile without layer details: no activation figure)"
     out.append(line)
     ag, rs = c["all_gather"], c["reduce_scatter"]
-    coll = (f"- **Collectives per step**: all-gather ×{ag['calls']}, {_mb(ag['bytes'])} MB; reduce-scatter "
-            f"×{rs['calls']}, {_mb(rs['bytes'])} MB (nccl-tests' S; each GPU sends and receives S x "
+    coll = (f"- **Collectives per step**: all-gather ×{ag['calls']}, {bytes_text(ag['bytes'])}; reduce-scatter "
+            f"×{rs['calls']}, {bytes_text(rs['bytes'])} (nccl-tests' S; each GPU sends and receives S x "
             f"{shard - 1}/{shard})")
     ar = c.get("all_reduce")
     if ar:
-        coll += (f"; all-reduce across the {reps} replicas ×{ar['calls']}, {_mb(ar['bytes'])} MB (each GPU's reduced "
+        coll += (f"; all-reduce across the {reps} replicas ×{ar['calls']}, {bytes_text(ar['bytes'])} (each GPU's reduced "
                  f"shard; 2 x {reps - 1}/{reps} of it sent)")
     if w.get("link_bandwidth") and t is not None:
-        coll += (f"; on {w['link']} at {w['link_bandwidth'] / 1e9:.4g} GB/s per direction x {w['link_efficiency']:g}"
-                 f" (assumed) + {w['latency_s'] * 1e6:.3g} µs a call: {_ms(ag.get('time_s'))} + "
-                 f"{_ms(rs.get('time_s'))} ms")
+        coll += (f"; on {w['link']} at {bw_text(w['link_bandwidth'])} per direction x {w['link_efficiency']:g}"
+                 f" (assumed) + {time_text(w['latency_s'])} a call: {_t(ag.get('time_s'))} + "
+                 f"{_t(rs.get('time_s'))}")
         if ar:
-            coll += (f"; the all-reduce on {w['all_reduce_link']} at {w['all_reduce_bandwidth'] / 1e9:.4g} GB/s: "
-                     f"{_ms(ar.get('time_s'))} ms")
+            coll += (f"; the all-reduce on {w['all_reduce_link']} at {bw_text(w['all_reduce_bandwidth'])}: "
+                     f"{_t(ar.get('time_s'))}")
     else:
         coll += "; no interconnect listed for this device: no time"
     out.append(coll)
     if t:
-        mfu = f", MFU about {t['mfu']:.1%} per GPU" if t.get("mfu") is not None else ""
-        ov = f"{t['overlap_frac']:.0%} of it overlapped" if t.get("overlap_frac") is not None else "none"
-        out.append(f"- **Step** ({t['basis']}): compute {_ms(t['compute_s'])} ms (one GPU: {_ms(t['single_step_s'])}"
-                   f" ms; the optimizer updates 1/{shard} of the weights), communication {_ms(t['comm_s'])} ms, {ov}: "
-                   f"exposed {_ms(t['exposed_s'])} ms; step about **{_ms(t['step_s'])} ms**{mfu}")
+        mfu = f", MFU about {pct_text(t['mfu'])} per GPU" if t.get("mfu") is not None else ""
+        ov = f"{pct_text(t['overlap_frac'])} of it overlapped" if t.get("overlap_frac") is not None else "none"
+        out.append(f"- **Step** ({t['basis']}): compute {_t(t['compute_s'])} (one GPU: {_t(t['single_step_s'])}"
+                   f"; the optimizer updates 1/{shard} of the weights), communication {_t(t['comm_s'])}, {ov}: "
+                   f"exposed {_t(t['exposed_s'])}; step about **{_t(t['step_s'])}**{mfu}")
         if t["exposed_s"] > 0.1 * t["step_s"]:
             hsdp = (", or hybrid sharding (`HSDP`: shard within a node, replicate across; `fsdp_shard=` predicts it)"
                     if reps == 1 and w.get("link") == "network" else "")

@@ -8,31 +8,25 @@ from tscope_callbacks.analysis.fmt import bytes_text, sig, time_text
 from tscope_callbacks.analysis.layers import layer_children
 from tscope_callbacks.records import LayerRecord
 
-__all__ = ["render_tree_table", "render_tree_markdown", "format_time"]
-
-_MB = 1e6
+__all__ = ["render_tree_table", "render_tree_markdown"]
 
 
-def format_time(seconds: float) -> str:
-    """torchprof/autograd-profiler style: ``"1.671ms"``, ``"312.5us"``, ``"2.104s"``."""
-    seconds = max(seconds, 0.0)
-    if seconds >= 1.0:
-        return f"{seconds:.3f}s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3f}ms"
-    return f"{seconds * 1e6:.1f}us"
+def _time(seconds: float) -> str:
+    """``analysis.fmt.time_text`` (the one formatter's: "1.67 ms", "312 µs")."""
+    return time_text(max(seconds, 0.0))
 
 
-def _mb(b: int | float) -> str:
-    return f"{b / _MB:.3f}"
+def _mib(b: int | float) -> str:
+    """Bytes in a column headed "MiB" (binary units, the one convention for bytes)."""
+    return sig(b / 2**20)
 
 
 def _gflops(f: int | float) -> str:
-    return f"{f / 1e9:.4f}"
+    return sig(f / 1e9)
 
 
 _COLUMNS = ("Module", "Self fwd", "fwd total", "Self bwd", "bwd total", "GFLOPs fwd", "GFLOPs bwd",
-            "output MB", "mem fwd MB", "mem bwd MB", "calls")
+            "output MiB", "mem fwd MiB", "mem bwd MiB", "calls")
 
 
 def _tree_order(layers: Mapping[str, LayerRecord], root_name: str) -> list[tuple[str, str]]:
@@ -60,8 +54,8 @@ def render_tree_table(
 ) -> str:
     """torchprof-style table: one row per layer, the module tree drawn in the first column.
 
-    Columns: Module | Self fwd | fwd total | Self bwd | bwd total | GFLOPs fwd | GFLOPs bwd | output MB |
-    mem fwd MB | mem bwd MB | calls. Times are op times (self = the layer's own ops, total = with children).
+    Columns: Module | Self fwd | fwd total | Self bwd | bwd total | GFLOPs fwd | GFLOPs bwd | output MiB |
+    mem fwd MiB | mem bwd MiB | calls. Times are op times (self = the layer's own ops, total = with children).
     """
     rows = _rows(layers, root_name)
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(_COLUMNS)]
@@ -120,15 +114,15 @@ def _rows(layers: Mapping[str, LayerRecord], root_name: str | None) -> list[tupl
         L = layers[path]
         rows.append((
             label,
-            format_time(L.self_forward_s),
-            format_time(L.forward_s),
-            format_time(L.self_backward_s),
-            format_time(L.backward_s),
+            _time(L.self_forward_s),
+            _time(L.forward_s),
+            _time(L.self_backward_s),
+            _time(L.backward_s),
             _gflops(L.flops_fwd),
             _gflops(L.flops_bwd),
-            _mb(L.output_bytes),
-            _mb(L.memory_fwd_bytes),
-            _mb(L.memory_bwd_bytes),
+            _mib(L.output_bytes),
+            _mib(L.memory_fwd_bytes),
+            _mib(L.memory_bwd_bytes),
             str(L.calls),
         ))
     return rows

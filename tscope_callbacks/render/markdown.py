@@ -10,11 +10,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tscope_callbacks.analysis.fmt import fig as _f
-from tscope_callbacks.analysis.fmt import g as _g
-from tscope_callbacks.analysis.fmt import ms_text, sig
-from tscope_callbacks.analysis.fmt import n as _n
-from tscope_callbacks.analysis.fmt import pct as _pct
+from tscope_callbacks.analysis.fmt import (
+    bw_text,
+    bytes_text,
+    count_text,
+    flops_text,
+    ms_text,
+    pct_text,
+    rate_text,
+    ratio_text,
+    sig,
+    time_text,
+)
 from tscope_callbacks.analysis.report import (
     NoiseSection,
     Opportunity,
@@ -34,11 +41,17 @@ __all__ = ["header_lines", "to_markdown", "to_console", "op_table", "COLUMNS", "
            "opportunity_line"]
 
 def _p(x: float | None) -> str:
-    return "" if x is None else _pct(x)
+    """A fraction as a percentage (``analysis.fmt.pct_text``); "" when there is none (a table's empty cell)."""
+    return "" if x is None else pct_text(x)
+
+
+def _num(x: float | None) -> str:
+    """A bare number, 3 significant figures (``analysis.fmt.sig``); "" when there is none."""
+    return "" if x is None else sig(x)
 
 
 def _time_basis(s: Summary) -> str:
-    return "estimated" if not s.timed else f"measured op time {_f(s.op_time_s, '.4g', 1e3)} ms" \
+    return "estimated" if not s.timed else f"measured op time {time_text(s.op_time_s)}" \
         if s.op_time_s else "measured"
 
 
@@ -50,15 +63,15 @@ def _outside_ops(s: Summary) -> str:
         return ""
     where = ("no kernel running: gaps between kernels and waits for the host" if str(s.timing).startswith("cuda")
              else "host time between ops: Python, hooks, data loading")
-    return f"; outside ops: {_f(step - ops, '.4g', 1e3)} ms of the {_f(step, '.4g', 1e3)} ms step " \
-           f"({_pct((step - ops) / step)}): {where}"
+    return f"; outside ops: {time_text(step - ops)} of the {time_text(step)} step " \
+           f"({pct_text((step - ops) / step)}): {where}"
 
 
 def _roof_line(r: RoofUsed) -> str:
     kind = "matrix" if r.matrix else "vector"
-    s = f"{r.precision} {kind} {r.peak_flops / 1e12:.4g} TFLOP/s (ridge {_g(r.ridge)} FLOP/B)"
+    s = f"{r.precision} {kind} {rate_text(r.peak_flops)} (ridge {_num(r.ridge)} FLOP/B)"
     if r.achievable_peak_flops and r.achievable_bandwidth:
-        s += f" / achievable {r.achievable_peak_flops / 1e12:.4g} TFLOP/s"
+        s += f" / achievable {rate_text(r.achievable_peak_flops)}"
     return s
 
 
@@ -66,23 +79,24 @@ def step_lines(report: ReportData) -> list[str]:
     """The step time and its basis, the expected time, MFU/MBU (and HFU where recompute makes it differ)."""
     s, lines = report.summary, []
     if s.kernel_model:
-        est = (f"expected {_f(s.estimated_step_s, '.4g', 1e3)} ms (sum of shape-aware kernel estimates from "
-               f"{s.kernel_model}; roofline bound {_f(s.roof_step_s, '.4g', 1e3)} ms)")
+        est = (f"expected {time_text(s.estimated_step_s)} (sum of shape-aware kernel estimates from "
+               f"{s.kernel_model}; roofline bound {time_text(s.roof_step_s)})")
     else:
-        est = f"estimated {_f(s.estimated_step_s, '.4g', 1e3)} ms (sum of per-op roofs)"
+        est = f"estimated {time_text(s.estimated_step_s)} (sum of per-op roofs)"
     if s.measured_step_s is not None:
-        ops = f"op time {_f(s.op_time_s, '.4g', 1e3)} ms" if s.timed else "ops not timed"
+        ops = f"op time {time_text(s.op_time_s)}" if s.timed else "ops not timed"
         extra = ""
         if s.device_idle_s is not None:
-            extra += f"; GPU idle {_f(s.device_idle_s, '.4g', 1e3)} ms during the capture"
+            extra += f"; GPU idle {time_text(s.device_idle_s)} during the capture"
         if s.wall_time_s:
-            extra += f"; captured region {_f(s.wall_time_s, '.4g', 1e3)} ms wall (slowed by the capture; not used)"
+            extra += f"; captured region {time_text(s.wall_time_s)} wall (slowed by the capture; not used)"
         extra += _cost_text(s.capture_cost)
-        lines += [f"- **Step**: measured {_f(s.measured_step_s, '.4g', 1e3)} ms ({s.step_time_basis_text}"
+        lines += [f"- **Step**: measured {time_text(s.measured_step_s)} ({s.step_time_basis_text}"
                   f"{basis_extra(report.context, s.step)}) -- "
                   f"the basis of MFU/MBU; {ops}; {est}{extra}",
-                  f"- **MFU** {_p(s.mfu)} · **MBU** {_p(s.mbu)} · {_f(s.achieved_tflops, '.4g')} TFLOP/s · "
-                  f"{_f(s.achieved_gbps, '.4g')} GB/s achieved"]
+                  f"- **MFU** {_p(s.mfu)} · **MBU** {_p(s.mbu)} · "
+                  f"{rate_text(None if s.achieved_tflops is None else s.achieved_tflops * 1e12)} · "
+                  f"{bw_text(None if s.achieved_gbps is None else s.achieved_gbps * 1e9)} achieved"]
         if s.hardware_flops != s.model_flops:
             lines += [hfu_line(report)]
     else:
@@ -100,9 +114,9 @@ def input_lines(report: ReportData) -> list[str]:
     ts = report.time_split
     if ts.input_s is None:
         return []
-    how = [f"{_pct(ts.input_share)} of the step"] if ts.input_share is not None else []
+    how = [f"{pct_text(ts.input_share)} of the step"] if ts.input_share is not None else []
     how.append(f"mean of the last {ts.input_steps} steps" if ts.input_steps else "mean of the recent steps")
-    line = f"- **Input**: each step spends {_f(ts.input_s, '.4g', 1e3)} ms fetching its batch ({', '.join(how)})"
+    line = f"- **Input**: each step spends {time_text(ts.input_s)} fetching its batch ({', '.join(how)})"
     if ts.input_bound:
         line += " -- **input-bound**: the device waits for data" + (
             ": " + "; ".join(ts.input_fixes) if ts.input_fixes else "")
@@ -115,8 +129,8 @@ def hfu_line(report: ReportData) -> str:
     s = report.summary
     opt = sum(o.flops for o in report.ops if o.phase == "optimizer")
     attn = any(o.category == "attention" and o.phase == "backward" and o.flops != o.model_flops for o in report.ops)
-    extra = ([f"{_n(s.recompute_flops / 1e9)} GFLOP of activation-checkpointing recompute"] if s.recompute_flops
-             else []) + ([f"the optimizer's {_n(opt / 1e9)} GFLOP"] if opt else []) \
+    extra = ([f"{flops_text(s.recompute_flops)} of activation-checkpointing recompute"] if s.recompute_flops
+             else []) + ([f"the optimizer's {flops_text(opt)}"] if opt else []) \
         + (["attention backward's recomputed scores"] if attn else [])
     without = [w for w, on in (("recompute", s.recompute_flops), ("the optimizer", opt)) if on]
     model = (["without " + " or ".join(without)] if without else []) \
@@ -140,12 +154,12 @@ def header_lines(report: ReportData) -> list[str]:
                                          else "untimed: every time is an estimate (roof ms: the roofline bound"
                                          + ("; expected ms: the shape-aware kernel time" if s.has_kernel_model
                                             else "") + "); ")
-             + f"bandwidth {s.bandwidth / 1e9:.4g} GB/s",
+             + f"bandwidth {bw_text(s.bandwidth)}",
              "- **Roofs used**: " + ("; ".join(_roof_line(r) for r in report.roofs[:4]) or "none (no ops)"),
              f"- **Precision**: {s.dominant_precision} dominant; MFU per device (this rank's model FLOPs over its "
              f"step time and one device's peak: under TP/FSDP the local shards' FLOPs) against the {s.mfu_precision} "
              "matrix roof "
-             f"({s.mfu_peak_flops / 1e12:.4g} TFLOP/s); float32 matmul precision "
+             f"({rate_text(s.mfu_peak_flops)}); float32 matmul precision "
              f"{s.float32_matmul_precision or 'highest'}"]
     lines += step_lines(report)
     lines += environment_lines(report)
@@ -162,7 +176,7 @@ def header_lines(report: ReportData) -> list[str]:
         lines += [f"- **Roof note**: {note}"]
     lines += compiled_lines(report)
     lines += memory_lines(report)
-    lines += [f"- **Totals**: {sig(s.total_flops / 1e9)} GFLOP, {_mib(s.total_bytes)} MiB, {s.n_ops} ops; "
+    lines += [f"- **Totals**: {flops_text(s.total_flops)}, {bytes_text(s.total_bytes)}, {s.n_ops} ops; "
               f"FLOP coverage {_p(s.flop_coverage)}"
               + (" (no formula: " + ", ".join(f"{k} ×{v}" for k, v in list(s.uncounted_ops.items())[:5]) + ")"
                  if s.uncounted_ops else "")]
@@ -189,9 +203,9 @@ def _cost_text(cost: dict[str, float | int] | None) -> str:
     """tscope's own host time around the region (``info.capture_cost``), so a slow profiled step is explained."""
     if not cost:
         return ""
-    ms = lambda k: _f(cost.get(k) or 0.0, ".3g", 1e3)  # noqa: E731
-    dev = f", device read-out {ms('kineto_s')} + {ms('assign_s')} ms" if "kineto_s" in cost else ""
-    return f"; tscope's own host time outside it: start {ms('start_s')} ms{dev}, records {ms('build_s')} ms"
+    t = lambda k: time_text(cost.get(k) or 0.0)  # noqa: E731
+    dev = f", device read-out {t('kineto_s')} + {t('assign_s')}" if "kineto_s" in cost else ""
+    return f"; tscope's own host time outside it: start {t('start_s')}{dev}, records {t('build_s')}"
 
 
 def memory_lines(report: ReportData) -> list[str]:
@@ -201,7 +215,7 @@ def memory_lines(report: ReportData) -> list[str]:
     if m is None:
         return []
     mc = m.categories
-    mib = lambda k: _n((mc.get(k) or 0) / 2**20)  # noqa: E731
+    mib = lambda k: sig((mc.get(k) or 0) / 2**20)  # noqa: E731
     lines = []
     if mc.get("step_peak"):
         opt = mib("optimizer_state") if mc.get("optimizer_state") is not None else "n/a (no optimizer step captured)"
@@ -210,16 +224,16 @@ def memory_lines(report: ReportData) -> list[str]:
                 f"state {opt} · saved activations {saved}; step peak about **{mib('step_peak')}** "
                 f"({m.basis or None})")
         if m.verdict:
-            cap = f"{_n((m.device_bytes or 0) / 2**20)} MiB of {report.summary.device}"
+            cap = f"{bytes_text(m.device_bytes or 0)} of {report.summary.device}"
             line += f": {_p(m.share)} of the {cap}"
             if m.verdict != "fits":
-                shard = (f"shard weights, gradients and optimizer state ({_n((m.states_bytes or 0) / 2**20)} MiB: "
+                shard = (f"shard weights, gradients and optimizer state ({bytes_text(m.states_bytes or 0)}: "
                          f"FSDP / ZeRO-3 over {m.shard_over} or more GPUs; `fsdp={m.shard_over}` shows that step "
                          "per GPU), " if m.shard_over else "")
                 line += (f" -- **{m.verdict}**" + (" (the allocator needs headroom)" if m.verdict == "tight"
                                                    else "")
                          + f". Fix: {shard}checkpoint activations (the step's own allocations peak at "
-                           f"{_n((m.rest_bytes or 0) / 2**20)} MiB: activations, temporaries, new gradients), or a "
+                           f"{bytes_text(m.rest_bytes or 0)}: activations, temporaries, new gradients), or a "
                            "smaller micro-batch")
         lines.append(line)
     if "sharded_params" in mc:
@@ -236,19 +250,21 @@ def model_line(report: ReportData) -> str:
     m = report.model or {}
     parts = []
     if m["params"] is not None:
-        tr = "" if m["params_trainable"] == m["params"] else f", {m['params_trainable'] / 1e6:.4g} M trainable"
-        parts.append(f"{m['params'] / 1e6:.4g} M parameters{tr}, {_n(m['size_mb'])} MiB")
-    parts.append(f"forward {_n(m['flops_forward'] / 1e9)} GFLOP ({_n(m['macs_forward'] / 1e9)} GMAC in matrix ops), "
-                 f"step {_n(m['flops_step'] / 1e9)} GFLOP")
+        tr = "" if m["params_trainable"] == m["params"] else f", {sig(m['params_trainable'] / 1e6)} M trainable"
+        parts.append(f"{sig(m['params'] / 1e6)} M parameters{tr}, {bytes_text(m['size_mb'] * 2**20)}")
+    parts.append(f"forward {flops_text(m['flops_forward'])} ({sig(m['macs_forward'] / 1e9)} GMAC in matrix ops), "
+                 f"step {flops_text(m['flops_step'])}")
     if m["activations_mb"] is not None:
-        parts.append(f"activations {_n(m['activations_mb'])} MiB ({m['activations_source']})")
-    if m["latency_ms"] is not None:
-        fwd = f", forward {_f(m['forward_ms'], '.4g')} ms" if m["forward_ms"] else ""
+        parts.append(f"activations {bytes_text(m['activations_mb'] * 2**20)} ({m['activations_source']})")
+    step, s = report.step_s, report.summary
+    if step:
+        fwd = f", forward {time_text(m['forward_ms'] / 1e3)}" if m["forward_ms"] else ""
         per = "per batch" if m["micro_batches"] == 1 else f"per step of {m['micro_batches']} micro-batches"
-        parts.append(f"{_f(m['latency_ms'], '.4g')} ms {per} ({m['latency_source']}{fwd})")
+        source = s.step_time_source or ("estimated" if not s.timed else None)
+        parts.append(f"{time_text(step)} {per} ({source}{fwd})")
     if m["samples_per_s"] is not None:
-        parts.append(f"{_n(m['samples_per_s'])} samples/s" + (f", {_n(m['tokens_per_s'])} tokens/s"
-                                                               if m["tokens_per_s"] else ""))
+        parts.append(count_text(m["samples_per_s"], "samples/s") + (f", {count_text(m['tokens_per_s'], 'tokens/s')}"
+                                                                    if m["tokens_per_s"] else ""))
     return "- **Model**: " + "; ".join(parts)
 
 
@@ -266,7 +282,7 @@ def _cells(r: Row, ach: bool, expected: bool = False, noise: NoiseSection | None
            timed: bool = True) -> list[str]:
     """A table row's cells, in :func:`columns`' order (untimed: no measured time, no % of roof)."""
     c = [r.name if r.kind != "layer" and r.kind != "layer_total" else f"`{r.name}`", r.type, r.phase,
-         sig(r.flops / 1e9), _mib(r.bytes), _g(r.intensity), r.bound, _ms(r.estimate_s)]
+         sig(r.flops / 1e9), _mib(r.bytes), _num(r.intensity), r.bound, _ms(r.estimate_s)]
     c += [_ms(r.expected_s)] if expected else []
     if not timed:
         return c
@@ -282,7 +298,7 @@ def comm_lines(report: ReportData) -> list[str]:
         return []
     rows, ov, sk = c["rows"], c.get("overlap"), c.get("skew")
     link = report.device.link_bandwidth
-    roof = (f"link roof {link / 1e9:.4g} GB/s per direction ({report.device.link_name}, half the datasheet's "
+    roof = (f"link roof {bw_text(link)} per direction ({report.device.link_name}, half the datasheet's "
             "bidirectional figure)" if link else "no interconnect listed for this device: no link roof")
     out = ["", "### Communication", "", f"nccl-tests conventions: bytes = S (all-gather: the gathered output; "
            f"reduce-scatter: the full input); busbw = algbw x factor; {roof}."
@@ -291,19 +307,19 @@ def comm_lines(report: ReportData) -> list[str]:
     out += _md_table(["collective", "group (n)", "calls", "MiB", "ms", "algbw GB/s", "busbw GB/s", "% of link",
                       "launched from"],
                      [[r["collective"], f"{r['group'] or '-'} ({r['group_size'] or '?'})", str(r["calls"]),
-                       _mib(r["bytes"]), _ms(r["time_s"]), _f(r["algbw"], ".4g", 1e-9),
-                       _f(r["busbw"], ".4g", 1e-9), _p(r["pct_of_link"]),
+                       _mib(r["bytes"]), _ms(r["time_s"]), _num(r["algbw"] and r["algbw"] / 1e9),
+                       _num(r["busbw"] and r["busbw"] / 1e9), _p(r["pct_of_link"]),
                        ", ".join(f"`{k}` ×{v}" for k, v in sorted(r["layers"].items(), key=lambda kv: -kv[1])[:3])
                        + " · " + "/".join(sorted(r["phases"]))] for r in rows])
     if ov and ov.get("comm_s"):
-        out += ["", f"- **Overlap** (kernel timeline, unions across streams): communication {_f(ov['comm_s'], '.4g', 1e3)}"
-                f" ms, exposed {_f(ov['exposed_comm_s'], '.4g', 1e3)} ms, {_p(ov['overlap_frac'])} overlapped with "
-                f"compute; GPU idle {_f(ov['idle_s'], '.4g', 1e3)} ms of a {_f(ov['span_s'], '.4g', 1e3)} ms span"]
+        out += ["", f"- **Overlap** (kernel timeline, unions across streams): communication {time_text(ov['comm_s'])}"
+                f", exposed {time_text(ov['exposed_comm_s'])}, {_p(ov['overlap_frac'])} overlapped with "
+                f"compute; GPU idle {time_text(ov['idle_s'])} of a {time_text(ov['span_s'])} span"]
     if sk:
         out += [f"- **Rank skew** ({sk['collectives']} collectives matched across ranks): transfer latency "
-                f"{_f(sk['latency_s'], '.4g', 1e3)} ms; waiting for other ranks up to {_f(sk['max_wait_s'], '.4g', 1e3)}"
-                f" ms (per rank: {', '.join(_f(w, '.3g', 1e3) for w in sk['wait_s'])} ms); start spread "
-                f"{_f(sk['spread_s'], '.4g', 1e3)} ms; latest to arrive most often: rank {sk['slowest_rank']}"]
+                f"{time_text(sk['latency_s'])}; waiting for other ranks up to {time_text(sk['max_wait_s'])}"
+                f" (per rank: {', '.join(time_text(w) for w in sk['wait_s'])}); start spread "
+                f"{time_text(sk['spread_s'])}; latest to arrive most often: rank {sk['slowest_rank']}"]
     return out
 
 
@@ -331,7 +347,7 @@ def below_roof_lines(report: ReportData, top: int = 5) -> list[str]:
     step = report.summary.measured_step_s
     out = ["", "### Below their roof, no known change", ""]
     for b in rows:
-        rec = (f"{b.recoverable_s * 1e3:.3g} ms above expected" + (f" ({_pct(b.recoverable_s / step)} of the step)"
+        rec = (f"{time_text(b.recoverable_s)} above expected" + (f" ({pct_text(b.recoverable_s / step)} of the step)"
                                                                   if step else "")) if b.recoverable_s else ""
         out.append(f"- `{b.layer or '(root)'}` {b.phase} — {rec}: {b.cause}")
     more = len(report.below_roof) - len(rows)
@@ -385,8 +401,8 @@ def to_markdown(report: ReportData, top: int = 20) -> str:
     tot[0], tot[2] = "**total**", ""
     lines = header_lines(report) + ["", "### Layers (self time, forward and backward apart)", ""]
     lines += _md_table(head, rows + [tot])
-    measured = lambda r: ([_ms(r.measured_s), _f(r.ratio, ".3g")]  # noqa: E731
-                          + ([_f(r.expected_ratio, ".3g")] if exp else []) + [_p(r.attained)]) if timed else []
+    measured = lambda r: ([_ms(r.measured_s), _num(r.ratio)]  # noqa: E731
+                          + ([_num(r.expected_ratio)] if exp else []) + [_p(r.attained)]) if timed else []
     cat_rows = [[r.name, str(r.n_ops), sig(r.flops / 1e9), _mib(r.bytes), _ms(r.estimate_s)]
                 + ([_ms(r.expected_s)] if exp else []) + measured(r) for r in report.table("category")]
     lines += ["", "### By op class (" + (("measured vs roof" + (" and expected)" if exp else ")")) if timed
@@ -404,7 +420,7 @@ def to_markdown(report: ReportData, top: int = 20) -> str:
         floor = report.noise.floor_s
         lines.append("(none above the measured noise: see below)" if held else
                      "(no change known to save time: see the rows below their roof)" if report.below_roof else
-                     f"(none above the steps' typical deviation on this busy machine, {_f(floor, '.3g', 1e3)} ms)"
+                     f"(none above the steps' typical deviation on this busy machine, {time_text(floor)})"
                      if floor > 0 else "(none: every layer is at its roof)")
     lines += below_roof_lines(report) + held
     return "\n".join(lines) + "\n"
@@ -446,8 +462,8 @@ def compare_table(rows: Sequence[dict[str, Any]], top: int = 20) -> str:
     body = list(rows[:-1][:top]) + list(rows[-1:])
     return "\n".join(_md_table(
         ["layer", "compiled ms", "eager ms", "speedup", "compiled % of roof", "kernels/ops compiled", "ops eager"],
-        [[f"`{r['layer']}`" if r["layer"] != "(total)" else "**total**", _f(r["compiled_ms"], ".4g"),
-          _f(r["eager_ms"], ".4g"), _f(r["speedup"], ".3g") + ("x" if r["speedup"] is not None else ""),
+        [[f"`{r['layer']}`" if r["layer"] != "(total)" else "**total**", _num(r["compiled_ms"]),
+          _num(r["eager_ms"]), "" if r["speedup"] is None else ratio_text(r["speedup"]),
           _p(r["compiled_pct_of_roof"]), str(r["compiled_ops"]), str(r["eager_ops"])] for r in body]))
 
 

@@ -4,7 +4,7 @@ the steps merged, and the rows named as noise (``analysis.noise``)."""
 
 from __future__ import annotations
 
-from tscope_callbacks.analysis.fmt import fig as _f
+from tscope_callbacks.analysis.fmt import time_text
 from tscope_callbacks.analysis.report import ReportData, RunContext
 from tscope_callbacks.devices.calibrate import BUSY_LOAD_PER_CPU
 
@@ -18,7 +18,7 @@ def basis_extra(c: RunContext, step: int | None) -> str:
     if w:
         out += f": steps {w[0]}-{w[1]}"
         if c.step_time_spread_s is not None:
-            out += f", typical deviation {_f(c.step_time_spread_s, '.3g', 1e3)} ms"
+            out += f", typical deviation {time_text(c.step_time_spread_s)}"
         out += ", past warm-up" if c.step_time_settled else ", warm-up not over (step times still moving)"
     d = c.deferred_from
     if d is not None and d != step:
@@ -105,9 +105,9 @@ def noise_lines(report: ReportData, top: int | None = None) -> list[str]:
         spread = noise_s if noise_s is not None else noise.spread_of(o.layer, o.phase)
         floor = noise.floor_s
         what = o.title  # the kind ("fusion (loss)"; "forward below expected")
-        within = (f"the steps' typical deviation on this busy machine ({_f(floor, '.3g', 1e3)} ms)" if floor >= spread
-                  else f"the measured spread of its times over the steps ({_f(spread, '.3g', 1e3)} ms)")
-        out.append(f"- `{o.layer or '(root)'}` {what} — predicted saving {_f(o.saving_s, '.3g', 1e3)} ms is within "
+        within = (f"the steps' typical deviation on this busy machine ({time_text(floor)})" if floor >= spread
+                  else f"the measured spread of its times over the steps ({time_text(spread)})")
+        out.append(f"- `{o.layer or '(root)'}` {what} — predicted saving {time_text(o.saving_s)} is within "
                    f"{within}: not a finding")
     n = len(out) - 3
     if top is not None and n > max(top, 0):

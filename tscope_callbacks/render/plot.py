@@ -23,6 +23,7 @@ from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
+from tscope_callbacks.analysis.basis import time_of
 from tscope_callbacks.analysis.fmt import bw_text, pct_text, rate_text, sig, time_text
 from tscope_callbacks.analysis.report import ReportData, RoofUsed
 from tscope_callbacks.records import LayerRecord
@@ -42,7 +43,7 @@ def _points(report: ReportData) -> list[dict[str, Any]]:
     total = (report.summary.op_time_s if report.timed else report.summary.estimated_step_s) or 0.0
     pts = []
     for r in report.rows["layer_phase"]:
-        t = r.measured_s if report.timed else r.expected_s
+        t = time_of(r, report.timed)
         if r.flops <= 0 or r.bytes <= 0 or not t:
             continue
         pts.append({"row": r, "x": r.flops / r.bytes, "y": r.flops / t / 1e12, "share": t / total if total else 0.0,
@@ -314,7 +315,7 @@ def plot(report: ReportData, path: str | os.PathLike[str], top_labels: int = 8) 
 def layer_bars(layers: Mapping[str, LayerRecord], top: int = 15, *, dpi: int = 110) -> Figure:
     """Per-layer forward/backward self time and memory as horizontal bars, largest first: the layer-level picture
     beside the roofline. ``layers``: ``{path: LayerRecord}``; the ``top`` layers by self time (forward + backward),
-    root and pure containers (no own ops) left out. Memory: output MB and, with layer details, saved MB."""
+    root and pure containers (no own ops) left out. Memory: output MiB and, with layer details, saved MiB."""
     rows = [L for p, L in layers.items() if p and (L.self_forward_s or L.self_backward_s)]
     rows.sort(key=lambda L: -(L.self_forward_s + L.self_backward_s))
     rows = rows[:top][::-1]
@@ -330,12 +331,12 @@ def layer_bars(layers: Mapping[str, LayerRecord], top: int = 15, *, dpi: int = 1
     ax_t.set_yticks(list(y), names, fontsize=8)
     ax_t.set_xlabel("self time (ms)")
     ax_t.legend(loc="lower right", fontsize=8)
-    out_mb = [L.output_bytes / 1e6 for L in rows]
-    saved_mb = [L.saved_bytes / 1e6 for L in rows]
+    out_mb = [L.output_bytes / 2**20 for L in rows]
+    saved_mb = [L.saved_bytes / 2**20 for L in rows]
     ax_m.barh(y, out_mb, color="#55a868", label="output")
     if any(saved_mb):
         ax_m.barh(y, saved_mb, left=out_mb, color="#c44e52", label="saved for backward")
-    ax_m.set_xlabel("memory (MB)")
+    ax_m.set_xlabel("memory (MiB)")
     ax_m.legend(loc="lower right", fontsize=8)
     fig.suptitle(f"layers by self time (top {len(rows)})", fontsize=10)
     fig.tight_layout()

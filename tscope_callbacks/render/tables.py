@@ -17,17 +17,17 @@ Row = Mapping[str, Any]
 # A narrow view's column headers (TensorBoard's Text tab breaks a word anywhere once a table is wider than the card,
 # so a table must fit: short headers; the CSV / W&B tables keep the keys)
 SHORT_HEADERS = {"achieved_gflops_per_s": "GFLOP/s", "intensity": "FLOP/B", "measured_ms": "ms",
-                 "estimated_ms": "est. ms", "gflops": "GFLOP", "mb": "MB", "forward_ms": "fwd ms",
+                 "estimated_ms": "est. ms", "gflops": "GFLOP", "mb": "MiB", "forward_ms": "fwd ms",
                  "backward_ms": "bwd ms", "self_forward_ms": "self fwd", "self_backward_ms": "self bwd",
-                 "gflops_fwd": "GFLOP fwd", "gflops_bwd": "GFLOP bwd", "output_mb": "out MB",
+                 "gflops_fwd": "GFLOP fwd", "gflops_bwd": "GFLOP bwd", "output_mb": "out MiB",
                  "mem_fwd_mb": "mem fwd", "mem_bwd_mb": "mem bwd", "pct_of_roof": "% roof"}
 
 
 def _fmt(v: Any) -> str:
-    """A cell: a float to 4 significant figures, never an exponent (``analysis.fmt.sig``: float noise such as a
+    """A cell: a float to 3 significant figures (the one formatter), never an exponent (``analysis.fmt.sig``: float noise such as a
     total minus its parts reads 0, where ``.4g`` printed ``6.939e-15``)."""
     if isinstance(v, float):
-        return sig(v, 4)
+        return sig(v)
     return str(v)
 
 

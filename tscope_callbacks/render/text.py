@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tscope_callbacks.analysis.fmt import bw_text, pct_text, sig
 from tscope_callbacks.devices.precision import PRECISIONS
 from tscope_callbacks.devices.spec import DeviceSpec
 
@@ -23,11 +24,11 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def tflops(x: float | None) -> str:
     """FLOP/s as TFLOP/s with 5 significant digits, "-" when absent."""
-    return "-" if x is None else f"{x / 1e12:.5g}"
+    return "-" if x is None else sig(x / 1e12, 5)
 
 
 def _l2(spec: DeviceSpec) -> str:
-    return "-" if spec.l2_bytes is None else f"{spec.l2_bytes / 2**20:.4g}"
+    return "-" if spec.l2_bytes is None else sig(spec.l2_bytes / 2**20, 4)
 
 
 def specs_table(specs: Sequence[DeviceSpec]) -> str:
@@ -36,10 +37,10 @@ def specs_table(specs: Sequence[DeviceSpec]) -> str:
     for s in specs:
         bf16 = s.flops.get("bf16")
         rows.append([s.name, tflops(bf16), tflops(s.flops.get("fp16")), tflops(s.flops.get("tf32")),
-                     tflops(s.flops.get("fp32")), f"{s.bandwidth / 1e12:.4g}",
-                     "-" if bf16 is None else f"{bf16 / s.bandwidth:.0f}", _l2(s)])
+                     tflops(s.flops.get("fp32")), sig(s.bandwidth / 1e12, 4),
+                     "-" if bf16 is None else sig(bf16 / s.bandwidth), _l2(s)])
     headers = ["device", "bf16 TFLOP/s", "fp16 TFLOP/s", "tf32 TFLOP/s", "fp32 TFLOP/s", "TB/s",
-               "ridge bf16 FLOP/B", "L2 MB"]
+               "ridge bf16 FLOP/B", "L2 MiB"]
     return format_table(headers, rows)
 
 
@@ -54,8 +55,8 @@ def spec_detail(spec: DeviceSpec) -> str:
         f"  matches:    {names(spec.match)}",
         f"  patterns:   {names(spec.patterns)}",
         f"  aliases:    {names(spec.aliases)}",
-        f"  bandwidth:  {spec.bandwidth / 1e12:.4g} TB/s ({spec.bandwidth / 1e9:.4g} GB/s)",
-        f"  L2:         {_l2(spec)} MB",
+        f"  bandwidth:  {bw_text(spec.bandwidth)}",
+        f"  L2:         {_l2(spec)} MiB",
     ]
     if spec.extra.get("notes"):
         head.append(f"  notes:      {spec.extra['notes']}")
@@ -70,7 +71,7 @@ def spec_detail(spec: DeviceSpec) -> str:
                 cells += ["-", "-"]
                 continue
             note = f" (as {eff})" if matrix and eff != p else ""  # vector: fp32 unless listed (docstring)
-            cells += [tflops(v) + note, f"{v / spec.bandwidth:.4g}"]
+            cells += [tflops(v) + note, sig(v / spec.bandwidth, 4)]
         rows.append(cells)
     table = format_table(["precision", "matrix TFLOP/s", "ridge FLOP/B", "vector TFLOP/s", "vector ridge FLOP/B"],
                          rows)
@@ -83,7 +84,7 @@ def spec_detail(spec: DeviceSpec) -> str:
 
 
 def _pct(a: float | None, d: float | None) -> str:
-    return f"{100.0 * a / d:.0f}%" if a and d else "-"
+    return pct_text(a / d) if a and d else "-"
 
 
 def calibration_table(spec: DeviceSpec) -> str:
@@ -99,6 +100,6 @@ def calibration_table(spec: DeviceSpec) -> str:
              f"source: {spec.source}", "",
              format_table(["precision", "datasheet TFLOP/s", "achievable TFLOP/s", "%"], rows), "",
              format_table(["memory", "datasheet TB/s", "achievable TB/s", "%"],
-                          [["bandwidth", f"{spec.bandwidth / 1e12:.4g}", f"{ach.bandwidth / 1e12:.4g}",
+                          [["bandwidth", sig(spec.bandwidth / 1e12, 4), sig(ach.bandwidth / 1e12, 4),
                             _pct(ach.bandwidth, spec.bandwidth)]])]
     return "\n".join(lines)

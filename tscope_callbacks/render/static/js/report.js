@@ -3,8 +3,12 @@
 "use strict";
 const {num, sig, F, figText} = require("./fmt.js");
 
-/** a row's time: measured where it was timed, else the expected kernel time */
-const timeOf = (r) => num(r.measured_s) && r.measured_s > 0 ? r.measured_s : r.expected_s;
+/** the step's ops were timed: the report's own flag (false: an estimate, whose times are expected kernel times) */
+const timed = (r) => !!((r || {}).summary || {}).timed;
+
+/** a row's (or an op's) time, analysis/basis.py's time_of: measured when the step was timed (0 for a row nothing was
+    timed in), else the expected kernel time */
+const timeOf = (x, isTimed) => isTimed ? (num(x.measured_s) ? x.measured_s : 0) : x.expected_s;
 
 /** the step time figure: the measured one, else the expected one ({fig, estimated}) */
 function stepFigure(r) {
@@ -156,8 +160,5 @@ function fsdpFmt(sect, k, v) {
   if (/_s$/.test(k)) return F.time(v);
   return sect === "memory" ? F.bytes(v) : sig(v);
 }
-
-/** the step's rows were timed (false: an estimate, whose times are expected kernel times) */
-const timed = (r) => ((r.rows || {}).layer_phase || []).some((x) => num(x.measured_s) && x.measured_s > 0);
 
 module.exports = {timeOf, stepFigure, cards, roofsDrawn, deviceLine, splitView, memoryView, oppView, belowRoofView, fmtKey, fsdpFmt, timed, SPLIT};

@@ -1,7 +1,7 @@
 /* The layer tree: module paths into a tree, each node's forward / backward times, how deep it opens. Pure. */
 "use strict";
 const {num} = require("./fmt.js");
-const {timeOf} = require("./report.js");
+const {timeOf, timed} = require("./report.js");
 
 /** The tree of a report's layers: {path, info (the layer record), kids, self: {phase: seconds}, row (its layer
     row), inclRow}; a path's parent is its longest dotted prefix that is a node (else the root ""); children in
@@ -13,7 +13,8 @@ function buildTree(r) {
     return nodes.get(path);
   };
   for (const L of r.layers || []) get(L.path).info = L;
-  for (const x of (r.rows || {}).layer_phase || []) { const n = get(x.layer); n.self[x.phase] = (n.self[x.phase] || 0) + (timeOf(x) || 0); }
+  const isTimed = timed(r);
+  for (const x of (r.rows || {}).layer_phase || []) { const n = get(x.layer); n.self[x.phase] = (n.self[x.phase] || 0) + (timeOf(x, isTimed) || 0); }
   for (const x of (r.rows || {}).layer || []) get(x.layer).row = x;
   for (const x of (r.rows || {}).inclusive || []) get(x.layer).inclRow = x;
   get("");

@@ -3,7 +3,7 @@
 "use strict";
 const {num, F, esc} = require("./fmt.js");
 const {$, h, s, clear} = require("./dom.js");
-const {timeOf, roofsDrawn} = require("./report.js");
+const {timeOf, timed: isTimed, roofsDrawn} = require("./report.js");
 const {logScale, rooflineDomain, decadeLabel, roofPath, spreadCoincident, pointRadius} = require("./scale.js");
 
 const PHASE_ORDER = ["forward", "backward", "recompute", "optimizer"];
@@ -13,21 +13,21 @@ const ROOF_COLORS = ["#3c4043", "#1a73e8", "#9334e6", "#e8710a", "#188038", "#d0
 const MEMORY_COLOR = "#3c4043", DEVICE_COLOR = "#80868b";
 
 /** the points of rows with FLOPs, bytes and a time; {pts, skipped} */
-function layerPoints(rows) {
+function layerPoints(rows, timed) {
   const pts = [];
   let skipped = 0;
   for (const x of rows) {
-    const t = timeOf(x);
+    const t = timeOf(x, timed);
     if (!(x.flops > 0) || !(x.bytes > 0) || !(t > 0)) { skipped++; continue; }
     pts.push({row: x, ai: x.flops / x.bytes, perf: x.flops / t, t});
   }
   return {pts, skipped};
 }
 
-function opPoints(ops) {
+function opPoints(ops, timed) {
   const out = [];
   for (const o of ops || []) {
-    const t = num(o.time_s) && o.time_s > 0 ? o.time_s : o.expected_s;
+    const t = timeOf({measured_s: o.time_s, expected_s: o.expected_s}, timed);
     if (o.flops > 0 && o.bytes > 0 && t > 0) out.push({op: o, ai: o.flops / o.bytes, perf: o.flops / t, t});
   }
   return out;
@@ -38,11 +38,11 @@ function draw(ctx) {
   if (!r) return;
   const holder = clear("#roof-holder");
   const rows = (r.rows || {}).layer_phase || [];
-  const {pts, skipped} = layerPoints(rows);
+  const {pts, skipped} = layerPoints(rows, isTimed(r));
   if (S.showOps && !S.opRows) {
     ctx.API.ops(S.run, S.step, S.stage, "").then((res) => { S.opRows = res.ops || []; S.opNote = res.note || null; draw(ctx); });
   }
-  const opPts = S.showOps ? opPoints(S.opRows) : [];
+  const opPts = S.showOps ? opPoints(S.opRows, isTimed(r)) : [];
   const dev = r.device || {};
   /* the roofs the ops were placed on are the ones drawn (so the drawn roof is the one "% of roof" uses); the
      device's own figures, where they differ, are drawn dashed */
@@ -121,8 +121,7 @@ function draw(ctx) {
   const phases = PHASE_ORDER.filter((ph) => present.has(ph)).concat([...present].filter((ph) => !PHASE_ORDER.includes(ph)).sort());
   for (const ph of phases) legend.append(h("span", {class: "phase-key", "data-phase": ph}, h("i", {style: "background:" + phaseColor(ph)}), ph));
   legend.append(h("span", {class: "muted", text: "size: time · " + pts.length + " layer×phase points" + (skipped ? " (" + skipped + " rows without FLOPs or bytes not drawn)" : "")}));
-  const timed = rows.some((x) => num(x.measured_s) && x.measured_s > 0);
-  $("#roof-basis").textContent = "y: FLOPs / " + (timed ? "measured time" : "expected kernel time (untimed step)") +
+  $("#roof-basis").textContent = "y: FLOPs / " + (isTimed(r) ? "measured time" : "expected kernel time (untimed step)") +
     "; roofs: " + (dev.measured ? "measured on this machine" : "datasheet peaks") + " per precision, bandwidth " + F.bw(bw) +
     (widened ? " (widened from the " + (dev.measured ? "measured " : "datasheet ") + F.bw(devBw) + ": see the note above)" : "") +
     "; % of roof is against these roofs. Click a point for its ops.";

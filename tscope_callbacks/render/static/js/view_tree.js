@@ -4,6 +4,7 @@
 const {num, F} = require("./fmt.js");
 const {$, h, clear} = require("./dom.js");
 const {buildTree, nodeTimes, barTimes, treeScale, topRows, openDepth, nanFlags} = require("./tree.js");
+const {timed} = require("./report.js");
 
 const KIDS_SHOWN = 100, MAX_OPEN_ROWS = 120;
 const NOT_MEASURED = "not measured in this step: per-layer memory needs a profile with layer details";
@@ -11,7 +12,7 @@ const COLS = ["layer", "", "fwd self ms", "fwd total ms", "bwd self ms", "bwd to
 const COL_TITLES = {"in shapes": "input shapes", "out shapes": "output shapes", "grad shapes": "gradient output shapes (hover a cell: input gradients)", "NaN/Inf": "non-finite outputs or gradients"};
 
 function draw(r, ctx) {
-  const untimed = (r.summary || {}).timed === false;
+  const untimed = !timed(r);
   const tree = buildTree(r);
   const T = {tree, untimed, scale: treeScale(tree, untimed), ctx};
   const el = clear("#tree");
