@@ -22,7 +22,7 @@ from typing_extensions import override
 from tscope_callbacks.analysis import anomaly as an
 from tscope_callbacks.analysis import step_parts as sp
 from tscope_callbacks.analysis.anomaly import loader_settings
-from tscope_callbacks.analysis.fmt import figure_text
+from tscope_callbacks.analysis.fmt import figure_text, pct_text
 from tscope_callbacks.analysis.step_parts import Breakdown, StepTimes
 from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
 from tscope_callbacks.callbacks.clock import DeviceClock
@@ -735,9 +735,10 @@ class StepMonitor(ProfilingCallback):
             self._input_told = True
             self.input_fixes = an.input_fixes(self._loader, self.cuda)
             if trainer.is_global_zero:
-                log.warning("tscope StepMonitor: input-bound: fetching the batch takes %.0f%% of the step (%.3g ms of "
-                            "%.3g ms, mean of %d steps; threshold %.0f%%). %s.", v.fetch_share * 100, v.fetch_ms,
-                            v.host_ms, v.steps, self.options.input_bound_share * 100, "; ".join(self.input_fixes))
+                log.warning("tscope StepMonitor: input-bound: fetching the batch takes %s of the step (%s of %s, mean "
+                            "of %d steps; threshold %s). %s.", pct_text(v.fetch_share), figure_text(v.fetch_ms, "ms"),
+                            figure_text(v.host_ms, "ms"), v.steps, pct_text(self.options.input_bound_share),
+                            "; ".join(self.input_fixes))
         if self._loop_told:
             return b
         # on a GPU only what the device lost counts (step_parts): a sync that left the device waiting is named as

@@ -14,7 +14,7 @@ import time
 import warnings
 from pathlib import Path
 
-from tscope_callbacks.analysis.fmt import pct_text
+from tscope_callbacks.analysis.fmt import pct_text, time_text
 from tscope_callbacks.cli.args import int_at_least, output_dir, positive_int
 from tscope_callbacks.cli.hints import command
 
@@ -139,7 +139,7 @@ def _print_summary(trainer, roof, guard, logger, args, took: float) -> None:
     n = torch.get_num_threads()
     where = f"{dev} ({n} thread{'s' if n != 1 else ''})" if dev.type == "cpu" else str(dev)
     bar = "=" * 100
-    print(f"\n{bar}\ntscope demo: {trainer.global_step} steps in {took:.1f} s on {where}\n{bar}")
+    print(f"\n{bar}\ntscope demo: {trainer.global_step} steps in {time_text(took)} on {where}\n{bar}")
     report = getattr(roof, "last_report", None)
     if report is not None:
         print(report.to_markdown(top=args.top))
