@@ -263,9 +263,16 @@ def foreign_private_accesses(sources: dict[str, ast.Module]) -> dict[str, dict[s
 
 
 # ---------------- the package ----------------
-def test_every_module_imports() -> None:
+def test_every_module_imports_and_exports_what_it_lists() -> None:
+    """Each module imports, and every name its ``__all__`` lists exists (a name renamed or deleted but still listed
+    breaks ``from module import *`` and the docs' API pages)."""
+    missing = {}
     for mod in _modules():
-        importlib.import_module(mod)
+        m = importlib.import_module(mod)
+        gone = [n for n in getattr(m, "__all__", ()) if not hasattr(m, n)]
+        if gone:
+            missing[mod] = gone
+    assert not missing, missing
 
 
 def test_imports_follow_the_layers_and_analysis_is_pure() -> None:

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tscope_callbacks as ts
-from tscope_callbacks.records import StepProfile
+from tscope_callbacks import StepProfile
 
 
 def _ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

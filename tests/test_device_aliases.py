@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tscope_callbacks.devices.resolve import get_device_spec
-from tscope_callbacks.devices.spec import UnknownDeviceError
+from tscope_callbacks import UnknownDeviceError, get_device_spec
 
 
 @pytest.mark.parametrize(("name", "canonical"), [

@@ -9,8 +9,7 @@ import pytest
 from profiles import a100, make_profile, op
 
 import tscope_callbacks as ts
-from tscope_callbacks import api
-from tscope_callbacks.records import LayerRecord
+from tscope_callbacks import LayerRecord, api
 
 #: a CPU roof given as a datasheet (not measured: a measured roof is widened when an op beats it, which would move
 #: the bandwidth the hand-derived savings use)

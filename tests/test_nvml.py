@@ -165,7 +165,7 @@ def test_monitor_logs_telemetry_and_flags_the_mfu_witness(pynvml, host, tmp_path
     assert got[(20, "tscope/gpu/mfu_witness_gap")] == pytest.approx(0.615 - 0.05)
     assert (20, "tscope/gpu/energy_j_per_token") not in got  # float features: no tokens counted
     msgs = [r.message for r in caplog.records if "tensor pipes" in r.message]
-    assert len(msgs) == 1 and "MFU is 5.0%" in msgs[0]  # 61.5% active vs 5% MFU: beyond the 20-point margin
+    assert len(msgs) == 1 and "MFU is 5%" in msgs[0]  # 61.5% active vs 5% MFU: beyond the 20-point margin
 
 
 def test_an_interval_with_tscopes_own_work_logs_no_energy_per_step(pynvml, host, tmp_path) -> None:

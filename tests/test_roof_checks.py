@@ -9,7 +9,7 @@ import pytest
 from profiles import a100, make_profile, matmul, pointwise
 
 import tscope_callbacks as ts
-from tscope_callbacks.devices.spec import DeviceSpec
+from tscope_callbacks import DeviceSpec
 
 # a CPU roof measured too low (a small calibration GEMM): 1.43 GFLOP/s bf16, 10 GB/s
 LOW = DeviceSpec(name="CPU (test, 2 threads)", flops={"fp32": 50e9, "bf16": 1.43e9}, bandwidth=10e9,

@@ -495,24 +495,22 @@ def _step_s(report: RooflineAnalysis) -> float:
     return step_time_of(report.measured_step_s, report.estimated_step_s) or 0.0
 
 
-def opportunities(report: RooflineAnalysis, noise: Noise | None = None, top: int = 5,
-                  suppressed: list[Opportunity] | None = None) -> list[Opportunity]:
-    """Findings, largest predicted saving first, each with cause, change, predicted saving and how it was predicted.
-    The same finding in repeated blocks (``h.0.mlp`` ... ``h.11.mlp``) is one opportunity: savings summed, layers
-    listed. ``noise``: the step's (``analysis.noise.find_noise``); a finding whose saving is within the measured noise
-    of its rows is left out (appended to ``suppressed``)."""
+Group = dict[tuple[str, str, str], list[tuple[str, Finding]]]  #: (kind, chain, layer pattern) -> (layer, finding)
+
+
+def _grouped_findings(report: RooflineAnalysis, ctx: Context) -> Group:
+    """Every layer's and the step's findings, grouped by kind, chain and layer pattern (the same finding in repeated
+    blocks, ``h.0.mlp`` ... ``h.11.mlp``, is one group); step findings have the pattern ""."""
     model = report.kernel_model
-    step = _step_s(report)
     spec = report.spec
     tf32_peak = float(spec.flops.get("tf32") or 0.0) if getattr(spec, "vendor", "") != "cpu" else 0.0
-    ctx = Context(report)
     by_layer: dict[str, list[OpRoof]] = {}
     for o in report.op_roofs:
         by_layer.setdefault(o.record.layer, []).append(o)
     typ = {k: getattr(v, "type", "") for k, v in report.layer_records.items()}
     root = report.layer_records.get("") if report.layer_records else None
     param_bytes = int(getattr(root, "param_bytes", 0) or 0)
-    groups: dict[tuple[str, str, str], list[tuple[str, Finding]]] = {}
+    groups: Group = {}
     # ops a ``torch.compile``'d function ran (eagerly under the capture): compiled in the real run, never fusion advice
     eager = ctx.compiled_fn
     uncompiled = {k: [o for o in v if o.record.index not in eager] for k, v in by_layer.items()} if eager else by_layer
@@ -527,49 +525,68 @@ def opportunities(report: RooflineAnalysis, noise: Noise | None = None, top: int
         for f in findings:
             groups.setdefault((f.kind, f.chain, _pattern(layer)), []).append((layer, f))
     bd = _breakdown(report)
-    input_f = _input(bd)
-    for f in step_findings(ctx) + input_f + _loop(bd) + _launch(report, ctx, (_wait_ms(bd) or 0.0) / 1e3):
+    for f in step_findings(ctx) + _input(bd) + _loop(bd) + _launch(report, ctx, (_wait_ms(bd) or 0.0) / 1e3):
         groups.setdefault((f.kind, f.chain, ""), []).append(("", f))
+    return groups
+
+
+def _opportunity(report: RooflineAnalysis, stretch: _Stretch, key: tuple[str, str, str],
+                 members: list[tuple[str, Finding]], noise: Noise | None) -> tuple[Opportunity, bool] | None:
+    """One group's findings as one opportunity (savings summed, layers listed, scaled to the unprofiled step where a
+    busy host stretched the profiled ops: ``_Stretch``) and whether its saving is within the measured noise of its
+    rows; None when it saves nothing worth saying (under ``MIN_SAVING_SHARE`` of the step)."""
+    kind, chain, pattern = key
+    step = _step_s(report)
+    rows = tuple(dict.fromkeys(r for _, f in members for r in f.rows))
+    in_rows = [o for o in report.op_roofs if (o.record.layer, o.record.phase) in set(rows)]
+    # step findings are measured on unprofiled steps: not scaled
+    k = stretch.scale(in_rows) if all(f.rows for _, f in members) else 1.0
+    saving = sum(f.saving_s for _, f in members) * k
+    if saving <= 0 or (step and saving < MIN_SAVING_SHARE * step):
+        return None
+    layer, f0 = members[0]
+    n = len(members)
+    cause, evidence, text = f0.cause, dict(f0.evidence), f0.predicted_text
+    if n > 1:
+        cause = f"in each of {n} layers `{pattern}`: {cause}"
+        evidence["layers"] = [m[0] for m in members]
+        text = f"per layer, as in `{layer}`: {text}; {n} layers: {ms(saving / k)}"
+    if k != 1.0:
+        text += stretch.text(k, saving)
+    share = f" ({pct_text(saving / step)} of the step)" if step else ""
+    ops_s = [o.measured_s for o in in_rows if o.measured_s is not None]
+    effect = measured_effect(kind, chain, report.info.device)
+    phases = evidence.get("phases")  # the phases its ops ran in, where a finding knows them (a chain's)
+    layers = [m[0] for m in members]
+    spread = max(sum(noise.layer_spread(x, phases) for x in layers), noise.floor_s) if noise else 0.0
+    within = bool(spread) and saving <= spread  # within the measured noise: not a finding
+    typ = getattr(report.layer_records.get(layer), "type", "") if report.layer_records else ""
+    return Opportunity(
+        layer=pattern if n > 1 else layer, phase="all", type=typ, kind=kind,
+        cause=f"{cause}. Fix: {f0.fix}. Saves about {ms(saving)}/step{share}.", change=f0.fix, saving_s=saving,
+        recoverable_s=saving, measured_s=sum(ops_s) if ops_s else None,
+        estimate_s=sum(o.expected_s for o in in_rows),
+        evidence={**evidence, "noise_s": spread} if within else evidence, rows=rows,
+        predicted_by=f0.predicted_by, predicted_text=text, measured_ratio=effect.ratio if effect else None,
+        measured_on=effect.text if effect else "", op=str(evidence.get("op") or "")), within
+
+
+def opportunities(report: RooflineAnalysis, noise: Noise | None = None, top: int = 5,
+                  suppressed: list[Opportunity] | None = None) -> list[Opportunity]:
+    """Findings, largest predicted saving first, each with cause, change, predicted saving and how it was predicted.
+    The same finding in repeated blocks (``h.0.mlp`` ... ``h.11.mlp``) is one opportunity: savings summed, layers
+    listed. ``noise``: the step's (``analysis.noise.find_noise``); a finding whose saving is within the measured noise
+    of its rows is left out (appended to ``suppressed``)."""
     found: list[Opportunity] = []
-    device = report.info.device
     stretch = _Stretch(report)
-    for (kind, chain, pattern), all_members in groups.items():
+    for key, all_members in _grouped_findings(report, Context(report)).items():
         # an outlier among identical blocks gets no advice (its excess is noise); a finding must exceed the spread of
-        # its rows' times over the steps (below), which a noisy row raises
+        # its rows' times over the steps (``_opportunity``), which a noisy row raises
         members = [m for m in all_members if noise is None or not noise.layer_outlier(m[0])]
-        if not members:
+        made = _opportunity(report, stretch, key, members, noise) if members else None
+        if made is None:
             continue
-        rows = tuple(dict.fromkeys(r for _, f in members for r in f.rows))
-        in_rows = [o for o in report.op_roofs if (o.record.layer, o.record.phase) in set(rows)]
-        # step findings are measured on unprofiled steps: not scaled
-        k = stretch.scale(in_rows) if all(f.rows for _, f in members) else 1.0
-        saving = sum(f.saving_s for _, f in members) * k
-        if saving <= 0 or (step and saving < MIN_SAVING_SHARE * step):
-            continue
-        layer, f0 = members[0]
-        n = len(members)
-        cause, evidence, text = f0.cause, dict(f0.evidence), f0.predicted_text
-        if n > 1:
-            cause = f"in each of {n} layers `{pattern}`: {cause}"
-            evidence["layers"] = [m[0] for m in members]
-            text = f"per layer, as in `{layer}`: {text}; {n} layers: {ms(saving / k)}"
-        if k != 1.0:
-            text += stretch.text(k, saving)
-        share = f" ({pct_text(saving / step)} of the step)" if step else ""
-        ops_s = [o.measured_s for o in in_rows if o.measured_s is not None]
-        effect = measured_effect(kind, chain, device)
-        phases = evidence.get("phases")  # the phases its ops ran in, where a finding knows them (a chain's)
-        layers = [m[0] for m in members]
-        spread = max(sum(noise.layer_spread(x, phases) for x in layers), noise.floor_s) if noise else 0.0
-        within = bool(spread) and saving <= spread  # within the measured noise: not a finding
-        o = Opportunity(
-            layer=pattern if n > 1 else layer, phase="all", type=typ.get(layer, ""), kind=kind,
-            cause=f"{cause}. Fix: {f0.fix}. Saves about {ms(saving)}/step{share}.", change=f0.fix, saving_s=saving,
-            recoverable_s=saving, measured_s=sum(ops_s) if ops_s else None,
-            estimate_s=sum(o.expected_s for o in in_rows),
-            evidence={**evidence, "noise_s": spread} if within else evidence, rows=rows,
-            predicted_by=f0.predicted_by, predicted_text=text, measured_ratio=effect.ratio if effect else None,
-            measured_on=effect.text if effect else "", op=str(evidence.get("op") or ""))
+        o, within = made
         if not within:
             found.append(o)
         elif suppressed is not None and all((x.layer, x.phase, x.kind) != (o.layer, o.phase, o.kind)

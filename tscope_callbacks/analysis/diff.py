@@ -255,15 +255,10 @@ def _times(rows: tuple[Any, ...], timed: bool, key: str) -> dict[str, float | No
     return {getattr(r, key): time_of(r, timed) for r in rows}
 
 
-def diff_reports(a: ReportData, b: ReportData, labels: tuple[str, str] = ("A", "B")) -> StepDiff:
-    """Compare two step reports, ``a`` before and ``b`` after (module doc)."""
-    notes: list[str] = []
+def _same_work(a: ReportData, b: ReportData, notes: list[str]) -> bool:
+    """Whether the two steps do the same work (model FLOPs within ``SAME_WORK_TOL``; on the FLOPs that ran when the
+    steps count causal attention differently), with the notes that say on what basis."""
     sa, sb = a.summary, b.summary
-    timed = sa.timed and sb.timed
-    basis = "measured op time" if timed else "expected kernel time"
-    if not timed:
-        notes.append("one side is untimed (an analysis): step time and MFU are the expected ones, layers and classes "
-                     "compare expected kernel times")
     fa, fb = sa.model_flops, sb.model_flops
     conv = [r.context.attention_flops or "attended" for r in (a, b)]
     if conv[0] != conv[1]:  # the same attention counted two ways: the work is compared on what ran
@@ -278,24 +273,26 @@ def diff_reports(a: ReportData, b: ReportData, labels: tuple[str, str] = ("A", "
                      "throughput and MFU, not times")
     if sa.device != sb.device:
         notes.append(f"different devices: {sa.device} vs {sb.device}")
+    return same_work
+
+
+def _step_changes(a: ReportData, b: ReportData, labels: tuple[str, str], same_work: bool,
+                  notes: list[str]) -> list[Change]:
+    """Step time, MFU and throughput, like with like: both measured steps, else both expected ones; MFU against
+    each step's matrix roof (where the roofs differ, the change is read on the first step's roof); samples/s with
+    samples/s, tokens/s only when both steps have tokens. Each with its noise from the steps' own spread."""
+    sa, sb = a.summary, b.summary
     measured = sa.measured_step_s is not None and sb.measured_step_s is not None
     if measured and sa.step_time_source != sb.step_time_source:
         notes.append(f"the step times have different bases: {sa.step_time_source} vs {sb.step_time_source}")
-    # like with like: both measured steps, else both expected ones
     step_a = sa.measured_step_s if measured else sa.estimated_step_s
     step_b = sb.measured_step_s if measured else sb.estimated_step_s
     na, nb = _step_noise(a, measured), _step_noise(b, measured)
     step_noise = _rss(na, nb)
-    head: list[Change] = []
-    if same_work:
-        head.append(Change("step time" + ("" if measured else " (expected)"), "s", step_a, step_b,
-                           _rel_text(step_a, step_b, lower_better=True), step_noise,
-                           verdict(step_b - step_a if step_a and step_b else None, step_noise, higher_better=False)))
-    else:
-        head.append(Change("step time" + ("" if measured else " (expected)"), "s", step_a, step_b,
-                           "(different work)", step_noise, ""))
-    # MFU against each step's matrix roof; where the roofs differ (a measured roof widened where an op beat it),
-    # the change is read on the first step's roof
+    name = "step time" + ("" if measured else " (expected)")
+    head = [Change(name, "s", step_a, step_b, _rel_text(step_a, step_b, lower_better=True), step_noise,
+                   verdict(step_b - step_a if step_a and step_b else None, step_noise, higher_better=False))
+            if same_work else Change(name, "s", step_a, step_b, "(different work)", step_noise, "")]
     mfu_a, mfu_b = (sa.mfu, sb.mfu) if measured else (sa.estimated_mfu, sb.estimated_mfu)
     mfu_b_on_a = mfu_b
     if mfu_b is not None and sa.mfu_peak_flops and sb.mfu_peak_flops and \
@@ -309,8 +306,8 @@ def diff_reports(a: ReportData, b: ReportData, labels: tuple[str, str] = ("A", "
     head.append(Change("MFU" + ("" if measured else " (expected)"), "fraction", mfu_a, mfu_b,
                        "" if d_mfu is None else ("+" if d_mfu >= 0 else "") + sig(d_mfu * 100) + " pts",
                        mfu_noise, verdict(d_mfu, mfu_noise, higher_better=True)))
+    fa, fb = sa.model_flops, sb.model_flops
     head.append(Change("model FLOPs per step", "FLOP", float(fa), float(fb), _rel_text(fa, fb), None, ""))
-    # throughput: samples/s with samples/s, tokens/s only when both steps have tokens
     for key, unit in (("samples_per_s", "samples/s"), ("tokens_per_s", "tokens/s")):
         ta, tb = _value(a, key), _value(b, key)
         if key == "tokens_per_s" and (ta is None or tb is None):
@@ -323,6 +320,20 @@ def diff_reports(a: ReportData, b: ReportData, labels: tuple[str, str] = ("A", "
         noise = _rss(_scaled_noise(ta, step_a, na), _scaled_noise(tb, step_b, nb))
         head.append(Change(unit, unit, ta, tb, _rel_text(ta, tb), noise,
                            verdict(tb - ta if ta is not None and tb is not None else None, noise, higher_better=True)))
+    return head
+
+
+def diff_reports(a: ReportData, b: ReportData, labels: tuple[str, str] = ("A", "B")) -> StepDiff:
+    """Compare two step reports, ``a`` before and ``b`` after (module doc)."""
+    notes: list[str] = []
+    sa, sb = a.summary, b.summary
+    timed = sa.timed and sb.timed
+    basis = "measured op time" if timed else "expected kernel time"
+    if not timed:
+        notes.append("one side is untimed (an analysis): step time and MFU are the expected ones, layers and classes "
+                     "compare expected kernel times")
+    same_work = _same_work(a, b, notes)
+    head = _step_changes(a, b, labels, same_work, notes)
     if timed:
         oa, ob = sa.op_time_s or 0.0, sb.op_time_s or 0.0
         noise = _rss(_rows_noise(a, None), _rows_noise(b, None))
