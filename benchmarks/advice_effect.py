@@ -163,31 +163,34 @@ class Variant:
             self.opt = [self.opt_cls(self.model.parameters(), **self.opt_kwargs)]
 
     @contextlib.contextmanager
-    def _settings(self) -> Iterator[None]:
+    def flags(self) -> Iterator[None]:
+        """The process-wide settings (float32 matmul precision, cuDNN's autotuner) as a user sets them: for the whole
+        step, backward and optimizer included, and around a capture (which reads them when it stops)."""
         old_prec, old_bench = torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark
         torch.set_float32_matmul_precision(self.settings.get("float32_matmul_precision", "highest"))
         torch.backends.cudnn.benchmark = bool(self.settings.get("cudnn_benchmark", False))
         try:
-            if self.autocast is not None:
-                with torch.autocast(self.x.device.type, dtype=self.autocast):
-                    yield
-            else:
-                yield
+            yield
         finally:
             torch.set_float32_matmul_precision(old_prec)
             torch.backends.cudnn.benchmark = old_bench
 
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.x.device.type, dtype=self.autocast) if self.autocast is not None else \
+            contextlib.nullcontext()
+
     def step(self) -> None:
-        if self.inference:
-            with self._settings(), torch.no_grad():
-                self.call(self.model, self.x)
-            return
-        with self._settings():
-            loss = self.loss(self.call(self.model, self.x), self.y)
-        loss.backward()
-        for o in self.opt:
-            o.step()
-            o.zero_grad(set_to_none=True)
+        with self.flags():
+            if self.inference:
+                with self._autocast(), torch.no_grad():
+                    self.call(self.model, self.x)
+                return
+            with self._autocast():
+                loss = self.loss(self.call(self.model, self.x), self.y)
+            loss.backward()
+            for o in self.opt:
+                o.step()
+                o.zero_grad(set_to_none=True)
 
 
 def _call(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -483,8 +486,10 @@ def report_of(v: Variant, steps: int, cuda: bool, gpu: str) -> Any:
     plain = statistics.median(_timed(v, 1, cuda) for _ in range(max(5, steps)))
     profs = []
     for i in range(steps):
-        with ts.profile(v.model, info=ts.CaptureInfo(step=i, step_time_s=plain,
-                                                     step_time_basis="unprofiled-median")) as p:
+        # the variant's process-wide flags around the capture too: it reads them when it stops (the autotuner's flag
+        # restored before that made cudnn_benchmark fire again after its change)
+        with v.flags(), ts.profile(v.model, info=ts.CaptureInfo(step=i, step_time_s=plain,
+                                                                step_time_basis="unprofiled-median")) as p:
             v.step()
         profs.append(p.result)
     return ts.roofline(merge_steps(profs), gpu)
