@@ -427,3 +427,33 @@ def test_an_opportunity_carries_the_closed_loops_measured_ratio_for_its_kind_and
     monkeypatch.undo()
     finding._effects.cache_clear()
     assert isinstance(finding._effects(), dict)
+
+
+def _other_chains(t_s: float, layers: int = 3) -> list:
+    # per layer 4 written-out element-wise ops (add, mul, div, sub: the "other" chain) on 1,048,576 fp32 elements,
+    # each reading and writing 4.19 MB: 33.6 MB moved, fused 8.39 MB (the first input and the last output)
+    n = 1 << 20
+    return [pointwise(n, name=f"aten.{name}", layer=f"h.{i}.ln", time_s=t_s)
+            for i in range(layers) for name in ("add", "mul", "div", "sub")]
+
+
+def test_per_layer_compile_advice_on_cuda_is_net_of_a_compiled_layers_cost():
+    from tscope_callbacks.analysis.advice import COMPILED_LAYER_S
+
+    cuda = {"device": "cuda", "timing": "cuda-kernels", "step_time_s": 100e-3}
+    cpu_spec = ts.DeviceSpec("CPU (test)", {"fp32": 1e12}, 20e9, vendor="cpu", source="tests")
+    other = lambda rep: [o for o in rep.opportunities[:20] if o.kind == "fusion"]  # noqa: E731
+    # 1 ms an op: 4 ms a layer; fused, 8.39 of the 33.6 MB at their rate: 1 ms (the H100's roof for 8.39 MB is a few
+    # us): 3 ms a layer saved, 9 ms over 3 layers, less 0.8 ms for each layer compiled on its own: 6.6 ms
+    (o,) = other(_report(_other_chains(1e-3), **cuda))
+    assert o.evidence["chain"] == "other" and o.saving_s == pytest.approx(9e-3 - 3 * COMPILED_LAYER_S)
+    assert "a compiled layer a step" in o.predicted_text
+    # 0.2 ms an op: 0.6 ms a layer saved, under what compiling the layer costs: no advice on CUDA (an H200 measured
+    # -2.4 to -9.2 ms for 12 such layers compiled one by one, for +0.4 to +1.6 ms predicted)
+    assert not other(_report(_other_chains(0.2e-3), **cuda))
+    # on CPU unchanged: 0.8 ms a layer; fused, 8.39 MB at the CPU kernel model's pointwise time for it (its curve
+    # over the 20 GB/s roof) over the ops' rate (0.2 ms): 0.36 ms a layer, no compile cost taken off
+    (c,) = other(_report(_other_chains(0.2e-3), spec=cpu_spec, device="cpu", timing="cpu-wall", step_time_s=100e-3))
+    fused = model_for(cpu_spec).memory_s("pointwise", 8 * (1 << 20))
+    assert 8 * (1 << 20) / 20e9 <= fused < 0.8e-3 / 1.5  # the roof, and well under the ops' time
+    assert c.saving_s == pytest.approx(3 * (0.8e-3 - fused)) and "compiled layer" not in c.predicted_text

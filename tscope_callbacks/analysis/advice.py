@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from tscope_callbacks.analysis.roofline import RooflineAnalysis
 
 __all__ = ["opportunities", "below_roof", "KINDS", "BELOW_RATIO", "LAUNCH_BOUND_S", "LAUNCH_IDLE_SHARE", "GRAPH_GAP_S",
-           "MIN_SAVING_SHARE", "PREEMPT_S", "pad_to"]
+           "MIN_SAVING_SHARE", "PREEMPT_S", "COMPILED_LAYER_S", "LAUNCH_BOUND_SHARE", "KERNEL_TIME_KINDS", "pad_to"]
 
 #: every kind of opportunity (each names a change)
 KINDS = ("misaligned", "small_m", "fp32_matmul", "fusion", "launch", "input", "loop", "channels_last",
@@ -75,6 +75,23 @@ BELOW_RATIO = 1.5  #: a row taking at least this x its expected time is below it
 #: CPU ops at least this long are stretched by a busy host in every profiled step (about one scheduler time slice)
 PREEMPT_S = 1e-3
 SMALL_M = 128
+#: what a layer compiled on its own costs a training step on a GPU (forward + backward: its guards, the graph
+#: boundaries around it, its own launches): ``torch.compile`` on each of 12 small layers one by one (the LayerNorms,
+#: the QKV and first MLP Linear of a 12-layer d=768 transformer, GPT-2-124M's MLP output projection) measured 2.4 to
+#: 9.2 ms a step slower on an H200 where the fusion saving predicted 0.39-1.6 ms faster (``benchmarks/advice_effect.py
+#: --device cuda``): 0.33-0.80 ms a layer. The per-layer advice of the "other" chains on CUDA is net of the largest,
+#: and only where that leaves a saving
+COMPILED_LAYER_S = 0.8e-3
+#: a CUDA step whose device idles at least this share of it (the ``launch`` finding's idle) waits for the host: a
+#: kernel-time saving does not shorten it. On an H200 the three CNNs of the closed loop (device idle 43-85% of steps
+#: of 1.2-4.6 ms) measured cuDNN autotuning -0.14 to +0.10 ms for 0.07-0.27 ms predicted and channels-last -0.30 to
+#: +0.01 ms for 0.01-0.17 ms; the device-bound transformers' kernel savings (GELU, vocabulary padding) measured 1.0x
+LAUNCH_BOUND_SHARE = 0.3
+#: findings whose saving is kernel time only (no kernel launch goes): held back on a launch-bound CUDA step, named in
+#: the ``launch`` finding instead. Not BatchNorm folding, pool order, fusion, the fused optimizer or cuDNN's RNN, which
+#: also take launches away (BatchNorm folding measured 7.5x its kernel-time prediction on the launch-bound CNN)
+KERNEL_TIME_KINDS = frozenset({"cudnn_benchmark", "channels_last", "conv_channels", "fp32_matmul", "misaligned",
+                               "small_m", "pool_indices", "bn_fusion", "rnn_hidden"})
 
 
 def pad_to(x: int, multiple: int = 64) -> int:
@@ -531,10 +548,14 @@ def _grouped_findings(report: RooflineAnalysis, ctx: Context) -> Group:
 
 
 def _opportunity(report: RooflineAnalysis, stretch: _Stretch, key: tuple[str, str, str],
-                 members: list[tuple[str, Finding]], noise: Noise | None) -> tuple[Opportunity, bool] | None:
+                 members: list[tuple[str, Finding]], noise: Noise | None, cuda: bool = False,
+                 held: list[tuple[str, str, float]] | None = None) -> tuple[Opportunity, bool] | None:
     """One group's findings as one opportunity (savings summed, layers listed, scaled to the unprofiled step where a
     busy host stretched the profiled ops: ``_Stretch``) and whether its saving is within the measured noise of its
-    rows; None when it saves nothing worth saying (under ``MIN_SAVING_SHARE`` of the step)."""
+    rows; None when it saves nothing worth saying (under ``MIN_SAVING_SHARE`` of the step). On CUDA a per-layer
+    ``torch.compile`` (the "other" chains) is net of ``COMPILED_LAYER_S`` a layer. ``held``: given on a launch-bound
+    step, where a ``KERNEL_TIME_KINDS`` finding is appended to it (kind, layer, saving) instead of made, and the
+    ``launch`` finding names those appended before it."""
     kind, chain, pattern = key
     step = _step_s(report)
     rows = tuple(dict.fromkeys(r for _, f in members for r in f.rows))
@@ -542,8 +563,6 @@ def _opportunity(report: RooflineAnalysis, stretch: _Stretch, key: tuple[str, st
     # step findings are measured on unprofiled steps: not scaled
     k = stretch.scale(in_rows) if all(f.rows for _, f in members) else 1.0
     saving = sum(f.saving_s for _, f in members) * k
-    if saving <= 0 or (step and saving < MIN_SAVING_SHARE * step):
-        return None
     layer, f0 = members[0]
     n = len(members)
     cause, evidence, text = f0.cause, dict(f0.evidence), f0.predicted_text
@@ -551,6 +570,22 @@ def _opportunity(report: RooflineAnalysis, stretch: _Stretch, key: tuple[str, st
         cause = f"in each of {n} layers `{pattern}`: {cause}"
         evidence["layers"] = [m[0] for m in members]
         text = f"per layer, as in `{layer}`: {text}; {n} layers: {ms(saving / k)}"
+    if kind == "fusion" and chain == "other" and cuda:
+        # each layer compiled on its own costs the step its guards, graph boundaries and launches (measured)
+        cost = n * COMPILED_LAYER_S
+        text += (f"; less {ms(COMPILED_LAYER_S)} a compiled layer a step (guards, graph boundaries, launches: "
+                 f"measured up to that on an H200) x {n}: {ms(saving - cost)}")
+        saving -= cost
+    if saving <= 0 or (step and saving < MIN_SAVING_SHARE * step):
+        return None
+    if held is not None and kind in KERNEL_TIME_KINDS:  # a launch-bound step: named in the launch finding
+        held.append((kind, pattern if n > 1 else layer, saving))
+        return None
+    if kind == "launch" and held:
+        names = ", ".join(f"{k_} `{x or '(model)'}` {ms(s_)}" for k_, x, s_ in held)
+        cause += (f"; held back until the step is device-bound (a kernel-time saving does not shorten a step whose "
+                  f"device waits for the host): {names}")
+        evidence["held_back"] = [[k_, x, s_] for k_, x, s_ in held]
     if k != 1.0:
         text += stretch.text(k, saving)
     share = f" ({pct_text(saving / step)} of the step)" if step else ""
@@ -579,11 +614,19 @@ def opportunities(report: RooflineAnalysis, noise: Noise | None = None, top: int
     of its rows is left out (appended to ``suppressed``)."""
     found: list[Opportunity] = []
     stretch = _Stretch(report)
-    for key, all_members in _grouped_findings(report, Context(report)).items():
+    ctx = Context(report)
+    groups = _grouped_findings(report, ctx)
+    step = _step_s(report)
+    # the device waits for the host most of the step: a saving of kernel time alone does not shorten it (the launch
+    # group comes last: it names the findings held back)
+    launch_bound = bool(step) and any(float(f.evidence.get("idle_s") or 0.0) >= LAUNCH_BOUND_SHARE * step
+                                      for (kind, _, _), fs in groups.items() if kind == "launch" for _, f in fs)
+    held: list[tuple[str, str, float]] | None = [] if launch_bound else None
+    for key, all_members in groups.items():
         # an outlier among identical blocks gets no advice (its excess is noise); a finding must exceed the spread of
         # its rows' times over the steps (``_opportunity``), which a noisy row raises
         members = [m for m in all_members if noise is None or not noise.layer_outlier(m[0])]
-        made = _opportunity(report, stretch, key, members, noise) if members else None
+        made = _opportunity(report, stretch, key, members, noise, ctx.cuda, held) if members else None
         if made is None:
             continue
         o, within = made
