@@ -18,7 +18,7 @@ paired rounds make the saving a difference taken within one round. ``--device cu
 events around each round's steps; GPU-sized models; the CUDA-only changes: vocabulary padding, TF32, cuDNN's
 autotuner, CUDA graphs).
 
-``--write``: the table to ``benchmarks/results/advice_effect.md`` (CPU) or ``advice_effect_gpu.md``, and the measured /
+``--write``: the table to ``benchmarks/results/advice_effect.md`` (CPU) or ``advice_effect_cuda.md``, and the measured /
 predicted ratio per kind of change and device kind to the package's
 ``tscope_callbacks/analysis/data/advice_effect.json``, which the report reads (``analysis.finding.measured_effect``).
 
@@ -784,7 +784,8 @@ def main() -> None:
     print(text)
     if args.write and not args.smoke:
         keep = args.device == "cpu" and args.allocator == "keep"
-        name = "advice_effect_keep.md" if keep else "advice_effect.md" if args.device == "cpu" else "advice_effect_gpu.md"
+        name = ("advice_effect_keep.md" if keep else "advice_effect.md" if args.device == "cpu"
+                else "advice_effect_cuda.md")
         (RESULTS / name).write_text(text + "\n" + NOTES + "\nReproduce: `python benchmarks/advice_effect.py --device "
                                     f"{args.device}{' --allocator keep' if keep else ''} --write`\n")
         if not keep:

@@ -83,9 +83,10 @@ SMALL_M = 128
 #: and only where that leaves a saving
 COMPILED_LAYER_S = 0.8e-3
 #: a CUDA step whose device idles at least this share of it (the ``launch`` finding's idle) waits for the host: a
-#: kernel-time saving does not shorten it. On an H200 the three CNNs of the closed loop (device idle 43-85% of steps
-#: of 1.2-4.6 ms) measured cuDNN autotuning -0.14 to +0.10 ms for 0.07-0.27 ms predicted and channels-last -0.30 to
-#: +0.01 ms for 0.01-0.17 ms; the device-bound transformers' kernel savings (GELU, vocabulary padding) measured 1.0x
+#: kernel-time saving does not shorten it. On an H200 the three CNNs of the closed loop (device idle about 43-85% of
+#: steps of 1.1-4.6 ms) measured channels-last -0.30 to +0.02 ms for 0.01-0.17 ms predicted, cuDNN autotuning on the
+#: inference CNN 0.005 and 0.012 ms for 0.07 ms; the device-bound transformers' kernel savings (GELU, vocabulary
+#: padding) measured 1.0x
 LAUNCH_BOUND_SHARE = 0.3
 #: findings whose saving is kernel time only (no kernel launch goes): held back on a launch-bound CUDA step, named in
 #: the ``launch`` finding instead. Not BatchNorm folding, pool order, fusion, the fused optimizer or cuDNN's RNN, which
