@@ -331,6 +331,14 @@ def test_kernel_time_findings_are_held_back_on_a_launch_bound_cuda_step():
     ((kind, layer, saving),) = launch.evidence["held_back"]
     assert kind == "cudnn_benchmark" and layer == "conv" and saving > 0.5e-3
     assert "held back until the step is device-bound" in launch.cause and "cudnn_benchmark `conv`" in launch.cause
+    # the held-back finding itself, for the closed loop to check (``advice_effect.py`` applies it anyway)
+    from tscope_callbacks.analysis.advice import opportunities
+    from tscope_callbacks.analysis.roofline import build_roofline
+
+    held: list = []
+    eng = build_roofline(bound.profile, h100)
+    assert not [o for o in opportunities(eng, top=20, held_back=held) if o.kind == "cudnn_benchmark"]
+    assert [(o.kind, o.layer, o.saving_s) for o in held] == [("cudnn_benchmark", "conv", saving)]
     # device busy 4.0 ms: idle 1 ms, 20%: the launch finding still fires (10%), but the step is device-bound enough
     # that the kernel saving reaches it: both listed, nothing held back
     mid = rep(4.0e-3)

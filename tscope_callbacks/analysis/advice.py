@@ -550,13 +550,13 @@ def _grouped_findings(report: RooflineAnalysis, ctx: Context) -> Group:
 
 def _opportunity(report: RooflineAnalysis, stretch: _Stretch, key: tuple[str, str, str],
                  members: list[tuple[str, Finding]], noise: Noise | None, cuda: bool = False,
-                 held: list[tuple[str, str, float]] | None = None) -> tuple[Opportunity, bool] | None:
+                 held: list[tuple[str, str, float]] | None = None) -> tuple[Opportunity, bool, bool] | None:
     """One group's findings as one opportunity (savings summed, layers listed, scaled to the unprofiled step where a
     busy host stretched the profiled ops: ``_Stretch``) and whether its saving is within the measured noise of its
     rows; None when it saves nothing worth saying (under ``MIN_SAVING_SHARE`` of the step). On CUDA a per-layer
     ``torch.compile`` (the "other" chains) is net of ``COMPILED_LAYER_S`` a layer. ``held``: given on a launch-bound
     step, where a ``KERNEL_TIME_KINDS`` finding is appended to it (kind, layer, saving) instead of made, and the
-    ``launch`` finding names those appended before it."""
+    ``launch`` finding names those appended before it. Returns (the opportunity, within the noise, held back)."""
     kind, chain, pattern = key
     step = _step_s(report)
     rows = tuple(dict.fromkeys(r for _, f in members for r in f.rows))
@@ -579,9 +579,9 @@ def _opportunity(report: RooflineAnalysis, stretch: _Stretch, key: tuple[str, st
         saving -= cost
     if saving <= 0 or (step and saving < MIN_SAVING_SHARE * step):
         return None
-    if held is not None and kind in KERNEL_TIME_KINDS:  # a launch-bound step: named in the launch finding
+    is_held = held is not None and kind in KERNEL_TIME_KINDS  # a launch-bound step: named in the launch finding
+    if is_held:
         held.append((kind, pattern if n > 1 else layer, saving))
-        return None
     if kind == "launch" and held:
         names = ", ".join(f"{k_} `{x or '(model)'}` {ms(s_)}" for k_, x, s_ in held)
         cause += (f"; held back until the step is device-bound (a kernel-time saving does not shorten a step whose "
@@ -604,15 +604,18 @@ def _opportunity(report: RooflineAnalysis, stretch: _Stretch, key: tuple[str, st
         estimate_s=sum(o.expected_s for o in in_rows),
         evidence={**evidence, "noise_s": spread} if within else evidence, rows=rows,
         predicted_by=f0.predicted_by, predicted_text=text, measured_ratio=effect.ratio if effect else None,
-        measured_on=effect.text if effect else "", op=str(evidence.get("op") or "")), within
+        measured_on=effect.text if effect else "", op=str(evidence.get("op") or "")), within, is_held
 
 
 def opportunities(report: RooflineAnalysis, noise: Noise | None = None, top: int = 5,
-                  suppressed: list[Opportunity] | None = None) -> list[Opportunity]:
+                  suppressed: list[Opportunity] | None = None,
+                  held_back: list[Opportunity] | None = None) -> list[Opportunity]:
     """Findings, largest predicted saving first, each with cause, change, predicted saving and how it was predicted.
     The same finding in repeated blocks (``h.0.mlp`` ... ``h.11.mlp``) is one opportunity: savings summed, layers
     listed. ``noise``: the step's (``analysis.noise.find_noise``); a finding whose saving is within the measured noise
-    of its rows is left out (appended to ``suppressed``)."""
+    of its rows is left out (appended to ``suppressed``). On a launch-bound CUDA step (the device idle at least
+    ``LAUNCH_BOUND_SHARE`` of it) the ``KERNEL_TIME_KINDS`` findings are left out (appended to ``held_back``) and
+    named in the ``launch`` finding."""
     found: list[Opportunity] = []
     stretch = _Stretch(report)
     ctx = Context(report)
@@ -630,8 +633,11 @@ def opportunities(report: RooflineAnalysis, noise: Noise | None = None, top: int
         made = _opportunity(report, stretch, key, members, noise, ctx.cuda, held) if members else None
         if made is None:
             continue
-        o, within = made
-        if not within:
+        o, within, is_held = made
+        if is_held:
+            if held_back is not None:
+                held_back.append(o)
+        elif not within:
             found.append(o)
         elif suppressed is not None and all((x.layer, x.phase, x.kind) != (o.layer, o.phase, o.kind)
                                             for x in suppressed):
