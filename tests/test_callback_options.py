@@ -41,6 +41,7 @@ def test_option_objects_are_frozen_keyword_only_and_documented(cls: type) -> Non
 @pytest.mark.parametrize(("cls", "kwargs", "says"), [
     (ts.RooflineCallback, {"plot": False}, "RooflineCallback(plot=...) moved: write outputs=ts.RooflineOutputs(plot=False)"),
     (ts.RooflineCallback, {"profile_steps": 1}, "write capture=ts.CaptureOptions(steps=1)"),
+    (ts.RooflineCallback, {"steps": 5}, "write capture=ts.CaptureOptions(steps=5)"),  # not "did you mean stages=?"
     (ts.RooflineCallback, {"wait_for_warmup": False}, "write capture=ts.CaptureOptions(wait_for_warmup=False)"),
     (ts.RooflineCallback, {"precision": "fp8"}, "write what_if=ts.WhatIf(precision='fp8')"),
     (ts.RooflineCallback, {"fsdp_whatif": 8}, "write what_if=ts.WhatIf(fsdp_gpus=8)"),

@@ -130,7 +130,7 @@ class RooflineCallback(ProfilingCallback):
         "precision": "what_if=ts.WhatIf(precision=...)", "fsdp_whatif": "what_if=ts.WhatIf(fsdp_gpus=...)",
         **{k: f"outputs=ts.RooflineOutputs({k}=...)" for k in ("top", "plot", "save_json", "save_trace", "history")},
         "auto_mfu": "mfu=ts.MFUOptions(automatic=...)", "attention_flops": "mfu=ts.MFUOptions(attention_flops=...)",
-        "profile_steps": "capture=ts.CaptureOptions(steps=...)",
+        "profile_steps": "capture=ts.CaptureOptions(steps=...)", "steps": "capture=ts.CaptureOptions(steps=...)",
         **{k: f"capture=ts.CaptureOptions({k}=...)" for k in ("wait_for_warmup", "replay", "compare_eager")},
     }
 
