@@ -14,7 +14,9 @@ d. the demo's callbacks (``RooflineCallback`` with the monitor inside, ``NaNGuar
 
 Prints per run: the device step (CUDA events), the host step, every part's host ms and device ms a step (the
 device's time while the host ran the part: for the loop's parts its idle), the DeviceClock's busy/idle, the values
-read back every step, the verdicts (input-bound, loop overhead / host-device sync), alerts; SimpleProfiler's mean ms
+read back every step, the step's kernel time (the monitor's CUDA profile of a step: the basis of the sync and loop
+findings' cost, step - max(kernel time, host step without the work)), the verdicts (input-bound, loop overhead /
+host-device sync), alerts, and the predictions beside their witnesses (a - b, c - b); SimpleProfiler's mean ms
 of the same actions; the probe's CUDA events a step and their host cost. Writes nothing (stdout only).
 
     python scripts/gpu_step_monitor.py            # GPU (CUDA required)
@@ -149,6 +151,13 @@ def _show(r: dict[str, Any]) -> None:
     if r["segs"]:
         print(f"   probe: {statistics.median(r['segs']):.0f} CUDA events a step (median), "
               f"{len(r['segs'])} steps read")
+    k = mon.kernel
+    if k is not None:
+        print(f"   kernel time (CUDA profile of step {k.step}): {k.ms:.3f} ms a step ("
+              + ", ".join(f"{p} {x:.3f}" for p, x in k.parts_ms.items()) + "); the device's idle = step - kernels "
+              f"{v.step_ms - k.ms:.3f} ms")
+    else:
+        print("   kernel time: none (no CUDA profile of the step): the findings use the parts' device times")
     print(f"   values read back every step: {list(mon.progress_bar_reads)}")
     print(f"   verdict: input-bound={bool(mon.input_fixes)}; loop/sync: {mon.loop_finding}")
     for a in mon.alerts:
@@ -197,19 +206,35 @@ def main() -> int:
         out.append(r)
     a, b, c = (r["v"] for r in out[:3])
     if a is not None and b is not None and c is not None:
-        print("\n## witnesses (device step, mean of the clean steps)")
-        print(f"   a - b (what prog_bar=False saved): {a.step_ms - b.step_ms:+.2f} ms a step; "
-              f"a's finding: {out[0]['mon'].loop_finding is not None}")
         from tscope_callbacks.analysis import step_parts as sp
 
-        f = sp.sync_findings(a, out[0]["mon"].progress_bar_reads)
-        print(f"   a's predicted saving: {f[0]['saving_s'] * 1e3:.2f} ms a step" if f else
-              "   a: no sync finding (the device kept busy after the read-back)")
+        ma, mc = out[0]["mon"], out[2]["mon"]
+        print("\n## witnesses (device step, mean of the clean steps) beside the monitor's predictions")
+        print(f"   a - b (what prog_bar=False saved): {a.step_ms - b.step_ms:+.2f} ms a step; "
+              f"a's finding: {ma.loop_finding is not None}")
+        f = sp.sync_findings(a, ma.progress_bar_reads, kernel=ma.kernel)
+        old = sp.sync_findings(a, ma.progress_bar_reads)
+        basis = (f"step - max(kernels {ma.kernel.ms:.2f}, host without the wait)" if ma.kernel is not None
+                 else "no kernel time: the parts' device times")
+        print(f"   a's predicted saving: {f[0]['saving_s'] * 1e3:.2f} ms a step ({basis})" if f else
+              f"   a's predicted saving: none ({basis})")
+        print("   a's saving by the parts' device times alone (the rule without a kernel time): "
+              + (f"{old[0]['saving_s'] * 1e3:.2f} ms a step" if old else "no finding"))
         work = next((x for x in c.named if x.name == "_HostWork"), None)
         if work is not None:
             print(f"   c - b (what 8 ms of host work added): {c.step_ms - b.step_ms:+.2f} ms a step; the monitor's "
                   f"device time for it: {work.device_ms if work.device_ms is not None else float('nan'):.2f} ms "
                   f"(host {work.ms:.2f} ms)")
+            if mc.kernel is not None:
+                print(f"   c's predicted cost of _HostWork: {sp.removal_saving(c, work.ms, mc.kernel):.2f} ms a step, "
+                      f"of the loop's work: {sp.removal_saving(c, c.loop_ms, mc.kernel):.2f} ms a step (step - "
+                      f"max(kernels {mc.kernel.ms:.2f}, host without it))")
+            else:
+                print("   c's predicted cost: no kernel time (no CUDA profile of the step)")
+        for r in out:
+            k = r["mon"].kernel
+            if k is not None and b is not None:
+                print(f"   {r['name'][:2]} kernel time {k.ms:.2f} ms vs b's step {b.step_ms:.2f} ms (the host ahead)")
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
     return 0
 

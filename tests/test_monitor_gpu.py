@@ -12,7 +12,12 @@ exact, whatever the machine's load:
 - the same sync with 6 ms of host work after it (a callback at batch start): the device waits those 6 ms every step
   (its queue empty): named as a host-device sync with the logged value, the device's wait and the change;
 - a callback's 15 ms of host work while the device idles (no sync): the loop-overhead verdict names it with the
-  device's 11 ms wait, not its 15 ms of host time.
+  device's 11 ms wait, not its 15 ms of host time;
+- with the step's kernel time known (a CUDA profile of the step), where the device's idle after host work falls in
+  the next forward (the host launching it kernel by kernel into an empty queue): the sync's saving (an H200's run a:
+  prog_bar=False saved 7.2 ms a step the parts' device times did not show) and a callback's cost (run c) are the
+  step less the longer of the kernel time and the host's step without the work, each checked against the same fit
+  with the change applied.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from tscope_callbacks.analysis.step_parts import PARTS
 from tscope_callbacks.callbacks import loop_probe
 from tscope_callbacks.callbacks.loop_probe import read_segments
 from tscope_callbacks.callbacks.monitor import MonitorOptions, StepMonitor
+from tscope_callbacks.records import OpRecord
 
 
 class _Stream:
@@ -131,11 +137,14 @@ def gpu(host: ScriptedHost, monkeypatch) -> _Stream:
     return stream
 
 
-def _fit(stream: _Stream, *, device_s: float, prog_bar: bool, work: _HostWork | None = None) -> StepMonitor:
+def _fit(stream: _Stream, *, device_s: float, prog_bar: bool, work: _HostWork | None = None,
+         net: type[_Net] | None = None, kernel: list[OpRecord] | None = None) -> StepMonitor:
     mon = StepMonitor(MonitorOptions(), profile=False, telemetry=False)
-    trainer = pl.Trainer(max_steps=60, callbacks=[mon, *([work] if work else [])],
-                         **{**FAST, "logger": False, "log_every_n_steps": 10})
-    trainer.fit(_Net(stream, device_s, prog_bar))
+    extra = [work] if work else []
+    if kernel is not None:
+        extra.append(_KernelProfile(mon, kernel))
+    trainer = pl.Trainer(max_steps=60, callbacks=[mon, *extra], **{**FAST, "logger": False, "log_every_n_steps": 10})
+    trainer.fit((net or _Net)(stream, device_s, prog_bar))
     assert mon.cuda and mon.last_breakdown is not None
     return mon
 
@@ -158,6 +167,10 @@ def test_a_sync_while_the_device_is_busy_is_no_loop_overhead(gpu: _Stream, caplo
     assert mon.progress_bar_reads == ("train/loss",)
     assert mon.loop_finding is None
     assert sp.loop_text(v) is None and sp.sync_text(v, mon.progress_bar_reads) is None
+    # with the step's kernel time known (20 ms: the device's step), taking the sync away gives nothing back either
+    kernel = sp.KernelTime({"forward": 20.0, "backward": 0.0, "optimizer": 0.0}, 20)
+    assert sp.sync_text(v, mon.progress_bar_reads, kernel=kernel) is None and sp.loop_text(v, kernel=kernel) is None
+    assert sp.sync_findings(v, mon.progress_bar_reads, kernel=kernel) == []
     assert not [r for r in caplog.records if "loop overhead" in r.message or "sync" in r.message]
     # the host-only reading of the same steps (as on CPU) would have blamed the bookkeeping
     host_only = sp.summarize([s.__class__(**{**{f: getattr(s, f) for f in s.__slots__}, "dev_parts": None,
@@ -202,6 +215,108 @@ def test_host_work_the_device_waits_for_is_loop_overhead_by_the_devices_wait(gpu
     f = sp.loop_findings(v)
     assert f and f[0]["saving_s"] == pytest.approx(0.011, abs=1e-5) and "_HostWork" in f[0]["cause"]
     assert [r for r in caplog.records if r.message.startswith("tscope StepMonitor: loop overhead:")]
+
+
+class _Launched(_Net):
+    """The shape of a real step's launches: the forward launches 10 kernels of 0.8 ms, each after 1 ms of host time
+    (the host's launch work); the backward queues 12 ms of kernels after 1 ms of host time: 20 ms of kernels a step,
+    11 ms of host work. With a full queue the device runs 20 ms a step; after a sync (the queue empty) it runs each
+    forward kernel as the host launches it and idles 0.2 ms before the next, and 1 ms before the first."""
+
+    def training_step(self, batch, batch_idx):
+        for _ in range(10):
+            self.stream.host.advance(0.001)
+            self.stream.launch(0.0008)
+        loss = torch.nn.functional.mse_loss(self.lin(batch[0]), batch[1])
+        self.log("train/loss", loss, prog_bar=self.prog_bar)
+        return loss
+
+    def backward(self, loss, *args, **kwargs):
+        self.stream.host.advance(0.001)
+        self.stream.launch(0.012)
+        super().backward(loss, *args, **kwargs)
+
+
+#: :class:`_Launched`'s kernels as a CUDA profile of its step records them (the op records' kernel time)
+_KERNELS = [*(OpRecord("aten.mm", "lin", "forward", time_s=0.0008) for _ in range(10)),
+            OpRecord("aten.mm", "lin", "backward", time_s=0.012)]
+
+
+class _KernelProfile(pl.Callback):
+    """The monitor's kernel time from a CUDA profile of the step (``records`` of timing "cuda-kernels") from the
+    start, as a scheduled profile's or the monitor's own baseline's would give it."""
+
+    def __init__(self, mon: StepMonitor, records: list[OpRecord]) -> None:
+        self.mon, self.records = mon, records
+
+    def on_train_start(self, *args) -> None:
+        self.mon.kernel = sp.kernel_time(self.records, "cuda-kernels", 0)
+
+
+def test_kernel_time_of_a_profile() -> None:
+    k = sp.kernel_time(_KERNELS + [OpRecord("aten.add_", "", "optimizer", time_s=0.0005)], "cuda-kernels", 7)
+    assert k is not None and k.parts_ms == pytest.approx({"forward": 8.0, "backward": 12.0, "optimizer": 0.5})
+    assert k.ms == pytest.approx(20.5) and k.step == 7
+    assert sp.kernel_time(_KERNELS, "cpu-wall") is None  # a CPU profile's op times are no kernel time
+    assert sp.kernel_time(_KERNELS[:10], "cuda-kernels") is None  # no backward: not a training step
+
+
+def test_a_sync_whose_idle_falls_in_the_next_forward_is_named_with_the_measured_saving(gpu: _Stream, caplog) -> None:
+    # run a's shape: the loss read back after every batch; the device then idles between the next forward's kernels
+    # while the host launches them (3 ms a step: 1 ms before the first, 0.2 ms before each of the next 9, 0.2 ms
+    # before the backward's), not in the loop's parts: their device time is 0, the old rule's figure
+    with caplog.at_level(logging.WARNING, logger="tscope_callbacks"):
+        mon = _fit(gpu, device_s=0.0, prog_bar=True, net=_Launched, kernel=_KERNELS)
+    v = mon._verdict.summary()
+    assert v is not None and v.step_ms == pytest.approx(23.0, abs=0.01)
+    assert v.host_idle_ms == pytest.approx(0.0, abs=1e-6)
+    assert sp.sync_text(v, mon.progress_bar_reads) is None  # the parts' device times alone: no finding
+    dev = v.device_parts_ms or {}
+    assert dev["forward"] == pytest.approx(10.8, abs=0.01)  # 8 ms of kernels, 2.8 ms of idle between them
+    text = mon.loop_finding
+    assert text is not None and text.startswith("the logged value 'train/loss' is read back to the host"), text
+    # the idle: the step less its 20 ms of kernels; the saving: 23 - max(20, the host's 11 ms without the wait)
+    assert "waits 3 ms a step (13% of the 23 ms step, mean of" in text, text
+    assert "its kernels take 20 ms (profile of step 0)" in text, text
+    assert "forward (between its kernels: 8 ms of kernels) 2.8 ms (host 10 ms)" in text, text
+    assert "saves up to 3 ms a step (the step less the longer of its kernel time and the host's own work a step " \
+           "without the wait, 11 ms)" in text, text
+    f = sp.sync_findings(v, mon.progress_bar_reads, kernel=mon.kernel)
+    assert len(f) == 1 and f[0]["saving_s"] == pytest.approx(0.003, abs=1e-5)
+    assert [r for r in caplog.records if r.message.startswith("tscope StepMonitor: host-device sync:")]
+    # the witness: the change applied (prog_bar=False): the host runs ahead, the step is its 20 ms of kernels
+    gpu.free_at = gpu.host.t
+    b = _fit(gpu, device_s=0.0, prog_bar=False, net=_Launched, kernel=_KERNELS)
+    vb = b._verdict.summary()
+    assert vb is not None and b.loop_finding is None
+    assert v.step_ms - vb.step_ms == pytest.approx(f[0]["saving_s"] * 1e3, abs=0.01)
+
+
+def test_host_work_that_drains_the_queue_costs_what_it_adds_to_the_step(gpu: _Stream, caplog) -> None:
+    # run c's shape: no sync; 14 ms of host work at batch end. The host's step (25 ms) now paces the device: the
+    # queue drains during the work (the device's time while it ran: 2 ms, the old figure), then the device idles
+    # between the next forward's kernels (3 ms more). Its cost: 25 - max(20 ms of kernels, 11 ms of host without it)
+    with caplog.at_level(logging.WARNING, logger="tscope_callbacks"):
+        mon = _fit(gpu, device_s=0.0, prog_bar=False, net=_Launched, kernel=_KERNELS,
+                   work=_HostWork(gpu.host, 0.014, "end"))
+    v = mon._verdict.summary()
+    assert v is not None and v.step_ms == pytest.approx(25.0, abs=0.01)
+    work = next(c for c in v.named if c.name == "_HostWork")
+    assert work.device_ms == pytest.approx(2.0, abs=0.01)  # what the parts' device times alone say
+    old = sp.loop_text(v)
+    assert old is not None and "_HostWork 2 ms a step (host 14 ms)" in old and sp.NO_KERNEL in old
+    text = mon.loop_finding
+    assert text is not None and text.startswith("the device waits 5 ms a step for the loop's own work (20% of the 25 ms"), text
+    assert "its kernels take 20 ms (profile of step 0), the host's step without it 11 ms" in text, text
+    assert "_HostWork 5 ms a step (host 14 ms)" in text, text
+    f = sp.loop_findings(v, kernel=mon.kernel)
+    assert f and f[0]["saving_s"] == pytest.approx(0.005, abs=1e-5) and "_HostWork" in f[0]["cause"]
+    assert [r for r in caplog.records if r.message.startswith("tscope StepMonitor: loop overhead:")]
+    # the witness: the work taken away (as in run b): the step is its 20 ms of kernels, 5 ms less
+    gpu.free_at = gpu.host.t
+    b = _fit(gpu, device_s=0.0, prog_bar=False, net=_Launched, kernel=_KERNELS)
+    vb = b._verdict.summary()
+    assert vb is not None and v.step_ms - vb.step_ms == pytest.approx(f[0]["saving_s"] * 1e3, abs=0.01)
 
 
 class _Slower(_Net):
@@ -278,3 +393,24 @@ def test_breakdown_round_trips_its_device_figures() -> None:
     assert rb is not None and rb.device_parts_ms == pytest.approx(b.device_parts_ms)
     assert rb.named[0].device_ms == pytest.approx(0.5)
     assert b.scalars()["loop_device_ms"] == pytest.approx(4.0)  # hooks, logging, checkpoint, other
+
+
+def test_the_verdict_waits_for_the_baseline_profiles_kernel_time(gpu: _Stream, monkeypatch) -> None:
+    # the monitor alone, profiling: its loop verdict waits for its baseline profile (after 20 clean steps), whose
+    # kernel time (here: the CPU capture's records read as _Launched's kernels) gives the cost; without the wait it
+    # would have said the parts' 2 ms at step 20
+    seen: list[int | None] = []
+
+    def kernel_time(ops, timing, step=None):
+        seen.append(step)
+        return sp.KernelTime({"forward": 8.0, "backward": 12.0, "optimizer": 0.0}, step)
+
+    monkeypatch.setattr(sp, "kernel_time", kernel_time)
+    mon = StepMonitor(MonitorOptions(), profile=True, telemetry=False)
+    trainer = pl.Trainer(max_steps=60, callbacks=[mon, _HostWork(gpu.host, 0.014, "end")],
+                         **{**FAST, "logger": False, "log_every_n_steps": 10})
+    trainer.fit(_Launched(gpu, 0.0, False))
+    assert mon.captures and seen and seen[0] == mon.captures[0] and mon.kernel is not None
+    assert mon.loop_finding is not None, "no verdict"
+    assert f"its kernels take 20 ms (profile of step {mon.captures[0]})" in mon.loop_finding, mon.loop_finding
+    assert "_HostWork 5 ms a step (host 14 ms)" in mon.loop_finding, mon.loop_finding

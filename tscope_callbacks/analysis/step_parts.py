@@ -51,6 +51,7 @@ from tscope_callbacks.analysis.fmt import figure_text, pct_text
 
 __all__ = ["PARTS", "DATA_PARTS", "COMPUTE_PARTS", "LOOP_PARTS", "PART_TEXT", "StepTimes", "Breakdown", "NamedCost",
            "summarize", "Rolling", "fetch_of", "input_bound", "loop_costs", "loop_text", "loop_findings", "sync_text", "sync_findings",
+           "KernelTime", "kernel_time", "removal_saving",
            "LateRank", "HOST_PARTS", "late_rank", "RANK_FIELDS",
            "rank_vector", "INPUT_BOUND_SHARE", "LOOP_SHARE", "LATE_SHARE", "LATE_MIN_MS", "MIN_VERDICT_STEPS",
            "VERDICT_WINDOW"]
@@ -84,6 +85,9 @@ MIN_VERDICT_STEPS = 16
 VERDICT_WINDOW = 64
 
 _IDX = {p: i for i, p in enumerate(PARTS)}
+#: said where a GPU finding has no kernel time (no profile of the step): the parts' device times alone
+NO_KERNEL = ("; no kernel time for the step yet (no profile of it): the device's idle after this work, in the next "
+             "forward while the host launches it, is not counted, so it may cost more")
 
 
 @dataclass(slots=True)
@@ -238,6 +242,54 @@ class Breakdown:
                    named=tuple(NamedCost(str(r[0]), str(r[1]), float(r[2]), float(r[3]), int(r[4]), int(r[5]),
                                          float(r[6]) if len(r) > 6 and r[6] is not None else None)
                                for r in d.get("named") or ()))
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """A GPU step's CUDA kernel time (ms a step), from a profile of a step of the same shape (the op records' kernel
+    time, ``timing == "cuda-kernels"``): per compute part (``forward``, ``backward`` with any recompute,
+    ``optimizer``) and the ``step`` it was profiled at. What the device needs a step with a full queue; the device's
+    step less it is the device's idle (it waited for the host). The sum of the kernels' durations: the few µs
+    between two queued kernels are not in it, so a saving read against it is an upper bound by those."""
+
+    parts_ms: dict[str, float]
+    step: int | None = None
+
+    @property
+    def ms(self) -> float:
+        return math.fsum(self.parts_ms.values())
+
+    def text(self) -> str:
+        at = f" (profile of step {self.step})" if self.step is not None else " (a profile of the step)"
+        return f"its kernels take {figure_text(self.ms, 'ms')}{at}"
+
+
+_KERNEL_PHASE = {"forward": "forward", "backward": "backward", "recompute": "backward", "optimizer": "optimizer"}
+
+
+def kernel_time(ops: Iterable[Any], timing: str | None, step: int | None = None) -> KernelTime | None:
+    """The :class:`KernelTime` of a profiled training step from its op records (``OpRecord``: ``phase``,
+    ``time_s``) where their times are CUDA kernel times (``timing == "cuda-kernels"``) and the step has a forward and
+    a backward; None otherwise (a CPU profile, an untimed one, an evaluation step)."""
+    if timing != "cuda-kernels":
+        return None
+    parts = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+    for r in ops:
+        p = _KERNEL_PHASE.get(getattr(r, "phase", ""))
+        t = getattr(r, "time_s", None)
+        if p is not None and t is not None and math.isfinite(t):
+            parts[p] += t * 1e3
+    if parts["forward"] <= 0 or parts["backward"] <= 0:
+        return None
+    return KernelTime(parts, step)
+
+
+def removal_saving(b: Breakdown, host_cut_ms: float, kernel: KernelTime) -> float:
+    """GPU: what the device's step would lose if the host did ``host_cut_ms`` less a step (ms a step): the step's
+    device time less the longer of its kernel time (the device with a full queue) and the host's step without that
+    work (the host then paces the device). The device's idle between kernels after a sync, or while a callback's
+    work drained the queue, is in it, wherever it fell (mostly in the next forward, while the host launches it)."""
+    return max(b.step_ms - max(kernel.ms, b.host_ms - host_cut_ms), 0.0)
 
 
 def fetch_of(bd: Mapping[str, Any]) -> tuple[float | None, float | None]:
@@ -462,14 +514,55 @@ def _device_loop_text(b: Breakdown, share: float, top: int) -> str | None:
             f"{figure_text(b.step_ms, 'ms')} step, mean of {b.steps} steps: the device's time while the host ran it; the host "
             f"spent {figure_text(b.loop_ms, 'ms')} in it, the rest while the device was busy): " + "; ".join(named)
             + f". tscope's own hooks: the device waited {figure_text(dev.get('tscope', 0.0), 'ms')} a step in them (host "
-            f"{figure_text(b.parts_ms.get('tscope', 0.0), 'ms')}), not counted in it")
+            f"{figure_text(b.parts_ms.get('tscope', 0.0), 'ms')}), not counted in it" + NO_KERNEL)
 
 
-def loop_text(b: Breakdown, share: float = LOOP_SHARE, top: int = 3) -> str | None:
+def _item_saving(b: Breakdown, c: NamedCost, kernel: KernelTime) -> float:
+    return removal_saving(b, c.ms, kernel)
+
+
+def _kernel_cost(b: Breakdown, c: NamedCost, kernel: KernelTime) -> str:
+    saving = _item_saving(b, c, kernel)
+    if c.occurrences < c.steps * 0.5:
+        return (f"{c.name} {figure_text(saving, 'ms')} a step ({figure_text(c.per_occurrence_ms, 'ms')} on the host every "
+                f"{c.every:.3g} steps)")
+    return f"{c.name} {figure_text(saving, 'ms')} a step (host {figure_text(c.ms, 'ms')})"
+
+
+def _kernel_loop_text(b: Breakdown, share: float, top: int, kernel: KernelTime) -> str | None:
+    """:func:`loop_text` on a GPU with the step's kernel time known: what the loop's work costs the device's step
+    (:func:`removal_saving`)."""
+    cost = removal_saving(b, b.loop_ms, kernel)
+    if b.step_ms <= 0 or cost / b.step_ms < share:
+        return None
+    items = sorted((c for c in b.named if c.part in LOOP_PARTS), key=lambda c: -_item_saving(b, c, kernel))
+    named = [_kernel_cost(b, c, kernel) for c in items[:top] if _item_saving(b, c, kernel) > 0.0]
+    other = b.parts_ms.get("other", 0.0)
+    other_cost = removal_saving(b, other, kernel)
+    if other_cost >= 0.1 * cost:
+        named.append(f"Lightning's own loop (bookkeeping no hook marks) {figure_text(other_cost, 'ms')} a step "
+                     f"(host {figure_text(other, 'ms')})")
+    ts = b.parts_ms.get("tscope", 0.0)
+    return (f"the device waits {figure_text(cost, 'ms')} a step for the loop's own work ({pct_text(cost / b.step_ms)} of the "
+            f"{figure_text(b.step_ms, 'ms')} step, mean of {b.steps} steps: the step less the longer of its kernel time "
+            f"and the host's step without that work; {kernel.text()}, the host's step without it "
+            f"{figure_text(b.host_ms - b.loop_ms, 'ms')}; the host spent {figure_text(b.loop_ms, 'ms')} in it, the device's "
+            f"time while it ran {figure_text(b.loop_device_ms or 0.0, 'ms')}, the rest of the device's wait falls in "
+            f"the next forward while the host launches it): " + "; ".join(named)
+            + f". tscope's own hooks: they cost the device {figure_text(removal_saving(b, ts, kernel), 'ms')} a step "
+            f"(host {figure_text(ts, 'ms')}), not counted in it")
+
+
+def loop_text(b: Breakdown, share: float = LOOP_SHARE, top: int = 3, kernel: KernelTime | None = None) -> str | None:
     """The loop-overhead finding: the loop's own work (hooks, logging, checkpoints, Lightning's bookkeeping) when it
     is at least ``share`` of the step, naming its ``top`` biggest items; tscope's own cost said apart. None below.
-    On a GPU (:attr:`Breakdown.device_parts_ms`) only what the device lost counts: each part's device time."""
+    On a GPU (:attr:`Breakdown.device_parts_ms`) only what the device lost counts: with the step's ``kernel`` time
+    (a profile of the step), the step less the longer of that and the host's step without the work
+    (:func:`removal_saving`); without it, each part's device time (the device's time while the host ran it: an
+    under-count where the queue drained during the work and the device then idled in the next forward)."""
     if b.device_parts_ms is not None:
+        if kernel is not None:
+            return _kernel_loop_text(b, share, top, kernel)
         return _device_loop_text(b, share, top)
     if b.step_ms <= 0 or b.loop_ms / b.host_ms < share:
         return None
@@ -496,13 +589,30 @@ def _change(c: NamedCost) -> str:
     return f"make {c.name}'s hooks cheaper, or run its work every few steps instead of every step"
 
 
-def loop_findings(b: Breakdown, share: float = LOOP_SHARE, top: int = 3) -> list[dict[str, Any]]:
+def loop_findings(b: Breakdown, share: float = LOOP_SHARE, top: int = 3,
+                  kernel: KernelTime | None = None) -> list[dict[str, Any]]:
     """The loop's own work as findings the report turns into opportunities: each of its ``top`` biggest items
     (hooks, loggers, checkpoints: not Lightning's unmarked bookkeeping, which has no change to name) when the loop's
     work is at least ``share`` of the step: ``{cause, change, saving_s}``, ``saving_s`` the item's mean cost a step
-    (what removing it saves; making it rarer saves that share of it)."""
+    (what removing it saves; making it rarer saves that share of it). On a GPU with the step's ``kernel`` time:
+    :func:`removal_saving` of the loop's work and of each item."""
     gpu = b.device_parts_ms is not None
     step = b.step_ms if gpu else b.host_ms
+    if gpu and kernel is not None:
+        if step <= 0 or removal_saving(b, b.loop_ms, kernel) / step < share:
+            return []
+        out = []
+        items = sorted((c for c in b.named if c.part in ("hooks", "logging", "checkpoint")),
+                       key=lambda c: -_item_saving(b, c, kernel))
+        for c in items[:top]:
+            saving = _item_saving(b, c, kernel)
+            if saving < 0.01 * step:
+                continue
+            out.append({"cause": f"the loop's own work: {_kernel_cost(b, c, kernel)} ({pct_text(saving / step)} of the "
+                                 f"{figure_text(step, 'ms')} step: the step less the longer of its kernel time and the "
+                                 f"host's step without it)",
+                        "change": _change(c), "saving_s": saving / 1e3})
+        return out
     loop = (b.loop_device_ms or 0.0) if gpu else b.loop_ms
     if step <= 0 or loop / step < share:
         return []
@@ -521,36 +631,48 @@ def loop_findings(b: Breakdown, share: float = LOOP_SHARE, top: int = 3) -> list
 @dataclass(frozen=True)
 class _Sync:
     reads: tuple[str, ...]
-    idle_ms: float  #: the device's wait a step while the host ran the parts that queue no device work
+    idle_ms: float  #: the device's wait a step for the host (kernel time known: the step less it)
     at: NamedCost | None  #: where the host waited for the device
     blocked_ms: float
     saving_ms: float
     where: tuple[tuple[str, float, float], ...]  #: (what, device ms, host ms): where the device waited most
+    kernel: KernelTime | None = None
 
 
-def _sync(b: Breakdown, reads: Sequence[str], share: float) -> _Sync | None:
+def _sync(b: Breakdown, reads: Sequence[str], share: float, kernel: KernelTime | None = None) -> _Sync | None:
     """The figures of :func:`sync_text`; None where it is no finding."""
     dev = b.device_parts_ms
     if not reads or dev is None or b.step_ms <= 0:
         return None
     idle = b.host_idle_ms or 0.0
-    if idle / b.step_ms < share:
+    if kernel is None and idle / b.step_ms < share:
         return None  # the device kept busy: the sync is hidden (the host's wait in it cost nothing)
     # where the host waited: the loop item whose host time most exceeds the device's time in it
     cands = [c for c in b.named if c.part in ("logging", "hooks") and c.device_ms is not None]
     at = max(cands, key=lambda c: c.ms - (c.device_ms or 0.0), default=None)
     blocked = max(at.ms - (at.device_ms or 0.0), 0.0) if at is not None else 0.0
-    # without the wait the host's own work a step is host_ms - blocked: the device keeps busy unless that exceeds
-    # the step; the idle it can take back is at most the step less that work
-    saving = min(idle, max(b.step_ms - (b.host_ms - blocked), 0.0))
+    if kernel is not None:
+        # the device's step less its kernels is its idle, wherever it fell (mostly in the next forward, the host
+        # launching it kernel by kernel into an empty queue); without the wait the host's own work paces the device
+        # only where it is longer than the kernels
+        idle = max(b.step_ms - kernel.ms, 0.0)
+        saving = removal_saving(b, blocked, kernel)
+    else:
+        # without the wait the host's own work a step is host_ms - blocked: the device keeps busy unless that
+        # exceeds the step; the idle it can take back is at most the step less that work
+        saving = min(idle, max(b.step_ms - (b.host_ms - blocked), 0.0))
     if saving < share * b.step_ms:
         return None  # the host's own work is the bottleneck, not the sync: the loop finding says so
     # where the device waited: the named items (a callback, a logger, tscope's hooks) and the unnamed parts
     items = [(c.name if c.part != "tscope" else f"tscope's {c.name}", c.device_ms or 0.0, c.ms) for c in b.named
              if c.part in HOST_PARTS and c is not at]
     items += [(PART_TEXT[p], dev.get(p, 0.0), b.parts_ms.get(p, 0.0)) for p in ("fetch", "other")]
+    if kernel is not None:  # a compute part's device time beyond its kernels: the device idle between them
+        items += [(f"{PART_TEXT[p]} (between its kernels: {figure_text(kernel.parts_ms.get(p, 0.0), 'ms')} of kernels)",
+                   max(dev.get(p, 0.0) - kernel.parts_ms.get(p, 0.0), 0.0), b.parts_ms.get(p, 0.0))
+                  for p in COMPUTE_PARTS]
     where = tuple(sorted((x for x in items if x[1] >= 0.05 * idle), key=lambda x: -x[1])[:4])
-    return _Sync(tuple(reads), idle, at, blocked, saving, where)
+    return _Sync(tuple(reads), idle, at, blocked, saving, where, kernel)
 
 
 def _reads_text(reads: Sequence[str]) -> str:
@@ -558,33 +680,42 @@ def _reads_text(reads: Sequence[str]) -> str:
     return f"the logged value{'s' * (len(reads) > 1)} {names}"
 
 
-def sync_text(b: Breakdown, reads: Sequence[str], share: float = LOOP_SHARE) -> str | None:
+def sync_text(b: Breakdown, reads: Sequence[str], share: float = LOOP_SHARE,
+              kernel: KernelTime | None = None) -> str | None:
     """A host-device sync in the loop, on a GPU: ``reads`` (``loop_probe.progress_bar_reads``: values logged for the
     progress bar, read back to the host after every batch) make the host wait for the device every step; the
     finding holds where the device then waited for the host at least ``share`` of the step (its time in the parts
     that queue no device work) and taking the sync away would give at least that back (the host's own work a step,
     its wait excluded, is shorter than the step). None otherwise (a sync the device never waits after costs
-    nothing)."""
-    f = _sync(b, reads, share)
+    nothing). With the step's ``kernel`` time (a profile of the step) the device's wait is the step less it and the
+    saving the step less the longer of it and the host's step without the wait (:func:`removal_saving`): the idle
+    after the sync mostly falls in the next forward, which the parts' device times alone do not count."""
+    f = _sync(b, reads, share, kernel)
     if f is None:
         return None
     where = "; ".join(f"{w} {figure_text(d, 'ms')} (host {figure_text(h, 'ms')})" for w, d, h in f.where)
     at = (f" ({f.at.name}: {figure_text(f.at.ms, 'ms')} a step on the host, {figure_text(f.blocked_ms, 'ms')} of it while the device was "
           f"busy)" if f.at is not None else "")
     first = f.reads[0]
+    kern = basis = ""
+    if f.kernel is not None:
+        kern = f": {f.kernel.text()}, the rest is the device waiting"
+        basis = (f" (the step less the longer of its kernel time and the host's own work a step without the wait, "
+                 f"{figure_text(b.host_ms - f.blocked_ms, 'ms')})")
     return (f"{_reads_text(f.reads)} {'is' if len(f.reads) == 1 else 'are'} read back to the host after every "
             f"batch: a device sync in the loop (logged with self.log(..., prog_bar=True), Lightning turns it into a "
             f"number with .item(), with or without a progress bar). The host waits there for the device{at}, then "
             f"the device, its queue empty, waits {figure_text(f.idle_ms, 'ms')} a step ({pct_text(f.idle_ms / b.step_ms)} of the "
-            f"{figure_text(b.step_ms, 'ms')} step, mean of {b.steps} steps) while the host prepares the next step: {where}. "
+            f"{figure_text(b.step_ms, 'ms')} step, mean of {b.steps} steps{kern}) while the host prepares the next step: {where}. "
             f"Change: self.log({first!r}, ..., prog_bar=False), or on_step=False (Lightning reduces it at the "
             f"epoch's end), or log it every few steps yourself: the host then runs ahead of the device; saves up to "
-            f"{figure_text(f.saving_ms, 'ms')} a step")
+            f"{figure_text(f.saving_ms, 'ms')} a step{basis if f.kernel is not None else NO_KERNEL}")
 
 
-def sync_findings(b: Breakdown, reads: Sequence[str], share: float = LOOP_SHARE) -> list[dict[str, Any]]:
+def sync_findings(b: Breakdown, reads: Sequence[str], share: float = LOOP_SHARE,
+                  kernel: KernelTime | None = None) -> list[dict[str, Any]]:
     """:func:`sync_text` as a finding the report turns into an opportunity (``{cause, change, saving_s}``)."""
-    f = _sync(b, reads, share)
+    f = _sync(b, reads, share, kernel)
     if f is None:
         return []
     return [{"cause": f"a device sync in the loop: {_reads_text(f.reads)} read back to the host after every batch "

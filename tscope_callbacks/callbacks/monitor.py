@@ -197,7 +197,10 @@ class StepMonitor(ProfilingCallback):
     the step only its **device time** (the device's time while the host ran it, from CUDA events around the parts:
     ``callbacks.loop_probe``): host time spent blocked in a device sync, or hidden behind the device's work, is no
     overhead; a value logged for the progress bar and read back every step is named as a **host-device sync** where
-    the device then waited for the host (``analysis.step_parts.sync_text``). Under DDP every rank's parts
+    the device then waited for the host (``analysis.step_parts.sync_text``). Where a CUDA profile of the step gives
+    its kernel time, host work (the sync's wait, the loop's work) costs the step the step less the longer of the
+    kernel time and the host's step without it (``step_parts.removal_saving``: the device's idle after it, in the
+    next forward, counted); the verdict waits for the baseline profile when one is due. Under DDP every rank's parts
     are gathered at logging steps and the **late rank** is named with how much every other rank waits for it a step
     and the part it is slow in (its data, its compute, its host): scalars, an alert, and the dashboard's per-rank
     view (alerted once it holds two logging intervals in a row, once per rank and kind).
@@ -234,7 +237,8 @@ class StepMonitor(ProfilingCallback):
 
     Attributes: ``alerts`` (dicts: step, profile_step, trigger, findings (``anomaly.Finding``), text, breakdown and
     healthy (``Breakdown``)), ``transients``, ``contended``, ``last_breakdown`` (the last logged ``Breakdown``),
-    ``input_fixes``, ``loop_finding``, ``progress_bar_reads`` (GPU), ``late`` (the last ``step_parts.LateRank``), ``rank_history``,
+    ``input_fixes``, ``loop_finding``, ``progress_bar_reads`` (GPU), ``kernel`` (GPU: the step's
+    ``step_parts.KernelTime`` from the latest CUDA profile of a training step; None: none), ``late`` (the last ``step_parts.LateRank``), ``rank_history``,
     ``telemetry_off``, ``healthy`` (the baseline ``anomaly.Snapshot``), ``captures`` (steps the monitor captured).
     """
 
@@ -279,6 +283,9 @@ class StepMonitor(ProfilingCallback):
         self.loop_finding: str | None = None
         #: GPU: the values Lightning reads back to the host every step (``self.log(..., prog_bar=True)``): a sync
         self.progress_bar_reads: tuple[str, ...] = ()
+        #: GPU: the step's CUDA kernel time from the latest profile of a training step (its own baseline or
+        #: diagnosis, or a scheduled tscope callback's): the basis of the sync and loop findings' cost; None: none yet
+        self.kernel: sp.KernelTime | None = None
         self.late: sp.LateRank | None = None
         self.rank_history: list[tuple[int, sp.LateRank]] = []
         self.healthy: an.Snapshot | None = None
@@ -386,8 +393,8 @@ class StepMonitor(ProfilingCallback):
             v = self._verdict.summary(self.options.input_bound_share)
             loop = []
             if v is not None and self._loop_told:
-                loop = (sp.sync_findings(v, self.progress_bar_reads, self.options.loop_share)
-                        or sp.loop_findings(v, self.options.loop_share))
+                loop = (sp.sync_findings(v, self.progress_bar_reads, self.options.loop_share, self.kernel)
+                        or sp.loop_findings(v, self.options.loop_share, kernel=self.kernel))
             s.profile.label(step_breakdown={**self.last_breakdown.to_dict(), "input_fixes": list(self.input_fixes),
                                             "input_bound_share": self.options.input_bound_share,
                                             "loop_findings": loop,
@@ -580,6 +587,8 @@ class StepMonitor(ProfilingCallback):
                     ctx: ProfileContext) -> None:
         if ctx.stage != "train":
             return
+        if self.cuda:
+            self.kernel = sp.kernel_time(result.ops, result.info.timing, ctx.step) or self.kernel
         ops: dict[str, float] = {}
         comm = 0.0
         for r in result.ops:
@@ -739,18 +748,26 @@ class StepMonitor(ProfilingCallback):
                             "of %d steps; threshold %s). %s.", pct_text(v.fetch_share), figure_text(v.fetch_ms, "ms"),
                             figure_text(v.host_ms, "ms"), v.steps, pct_text(self.options.input_bound_share),
                             "; ".join(self.input_fixes))
-        if self._loop_told:
+        if self._loop_told or self._kernel_due(gs):
             return b
         # on a GPU only what the device lost counts (step_parts): a sync that left the device waiting is named as
-        # such (the logged value read back every step), else the loop's own work by its device time
-        kind, text = "host-device sync", sp.sync_text(v, self.progress_bar_reads, self.options.loop_share)
+        # such (the logged value read back every step), else the loop's own work; with the step's kernel time, by
+        # the step less the longer of it and the host's step without the work, else by the parts' device times
+        kind, text = "host-device sync", sp.sync_text(v, self.progress_bar_reads, self.options.loop_share, self.kernel)
         if text is None:
-            kind, text = "loop overhead", sp.loop_text(v, self.options.loop_share)
+            kind, text = "loop overhead", sp.loop_text(v, self.options.loop_share, kernel=self.kernel)
         if text is not None:
             self._loop_told, self.loop_finding = True, text
             if trainer.is_global_zero:
                 log.warning("tscope StepMonitor: %s: %s.", kind, text)
         return b
+
+    def _kernel_due(self, gs: int) -> bool:
+        """GPU: the loop and sync verdicts wait for the step's kernel time while a profile of the step is coming
+        (the baseline, the monitor's own or a scheduled callback's first, within a verdict window of steps); with
+        none coming they use the parts' device times."""
+        return (self.cuda and self.kernel is None and self.healthy is None and (self.profile or bool(self._scheduled))
+                and self._capture_from <= gs + sp.VERDICT_WINDOW)
 
     def _contention_episode(self, gs: int) -> None:
         """Rising contention named as such: the latest steps' wait for a CPU grew by at least ``min_rise`` of the
