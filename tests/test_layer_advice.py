@@ -347,3 +347,79 @@ def test_kernel_time_findings_are_held_back_on_a_launch_bound_cuda_step():
     assert cb.saving_s == pytest.approx(saving)
     # the device busy: no launch finding, the autotuner advised
     assert found(rep(4.9e-3), "cudnn_benchmark") and not found(rep(4.9e-3), "launch")
+
+
+def merged_cl(pool_ms, bn_ms=(5.0, 8.0), step_s=100e-3):
+    """``cl_step`` profiled over len(``pool_ms``) steps (merged as the callback merges them), the max pooling's
+    forward taking ``pool_ms[i]`` in step i, every other op the same time in each step."""
+    from tscope_callbacks.analysis.noise import merge_steps
+
+    layers = {k: LayerRecord(path=k, type=v) for k, v in {"": "Net", **CL_TYPES}.items()}
+    profs = []
+    for i, p in enumerate(pool_ms):
+        profs.append(make_profile(cl_step(pool_ms=p, bn_ms=bn_ms), layers=layers, step=i, device="cpu",
+                                  step_time_s=step_s, step_time_basis="unprofiled-median",
+                                  conv_channels_last=False))
+    return api.roofline(merge_steps(profs), CPU)
+
+
+def _row(md, layer, phase):
+    return next(line for line in md.splitlines() if line.startswith(f"| `{layer}` |") and f"| {phase} |" in line)
+
+
+def test_a_channels_last_finding_resting_on_a_noisy_pooling_row_is_not_made():
+    # BatchNorm near the element-wise rate (5 and 8 ms: not slow in NCHW, as ``fast`` above); the max pooling's
+    # forward 2.2, 10 and 25 ms over three steps: median 10 ms, spread 22.8 ms > 50% of it (and > 0.5 ms, 0.5% of the
+    # step): marked noise. At its median 10 ms it alone would make the finding (2.10 ms at the element-wise rate)
+    noisy = merged_cl((2.2, 10.0, 25.0))
+    assert noisy.noise.is_marked("pool", "forward")
+    assert not found(noisy, "channels_last")
+    md = noisy.to_markdown()
+    row = _row(md, "pool", "forward")
+    assert "(noise)" in row and "#" not in row  # no advice number on a row marked noise
+    assert all(("pool", "forward") not in o.rows for o in noisy.opportunities)
+    # the same step with the pooling steady at 9.5, 10 and 10.5 ms (spread 1 ms, 10%: not noise): the finding stays,
+    # the saving the single-step report predicts, and the pooling row carries its number
+    steady = merged_cl((9.5, 10.0, 10.5))
+    assert not steady.noise.is_marked("pool", "forward")
+    (o,) = found(steady, "channels_last")
+    (single,) = found(report(cl_step(pool_ms=10.0, bn_ms=(5.0, 8.0)), types=CL_TYPES, conv_channels_last=False),
+                      "channels_last")
+    assert o.saving_s == pytest.approx(single.saving_s) and ("pool", "forward") in o.rows
+    n = steady.opportunities.index(o) + 1
+    assert f"#{n}" in _row(steady.to_markdown(), "pool", "forward")
+
+
+def test_a_noisy_pooling_rows_time_is_left_out_of_the_channels_last_saving():
+    # BatchNorm slow in NCHW (12 and 24 ms, as in the first test), the pooling's forward noise (2.2, 10, 25 ms): the
+    # finding stands on the BatchNorm ops and the convolutions alone: the saving without the pooling's
+    # (10 ms - 2.10 ms at the rate), the first test's arithmetic
+    rep = merged_cl((2.2, 10.0, 25.0), bn_ms=(12.0, 24.0), step_s=200e-3)
+    (o,) = found(rep, "channels_last")
+    rate = 3 * ACT_B / 4e-3
+    bn_f, bn_b = 3 * ACT_B + 3 * 256, 5 * ACT_B + 2 * 256
+    assert o.saving_s == pytest.approx((12e-3 - bn_f / rate) + (24e-3 - bn_b / rate) + 10 * ACT_B / rate)
+    assert o.evidence["ops"] == 2 and ("pool", "forward") not in o.rows
+    assert "#" not in _row(rep.to_markdown(), "pool", "forward")
+
+
+def test_a_finding_whose_neighbour_row_is_noise_is_held_back_as_noise():
+    # the pool-order finding is the ReLU's time (forward 3 ms, backward 4 ms); its forward 1, 3 and 12 ms over the
+    # steps (spread 11 ms > 50% of 3 ms) is noise: the finding rests on it, so it is held back and named as noise
+    from tscope_callbacks.analysis.noise import merge_steps
+
+    layers = {k: LayerRecord(path=k, type=v) for k, v in {"": "Net", **CL_TYPES}.items()}
+    profs = []
+    for i, relu_ms in enumerate((1.0, 3.0, 12.0)):
+        ops = cl_step()
+        ops[2].time_s = relu_ms * 1e-3
+        profs.append(make_profile(ops, layers=layers, step=i, device="cpu", step_time_s=200e-3,
+                                  step_time_basis="unprofiled-median", conv_channels_last=True))
+    rep = api.roofline(merge_steps(profs), CPU)
+    assert rep.noise.is_marked("relu", "forward")
+    assert not found(rep, "pool_order")
+    (held,) = [o for o in rep.noise.suppressed if o.kind == "pool_order"]
+    assert held.evidence["noise_rows"] == [["relu", "forward"]]
+    md = rep.to_markdown()
+    assert "rests on rows marked noise (`relu` forward): not a finding" in md
+    assert "#" not in _row(md, "relu", "forward") and "#" not in _row(md, "relu", "backward")

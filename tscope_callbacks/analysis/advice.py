@@ -594,15 +594,25 @@ def _opportunity(report: RooflineAnalysis, stretch: _Stretch, key: tuple[str, st
     effect = measured_effect(kind, chain, report.info.device)
     phases = evidence.get("phases")  # the phases its ops ran in, where a finding knows them (a chain's)
     layers = [m[0] for m in members]
-    spread = max(sum(noise.layer_spread(x, phases) for x in layers), noise.floor_s) if noise else 0.0
-    within = bool(spread) and saving <= spread  # within the measured noise: not a finding
+    # the spread of the rows it comes from: its layers' (the phases it ran in) and every row its saving names (a step
+    # finding's rows lie in many layers)
+    spread_rows = {k for k in (noise.spread if noise else {}) if k in set(rows)
+                   or (k[0] in layers and (phases is None or k[1] in phases))}
+    spread = max(sum(noise.spread[k] for k in spread_rows), noise.floor_s) if noise else 0.0
+    # a row marked noise is no evidence: a finding that rests on one (its own layer's, or a neighbour a rule looks
+    # at, e.g. the activation before a pooling) is held back as noise; the step's channels-last finding, which spans
+    # every conv, BatchNorm and pooling row, leaves such rows' ops out of its saving instead (``layer_advice``)
+    noisy = [r for r in rows if noise is not None and r in noise.marks]
+    if noisy:
+        evidence["noise_rows"] = [list(r) for r in noisy]
+    within = bool(noisy) or (bool(spread) and saving <= spread)  # within the measured noise: not a finding
     typ = getattr(report.layer_records.get(layer), "type", "") if report.layer_records else ""
     return Opportunity(
         layer=pattern if n > 1 else layer, phase="all", type=typ, kind=kind,
         cause=f"{cause}. Fix: {f0.fix}. Saves about {ms(saving)}/step{share}.", change=f0.fix, saving_s=saving,
         recoverable_s=saving, measured_s=sum(ops_s) if ops_s else None,
         estimate_s=sum(o.expected_s for o in in_rows),
-        evidence={**evidence, "noise_s": spread} if within else evidence, rows=rows,
+        evidence={**evidence, "noise_s": spread} if within and spread else evidence, rows=rows,
         predicted_by=f0.predicted_by, predicted_text=text, measured_ratio=effect.ratio if effect else None,
         measured_on=effect.text if effect else "", op=str(evidence.get("op") or "")), within, is_held
 
@@ -612,13 +622,18 @@ def opportunities(report: RooflineAnalysis, noise: Noise | None = None, top: int
                   held_back: list[Opportunity] | None = None) -> list[Opportunity]:
     """Findings, largest predicted saving first, each with cause, change, predicted saving and how it was predicted.
     The same finding in repeated blocks (``h.0.mlp`` ... ``h.11.mlp``) is one opportunity: savings summed, layers
-    listed. ``noise``: the step's (``analysis.noise.find_noise``); a finding whose saving is within the measured noise
-    of its rows is left out (appended to ``suppressed``). On a launch-bound CUDA step (the device idle at least
+    listed. ``noise``: the step's (``analysis.noise.find_noise``); a row marked noise is no evidence: a finding whose
+    saving is within the measured noise of its rows, or that rests on a row marked noise, is left out (appended to
+    ``suppressed``; ``evidence["noise_rows"]`` names such rows), a repeated block resting on one leaves its group, and
+    the step's channels-last finding leaves such rows' ops out of its saving (then made only when what is left is
+    at least ``MIN_SAVING_SHARE`` of the step and above the noise). On a launch-bound CUDA step (the device idle at least
     ``LAUNCH_BOUND_SHARE`` of it) the ``KERNEL_TIME_KINDS`` findings are left out (appended to ``held_back``) and
     named in the ``launch`` finding."""
     found: list[Opportunity] = []
     stretch = _Stretch(report)
     ctx = Context(report)
+    if noise is not None:
+        ctx.noisy = frozenset(noise.marks)
     groups = _grouped_findings(report, ctx)
     step = _step_s(report)
     # the device waits for the host most of the step: a saving of kernel time alone does not shorten it (the launch
@@ -630,6 +645,11 @@ def opportunities(report: RooflineAnalysis, noise: Noise | None = None, top: int
         # an outlier among identical blocks gets no advice (its excess is noise); a finding must exceed the spread of
         # its rows' times over the steps (``_opportunity``), which a noisy row raises
         members = [m for m in all_members if noise is None or not noise.layer_outlier(m[0])]
+        # a repeated block whose finding rests on a row marked noise leaves the group (the other blocks are the
+        # evidence); a group of only such blocks is held back as noise (``_opportunity``)
+        clean = [m for m in members if not any(r in ctx.noisy for r in m[1].rows)]
+        if clean and len(clean) < len(members):
+            members = clean
         made = _opportunity(report, stretch, key, members, noise, ctx.cuda, held) if members else None
         if made is None:
             continue

@@ -117,6 +117,12 @@ class Context:
         self.kernels = info.kernels or []  #: [name, start_ns, duration_ns, stream, op position]
         #: a forward-only step (inference, validation): no op ran in a backward
         self.inference = bool(self.seq) and not any(o.record.phase == "backward" for o in self.seq)
+        #: the (layer, phase) rows marked as noise (``analysis.noise``): their time is no evidence for a finding, so
+        #: the rules leave their ops out of a saving (set by ``analysis.advice.opportunities`` when it has the noise)
+        self.noisy: frozenset[tuple[str, str]] = frozenset()
+
+    def is_noisy(self, o: OpRoof) -> bool:
+        return (o.record.layer, o.record.phase) in self.noisy
 
     def after(self, o: OpRoof) -> OpRoof | None:
         i = self.pos.get(o.record.index)
@@ -172,7 +178,9 @@ def _cl_bytes(o: OpRoof, ctx: Context) -> int:
 def _channels_last(ctx: Context) -> list[Finding]:
     if ctx.info.conv_channels_last is not False:
         return []  # channels-last already, or the layout is unknown
-    convs = [o for o in ctx.seq if o.record.category == "conv" and o.measured_s and _act_bytes(o)]
+    # an op in a row marked noise is no evidence: its time counts toward no saving
+    convs = [o for o in ctx.seq if o.record.category == "conv" and o.measured_s and _act_bytes(o)
+             and not ctx.is_noisy(o)]
     if not convs:
         return []
     fix = ("convert the model and its inputs to channels-last: `model = model.to(memory_format=torch.channels_last)` "
@@ -200,7 +208,7 @@ def _channels_last(ctx: Context) -> list[Finding]:
     if not ctx.cpu:
         return []
     rate = ctx.elementwise_rate() or convs[0].bandwidth
-    slow = [o for o in ctx.seq if o.record.op in CHANNELS_LAST_CPU_OPS and o.measured_s
+    slow = [o for o in ctx.seq if o.record.op in CHANNELS_LAST_CPU_OPS and o.measured_s and not ctx.is_noisy(o)
             and any(_four_d(s) for s in o.record.input_shapes[:1])
             and _cl_bytes(o, ctx) / rate < SLOW_LAYOUT_SHARE * (o.measured_s or 0.0)]
     if not slow:

@@ -101,6 +101,12 @@ def noise_lines(report: ReportData, top: int | None = None) -> list[str]:
     for m in sorted(marks, key=lambda m: -m.measured_s):
         out.append(f"- `{m.layer or '(root)'}` {m.phase} — {m.text}")
     for o in held:
+        rows = (o.evidence or {}).get("noise_rows")
+        if rows:  # its saving rests on rows whose time is noise
+            names = ", ".join(f"`{r[0] or '(root)'}` {r[1]}" for r in rows[:3]) + (" ..." if len(rows) > 3 else "")
+            out.append(f"- `{o.layer or '(root)'}` {o.title} — predicted saving {time_text(o.saving_s)} rests on "
+                       f"rows marked noise ({names}): not a finding")
+            continue
         noise_s = o.evidence.get("noise_s") if o.evidence else None
         spread = noise_s if noise_s is not None else noise.spread_of(o.layer, o.phase)
         floor = noise.floor_s
