@@ -175,3 +175,22 @@ def test_on_a_busy_machine_a_saving_must_exceed_the_steps_typical_deviation():
         p.info = dataclasses.replace(p.info, step_time_spread_s=30e-3)  # more than every row's excess: nothing to say
     md = api.roofline(merge_steps(steps), a100()).to_markdown()
     assert "typical deviation on this busy machine, 30 ms" in md and "every layer is at its roof" not in md
+
+
+def test_a_repeated_block_resting_on_a_noisy_row_leaves_its_group():
+    # three identical blocks h.{0,1,2}.act, each a forward chain of 3 fp32 pointwise ops (4 ms each: a ~12 ms fusion
+    # saving a block, as above); block 0's tanh takes 4, 30 and 4 ms over the steps: same median as its siblings (no
+    # outlier) but its row spreads 26 ms, > 50% of 12 ms: noise. The finding is the two other blocks'
+    steps = []
+    for s, t0 in enumerate((4.0, 30.0, 4.0)):
+        ops = [pointwise(N, name=n, layer=f"h.{b}.act", time_s=(t0 if (b, n) == (0, "aten.tanh") else 4.0) * 1e-3)
+               for b in range(3) for n in ("aten.mul", "aten.add", "aten.tanh")]
+        layers = {f"h.{b}.act": LayerRecord(path=f"h.{b}.act", type="Act") for b in range(3)}
+        steps.append(make_profile(ops, layers=layers, step=s, step_time_s=100e-3, step_time_basis="unprofiled-median"))
+    rep = api.roofline(merge_steps(steps), a100())
+    assert rep.noise.is_marked("h.0.act", "forward") and not rep.noise.is_marked("h.1.act", "forward")
+    (o,) = [o for o in rep.opportunities if o.kind == "fusion"]
+    assert o.layer == "h.*.act" and o.evidence["layers"] == ["h.1.act", "h.2.act"]
+    assert ("h.0.act", "forward") not in o.rows
+    row = next(line for line in rep.to_markdown().splitlines() if line.startswith("| `h.0.act` |"))
+    assert "(noise)" in row and "#" not in row
