@@ -33,7 +33,7 @@ def test_tensorboard_table_scalars_and_inspector_gadgets_json(tmp_path: Path) ->
     layers = cb.last_layers
     assert max(p.count(".") + 1 for p in layers if p) == 3 and "model.blocks.0" in layers
     assert layers["model.blocks.0"].calls == 1 and layers["model.head"].calls == 1
-    assert cb.last_table.splitlines()[0] == "tscope layers -- train step 3"
+    assert cb.last_table.splitlines()[0].startswith("tscope layers -- TinyLM, train step 3 only (op times of this one step")
     assert "│   ├── 0" in cb.last_table and "└── head" in cb.last_table
 
     acc = EventAccumulator(trainer.logger.log_dir, size_guidance={"scalars": 0, "tensors": 0})
@@ -68,7 +68,7 @@ def test_shares_the_capture_with_roofline_and_prints(tmp_path: Path, capsys: pyt
     # the shared capture kept full detail for the roofline
     assert "model.blocks.0.attn.qkv" in roof.last_profile.layers
     out = capsys.readouterr().out
-    assert out.count("tscope layers -- train step") == 2 and "├── model.blocks.0" in out
+    assert out.count("tscope layers -- TinyLM, train step") == 2 and "├── model.blocks.0" in out
 
 
 def test_csv_and_no_logger_files(tmp_path: Path) -> None:

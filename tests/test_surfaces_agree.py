@@ -185,3 +185,92 @@ def test_every_surface_shows_the_same_layer_times(fit: tuple[Any, Path, int, Pat
             assert t == text[(path_, phase)], (path_, phase, t, text[(path_, phase)])
             shown += 1
     assert shown >= len([k for k in want if k[1] in ("forward", "backward") and k[0] in {c[0] for c in cells}])
+
+
+# ---------------------------------------------------------------- the LayerProfiler's surfaces beside the page's tree
+def _fit_with_layers(tmp: Path, steps: int) -> tuple[ts.LayerProfilerCallback, ts.RooflineCallback, Path]:
+    """The demo's pair: a LayerProfilerCallback (depth 3, as ``tscope demo``) beside a RooflineCallback merging
+    ``steps`` steps, both due at step 2 (one shared capture series)."""
+    roof = ts.RooflineCallback(gpu=test_spec(), start_step=2, every_n_steps=1000, monitor=None,
+                               capture=ts.CaptureOptions(steps=steps, wait_for_warmup=False),
+                               outputs=ts.RooflineOutputs(top=1000, plot=False), mfu=ts.MFUOptions(automatic=False))
+    layers = ts.LayerProfilerCallback(start_step=2, every_n_steps=1000, depth=3,
+                                      outputs=ts.LayerOutputs(plot=False, save_json=False))
+    trainer = pl.Trainer(max_steps=7, logger=TensorBoardLogger(tmp, name="tb"), callbacks=[roof, layers],
+                         accelerator="cpu", devices=1, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, log_every_n_steps=1, num_sanity_val_steps=0, default_root_dir=tmp)
+    model, data = FITS["demo"]()
+    trainer.fit(model, datamodule=data)
+    assert roof.last_report is not None and layers.last_layers is not None
+    return layers, roof, Path(trainer.logger.log_dir)
+
+
+def _page_tree(report: Any, page: Path) -> tuple[str, dict[str, list[str]]]:
+    """The page's layer-tree caption and, per path, its row's cells (name, bar, fwd self, fwd total, bwd self,
+    bwd total, ...)."""
+    report.to_html(page)
+    with chromium() as driver:
+        driver.get(page.as_uri())
+        driver.find_element("css selector", "#tree-expand").click()
+        caption = driver.find_element("css selector", "#tree-basis").text
+        cells = driver.execute_script("""return [...document.querySelectorAll('#tree-table tr.tree-row')].map(
+            (tr) => [tr.getAttribute('data-path'), tr.querySelector('.p').textContent,
+                     ...[...tr.children].slice(2, 6).map((td) => td.textContent)]);""")
+    return caption, {c[0]: c[1:] for c in cells}
+
+
+def _tb_layers(log_dir: Path) -> tuple[str, dict[str, list[str]], dict[str, float]]:
+    """The LayerProfiler's TensorBoard surfaces: its Text-tab table (title, per row name -> self fwd, fwd, self bwd,
+    bwd) and its scalars (tag -> value)."""
+    acc = EventAccumulator(str(log_dir), size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    (ev,) = acc.Tensors("tscope/layers/table/text_summary")
+    lines = ev.tensor_proto.string_val[0].decode().splitlines()
+    rows = {}
+    for line in lines:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and "`" in cells[0]:
+            rows[cells[0].replace("&nbsp;", "").strip("`")] = [c.replace("\u00a0", " ") for c in cells[1:5]]
+    scalars = {t: acc.Scalars(t)[0].value for t in acc.Tags()["scalars"] if t.startswith("tscope/layers/")}
+    return lines[0], rows, scalars
+
+
+def _seconds(text: str) -> float:
+    """``"35 µs"`` -> 3.5e-05 (``analysis.fmt.time_text``'s units)."""
+    v, unit = text.split()
+    return float(v) * {"ns": 1e-9, "µs": 1e-6, "ms": 1e-3, "s": 1.0}[unit]
+
+
+def test_layer_profiler_and_page_tree_agree_on_one_step(tmp_path: Path) -> None:
+    """One profiled step (capture.steps=1): the LayerProfiler's Text-tab table, its scalars and the page's tree show
+    the same times for the same layer (one capture, op times, self = the layer's own ops, total = with its sub-layers)
+    and the same root name; a block listed without its sub-layers (depth 3) still shows its own self time."""
+    layers, roof, log_dir = _fit_with_layers(tmp_path, steps=1)
+    title, table, scalars = _tb_layers(log_dir)
+    caption, tree = _page_tree(roof.last_report, tmp_path / "step.html")
+    assert "step 2 only" in title and "step 2 only" in caption, (title, caption)
+    assert "hooks" not in caption  # layer times are the layer's ops' times, not host hook timers
+    assert tree[""][0] == "(root)" and "(root)" in table  # one root name
+    L = layers.last_layers
+    for path, name in (("model.head", "head"), ("model.blocks.0", "0"), ("", "(root)")):
+        fs, ft, bs, bt = tree[path][1:5]
+        # the table says its unit per cell ("35 µs", "1.52 ms"), the page's columns are in ms: both 3 figures
+        assert [ms_text(_seconds(c)) for c in table[name]] == [fs, ft, bs, bt], (path, table[name], tree[path])
+    # the scalars are the tree's totals, unrounded
+    for path in ("model.head", "model.blocks.0"):
+        for phase, i in (("forward", 2), ("backward", 4)):
+            v = scalars[f"tscope/layers/{path}/{phase}_ms"]
+            assert ms_text(v / 1e3) == tree[path][i], (path, phase, v, tree[path][i])
+    blk = L["model.blocks.0"]
+    assert 0 < blk.self_forward_s < blk.forward_s  # its attention and MLP are not its own ops
+    assert table["0"][0] != table["0"][1]
+
+
+def test_layer_profiler_and_page_tree_say_their_steps(tmp_path: Path) -> None:
+    """Three merged steps: the page's tree shows each layer x phase's median of steps 2-4, the LayerProfiler's table
+    step 2's own times; each says which, so two different figures for one layer are never unexplained."""
+    layers, roof, log_dir = _fit_with_layers(tmp_path, steps=3)
+    title, _, _ = _tb_layers(log_dir)
+    caption, _ = _page_tree(roof.last_report, tmp_path / "step.html")
+    assert "step 2 only" in title, title
+    assert "median of steps 2, 3, 4" in caption, caption

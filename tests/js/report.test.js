@@ -113,6 +113,11 @@ test("an opportunity: its saving, where, its change once, how it was predicted a
   const w = R.oppView(Object.assign({}, o, {cause: "x. Fix: apply the ReLU after the pooling.", measured_ratio: null}));
   assert.equal(w.change, null);
   assert.equal(w.measured, null);
+  /* a step-wide finding is placed in the markdown report's words ("the model", "the input pipeline"), a layer-less
+     one elsewhere at the root: "(root)", the root layer's one name */
+  assert.equal(R.oppView(Object.assign({}, o, {layer: "", kind: "channels_last"})).where, "the model");
+  assert.equal(R.oppView(Object.assign({}, o, {layer: "", kind: "input"})).where, "the input pipeline");
+  assert.equal(R.oppView(Object.assign({}, o, {layer: "", kind: "fuse"})).where, "(root)");
 });
 
 test("communication and FSDP figures by their key's unit", () => {

@@ -57,7 +57,8 @@ def select_layers(
     layers: Mapping[str, LayerRecord], paths: Sequence[str] | str | None = None, depth: int | None = None
 ) -> dict[str, LayerRecord]:
     """Keep the layers matching ``paths`` (exact paths or fnmatch globs) and ``depth`` (path segments; the root
-    ``""`` is always kept); the ``self_*`` totals of a kept layer then include its dropped descendants.
+    ``""`` is always kept); the ``self_*`` totals of a kept layer with kept children then include its dropped
+    descendants outside them; a kept layer none of whose sub-layers is kept keeps its own ``self_*`` (its own ops).
 
     Same selection rule as ``ts.profile(paths=..., depth=...)``, applied after the fact, so records captured at full
     detail can be shown at a coarser one. Inclusive fields are unchanged. Returns copies; the input is not modified.
@@ -73,12 +74,8 @@ def select_layers(
         for incl, own in _SELF_PAIRS:
             v = getattr(P, incl) - sum(getattr(keep[k], incl) for k in kids)
             setattr(P, own, max(v, 0.0) if isinstance(v, float) else v)  # no float-rounding negatives
-    # leaves that lost children: self = inclusive
-    kids_of = layer_children(keep)
-    for p, L in keep.items():
-        if not kids_of[p]:
-            for incl, own in _SELF_PAIRS:
-                setattr(L, own, getattr(L, incl))
+    # a kept layer whose sub-layers were all dropped keeps its own self time (its own ops, as every other surface
+    # shows it): its total still includes the sub-layers (self = total would say it has no sub-layers at all)
     return keep
 
 
@@ -134,10 +131,14 @@ def inspector_gadgets_json(layers: Mapping[str, LayerRecord], model_name: str | 
 
 
 def top_layers(layers: Mapping[str, LayerRecord], k: int) -> list[LayerRecord]:
-    """The ``k`` non-root leaf-most layers with the most self FLOPs (forward + backward; ties by path), largest
-    first: a deterministic set (FLOPs do not vary with timing noise)."""
+    """The ``k`` non-root leaf-most layers with the most FLOPs outside their listed sub-layers (forward + backward;
+    ties by path), largest first: a deterministic set (FLOPs do not vary with timing noise)."""
+    kids = layer_children(layers)
+    # a layer's FLOPs outside its listed sub-layers (its own ops and those of the sub-layers not listed)
+    own = {p: L.flops_fwd + L.flops_bwd - sum(layers[c].flops_fwd + layers[c].flops_bwd for c in kids.get(p, []))
+           for p, L in layers.items()}
     cand = [L for p, L in layers.items() if p != ""]
-    cand.sort(key=lambda L: (-(L.self_flops_fwd + L.self_flops_bwd), L.path))
+    cand.sort(key=lambda L: (-own[L.path], L.path))
     return cand[: max(k, 0)]
 
 

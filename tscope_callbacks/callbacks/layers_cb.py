@@ -17,7 +17,7 @@ from tscope_callbacks.callbacks.options import LayerOutputs, check_bool, check_o
 from tscope_callbacks.callbacks.sinks import metric_key
 from tscope_callbacks.capture.paths import Selection
 from tscope_callbacks.records import LayerRecord, StepProfile
-from tscope_callbacks.render.layer_table import render_tree_markdown, render_tree_table
+from tscope_callbacks.render.layer_table import ROOT_NAME, render_tree_markdown, render_tree_table
 
 __all__ = ["LayerProfilerCallback"]
 
@@ -83,11 +83,14 @@ class LayerProfilerCallback(ProfilingCallback):
                     ctx: ProfileContext) -> None:
         layers = select_layers(result.layers, self.paths, self.depth)
         model_name = type(pl_module).__name__
-        title = f"tscope layers -- {ctx.stage} step {ctx.step}"
+        # the basis in the title: one step's op times (a RooflineCallback's report and the TSCOPE tab's tree show
+        # the median over its merged steps, so their times of the same layer may differ)
+        title = (f"tscope layers -- {model_name}, {ctx.stage} step {ctx.step} only (op times of this one step; "
+                 "self = the layer's own ops, total = with its sub-layers)")
         if ctx.world_size > 1:
             t = ctx.step_times_s
             title += f" (profiled step time across ranks: min {time_text(min(t))}, max {time_text(max(t))})"
-        table = render_tree_table(layers, root_name=model_name, title=title)
+        table = render_tree_table(layers, root_name=ROOT_NAME, title=title)
         self.last_layers, self.last_table = layers, table
         if not ctx.is_global_zero:
             return
@@ -98,7 +101,7 @@ class LayerProfilerCallback(ProfilingCallback):
         sinks, log_step = self.sinks(trainer), ctx.log_step
         key = lambda name: metric_key("layers", name, ctx.stage)  # noqa: E731
         # a markdown table (TensorBoard's text plugin cuts a wide code block off on the right; a table wraps)
-        sinks.log_text(key("table"), render_tree_markdown(layers, root_name=model_name, title=title), log_step)
+        sinks.log_text(key("table"), render_tree_markdown(layers, root_name=ROOT_NAME, title=title), log_step)
         scalars: dict[str, float] = {}
         chosen = ([L for p, L in layers.items() if p] if self.paths else top_layers(layers, self.outputs.top_k))
         for L in chosen:

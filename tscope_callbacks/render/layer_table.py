@@ -8,7 +8,9 @@ from tscope_callbacks.analysis.fmt import bytes_text, sig, time_text
 from tscope_callbacks.analysis.layers import layer_children
 from tscope_callbacks.records import LayerRecord
 
-__all__ = ["render_tree_table", "render_tree_markdown"]
+__all__ = ["render_tree_table", "render_tree_markdown", "ROOT_NAME"]
+
+ROOT_NAME = "(root)"  #: the root layer's name on every surface (the reports' rows, the page's tree, these tables)
 
 
 def _time(seconds: float) -> str:

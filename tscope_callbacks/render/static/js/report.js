@@ -118,6 +118,9 @@ function memoryView(r) {
     predicted (the analysis' `predicted_text`: expected kernel time, bytes saved by fusion, elements skipped...);
     `measured`, where the project applied this kind of change (benchmarks/advice_effect.py) and measured the
     saving, the measured / predicted ratio and where it was measured */
+/* where a finding without a layer applies: the words of the markdown report's (render/markdown.py _STEP_KINDS) */
+const STEP_KINDS = {input: "the input pipeline", loop: "the training loop", launch: "the step", channels_last: "the model"};
+
 function oppView(o) {
   const save = (num(o.saving_s) ? "−" + F.time(o.saving_s) : "–") + (num(o.saving_frac) ? " (" + F.pct(o.saving_frac) + ")" : "");
   const cause = o.cause && o.cause !== o.title ? o.cause : null;
@@ -126,7 +129,7 @@ function oppView(o) {
   const how = typeof o.predicted_text === "string" && o.predicted_text ? o.predicted_text : null;
   const measured = num(o.measured_ratio) ? F.ratio(o.measured_ratio) + " the predicted saving when this kind of change was applied" +
     (o.measured_on ? " (" + o.measured_on + ")" : "") : null;
-  return {save, where: (o.layer || "(root)") + (o.op ? " · " + o.op : ""), title: o.title || o.cause || "", change, cause,
+  return {save, where: (o.layer || STEP_KINDS[o.kind] || "(root)") + (o.op ? " · " + o.op : ""), title: o.title || o.cause || "", change, cause,
     how, measured, kind: o.predicted_by || null};
 }
 

@@ -17,7 +17,7 @@ function draw(r, ctx) {
   const T = {tree, untimed, scale: treeScale(tree, untimed), ctx};
   const el = clear("#tree");
   $("#tree-basis").textContent = (untimed ? "expected kernel time per layer, forward / backward, self and total (total includes children): an estimate, nothing was timed; bar = total expected time (blue fwd, orange bwd)" :
-    "forward / backward time self and total (total includes children) from the layer hooks; bar = total time (blue fwd, orange bwd)") +
+    "forward / backward op time, self (the layer's own ops) and total (with its sub-layers), " + stepsText(r) + "; bar = total time (blue fwd, orange bwd)") +
     "; memory = the bytes the layer's forward / backward added (allocator readings on CUDA, tracked live storages on CPU)" +
     ((r.layers || []).some((L) => !num(L.memory_fwd_bytes)) ? " (not measured in this step: –)" : "");
   const tb = h("table", {class: "t", id: "tree-table"});
@@ -28,6 +28,14 @@ function draw(r, ctx) {
   const depth = openDepth(rows, MAX_OPEN_ROWS, KIDS_SHOWN);
   for (const n of rows) insertNode(T, tb, null, n, 0, depth);
   ctx.S.tree = T;
+}
+
+/* the steps the layer times are of: each layer x phase time is the median over the roofline's merged steps (one
+   step: that step's) -- a LayerProfilerCallback's table and scalars are one step's, so they may differ */
+function stepsText(r) {
+  const m = ((r.context || {}).merged_steps || []).filter((s) => s != null);
+  if (m.length > 1) return "median of steps " + m.join(", ");
+  return r.step != null ? "step " + r.step + " only" : "one step";
 }
 
 /* layer times: in an untimed step, the expected kernel time, marked as such (never the hooks' unmeasured zeros) */
@@ -48,7 +56,7 @@ function treeRow(T, n, depth) {
   const flops = num(L.flops_fwd) ? L.flops_fwd + (L.flops_bwd || 0) : (n.row ? n.row.flops : null);
   const bytes = num(L.bytes_fwd) ? L.bytes_fwd + (L.bytes_bwd || 0) : (n.row ? n.row.bytes : null);
   const nan = nanFlags(L);
-  const name = n.path === "" ? "(model)" : n.path.slice(n.path.lastIndexOf(".") + 1);
+  const name = n.path === "" ? "(root)" : n.path.slice(n.path.lastIndexOf(".") + 1);
   const shapes = (sh) => F.shapes(sh);
   const tr = h("tr", {class: "tree-row", "data-path": n.path, "data-depth": depth, title: n.path || "(root)"},
     h("td", {}, h("div", {class: "nm", style: "padding-left:" + depth * 14 + "px"},
