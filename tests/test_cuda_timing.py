@@ -251,9 +251,9 @@ def test_capture_uses_the_kernel_timeline(fake_cuda):
     assert prof.timeline is not None and len(prof.timeline.kernels) == n - len(views)
 
 
-def test_value_dependent_counts_wait_for_the_stop(fake_cuda, monkeypatch):
-    # an embedding's distinct rows need its index values: on CUDA, reading them inside the region would sync the host
-    # mid-step, so the count is taken at stop (which has synchronized anyway); the figure is the same
+def _embedding_counted_after_the_region(monkeypatch, timing):
+    """An embedding step under ``ts.profile(timing=...)`` with ``torch.unique`` spied on: its index values are read
+    once, after the region (never inside it, where a CUDA read would sync the host); its op record."""
     emb = torch.nn.Embedding(10, 128)
     real_unique, seen = torch.unique, []
     running = {}
@@ -263,12 +263,19 @@ def test_value_dependent_counts_wait_for_the_stop(fake_cuda, monkeypatch):
         return real_unique(*a, **k)
 
     monkeypatch.setattr(torch, "unique", unique)
-    prof = ts.profile(emb, timing="cuda")
+    prof = ts.profile(emb, timing=timing)
     running["prof"] = prof
     with prof:
         emb(torch.full((32,), 3)).sum().backward()
     assert seen == [False]  # one read, after the region
     (r,) = [r for r in prof.ops if r.op == "aten.embedding"]
+    return r
+
+
+def test_value_dependent_counts_wait_for_the_stop(fake_cuda, monkeypatch):
+    # an embedding's distinct rows need its index values: on CUDA, reading them inside the region would sync the host
+    # mid-step, so the count is taken at stop (which has synchronized anyway); the figure is the same
+    r = _embedding_counted_after_the_region(monkeypatch, timing="cuda")
     assert r.bytes_read == 32 * 8 + 128 * 4  # indices + the one distinct row
 
 
@@ -441,19 +448,5 @@ def test_an_untimed_capture_of_a_cuda_model_counts_values_at_stop_too(monkeypatc
     from tscope_callbacks.capture.paths import ModelTree
 
     monkeypatch.setattr(ModelTree, "device", lambda self: torch.device("cuda"))
-    emb = torch.nn.Embedding(10, 128)
-    real_unique, seen = torch.unique, []
-    running = {}
-
-    def unique(*a, **k):
-        seen.append(running["prof"].running)
-        return real_unique(*a, **k)
-
-    monkeypatch.setattr(torch, "unique", unique)
-    prof = ts.profile(emb, timing=None)
-    running["prof"] = prof
-    with prof:
-        emb(torch.full((32,), 3)).sum().backward()
-    assert seen == [False]  # one read, after the region
-    (r,) = [r for r in prof.ops if r.op == "aten.embedding"]
+    r = _embedding_counted_after_the_region(monkeypatch, timing=None)
     assert r.bytes_read == 32 * 8 + 128 * 4 and r.time_s is None  # indices + the one distinct row; untimed
