@@ -28,6 +28,7 @@ from tscope_callbacks.callbacks.base import ProfileContext, ProfilingCallback
 from tscope_callbacks.callbacks.clock import DeviceClock
 from tscope_callbacks.callbacks.context import batch_signature, batch_size
 from tscope_callbacks.callbacks.loop_probe import LoopProbe, progress_bar_reads, read_segments
+from tscope_callbacks.callbacks.options import check_int, check_number
 from tscope_callbacks.callbacks.sinks import metric_key
 from tscope_callbacks.devices.calibrate import CpuSnapshot, cpu_snapshot, others_load_per_cpu
 from tscope_callbacks.hostclock import host_time
@@ -88,23 +89,15 @@ class MonitorOptions:
     alert_on_contention: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("spread_k", "min_rise", "input_bound_share", "loop_share", "late_share", "late_min_ms",
-                     "loss_spike"):
-            v = getattr(self, name)
-            if name == "loss_spike" and v is None:
-                continue
-            lo = 1.0 if name == "loss_spike" else 0.0
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > lo or not math.isfinite(v):
-                raise ValueError(f"MonitorOptions.{name} must be a number > {lo:g}"
-                                 f"{' (or None: off)' * (name == 'loss_spike')}, got {v!r}")
+        for name in ("spread_k", "min_rise", "input_bound_share", "loop_share", "late_share", "late_min_ms"):
+            check_number("MonitorOptions", name, getattr(self, name), 0.0, strict=True)
+        check_number("MonitorOptions", "loss_spike", self.loss_spike, 1.0, strict=True, none="off")
         for name in ("recent_steps", "window", "min_steps", "confirm_steps", "min_gap_steps", "max_alerts",
                      "start_step"):
             v = getattr(self, name)
             if name == "max_alerts" and v is None:
                 continue
-            lo = 0 if name == "start_step" else 1
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"MonitorOptions.{name} must be an int >= {lo}, got {v!r}")
+            check_int("MonitorOptions", name, v, 0 if name == "start_step" else 1)
         if self.recent_steps > self.window // 2:
             raise ValueError(f"MonitorOptions.recent_steps ({self.recent_steps}) must be at most half the window "
                              f"({self.window})")
