@@ -288,3 +288,70 @@ def test_callbacks_profile_in_full_when_asked_or_when_values_are_checked(fake, m
     # the steps the value-checking callback shares are full captures; the roofline's own later steps of a k-step
     # series (reason "repeat", no value check) may replay
     assert not any(r.info.replay is not None for r in seen if r.info.reason != "repeat")
+
+
+SOURCES: list[list] = []  #: the replay sources after each capture of the last ``_monitor_fit``
+
+
+def _monitor_fit(monkeypatch, scale_or_script):
+    """A 50-step fit with a loss spike at step 40 under the step monitor alone, on fake CUDA timing: its healthy
+    baseline (a full capture) becomes the replay source; the spike's diagnosis profiles step 41. Returns (monitor,
+    the profiles it got)."""
+    from test_step_monitor import _fit, _Flags, _Net
+
+    import tscope_callbacks.capture.region as region
+    from tscope_callbacks.callbacks.coordinator import Coordinator
+    from tscope_callbacks.callbacks.monitor import StepMonitor
+
+    monkeypatch.setattr(region, "resolve_timing", lambda model, timing: "cuda")
+    kept = Coordinator.after_capture
+    SOURCES.clear()
+
+    def after(self, key, prof, result):
+        kept(self, key, prof, result)
+        srcs = self.replay_sources()
+        SOURCES.append(srcs)
+        if srcs and not ReplayTimeline.script:
+            ReplayTimeline.script = scale_or_script(srcs[0])
+
+    monkeypatch.setattr(Coordinator, "after_capture", after)
+    seen = []
+
+    class Spy(StepMonitor):
+        def _on_profile(self, trainer, pl_module, result, ctx):
+            seen.append(result)
+            super()._on_profile(trainer, pl_module, result, ctx)
+
+    class Spiky(_Net):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            return loss * 20 if self.global_step == 40 else loss
+
+    mon = Spy()
+    _fit(Spiky(_Flags()), 50, mon)
+    return mon, seen
+
+
+def test_the_step_monitors_diagnosis_replays_from_its_baselines_full_capture(fake, monkeypatch, host):
+    """On CUDA a diagnosis' profile is timed from kernel records with the healthy baseline's counts (a replay: a
+    few percent of a step, not a full capture's several steps), and the diagnosis compares its op times."""
+    mon, seen = _monitor_fit(monkeypatch, lambda src: plan_script(src, scale=3))
+    base, diag = seen[0], seen[-1]
+    assert base.info.reason == "baseline" and base.info.replay is None  # the first profile is a full capture
+    assert diag.info.reason == "anomaly" and diag.info.step == 41
+    assert diag.info.replay["status"] == "matched" and diag.info.replay["source_step"] == base.info.step
+    assert [o.time_s for o in diag.ops] == [pytest.approx(3 * o.time_s) for o in base.ops]
+    spikes = [a for a in mon.alerts if a["trigger"]["kind"] == "loss-spike"]
+    assert len(spikes) == 1 and spikes[0]["profile_step"] == 41
+    assert "no op times" not in spikes[0]["text"]
+
+
+def test_a_diagnosis_whose_kernels_changed_says_so_and_the_next_profiles_in_full(fake, monkeypatch, host):
+    mon, seen = _monitor_fit(monkeypatch, lambda src: [(f"other_kernel_{i}", 1000) for i in range(40)])
+    diag = seen[-1]
+    assert diag.info.replay["status"] == "mismatch" and all(o.time_s is None for o in diag.ops)
+    [spike] = [a for a in mon.alerts if a["trigger"]["kind"] == "loss-spike"]
+    n_plan = diag.info.replay["kernels_planned"]
+    assert (f"no op times: the profiled step ran other kernels than the full capture of step {seen[0].info.step}, "
+            f"0 of its {n_plan} matched in 40 run; the next diagnosis profiles in full") in spike["text"]
+    assert SOURCES[-1] == []  # the source is dropped: this batch shape's next profile is a full capture

@@ -37,6 +37,10 @@ from tscope_callbacks.records import CaptureInfo, ProfileReason, StepProfile
 
 __all__ = ["ProfilingCallback", "ProfileContext"]
 
+#: why a step may be timed from kernel records with an earlier full capture's counts (``capture.replay``): not a
+#: recount (new shapes: counting is its point) nor a compiled model's eager reference (another code path)
+_REPLAYABLE = frozenset({ProfileReason.SCHEDULE, ProfileReason.REPEAT, ProfileReason.ANOMALY, ProfileReason.BASELINE})
+
 
 class ProfilingCallback(GuardedCallback):
     """Base of the tscope profiling callbacks: schedule, shared capture, sinks, cleanup and error policy.
@@ -149,9 +153,10 @@ class ProfilingCallback(GuardedCallback):
         compiled = "eager" if any(o.get("compiled") == "eager" for o in opts) else "auto"
         # count once, time later (CUDA): a training step of the batch shapes of an earlier full capture is timed from
         # kernel records alone with that capture's counts, unless a member checks values or opted out (the later
-        # steps of a k-step series too: RooflineCallback's ``capture.steps``)
+        # steps of a k-step series too: RooflineCallback's ``capture.steps``; the step monitor's diagnoses, which
+        # compare op times: a replay that does not match says so, and the next one is a full capture)
         key = (stage, sig, details, compiled)
-        replayable = (stage == "train" and not check and reason in (ProfileReason.SCHEDULE, ProfileReason.REPEAT)
+        replayable = (stage == "train" and not check and reason in _REPLAYABLE
                       and all(o.get("replay", True) for o in opts))
         source = coord.replay_source(key) if replayable else None
         try:

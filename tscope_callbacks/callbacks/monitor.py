@@ -590,10 +590,16 @@ class StepMonitor(ProfilingCallback):
                 if r.comm:
                     comm += r.time_s
         d = self._diag
+        rep = result.info.replay
         if d is not None and ctx.step == self._diag_step:
             self._diag_step = None
             d.snap.ops, d.snap.comm_s = ops, comm or None
             d.snap.rank_step_s = list(ctx.step_times_s)
+            if rep is not None and rep.get("status") != "matched":  # a replay (CUDA) whose kernels changed
+                miss = (f"no op times: the profiled step ran other kernels than the full capture of step "
+                        f"{rep.get('source_step')}, {rep.get('kernels_matched')} of its {rep.get('kernels_planned')} "
+                        f"matched in {rep.get('kernels_run')} run; the next diagnosis profiles in full")
+                d.note = f"{d.note}; {miss}" if d.note else miss
         elif self._scheduled and self._base_ops is None:
             self._base_ops = (ctx.step, ops)  # the first scheduled profile: the baseline's ops
 
