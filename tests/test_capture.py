@@ -399,32 +399,63 @@ def test_model_tree_walks_as_torch_does():
 def test_a_tensor_seen_by_several_layers_gets_one_gradient_hook():
     """Layer details watch each tensor's gradient once for every layer it is an input or output of (a Sequential's
     output is its last child's, the next layer's input is the same tensor): one hook per tensor, each layer's
-    gradient shapes as before."""
+    gradient shapes as before. A leaf (the input) gets a tensor hook; a tensor an autograd node made, a pre-hook on
+    that node reading its output."""
+    from tscope_callbacks.capture.layers import LayerDetails
+
     inner = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
     model = nn.Sequential(inner, nn.Linear(16, 4))
-    hooks = []
-    orig = torch.Tensor.register_hook
+    tensor_hooks, made = [], []
+    orig, orig_make = torch.Tensor.register_hook, LayerDetails._grad_hook
 
     def counting(self, fn):
-        hooks.append(self)  # held: no id reused by a later tensor
+        tensor_hooks.append(self)  # held: no id reused by a later tensor
         return orig(self, fn)
 
+    def making(self, targets, output_nr=None):
+        made.append(list(targets))  # the hook's own list: the layers it serves, filled in as they see the tensor
+        return orig_make(self, targets, output_nr)
+
     x = torch.randn(3, 8, requires_grad=True)
-    torch.Tensor.register_hook = counting
+    torch.Tensor.register_hook, LayerDetails._grad_hook = counting, making
     try:
         with ts.profile(model, layer_details=True) as prof:
             model(x).sum().backward()
     finally:
-        torch.Tensor.register_hook = orig
-    assert len(hooks) == len({id(t) for t in hooks})  # one hook per tensor
+        torch.Tensor.register_hook, LayerDetails._grad_hook = orig, orig_make
     # x (root, inner, inner.0 inputs), inner.0's output (inner.1's input), the ReLU's output (inner's and inner.1's
-    # output, "1"'s input), the model's output (root's and "1"'s output): 4 tensors
-    assert len(hooks) == 4
+    # output, "1"'s input), the model's output (root's and "1"'s output): 4 tensors, 4 hooks; x's is a tensor hook
+    assert len(made) == 4
+    assert tensor_hooks == [x]
     L = prof.layers
     assert L[""].grad_input_shapes == L["0"].grad_input_shapes == L["0.0"].grad_input_shapes == [[3, 8]]
     assert L["0.0"].grad_output_shapes == L["0.1"].grad_input_shapes == [[3, 16]]
     assert L["0"].grad_output_shapes == L["0.1"].grad_output_shapes == L["1"].grad_input_shapes == [[3, 16]]
     assert L[""].grad_output_shapes == L["1"].grad_output_shapes == [[3, 4]]
+
+
+def test_gradient_hooks_on_nodes_see_what_tensor_hooks_saw():
+    """The node pre-hooks give each layer the gradients tensor hooks gave: a multi-output node (``chunk``) whose one
+    output backward never reaches, an output modified in place by the next layer, a non-finite gradient."""
+
+    class Split(nn.Module):
+        def forward(self, x):
+            a, b = x.chunk(2, dim=-1)
+            return a, b
+
+    class UseFirst(nn.Module):
+        def forward(self, ab):
+            return ab[0] * 2
+
+    model = nn.Sequential(nn.Linear(4, 8), Split(), UseFirst(), nn.Linear(4, 4), nn.ReLU(inplace=True))
+    x = torch.randn(2, 4)
+    with ts.profile(model, layer_details=True, check_finite=True) as prof:
+        (model(x) * float("inf")).sum().backward()
+    L = prof.layers
+    assert L["1"].grad_output_shapes == [[2, 4]]  # only the chunk that reached the loss: b's gradient never came
+    assert L["2"].grad_input_shapes == [[2, 4]]
+    assert L["3"].grad_output_shapes == L["4"].grad_input_shapes == [[2, 4]]  # before the in-place ReLU
+    assert L["4"].nonfinite_grad_output and L["3"].nonfinite_grad_output
 
 
 class _Router(nn.Module):

@@ -212,3 +212,30 @@ def test_saved_tensor_walk_survives_fresh_node_wrappers():
     mem.walk_saved(Wrapper(0), lambda node: f"layer{node.i}")
     assert len(mem.saved) == 200
     assert sum(sum(v.values()) for v in mem.saved.values()) >= 200 * 16  # 4 float32 each (rounded up per block)
+
+
+def test_saved_tensor_walk_skips_attributes_that_hold_numbers_from_then_on():
+    """A node type's ``_saved_*`` attributes that held a number or an int list (a convolution's stride, a batch
+    norm's eps, a matrix's sym sizes) are not read again; one that held None (an optional tensor: NLL's weight) or a
+    tensor is. The saved bytes per layer are the same on every walk."""
+    from tscope_callbacks.capture import memory as M
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+    x = torch.randn(2, 3, 8, 8)
+    walks = []
+    for _ in range(3):
+        with ts.profile(model, layer_details=True) as prof:
+            nn.functional.cross_entropy(model(x), torch.tensor([1, 2])).backward()
+        walks.append({k: v.saved_bytes for k, v in prof.layers.items()})
+    assert walks[0] == walks[1] == walks[2]
+    # conv saves its input x (2x3x8x8 fp32), batch norm its input (2x4x6x6) and its two per-channel results
+    # (saved mean and inverse std, 4 floats each), the linear its input (a view of batch norm's 2x4x6x6 output)
+    assert walks[0]["0"] == 2 * 3 * 8 * 8 * F32
+    assert walks[0]["3"] == 2 * 4 * 6 * 6 * F32
+    names = {cls.__name__: n for cls, n in M._SAVED_NAMES.items()}
+    conv = names["ConvolutionBackward0"]
+    assert "_saved_input" in conv and "_saved_weight" in conv
+    assert not {"_saved_stride", "_saved_padding", "_saved_groups", "_saved_transposed"} & set(conv)
+    assert "_saved_eps" not in names["NativeBatchNormBackward0"]
+    assert "_saved_weight" in names["NllLossBackward0"]  # None here (no class weights): an optional tensor, kept

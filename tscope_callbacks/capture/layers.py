@@ -26,6 +26,7 @@ from tscope_callbacks.records import LayerRecord, OpRecord
 __all__ = ["LayerDetails", "build_layers"]
 
 _SHAPE_LIMIT = 8  #: gradient shapes kept per layer and kind
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
@@ -144,10 +145,25 @@ class LayerDetails:
             return
         targets = [(path, kind)]
         self._watched[id(t)] = (weakref.ref(t), targets)
+        node = t.grad_fn
+        if node is not None and type(t) in _PLAIN:
+            # a pre-hook on the node that made it, reading its output ``output_nr``: what ``t.register_hook`` does
+            # (it binds to the same node, as it is when the hook is registered), without the Python wrapper's dict
+            # and checks (2 us a registration instead of 7); a leaf or a tensor subclass: the tensor's own hook
+            try:
+                self._handles.append(node.register_prehook(self._grad_hook(targets, t.output_nr)))
+                return
+            except (AttributeError, RuntimeError, TypeError):
+                pass
         self._handles.append(t.register_hook(self._grad_hook(targets)))
 
-    def _grad_hook(self, targets: list[tuple[str, str]]) -> Callable[[torch.Tensor], None]:
-        def hook(grad: torch.Tensor) -> None:  # runs inside the user's backward: never raises
+    def _grad_hook(self, targets: list[tuple[str, str]], output_nr: int | None = None) -> Callable[[Any], None]:
+        """The hook noting a gradient under each of ``targets``: a tensor hook (the gradient), or with ``output_nr``
+        a node pre-hook (the node's output gradients; an output backward did not reach is None)."""
+
+        def hook(grad: Any) -> None:  # runs inside the user's backward: never raises
+            if output_nr is not None:
+                grad = grad[output_nr] if output_nr < len(grad) else None
             if not self._live or grad is None:
                 return None
             for path, kind in targets:
@@ -168,6 +184,9 @@ class LayerDetails:
 
     def finish(self) -> None:
         """Read every queued non-finite check (one host read per dtype group) into the flags."""
+        if not self._flags:
+            self._checked.clear()
+            return
         groups: dict[tuple[Any, Any], list[int]] = {}
         for i, (_, _, v) in enumerate(self._flags):
             groups.setdefault((v.device, v.dtype), []).append(i)

@@ -56,7 +56,8 @@ _SAVED_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def _saved_names(node: Any) -> tuple[str, ...]:
-    """The attributes under which an autograd node exposes its saved tensors (cached per node type)."""
+    """The attributes under which an autograd node may expose saved tensors (cached per node type; names seen
+    holding something else are dropped by :func:`_not_a_tensor`)."""
     cls = type(node)
     names = _SAVED_NAMES.get(cls)
     if names is None:
@@ -65,6 +66,23 @@ def _saved_names(node: Any) -> tuple[str, ...]:
             names += ("saved_tensors",)
         _SAVED_NAMES[cls] = names
     return names
+
+
+def _not_a_tensor(node: Any, name: str, v: Any) -> None:
+    """``node.<name>`` read ``v``, which holds no tensor and never will for this node type: forget the name.
+
+    A node type's saved attributes have fixed C++ types (autograd's generated code): a number, a string, an int or
+    SymInt list (``_saved_dilation``, ``_saved_self_sym_sizes``) stays one. Half of a step's ``_saved_*`` reads are
+    such attributes, each a C++ -> Python conversion on every walk. ``None`` (an optional tensor, or an optional
+    int) and empty or all-None lists (a tensor list, ``index_put``'s optional indices) say nothing and are kept."""
+    if v is None:
+        return
+    if isinstance(v, (list, tuple)) and all(x is None for x in v):
+        return
+    cls = type(node)
+    names = _SAVED_NAMES.get(cls)
+    if names is not None and name in names:
+        _SAVED_NAMES[cls] = tuple(n for n in names if n != name)
 
 
 #: a wrapped number's dtype -> the narrowest 0-dim probe of its kind (see ``_python_scalar``)
@@ -84,6 +102,19 @@ def _python_scalar(t: torch.Tensor) -> bool:
         return torch.result_type(probe, t) == probe.dtype
     except (RuntimeError, TypeError):
         return False
+
+
+class _Restore:
+    """The handle of :meth:`MemoryTracker.watch_resizes`: ``remove()`` puts torch's ``resize_`` back."""
+
+    __slots__ = ("orig", "patch")
+
+    def __init__(self, orig: Any, patch: Any) -> None:
+        self.orig, self.patch = orig, patch
+
+    def remove(self) -> None:
+        if torch.UntypedStorage.resize_ is self.patch:  # restore only our own patch (another may wrap it)
+            torch.UntypedStorage.resize_ = self.orig
 
 
 class MemoryTracker:
@@ -198,13 +229,7 @@ class MemoryTracker:
             return out
 
         torch.UntypedStorage.resize_ = resize_
-
-        class _Restore:
-            def remove(self) -> None:
-                if torch.UntypedStorage.resize_ is resize_:  # restore only our own patch (another may wrap it)
-                    torch.UntypedStorage.resize_ = orig
-
-        return _Restore()
+        return _Restore(orig, resize_)
 
     def on_cast(self, out: Any) -> None:
         """``out`` is a parameter cast to another dtype (autocast's weight copy, kept for the backward): noted from
@@ -353,9 +378,16 @@ class MemoryTracker:
                         v = getattr(node, name)
                     except Exception:  # released, or not a tensor attribute
                         continue
+                    if isinstance(v, torch.Tensor):
+                        self.on_saved(v, path)
+                        continue
+                    found = False
                     for t in v if isinstance(v, (list, tuple)) else (v,):
                         if isinstance(t, torch.Tensor):
                             self.on_saved(t, path)
+                            found = True
+                    if not found:
+                        _not_a_tensor(node, name, v)
             stack.extend(f for f, _ in getattr(node, "next_functions", ()))
 
     # ---------------- backward spans (op attribution) ----------------
