@@ -2,7 +2,8 @@
 records shaped like a GPT-2 124M training step's (1,797 ops, 1,163 kernels with the real H100 kernel names of such a
 step from ``tests/data/h100_kernel_names.txt``, one launch call per kernel, 150 layers):
 
-- ``assign_kernels``: each kernel to the op whose range launched it (a full capture's "kernels to ops" pass);
+- ``assign_kernels``: each kernel to the op whose range launched it (a full capture's "kernels to ops" pass), and
+  the same pass over a replayed step's events (no op range: the kernel list alone);
 - a replayed profile's build: the source capture's records with this step's kernel times (``ts.profile(replay=)``,
   the callbacks' later profiles).
 
@@ -114,6 +115,9 @@ def main() -> int:
     tl = assign_kernels(events, N_OPS)
     assert sorted(k.op for k in tl.kernels) == launching  # every kernel to the op that launched it
     assign_s = timed(lambda: assign_kernels(events, N_OPS), args.runs)
+    bare = [e for e in events if not e.name().startswith(RANGE_PREFIX)]  # a replayed step records no op range
+    assert len(assign_kernels(bare, 0).kernels) == N_KERNELS
+    replay_assign_s = timed(lambda: assign_kernels(bare, 0), args.runs)
     src, model = source_profile(tl)
     rep = ReplayProfile(model, src)
     run = Timeline([None] * N_OPS, [None] * N_OPS,
@@ -130,6 +134,7 @@ def main() -> int:
         f"median of {args.runs} runs.", "",
         "| pass | ms |", "|---|---:|",
         f"| assign_kernels (kernels to ops, a full capture) | {assign_s * 1e3:.1f} |",
+        f"| assign_kernels of a replayed step (its kernel list: no op range) | {replay_assign_s * 1e3:.1f} |",
         f"| a replayed profile's build (later profiles) | {build_s * 1e3:.1f} |"])
     print(text)
     if args.write:

@@ -203,6 +203,41 @@ def test_tscope_own_kernels_in_a_replay_are_left_out(fake):
     assert not any(k[0] == "reduce_kernel_isfinite" for k in rep.info.kernels)
 
 
+def test_a_replay_defers_the_garbage_collector_until_its_result_is_built(fake, monkeypatch):
+    """As a full capture does: the collector's first threshold is raised from start to the end of stop (its
+    read-out and build make thousands of objects), and the user's thresholds come back, also when the build fails."""
+    import gc
+
+    from tscope_callbacks.capture.collector import DEFERRED_THRESHOLD
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    src = full_capture(model, opt)
+    ReplayTimeline.script = plan_script(src)
+    before = gc.get_threshold()
+    seen = []
+    build = rp.ReplayProfile._build
+
+    def spy(self, tl, wall):
+        seen.append(gc.get_threshold()[0])
+        return build(self, tl, wall)
+
+    monkeypatch.setattr(rp.ReplayProfile, "_build", spy)
+    with ts.profile(model, replay=src) as rep:
+        seen.append(gc.get_threshold()[0])
+        step(model, opt)
+    assert seen == [DEFERRED_THRESHOLD, DEFERRED_THRESHOLD] and gc.get_threshold() == before
+    assert rep.info.replay["status"] == "matched"
+
+    def broken(self, tl, wall):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(rp.ReplayProfile, "_build", broken)
+    with ts.profile(model, replay=src) as rep:
+        step(model, opt)
+    assert gc.get_threshold() == before and "boom" in rep.info.internal_errors[0]
+
+
 def test_replay_needs_a_cuda_source_of_this_model(fake):
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

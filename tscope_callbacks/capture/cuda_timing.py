@@ -208,7 +208,7 @@ def assign_kernels(events: Sequence[Any], n_ops: int, no_range: Iterable[int] = 
     cpu = torch.autograd.DeviceType.CPU
     ranges: dict[int, int] = {}  # range correlation id -> op index (-1: paused)
     spans: dict[int, list[tuple[int, int, int]]] = {}  # host thread -> [(start, end, op index or -1)]
-    launches: list[tuple[int, int, int]] = []  # (thread, start, correlation id) of runtime API calls
+    runtime: list[Any] = []  # the runtime API calls: read only when a range may hold them (a replay has none)
     device_events = []
     for e in events:
         name = e.name()
@@ -226,9 +226,10 @@ def assign_kernels(events: Sequence[Any], n_ops: int, no_range: Iterable[int] = 
                 ranges[e.correlation_id()] = idx
                 spans.setdefault(_resource(e), []).append((*_interval(e), idx))
             elif _RUNTIME.match(name):
-                launches.append((_resource(e), int(e.start_ns()), e.correlation_id()))
+                runtime.append(e)
         elif not name.startswith(RANGE_PREFIX) and not _call(e, "is_user_annotation", False):
             device_events.append((e, name))
+    launches = [(_resource(e), int(e.start_ns()), e.correlation_id()) for e in runtime] if spans else []
     launched_in = _enclosing_ranges(spans, launches)
     times: list[float | None] = [None] * n_ops
     for idx in ranges.values():

@@ -34,6 +34,7 @@ import torch
 
 from tscope_callbacks.capture.active import claim, release
 from tscope_callbacks.capture.build import step_time
+from tscope_callbacks.capture.collector import DeferredCollection
 from tscope_callbacks.capture.cuda_timing import (
     PAUSED_RANGE,
     KernelRecord,
@@ -146,6 +147,9 @@ class ReplayProfile:
         self.timeline: Timeline | None = None
         self._plan = kernel_plan(source.timeline)
         self._kt: Any = None
+        #: the cyclic collector waits until the result is built, as in a full capture: the read-out and the build
+        #: make a few thousand objects (kernel records, record copies), each young collection a walk of them
+        self._collector = DeferredCollection()
         self._start_s = 0.0  #: host seconds start() took (the Kineto session's prepare and enable)
         self._running = False
         self._paused = 0
@@ -206,6 +210,7 @@ class ReplayProfile:
         except BaseException:
             release(self)
             raise
+        self._collector.enter()
         self._running = True
         self._paused_ns = 0
         self._t0 = time.perf_counter_ns()
@@ -233,15 +238,18 @@ class ReplayProfile:
             release(self)
         t = time.perf_counter_ns()
         try:
-            self.result = self._build(tl, wall)
-        except Exception as e:
-            self._internal_error(e, "building the replay's records")
-            self.result = StepProfile(wall_time_s=wall, info=dataclasses.replace(
-                self.given, internal_errors=list(self.errors)), user=dict(self.user))
-        cost = {  # as Profile's (see its doc); the records are the source's copies
-            "start_s": self._start_s, "region_s": wall, **(self._kt.cost if self._kt else {}),
-            "build_s": (time.perf_counter_ns() - t) * 1e-9, "ops": len(self.result.ops)}
-        self.result.info = dataclasses.replace(self.result.info, capture_cost=cost)
+            try:
+                self.result = self._build(tl, wall)
+            except Exception as e:
+                self._internal_error(e, "building the replay's records")
+                self.result = StepProfile(wall_time_s=wall, info=dataclasses.replace(
+                    self.given, internal_errors=list(self.errors)), user=dict(self.user))
+            cost = {  # as Profile's (see its doc); the records are the source's copies
+                "start_s": self._start_s, "region_s": wall, **(self._kt.cost if self._kt else {}),
+                "build_s": (time.perf_counter_ns() - t) * 1e-9, "ops": len(self.result.ops)}
+            self.result.info = dataclasses.replace(self.result.info, capture_cost=cost)
+        finally:
+            self._collector.exit()
         return self.result
 
     def _internal_error(self, e: BaseException, part: str) -> None:
