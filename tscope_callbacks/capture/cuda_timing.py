@@ -229,7 +229,22 @@ def assign_kernels(events: Sequence[Any], n_ops: int, no_range: Iterable[int] = 
                 runtime.append(e)
         elif not name.startswith(RANGE_PREFIX) and not _call(e, "is_user_annotation", False):
             device_events.append((e, name))
-    launches = [(_resource(e), int(e.start_ns()), e.correlation_id()) for e in runtime] if spans else []
+    # a device event the profiler did not link to a range is paired with its launch by correlation id: only those
+    # launches are placed in ranges (a step's other runtime calls -- events, stream queries, memsets' setup -- never
+    # hold a kernel of their own)
+    dev = []
+    need: set[int] = set()
+    for e, name in device_events:
+        link, corr = e.linked_correlation_id(), e.correlation_id()
+        dev.append((e, name, link, corr))
+        if not link:
+            need.add(corr)
+    launches = []
+    if spans and need:
+        for e in runtime:
+            corr = e.correlation_id()
+            if corr in need:
+                launches.append((_resource(e), int(e.start_ns()), corr))
     launched_in = _enclosing_ranges(spans, launches)
     times: list[float | None] = [None] * n_ops
     for idx in ranges.values():
@@ -240,9 +255,7 @@ def assign_kernels(events: Sequence[Any], n_ops: int, no_range: Iterable[int] = 
             times[idx] = 0.0
     tc: list[bool | None] = [None] * n_ops
     kernels = []
-    for e, name in device_events:
-        link = e.linked_correlation_id()
-        corr = e.correlation_id()
+    for e, name, link, corr in dev:
         idx = ranges.get(link) if link else launched_in.get(corr)
         if idx == -1:
             continue
