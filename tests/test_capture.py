@@ -550,3 +550,25 @@ def test_no_garbage_collection_inside_a_captured_region():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_the_capture_reads_the_convolutions_weight_layout_from_its_walk_of_the_model():
+    """``info.conv_channels_last`` (the channels-last advice's witness): the model's 3x3 convolutions' weights in
+    channels-last or not, from the capture's one walk of the model; a model without such a convolution says None."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Sequential(nn.Conv2d(8, 8, 3), nn.Conv2d(8, 4, 1)))
+    x = torch.randn(2, 3, 12, 12)
+    with ts.profile(model) as prof:
+        model(x)
+    assert prof.info.conv_channels_last is False
+    model = model.to(memory_format=torch.channels_last)
+    with ts.profile(model) as prof:
+        model(x.to(memory_format=torch.channels_last))
+    assert prof.info.conv_channels_last is True
+    model[2][0].weight.data = model[2][0].weight.data.contiguous()  # one nested 3x3 convolution back to NCHW
+    with ts.profile(model) as prof:
+        model(x)
+    assert prof.info.conv_channels_last is False
+    lin = nn.Linear(4, 4)
+    with ts.profile(lin) as prof:
+        lin(torch.randn(2, 4))
+    assert prof.info.conv_channels_last is None

@@ -17,6 +17,7 @@ from tscope_callbacks.formulas.apply import count_op
 from tscope_callbacks.records import CaptureInfo, OpRecord, StepProfile
 
 if TYPE_CHECKING:
+    from tscope_callbacks.capture.paths import ModelTree
     from tscope_callbacks.capture.profile_options import ProfileOptions
     from tscope_callbacks.capture.state import CaptureState
 
@@ -32,13 +33,14 @@ def _device_of(model: torch.nn.Module) -> torch.device:
     return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
-def layout_facts(model: torch.nn.Module) -> dict[str, Any]:
+def layout_facts(model: torch.nn.Module, tree: ModelTree | None = None) -> dict[str, Any]:
     """Choices the layer-type advice needs that the op records do not show: whether cuDNN's autotuner is on and
     whether the model's 2-D convolutions (kernels larger than 1x1, whose layout is unambiguous) hold channels-last
-    weights (absent when the model has none)."""
+    weights (absent when the model has none). ``tree``: the capture's walk of the model, reused."""
     out: dict[str, Any] = {"cudnn_benchmark": bool(torch.backends.cudnn.benchmark)}
     try:
-        ws = [m.weight for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.weight.dim() == 4
+        mods = (m for _, m in tree.modules) if tree is not None else model.modules()
+        ws = [m.weight for m in mods if isinstance(m, torch.nn.Conv2d) and m.weight.dim() == 4
               and m.weight.shape[-1] * m.weight.shape[-2] > 1]
         if ws:
             out["conv_channels_last"] = all(w.is_contiguous(memory_format=torch.channels_last) for w in ws)
@@ -71,7 +73,7 @@ def base_info(p: ProfileOptions, st: CaptureState) -> dict[str, Any]:
                       "records"},
         "paused_s": st.paused_ns * 1e-9,  #: left out of wall_time_s (tscope's own checks, validation)
         "inputs": st.inputs or [],  #: [shape, dtype] of the model's tensor inputs at its first call
-        **layout_facts(p.model),
+        **layout_facts(p.model, st.tree),
     }
 
 
