@@ -94,7 +94,7 @@ def test_view_of_an_empty_log_dir_speaks_of_the_command_line(tmp_path: Path, cap
 @pytest.mark.parametrize(("name", "content", "says"), [
     ("step_3.json", "{}", "is an empty JSON object, not a tscope step file"),
     ("layers_step_10.json", '{"TinyLM": {"info": {"type": "TinyLM"}, "children": {}}}',
-     "is the LayerProfilerCallback's layer tree (InspectorGadgets format), not a step file: `tscope report` reads "
+     "is the LayerProfilerCallback's layer tree, not a step file: `tscope report` reads "
      "the RooflineCallback's step_10.json beside it"),
     ("trace_step_4.json", '{"traceEvents": []}', "is a Chrome/Perfetto trace, not a step file"),
     ("other.json", '{"a": 1}', "is not a profiled step: a JSON object with 'a', none of a step file's"),
@@ -115,3 +115,35 @@ def test_the_dashboard_lists_an_empty_object_as_no_step_file(tmp_path: Path) -> 
     (tmp_path / "tscope" / "step_3.json").write_text("{}")
     with pytest.raises(ld.StepFileError, match=r"^step_3.json is an empty JSON object, not a tscope step file"):
         ld.read_step_file(tmp_path / "tscope" / "step_3.json")
+
+
+def test_report_of_a_directory_names_its_last_step_file(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "lightning_logs" / "version_0" / "tscope"
+    run.mkdir(parents=True)
+    for name in ("step_10.json", "step_200.json", "step_30.json", "layers_step_10.json", "validation_step_500.json"):
+        (run / name).write_text("{}")
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"tscope report: {tmp_path} is a directory: give one of its 3 step files, e.g. the last profiled "
+                   f"step's: `tscope report {run / 'step_200.json'}`; `tscope view {tmp_path}` shows them all")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["report", str(empty)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"tscope report: {empty} is a directory with no step file in it: give a step file (RooflineCallback writes "
+        "tscope/step_<N>.json in the run's log directory)")
+
+
+@pytest.mark.parametrize(("name", "content", "says"), [
+    ("events.out.tfevents.1795902435.vm.20400.0", b"\x18\x00\x00\x00\x00\x00\x00\x00\xa3\x7f\x4b\x22\x09\xff",
+     "is a TensorBoard event file, not a step file: `tensorboard --logdir` shows it"),
+    ("weights.bin", b"\x80\x04\x95\xff\xfe", "is not a text file, so not a step file (RooflineCallback writes"),
+    ("hparams.yaml", b"lr: 0.001\n", "is not JSON, so not a step file (RooflineCallback writes"),
+    ("step_5.json", b"{\"profile\": ", "is not valid JSON, perhaps half-written or corrupt"),
+])
+def test_report_of_another_kind_of_file_says_what_it_is(tmp_path: Path, capsys, name, content, says) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"tscope report: {path} {says}") and len(err.splitlines()) == 1

@@ -150,6 +150,13 @@ def test_different_work_is_said_and_not_timed_against():
     assert d.change("step time").change == "(different work)" and d.change("step time").verdict == ""
     assert d.change("op time").change == "(different work)"  # more work takes longer: no "slower" verdict
     assert d.layers[0].name == "blocks.1.fc" and d.layers[0].delta_s == pytest.approx(0.5e-3)
+    # another model's throughput is shown, never judged better or worse (a CNN against GPT-2 said "better")
+    more.info = dataclasses.replace(more.info, inputs=CNN_INPUTS)
+    d = diff_reports(_report(_toy(inputs=GPT_INPUTS)), _report(more))
+    samples = d.change("samples/s")
+    assert samples.a == pytest.approx(8 / 4e-3) and samples.b > 0
+    assert (samples.change, samples.verdict) == ("(different work)", "")
+    assert "better" not in d.to_markdown() and "worse" not in d.to_markdown()
 
 
 def test_untimed_side_compares_expected_step_times():

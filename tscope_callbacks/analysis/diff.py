@@ -318,6 +318,9 @@ def _step_changes(a: ReportData, b: ReportData, labels: tuple[str, str], same_wo
         if ta is None and tb is None:
             continue
         noise = _rss(_scaled_noise(ta, step_a, na), _scaled_noise(tb, step_b, nb))
+        if not same_work:  # another model or batch: its throughput is no better or worse than this one's
+            head.append(Change(unit, unit, ta, tb, "(different work)", noise, ""))
+            continue
         head.append(Change(unit, unit, ta, tb, _rel_text(ta, tb), noise,
                            verdict(tb - ta if ta is not None and tb is not None else None, noise, higher_better=True)))
     return head

@@ -893,22 +893,53 @@ def read_step_json(path: str | os.PathLike[str], label: str | None = None) -> di
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
+    except IsADirectoryError:
+        raise StepFileError(_directory_hint(path, label)) from None
     except OSError as e:
         raise StepFileError(f"cannot read {label}: {e.strerror or e}") from None
     except UnicodeDecodeError:
-        raise StepFileError(f"{label}: not a text file (corrupt)") from None
+        if "tfevents" in os.path.basename(os.fspath(path)):
+            raise StepFileError(f"{label} is a TensorBoard event file, not a step file: `tensorboard --logdir` shows "
+                                f"it; `tscope report` reads a profiled step's JSON ({_WRITES})") from None
+        raise StepFileError(f"{label} is not a text file, so not a step file ({_WRITES})") from None
     if not text.strip():
         raise StepFileError(f"{label}: empty, perhaps half-written (a run still writing it shows it once complete)")
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as e:
         where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        if not os.fspath(path).lower().endswith(".json"):
+            raise StepFileError(f"{label} is not JSON, so not a step file ({_WRITES})") from None
         raise StepFileError(f"{label} is not valid JSON, perhaps half-written or corrupt "
                             f"({getattr(e, 'msg', e)}{where})") from None
     if not isinstance(data, dict):
         raise StepFileError(f"{label}: not a profiled step (a JSON {type(data).__name__} where a JSON object was "
                             "expected)")
     return data
+
+
+_WRITES = "RooflineCallback writes tscope/step_<N>.json in the run's log directory"
+
+
+def _directory_hint(path: str | os.PathLike[str], label: str) -> str:
+    """What to run when ``path`` is a directory: its last profiled step's file, when it holds step files (searched
+    down to the run folders' ``tscope/``), else where they are written."""
+    found: list[tuple[int, str]] = []
+    root = os.fspath(path)
+    for dirpath, dirnames, files in os.walk(root):
+        if dirpath[len(root):].count(os.sep) >= 4:  # <dir>/<name>/version_0/tscope: deep enough
+            dirnames[:] = []
+        for f in files:
+            parsed = parse_step_file_name(f)
+            if parsed is not None and parsed[:2] == ("step", "train"):
+                found.append((parsed[2], os.path.join(dirpath, f)))
+        if len(found) > 10_000:
+            break
+    if not found:
+        return f"{label} is a directory with no step file in it: give a step file ({_WRITES})"
+    step, last = max(found)
+    return (f"{label} is a directory: give one of its {len(found)} step files, e.g. the last profiled step's: "
+            f"`tscope report {last}`; `tscope view {label}` shows them all")
 
 
 def not_a_step_file(path: str | os.PathLike[str], data: dict[str, Any]) -> str:
@@ -919,7 +950,7 @@ def not_a_step_file(path: str | os.PathLike[str], data: dict[str, Any]) -> str:
     tree = len(data) == 1 and all(isinstance(v, dict) and "info" in v and "children" in v for v in data.values())
     if layers or tree:
         step = step_file_name(parsed[2], parsed[1]) if layers and parsed is not None else "step_N.json"
-        return (f"{path} is the LayerProfilerCallback's layer tree (InspectorGadgets format), not a step file: "
+        return (f"{path} is the LayerProfilerCallback's layer tree, not a step file: "
                 f"`tscope report` reads the RooflineCallback's {step} beside it; `tscope view LOGDIR` shows both")
     if "traceEvents" in data:
         return f"{path} is a Chrome/Perfetto trace, not a step file: open it in ui.perfetto.dev"
@@ -950,7 +981,7 @@ def read_alerts_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 #: the kinds of per-step file under ``<log_dir>/tscope/``: the step file (profile, device, report), the Chrome trace
-#: (``save_trace``) and the LayerProfilerCallback's layer tree (InspectorGadgets format)
+#: (``save_trace``) and the LayerProfilerCallback's layer tree
 STEP_FILE_KINDS = ("step", "trace", "layers")
 _STEP_NAME = re.compile(r"^(?:(?P<kind>trace|layers)_)?(?:(?P<stage>[a-z]+)_)?step_(?P<step>\d+)\.json$")
 
