@@ -158,3 +158,19 @@ def test_a_ridge_shared_by_two_roofs_is_labelled_once():
     assert {(r.matrix, r.ridge) for r in rep.roofs} == {(True, 2.0), (False, 2.0)}  # 100 GFLOP/s / 50 GB/s
     ridges = [t.get_text() for t in figure(rep).axes[0].texts if t.get_text().startswith("ridge")]
     assert ridges == ["ridge 2"]
+
+
+def test_ridges_a_few_percent_apart_get_labels_that_do_not_overlap():
+    # a measured CPU's fp32 matrix and vector roofs 4% apart: 'ridge 2' and 'ridge 1.92' were printed over each other
+    spec = DeviceSpec(name="cpu", flops={"fp32": 100e9}, vector_flops={"fp32": 96e9}, bandwidth=50e9, measured=True)
+    prof = make_profile([pointwise(1_000_000, time_s=1e-3, layer="act"),
+                         matmul(256, 256, 256, dtype="float32", layer="fc", time_s=1e-3)])
+    rep = api.roofline(prof, spec)
+    assert sorted(r.ridge for r in rep.roofs) == [1.92, 2.0]  # 96 and 100 GFLOP/s over 50 GB/s
+    fig = figure(rep)
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    labels = [t for t in fig.axes[0].texts if t.get_text().startswith("ridge")]
+    assert sorted(t.get_text() for t in labels) == ["ridge 1.92", "ridge 2"]
+    a, b = (t.get_window_extent(r) for t in labels)
+    assert not a.overlaps(b)

@@ -224,6 +224,7 @@ def _draw_roofs(ax: Any, roofs: Sequence[RoofUsed], bw: float, x_lo: float, x_hi
         ax.plot([x_lo, top / bw], [x_lo * bw / 1e12, top / 1e12], color="0.45", lw=1.2, ls="--")
         handles.append(Line2D([], [], color="0.45", lw=1.2, ls="--", label=unused_bandwidth_label(bw, measured)))
     ridges: set[tuple[float, float]] = set()
+    labelled: list[tuple[float, float]] = []  # (ridge, peak) of the ridge labels drawn so far
     for r in roofs:
         c = PRECISION_COLORS.get(r.precision, "0.5")
         ls = "-" if r.matrix else "--"
@@ -233,8 +234,12 @@ def _draw_roofs(ax: Any, roofs: Sequence[RoofUsed], bw: float, x_lo: float, x_hi
             ridges.add((r.ridge, peak))
             ax.plot([r.ridge], [peak], marker="o", ms=5, color=c)
             if ridge_fontsize:
-                ax.annotate(f"ridge {sig(r.ridge)}", (r.ridge, peak), xytext=(-4, 4), textcoords="offset points",
-                            fontsize=ridge_fontsize, ha="right", color=c)
+                # ridges close on both axes (a CPU's matrix and vector roofs a few percent apart) would print their
+                # labels over each other: each one more stacks a line higher
+                near = sum(1 for x, y in labelled if 1 / 1.6 < r.ridge / x < 1.6 and 1 / 1.6 < peak / y < 1.6)
+                labelled.append((r.ridge, peak))
+                ax.annotate(f"ridge {sig(r.ridge)}", (r.ridge, peak), xytext=(-4, 4 + near * 1.8 * ridge_fontsize),
+                            textcoords="offset points", fontsize=ridge_fontsize, ha="right", color=c)
         kind = "matrix" if r.matrix else "vector"
         handles.append(Line2D([], [], color=c, ls=ls, lw=1.8, label=f"{r.precision} {kind} {rate_text(r.peak_flops)}"))
         a_peak, a_bw = r.achievable_peak_flops, r.achievable_bandwidth
