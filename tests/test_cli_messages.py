@@ -94,8 +94,8 @@ def test_view_of_an_empty_log_dir_speaks_of_the_command_line(tmp_path: Path, cap
 @pytest.mark.parametrize(("name", "content", "says"), [
     ("step_3.json", "{}", "is an empty JSON object, not a tscope step file"),
     ("layers_step_10.json", '{"TinyLM": {"info": {"type": "TinyLM"}, "children": {}}}',
-     "is the LayerProfilerCallback's layer tree, not a step file: `tscope report` reads "
-     "the RooflineCallback's step_10.json beside it"),
+     "is the LayerProfilerCallback's layer tree, not a step file: the RooflineCallback's step_10.json beside it "
+     "is"),
     ("trace_step_4.json", '{"traceEvents": []}', "is a Chrome/Perfetto trace, not a step file"),
     ("other.json", '{"a": 1}', "is not a profiled step: a JSON object with 'a', none of a step file's"),
 ])
@@ -147,3 +147,28 @@ def test_report_of_another_kind_of_file_says_what_it_is(tmp_path: Path, capsys, 
     assert main(["report", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"tscope report: {path} {says}") and len(err.splitlines()) == 1
+
+
+def test_the_directory_hints_commands_run(tmp_path: Path, capsys) -> None:
+    """Both commands the hint suggests work as written, from the log dir, the run dir or the run's tscope folder
+    (`tscope view <run>/tscope` said there were no step files in it)."""
+    import re
+    import shlex
+
+    from profiles import a100, toy_profile
+
+    from tscope_callbacks.api import roofline
+
+    run = tmp_path / "logs" / "demo" / "version_0"
+    (run / "tscope").mkdir(parents=True)
+    for step in (10, 40):
+        (run / "tscope" / f"step_{step}.json").write_text(json.dumps(roofline(toy_profile(), a100()).to_dict()))
+    for where in (tmp_path / "logs", run, run / "tscope"):
+        assert main(["report", str(where)]) == 2
+        err = capsys.readouterr().err
+        commands = re.findall(r"`tscope ([^`]+)`", err)
+        assert [c.split()[0] for c in commands] == ["report", "view"], err
+        for c in commands:
+            assert main(shlex.split(c) + (["--out", str(tmp_path / "page.html")] if c.startswith("view") else [])) == 0, c
+        out = capsys.readouterr().out
+        assert "dashboard written to" in out and "blocks.0.fc" in out  # the view's page, the report's table

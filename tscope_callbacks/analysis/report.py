@@ -950,8 +950,8 @@ def not_a_step_file(path: str | os.PathLike[str], data: dict[str, Any]) -> str:
     tree = len(data) == 1 and all(isinstance(v, dict) and "info" in v and "children" in v for v in data.values())
     if layers or tree:
         step = step_file_name(parsed[2], parsed[1]) if layers and parsed is not None else "step_N.json"
-        return (f"{path} is the LayerProfilerCallback's layer tree, not a step file: "
-                f"`tscope report` reads the RooflineCallback's {step} beside it; `tscope view LOGDIR` shows both")
+        return (f"{path} is the LayerProfilerCallback's layer tree, not a step file: the RooflineCallback's {step} "
+                f"beside it is; `tscope view LOGDIR` shows both")
     if "traceEvents" in data:
         return f"{path} is a Chrome/Perfetto trace, not a step file: open it in ui.perfetto.dev"
     if not data:

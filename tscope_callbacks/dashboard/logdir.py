@@ -231,6 +231,8 @@ def scan(logdir: str | os.PathLike) -> dict:
     logdir = Path(logdir)
     if not logdir.is_dir():
         return {"runs": [], "hint": f"The log dir {str(logdir)!r} does not exist (yet). " + HINT}
+    if logdir.name == "tscope" and _step_files(logdir):  # a run's own step folder: that run
+        logdir = logdir.parent
     runs = []
     for rd in _run_dirs(logdir):
         steps = []
