@@ -294,13 +294,15 @@ def test_diff_shows_a_change(driver, fit_logdir):
     a, b = (page_step(ld.load(run_dir, s, "train")) for s in (steps[0], steps[-1]))
     heads = [c.text for c in driver.find_elements("css selector", "#diff-headline th")]
     assert heads[1:3] == [f"step {steps[0]}", f"step {steps[-1]}"]
-    row = driver.find_element("css selector", '#diff-headline tr[data-figure="MFU"]')
+    row = driver.find_element("css selector", '#diff-headline tr[data-figure^="MFU"]')
     cells = [c.text for c in row.find_elements("css selector", "td")]
-    assert cells[1] == _card_text(a["header"]["mfu"]) and cells[2] == _card_text(b["header"]["mfu"])
-    # the change is read on the first step's roof where the steps' MFU roofs differ (a measured CPU roof widened
-    # where an op beat it; a busy machine does this): B's MFU scaled to A's roof
+    # where the steps' MFU roofs differ (a measured CPU roof widened where an op beat it; a busy machine does this)
+    # the row is on the first step's roof: B's MFU scaled to it, the figures its change is the difference of
     pa, pb = a["summary"]["mfu_peak_flops"], b["summary"]["mfu_peak_flops"]
-    mfu_b = b["header"]["mfu"]["value"] * (pb / pa if pa and pb and abs(pb / pa - 1) > 1e-3 else 1.0)
+    differ = bool(pa and pb and abs(pb / pa - 1) > 1e-3)
+    mfu_b = b["header"]["mfu"]["value"] * (pb / pa if differ else 1.0)
+    assert cells[0] == (f"MFU on step {steps[0]}'s roof" if differ else "MFU")
+    assert cells[1] == _card_text(a["header"]["mfu"]) and cells[2] == figure_text(mfu_b, "fraction")
     d_pts = round(mfu_b - a["header"]["mfu"]["value"], 12) * 100
     assert cells[3] == f"{'+' if d_pts >= 0 else ''}{sig(d_pts)} pts"
     step_row = driver.find_element("css selector", "#diff-headline tr[data-figure='step time']")
@@ -1107,11 +1109,13 @@ def test_diff_marks_changes_within_the_steps_noise(driver, tmp_path):
     assert cells[4].text == "±70.7 µs"  # sqrt(2) x 0.05 ms: both steps' typical deviation
     # the same step on a wider roof: MFU reads lower, and the change is on one roof: none
     Select(driver.find_element("css selector", "#step-select")).select_by_value("train:3")
-    _wait(driver, lambda d: d.find_elements("css selector", "#diff-headline tr[data-figure='MFU']"))
+    _wait(driver, lambda d: d.find_elements("css selector", "#diff-headline tr[data-figure^='MFU']"))
     Select(driver.find_element("css selector", "#diff-select")).select_by_value("train:1")
     _wait(driver, lambda d: "MFU roofs differ" in d.find_element("css selector", "#diff").text)
-    mfu = driver.find_element("css selector", "#diff-headline tr[data-figure='MFU']").find_elements("css selector", "td")
-    assert mfu[1].text != mfu[2].text and mfu[3].text == "+0 pts"
+    mfu = driver.find_element("css selector", "#diff-headline tr[data-figure^='MFU']").find_elements("css selector", "td")
+    # the row shows the two figures its change is the difference of: step 3's MFU on step 1's roof (its own, lower
+    # on its wider roof, is in the note)
+    assert mfu[0].text == "MFU on step 1's roof" and mfu[1].text == mfu[2].text and mfu[3].text == "+0 pts"
     assert mfu[3].get_attribute("data-verdict") == "noise"
 
 

@@ -13,6 +13,7 @@ import pytest
 from profiles import a100, matmul, toy_profile
 
 from tscope_callbacks.analysis.diff import diff_reports, verdict
+from tscope_callbacks.analysis.fmt import pct_text
 from tscope_callbacks.analysis.report import MemorySection, NoiseSection
 from tscope_callbacks.api import roofline
 from tscope_callbacks.cli import main
@@ -197,5 +198,11 @@ def test_mfu_change_is_on_one_roof_when_the_steps_roofs_differ():
     a, b = roofline(toy_profile(), spec_a), roofline(toy_profile(), spec_b)
     assert b.summary.mfu == pytest.approx(a.summary.mfu / 1.04)  # the same step reads 4% lower MFU on the wider roof
     d = diff_reports(a, b)
-    assert d.change("MFU").change == "+0 pts"  # on A's roof: B's MFU x 324.48 / 312 = A's
+    mfu = d.change("MFU")
+    assert mfu.change == "+0 pts"  # on A's roof: B's MFU x 324.48 / 312 = A's
+    # the row shows the figures its change is the difference of: B on A's roof (B's own beside a change on another
+    # roof read "61.4% -> 59.5%: -3.34 pts, worse")
+    assert mfu.figure == "MFU on A's roof" and mfu.b == pytest.approx(a.summary.mfu) and mfu.text(mfu.b) == \
+        mfu.text(mfu.a)
+    assert any(f"B on its own roof: {pct_text(b.summary.mfu)}" in n for n in d.notes), d.notes
     assert any("MFU roofs differ (312 TFLOP/s vs 324 TFLOP/s)" in n for n in d.notes), d.notes

@@ -181,8 +181,10 @@ class StepDiff:
     classes: tuple[DiffRow, ...]
 
     def change(self, figure: str) -> Change | None:
-        """The headline figure named ``figure`` ("step time", "MFU", "samples/s", ...), or None."""
-        return next((c for c in self.headline if c.figure.split(" (")[0] == figure), None)
+        """The headline figure named ``figure`` ("step time", "MFU", "samples/s", ...; its row may say more: "MFU
+        (expected)", "MFU on A's roof"), or None."""
+        return next((c for c in self.headline if c.figure == figure or c.figure.startswith((figure + " (",
+                                                                                             figure + " on "))), None)
 
     def tables(self) -> tuple[tuple[str, tuple[DiffRow, ...]], ...]:
         return ((f"Layers ({self.basis}, self time, all phases; largest change first)", self.layers),
@@ -299,11 +301,14 @@ def _step_changes(a: ReportData, b: ReportData, labels: tuple[str, str], same_wo
             abs(sb.mfu_peak_flops / sa.mfu_peak_flops - 1) > 1e-3:
         mfu_b_on_a = mfu_b * sb.mfu_peak_flops / sa.mfu_peak_flops
         notes.append(f"the steps' MFU roofs differ ({flops_text(sa.mfu_peak_flops)}/s vs "
-                     f"{flops_text(sb.mfu_peak_flops)}/s): the MFU change is on {labels[0]}'s roof ({labels[1]} "
-                     f"there: {pct_text(mfu_b_on_a)})")
+                     f"{flops_text(sb.mfu_peak_flops)}/s): the MFU row is on {labels[0]}'s roof ({labels[1]} on its "
+                     f"own roof: {pct_text(mfu_b)})")
     d_mfu = None if mfu_a is None or mfu_b_on_a is None else round(mfu_b_on_a - mfu_a, 12)
     mfu_noise = _rss(_scaled_noise(mfu_a, step_a, na), _scaled_noise(mfu_b_on_a, step_b, nb))
-    head.append(Change("MFU" + ("" if measured else " (expected)"), "fraction", mfu_a, mfu_b,
+    # the row shows the two figures its change is the difference of: where the roofs differ, B's MFU on A's roof
+    # (its own is in the note), never B's own beside a change computed on another roof
+    on_roof = f" on {labels[0]}'s roof" if mfu_b_on_a is not mfu_b else ""
+    head.append(Change("MFU" + ("" if measured else " (expected)") + on_roof, "fraction", mfu_a, mfu_b_on_a,
                        "" if d_mfu is None else ("+" if d_mfu >= 0 else "") + sig(d_mfu * 100) + " pts",
                        mfu_noise, verdict(d_mfu, mfu_noise, higher_better=True)))
     fa, fb = sa.model_flops, sb.model_flops
