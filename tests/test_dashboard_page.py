@@ -488,7 +488,8 @@ def _sections_logdir(root):
     rep["opportunities"] = [{
         "title": "activation after pooling", "layer": "1", "op": "", "phase": "forward", "type": "ReLU",
         "kind": "pool_order", "cause": "the ReLU runs on 4x the elements the pooling keeps",
-        "change": "apply the ReLU after the max-pooling", "saving_s": 7.3e-3, "saving_frac": 0.12,
+        "change": "apply the ReLU after the max-pooling: `nn.MaxPool2d(2)` then `nn.ReLU()`", "saving_s": 7.3e-3,
+        "saving_frac": 0.12,
         "recoverable_s": None, "measured_s": 9e-3, "estimate_s": 1e-3, "bound": "memory", "intensity": 0.25,
         "ridge": 50.0, "attained": 0.1, "evidence": {}, "predicted_by": "elements",
         "predicted_text": "3.1 M elements fewer at 25.7 GB/s", "measured_ratio": 0.93,
@@ -657,7 +658,11 @@ def test_sections_and_step_monitor_are_shown(driver, tmp_path):
     assert "data wait 0.5 -> 9 ms" in alert
     # the finding: its change, how its saving was predicted, and the closed loop's measured ratio
     opp = driver.find_element("css selector", "#opps li.opp")
-    assert "−7.3 ms (12%)" in opp.text and "change: apply the ReLU after the max-pooling" in opp.text
+    assert "−7.3 ms (12%)" in opp.text
+    # the markdown's `code` as code, without its backticks
+    assert "change: apply the ReLU after the max-pooling: nn.MaxPool2d(2) then nn.ReLU()" in opp.text
+    assert "`" not in opp.text
+    assert [c.text for c in opp.find_elements("css selector", ".why code")] == ["nn.MaxPool2d(2)", "nn.ReLU()"]
     assert opp.find_element("css selector", "[data-evidence=predicted]").text == (
         "predicted from: 3.1 M elements fewer at 25.7 GB/s")
     assert opp.find_element("css selector", "[data-evidence=measured]").text == (

@@ -142,3 +142,12 @@ test("rows below their roof with no known change: the largest recoverable first,
   assert.equal(v.more, 2);
   assert.equal(R.belowRoofView({}), null);
 });
+
+test("a finding's `code` is cut out of its text, backticks dropped; an unpaired backtick stays text", () => {
+  assert.deepEqual(R.codeSpans("use `torch.optim.AdamW(params, ..., fused=True)` instead"),
+    [["use ", false], ["torch.optim.AdamW(params, ..., fused=True)", true], [" instead", false]]);
+  assert.deepEqual(R.codeSpans("`a` and `b`"), [["a", true], [" and ", false], ["b", true]]);
+  assert.deepEqual(R.codeSpans("no code"), [["no code", false]]);
+  assert.deepEqual(R.codeSpans("one ` tick"), [["one ` tick", false]]);
+  assert.deepEqual(R.codeSpans(null), []);
+});

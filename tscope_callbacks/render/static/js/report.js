@@ -133,6 +133,15 @@ function oppView(o) {
     how, measured, kind: o.predicted_by || null};
 }
 
+/** a finding's text as the markdown report writes it, cut into [text, isCode] runs: `code` between backticks
+    (`torch.optim.AdamW(params, ..., fused=True)`) is code, shown as such, not with its backticks; an unpaired
+    backtick stays text */
+function codeSpans(text) {
+  const parts = String(text == null ? "" : text).split("`");
+  if (parts.length % 2 === 0) return [[parts.join("`"), false]];
+  return parts.map((t, i) => [t, i % 2 === 1]).filter(([t]) => t !== "");
+}
+
 /** the rows below their roof with no known change (not opportunities: nothing to apply), largest recoverable time
     first: {text, title} of the first `top`, and how many more; null when none */
 function belowRoofView(r, top) {
@@ -164,4 +173,4 @@ function fsdpFmt(sect, k, v) {
   return sect === "memory" ? F.bytes(v) : sig(v);
 }
 
-module.exports = {timeOf, stepFigure, cards, roofsDrawn, deviceLine, splitView, memoryView, oppView, belowRoofView, fmtKey, fsdpFmt, timed, SPLIT};
+module.exports = {timeOf, stepFigure, cards, roofsDrawn, deviceLine, splitView, memoryView, oppView, belowRoofView, fmtKey, fsdpFmt, timed, codeSpans, SPLIT};

@@ -42,12 +42,14 @@ function opps(r) {
     return;
   }
   const ol = h("ol", {class: "opps"});
+  /* the markdown's `code` as code */
+  const rich = (text) => R.codeSpans(text).map(([t, code]) => code ? h("code", {text: t}) : t);
   for (const o of ops.slice(0, 5)) {
     const v = R.oppView(o);
     ol.append(h("li", {class: "opp"},
-      h("div", {}, h("span", {class: "save", text: v.save}), " ", h("b", {class: "mono", text: v.where}), " ", h("span", {text: v.title})),
-      v.change ? h("div", {class: "why", text: "change: " + v.change}) : null,
-      v.cause ? h("div", {class: "why", text: v.cause}) : null,
+      h("div", {}, h("span", {class: "save", text: v.save}), " ", h("b", {class: "mono", text: v.where}), " ", h("span", {}, ...rich(v.title))),
+      v.change ? h("div", {class: "why"}, "change: ", ...rich(v.change)) : null,
+      v.cause ? h("div", {class: "why"}, ...rich(v.cause)) : null,
       v.how ? h("div", {class: "how", "data-evidence": "predicted", text: "predicted from: " + v.how}) : null,
       v.measured ? h("div", {class: "how measured", "data-evidence": "measured", text: "measured: " + v.measured}) : null));
   }
