@@ -1124,3 +1124,20 @@ def test_diff_marks_changes_within_the_steps_noise(driver, tmp_path):
     assert mfu[3].get_attribute("data-verdict") == "noise"
 
 
+
+
+def test_no_card_cuts_its_subtitle_at_a_laptop_width(driver, page_file):
+    """At 1400 px the MBU and HFU cards cut their basis mid-word ("measured bandwidth 25.7…", "/ step time / fp3…"):
+    each card's subtitle shows whole."""
+    try:
+        driver.set_window_size(1400, 1000)
+        _open(driver, page_file.as_uri())
+        subs = driver.find_elements("css selector", "#cards .card .sub")
+        assert len(subs) >= 6
+        clipped = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#cards .card .sub'))"
+            ".filter((e) => e.scrollHeight > e.clientHeight + 1).map((e) => e.textContent)")
+        assert clipped == []
+    finally:
+        driver.set_window_size(1440, 1800)
+        _open(driver, page_file.as_uri())

@@ -157,13 +157,14 @@ def test_monitor_logs_telemetry_and_flags_the_mfu_witness(pynvml, host, tmp_path
     with open(tmp_path / "run" / "version_0" / "metrics.csv") as f:
         got = {(int(row["step"]), k): float(v) for row in csv.DictReader(f) for k, v in row.items()
                if k.startswith("tscope/") and v != ""}
-    # samples at steps 10, 20, 30, 40: windows end at 20, 30, 40 (J/step: 650/10, 660/10, 670/10)
-    assert got[(20, "tscope/gpu/energy_j_per_step")] == pytest.approx(65.0)
-    assert got[(40, "tscope/gpu/energy_j_per_step")] == pytest.approx(67.0)
-    assert got[(40, "tscope/gpu/throttled")] == 1.0 and got[(40, "tscope/gpu/sm_clock_mhz")] == 1755.0
-    assert got[(20, "tscope/gpu/power_w")] == pytest.approx(655.0)
-    assert got[(20, "tscope/gpu/mfu_witness_gap")] == pytest.approx(0.615 - 0.05)
-    assert (20, "tscope/gpu/energy_j_per_token") not in got  # float features: no tokens counted
+    # samples at steps 10, 20, 30, 40: windows end at 20, 30, 40 (J/step: 650/10, 660/10, 670/10), each
+    # logged at its last step's index (19, 29, 39), as Lightning logs its own metrics
+    assert got[(19, "tscope/gpu/energy_j_per_step")] == pytest.approx(65.0)
+    assert got[(39, "tscope/gpu/energy_j_per_step")] == pytest.approx(67.0)
+    assert got[(39, "tscope/gpu/throttled")] == 1.0 and got[(39, "tscope/gpu/sm_clock_mhz")] == 1755.0
+    assert got[(19, "tscope/gpu/power_w")] == pytest.approx(655.0)
+    assert got[(19, "tscope/gpu/mfu_witness_gap")] == pytest.approx(0.615 - 0.05)
+    assert (19, "tscope/gpu/energy_j_per_token") not in got  # float features: no tokens counted
     msgs = [r.message for r in caplog.records if "tensor pipes" in r.message]
     assert len(msgs) == 1 and "MFU is 5%" in msgs[0]  # 61.5% active vs 5% MFU: beyond the 20-point margin
 
@@ -188,7 +189,8 @@ def test_an_interval_with_tscopes_own_work_logs_no_energy_per_step(pynvml, host,
     with open(tmp_path / "run" / "version_0" / "metrics.csv") as f:
         got = {(int(row["step"]), k): float(v) for row in csv.DictReader(f) for k, v in row.items()
                if k.startswith("tscope/") and v != ""}
-    # windows end at 20, 30, 40 (650/10, 660/10, 670/10 J a step); the one holding step 25 is left out
-    assert got[(20, "tscope/gpu/energy_j_per_step")] == pytest.approx(65.0)
-    assert (30, "tscope/gpu/energy_j_per_step") not in got and (30, "tscope/gpu/power_w") in got
-    assert got[(40, "tscope/gpu/energy_j_per_step")] == pytest.approx(67.0)
+    # windows end at 20, 30, 40 (650/10, 660/10, 670/10 J a step), logged at 19, 29, 39; the one holding
+    # step 25 is left out
+    assert got[(19, "tscope/gpu/energy_j_per_step")] == pytest.approx(65.0)
+    assert (29, "tscope/gpu/energy_j_per_step") not in got and (29, "tscope/gpu/power_w") in got
+    assert got[(39, "tscope/gpu/energy_j_per_step")] == pytest.approx(67.0)

@@ -712,7 +712,7 @@ class StepMonitor(ProfilingCallback):
                 scalars.update(tel)
             self._work.seen = False
             if scalars and trainer.loggers:  # always-on series go to the run's loggers only (no files of their own)
-                self.sinks(trainer).log_scalars(scalars, gs)
+                self.sinks(trainer).log_scalars(scalars, gs - 1)  # the last step of the interval (its index, as Lightning logs)
         except Exception as e:
             self.faults.report("logging the step parts", e)
 
