@@ -40,6 +40,18 @@ test("the step monitor's parts of a step: one line each, in the order a step run
   assert.equal(c.lines[1].key, "step/forward_ms");
 });
 
+test("parts that stay under 2% of the largest part are named under the chart, not drawn", () => {
+  const pts = (v) => [[10, v], [20, v]];
+  const c = SE.chartSpecs({"step/fetch_ms": pts(0.3), "step/forward_ms": pts(15), "step/backward_ms": [[10, 29], [20, 31]],
+    "step/hooks_ms": [[10, 0.1], [20, 0.7]], "step/other_ms": pts(0.61)}).find((x) => x.id === "step_parts");
+  /* 2% of backward's 31 ms peak: 0.62 ms; hooks reach 0.7 ms once: drawn */
+  assert.deepEqual(c.lines.map((l) => l.name), ["forward", "backward", "hooks"]);
+  assert.equal(c.note, "not drawn, under 2% of the largest part at every point: fetch, other");
+  const all = SE.chartSpecs({"step/fetch_ms": pts(0), "step/other_ms": pts(0)}).find((x) => x.id === "step_parts");
+  assert.deepEqual(all.lines.map((l) => l.name), ["fetch", "other"]);
+  assert.equal(all.note, null);
+});
+
 test("per-rank charts: a line per rank (in rank order), and the late rank named at each point", () => {
   const ranks = {step_ms: {"10": [[5, 60]], "2": [[5, 50]], "0": [[5, 40]]}, sync_ms: {"0": [[5, 9]]},
     late_rank: [[5, 10]], late_cost_ms: [[5, 12]]};

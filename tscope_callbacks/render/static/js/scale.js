@@ -68,13 +68,37 @@ function spreadCoincident(pts, key, radius) {
 /** a point's radius: its area grows with its time (the largest `tmax` gets the largest) */
 const pointRadius = (t, tmax, min, span) => min + span * Math.sqrt(Math.min(1, t / tmax));
 
-/** a run chart's domain: x the steps, y from 0 (or below, for negative values) to 8% above the largest */
+/** round ticks from `lo` (<= 0) over `hi`: a step of 1, 2, 2.5 or 5 x a power of ten giving 2 to 5 intervals, the
+    one whose last tick leaves the least room above `hi` (71.3% is drawn under a 75% tick, not as one), then the
+    one nearest 3 intervals */
+function niceTicks(lo, hi) {
+  const span = hi - lo || Math.abs(hi) || 1;
+  const p = Math.pow(10, Math.floor(Math.log10(span / 3)));
+  let best = null;
+  for (const k of [0.1, 1, 10]) {
+    for (const m of [1, 2, 2.5, 5]) {
+      const st = m * p * k, a = Math.floor(lo / st + 1e-9) * st, b = Math.ceil(hi / st - 1e-9) * st;
+      const n = Math.round((b - a) / st);
+      if (n < 2 || n > 5) continue;
+      const better = !best || b - a < best.b - best.a - 1e-9 * span ||
+        (Math.abs(b - a - (best.b - best.a)) <= 1e-9 * span && Math.abs(n - 3) < Math.abs(best.n - 3));
+      if (better) best = {a, b, st, n};  /* on a tie, the count of intervals nearest 3 */
+    }
+  }
+  if (!best) return [lo, hi];
+  /* rounded to the step's own decimals: 0.1 + 0.2 reads 0.3 */
+  const dp = Math.max(0, -Math.floor(Math.log10(best.st)) + 2);
+  return Array.from({length: best.n + 1}, (_, i) => Number((best.a + i * best.st).toFixed(dp)));
+}
+
+/** a run chart's domain: x the steps, y from 0 (or below, for negative values) to a round tick at or above the
+    largest point (its ticks: `niceTicks`) */
 function chartDomain(points) {
   const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
   let xa = Math.min(...xs), xb = Math.max(...xs);
-  const ya = Math.min(0, ...ys), yb = Math.max(...ys) * 1.08 || 1;
+  const ticks = niceTicks(Math.min(0, ...ys), Math.max(0, ...ys) || 1);
   if (xa === xb) { xa -= 1; xb += 1; }
-  return {xa, xb, ya, yb};
+  return {xa, xb, ya: ticks[0], yb: ticks[ticks.length - 1], ticks};
 }
 
-module.exports = {logScale, linScale, rooflineDomain, decadeLabel, roofPath, spreadCoincident, pointRadius, chartDomain};
+module.exports = {logScale, linScale, rooflineDomain, decadeLabel, roofPath, spreadCoincident, pointRadius, chartDomain, niceTicks};

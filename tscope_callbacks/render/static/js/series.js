@@ -21,6 +21,7 @@ const PARTS = [["step/fetch_ms", "fetch", "#188038"], ["step/transfer_ms", "tran
   ["step/optimizer_ms", "optimizer", "#9334e6"], ["step/sync_ms", "sync", "#d93025"], ["step/hooks_ms", "hooks", "#f9ab00"],
   ["step/logging_ms", "logging", "#d01884"], ["step/checkpoint_ms", "checkpoint", "#5f6368"],
   ["step/tscope_ms", "tscope", "#3c4043"], ["step/other_ms", "other", "#80868b"]];
+const SMALL_PART = 0.02;  /* a part of the step drawn only where it reaches this share of the largest part's peak */
 const RANK_COLORS = ["#1a73e8", "#e8710a", "#188038", "#9334e6", "#d01884", "#12b5cb", "#f9ab00", "#80868b"];
 const GPU = [["gpu/energy_j_per_token", "energy per token", "joule", "energy_per_token"],
   ["gpu/power_w", "power", "watt", "power"], ["gpu/sm_clock_mhz", "SM clock", "clock", "sm_clock"]];
@@ -36,7 +37,15 @@ function chartSpecs(ser) {
     .map(([k, label, fmt]) => ({id: k, label, fmt, lines: [{pts: ser[k] || []}]}));
   const split = PARTS.filter(([k]) => has(k)).map(([k, name, color]) => ({name, color, pts: ser[k], key: k}));
   if (split.length) {
-    out.push({id: "step_parts", label: "where each step goes (mean per step, per log interval; the parts add up to the step)", fmt: "ms", lines: split});
+    /* parts that never reach SMALL_PART of the largest part's peak are named under the chart, not drawn: eight lines
+       near zero read as one grey band */
+    const peak = (l) => Math.max(...l.pts.map((p) => p[1]));
+    const top = Math.max(...split.map(peak));
+    const small = top > 0 ? split.filter((l) => peak(l) < SMALL_PART * top) : [];
+    const drawn = split.filter((l) => !small.includes(l));
+    out.push({id: "step_parts", label: "where each step goes (mean per step, per log interval; the parts add up to the step)", fmt: "ms",
+      lines: drawn.length ? drawn : split,
+      note: small.length && drawn.length ? "not drawn, under " + (SMALL_PART * 100) + "% of the largest part at every point: " + small.map((l) => l.name).join(", ") : null});
   }
   const device = DEVICE.filter(([k]) => has(k)).map(([k, name, color]) => ({name, color, pts: ser[k], key: k}));
   if (device.length) out.push({id: "step_device", label: "the device per step (mean per log interval)", fmt: "ms", lines: device});

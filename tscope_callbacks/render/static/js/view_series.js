@@ -43,8 +43,7 @@ function lineChart(spec, alerts) {
   const X = linScale(d.xa, d.xb, m.l, W - m.r), Y = linScale(d.ya, d.yb, Hh - m.b, m.t);
   const svg = s("svg", {width: "100%", viewBox: "0 0 " + W + " " + Hh, preserveAspectRatio: "none", style: "max-height:170px"});
   const g = s("g", {class: "grid"}), ax = s("g", {class: "axis"});
-  for (let i = 0; i <= 3; i++) {
-    const v = d.ya + (d.yb - d.ya) * i / 3;
+  for (const v of d.ticks) {
     g.append(s("line", {x1: m.l, x2: W - m.r, y1: Y(v), y2: Y(v)}));
     ax.append(s("text", {x: m.l - 5, y: Y(v) + 4, "text-anchor": "end"}, fmt(v)));
   }
@@ -68,6 +67,7 @@ function lineChart(spec, alerts) {
   }
   box.append(svg);
   if (spec.lines.length > 1) box.append(h("div", {class: "legend"}, spec.lines.map((l) => h("span", {}, h("i", {style: "background:" + l.color}), l.name))));
+  if (spec.note) box.append(h("div", {class: "muted chart-note", text: spec.note}));
   return box;
 }
 
