@@ -119,4 +119,33 @@ def test_layer_bars_largest_first():
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert len(labels) == 5
     by_time = sorted((L for k, L in p.layers.items() if k), key=lambda L: -(L.self_forward_s + L.self_backward_s))
-    assert labels[::-1] == [L.path for L in by_time[:5]]  # the largest at the top
+    assert labels[::-1] == [L.path for L in by_time[:5]]  # every layer listed: its own time, the largest at the top
+
+
+def test_layer_bars_of_a_depth_cut_carry_the_sub_layers_time():
+    """Under a depth cut (the demo's LayerProfilerCallback(depth=3)) a listed block's own ops are a sliver; its MLP,
+    the step's largest layer, is not listed: the bars dropped it. Now each listed layer's bar is its time without its
+    listed sub-layers, so the listed layers split the step and the block carries its MLP."""
+    from tscope_callbacks.analysis.layers import select_layers
+    from tscope_callbacks.render.plot import BAR_BASIS, bar_rows, card_layer_bars
+
+    cfg = GPTConfig()
+    model = TinyGPT(cfg)
+    with ts.profile(model) as p:
+        model(torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))).sum().backward()
+    cut = select_layers(p.layers, None, 2)  # "blocks.0", not "blocks.0.mlp"
+    assert "blocks.0" in cut and "blocks.0.mlp" not in cut
+    rows = {L.path: (f, b) for L, f, b in bar_rows(cut, top=50)}
+    full = p.layers
+    # a listed leaf of the cut: its whole time (its own ops and every sub-layer's)
+    assert rows["blocks.0"] == (pytest.approx(full["blocks.0"].forward_s), pytest.approx(full["blocks.0"].backward_s))
+    # the listed layers (the root left out) split the step's op time: their bars add up to the root's total
+    assert sum(f + b for f, b in rows.values()) == pytest.approx(full[""].forward_s + full[""].backward_s
+                                                                  - full[""].self_forward_s - full[""].self_backward_s)
+    # with every layer listed, a bar is the layer's own time
+    every = {L.path: (f, b) for L, f, b in bar_rows(full, top=500)}
+    assert all(f == pytest.approx(full[k].self_forward_s, abs=1e-12) and b == pytest.approx(full[k].self_backward_s,
+               abs=1e-12) for k, (f, b) in every.items())
+    ax = card_layer_bars(cut, top=3).axes[0]
+    assert ax.get_xlabel() == BAR_BASIS and ax.get_title() == "layers by time (top 3)"
+    assert [t.get_text() for t in ax.get_yticklabels()][-1] in ("blocks.0", "blocks.1", "head")

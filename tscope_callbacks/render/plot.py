@@ -26,9 +26,10 @@ from matplotlib.ticker import FuncFormatter
 from tscope_callbacks.analysis.basis import time_of
 from tscope_callbacks.analysis.fmt import bw_text, pct_text, rate_text, sig, time_text
 from tscope_callbacks.analysis.report import ReportData, RoofUsed
+from tscope_callbacks.capture.paths import ancestors
 from tscope_callbacks.records import LayerRecord
 
-__all__ = ["figure", "plot", "card_figure", "card_layer_bars", "displayed_font_px", "unused_bandwidth_label",
+__all__ = ["figure", "plot", "card_figure", "card_layer_bars", "bar_rows", "displayed_font_px", "unused_bandwidth_label",
            "CARD_WIDTH_PX", "CARD_HEIGHT_PX", "PHASE_COLORS", "PRECISION_COLORS"]
 
 PHASE_COLORS = {"forward": "#1f77b4", "backward": "#ff7f0e", "recompute": "#9467bd", "optimizer": "#2ca02c"}
@@ -317,24 +318,52 @@ def plot(report: ReportData, path: str | os.PathLike[str], top_labels: int = 8) 
     return os.fspath(path)
 
 
+#: what a layer bar measures: its ops and those of its sub-layers that are not listed themselves (a listing cut at a
+#: depth leaves them out); the self time where every layer is listed
+BAR_BASIS = "time without listed sub-layers (ms)"
+
+
+def bar_rows(layers: Mapping[str, LayerRecord], top: int) -> list[tuple[LayerRecord, float, float]]:
+    """The ``top`` layers of ``layers`` by their forward + backward time without their listed sub-layers (each
+    listed layer's inclusive time less its nearest listed descendants': the listed layers split the step between
+    them, and under a depth cut (``LayerProfilerCallback(depth=3)``) a listed block carries its sub-layers' time
+    instead of dropping out of the chart), largest last (a bar chart's top row), as (layer, forward s, backward s);
+    the root and layers with no time left out."""
+    inner_f: dict[str, float] = {}
+    inner_b: dict[str, float] = {}
+    for p, L in layers.items():
+        if not p:
+            continue
+        parent = next((a for a in ancestors(p)[1:] if a in layers), None)
+        if parent:
+            inner_f[parent] = inner_f.get(parent, 0.0) + L.forward_s
+            inner_b[parent] = inner_b.get(parent, 0.0) + L.backward_s
+    rows = []
+    for p, L in layers.items():
+        f, b = max(0.0, L.forward_s - inner_f.get(p, 0.0)), max(0.0, L.backward_s - inner_b.get(p, 0.0))
+        if p and (f or b):
+            rows.append((L, f, b))
+    rows.sort(key=lambda r: -(r[1] + r[2]))
+    return rows[:top][::-1]
+
+
 def layer_bars(layers: Mapping[str, LayerRecord], top: int = 15, *, dpi: int = 110) -> Figure:
-    """Per-layer forward/backward self time and memory as horizontal bars, largest first: the layer-level picture
-    beside the roofline. ``layers``: ``{path: LayerRecord}``; the ``top`` layers by self time (forward + backward),
-    root and pure containers (no own ops) left out. Memory: output MiB and, with layer details, saved MiB."""
-    rows = [L for p, L in layers.items() if p and (L.self_forward_s or L.self_backward_s)]
-    rows.sort(key=lambda L: -(L.self_forward_s + L.self_backward_s))
-    rows = rows[:top][::-1]
+    """Per-layer forward/backward time and memory as horizontal bars, largest first: the layer-level picture beside
+    the roofline. ``layers``: ``{path: LayerRecord}``; the ``top`` layers by their time without their listed
+    sub-layers (:func:`bar_rows`). Memory: output MiB and, with layer details, saved MiB."""
+    picked = bar_rows(layers, top)
+    rows = [L for L, _, _ in picked]
     fig = Figure(figsize=(11, 0.35 * max(len(rows), 4) + 1.2), dpi=dpi)
     FigureCanvasAgg(fig)
     ax_t, ax_m = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 2]})
     names = [L.path for L in rows]
     y = range(len(rows))
-    fwd = [L.self_forward_s * 1e3 for L in rows]
-    bwd = [L.self_backward_s * 1e3 for L in rows]
+    fwd = [f * 1e3 for _, f, _ in picked]
+    bwd = [b * 1e3 for _, _, b in picked]
     ax_t.barh(y, fwd, color="#4c72b0", label="forward")
     ax_t.barh(y, bwd, left=fwd, color="#dd8452", label="backward")
     ax_t.set_yticks(list(y), names, fontsize=8)
-    ax_t.set_xlabel("self time (ms)")
+    ax_t.set_xlabel(BAR_BASIS)
     ax_t.legend(loc="lower right", fontsize=8)
     out_mb = [L.output_bytes / 2**20 for L in rows]
     saved_mb = [L.saved_bytes / 2**20 for L in rows]
@@ -343,7 +372,7 @@ def layer_bars(layers: Mapping[str, LayerRecord], top: int = 15, *, dpi: int = 1
         ax_m.barh(y, saved_mb, left=out_mb, color="#c44e52", label="saved for backward")
     ax_m.set_xlabel("memory (MiB)")
     ax_m.legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"layers by self time (top {len(rows)})", fontsize=10)
+    fig.suptitle(f"layers by time (top {len(rows)})", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -448,25 +477,23 @@ def card_figure(report: ReportData, top_labels: int = 3) -> Figure:
 
 
 def card_layer_bars(layers: Mapping[str, LayerRecord], top: int = 7) -> Figure:
-    """Per-layer forward/backward self time for a logger's image card (700 x 430 px, as :func:`card_figure`): the
-    ``top`` layers by self time, largest first, each full path beside its bar at 8 pt. Memory is in the layer
-    table."""
-    rows = [L for p, L in layers.items() if p and (L.self_forward_s or L.self_backward_s)]
-    rows.sort(key=lambda L: -(L.self_forward_s + L.self_backward_s))
-    rows = rows[:top][::-1]
+    """Per-layer forward/backward time for a logger's image card (700 x 430 px, as :func:`card_figure`): the ``top``
+    layers by their time without their listed sub-layers (:func:`bar_rows`), largest first, each full path beside
+    its bar at 8 pt. Memory is in the layer table."""
+    picked = bar_rows(layers, top)
     fs = CARD_FONT_PT
     fig = Figure(figsize=(CARD_WIDTH_IN, CARD_HEIGHT_IN), dpi=CARD_DPI)
     ax = _card_axes(fig)
-    y = list(range(len(rows)))
-    fwd = [L.self_forward_s * 1e3 for L in rows]
-    bwd = [L.self_backward_s * 1e3 for L in rows]
+    y = list(range(len(picked)))
+    fwd = [f * 1e3 for _, f, _ in picked]
+    bwd = [b * 1e3 for _, _, b in picked]
     ax.barh(y, fwd, height=0.7, color="#4c72b0", label="forward")
     ax.barh(y, bwd, left=fwd, height=0.7, color="#dd8452", label="backward")
-    ax.set_yticks(y, [L.path for L in rows], fontsize=fs)
-    ax.set_ylim(-0.6, max(len(rows), 3) - 0.4)
-    ax.set_xlabel("self time (ms)", fontsize=fs, labelpad=1)
+    ax.set_yticks(y, [L.path for L, _, _ in picked], fontsize=fs)
+    ax.set_ylim(-0.6, max(len(picked), 3) - 0.4)
+    ax.set_xlabel(BAR_BASIS, fontsize=fs, labelpad=1)
     ax.legend(loc="lower right", fontsize=fs, borderpad=0.25, labelspacing=0.1, framealpha=0.8)
-    ax.set_title(f"layers by self time (top {len(rows)})", fontsize=fs + 0.5, pad=3)
+    ax.set_title(f"layers by time (top {len(picked)})", fontsize=fs + 0.5, pad=3)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     fig.tight_layout(pad=0.3)
