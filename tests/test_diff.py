@@ -206,3 +206,19 @@ def test_mfu_change_is_on_one_roof_when_the_steps_roofs_differ():
         mfu.text(mfu.a)
     assert any(f"B on its own roof: {pct_text(b.summary.mfu)}" in n for n in d.notes), d.notes
     assert any("MFU roofs differ (312 TFLOP/s vs 324 TFLOP/s)" in n for n in d.notes), d.notes
+
+
+def test_a_what_if_side_is_said_in_the_diff():
+    # `tscope diff --gpu h100` of two CPU steps warned "a what-if, labelled so in the report" and the diff said nothing
+    cpu = dataclasses.replace(toy_profile().info, device_name="CPU (test)", device="cpu", timing="cpu-wall")
+    a, b = toy_profile(), toy_profile()
+    a.info = b.info = cpu
+    with pytest.warns(UserWarning, match="Leave the device out"):
+        ra = roofline(a, a100())
+    rb = roofline(b, a100())
+    assert ra.what_if is not None and rb.what_if is not None
+    d = diff_reports(ra, rb, labels=("before", "after"))
+    notes = [n for n in d.notes if "is a what-if" in n]
+    assert notes == [f"{x} is a what-if: times measured on {ra.what_if.measured_on} placed on the roofs of "
+                     f"{a100().name} (its MFU and % of roof compare two devices)" for x in ("before", "after")]
+    assert not [n for n in diff_reports(_report(toy_profile()), _report(toy_profile())).notes if "what-if" in n]

@@ -90,8 +90,8 @@ def _report(prof: Any, gpu: DeviceSpec | str | torch.device | None, options: Ana
     if other is not None and (other, spec.name) not in _WARNED_WHAT_IF:
         _WARNED_WHAT_IF.add((other, spec.name))
         warnings.warn(f"tscope: times were measured on {other} but placed on the roofs of {spec.name}: % of roof, "
-                      "MFU and recoverable time compare two devices (a what-if, labelled so in the report). Pass "
-                      "gpu='auto' to measure against this device.", UserWarning, stacklevel=3)
+                      "MFU and recoverable time compare two devices (a what-if, labelled so in the report and a diff). "
+                      "Leave the device out (gpu=None, no --gpu) to analyse on the device that ran them.", UserWarning, stacklevel=3)
     if other is not None and o.what_if is None:
         o = dataclasses.replace(o, what_if=other)
     return _analyze(res, spec, o, report_type=StepReport)

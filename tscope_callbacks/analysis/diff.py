@@ -341,6 +341,11 @@ def diff_reports(a: ReportData, b: ReportData, labels: tuple[str, str] = ("A", "
         notes.append("one side is untimed (an analysis): step time and MFU are the expected ones, layers and classes "
                      "compare expected kernel times")
     same_work = _same_work(a, b, notes)
+    for label, r in zip(labels, (a, b)):
+        w = r.what_if
+        if w is not None:  # times of one device on another's roofs: MFU and % of roof are a what-if
+            notes.append(f"{label} is a what-if: times measured on {w.measured_on} placed on the roofs of "
+                         f"{w.roofs_of} (its MFU and % of roof compare two devices)")
     head = _step_changes(a, b, labels, same_work, notes)
     if timed:
         oa, ob = sa.op_time_s or 0.0, sb.op_time_s or 0.0
