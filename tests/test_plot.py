@@ -174,3 +174,17 @@ def test_ridges_a_few_percent_apart_get_labels_that_do_not_overlap():
     assert sorted(t.get_text() for t in labels) == ["ridge 1.92", "ridge 2"]
     a, b = (t.get_window_extent(r) for t in labels)
     assert not a.overlaps(b)
+
+
+def test_the_reports_roof_line_says_which_bandwidth_the_roofs_use():
+    # the markdown said "bandwidth 25.7 GB/s" beside a ridge only 51 GB/s gives, the widening in a footnote
+    rep = _widened_report()
+    line = next(ln for ln in rep.to_markdown().splitlines() if ln.startswith("- **Roofs**"))
+    assert line.endswith("bandwidth 25 GB/s (MBU's basis; the roofs and their ridges below use 40 GB/s: widened, see "
+                         "the roof note)")
+    roofs_used = next(ln for ln in rep.to_markdown().splitlines() if ln.startswith("- **Roofs used**"))
+    assert "ridge 2.5 FLOP/B" in roofs_used  # 100 GFLOP/s / 40 GB/s
+    plain = api.roofline(make_profile([matmul(256, 256, 256, dtype="float32", layer="fc", time_s=1e-3)]),
+                         DeviceSpec(name="cpu", flops={"fp32": 100e9}, bandwidth=25e9, measured=True))
+    line = next(ln for ln in plain.to_markdown().splitlines() if ln.startswith("- **Roofs**"))
+    assert line.endswith("bandwidth 25 GB/s")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from typing import Any
 
 from tscope_callbacks.analysis.fmt import bw_text, rate_text
 from tscope_callbacks.analysis.rows import OpRoof
 
-__all__ = ["widen", "beaten"]
+__all__ = ["widen", "beaten", "roof_bandwidth"]
 
 #: ops shorter than this are too noisy (timer resolution) to move a measured roof
 _WIDEN_MIN_S = 20e-6
@@ -56,3 +58,9 @@ def beaten(ops: list[OpRoof]) -> list[str]:
     return [f"{len(over)} ops ran faster than their datasheet roof ({mem} memory-bound: small working sets served "
             "from L2 beat the HBM bandwidth; the others mean the profile's device is not the one named, or a count "
             "is wrong)"]
+
+
+def roof_bandwidth(roofs: Iterable[Any], device_bw: float) -> float:
+    """The bandwidth the ops were placed on (the roofs' own: a measured roof an op beat is widened, :func:`widen`),
+    else the device's: what the plot draws and the report's roof lines say beside the device's."""
+    return max((r.bandwidth for r in roofs if r.bandwidth and math.isfinite(r.bandwidth)), default=device_bw)

@@ -30,6 +30,7 @@ from tscope_callbacks.analysis.report import (
     Row,
     Summary,
 )
+from tscope_callbacks.analysis.roofs import roof_bandwidth
 from tscope_callbacks.records import StepProfile
 from tscope_callbacks.render.fsdp import fsdp_lines
 from tscope_callbacks.render.notes import basis_extra, environment_lines, noise_lines
@@ -65,6 +66,15 @@ def _outside_ops(s: Summary) -> str:
              else "host time between ops: Python, hooks, data loading")
     return f"; outside ops: {time_text(step - ops)} of the {time_text(step)} step " \
            f"({pct_text((step - ops) / step)}): {where}"
+
+
+def _widened(report: ReportData) -> str:
+    """Where the roofs drawn use a wider bandwidth than the device's (an op beat a measured roof): which, and that
+    MBU stays on the device's."""
+    used = roof_bandwidth(report.roofs, report.summary.bandwidth)
+    if not report.summary.bandwidth or used <= report.summary.bandwidth * (1 + 1e-9):
+        return ""
+    return f" (MBU's basis; the roofs and their ridges below use {bw_text(used)}: widened, see the roof note)"
 
 
 def _roof_line(r: RoofUsed) -> str:
@@ -154,7 +164,7 @@ def header_lines(report: ReportData) -> list[str]:
                                          else "untimed: every time is an estimate (roof ms: the roofline bound"
                                          + ("; expected ms: the shape-aware kernel time" if s.has_kernel_model
                                             else "") + "); ")
-             + f"bandwidth {bw_text(s.bandwidth)}",
+             + f"bandwidth {bw_text(s.bandwidth)}" + _widened(report),
              "- **Roofs used**: " + ("; ".join(_roof_line(r) for r in report.roofs[:4]) or "none (no ops)"),
              f"- **Precision**: {s.dominant_precision} dominant; MFU per device (this rank's model FLOPs over its "
              f"step time and one device's peak: under TP/FSDP the local shards' FLOPs) against the {s.mfu_precision} "

@@ -26,6 +26,7 @@ from matplotlib.ticker import FuncFormatter
 from tscope_callbacks.analysis.basis import time_of
 from tscope_callbacks.analysis.fmt import bw_text, pct_text, rate_text, sig, time_text
 from tscope_callbacks.analysis.report import ReportData, RoofUsed
+from tscope_callbacks.analysis.roofs import roof_bandwidth
 from tscope_callbacks.capture.paths import ancestors
 from tscope_callbacks.records import LayerRecord
 
@@ -197,12 +198,6 @@ def _limits(pts: list[dict[str, Any]], roofs: Sequence[RoofUsed], bw: float) -> 
     y_hi = max(ys) * 4
     y_lo = min(min(ys) / 3, x_lo * min(bw, roof_bandwidth(roofs, bw)) / 1e12)
     return x_lo, x_hi, max(y_lo, y_hi * 1e-7), y_hi
-
-
-def roof_bandwidth(roofs: Sequence[RoofUsed], device_bw: float) -> float:
-    """The bandwidth the ops were placed on (the roofs' own: a measured roof an op beat is widened,
-    ``analysis.roofs.widen``), else the device's."""
-    return max((r.bandwidth for r in roofs if r.bandwidth and math.isfinite(r.bandwidth)), default=device_bw)
 
 
 def unused_bandwidth_label(bw: float, measured: bool, *, short: bool = False) -> str:
