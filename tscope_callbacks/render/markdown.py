@@ -56,6 +56,23 @@ def _time_basis(s: Summary) -> str:
         if s.op_time_s else "measured"
 
 
+def _step_split(report: ReportData) -> str:
+    """The measured step split as the dashboard's "Where the step goes" splits it (``report.time_split``: the op time
+    by bound plus the rest of the unprofiled step, adding up to it), so both say the same shares; "" without a
+    measured step (then the op time's own split)."""
+    t = report.time_split
+    if not t.step_s or not report.timed:
+        return ""
+    cuda = str(report.summary.timing).startswith("cuda")
+    rest = ("no kernel running (gaps between kernels, waits for the host)" if cuda
+            else "outside ops (host: Python, hooks, data)")
+    parts = [("compute-bound", t.compute_bound_s), ("memory-bound", t.memory_bound_s),
+             ("communication", t.communication_s), ("uncounted ops", t.uncounted_s),
+             ("overhead (views, zero-work ops)", t.overhead_s), (rest, t.idle_s)]
+    shown = " · ".join(f"{pct_text(v / t.step_s)} {name} ({time_text(v)})" for name, v in parts if v)
+    return f"- **Time** (the {time_text(t.step_s)} step: {t.basis} + the rest of the step): {shown}"
+
+
 def _outside_ops(s: Summary) -> str:
     """The part of the (unprofiled) step the ops do not account for, when the step basis is not the op time itself:
     host time between ops on CPU (Python, hooks, data loading), the device waiting for work on CUDA."""
@@ -173,7 +190,10 @@ def header_lines(report: ReportData) -> list[str]:
              f"{s.float32_matmul_precision or 'highest'}"]
     lines += step_lines(report)
     lines += environment_lines(report)
-    if s.compute_bound_time_frac is not None:
+    split = _step_split(report)
+    if split:
+        lines += [split]
+    elif s.compute_bound_time_frac is not None:
         lines += [f"- **Time** ({_time_basis(s)}): {_p(s.compute_bound_time_frac)} compute-bound · "
                   f"{_p(s.memory_bound_time_frac)} memory-bound · {_p(s.uncounted_time_frac)} uncounted · "
                   f"{_p(s.overhead_time_frac)} overhead (views, zero-work ops)"
