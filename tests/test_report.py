@@ -213,3 +213,16 @@ def test_cli_report_bad_input_is_one_line_exit_2(tmp_path, capsys, content, msg)
     assert cli_main(["report", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert msg in err and len(err.splitlines()) == 1
+
+
+def test_rows_with_no_work_sit_on_no_roof():
+    # the dashboard's op classes read "view · % of roof 0%" (no FLOPs, no bytes: a roof time of 0 over 1 µs measured),
+    # which reads as far below the roof; a row with no work to place has no % of roof
+    rep = roofline(toy_profile(), a100())  # its aten.view: 1 µs, no FLOPs, no bytes
+    rows = [r for key in ("category", "op_name", "layer_phase") for r in rep.rows[key]]
+    views = [r for r in rows if r.estimate_s == 0 and r.measured_s]
+    assert views and all(r.attained is None and r._derived()["pct_of_roof"] is None for r in views)  # (the JSON)
+    assert any(r.name == "view" for r in rep.rows["category"] if r in views)
+    assert all(o.pct_of_roof is None for o in rep.ops if o.estimate_s == 0)
+    worked = [r for r in rows if r.estimate_s and r.measured_s]
+    assert worked and all(r.attained == pytest.approx(r.estimate_s / r.measured_s) for r in worked)

@@ -302,8 +302,9 @@ class RowFigures:
 
     @property
     def attained(self) -> float | None:
-        """Fraction of the (datasheet) roof: estimate / measured."""
-        return _div(self.estimate_s, self.measured_s)
+        """Fraction of the (datasheet) roof: estimate / measured; None for rows with no work to place on a roof (no
+        FLOPs, no bytes: views, metadata ops), whose 0% read as far below it."""
+        return _div(self.estimate_s, self.measured_s) if self.estimate_s else None
 
     @property
     def attained_achievable(self) -> float | None:
@@ -488,7 +489,7 @@ class OpRow:
 
     @property
     def pct_of_roof(self) -> float | None:
-        return _div(self.estimate_s, self.time_s)
+        return _div(self.estimate_s, self.time_s) if self.estimate_s else None  # no work: on no roof (as rows')
 
     @property
     def intensity(self) -> float | None:
