@@ -31,6 +31,11 @@ def _faster(**meta) -> object:
     return p
 
 
+def _with_inputs(p, inputs=GPT_INPUTS):
+    p.info = dataclasses.replace(p.info, inputs=inputs)
+    return p
+
+
 def _toy(**meta) -> object:
     p = toy_profile()
     p.info = dataclasses.replace(p.info, **meta)
@@ -169,6 +174,13 @@ def test_untimed_side_compares_expected_step_times():
     assert step.a == pytest.approx(est.summary.estimated_step_s)
     assert step.b == pytest.approx(real.summary.estimated_step_s)
     assert d.change("MFU").figure == "MFU (expected)"
+    # throughput on the same basis: samples per expected step on both sides (the measured side printed its
+    # measured step's samples/s beside the expected step time)
+    est, real = (roofline(_with_inputs(toy_profile(timed=t)), a100()) for t in (False, True))
+    samples = diff_reports(est, real).change("samples/s")
+    assert samples.figure == "samples/s (expected)"
+    assert samples.a == pytest.approx(8 / est.summary.estimated_step_s)
+    assert samples.b == pytest.approx(8 / real.summary.estimated_step_s)  # 8 samples a step, not 8 / 4 ms
 
 
 def test_cli_diff(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
