@@ -136,7 +136,7 @@ def test_report_of_a_directory_names_its_last_step_file(tmp_path: Path, capsys) 
 
 @pytest.mark.parametrize(("name", "content", "says"), [
     ("events.out.tfevents.1795902435.vm.20400.0", b"\x18\x00\x00\x00\x00\x00\x00\x00\xa3\x7f\x4b\x22\x09\xff",
-     "is a TensorBoard event file, not a step file: `tensorboard --logdir` shows it"),
+     "is a TensorBoard event file, not a step file: `tensorboard --logdir {dir}` shows it"),
     ("weights.bin", b"\x80\x04\x95\xff\xfe", "is not a text file, so not a step file (RooflineCallback writes"),
     ("hparams.yaml", b"lr: 0.001\n", "is not JSON, so not a step file (RooflineCallback writes"),
     ("step_5.json", b"{\"profile\": ", "is not valid JSON, perhaps half-written or corrupt"),
@@ -146,7 +146,7 @@ def test_report_of_another_kind_of_file_says_what_it_is(tmp_path: Path, capsys, 
     path.write_bytes(content)
     assert main(["report", str(path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"tscope report: {path} {says}") and len(err.splitlines()) == 1
+    assert err.startswith(f"tscope report: {path} {says.format(dir=tmp_path)}") and len(err.splitlines()) == 1
 
 
 def test_the_directory_hints_commands_run(tmp_path: Path, capsys) -> None:

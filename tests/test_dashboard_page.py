@@ -1141,3 +1141,39 @@ def test_no_card_cuts_its_subtitle_at_a_laptop_width(driver, page_file):
     finally:
         driver.set_window_size(1440, 1800)
         _open(driver, page_file.as_uri())
+
+
+def test_switching_runs_clears_the_diff(driver, fit_logdir, page_file, tmp_path):
+    """The step diff of one run stayed on the page after switching to another run (its selectors reset to '—'), so
+    its figures read as the new run's."""
+    from selenium.webdriver.support.ui import Select
+
+    root, run_dir, steps = fit_logdir
+    two = tmp_path / "two"
+    shutil.copytree(root, two)
+    shutil.copytree(two / run_dir.relative_to(root), two / run_dir.relative_to(root).parent / "version_1")
+    page = tmp_path / "two.html"
+    page.write_text(run_html(str(two)), encoding="utf-8")
+    try:
+        _open(driver, page.as_uri())
+        Select(driver.find_element("css selector", "#diff-select")).select_by_value(f"train:{steps[0]}")
+        _wait(driver, lambda d: d.find_elements("css selector", "#diff-headline tr[data-figure]"))
+        runs = Select(driver.find_element("css selector", "#run-select"))
+        other = next(o.get_attribute("value") for o in runs.options if not o.is_selected())
+        runs.select_by_value(other)
+        _wait(driver, lambda d: not d.find_elements("css selector", "#diff-headline"))
+        assert driver.find_element("css selector", "#diff-select").get_attribute("value") == ""
+        assert "diff with" in driver.find_element("css selector", "#diff").text
+    finally:
+        _open(driver, page_file.as_uri())
+
+
+def test_a_run_charts_last_point_names_its_step(driver, page_file):
+    """The MFU chart's 'last 58.5%' (an automatic window) sat beside the MFU card (the profiled step's 57%) with
+    nothing saying they are two steps: the last point says its step."""
+    _open(driver, page_file.as_uri())
+    titles = [e.text for e in driver.find_elements("css selector", "#charts .chart h3")]
+    mfu = next(t for t in titles if t.startswith("MFU"))
+    steps = [int(c.get_attribute("textContent").split("step ")[1].split(":")[0])
+             for c in driver.find_elements("css selector", "#charts [data-series=mfu] svg circle title")]
+    assert re.fullmatch(r"MFU · last [\d.]+% \(step \d+\)", mfu) and mfu.endswith(f"(step {max(steps)})"), mfu

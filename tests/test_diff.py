@@ -234,3 +234,15 @@ def test_a_what_if_side_is_said_in_the_diff():
     assert notes == [f"{x} is a what-if: times measured on {ra.what_if.measured_on} placed on the roofs of "
                      f"{a100().name} (its MFU and % of roof compare two devices)" for x in ("before", "after")]
     assert not [n for n in diff_reports(_report(toy_profile()), _report(toy_profile())).notes if "what-if" in n]
+
+
+def test_cli_labels_say_which_run_each_file_is():
+    from tscope_callbacks.cli.diff import labels
+
+    a, b = "logs/tscope_demo/version_0/tscope/step_10.json", "logs2/tscope_demo/version_0/tscope/step_10.json"
+    assert labels(a, b) == ("logs/…/step_10.json", "logs2/…/step_10.json")
+    assert labels("logs/tscope_demo/version_0/tscope/step_150.json", "logs2/tscope_demo/version_0/tscope/step_80.json") \
+        == ("logs/…/step_150.json", "logs2/…/step_80.json")  # two names, two runs: each run said
+    assert labels("run/tscope/step_10.json", "run/tscope/step_50.json") == ("step_10.json", "step_50.json")
+    assert labels("d/version_0/tscope/step_10.json", "d/version_1/tscope/step_10.json") == (
+        "version_0/tscope/step_10.json", "version_1/tscope/step_10.json")

@@ -197,7 +197,7 @@ class StepDiff:
                   f"{'±' + c.noise_text if c.noise_text else ''} | {_WORD[c.verdict]} |" for c in self.headline]
         lines += [""] + [f"- {n}" for n in self.notes]
         for title, rows in self.tables():
-            lines += ["", f"### {title}", "", f"| name | {la} ms | {lb} ms | change ms | {lb}/{la} | |",
+            lines += ["", f"### {title}", "", f"| name | {la} ms | {lb} ms | change ms | ratio (B/A) | |",
                       "|---|---|---|---|---|---|"]
             for r in rows[:top]:
                 d = r.to_dict()

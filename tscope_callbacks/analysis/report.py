@@ -900,8 +900,9 @@ def read_step_json(path: str | os.PathLike[str], label: str | None = None) -> di
         raise StepFileError(f"cannot read {label}: {e.strerror or e}") from None
     except UnicodeDecodeError:
         if "tfevents" in os.path.basename(os.fspath(path)):
-            raise StepFileError(f"{label} is a TensorBoard event file, not a step file: `tensorboard --logdir` shows "
-                                f"it; `tscope report` reads a profiled step's JSON ({_WRITES})") from None
+            folder = os.path.dirname(os.fspath(path)) or "."
+            raise StepFileError(f"{label} is a TensorBoard event file, not a step file: `tensorboard --logdir {folder}` "
+                                f"shows it; `tscope report` reads a profiled step's JSON ({_WRITES})") from None
         raise StepFileError(f"{label} is not a text file, so not a step file ({_WRITES})") from None
     if not text.strip():
         raise StepFileError(f"{label}: empty, perhaps half-written (a run still writing it shows it once complete)")

@@ -38,6 +38,23 @@ def _report(path: str, gpu: str | None) -> StepReport:
     return analyze(prof, gpu or dev or None)
 
 
+def labels(a: str, b: str) -> tuple[str, str]:
+    """Short names for two step files: their file names where they sit in one folder, else each from the first
+    folder where their paths part (``logs/…/step_10.json`` vs ``logs2/…/step_10.json``), so two runs' files of one
+    name, or of two names, say which run they are."""
+    pa, pb = os.path.normpath(a).split(os.sep), os.path.normpath(b).split(os.sep)
+    if pa[:-1] == pb[:-1]:
+        return pa[-1], pb[-1]
+    i = next(k for k, (x, y) in enumerate(zip(pa[:-1], pb[:-1])) if x != y) if \
+        any(x != y for x, y in zip(pa[:-1], pb[:-1])) else min(len(pa), len(pb)) - 1
+
+    def short(p: list[str]) -> str:
+        rest = p[i:]
+        return "/".join(rest) if len(rest) <= 3 else f"{rest[0]}/…/{rest[-1]}"
+
+    return short(pa), short(pb)
+
+
 def run(args: argparse.Namespace) -> int:
     from tscope_callbacks.analysis.diff import diff_reports
 
@@ -49,10 +66,7 @@ def run(args: argparse.Namespace) -> int:
             msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
             print(f"tscope diff: {msg or type(e).__name__}", file=sys.stderr)
             return 2
-    names = [os.path.basename(args.a), os.path.basename(args.b)]
-    if names[0] == names[1]:
-        names = [args.a, args.b]
-    d = diff_reports(reports[0], reports[1], labels=(names[0], names[1]))
+    d = diff_reports(reports[0], reports[1], labels=labels(args.a, args.b))
     print(d.to_markdown(top=args.top))
     if args.json:
         with open(args.json, "w") as f:

@@ -94,6 +94,7 @@ function fillDiff() {
 
 async function selectRun(run) {
   S.run = run; S.cmp = null;
+  diffView.empty(NO_DIFF);  /* the other run's diff is not this run's */
   const first = ST.openStep(runOf());
   if (first) { S.stage = first.stage; S.step = first.step; }
   fillSelectors();

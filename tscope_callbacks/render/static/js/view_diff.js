@@ -19,7 +19,7 @@ function changeCell(x) {
 
 function table(id, title, part, la, lb) {
   const t = h("table", {class: "t", id});
-  t.append(h("tr", {}, ["name", la + " ms", lb + " ms", "change ms", lb + "/" + la].map((c, i) => h("th", {class: i ? "n" : null, text: c}))));
+  t.append(h("tr", {}, ["name", la + " ms", lb + " ms", "change ms", "ratio (B/A)"].map((c, i) => h("th", {class: i ? "n" : null, text: c}))));
   for (const r of part.rows) {
     t.append(h("tr", {"data-name": r.name}, h("td", {class: "mono", text: r.name || "(root)"}), h("td", {class: "n", text: r.a}), h("td", {class: "n", text: r.b}),
       changeCell(r), h("td", {class: "n", text: r.ratio_text})));

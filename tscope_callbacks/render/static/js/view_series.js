@@ -30,7 +30,10 @@ function lineChart(spec, alerts) {
   const W = 420, Hh = 150, m = {l: 58, r: 10, t: 8, b: 22};
   const box = h("div", {class: "chart", "data-series": spec.id});
   const all = spec.lines.flatMap((l) => l.pts);
-  const last = spec.lines.length === 1 && all.length ? " · last " + fmt(all[all.length - 1][1]) : "";
+  /* the last point and its step: the MFU chart's last point is the automatic window's, beside a card of the
+     profiled step's MFU */
+  const end = all.length ? all[all.length - 1] : null;
+  const last = spec.lines.length === 1 && end ? " · last " + fmt(end[1]) + " (step " + end[0] + ")" : "";
   box.append(h("h3", {text: spec.label + last}));
   const state = chartState(spec);
   if (state === "none") { box.append(h("div", {class: "empty", text: "no points in this run"})); return box; }
