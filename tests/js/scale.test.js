@@ -66,6 +66,7 @@ test("round ticks: 1, 2, 2.5 or 5 x a power of ten, 2 to 5 intervals, the least 
   assert.deepEqual(S.niceTicks(0, 57.7), [0, 20, 40, 60]);
   assert.deepEqual(S.niceTicks(0, 21785), [0, 5000, 10000, 15000, 20000, 25000]);
   assert.deepEqual(S.niceTicks(0, 0.0003), [0, 0.0001, 0.0002, 0.0003]);
+  assert.deepEqual(S.niceTicks(0, NaN), [0, 1]);  /* never an axis of NaN labels */
   for (const [lo, hi] of [[0, 0.577], [0, 57.7], [0, 21785], [-3, 7], [0, 0.0003], [0, 1], [0, 9.99e9]]) {
     const t = S.niceTicks(lo, hi), st = t[1] - t[0];
     assert.ok(t[0] <= lo && t[t.length - 1] >= hi && t.length >= 3 && t.length <= 6, JSON.stringify([lo, hi, t]));

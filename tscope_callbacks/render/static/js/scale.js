@@ -72,6 +72,7 @@ const pointRadius = (t, tmax, min, span) => min + span * Math.sqrt(Math.min(1, t
     one whose last tick leaves the least room above `hi` (71.3% is drawn under a 75% tick, not as one), then the
     one nearest 3 intervals */
 function niceTicks(lo, hi) {
+  if (!Number.isFinite(lo) || !Number.isFinite(hi)) return [0, 1];
   const span = hi - lo || Math.abs(hi) || 1;
   const p = Math.pow(10, Math.floor(Math.log10(span / 3)));
   let best = null;
