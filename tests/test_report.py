@@ -226,3 +226,24 @@ def test_rows_with_no_work_sit_on_no_roof():
     assert all(o.pct_of_roof is None for o in rep.ops if o.estimate_s == 0)
     worked = [r for r in rows if r.estimate_s and r.measured_s]
     assert worked and all(r.attained == pytest.approx(r.estimate_s / r.measured_s) for r in worked)
+
+
+def test_a_step_without_layer_details_says_where_its_memory_peak_is():
+    # the CLI report of a step without layer details left the Memory line out; the page said why, the report not
+    import torch
+
+    import tscope_callbacks as ts
+
+    m = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    for details in (False, True):
+        with ts.profile(m, layer_details=details) as p:
+            m(torch.randn(4, 8)).sum().backward()
+            opt.step()
+        md = ts.roofline(p.result, "auto").to_markdown()
+        [line] = [ln for ln in md.splitlines() if ln.startswith("- **Memory**")]
+        # 8x8 + 8 fp32 parameters: 288 B = 0.000275 MiB, their gradients the same, momentum buffers the same
+        assert line.startswith("- **Memory** (this rank, MiB): weights 0.000275 · gradients 0.000275 · optimizer "
+                               "state 0.000275"), line
+        assert ("the step peak and saved activations need layer details" in line) is not details
+        assert ("step peak about" in line) is details

@@ -266,6 +266,11 @@ def memory_lines(report: ReportData) -> list[str]:
                            f"{bytes_text(m.rest_bytes or 0)}: activations, temporaries, new gradients), or a "
                            "smaller micro-batch")
         lines.append(line)
+    elif mc.get("weights") is not None:  # a profile without layer details: the states, and where the peak is
+        opt = mib("optimizer_state") if mc.get("optimizer_state") is not None else "n/a (no optimizer step captured)"
+        lines.append(f"- **Memory** (this rank, MiB): weights {mib('weights')} · gradients {mib('grads')} · optimizer "
+                     f"state {opt}; the step peak and saved activations need layer details (a step "
+                     "LayerProfilerCallback profiled, or `ts.profile(model, layer_details=True)`)")
     if "sharded_params" in mc:
         lines.append(f"- **Memory by category** (this rank, MiB): params {mib('sharded_params')} sharded / "
                      f"{mib('unsharded_params')} unsharded; grads {mib('sharded_grads')} sharded / "
