@@ -939,7 +939,7 @@ def _directory_hint(path: str | os.PathLike[str], label: str) -> str:
             break
     if not found:
         return f"{label} is a directory with no step file in it: give a step file ({_WRITES})"
-    step, last = max(found)
+    _, last = max(found)
     return (f"{label} is a directory: give one of its {len(found)} step files, e.g. the last profiled step's: "
             f"`tscope report {last}`; `tscope view {label}` shows them all")
 

@@ -209,7 +209,11 @@ def assign_kernels(events: Sequence[Any], n_ops: int, no_range: Iterable[int] = 
     ranges: dict[int, int] = {}  # range correlation id -> op index (-1: paused)
     spans: dict[int, list[tuple[int, int, int]]] = {}  # host thread -> [(start, end, op index or -1)]
     runtime: list[Any] = []  # the runtime API calls: read only when a range may hold them (a replay has none)
-    device_events = []
+    device_events = []  # (event, name, linked correlation id, correlation id)
+    # a device event the profiler did not link to a range is paired with its launch by correlation id: only those
+    # launches are placed in ranges (a step's other runtime calls -- events, stream queries, memsets' setup -- never
+    # hold a kernel of their own)
+    need: set[int] = set()
     for e in events:
         name = e.name()
         if e.device_type() == cpu:
@@ -228,17 +232,10 @@ def assign_kernels(events: Sequence[Any], n_ops: int, no_range: Iterable[int] = 
             elif _RUNTIME.match(name):
                 runtime.append(e)
         elif not name.startswith(RANGE_PREFIX) and not _call(e, "is_user_annotation", False):
-            device_events.append((e, name))
-    # a device event the profiler did not link to a range is paired with its launch by correlation id: only those
-    # launches are placed in ranges (a step's other runtime calls -- events, stream queries, memsets' setup -- never
-    # hold a kernel of their own)
-    dev = []
-    need: set[int] = set()
-    for e, name in device_events:
-        link, corr = e.linked_correlation_id(), e.correlation_id()
-        dev.append((e, name, link, corr))
-        if not link:
-            need.add(corr)
+            link, corr = e.linked_correlation_id(), e.correlation_id()
+            device_events.append((e, name, link, corr))
+            if not link:
+                need.add(corr)
     launches = []
     if spans and need:
         for e in runtime:
@@ -255,7 +252,7 @@ def assign_kernels(events: Sequence[Any], n_ops: int, no_range: Iterable[int] = 
             times[idx] = 0.0
     tc: list[bool | None] = [None] * n_ops
     kernels = []
-    for e, name, link, corr in dev:
+    for e, name, link, corr in device_events:
         idx = ranges.get(link) if link else launched_in.get(corr)
         if idx == -1:
             continue

@@ -21,12 +21,12 @@ import torch
 from tscope_callbacks.capture.faults import Faults
 from tscope_callbacks.capture.memory import MemoryTracker
 from tscope_callbacks.capture.paths import ModelTree, ancestors, clean_path
+from tscope_callbacks.capture.step_memory import _PLAIN
 from tscope_callbacks.records import LayerRecord, OpRecord
 
 __all__ = ["LayerDetails", "build_layers"]
 
 _SHAPE_LIMIT = 8  #: gradient shapes kept per layer and kind
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:

@@ -45,8 +45,8 @@ def labels(a: str, b: str) -> tuple[str, str]:
     pa, pb = os.path.normpath(a).split(os.sep), os.path.normpath(b).split(os.sep)
     if pa[:-1] == pb[:-1]:
         return pa[-1], pb[-1]
-    i = next(k for k, (x, y) in enumerate(zip(pa[:-1], pb[:-1])) if x != y) if \
-        any(x != y for x, y in zip(pa[:-1], pb[:-1])) else min(len(pa), len(pb)) - 1
+    # the first folder where they part (one path may be the other's folder plus more: its last shared depth)
+    i = next((k for k, (x, y) in enumerate(zip(pa[:-1], pb[:-1])) if x != y), min(len(pa), len(pb)) - 1)
 
     def short(p: list[str]) -> str:
         rest = p[i:]

@@ -73,18 +73,6 @@ def _step_split(report: ReportData) -> str:
     return f"- **Time** (the {time_text(t.step_s)} step: {t.basis} + the rest of the step): {shown}"
 
 
-def _outside_ops(s: Summary) -> str:
-    """The part of the (unprofiled) step the ops do not account for, when the step basis is not the op time itself:
-    host time between ops on CPU (Python, hooks, data loading), the device waiting for work on CUDA."""
-    step, ops = s.measured_step_s, s.op_time_s if s.timed else None
-    if not step or not ops or s.step_time_source == "op-time" or step - ops < 0.01 * step:
-        return ""
-    where = ("no kernel running: gaps between kernels and waits for the host" if str(s.timing).startswith("cuda")
-             else "host time between ops: Python, hooks, data loading")
-    return f"; outside ops: {time_text(step - ops)} of the {time_text(step)} step " \
-           f"({pct_text((step - ops) / step)}): {where}"
-
-
 def _widened(report: ReportData) -> str:
     """Where the roofs drawn use a wider bandwidth than the device's (an op beat a measured roof): which, and that
     MBU stays on the device's."""
@@ -197,8 +185,7 @@ def header_lines(report: ReportData) -> list[str]:
         lines += [f"- **Time** ({_time_basis(s)}): {_p(s.compute_bound_time_frac)} compute-bound · "
                   f"{_p(s.memory_bound_time_frac)} memory-bound · {_p(s.uncounted_time_frac)} uncounted · "
                   f"{_p(s.overhead_time_frac)} overhead (views, zero-work ops)"
-                  + (f" · {_p(s.comm_time_frac)} communication" if s.comm_time_frac else "")
-                  + _outside_ops(s)]
+                  + (f" · {_p(s.comm_time_frac)} communication" if s.comm_time_frac else "")]
     if report.what_if is not None:
         lines += [f"- **What-if**: times were measured on {report.what_if.measured_on}, roofs are {s.device}'s: "
                   "% of roof, MFU and recoverable time compare two devices (an estimate, not a measurement)"]
