@@ -145,7 +145,10 @@ def test_small_changes_and_large_figures_read_plainly():
                                         share=None, states_bytes=None, rest_bytes=None, shard_over=None, basis="b",
                                         categories={}))
     peak = diff_reports(b, b).change("step memory peak")
-    assert peak.text(peak.a) == "12.9 GiB" and peak.verdict == "noise"  # thousands separated, never an exponent
+    assert peak.text(peak.a) == "12.9 GiB"  # thousands separated, never an exponent
+    # an allocator peak repeats exactly: an equal one reads "unchanged" (it read "+0.00% ±0 B within noise")
+    assert (peak.change, peak.noise_text, peak.verdict) == ("unchanged", "", "")
+    assert "| step memory peak | 12.9 GiB | 12.9 GiB | unchanged |  |  |" in diff_reports(b, b).to_markdown()
 
 
 def test_different_work_is_said_and_not_timed_against():

@@ -11,7 +11,7 @@ from profiles import a100, make_profile, matmul, pointwise, toy_profile
 
 from tscope_callbacks import api
 from tscope_callbacks.devices.spec import DeviceSpec
-from tscope_callbacks.render.plot import figure, plot
+from tscope_callbacks.render.plot import card_figure, figure, plot
 
 # these tests check the roofline arithmetic itself: no shape-aware kernel model on top of it
 roofline = functools.partial(api.roofline, kernel_model=False)
@@ -52,6 +52,20 @@ def test_figure_has_roofs_points_and_labels_without_pyplot():
     legend_text = [t.get_text() for leg in (ax.get_legend(),) for t in leg.get_texts()]
     assert legend_text  # phase legend
     assert "matplotlib.pyplot" not in sys.modules or not __import__("matplotlib.pyplot").pyplot.get_fignums()
+
+
+def test_cpu_roofs_read_in_gflops():
+    # a CPU's roofs (here 0.3 TFLOP/s matrix, 0.1 vector) are under 1 TFLOP/s: the axis reads GFLOP/s, a tick drawn
+    # at 0.01 TFLOP/s reads "10" (it read "0.01" under "TFLOP/s")
+    cpu = DeviceSpec(name="x86 CPU", flops={"fp32": 0.3e12}, bandwidth=40e9, vector_flops={"fp32": 0.1e12})
+    rep = roofline(make_profile([matmul(512, 512, 512, dtype="float32", time_s=2e-3),
+                                 pointwise(1 << 20, dtype="float32", time_s=1e-3)]), cpu)
+    for fig in (figure(rep), card_figure(rep)):
+        ax = fig.axes[0]
+        assert "GFLOP/s" in ax.get_ylabel() and "TFLOP/s" not in ax.get_ylabel()
+        assert ax.yaxis.get_major_formatter()(0.01, 0) == "10"
+    gpu = figure(roofline(toy_profile(), a100())).axes[0]
+    assert "TFLOP/s" in gpu.get_ylabel() and gpu.yaxis.get_major_formatter()(100.0, 0) == "100"
 
 
 def test_figure_is_thread_safe_and_handles_degenerate_profiles():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import functools
 import json
 import re
@@ -112,6 +113,17 @@ def test_markdown_has_columns_header_and_opportunities():
     ach = DeviceSpec(name="measured", flops={"bf16": 250e12}, bandwidth=1.7e12, vector_flops={"bf16": 30e12,
                                                                                                 "fp32": 15e12})
     assert "% of achievable" in roofline(toy_profile(), a100(achievable=ach)).to_markdown()
+
+
+def test_time_line_names_no_rest_when_the_ops_fill_the_step():
+    # ops slower than the unprofiled step (3.847 ms of op time against a 3 ms step): the parts are scaled to the
+    # step and nothing is left beside them, so the line does not promise "+ the rest of the step" it then omits
+    p = toy_profile()
+    p.info = dataclasses.replace(p.info, step_time_s=3.0e-3)
+    md = roofline(p, a100()).to_markdown()
+    (line,) = [ln for ln in md.splitlines() if ln.startswith("- **Time**")]
+    assert line.startswith("- **Time** (the 3 ms step: measured op time, scaled x0.78 to the unprofiled step")
+    assert "rest of the step" not in line and "outside ops" not in line
 
 
 def test_markdown_untimed_has_no_measured_columns():

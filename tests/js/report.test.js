@@ -87,6 +87,10 @@ test("the time split: parts in order, the rest named by the device, the batch's 
   assert.equal(v.basis, "measured op time + the rest of the 54.4 ms step (median of the unprofiled steps)");
   assert.equal(v.input, "Input: each step spends 0.875 ms fetching its batch");  /* the text report's sentence */
   assert.equal(v.inputBound, true);
+  /* ops scaled to the step: nothing is left beside them, and the basis promises no rest */
+  const scaled = R.splitView(report({summary: {timing: "cpu"}, time_split: {compute_bound_s: 0.003, idle_s: 0, step_s: 0.003,
+    basis: "measured op time, scaled x0.78 to the unprofiled step"}}));
+  assert.equal(scaled.basis, "measured op time, scaled x0.78 to the unprofiled step, of the 3 ms step (median of the unprofiled steps)");
   const cuda = R.splitView(report({summary: {timing: "cuda-kernels"}, time_split: {idle_s: 0.001}}));
   assert.equal(cuda.parts[0][0], "no kernel running (gaps between kernels, waits for the host)");
 });

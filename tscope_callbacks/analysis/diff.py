@@ -120,7 +120,7 @@ class Change:
 
     @property
     def noise_text(self) -> str:
-        if self.noise is None:
+        if not self.noise:  # not measured, or none (a memory peak): no "±0 B"
             return ""
         return f"{sig(self.noise * 100)} pts" if self.unit == "fraction" else self.text(self.noise)
 
@@ -368,8 +368,12 @@ def diff_reports(a: ReportData, b: ReportData, labels: tuple[str, str] = ("A", "
     head.append(Change("ops", "count", float(sa.n_ops), float(sb.n_ops), _rel_text(sa.n_ops, sb.n_ops), None, ""))
     pa, pb = _value(a, "memory_peak_bytes"), _value(b, "memory_peak_bytes")
     if pa is not None or pb is not None:
-        head.append(Change("step memory peak", "bytes", pa, pb, _rel_text(pa, pb), 0.0 if pa and pb else None,
-                           verdict(pb - pa if pa is not None and pb is not None else None, 0.0, higher_better=False)))
+        if pa is not None and pa == pb:  # allocator peaks repeat exactly: an equal one is unchanged, not "within noise"
+            head.append(Change("step memory peak", "bytes", pa, pb, "unchanged", 0.0, ""))
+        else:
+            head.append(Change("step memory peak", "bytes", pa, pb, _rel_text(pa, pb), 0.0 if pa and pb else None,
+                               verdict(pb - pa if pa is not None and pb is not None else None, 0.0,
+                                       higher_better=False)))
     # per layer (self time, all phases) and per op class
     la, lb = _times(a.rows["layer"], timed, "layer"), _times(b.rows["layer"], timed, "layer")
     layers = [DiffRow(k, la.get(k), lb.get(k), _rss(_rows_noise(a, k), _rows_noise(b, k)))

@@ -70,7 +70,8 @@ def _step_split(report: ReportData) -> str:
              ("communication", t.communication_s), ("uncounted ops", t.uncounted_s),
              ("overhead (views, zero-work ops)", t.overhead_s), (rest, t.idle_s)]
     shown = " · ".join(f"{pct_text(v / t.step_s)} {name} ({time_text(v)})" for name, v in parts if v)
-    return f"- **Time** (the {time_text(t.step_s)} step: {t.basis} + the rest of the step): {shown}"
+    rest_of_step = " + the rest of the step" if t.idle_s else ""  # none: the ops fill (or were scaled to) the step
+    return f"- **Time** (the {time_text(t.step_s)} step: {t.basis}{rest_of_step}): {shown}"
 
 
 def _widened(report: ReportData) -> str:

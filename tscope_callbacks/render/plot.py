@@ -2,9 +2,9 @@
 
 Built on ``matplotlib.figure.Figure`` with the Agg canvas (never ``pyplot``): thread-safe, no global figures left
 behind, usable from a callback (``figure(report)`` for sinks that call ``add_figure``).
-x = arithmetic intensity (FLOP/B), y = attained FLOP/s (TFLOP/s); one point per layer x phase, size by its share of
-step time; memory slope, one flat roof per precision in the profile (matrix solid, vector dashed, achievable dotted),
-ridge points marked. Untimed profiles plot their expected times (the shape-aware kernel estimates: on the roof, or
+x = arithmetic intensity (FLOP/B), y = attained FLOP/s (TFLOP/s; GFLOP/s under a CPU's roofs); one point per layer x
+phase, size by its share of step time; memory slope, one flat roof per precision in the profile (matrix solid, vector
+dashed, achievable dotted), ridge points marked. Untimed profiles plot their expected times (the shape-aware kernel estimates: on the roof, or
 below it where the kernel model expects a shortfall, as the dashboard draws them) as hollow markers.
 """
 
@@ -200,6 +200,15 @@ def _limits(pts: list[dict[str, Any]], roofs: Sequence[RoofUsed], bw: float) -> 
     return x_lo, x_hi, max(y_lo, y_hi * 1e-7), y_hi
 
 
+def _y_axis(ax: Any, roofs: Sequence[RoofUsed], pts: list[dict[str, Any]]) -> str:
+    """Format the y axis (drawn in TFLOP/s) in the unit its roofs read in: GFLOP/s where the highest roof (or point,
+    without roofs) is under 1 TFLOP/s (a CPU's: ticks of 0.001 TFLOP/s read as 1 GFLOP/s); returns the unit."""
+    top = max([r.peak_flops / 1e12 for r in roofs] or [p["y"] for p in pts] or [1.0])
+    unit, k = ("GFLOP/s", 1e3) if top < 1 else ("TFLOP/s", 1.0)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v * k:g}"))
+    return unit
+
+
 def unused_bandwidth_label(bw: float, measured: bool, *, short: bool = False) -> str:
     """The dashed line of the device's bandwidth when an op beat it (the roofs drawn use the widened one): the
     dashboard's words (``short``: a card's)."""
@@ -266,10 +275,10 @@ def figure(report: ReportData, top_labels: int = 8, *, figsize: tuple[float, flo
     _scatter_phases(ax, pts, timed, size=(25, 900), widths=(0.8, 1.6), short=False)
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(y_lo, y_hi)
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    unit = _y_axis(ax, roofs, pts)
     ax.set_xlabel("arithmetic intensity (FLOP/B)")
-    ax.set_ylabel("attained performance (TFLOP/s)" + ("" if timed else " — estimated"))
+    ax.set_ylabel(f"attained performance ({unit})" + ("" if timed else " — estimated"))
     ax.grid(True, which="major", color="0.9", lw=0.6)
     s = report.summary
     title = " · ".join(str(v) for v in (s.device, s.model, f"step {s.step}" if s.step is not None
@@ -448,10 +457,10 @@ def card_figure(report: ReportData, top_labels: int = 3) -> Figure:
     _scatter_phases(ax, pts, timed, size=(8, 200), widths=(0.5, 1.2), short=True)
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(y_lo, y_hi)
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    unit = _y_axis(ax, report.roofs, pts)
     ax.set_xlabel("FLOP / byte", fontsize=fs, labelpad=1)
-    ax.set_ylabel("TFLOP/s" + ("" if timed else " (est.)"), fontsize=fs, labelpad=1)
+    ax.set_ylabel(unit + ("" if timed else " (est.)"), fontsize=fs, labelpad=1)
     ax.grid(True, which="major", color="0.9", lw=0.5)
     s = report.summary
     step = f"step {s.step} · " if s.step is not None else ""

@@ -90,7 +90,9 @@ function splitView(r) {
   const cuda = /^cuda/.test((r.summary || {}).timing || "");
   const idle = cuda ? "no kernel running (gaps between kernels, waits for the host)" : "outside ops (host: Python, hooks, data)";
   const parts = SPLIT.map(([k, l, c]) => [k === "idle_s" ? idle : l, t[k], c]).filter((p) => num(p[1]) && p[1] > 0);
-  const basis = (t.basis || "") + (num(t.step_s) ? " + the rest of the " + F.time(t.step_s) + " step (median of the unprofiled steps)" : "");
+  /* "+ the rest" only when there is one: ops scaled to (or filling) the step leave nothing beside them */
+  const step = num(t.step_s) ? F.time(t.step_s) + " step (median of the unprofiled steps)" : "";
+  const basis = (t.basis || "") + (!step ? "" : num(t.idle_s) && t.idle_s > 0 ? " + the rest of the " + step : ", of the " + step);
   return {basis, parts, input: (r.page || {}).input || null, inputBound: !!t.input_bound};
 }
 
