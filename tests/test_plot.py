@@ -134,6 +134,25 @@ def test_card_labels_the_device_bandwidth_it_draws_dashed():
                for ln in ax.get_lines() if len(ln.get_xdata()) == 2)
 
 
+def test_card_key_of_four_roofs_keeps_two_columns():
+    # a CPU's widened memory roof, its measured bandwidth beaten, and distinct matrix and vector roofs: four entries,
+    # whose longest ("measured 25.7 GB/s (not used)") made the key one column of four rows, a third of the card;
+    # it is now broken before its parenthesis so two columns fit (three lines of text)
+    from tscope_callbacks.render.plot import card_figure
+
+    spec = DeviceSpec(name="cpu", flops={"fp32": 94e9}, bandwidth=25.7e9, vector_flops={"fp32": 93.2e9},
+                      measured=True)
+    rep = api.roofline(make_profile([pointwise(1_000_000, time_s=1.5e-4, layer="act"),  # 8e6 B: 53.3 GB/s
+                                     matmul(256, 256, 256, dtype="float32", layer="fc", time_s=1e-3)]), spec)
+    fig = card_figure(rep)
+    (key,) = fig.legends
+    texts = [t.get_text() for t in key.get_texts()]
+    assert len(texts) == 4 and "measured 25.7 GB/s\n(not used)" in texts, texts
+    assert key._ncols == 2
+    box = key.get_window_extent(fig.canvas.get_renderer())
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width  # within the card
+
+
 def test_card_keys_and_labels_cover_no_point_and_no_other_text():
     """The Images tab's card: its labels overlapped the points and the roofs' key (drawn over the memory slope and
     the ridge); now the key sits above the axes and a label goes only where it covers no marker, key or label."""
