@@ -169,6 +169,12 @@ def test_model_level_mfu_mbu_and_scalars():
     assert sc["measured_step_ms"] == pytest.approx(4.0)
     assert sc["estimated_step_ms"] == pytest.approx(rep.summary.estimated_step_s * 1e3)
     assert all(isinstance(v, float) and math.isfinite(v) for v in sc.values())
+    # the bound shares are of the measured 4 ms step, as the report's Time line and the page's split give them (the
+    # logged scalar was the share of the 3.847 ms op time): the compute-bound matmuls, 0.8 + 0.3 + 1.2 + 1.0 = 3.3 ms
+    assert sc["compute_bound_time_frac"] == pytest.approx(3.3e-3 / 4e-3)
+    assert sc["compute_bound_time_frac"] == pytest.approx(rep.time_split.compute_bound_s / rep.time_split.step_s)
+    assert sc["memory_bound_time_frac"] == pytest.approx(rep.time_split.memory_bound_s / 4e-3)
+    assert f"{sc['compute_bound_time_frac']:.1%}" in rep.to_markdown()  # the same share on the Time line
 
 
 def test_untimed_estimation_mode():
