@@ -7,7 +7,7 @@ import struct
 import sys
 import threading
 
-from profiles import a100, make_profile, matmul, pointwise, toy_profile
+from profiles import a100, make_profile, matmul, op, pointwise, toy_profile
 
 from tscope_callbacks import api
 from tscope_callbacks.devices.spec import DeviceSpec
@@ -132,6 +132,23 @@ def test_card_labels_the_device_bandwidth_it_draws_dashed():
     assert "fp32 100 GFLOP/s" in texts  # a CPU's matrix and vector roofs at one peak: one entry
     assert any(ln.get_linestyle() == "--" and abs(ln.get_ydata()[0] * 1e12 / ln.get_xdata()[0] - 25e9) < 1e3
                for ln in ax.get_lines() if len(ln.get_xdata()) == 2)
+
+
+def test_roof_notes_and_the_not_shown_line_stay_under_the_x_label():
+    # a widened roof (three note lines) and rows without FLOPs (the "not shown" line): the x label overlapped the
+    # first note, whose room left out the "not shown" line under it
+    prof = make_profile([pointwise(1_000_000, time_s=2e-4, layer="act"),
+                         matmul(256, 256, 256, dtype="float32", layer="fc", time_s=1e-3),
+                         op("aten.view", "flatten", category="view", time_s=1e-6)])
+    rep = api.roofline(prof, DeviceSpec(name="cpu", flops={"fp32": 100e9}, bandwidth=25e9, measured=True))
+    fig = figure(rep)
+    fig.canvas.draw()  # the axis label is placed at draw time
+    r = fig.canvas.get_renderer()
+    (ax,) = fig.axes
+    notes = [t for t in fig.texts if t.get_text().startswith(("Roof note", "not shown", "    "))]
+    assert any(t.get_text().startswith("not shown") for t in notes) and len(notes) >= 3
+    label = ax.xaxis.label.get_window_extent(r)
+    assert all(t.get_window_extent(r).y1 < label.y0 for t in notes)
 
 
 def test_card_key_of_four_roofs_keeps_two_columns():

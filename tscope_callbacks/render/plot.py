@@ -306,7 +306,8 @@ def figure(report: ReportData, top_labels: int = 8, *, figsize: tuple[float, flo
                      f"{bw_text(roof_bandwidth(roofs, bw))}")
     if notes:  # why a roof was widened / beaten, under the x label (7 pt: about 170 characters a line at 10 in)
         lines = [ln for n in notes for ln in textwrap.wrap("Roof note: " + n, 170, subsequent_indent="    ")]
-        fig.subplots_adjust(bottom=0.09 + 0.022 * len(lines))
+        # room for every line under the x label, the "not shown" line's too (without it the label sat on the first)
+        fig.subplots_adjust(bottom=0.09 + 0.022 * (len(lines) + (1 if skipped else 0)))
         for i, ln in enumerate(reversed(lines)):
             fig.text(0.01, 0.01 + 0.022 * (i + (1 if skipped else 0)), ln, fontsize=7, color="0.3")
     if skipped:
