@@ -471,7 +471,8 @@ def _sections_logdir(root):
     res.info = dataclasses.replace(res.info, step=5)
     # the step monitor's fetch (the DataLoader's next 2 ms and the transfer 0.5 ms) and its input-bound verdict
     res.info = dataclasses.replace(res.info, step_breakdown={
-        "parts_ms": {"fetch": 2.0, "transfer": 0.5}, "fetch_share": 0.25, "steps": 12, "input_bound": True,
+        "parts_ms": {"fetch": 2.0, "transfer": 0.5}, "fetch_share": 0.25, "steps": 12, "step_ms": 10.0,
+        "input_bound": True,
         "input_fixes": ["num_workers=0: set num_workers"]})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # CPU times on an A100's roofs: the what-if warning, said once per process
@@ -633,8 +634,9 @@ def test_sections_and_step_monitor_are_shown(driver, tmp_path):
     # the batch's fetch beside the time split (a host-side wait, not a part of the step's bar), with the verdict and
     # fix: the text report's own sentence
     wait = driver.find_element("css selector", "#split-input").text
-    assert wait == ("Input: each step spends 2.5 ms fetching its batch (25% of the step, mean of the last 12 steps)"
-                    " -- input-bound: the device waits for data: num_workers=0: set num_workers")
+    # (the share is of those steps' own 10 ms mean, said so: beside the header's median step it read as a share of it)
+    assert wait == ("Input: each step spends 2.5 ms fetching its batch (mean of the last 12 steps, 25% of their mean "
+                    "10 ms step) -- input-bound: the device waits for data: num_workers=0: set num_workers")
     assert "fetching" not in driver.find_element("css selector", "#split .stack").get_attribute("innerHTML")
     # the step monitor's series, read through logdir.series; the alert at its step
     lines = css("#charts [data-series=step_device] path[data-line]")

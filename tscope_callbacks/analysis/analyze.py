@@ -186,10 +186,12 @@ def _time_split(eng: RooflineAnalysis) -> TimeSplit:
                   f"the step {time_text(timed_step)}: the capture slowed them)")
     parts = [by[b] * scale for b in ("compute", "memory", "comm", "uncounted", "overhead")]
     idle = None if not timed_step else 0.0 if scale < 1.0 else max(0.0, timed_step - sum(parts))
+    mean_ms = bd.get("step_ms")  # the monitor's mean step over those steps: the share's basis
     return TimeSplit(*parts, idle,
                      _fin(wait / 1e3) if isinstance(wait, (int, float)) else None, basis,
                      share, steps, bound, tuple(str(f) for f in bd.get("input_fixes") or ()) if bound else (),
-                     timed_step, scale)
+                     timed_step, scale,
+                     _fin(mean_ms / 1e3) if isinstance(mean_ms, (int, float)) and mean_ms > 0 else None)
 
 
 def _context(info: CaptureInfo, eng: RooflineAnalysis) -> RunContext:

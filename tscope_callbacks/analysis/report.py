@@ -248,6 +248,7 @@ class TimeSplit:
     input_fixes: tuple[str, ...] = ()  #: what to change in the DataLoader, read from its settings
     step_s: float | None = None  #: the measured step the parts add up to (None: untimed, or no step measured)
     scale: float = 1.0  #: the factor the op parts were scaled by to add up to the step (1: not scaled)
+    input_step_s: float | None = None  #: those steps' mean time, the basis of ``input_share`` (the monitor's)
 
 
 class RowFigures:

@@ -130,8 +130,12 @@ def input_lines(report: ReportData) -> list[str]:
     ts = report.time_split
     if ts.input_s is None:
         return []
-    how = [f"{pct_text(ts.input_share)} of the step"] if ts.input_share is not None else []
-    how.append(f"mean of the last {ts.input_steps} steps" if ts.input_steps else "mean of the recent steps")
+    # the share is of those steps' own mean (the monitor's basis, which includes the fetch), said so: beside the
+    # header's median step it read as a share of that ("369 µs (0.658% of the step)" of a 53.5 ms step)
+    how = [f"mean of the last {ts.input_steps} steps" if ts.input_steps else "mean of the recent steps"]
+    if ts.input_share is not None:
+        how.append(f"{pct_text(ts.input_share)} of their mean {time_text(ts.input_step_s)} step" if ts.input_step_s
+                   else f"{pct_text(ts.input_share)} of the step")
     line = f"- **Input**: each step spends {time_text(ts.input_s)} fetching its batch ({', '.join(how)})"
     if ts.input_bound:
         line += " -- **input-bound**: the device waits for data" + (
