@@ -494,7 +494,7 @@ def _sections_logdir(root):
         "recoverable_s": None, "measured_s": 9e-3, "estimate_s": 1e-3, "bound": "memory", "intensity": 0.25,
         "ridge": 50.0, "attained": 0.1, "evidence": {}, "predicted_by": "elements",
         "predicted_text": "3.1 M elements fewer at 25.7 GB/s", "measured_ratio": 0.93,
-        "measured_on": "a CNN on CPU, 5 rounds"}]
+        "measured_on": "applied in tscope's closed loop on CPU, the measured saving was 0.930x the predicted one (a CNN)"}]
     run = root / "sec"
     (run / "tscope").mkdir(parents=True)
     (run / "tscope" / "step_5.json").write_text(json.dumps({"profile": None, "device": None, "report": rep}))
@@ -668,7 +668,7 @@ def test_sections_and_step_monitor_are_shown(driver, tmp_path):
     assert opp.find_element("css selector", "[data-evidence=predicted]").text == (
         "predicted from: 3.1 M elements fewer at 25.7 GB/s")
     assert opp.find_element("css selector", "[data-evidence=measured]").text == (
-        "measured: 0.930x the predicted saving when this kind of change was applied (a CNN on CPU, 5 rounds)")
+        "checked: applied in tscope's closed loop on CPU, the measured saving was 0.930x the predicted one (a CNN)")
     assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
 

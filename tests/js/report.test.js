@@ -106,13 +106,17 @@ test("memory parts: the states, saved activations, and the rest of the tracked p
 test("an opportunity: its saving, where, its change once, how it was predicted and what applying it measured", () => {
   const o = {saving_s: 0.0073, saving_frac: 0.12, layer: "features.3", op: "", title: "pool before the activation",
     cause: "ReLU before max-pooling runs on 4x the elements", change: "apply the ReLU after the pooling",
-    predicted_by: "elements", predicted_text: "3.1 M elements fewer at 25.7 GB/s: 7.3 ms", measured_ratio: 0.93, measured_on: "a CNN on CPU, 5 rounds"};
+    predicted_by: "elements", predicted_text: "3.1 M elements fewer at 25.7 GB/s: 7.3 ms", measured_ratio: 0.93,
+    measured_on: "applied in tscope's closed loop on CPU, the measured saving was 0.930x the predicted one (a CNN)"};
   const v = R.oppView(o);
   assert.equal(v.save, "−7.3 ms (12%)");
   assert.equal(v.where, "features.3");
   assert.equal(v.change, "apply the ReLU after the pooling");
   assert.equal(v.how, "3.1 M elements fewer at 25.7 GB/s: 7.3 ms");
-  assert.equal(v.measured, "0.930x the predicted saving when this kind of change was applied (a CNN on CPU, 5 rounds)");
+  /* the closed loop's sentence names its ratio: said once (it read "1.210x the predicted saving when ... (applied in
+     tscope's closed loop on CPU, the measured saving was 1.210x the predicted one (...))") */
+  assert.equal(v.measured, "applied in tscope's closed loop on CPU, the measured saving was 0.930x the predicted one (a CNN)");
+  assert.equal(R.oppView(Object.assign({}, o, {measured_on: ""})).measured, "0.930x the predicted saving when this kind of change was applied");
   /* a change the cause already names is said once; no closed-loop figure: nothing claimed */
   const w = R.oppView(Object.assign({}, o, {cause: "x. Fix: apply the ReLU after the pooling.", measured_ratio: null}));
   assert.equal(w.change, null);

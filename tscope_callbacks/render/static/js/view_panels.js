@@ -51,7 +51,7 @@ function opps(r) {
       v.change ? h("div", {class: "why"}, "change: ", ...rich(v.change)) : null,
       v.cause ? h("div", {class: "why"}, ...rich(v.cause)) : null,
       v.how ? h("div", {class: "how", "data-evidence": "predicted", text: "predicted from: " + v.how}) : null,
-      v.measured ? h("div", {class: "how measured", "data-evidence": "measured", text: "measured: " + v.measured}) : null));
+      v.measured ? h("div", {class: "how measured", "data-evidence": "measured", text: "checked: " + v.measured}) : null));
   }
   el.append(ol);
   const nm = ((r.noise || {}).marks || []).length;
