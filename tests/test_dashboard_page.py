@@ -884,14 +884,15 @@ def test_tree_last_column_header_is_not_clipped_when_expanded(driver, page_file)
 
 
 # ---------- TensorBoard's Text tab: the tables fit, no word broken ----------
-def _tb_text_page(markdown_texts: list[str], path) -> None:
+def _tb_text_page(markdown_texts: list[str], path, width: int = 1106) -> None:
     """The markdown as TensorBoard's Text tab shows it: its own renderer (plugin_util.markdown_to_safe_html), each
     text in a cell that breaks words anywhere once the content overflows (``word-break: break-word``), 1106 px wide
-    (the card in a 1600 px window), table cells as TensorBoard 2.21 styles them (padding 6px 13px, 16 px Roboto, 1 px
-    borders, collapsed): all read from the computed styles of its Text tab in headless Chromium."""
+    (the card in a 1600 px window; about 940 in a 1400 px one), table cells as TensorBoard 2.21 styles them (padding
+    6px 13px, 16 px Roboto, 1 px borders, collapsed): all read from the computed styles of its Text tab in headless
+    Chromium."""
     from tensorboard.plugin_util import markdown_to_safe_html
 
-    cards = "".join(f'<div class="card" style="width:1106px;word-break:break-word;margin:8px 0">'
+    cards = "".join(f'<div class="card" style="width:{width}px;word-break:break-word;margin:8px 0">'
                     f'{markdown_to_safe_html(t)}</div>' for t in markdown_texts)
     css = ("body{font:16px Roboto,sans-serif}table{border-collapse:collapse}"
            "td,th{padding:6px 13px;border:1px solid #e0e0e0;font-size:16px}")
@@ -942,7 +943,7 @@ def test_tensorboard_text_tables_break_no_word(driver, tmp_path):
              "achieved_gflops_per_s": 74.78, "gflops": 0.4032, "mb": 10.75, "measured_ms": 23.917,
              "estimated_ms": 4.27, "calls": 1} for b in range(2) for n in ("fc", "proj")]
     table = rows_to_markdown(rows, max_cols=9)
-    assert "| layer | type | bound | FLOP/B | GFLOP/s | GFLOP | MiB | ms | est. ms |" in table
+    assert "| layer | type | bound | FLOP/B | GFLOP/s | GFLOP | MiB | ms | exp. ms |" in table
     assert "\u00a0ms" in tree and "`qkv`" in tree
     page = tmp_path / "tb_text.html"
     _tb_text_page([tree, table], page)
@@ -970,17 +971,22 @@ def test_tensorboard_text_report_tables_break_no_word(driver, tmp_path):
             for ph, t in (("forward", 1.6e-3), ("backward", 3.2e-3)):
                 ops.append(matmul(512, 768, 768, dtype="float32", layer=path, phase=ph, time_s=t))
     md = to_markdown(api.roofline(make_profile(ops, layers=layers), a100()), top=12)
+    assert "| advice |" in md  # its advice column, the widest cells
     narrow = narrow_markdown(md)
-    assert "| layer | phase | GFLOP |" in narrow and "| bwd |" in narrow and "CausalSelfAttention" not in narrow
-    assert [ln for ln in md.splitlines() if not ln.startswith("|")] == \
-        [ln for ln in narrow.splitlines() if not ln.startswith("|")]  # the text around the tables unchanged
+    assert "| layer | phase | GFLOP | MiB | bound |" in narrow and "| bwd |" in narrow
+    assert "CausalSelfAttention" not in narrow and "| advice |" not in narrow
+    note = "(narrowed for this view: the wide tables' type, advice, FLOP/B columns are in `tscope report` and the TSCOPE tab)"
+    assert narrow.endswith("\n\n" + note)
+    assert [ln for ln in md.splitlines() if not ln.startswith("|")] == [  # the text around the tables unchanged
+        ln for ln in narrow.removesuffix("\n\n" + note).splitlines() if not ln.startswith("|")]
     page = tmp_path / "tb_report.html"
     _tb_text_page([md], page)
     driver.get(page.as_uri())
     assert driver.execute_script(_BROKEN_WORDS_JS)  # the full markdown breaks words in the card
-    _tb_text_page([narrow], page)
-    driver.get(page.as_uri())
-    assert driver.execute_script(_BROKEN_WORDS_JS) == []
+    for width in (1106, 940):  # a 1600 px window's card and a 1400 px one's ("compu te", "72.7 %" there)
+        _tb_text_page([narrow], page, width)
+        driver.get(page.as_uri())
+        assert driver.execute_script(_BROKEN_WORDS_JS) == [], width
 
 
 def test_switching_steps_keeps_one_roof_key(driver, fit_logdir, page_file):

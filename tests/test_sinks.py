@@ -63,7 +63,7 @@ def test_rows_to_markdown() -> None:
     wide = [{"layer": "blocks.0", "ms": 1.0, "shapes": "[[8, 1024, 768], [8, 1024, 768]]", "a": 1, "b": 2, "c": 3}]
     md = rows_to_markdown(wide, max_cols=3)
     assert md.splitlines()[0] == "| layer | ms | a |"
-    assert md.splitlines()[-1] == "(3 more columns -- shapes, b, c -- in the CSV / W&B table)"
+    assert md.splitlines()[-1] == "(3 more columns -- shapes, b, c -- in the TSCOPE tab, `tscope report` and the W&B / CSV tables)"
     # the layer name is kept however long (an HF model's rows read "Conv1D, Conv1D, Dropout" without it), and so is
     # the first column
     hf = [{"layer": "model.transformer.h.0.attn.c_attn", "type": "Conv1D", "ms": 1.0, "a": 1, "b": 2},
@@ -71,7 +71,7 @@ def test_rows_to_markdown() -> None:
     md = rows_to_markdown(hf, max_cols=3)
     assert md.splitlines()[0] == "| layer | type | ms |"
     assert md.splitlines()[2].startswith("| model.transformer.h.0.attn.c_attn | Conv1D |")
-    assert md.splitlines()[-1] == "(2 more columns -- a, b -- in the CSV / W&B table)"
+    assert md.splitlines()[-1] == "(2 more columns -- a, b -- in the TSCOPE tab, `tscope report` and the W&B / CSV tables)"
     late = [{"k": "x" * 30, "ms": 1.0, "a": 1, "b": 2, "name": "n" * 30}]  # a name column past max_cols stays
     assert rows_to_markdown(late, max_cols=3).splitlines()[0] == "| k | ms | name |"
 
