@@ -149,6 +149,12 @@ def test_small_changes_and_large_figures_read_plainly():
     # an allocator peak repeats exactly: an equal one reads "unchanged" (it read "+0.00% ±0 B within noise")
     assert (peak.change, peak.noise_text, peak.verdict) == ("unchanged", "", "")
     assert "| step memory peak | 12.9 GiB | 12.9 GiB | unchanged |  |  |" in diff_reports(b, b).to_markdown()
+    # a side without the peak (a step profiled without layer details) reads "–", and a note says why
+    d = diff_reports(b, a, labels=("step 10", "step 200"))
+    assert d.change("step memory peak").b is None
+    assert "step 200 has no step memory peak: it is measured in a step profiled with layer details " \
+           "(a LayerProfilerCallback's)" in d.notes
+    assert not any("memory peak" in n for n in diff_reports(b, b).notes)
 
 
 def test_different_work_is_said_and_not_timed_against():

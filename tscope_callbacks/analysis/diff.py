@@ -367,6 +367,9 @@ def diff_reports(a: ReportData, b: ReportData, labels: tuple[str, str] = ("A", "
                     Change("op time", "s", oa, ob, "(different work)", noise, ""))
     head.append(Change("ops", "count", float(sa.n_ops), float(sb.n_ops), _rel_text(sa.n_ops, sb.n_ops), None, ""))
     pa, pb = _value(a, "memory_peak_bytes"), _value(b, "memory_peak_bytes")
+    if (pa is None) != (pb is None):  # one side's "–" says why: the peak is measured with layer details only
+        notes.append(f"{labels[0] if pa is None else labels[1]} has no step memory peak: it is measured in a step "
+                     "profiled with layer details (a LayerProfilerCallback's)")
     if pa is not None or pb is not None:
         if pa is not None and pa == pb:  # allocator peaks repeat exactly: an equal one is unchanged, not "within noise"
             head.append(Change("step memory peak", "bytes", pa, pb, "unchanged", 0.0, ""))
