@@ -255,3 +255,23 @@ def test_cli_labels_say_which_run_each_file_is():
     assert labels("run/tscope/step_10.json", "run/tscope/step_50.json") == ("step_10.json", "step_50.json")
     assert labels("d/version_0/tscope/step_10.json", "d/version_1/tscope/step_10.json") == (
         "version_0/tscope/step_10.json", "version_1/tscope/step_10.json")
+
+
+def test_cli_and_page_list_the_same_rows_and_sum_the_rest_alike():
+    # the CLI listed 15 layers and "(9 more)", the page 12 and "(12 more)" without a ratio: one row count for both,
+    # and the rest's row has its ratio on both
+    import inspect
+
+    from tscope_callbacks.analysis.diff import DIFF_TOP
+    from tscope_callbacks.render.dashboard import step_diff
+
+    assert inspect.signature(step_diff).parameters["top"].default == DIFF_TOP
+    assert inspect.signature(diff_reports(_report(_toy()), _report(_toy())).to_markdown).parameters["top"].default \
+        == DIFF_TOP
+    slower = _toy()
+    slower.ops = [dataclasses.replace(o, time_s=o.time_s * 1.5) if o.time_s else o for o in slower.ops]
+    d = diff_reports(_report(_toy()), _report(slower))
+    more = d.to_dict(top=2)["layers"]["more"]
+    assert more["n"] == len(d.layers) - 2 and more["ratio_text"] == "1.500x"  # every op 1.5x: the rest too
+    (line,) = [ln for ln in d.to_markdown(top=2).splitlines() if ln.startswith(f"| ({more['n']} more)")]
+    assert "| 1.500x |" in line

@@ -46,12 +46,13 @@ from tscope_callbacks.analysis.fmt import (
 )
 from tscope_callbacks.analysis.report import ReportData
 
-__all__ = ["Change", "DiffRow", "StepDiff", "diff_reports", "VERDICTS", "SAME_WORK_TOL"]
+__all__ = ["Change", "DiffRow", "StepDiff", "diff_reports", "VERDICTS", "SAME_WORK_TOL", "DIFF_TOP"]
 
 #: a change's verdict: beyond the noise and for the better or worse, within the noise, noise not measured, or not
 #: judged ("": counts, different work)
 VERDICTS = ("better", "worse", "noise", "unknown", "")
 SAME_WORK_TOL = 0.01  #: model FLOPs within this relative difference: the same work
+DIFF_TOP = 15  #: rows per layer / op class table, in ``tscope diff`` and the page alike (the rest summed in one row)
 _WORD = {"better": "better", "worse": "worse", "noise": "within noise", "unknown": "noise not measured", "": ""}
 
 
@@ -165,7 +166,7 @@ def _rest(rows: tuple[DiffRow, ...]) -> dict[str, Any]:
     a = sum(r.a_s or 0.0 for r in rows)
     b = sum(r.b_s or 0.0 for r in rows)
     return {"n": len(rows), "a_s": a, "b_s": b, "delta_s": b - a, "a": ms_text(a), "b": ms_text(b),
-            "change": _signed_ms(b - a)}
+            "change": _signed_ms(b - a), "ratio_text": ratio_text(b / a) if a > 0 and b > 0 else ""}
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ class StepDiff:
         return ((f"Layers ({self.basis}, self time, all phases; largest change first)", self.layers),
                 (f"Op classes ({self.basis})", self.classes))
 
-    def to_markdown(self, top: int = 15) -> str:
+    def to_markdown(self, top: int = DIFF_TOP) -> str:
         la, lb = self.labels
         lines = [f"## Step diff — {la} → {lb}", "", f"| | {la} | {lb} | change | noise | |", "|---|---|---|---|---|---|"]
         lines += [f"| {c.figure} | {c.text(c.a)} | {c.text(c.b)} | {c.change} | "
@@ -205,7 +206,7 @@ class StepDiff:
                              f"{d['ratio_text'] or '–'} | {_WORD[r.verdict]} |")
             if len(rows) > top:
                 m = _rest(rows[top:])
-                lines.append(f"| ({m['n']} more) | {m['a']} | {m['b']} | {m['change']} | | |")
+                lines.append(f"| ({m['n']} more) | {m['a']} | {m['b']} | {m['change']} | {m['ratio_text'] or '–'} | |")
         return "\n".join(lines)
 
     def to_dict(self, top: int | None = None) -> dict[str, Any]:

@@ -72,7 +72,7 @@ import re
 from importlib import resources
 from typing import Any
 
-from tscope_callbacks.analysis.diff import diff_reports
+from tscope_callbacks.analysis.diff import DIFF_TOP, diff_reports
 from tscope_callbacks.analysis.report import ReportData, StepFileError
 from tscope_callbacks.render.markdown import input_lines
 from tscope_callbacks.render.notes import environment_warnings
@@ -82,7 +82,6 @@ __all__ = ["page_html", "page_script", "standalone_data", "report_html", "pack_o
            "DIFF_ALL_PAIRS"]
 
 OPS_BUDGET_BYTES = 1_500_000  #: inline ops above this are summarised (the largest ops by time are kept)
-DIFF_TOP = 12  #: rows per table of the page's diff (the rest summed in one row)
 DIFF_ALL_PAIRS = 8  #: a standalone page holds the diff of every pair of a run's steps up to this many steps
 _OP_COLS = ["i", "op", "layer", "phase", "category", "flops", "bytes", "time_s", "estimate_s", "expected_s",
             "pct_of_roof", "bound", "precision", "dtype", "input_shapes", "output_shapes", "counted"]

@@ -27,7 +27,7 @@ function table(id, title, part, la, lb) {
   if (part.more) {
     const m = part.more;
     t.append(h("tr", {class: "more"}, h("td", {class: "muted", text: "(" + m.n + " more)"}), h("td", {class: "n", text: m.a}),
-      h("td", {class: "n", text: m.b}), h("td", {class: "n", text: m.change}), h("td", {})));
+      h("td", {class: "n", text: m.b}), h("td", {class: "n", text: m.change}), h("td", {class: "n", text: m.ratio_text || ""})));
   }
   return h("div", {}, h("h2", {text: title}), h("div", {class: "scroll", style: "max-height:300px"}, t));
 }
