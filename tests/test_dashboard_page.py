@@ -588,7 +588,10 @@ def test_untimed_step_shows_expected_layer_times(driver, tmp_path):
     for x in rep.rows["layer_phase"]:
         exp[(x.layer, x.phase)] = exp.get((x.layer, x.phase), 0.0) + x.expected_s
     rows = driver.find_elements("css selector", "#tree-table tr.tree-row")
-    assert rows and "expected kernel time per layer" in driver.find_element("css selector", "#tree-basis").text
+    basis = driver.find_element("css selector", "#tree-basis").text
+    assert rows and "expected kernel time per layer" in basis
+    # the root's FLOPs (forward + backward) beside the report's totals: the caption says what is not in them
+    assert "FLOPs and bytes = forward + backward (recompute and the optimizer's update are not in them" in basis
     heads = [th.text for th in driver.find_elements("css selector", "#tree-table th")][2:6]
     assert heads == ["fwd self ms, expected", "fwd total ms, expected", "bwd self ms, expected",
                      "bwd total ms, expected"]

@@ -18,6 +18,7 @@ function draw(r, ctx) {
   const el = clear("#tree");
   $("#tree-basis").textContent = (untimed ? "expected kernel time per layer, forward / backward, self and total (total includes children): an estimate, nothing was timed; bar = total expected time (blue fwd, orange bwd)" :
     "forward / backward op time, self (the layer's own ops) and total (with its sub-layers), " + stepsText(r) + "; bar = total time (blue fwd, orange bwd)") +
+    "; FLOPs and bytes = forward + backward (recompute and the optimizer's update are not in them: the report's totals add them)" +
     "; memory = the bytes the layer's forward / backward added (allocator readings on CUDA, tracked live storages on CPU)" +
     ((r.layers || []).some((L) => !num(L.memory_fwd_bytes)) ? " (not measured in this step: –)" : "");
   const tb = h("table", {class: "t", id: "tree-table"});
