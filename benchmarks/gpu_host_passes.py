@@ -32,6 +32,7 @@ from tscope_callbacks.capture.cuda_timing import RANGE_PREFIX, KernelRecord, Tim
 from tscope_callbacks.records import CaptureInfo, LayerRecord, OpRecord, StepProfile
 
 N_OPS, N_KERNELS, N_LAYERS = 1797, 1163, 150
+OTHER_CALLS = 25  #: runtime calls besides each launch in the second mix (about 30,000 events a step)
 CPU, CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 NAMES = Path(__file__).resolve().parent.parent / "tests" / "data" / "h100_kernel_names.txt"
 
@@ -39,10 +40,13 @@ NAMES = Path(__file__).resolve().parent.parent / "tests" / "data" / "h100_kernel
 class Event:
     """The ``_KinetoEvent`` methods the passes call."""
 
-    __slots__ = ("_name", "_dev", "_corr", "_start", "_end", "_res")
+    __slots__ = ("_name", "_dev", "_corr", "_start", "_end", "_res", "_kind")
 
-    def __init__(self, name: str, dev: Any, corr: int, start: int, end: int, res: int) -> None:
+    def __init__(self, name: str, dev: Any, corr: int, start: int, end: int, res: int, kind: str | None = None) -> None:
         self._name, self._dev, self._corr, self._start, self._end, self._res = name, dev, corr, start, end, res
+        self._kind = kind
+
+    def activity_type(self) -> str | None: return self._kind  # noqa: E704
 
     def name(self) -> str: return self._name  # noqa: E704
     def device_type(self) -> Any: return self._dev  # noqa: E704
@@ -61,21 +65,28 @@ def kernel_names() -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def step_events(seed: int = 0) -> tuple[list[Event], list[int]]:
-    """(events as Kineto hands them over, the ops that launched a kernel)."""
+def step_events(seed: int = 0, *, kinds: bool = False, other_calls: int = 0) -> tuple[list[Event], list[int]]:
+    """(events as Kineto hands them over, the ops that launched a kernel). ``kinds``: each event has its Kineto kind
+    (``activity_type``, as torch's events do; without it the passes sort events by device and name, as on a torch
+    without the accessor); ``other_calls``: runtime calls besides each launch (device queries, stream checks) that
+    CUPTI records too."""
     rnd = random.Random(seed)
     names = kernel_names()
     launching = sorted(rnd.sample(range(N_OPS), N_KERNELS))
     ks = set(launching)
+    k = (lambda x: x) if kinds else (lambda x: None)
     events, corr, gpu = [], 1, 0
     for i in range(N_OPS):
         start = i * 20_000
-        events.append(Event(f"{RANGE_PREFIX}{i}", CPU, corr, start, start + 20_000, 111))
+        events.append(Event(f"{RANGE_PREFIX}{i}", CPU, corr, start, start + 20_000, 111, k("user_annotation")))
         corr += 1
         if i in ks:
-            events.append(Event("cudaLaunchKernel", CPU, corr, start + 5_000, start + 9_000, 111))
+            for _ in range(other_calls):
+                events.append(Event("cudaGetDevice", CPU, corr, start + 4_000, start + 4_100, 111, k("cuda_runtime")))
+                corr += 1
+            events.append(Event("cudaLaunchKernel", CPU, corr, start + 5_000, start + 9_000, 111, k("cuda_runtime")))
             gpu = max(gpu, start) + 1_000
-            events.append(Event(rnd.choice(names), CUDA, corr, gpu, gpu + 30_000, 7))
+            events.append(Event(rnd.choice(names), CUDA, corr, gpu, gpu + 30_000, 7, k("kernel")))
             gpu += 30_000
             corr += 1
     rnd.shuffle(events)  # Kineto lists CPU and device events apart, not in launch order
@@ -111,13 +122,22 @@ def main() -> int:
     args = ap.parse_args()
     from tscope_callbacks.capture.replay import ReplayProfile
 
-    events, launching = step_events()
+    rows = []  # (pass, events, ms): assign_kernels on each event mix, by device and name, then by Kineto's kinds
+    for other in (0, OTHER_CALLS):
+        for kinds in (False, True):
+            events, launching = step_events(kinds=kinds, other_calls=other)
+            tl = assign_kernels(events, N_OPS)
+            assert sorted(k.op for k in tl.kernels) == launching  # every kernel to the op that launched it
+            bare = [e for e in events if not e.name().startswith(RANGE_PREFIX)]  # a replay records no op range
+            assert len(assign_kernels(bare, 0).kernels) == N_KERNELS
+            how = "Kineto's kinds" if kinds else "device and name"
+            more = f", {other} other runtime calls a kernel" if other else ""
+            rows.append((f"assign_kernels, a full capture ({how}{more})", len(events),
+                         timed(lambda ev=events: assign_kernels(ev, N_OPS), args.runs)))
+            rows.append((f"assign_kernels, a replayed step: no op range ({how}{more})", len(bare),
+                         timed(lambda ev=bare: assign_kernels(ev, 0), args.runs)))
+    events, _ = step_events(kinds=True)
     tl = assign_kernels(events, N_OPS)
-    assert sorted(k.op for k in tl.kernels) == launching  # every kernel to the op that launched it
-    assign_s = timed(lambda: assign_kernels(events, N_OPS), args.runs)
-    bare = [e for e in events if not e.name().startswith(RANGE_PREFIX)]  # a replayed step records no op range
-    assert len(assign_kernels(bare, 0).kernels) == N_KERNELS
-    replay_assign_s = timed(lambda: assign_kernels(bare, 0), args.runs)
     src, model = source_profile(tl)
     rep = ReplayProfile(model, src)
     run = Timeline([None] * N_OPS, [None] * N_OPS,
@@ -130,12 +150,12 @@ def main() -> int:
     text = "\n".join([
         f"# The host passes of a CUDA capture (torch {torch.__version__}, {platform.processor() or platform.machine()}, "
         f"load average {load})", "",
-        f"GPT-2 124M-sized step: {N_OPS} ops, {N_KERNELS} kernels, {len(events)} Kineto events, {N_LAYERS} layers; "
-        f"median of {args.runs} runs.", "",
-        "| pass | ms |", "|---|---:|",
-        f"| assign_kernels (kernels to ops, a full capture) | {assign_s * 1e3:.1f} |",
-        f"| assign_kernels of a replayed step (its kernel list: no op range) | {replay_assign_s * 1e3:.1f} |",
-        f"| a replayed profile's build (later profiles) | {build_s * 1e3:.1f} |"])
+        f"GPT-2 124M-sized step: {N_OPS} ops, {N_KERNELS} kernels, {N_LAYERS} layers; median of {args.runs} runs. "
+        "Events sorted by device and name (a torch whose events lack `activity_type`) or by Kineto's kinds (one "
+        "read for each runtime call).", "",
+        "| pass | events | ms |", "|---|---:|---:|",
+        *[f"| {name} | {n} | {t * 1e3:.1f} |" for name, n, t in rows],
+        f"| a replayed profile's build (later profiles) | | {build_s * 1e3:.1f} |"])
     print(text)
     if args.write:
         write("gpu_host_passes.md", text, "python benchmarks/gpu_host_passes.py --write")

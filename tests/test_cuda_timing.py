@@ -36,8 +36,14 @@ class Ev:
     _stream: int = 7
     _annotation: bool = False
     _thread: int = 1
+    _kind: str | None = None  #: ``activity_type()``: None as a torch without it (the reads below sort the event)
+    reads: int = 0  #: calls of ``name()``
 
-    def name(self): return self._name  # noqa: E704
+    def name(self):
+        self.reads += 1
+        return self._name
+
+    def activity_type(self): return self._kind  # noqa: E704
     def device_type(self): return self._dev  # noqa: E704
     def correlation_id(self): return self._corr  # noqa: E704
     def linked_correlation_id(self): return self._link  # noqa: E704
@@ -50,6 +56,28 @@ class Ev:
     def start_thread_id(self): return self._thread  # noqa: E704
 
 
+def _kinded(e: Ev) -> Ev:
+    """``e`` with the kind real Kineto gives it (libkineto's ActivityType names; our ranges read "user_annotation" on
+    torch 2.13's CPU Kineto): the host's runtime and driver calls, its ranges and other events, the device's work
+    and its copies of ranges."""
+    if e._dev == CPU:
+        kind = ("user_annotation" if e._name.startswith("tscope#") else "cuda_driver" if e._name.startswith("cu")
+                and e._name[2:3].isupper() else "cuda_runtime" if e._name.startswith("cuda") else "overhead")
+    else:
+        kind = ("gpu_user_annotation" if e._annotation else "gpu_memset" if e._name.startswith("Memset")
+                else "gpu_memcpy" if e._name.startswith("Memcpy") else "kernel")
+    return Ev(**{**e.__dict__, "_kind": kind, "reads": 0})
+
+
+@pytest.fixture(params=["methods", "kinds"])
+def assign(request):
+    """``assign_kernels`` on the events as a torch without ``activity_type`` gives them, and with Kineto's kinds: the
+    same timeline either way."""
+    if request.param == "methods":
+        return assign_kernels
+    return lambda events, *a, **k: assign_kernels([_kinded(e) for e in events], *a, **k)
+
+
 def _range(i, corr):
     return Ev(f"{RANGE_PREFIX}{i}", CPU, _corr=corr)
 
@@ -58,7 +86,7 @@ def _kernel(name, link, start, end, stream=7):
     return Ev(name, CUDA, _link=link, _start=start, _end=end, _stream=stream)
 
 
-def test_kernels_are_assigned_to_the_op_whose_range_launched_them():
+def test_kernels_are_assigned_to_the_op_whose_range_launched_them(assign):
     events = [
         _range(0, 101), _range(1, 102), _range(2, 103),  # op 3 recorded no range (not timed)
         Ev("cudaLaunchKernel", CPU, _corr=900),  # runtime API events are not ranges
@@ -68,7 +96,7 @@ def test_kernels_are_assigned_to_the_op_whose_range_launched_them():
         _kernel("Memset (Device)", 555, 60_000, 61_000),  # launched outside any op range (e.g. DDP's reducer)
         Ev(f"{RANGE_PREFIX}0", CUDA, _link=101, _start=1_000, _end=44_500, _annotation=True),  # Kineto's GPU copy
     ]
-    tl = assign_kernels(events, 4)
+    tl = assign(events, 4)
     assert tl.times == [pytest.approx(42.5e-6), 0.0, pytest.approx(3e-6), None]  # op 1 ran no kernel: 0, not None
     assert tl.tensor_core == [True, None, False, None]
     assert [k.op for k in tl.kernels] == [0, 0, 2, None]
@@ -76,7 +104,7 @@ def test_kernels_are_assigned_to_the_op_whose_range_launched_them():
     assert tl.span_s == pytest.approx(60e-6)
 
 
-def test_torch_2_11_links_kernels_through_their_launch_call():
+def test_torch_2_11_links_kernels_through_their_launch_call(assign):
     """Recorded on an H100 (torch 2.11, CUDA 13): with only USER_SCOPE ranges recorded every
     ``linked_correlation_id`` is 0; a kernel shares its ``correlation_id`` with the runtime call that launched it,
     and that call ran inside our range. 'Activity Buffer Request' reuses range 0's id 1 and is not a launch."""
@@ -94,13 +122,13 @@ def test_torch_2_11_links_kernels_through_their_launch_call():
            _end=t0 + 28481810),
         Ev("cudaDeviceSynchronize", CPU, _corr=30, _start=t0 + 28641115, _end=t0 + 28659211),
     ]
-    tl = assign_kernels(events, 2)
+    tl = assign(events, 2)
     assert [k.op for k in tl.kernels] == [0, 1]
     assert tl.times == [pytest.approx(56577e-9), pytest.approx(2752e-9)]
     assert tl.tensor_core == [False, False]  # an FP32 SIMT GEMM (TF32 off) and an elementwise kernel
 
 
-def test_launches_are_matched_on_their_own_thread():
+def test_launches_are_matched_on_their_own_thread(assign):
     """Recorded on an H100: a backward range on the autograd device thread reads start_thread_id 2, the runtime
     calls it makes read 1 (as do the main thread's); both carry the system thread id (446) in device_resource_id.
     Here op 0's range [0, 100) runs on thread 446 while op 1's [50, 80) runs on the main thread 425."""
@@ -117,17 +145,17 @@ def test_launches_are_matched_on_their_own_thread():
         Ev("Memset (Device)", CUDA, _corr=9, _start=2600, _end=2700),
         Ev("aminmax_kernel", CUDA, _corr=10, _start=3000, _end=3100),
     ]
-    tl = assign_kernels(events, 2)
+    tl = assign(events, 2)
     assert [(k.name, k.op) for k in tl.kernels] == [("nvjet_sm90_tst_128x64", 0), ("reduce_kernel", 1),
                                                     ("Memset (Device)", None)]
     assert tl.tensor_core == [True, False]
     assert tl.kernels[0].stream == 7  # device events keep their stream in device_resource_id
 
 
-def test_tscope_own_kernels_are_left_out():
+def test_tscope_own_kernels_are_left_out(assign):
     events = [_range(0, 1), Ev(PAUSED_RANGE, CPU, _corr=2),
               _kernel("gemm_nvjet", 1, 0, 10_000), _kernel("aminmax_kernel", 2, 11_000, 12_000)]
-    tl = assign_kernels(events, 1)
+    tl = assign(events, 1)
     assert tl.times == [pytest.approx(10e-6)] and [k.name for k in tl.kernels] == ["gemm_nvjet"]
 
 
@@ -450,3 +478,20 @@ def test_an_untimed_capture_of_a_cuda_model_counts_values_at_stop_too(monkeypatc
     monkeypatch.setattr(ModelTree, "device", lambda self: torch.device("cuda"))
     r = _embedding_counted_after_the_region(monkeypatch, timing=None)
     assert r.bytes_read == 32 * 8 + 128 * 4 and r.time_s is None  # indices + the one distinct row; untimed
+
+
+def test_a_step_s_runtime_calls_are_kept_unread_where_kineto_names_their_kind():
+    """A replayed step has no range: its runtime calls (tens of thousands on a GPT-2 step: every launch, device query
+    and stream check) never need their names; with Kineto's kinds each costs one read (its kind), not three. A full
+    capture reads the names of the needed launches only."""
+    calls = [Ev("cudaGetDevice", CPU, _corr=1000 + i) for i in range(50)]
+    launch = Ev("cudaLaunchKernel", CPU, _corr=11, _start=50, _end=60)
+    kernel = Ev("nvjet_sm90_tst_128x64", CUDA, _corr=11, _start=100, _end=200)
+    replay = [_kinded(e) for e in calls + [launch, kernel]]
+    tl = assign_kernels(replay, 0)
+    assert [k.name for k in tl.kernels] == ["nvjet_sm90_tst_128x64"] and tl.kernels[0].op is None
+    assert sum(e.reads for e in replay[:-1]) == 0  # no host call's name read
+    full = [_kinded(e) for e in [Ev("tscope#0", CPU, _corr=1, _start=0, _end=100)] + calls + [launch, kernel]]
+    tl = assign_kernels(full, 1)
+    assert tl.times == [pytest.approx(100e-9)] and tl.kernels[0].op == 0
+    assert sum(e.reads for e in full[1:-2]) == 0 and full[-2].reads == 1  # only the launch's name, to check it

@@ -64,7 +64,7 @@ def test_gpu_step_monitor_smoke() -> None:
 def test_gpu_host_passes_runs() -> None:
     # GPT-2 124M-sized kernel records: every kernel goes to the op that launched it, and a replay matches them all
     out = _run("benchmarks/gpu_host_passes.py", "--runs", "1")
-    assert "| assign_kernels (kernels to ops" in out and "| a replayed profile's build" in out
+    assert "| assign_kernels, a full capture (Kineto's kinds) |" in out and "| a replayed profile's build" in out
 
 
 def test_advice_effect_smoke() -> None:

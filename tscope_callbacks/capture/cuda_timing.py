@@ -189,6 +189,11 @@ def _call(e: Any, name: str, default: Any = None) -> Any:
 
 
 _RUNTIME = re.compile(r"^(cuda|cu[A-Z]|hip)")  # CUDA runtime/driver (HIP) API calls: the host side of a launch
+#: ``_KinetoEvent.activity_type()`` of the host's runtime and driver API calls (libkineto's ActivityType names), and of
+#: the device's work; our ranges are "user_annotation" (USER_SCOPE record functions), their device copies
+#: "gpu_user_annotation"
+_HOST_CALLS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
+_DEVICE_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 
 def assign_kernels(events: Sequence[Any], n_ops: int, no_range: Iterable[int] = ()) -> Timeline:
@@ -215,8 +220,23 @@ def assign_kernels(events: Sequence[Any], n_ops: int, no_range: Iterable[int] = 
     # hold a kernel of their own)
     need: set[int] = set()
     for e in events:
+        # Kineto's own kind of the event, where this torch says it: one read sorts most events (a step's tens of
+        # thousands of runtime calls are kept without reading their names); any other kind, or none, takes the
+        # reads below (device type, name, annotation flag), as before
+        kind = _call(e, "activity_type", None)
+        if kind in _HOST_CALLS:
+            runtime.append(e)  # a launch is told from the step's other calls by its name, only where one is needed
+            continue
+        if kind == "gpu_user_annotation":  # Kineto's device-side copy of a range
+            continue
         name = e.name()
-        if e.device_type() == cpu:
+        if kind in _DEVICE_WORK:
+            host = False
+        elif kind == "user_annotation":
+            host = True
+        else:
+            host = e.device_type() == cpu
+        if host:
             if name.startswith(RANGE_PREFIX):
                 if name == PAUSED_RANGE:
                     idx = -1
@@ -229,9 +249,9 @@ def assign_kernels(events: Sequence[Any], n_ops: int, no_range: Iterable[int] = 
                         continue
                 ranges[e.correlation_id()] = idx
                 spans.setdefault(_resource(e), []).append((*_interval(e), idx))
-            elif _RUNTIME.match(name):
+            else:  # another host event: a launch only if it is needed and named as one (checked below)
                 runtime.append(e)
-        elif not name.startswith(RANGE_PREFIX) and not _call(e, "is_user_annotation", False):
+        elif kind in _DEVICE_WORK or (not name.startswith(RANGE_PREFIX) and not _call(e, "is_user_annotation", False)):
             link, corr = e.linked_correlation_id(), e.correlation_id()
             device_events.append((e, name, link, corr))
             if not link:
@@ -240,7 +260,7 @@ def assign_kernels(events: Sequence[Any], n_ops: int, no_range: Iterable[int] = 
     if spans and need:
         for e in runtime:
             corr = e.correlation_id()
-            if corr in need:
+            if corr in need and _RUNTIME.match(e.name()):
                 launches.append((_resource(e), int(e.start_ns()), corr))
     launched_in = _enclosing_ranges(spans, launches)
     times: list[float | None] = [None] * n_ops
