@@ -91,6 +91,28 @@ def test_view_of_an_empty_log_dir_speaks_of_the_command_line(tmp_path: Path, cap
     assert "tab" not in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize(("args", "says"), [
+    (["--port", "99999"], "--port 99999 is not a port: pass 0-65535 (0 picks a free one)"),  # was a traceback
+    (["--host", "999.1.1.1", "--port", "0"], "(pass --host with an address of this machine)"),  # said "pass --port"
+])
+def test_view_serve_on_a_bad_port_or_host_says_which(tmp_path: Path, capsys, args, says) -> None:
+    assert main(["view", str(tmp_path), "--serve", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tscope view: ") and err.endswith(says) and len(err.splitlines()) == 1, err
+
+
+def test_view_serve_on_a_port_in_use_asks_for_another(tmp_path: Path, capsys) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["view", str(tmp_path), "--serve", "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("(pass another --port)") and len(err.splitlines()) == 1, err
+
+
 @pytest.mark.parametrize(("name", "content", "says"), [
     ("step_3.json", "{}", "is an empty JSON object, not a tscope step file"),
     ("layers_step_10.json", '{"TinyLM": {"info": {"type": "TinyLM"}, "children": {}}}',

@@ -89,10 +89,20 @@ def serve(logdir: str, host: str = "127.0.0.1", port: int = 6007, *, ready: obje
                 return None
             return self._send(body, "application/json")
 
+    if not 0 <= port <= 65535:
+        print(f"tscope view: --port {port} is not a port: pass 0-65535 (0 picks a free one)", file=sys.stderr)
+        return 2
     try:
         srv = ThreadingHTTPServer((host, port), Handler)
-    except OSError as e:
-        print(f"tscope view: cannot listen on {host}:{port}: {e.strerror or e} (pass --port)", file=sys.stderr)
+    except (OSError, UnicodeError) as e:
+        # a port in use or not allowed, or a host that is no address of this machine: say which to change
+        import errno
+        import socket
+
+        bad_host = isinstance(e, (socket.gaierror, UnicodeError)) or getattr(e, "errno", None) == errno.EADDRNOTAVAIL
+        fix = "pass --host with an address of this machine" if bad_host else "pass another --port"
+        print(f"tscope view: cannot listen on {host}:{port}: {getattr(e, 'strerror', None) or e} ({fix})",
+              file=sys.stderr)
         return 2
     print(f"tscope dashboard of {os.path.abspath(logdir)} on http://{host}:{srv.server_address[1]}/ (Ctrl-C stops)", flush=True)
     if ready is not None:
