@@ -333,11 +333,12 @@ class AlertLimiter:
         self.events = 0
         self._last = -math.inf
 
-    def admit(self) -> tuple[bool, int]:
-        """(alert this event?, events not alerted since the last alert)."""
+    def admit(self, force: bool = False) -> tuple[bool, int]:
+        """(alert this event?, events not alerted since the last alert). ``force``: alert it whatever the rate (the
+        event that stops the run)."""
         self.events += 1
         now = self._clock()
-        if self.events > 1 and self.suppressed + 1 < self.every_n and now - self._last < self.every_s:
+        if not force and self.events > 1 and self.suppressed + 1 < self.every_n and now - self._last < self.every_s:
             self.suppressed += 1
             return False, 0
         missed, self.suppressed, self._last = self.suppressed, 0, now

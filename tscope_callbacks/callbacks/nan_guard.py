@@ -427,7 +427,8 @@ class NaNGuardCallback(GuardedCallback):
             self.events.append(event)
         sinks = self.coordinator(trainer).sinks(trainer, False)
         sinks.log_scalars({metric_key("nan", "events"): float(self.num_events)}, trainer.global_step)
-        alert, missed = self._limiter.admit()
+        # the event that stops the run is always said, whatever the alert rate (a max_skips stop was only in events)
+        alert, missed = self._limiter.admit(force=trainer.should_stop and "stop" in event.action)
         if not alert:
             _log.debug("%s", event)
             return
