@@ -158,19 +158,25 @@ def test_series_holds_the_step_monitors_scalars_and_alerts(tmp_path: Path) -> No
         w.add_scalar("tscope/gpu/power_w", 300.0 + st, st)
         w.add_scalar("tscope/step/sub/key", 1.0, st)  # deeper keys are not series
     w.add_text("tscope/step/alerts", "steps 30-34 took 33 ms: host time grew", 34)
-    w.add_text("tscope/nan", "not an alert", 34)
+    w.add_text("tscope/nan", "NaN guard: non-finite gradient at step 36", 36)  # the NaN guard's: an alert too
+    w.add_text("tscope/roofline/table", "not an alert", 34)
     w.close()
     s = ld.series(tmp_path)
     assert s["step/data_wait_ms"] == [[10, 1.0], [20, 2.0]] and s["gpu/power_w"] == [[10, 310.0], [20, 320.0]]
-    assert s["alerts"] == [[34, "steps 30-34 took 33 ms: host time grew"]]
+    assert s["alerts"] == [[34, "steps 30-34 took 33 ms: host time grew"],
+                           [36, "NaN guard: non-finite gradient at step 36"]]
     assert not any(k.startswith("step/sub") for k in s)
-    # the run's alerts file says the same alert (the sinks write both): shown once; one only in the file is added;
-    # another key (the NaN guard's) and a half-written last line are not step alerts
+    # the run's alerts file says the same alert (the sinks write both): shown once; one only in the file is added,
+    # the NaN guard's too (it was left out: a run's NaN event showed on no page); another key and a half-written
+    # last line are not alerts
     lines = [{"step": 34, "key": "tscope/step/alerts", "title": "Slow steps", "text": "steps 30-34 took 33 ms: host "
               "time grew"}, {"step": 12, "key": "tscope/step/alerts", "title": "Loss spike", "text": "loss spike at 12"},
-             {"step": 13, "key": "tscope/nan", "title": "NaN", "text": "a NaN"}]
+             {"step": 13, "key": "tscope/nan", "title": "NaN", "text": "a NaN"},
+             {"step": 14, "key": "tscope/other", "title": "x", "text": "not an alert"}]
     _write(tmp_path / "tscope" / "alerts.jsonl", "".join(json.dumps(a) + "\n" for a in lines) + '{"step": 50, "te')
-    assert ld.series(tmp_path)["alerts"] == [[12, "loss spike at 12"], [34, "steps 30-34 took 33 ms: host time grew"]]
+    assert ld.series(tmp_path)["alerts"] == [[12, "loss spike at 12"], [13, "a NaN"],
+                                             [34, "steps 30-34 took 33 ms: host time grew"],
+                                             [36, "NaN guard: non-finite gradient at step 36"]]
 
 
 def test_a_csv_run_shows_the_step_monitors_alerts_from_its_alerts_file(tmp_path: Path) -> None:
@@ -188,7 +194,7 @@ def test_a_csv_run_shows_the_step_monitors_alerts_from_its_alerts_file(tmp_path:
     assert [(a["step"], a["key"], a["title"]) for a in saved] == [
         (40, "tscope/step/alerts", "Slow steps at step 40"), (41, "tscope/nan", "Non-finite gradient at step 41")]
     assert not any(p.name.startswith("events.out") for p in run.iterdir())
-    assert ld.series(run)["alerts"] == [[40, "steps 36-40 took 2.1x the median: data wait grew"]]
+    assert ld.series(run)["alerts"] == [[40, "steps 36-40 took 2.1x the median: data wait grew"], [41, "NaN guard: ..."]]
 
 
 # ------------------------------------------------------------------------------------------------ plugin routes

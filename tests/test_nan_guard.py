@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -119,6 +120,23 @@ def test_activation_nan_located_and_stop(caplog):
     assert f"Origin: first NaN made by aten.mul in the forward, called at test_nan_guard.py:{hook} in hook" in ev.note
     json.dumps(ev.to_dict())
     assert any("model.blocks.1.mlp" in m for m in nan_alerts(caplog))
+
+
+def test_the_nan_event_is_among_the_run_s_alerts_on_the_dashboard(tmp_path):
+    # the page's "Over the run" lists the run's alerts: the NaN guard's event was in the console, TensorBoard's Text
+    # tab and alerts.jsonl, never on the page (a run that diverged showed "no NaN / Inf in this step")
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from tscope_callbacks.dashboard import logdir as ld
+
+    model = TinyLM()
+    inject_activation(model, "model.blocks.1.mlp", steps=(3,))
+    logger = TensorBoardLogger(str(tmp_path), name="run")
+    trainer = make_trainer(NaNGuardCallback(action="stop"), max_steps=10, logger=logger)
+    trainer.fit(model)
+    alerts = ld.series(Path(logger.log_dir))["alerts"]
+    assert len(alerts) == 1 and alerts[0][0] == 3 and "non-finite activation at step 3 in layer " \
+        "'model.blocks.1.mlp'" in alerts[0][1], alerts  # once: the event file and alerts.jsonl both hold it
 
 
 def test_overflow_from_a_huge_finite_weight_names_the_weight():

@@ -22,8 +22,8 @@ Nothing here raises for bad input: a file that cannot be read is listed with its
   key, sorted by step; the step monitor's ``tscope/step/<key>`` and ``tscope/gpu/<key>`` scalars as ``step/<key>``
   and ``gpu/<key>``, its per-rank view (``tscope/ranks/{step_ms,sync_ms}/<rank>``, ``tscope/ranks/late_rank``,
   ``tscope/ranks/late_cost_ms``: each rank's step and wait for the others, the late rank and how long the others wait
-  for it a step; only under DDP) under ``"ranks"``, and its alerts (the text ``tscope/step/alerts``) under
-  ``"alerts"``; where no event file holds a key, the profiled
+  for it a step; only under DDP) under ``"ranks"``, and the run's alerts (the texts ``tscope/step/alerts``, the step
+  monitor's, and ``tscope/nan``, the NaN guard's) under ``"alerts"``; where no event file holds a key, the profiled
   steps' header figures fill it. ``"profiles"`` holds the header figures of the readable step files only (the page
   marks the profiled steps with them).
 - ``ops(run_dir, step, stage, layer) -> {"ops": [...], "total": int, "note": str|None}``: the step's ops in execution
@@ -65,6 +65,9 @@ HINT = f"No tscope data in this log dir. {HOW_TO[0].upper()}{HOW_TO[1:]}, which 
 _FILE_ONLY = ("profile", "device_spec")
 _SERIES_PREFIXES = (("tscope/roofline/", ""), ("tscope/step/", "step/"), ("tscope/gpu/", "gpu/"))
 _ALERTS_TAG = "tscope/step/alerts"
+#: the alerts over the run: the step monitor's and the NaN guard's (non-finite events, gradient spikes: why a run
+#: diverged; the page showed only the former, the latter only in TensorBoard's Text tab and the console)
+_ALERT_KEYS = (_ALERTS_TAG, "tscope/nan")
 _RANKS = "tscope/ranks/"
 _HEADER_SERIES = ("mfu", "mbu", "hfu", "step_ms", "estimated_step_ms", "achieved_tflops", "tokens_per_s",
                   "samples_per_s", "memory_peak_bytes", "flop_coverage")
@@ -317,7 +320,7 @@ class _EventReader:
         self.ino, self.size = ino, -1
         self.loader = LegacyEventFileLoader(str(path))
         self.out: dict[str, list[list[float]]] = {}
-        self.alerts: list[list[Any]] = []  #: [step, text] of each ``tscope/step/alerts`` entry
+        self.alerts: list[list[Any]] = []  #: [step, text] of each alert entry (``_ALERT_KEYS``)
 
     def read(self, size: int) -> dict[str, list[list[float]]]:
         if size == self.size:
@@ -329,7 +332,7 @@ class _EventReader:
                 if not ev.HasField("summary"):
                     continue
                 for v in ev.summary.value:
-                    if v.tag.startswith(_ALERTS_TAG) and v.WhichOneof("value") == "tensor":
+                    if v.tag.startswith(_ALERT_KEYS) and v.WhichOneof("value") == "tensor":
                         text = _text_of(v.tensor)
                         if text:
                             self.alerts.append([int(ev.step), text])
@@ -409,7 +412,7 @@ def series(run_dir: str | os.PathLike) -> dict:
     out["profiles"] = {k: [[s, d[s]] for s in sorted(d)] for k, d in sorted(profiles.items())}
     # the run's alerts file holds them whatever the logger (a TensorBoard run has each in its events too: once)
     alerts += [[a["step"], a["text"]] for a in read_alerts_file(run_dir / "tscope" / ALERTS_FILE)
-               if a.get("key") == _ALERTS_TAG]
+               if a.get("key") in _ALERT_KEYS]
     seen: set[tuple[int, str]] = set()
     alerts = [a for a in sorted(alerts, key=lambda a: a[0]) if (a[0], a[1]) not in seen and not seen.add((a[0], a[1]))]
     if alerts:
