@@ -129,6 +129,40 @@ def test_slow_steps_threshold_comes_from_the_runs_spread() -> None:
     assert all(n.add(100 + i, 1.15 * (0.005 + 0.010 * ((i * 7) % 11) / 10)) is None for i in range(30))
 
 
+def test_slow_steps_took_what_the_slow_steps_took() -> None:
+    # 10 ms steps, then 20 ms ones: the 12-step median crosses the 11 ms threshold at the 6th slow step, when it is
+    # (10.5 + 20) / 2 = 15.25 ms with 6 healthy steps still in the window. The alert said "took 15.2 ms, 1.52x" of
+    # steps that took 20 (a trial's "took 8.85 ms, 1.54x" beside its own breakdown's 12.1 ms): it is the slow steps'
+    # own median from the first slow one, 20 ms and 2x
+    s = an.SlowSteps(k=4.0, n=12, min_rise=0.10, window=100, min_steps=30)
+    for i in range(60):
+        s.add(i, 0.0095 if i % 2 else 0.0105)
+    got = [s.add(60 + i, 0.020) for i in range(6)]
+    trig = got[-1]
+    assert trig is not None and trig["first"] == 60 and trig["step"] == 65
+    assert trig["window_s"] == pytest.approx((0.0105 + 0.020) / 2)
+    assert trig["slow_s"] == pytest.approx(0.020) and trig["ratio"] == pytest.approx(2.0)
+    text = an.alert_text(trig, [], None)
+    assert "steps 60-65 took 20 ms, 2x the healthy median 10 ms" in text
+
+
+def test_a_slowdown_spread_over_the_whole_step_is_said_so() -> None:
+    # every part 1.3x, no other process's load: no part is a cause; the alert says the whole step slowed and what can
+    # do that (a trial's healthy CPU runs read "What grew: forward ...; optimizer step ...; backward ..." as causes)
+    h = _snap(20, load=0.0, fetch=0.3, forward=1.2, backward=1.0, optimizer=1.2)
+    n = _snap(40, load=0.0, fetch=0.39, forward=1.56, backward=1.3, optimizer=1.56)
+    f = an.what_grew(h, n, cuda=False)
+    assert f and an.whole_step(h, n, f) and not an.contention(h, n, f)
+    trig = {"kind": "slow-steps", "step": 126, "first": 118, "slow_s": 0.00481, "median_s": 0.0037, "ratio": 1.3,
+            "threshold_s": 0.0045}
+    text = an.alert_text(trig, f, 20, uniform=True)
+    assert "Spread over the whole step against the healthy steps and the baseline profile of step 20: no part, " \
+           "layer or op grew more than the rest" in text and "the machine (clock speed" in text
+    assert "Each part: " in text and "What grew" not in text
+    one = _snap(40, load=0.0, fetch=0.3, forward=4.0, backward=1.0, optimizer=1.2)  # the forward alone
+    assert not an.whole_step(h, one, an.what_grew(h, one, cuda=False))
+
+
 def test_slow_steps_lasting_change_becomes_the_new_normal() -> None:
     s = an.SlowSteps(k=4.0, n=12, min_rise=0.10, window=40, min_steps=30)
     for i in range(60):

@@ -40,7 +40,7 @@ __all__ = ["StepTimes", "Breakdown", "summarize", "loader_settings", "input_fixe
            "Snapshot", "Finding", "what_grew", "alert_text", "witness", "INPUT_BOUND_SHARE", "SPREAD_K", "RECENT_STEPS",
            "MIN_RISE", "WINDOW", "MIN_STEPS", "MIN_VERDICT_STEPS", "VERDICT_WINDOW", "LOSS_SPIKE", "MIN_GAP_STEPS",
            "GREW_SHARE", "NOISE_SHARE", "WITNESS_MARGIN", "CONTENTION_RISE", "CONTENTION_LOAD", "CONTENTION_WAIT_SHARE", "host_contention", "concentrated",
-           "contention", "contention_text", "CAUSES", "REFRESH"]
+           "contention", "contention_text", "CAUSES", "REFRESH", "whole_step"]
 
 #: a slowdown is significant above this many times the spread of the healthy steps' n-step medians ...
 SPREAD_K = 4.0
@@ -177,8 +177,11 @@ class SlowSteps:
                     self._lag.clear()  # the slow stretch: never healthy
                     mid = med + (now - med) / 2
                     first = next((st for st, s in self.recent if s > mid), step)
-                    return {"kind": "slow-steps", "step": step, "first": first, "median_s": med, "slow_s": now,
-                            "ratio": now / med, "threshold_s": thr}
+                    # the slow steps' own median (from the first slow one): the window's median crossed the
+                    # threshold with healthy steps still in it ("took 8.85 ms" of steps that took 12)
+                    slow = statistics.median(s for st, s in self.recent if st >= first)
+                    return {"kind": "slow-steps", "step": step, "first": first, "median_s": med, "slow_s": slow,
+                            "ratio": slow / med, "threshold_s": thr, "window_s": now}
                 return None
         if self.run:
             self.run.clear()
@@ -465,10 +468,21 @@ def contention_text(trigger: Mapping[str, Any], findings: Sequence[Finding], hea
             + (f". What grew: {'; '.join(grew)}." if grew else "."))
 
 
+def whole_step(healthy: Snapshot, now: Snapshot, findings: Sequence[Finding]) -> bool:
+    """A slowdown spread over the whole step: nothing :func:`concentrated` (every part, layer and op grew alike) and
+    no finding that names another cause (:data:`CAUSES` beyond the step's own places: clocks, power, a late rank,
+    communication, GPU idle...). Without other processes' load (:func:`contention`) its cause is outside what the
+    monitor sees -- the machine (clock speed, a shared host's other tenants, caches) or more work in each step
+    (longer inputs) -- and the alert says so instead of listing the parts as if each were a cause."""
+    places = ("part", "hook", "layer", "op")
+    return concentrated(healthy, now) is None and not any(f.kind in CAUSES and f.kind not in places for f in findings)
+
+
 def alert_text(trigger: Mapping[str, Any], findings: Sequence[Finding], healthy_step: int | None,
-               note: str = "") -> str:
+               note: str = "", *, uniform: bool = False) -> str:
     """The alert's sentence: the trigger, then what grew against the healthy steps (and the baseline profile of
-    ``healthy_step`` where there is one), or that nothing did; ``note``: why there was no profile."""
+    ``healthy_step`` where there is one), or that nothing did; ``note``: why there was no profile; ``uniform``: the
+    slowdown is spread over the whole step (:func:`whole_step`)."""
     kind = trigger.get("kind")
     if kind == "slow-steps":
         head = (f"steps {trigger['first']}-{trigger['step']} took {time_text(trigger['slow_s'])}, "
@@ -488,6 +502,11 @@ def alert_text(trigger: Mapping[str, Any], findings: Sequence[Finding], healthy_
     tail = f" ({note})" if note else ""
     if not findings:
         return f"tscope step monitor: {head}. Compared {base}{tail}: nothing grew beyond the noise."
+    if uniform and kind == "slow-steps":
+        return (f"tscope step monitor: {head}. Spread over the whole step {base}{tail}: no part, layer or op grew "
+                "more than the rest, and no other process loaded the CPUs -- the machine (clock speed, a shared "
+                "host's other tenants) or more work in each step (longer inputs), not one place in the run. Each "
+                "part: " + "; ".join(f.text for f in findings) + ".")
     return f"tscope step monitor: {head}. What grew {base}{tail}: " + "; ".join(f.text for f in findings) + "."
 
 

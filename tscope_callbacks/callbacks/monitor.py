@@ -654,7 +654,8 @@ class StepMonitor(ProfilingCallback):
             load = self.host_load.load_between(self._load_start, d.load_since)  # from the fit's start to the slowdown
         healthy = dataclasses.replace(base, breakdown=self.recent.summary(medians=True), load=load)
         findings = an.what_grew(healthy, snap, cuda=self.cuda)
-        text = an.alert_text(why, findings, self.healthy.step if self.healthy is not None else None, d.note)
+        text = an.alert_text(why, findings, self.healthy.step if self.healthy is not None else None, d.note,
+                             uniform=an.whole_step(healthy, snap, findings))
         entry = {"step": self._gs, "profile_step": d.profile_step if d.profile_step is not None and self.profile
                  and d.capture else None, "trigger": dict(why), "findings": findings, "text": text,
                  "breakdown": snap.breakdown, "healthy": healthy.breakdown}
