@@ -327,6 +327,20 @@ def test_no_input_bound_verdict_from_a_few_steps(caplog) -> None:
     assert mon.input_fixes
 
 
+def test_a_fast_fetch_gets_no_workers_but_one_indexing_a_batch() -> None:
+    # an in-memory TensorDataset's 208 us a batch, 16.5% of a 1.26 ms step: the fix said "set num_workers (e.g. 4-8
+    # per GPU)", and applied it made the run 3x slower (0.85 -> 2.52 ms a step with 2 persistent workers, a trial on
+    # this 2-core VM: each batch a worker makes crosses processes). Under WORKERS_PAY_MS a batch the fix is to build
+    # the batch in one indexing (benchmarks/loader_fix.py: the change applied)
+    (fast,) = an.input_fixes({"num_workers": 0}, cuda=False, fetch_ms=0.208)
+    assert fast.startswith("num_workers=0 and 208 µs a batch: workers would cost more than that")
+    assert "__getitems__(indices)" in fast and "BatchSampler" in fast and "set num_workers" not in fast
+    (slow,) = an.input_fixes({"num_workers": 0}, cuda=False, fetch_ms=16.0)  # a sleeping loader: workers pay
+    assert "set num_workers (a few, leaving the training process its cores)" in slow and "GPU" not in slow
+    assert "(e.g. 4-8 per GPU)" in an.input_fixes({"num_workers": 0}, cuda=True, fetch_ms=16.0)[0]
+    assert "set num_workers" in an.input_fixes({"num_workers": 0}, cuda=True)[0]  # fetch not known: as before
+
+
 def test_in_memory_data_is_not_input_bound_whatever_the_loop_costs(caplog) -> None:
     # in-memory data and a callback that spends 2 ms after every batch: the time between two batches is mostly
     # the callback's, which is the loop's own work (a finding naming it), never a reason to add DataLoader workers

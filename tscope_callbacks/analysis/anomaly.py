@@ -39,7 +39,7 @@ from tscope_callbacks.analysis.step_parts import (
 __all__ = ["StepTimes", "Breakdown", "summarize", "loader_settings", "input_fixes", "SlowSteps", "Spikes", "RateLimit",
            "Snapshot", "Finding", "what_grew", "alert_text", "witness", "INPUT_BOUND_SHARE", "SPREAD_K", "RECENT_STEPS",
            "MIN_RISE", "WINDOW", "MIN_STEPS", "MIN_VERDICT_STEPS", "VERDICT_WINDOW", "LOSS_SPIKE", "MIN_GAP_STEPS",
-           "GREW_SHARE", "NOISE_SHARE", "WITNESS_MARGIN", "CONTENTION_RISE", "CONTENTION_LOAD", "CONTENTION_WAIT_SHARE", "host_contention", "concentrated",
+           "GREW_SHARE", "NOISE_SHARE", "WORKERS_PAY_MS", "WITNESS_MARGIN", "CONTENTION_RISE", "CONTENTION_LOAD", "CONTENTION_WAIT_SHARE", "host_contention", "concentrated",
            "contention", "contention_text", "CAUSES", "REFRESH", "whole_step"]
 
 #: a slowdown is significant above this many times the spread of the healthy steps' n-step medians ...
@@ -90,15 +90,30 @@ def loader_settings(trainer: Any) -> dict[str, Any]:
     return {k: getattr(dl, k, None) for k in ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")}
 
 
-def input_fixes(loader: Mapping[str, Any], cuda: bool) -> list[str]:
+#: a batch fetched in less than this (ms) costs less in the training process than through DataLoader workers: each
+#: batch they make crosses processes (pickled, through shared memory and a queue). An in-memory 32x64 batch here:
+#: 188 us a batch in the process, 1.7 ms through 2 workers, 36 us indexed whole by a dataset's ``__getitems__``
+WORKERS_PAY_MS = 1.0
+
+
+def input_fixes(loader: Mapping[str, Any], cuda: bool, fetch_ms: float | None = None) -> list[str]:
     """What to change in an input-bound run's DataLoader, from its settings (``num_workers``, ``pin_memory``,
-    ``persistent_workers``, ``prefetch_factor``; a missing key is not judged). Every missing setting is named; with
-    all set, raising ``prefetch_factor`` / ``num_workers`` or a cheaper ``__getitem__`` is what is left."""
+    ``persistent_workers``, ``prefetch_factor``; a missing key is not judged) and ``fetch_ms``, the fetch a batch.
+    Every missing setting is named; with all set, raising ``prefetch_factor`` / ``num_workers`` or a cheaper
+    ``__getitem__`` is what is left. A batch fetched in under :data:`WORKERS_PAY_MS` gets no workers (they would cost
+    more): building it in one indexing instead of one sample at a time is what pays."""
     out = []
     workers = loader.get("num_workers")
-    if workers == 0:
-        out.append("num_workers=0: the batches are loaded in the training process between steps; set num_workers "
-                   "(e.g. 4-8 per GPU) so workers load them while the step runs")
+    if workers == 0 and fetch_ms is not None and fetch_ms < WORKERS_PAY_MS:
+        out.append(f"num_workers=0 and {figure_text(fetch_ms, 'ms')} a batch: workers would cost more than that (each "
+                   "batch they make crosses processes); build the batch in one indexing instead of one sample at a "
+                   "time: a dataset __getitems__(indices) returning the whole batch (the DataLoader calls it with "
+                   "each batch's indices), or batches sampled outright (a BatchSampler as the sampler, "
+                   "batch_size=None)")
+    elif workers == 0:
+        per = "(e.g. 4-8 per GPU)" if cuda else "(a few, leaving the training process its cores)"
+        out.append(f"num_workers=0: the batches are loaded in the training process between steps; set num_workers "
+                   f"{per} so workers load them while the step runs")
     if cuda and loader.get("pin_memory") is False:
         out.append("pin_memory=False: host-to-GPU copies go through pageable memory; set pin_memory=True")
     if workers and loader.get("persistent_workers") is False:

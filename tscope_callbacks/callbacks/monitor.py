@@ -742,7 +742,7 @@ class StepMonitor(ProfilingCallback):
             return b
         if v.input_bound and not self._input_told:
             self._input_told = True
-            self.input_fixes = an.input_fixes(self._loader, self.cuda)
+            self.input_fixes = an.input_fixes(self._loader, self.cuda, v.parts_ms.get("fetch"))
             if trainer.is_global_zero:
                 log.warning("tscope StepMonitor: input-bound: fetching the batch takes %s of the step (%s of %s, mean "
                             "of %d steps; threshold %s). %s.", pct_text(v.fetch_share), figure_text(v.fetch_ms, "ms"),
