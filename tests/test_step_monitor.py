@@ -299,6 +299,12 @@ def test_breakdown_keys_and_input_bound_from_a_sleeping_loader(tmp_path, caplog)
     assert f"spends {fetch_ms:.4g} ms fetching its batch" in line and "**input-bound**" in line
     assert f"mean of the last {int(sb['steps'])} steps" in line and "set num_workers" in line
     assert ts.StepReport.from_dict(rep.to_dict()).time_split == split  # through the step file
+    # the verdict is among the run's alerts (the page lists them): it was a log line only, and a run whose profile
+    # came before the verdict showed it nowhere on the page
+    from tscope_callbacks.dashboard import logdir as ld
+
+    said = [t for _, t in ld.series(tmp_path / "run" / "version_0").get("alerts", []) if "input-bound" in t]
+    assert len(said) == 1 and "num_workers=0" in said[0] and not mon.alerts  # not a diagnosed slowdown
     keys = (tmp_path / "run" / "version_0" / "metrics.csv").read_text().splitlines()[0].split(",")
     for k in ("step_ms", "fetch_ms", "transfer_ms", "forward_ms", "backward_ms", "optimizer_ms", "sync_ms",
               "hooks_ms", "logging_ms", "checkpoint_ms", "tscope_ms", "other_ms", "loop_ms", "fetch_share",

@@ -29,7 +29,7 @@ from tscope_callbacks.callbacks.clock import DeviceClock
 from tscope_callbacks.callbacks.context import batch_signature, batch_size
 from tscope_callbacks.callbacks.loop_probe import LoopProbe, progress_bar_reads, read_segments
 from tscope_callbacks.callbacks.options import check_int, check_number
-from tscope_callbacks.callbacks.sinks import metric_key
+from tscope_callbacks.callbacks.sinks import NULL_SINK, metric_key
 from tscope_callbacks.devices.calibrate import CpuSnapshot, cpu_snapshot, others_load_per_cpu
 from tscope_callbacks.hostclock import host_time
 from tscope_callbacks.records import ProfileReason, StepProfile
@@ -744,10 +744,11 @@ class StepMonitor(ProfilingCallback):
             self._input_told = True
             self.input_fixes = an.input_fixes(self._loader, self.cuda, v.parts_ms.get("fetch"))
             if trainer.is_global_zero:
-                log.warning("tscope StepMonitor: input-bound: fetching the batch takes %s of the step (%s of %s, mean "
-                            "of %d steps; threshold %s). %s.", pct_text(v.fetch_share), figure_text(v.fetch_ms, "ms"),
-                            figure_text(v.host_ms, "ms"), v.steps, pct_text(self.options.input_bound_share),
-                            "; ".join(self.input_fixes))
+                text = (f"tscope StepMonitor: input-bound: fetching the batch takes {pct_text(v.fetch_share)} of the "
+                        f"step ({figure_text(v.fetch_ms, 'ms')} of {figure_text(v.host_ms, 'ms')}, mean of {v.steps} "
+                        f"steps; threshold {pct_text(self.options.input_bound_share)}). "
+                        f"{'; '.join(self.input_fixes)}.")
+                self._verdict_alert(trainer, f"Input-bound at step {gs}", text, gs)
         if self._loop_told or self._kernel_due(gs):
             return b
         # on a GPU only what the device lost counts (step_parts): a sync that left the device waiting is named as
@@ -759,8 +760,20 @@ class StepMonitor(ProfilingCallback):
         if text is not None:
             self._loop_told, self.loop_finding = True, text
             if trainer.is_global_zero:
-                log.warning("tscope StepMonitor: %s: %s.", kind, text)
+                self._verdict_alert(trainer, f"{kind[0].upper()}{kind[1:]} at step {gs}",
+                                    f"tscope StepMonitor: {kind}: {text}.", gs)
         return b
+
+    def _verdict_alert(self, trainer: pl.Trainer, title: str, text: str, gs: int) -> None:
+        """A verdict on the run (input-bound, loop overhead, a host-device sync), said once: a warning, and where the
+        run's alerts go (TensorBoard's text, ``alerts.jsonl``: the page lists it beside the slowdowns; it was a log
+        line only, so a run whose profile came before the verdict showed it nowhere). Not one of ``alerts`` (the
+        slowdowns diagnosed) nor counted against ``max_alerts``."""
+        sinks = self.sinks(trainer)
+        if sinks is NULL_SINK:
+            log.warning("%s", text)
+        else:
+            sinks.alert(metric_key("step", "alerts"), title, text, gs)
 
     def _kernel_due(self, gs: int) -> bool:
         """GPU: the loop and sync verdicts wait for the step's kernel time while a profile of the step is coming
