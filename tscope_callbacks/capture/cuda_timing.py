@@ -219,11 +219,16 @@ def assign_kernels(events: Sequence[Any], n_ops: int, no_range: Iterable[int] = 
     # launches are placed in ranges (a step's other runtime calls -- events, stream queries, memsets' setup -- never
     # hold a kernel of their own)
     need: set[int] = set()
+    kind_of: dict[type, Any] = {}  # event class -> its activity_type method (None: this torch's events lack it)
     for e in events:
         # Kineto's own kind of the event, where this torch says it: one read sorts most events (a step's tens of
         # thousands of runtime calls are kept without reading their names); any other kind, or none, takes the
         # reads below (device type, name, annotation flag), as before
-        kind = _call(e, "activity_type", None)
+        t = type(e)
+        read_kind = kind_of.get(t, kind_of)
+        if read_kind is kind_of:
+            read_kind = kind_of[t] = getattr(t, "activity_type", None)
+        kind = read_kind(e) if read_kind is not None else None
         if kind in _HOST_CALLS:
             runtime.append(e)  # a launch is told from the step's other calls by its name, only where one is needed
             continue
