@@ -257,6 +257,12 @@ def test_bad_arguments_say_what_to_do() -> None:
         MonitorOptions(min_rise=0.0)
     with pytest.raises(ValueError, match="MonitorOptions.recent_steps must be an int >= 1"):
         MonitorOptions(recent_steps=0)
+    # a share of the step above 1 can never fire: said (it was accepted)
+    with pytest.raises(ValueError, match=r"MonitorOptions.input_bound_share is a share of the step: a number > 0 and "
+                                         r"< 1 \(0.1 is 10%\), got 1.5"):
+        MonitorOptions(input_bound_share=1.5)
+    with pytest.raises(ValueError, match="loop_share is a share of the step"):
+        MonitorOptions(loop_share=1.0)
     with pytest.raises(ValueError, match=r"loss_spike must be a number > 1 \(or None: off\)"):
         MonitorOptions(loss_spike=1.0)
     with pytest.raises(TypeError, match="options must be a tscope_callbacks.MonitorOptions, got dict"):

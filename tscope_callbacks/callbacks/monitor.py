@@ -91,6 +91,10 @@ class MonitorOptions:
     def __post_init__(self) -> None:
         for name in ("spread_k", "min_rise", "input_bound_share", "loop_share", "late_share", "late_min_ms"):
             check_number("MonitorOptions", name, getattr(self, name), 0.0, strict=True)
+        for name in ("input_bound_share", "loop_share", "late_share"):  # shares of a step: above 1 never fires
+            if getattr(self, name) >= 1:
+                raise ValueError(f"MonitorOptions.{name} is a share of the step: a number > 0 and < 1 (0.1 is 10%), "
+                                 f"got {getattr(self, name)!r}")
         check_number("MonitorOptions", "loss_spike", self.loss_spike, 1.0, strict=True, none="off")
         for name in ("recent_steps", "window", "min_steps", "confirm_steps", "min_gap_steps", "max_alerts",
                      "start_step"):
