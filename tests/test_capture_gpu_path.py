@@ -76,6 +76,27 @@ def test_backward_memory_from_the_tracked_allocations():
     assert p2.layers[""].memory_bwd_bytes < p2.layers[""].peak_bwd_bytes
 
 
+def test_a_container_never_called_has_no_memory_of_its_own():
+    # a ModuleList is never called: no forward span, and its backward span was its children's (a row read "calls 0
+    # · mem fwd 0 B · mem bwd -14.5 MiB"); both are left at 0, as its calls, while the blocks keep theirs
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Linear(16, 16), nn.Linear(16, 16)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = torch.relu(b(x))
+            return x
+
+    model = Stack()
+    with ts.profile(model, layer_details=True) as prof:
+        model(torch.randn(64, 16)).sum().backward()
+    L = prof.layers
+    assert L["blocks"].calls == 0 and L["blocks"].memory_fwd_bytes == 0 and L["blocks"].memory_bwd_bytes == 0
+    assert L["blocks.0"].memory_bwd_bytes != 0 and L[""].memory_bwd_bytes != 0  # the called ones keep theirs
+
+
 class _HostReads(TorchDispatchMode):
     """Counts ops that read a value to the host (``.item()``/``bool()``/``.tolist()``: a sync on a GPU)."""
 
