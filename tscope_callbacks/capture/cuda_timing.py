@@ -175,13 +175,19 @@ def timed_call(st: TimedState, fn: Any, args: tuple, kwargs: dict) -> tuple[Any,
 _METHODS: dict[tuple[type, str], Any] = {}  #: (event type, method name) -> the class's function, or None
 
 
+def _method(cls: type, name: str) -> Any:
+    """The event class's function ``name``, or None where this torch's events lack it (looked up once per class)."""
+    key = (cls, name)
+    f = _METHODS.get(key, _method)
+    if f is _method:
+        f = _METHODS[key] = getattr(cls, name, None)
+    return f
+
+
 def _call(e: Any, name: str, default: Any = None) -> Any:
     """``e.name()``, or ``default`` where this torch's events lack the method (the class's function is looked up
     once per event type: this runs several times for each of a step's thousands of events)."""
-    key = (type(e), name)
-    f = _METHODS.get(key, _call)
-    if f is _call:
-        f = _METHODS[key] = getattr(type(e), name, None)
+    f = _method(type(e), name)
     if f is not None:
         return f(e)
     f = getattr(e, name, None)  # not on the class (an instance attribute, or none at all)
@@ -219,15 +225,14 @@ def assign_kernels(events: Sequence[Any], n_ops: int, no_range: Iterable[int] = 
     # launches are placed in ranges (a step's other runtime calls -- events, stream queries, memsets' setup -- never
     # hold a kernel of their own)
     need: set[int] = set()
-    kind_of: dict[type, Any] = {}  # event class -> its activity_type method (None: this torch's events lack it)
+    cls, read_kind = None, None  # the last event class seen and its activity_type (None: this torch lacks it)
     for e in events:
         # Kineto's own kind of the event, where this torch says it: one read sorts most events (a step's tens of
         # thousands of runtime calls are kept without reading their names); any other kind, or none, takes the
         # reads below (device type, name, annotation flag), as before
-        t = type(e)
-        read_kind = kind_of.get(t, kind_of)
-        if read_kind is kind_of:
-            read_kind = kind_of[t] = getattr(t, "activity_type", None)
+        if type(e) is not cls:  # (a step's events are of one class: looked up once)
+            cls = type(e)
+            read_kind = _method(cls, "activity_type")
         kind = read_kind(e) if read_kind is not None else None
         if kind in _HOST_CALLS:
             runtime.append(e)  # a launch is told from the step's other calls by its name, only where one is needed
