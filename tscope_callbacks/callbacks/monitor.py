@@ -29,7 +29,7 @@ from tscope_callbacks.callbacks.clock import DeviceClock
 from tscope_callbacks.callbacks.context import batch_signature, batch_size
 from tscope_callbacks.callbacks.loop_probe import LoopProbe, progress_bar_reads, read_segments
 from tscope_callbacks.callbacks.options import check_int, check_number
-from tscope_callbacks.callbacks.sinks import NULL_SINK, metric_key
+from tscope_callbacks.callbacks.sinks import alert_or_log, metric_key
 from tscope_callbacks.devices.calibrate import CpuSnapshot, cpu_snapshot, others_load_per_cpu
 from tscope_callbacks.hostclock import host_time
 from tscope_callbacks.records import ProfileReason, StepProfile
@@ -773,11 +773,7 @@ class StepMonitor(ProfilingCallback):
         run's alerts go (TensorBoard's text, ``alerts.jsonl``: the page lists it beside the slowdowns; it was a log
         line only, so a run whose profile came before the verdict showed it nowhere). Not one of ``alerts`` (the
         slowdowns diagnosed) nor counted against ``max_alerts``."""
-        sinks = self.sinks(trainer)
-        if sinks is NULL_SINK:
-            log.warning("%s", text)
-        else:
-            sinks.alert(metric_key("step", "alerts"), title, text, gs)
+        alert_or_log(self.sinks(trainer), metric_key("step", "alerts"), title, text, gs)
 
     def _kernel_due(self, gs: int) -> bool:
         """GPU: the loop and sync verdicts wait for the step's kernel time while a profile of the step is coming

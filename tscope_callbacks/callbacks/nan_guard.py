@@ -55,7 +55,7 @@ from tscope_callbacks.analysis.nonfinite import NonFiniteError, NonFiniteEvent
 from tscope_callbacks.callbacks import nan_steps
 from tscope_callbacks.callbacks.guarded import GuardedCallback
 from tscope_callbacks.callbacks.options import NaNGuardOptions, check_option
-from tscope_callbacks.callbacks.sinks import METRIC_ROOT, NULL_SINK, metric_key
+from tscope_callbacks.callbacks.sinks import METRIC_ROOT, alert_or_log, metric_key
 from tscope_callbacks.capture import active as _active
 from tscope_callbacks.capture import locate as nl_locate
 from tscope_callbacks.capture.active import paused
@@ -441,8 +441,5 @@ class NaNGuardCallback(GuardedCallback):
         if not trainer.is_global_zero:
             return
         self.alerts += 1
-        sinks = self.coordinator(trainer).sinks(trainer, False)
-        if sinks is NULL_SINK:  # fast_dev_run writes nothing, but the log line still goes out
-            _log.warning("%s", text)
-            return
-        sinks.alert(f"{METRIC_ROOT}/nan", title, text, trainer.global_step, wait_s=self.options.alert_every_s)
+        alert_or_log(self.coordinator(trainer).sinks(trainer, False), f"{METRIC_ROOT}/nan", title, text,
+                     trainer.global_step, wait_s=self.options.alert_every_s)

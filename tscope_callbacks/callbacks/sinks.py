@@ -42,6 +42,7 @@ from typing import Any
 
 __all__ = [
     "METRIC_ROOT",
+    "alert_or_log",
     "HPARAM_AREAS",
     "CUSTOM_SCALARS",
     "is_hparam",
@@ -177,6 +178,15 @@ class NullSink(Sink):
 
 
 NULL_SINK = NullSink()
+
+
+def alert_or_log(sinks: Sink, key: str, title: str, text: str, step: int, wait_s: float = 0.0) -> None:
+    """An alert through ``sinks`` (which log it too); where they are :data:`NULL_SINK` (``fast_dev_run``: nothing is
+    written) the log line still goes out. Callers send from rank zero only."""
+    if sinks is NULL_SINK:
+        log.warning("%s", text)
+    else:
+        sinks.alert(key, title, text, step, wait_s=wait_s)
 
 
 class FileSink(Sink):
