@@ -262,3 +262,20 @@ def test_an_unwritable_log_dir_names_the_lost_files_and_the_directory(tmp_path, 
     assert {"step_2.json", "step_3.json", "step_6.json"} - {m.split()[3] for m in lost} <= {first[0].split()[3]}
     assert all(f"cannot write in {where}" in m for m in lost), lost
     assert not any("sink failed in" in m for m in msgs), msgs  # no internal method names
+
+
+def test_alert_or_log_says_it_even_where_nothing_is_written(tmp_path: Path, caplog) -> None:
+    # under fast_dev_run the sinks are NULL_SINK (nothing written): the alert's log line still goes out; elsewhere
+    # the sinks alert (and log) it, and the run's alerts file holds it
+    import json
+    import logging
+
+    from tscope_callbacks.callbacks.sinks import NULL_SINK, SinkGroup, alert_or_log
+
+    with caplog.at_level(logging.WARNING, logger="tscope_callbacks"):
+        alert_or_log(NULL_SINK, "tscope/nan", "NaN", "NaN guard: a NaN", 3)
+        logger = CSVLogger(str(tmp_path), name="run")
+        alert_or_log(SinkGroup([], logger.log_dir), "tscope/step/alerts", "Input-bound", "input-bound: ...", 40)
+    assert [r.getMessage() for r in caplog.records] == ["NaN guard: a NaN", "input-bound: ..."]
+    saved = [json.loads(x) for x in (Path(logger.log_dir) / "tscope" / "alerts.jsonl").read_text().splitlines()]
+    assert [(a["step"], a["key"], a["text"]) for a in saved] == [(40, "tscope/step/alerts", "input-bound: ...")]
