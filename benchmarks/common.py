@@ -116,10 +116,10 @@ def write(name: str, text: str, reproduce: str) -> Path:
 
 
 def publish(text: str, args: Any, stem: str) -> None:
-    """A GPU benchmark's result: printed; with ``--write`` (and not ``--smoke``) also written to
-    ``benchmarks/results/<stem>.md`` with the command that reproduces it (``benchmarks/<stem>.py --write``)."""
+    """A benchmark's result: printed; with ``--write`` (and not ``--smoke``, where the benchmark has one) also written
+    to ``benchmarks/results/<stem>.md`` with the command that reproduces it (``benchmarks/<stem>.py --write``)."""
     print(text)
-    if args.write and not args.smoke:
+    if args.write and not getattr(args, "smoke", False):
         write(f"{stem}.md", text, f"python benchmarks/{stem}.py --write")
 
 

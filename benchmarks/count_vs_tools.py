@@ -40,7 +40,7 @@ from torch import nn
 import tscope_callbacks as ts
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import write
+from common import publish
 
 CLASSES = ("matmul", "attention", "conv", "norm", "other")
 TOOLS = ("tscope", "FlopCounterMode", "DeepSpeed", "calflops", "fvcore")
@@ -485,9 +485,7 @@ def main() -> int:
         print(name, {t: (_total(r["forward"]), _total(r["backward"])) if isinstance(r, dict) else r
                      for t, r in res.items()}, flush=True)
     text = table(results, versions, time.perf_counter() - t0)
-    print(text)
-    if args.write:
-        write("count_vs_tools.md", text, "python benchmarks/count_vs_tools.py --write")
+    publish(text, args, "count_vs_tools")
     return 0
 
 

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from common import write
+from common import publish
 
 from tscope_callbacks.capture.cuda_timing import RANGE_PREFIX, KernelRecord, Timeline, assign_kernels
 from tscope_callbacks.records import CaptureInfo, LayerRecord, OpRecord, StepProfile
@@ -156,9 +156,7 @@ def main() -> int:
         "| pass | events | ms |", "|---|---:|---:|",
         *[f"| {name} | {n} | {t * 1e3:.1f} |" for name, n, t in rows],
         f"| a replayed profile's build (later profiles) | | {build_s * 1e3:.1f} |"])
-    print(text)
-    if args.write:
-        write("gpu_host_passes.md", text, "python benchmarks/gpu_host_passes.py --write")
+    publish(text, args, "gpu_host_passes")
     return 0
 
 

@@ -17,7 +17,7 @@ import sys
 import time
 
 import torch
-from common import write
+from common import publish
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -97,9 +97,7 @@ def main() -> int:
         ratio = statistics.median(a[0] / b[0] for a, b in zip(v, base))
         lines.append(f"| {k} | {step:.3f} | {ratio:.2f} | {statistics.median(f for _, f in v):.3f} |")
     text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write("loader_fix.md", text, "python benchmarks/loader_fix.py --write")
+    publish(text, args, "loader_fix")
     return 0
 
 

@@ -22,7 +22,7 @@ import time
 from unittest import mock
 
 import torch
-from common import write
+from common import publish
 
 from tscope_callbacks.analysis import histograms as H
 from tscope_callbacks.demo.model import GPTConfig, TinyGPT, random_tokens
@@ -132,9 +132,7 @@ def main() -> int:
               "has landed. Times are CPU times of the histograms alone (median of alternating runs): for scale, not "
               "the GPU cost, which is not measured yet."]
     text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write("watch_vs_wandb.md", text, "python benchmarks/watch_vs_wandb.py --write")
+    publish(text, args, "watch_vs_wandb")
     return 0
 
 
